@@ -1,0 +1,70 @@
+"""The ``draftdata`` command line: a thin Typer app whose tree mirrors the command tree.
+
+Each subcommand lives in its own module here (``cli/generate.py`` for ``draftdata generate``)
+and does three things: parse options into one config object, call one stage function, print a
+summary. Heavy imports happen inside command bodies so ``draftdata --help`` starts instantly.
+
+Exit codes: 0 success; 1 a DraftdataError (one line on stderr, no traceback); 2 a usage error
+(Typer/Click); anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from draftdata import __version__
+from draftdata.cli import (
+    demo,
+    export,
+    fleet,
+    generate,
+    merge,
+    prepare,
+    report,
+    stats,
+    tokenize,
+)
+from draftdata.errors import DraftdataError
+
+app = typer.Typer(
+    name="draftdata",
+    help="Build self-distillation training data for speculative-decoding drafters.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"draftdata {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Build self-distillation training data for speculative-decoding drafters."""
+
+
+for _module in (prepare, generate, export, tokenize, merge, stats, report, demo):
+    _module.register(app)
+app.add_typer(fleet.app, name="fleet")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the app and map DraftdataError to exit code 1.
+
+    Typer's standalone mode already turns usage errors into exit code 2 with a message.
+    """
+    try:
+        app(args=argv)
+    except DraftdataError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(1)

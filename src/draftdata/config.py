@@ -1,0 +1,92 @@
+"""YAML configuration: typed structs with defaults, and errors that name file, key and type.
+
+Each stage defines its own config struct (``prepare/config.py``, ``generate/config.py``, ...)
+as a frozen, keyword-only msgspec Struct with defaults; ``load_config`` reads YAML into it.
+An unknown key, a wrong type or an unparsable file is a ConfigError such as::
+
+    gen.yaml: sampling.temperatur: unknown key
+    gen.yaml: sampling.temperature: expected float, got str
+
+This module does not know any stage's settings; it only does the loading and the messages.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import yaml
+
+from draftdata.errors import ConfigError
+
+T = TypeVar("T")
+
+_UNKNOWN = re.compile(r"Object contains unknown field `([^`]+)`(?: - at `\$\.?([^`]*)`)?")
+_AT = re.compile(r"^(.*) - at `\$\.?([^`]*)`$")
+
+
+def _join(path: str, key: str) -> str:
+    path = re.sub(r"\[(\d+)\]", r".\1", path).strip(".")
+    return f"{path}.{key}" if path else key
+
+
+def explain(err: msgspec.ValidationError, where: str) -> ConfigError:
+    """Turn msgspec's validation message into ``where: key: what is wrong``."""
+    text = str(err)
+    m = _UNKNOWN.match(text)
+    if m:
+        return ConfigError(f"{where}: {_join(m.group(2) or '', m.group(1))}: unknown key")
+    m = _AT.match(text)
+    if m:
+        what, path = m.group(1), re.sub(r"\[(\d+)\]", r".\1", m.group(2)).strip(".")
+        what = what.replace("`", "").replace("Expected ", "expected ")
+        return ConfigError(f"{where}: {path or '(top level)'}: {what}")
+    return ConfigError(f"{where}: {text}")
+
+
+def convert(data: Any, type_: type[T], where: str) -> T:
+    """Validate plain data (from YAML, CLI overrides, ...) into ``type_``."""
+    try:
+        return msgspec.convert(data, type_, strict=False)
+    except msgspec.ValidationError as exc:
+        raise explain(exc, where) from exc
+
+
+def read_yaml(path: Path | str) -> dict[str, Any]:
+    """Read a YAML mapping; errors name the file (and line, for syntax errors)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config ({exc.strerror})") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{p}{line}: invalid YAML: {problem}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: Path | str | None, type_: type[T], **overrides: Any) -> T:
+    """Load ``path`` (or defaults when None) into ``type_``; non-None ``overrides`` win.
+
+    Overrides are top-level keys (CLI flags); a nested override is given as a dict and merged
+    one level deep.
+    """
+    data: dict[str, Any] = read_yaml(path) if path is not None else {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return convert(data, type_, str(path) if path is not None else "config")

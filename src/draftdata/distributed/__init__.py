@@ -1,0 +1,1 @@
+"""distributed stage."""

@@ -1,0 +1,91 @@
+"""The one exception tree of draftdata.
+
+    DraftdataError                      a user-facing problem: the CLI prints one line, exit 1
+    ├── ConfigError                     bad YAML, unknown key, wrong type, bad option value
+    ├── InputError                      unreadable input file, malformed record (located)
+    ├── FormatVersionError              a file written by an incompatible draftdata
+    ├── StoreError                      the run store refused or failed
+    │   ├── AlreadyExistsError          a create-only write found the key already there
+    │   ├── ProtectedPrefixError        the output overlaps a protected prefix
+    │   ├── RunMismatchError            the run's manifest disagrees with this config
+    │   └── TransientStoreError         worth retrying (throttling, 5xx, resets)
+    ├── FleetError                      no endpoint reachable, a server failed to start
+    └── ServerError                     one request failed
+        ├── RetryableServerError        429, 5xx, timeout, reset, malformed body
+        └── FatalRequestError           the request itself is bad: do not retry
+            └── ContextLengthError      prompt (+ max tokens) exceeds the context
+
+Retry decisions are made by type, never by matching message text; raw HTTP, S3 and file errors
+are mapped to these types in one place per layer (``raise ... from exc``). Anything that is not a
+DraftdataError is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class DraftdataError(Exception):
+    """A problem the user can fix; printed as one line by the CLI (exit code 1)."""
+
+
+class ConfigError(DraftdataError):
+    """An invalid configuration file, key, type or option value."""
+
+
+class InputError(DraftdataError):
+    """An input file that cannot be read, or a record that does not validate."""
+
+
+class FormatVersionError(DraftdataError):
+    """A file carries a format version this draftdata cannot read."""
+
+
+class StoreError(DraftdataError):
+    """The run store refused an operation or failed to perform it."""
+
+
+class AlreadyExistsError(StoreError):
+    """A create-only write found an object already at that key."""
+
+
+class ProtectedPrefixError(StoreError):
+    """A write location equals, contains or lies inside a protected prefix."""
+
+
+class RunMismatchError(StoreError):
+    """The output prefix holds a run whose settings differ from the requested ones."""
+
+
+class TransientStoreError(StoreError):
+    """A store failure worth retrying (throttling, 5xx, connection reset)."""
+
+
+class FleetError(DraftdataError):
+    """The inference fleet cannot be used: nothing reachable, or a server failed to start."""
+
+
+class ServerError(DraftdataError):
+    """One request to an inference server failed."""
+
+    reason: str = "server_error"
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RetryableServerError(ServerError):
+    """A failure that another attempt (perhaps on another endpoint) may not hit."""
+
+    reason = "retryable"
+
+
+class FatalRequestError(ServerError):
+    """The request is invalid for this model; retrying it cannot succeed."""
+
+    reason = "invalid_request"
+
+
+class ContextLengthError(FatalRequestError):
+    """The prompt plus the requested output does not fit the model's context."""
+
+    reason = "context_length"

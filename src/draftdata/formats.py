@@ -1,0 +1,303 @@
+"""On-disk formats: Arrow schemas of our parquet files and their format versions.
+
+Every parquet file we write carries ``draftdata.format`` = ``<kind>/<version>`` in its schema
+metadata, and every reader calls ``check_format`` first. Heterogeneous JSON values (tool specs,
+tool calls, ``meta``, ``sampling``) are stored as JSON strings so the files stay loadable by
+Hugging Face ``datasets`` and any parquet reader; everything else is typed columns.
+
+This module converts between records and Arrow tables; it does not know where files live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+from draftdata.errors import FormatVersionError
+from draftdata.records import Completion, Failure, Message, Sample, Turn, Usage
+
+FORMAT_KEY = b"draftdata.format"
+COMPLETION_FORMAT = "completion/1"
+FAILURE_FORMAT = "failure/1"
+SAMPLE_FORMAT = "sample/1"
+
+_json = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder()
+
+MESSAGE_TYPE = pa.struct(
+    [
+        ("role", pa.string()),
+        ("content", pa.string()),
+        ("reasoning_content", pa.string()),
+        ("tool_calls", pa.string()),  # JSON list or null
+        ("tool_call_id", pa.string()),
+        ("name", pa.string()),
+    ]
+)
+USAGE_TYPE = pa.struct(
+    [
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+    ]
+)
+TURN_TYPE = pa.struct(
+    [
+        ("content", pa.string()),
+        ("reasoning", pa.string()),
+        ("tool_calls", pa.string()),
+        ("finish_reason", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("output_token_ids", pa.list_(pa.int32())),
+        ("usage", USAGE_TYPE),
+    ]
+)
+
+
+def _schema(fields: list[tuple[str, pa.DataType]], kind: str) -> pa.Schema:
+    return pa.schema(fields, metadata={FORMAT_KEY: kind.encode()})
+
+
+COMPLETION_SCHEMA = _schema(
+    [
+        ("id", pa.string()),
+        ("sample", pa.int32()),
+        ("source", pa.string()),
+        ("domain", pa.string()),
+        ("messages", pa.list_(MESSAGE_TYPE)),
+        ("tools", pa.string()),
+        ("turns", pa.list_(TURN_TYPE)),
+        ("usage", USAGE_TYPE),
+        ("model", pa.string()),
+        ("sampling", pa.string()),
+        ("endpoint", pa.string()),
+        ("latency_s", pa.float64()),
+        ("attempts", pa.int32()),
+        ("created", pa.float64()),
+    ],
+    COMPLETION_FORMAT,
+)
+
+FAILURE_SCHEMA = _schema(
+    [
+        ("id", pa.string()),
+        ("sample", pa.int32()),
+        ("stage", pa.string()),
+        ("reason", pa.string()),
+        ("message", pa.string()),
+        ("attempts", pa.int32()),
+        ("source", pa.string()),
+        ("domain", pa.string()),
+        ("endpoint", pa.string()),
+        ("created", pa.float64()),
+    ],
+    FAILURE_FORMAT,
+)
+
+SAMPLE_SCHEMA = _schema(
+    [
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("domain", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("num_tokens", pa.int32()),
+        ("num_loss_tokens", pa.int32()),
+        ("truncated", pa.bool_()),
+    ],
+    SAMPLE_FORMAT,
+)
+
+
+def check_format(schema: pa.Schema, expected: str, where: str) -> None:
+    """Raise FormatVersionError unless ``schema`` carries the ``expected`` kind/version."""
+    meta = schema.metadata or {}
+    found = meta.get(FORMAT_KEY, b"").decode() or None
+    if found != expected:
+        kind = expected.split("/")[0]
+        if found and found.split("/")[0] == kind:
+            raise FormatVersionError(
+                f"{where}: written as {found}, this draftdata reads {expected}; "
+                "use the draftdata version that wrote it"
+            )
+        raise FormatVersionError(
+            f"{where}: not a draftdata {kind} file (format {found or 'missing'}, "
+            f"expected {expected})"
+        )
+
+
+def _j(value: Any) -> str | None:
+    return None if value is None else _json.encode(value).decode()
+
+
+def _unj(value: str | None) -> Any:
+    return None if value is None else _dec.decode(value)
+
+
+def _message_row(m: Message) -> dict[str, Any]:
+    return {
+        "role": m.role,
+        "content": m.content,
+        "reasoning_content": m.reasoning_content,
+        "tool_calls": _j(m.tool_calls),
+        "tool_call_id": m.tool_call_id,
+        "name": m.name,
+    }
+
+
+def _usage_row(u: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "cached_tokens": u.cached_tokens,
+    }
+
+
+def completion_row(c: Completion) -> dict[str, Any]:
+    """The Arrow row (a plain dict) of one Completion."""
+    return {
+        "id": c.id,
+        "sample": c.sample,
+        "source": c.source,
+        "domain": c.domain,
+        "messages": [_message_row(m) for m in c.messages],
+        "tools": _j(c.tools),
+        "turns": [
+            {
+                "content": t.content,
+                "reasoning": t.reasoning,
+                "tool_calls": _j(t.tool_calls),
+                "finish_reason": t.finish_reason,
+                "prompt_token_ids": t.prompt_token_ids,
+                "output_token_ids": t.output_token_ids,
+                "usage": _usage_row(t.usage),
+            }
+            for t in c.turns
+        ],
+        "usage": _usage_row(c.usage),
+        "model": c.model,
+        "sampling": _j(c.sampling),
+        "endpoint": c.endpoint,
+        "latency_s": c.latency_s,
+        "attempts": c.attempts,
+        "created": c.created,
+    }
+
+
+def _message(d: dict[str, Any]) -> Message:
+    return Message(
+        role=d["role"],
+        content=d.get("content"),
+        reasoning_content=d.get("reasoning_content"),
+        tool_calls=_unj(d.get("tool_calls")),
+        tool_call_id=d.get("tool_call_id"),
+        name=d.get("name"),
+    )
+
+
+def _usage(d: dict[str, Any] | None) -> Usage:
+    if not d:
+        return Usage()
+    return Usage(
+        prompt_tokens=d.get("prompt_tokens") or 0,
+        completion_tokens=d.get("completion_tokens") or 0,
+        cached_tokens=d.get("cached_tokens") or 0,
+    )
+
+
+def completion_from_row(d: dict[str, Any]) -> Completion:
+    """Inverse of ``completion_row``."""
+    return Completion(
+        id=d["id"],
+        sample=d.get("sample") or 0,
+        source=d.get("source") or "",
+        domain=d.get("domain") or "",
+        messages=[_message(m) for m in d.get("messages") or []],
+        tools=_unj(d.get("tools")),
+        turns=[
+            Turn(
+                content=t.get("content"),
+                reasoning=t.get("reasoning"),
+                tool_calls=_unj(t.get("tool_calls")),
+                finish_reason=t.get("finish_reason"),
+                prompt_token_ids=t.get("prompt_token_ids"),
+                output_token_ids=t.get("output_token_ids"),
+                usage=_usage(t.get("usage")),
+            )
+            for t in d.get("turns") or []
+        ],
+        usage=_usage(d.get("usage")),
+        model=d.get("model") or "",
+        sampling=_unj(d.get("sampling")) or {},
+        endpoint=d.get("endpoint") or "",
+        latency_s=d.get("latency_s") or 0.0,
+        attempts=d.get("attempts") or 1,
+        created=d.get("created") or 0.0,
+    )
+
+
+def failure_row(f: Failure) -> dict[str, Any]:
+    """The Arrow row of one Failure."""
+    return {
+        "id": f.id,
+        "sample": f.sample,
+        "stage": f.stage,
+        "reason": f.reason,
+        "message": f.message,
+        "attempts": f.attempts,
+        "source": f.source,
+        "domain": f.domain,
+        "endpoint": f.endpoint,
+        "created": f.created,
+    }
+
+
+def failure_from_row(d: dict[str, Any]) -> Failure:
+    """Inverse of ``failure_row``."""
+    return Failure(
+        id=d["id"],
+        sample=d.get("sample") or 0,
+        stage=d.get("stage") or "generate",
+        reason=d["reason"],
+        message=d.get("message") or "",
+        attempts=d.get("attempts") or 0,
+        source=d.get("source") or "",
+        domain=d.get("domain") or "",
+        endpoint=d.get("endpoint") or "",
+        created=d.get("created") or 0.0,
+    )
+
+
+def sample_row(s: Sample) -> dict[str, Any]:
+    """The Arrow row of one Sample."""
+    return msgspec.structs.asdict(s)
+
+
+def completions_table(items: Iterable[Completion]) -> pa.Table:
+    """An Arrow table (with format metadata) of completions."""
+    return pa.Table.from_pylist([completion_row(c) for c in items], schema=COMPLETION_SCHEMA)
+
+
+def failures_table(items: Iterable[Failure]) -> pa.Table:
+    """An Arrow table (with format metadata) of failures."""
+    return pa.Table.from_pylist([failure_row(f) for f in items], schema=FAILURE_SCHEMA)
+
+
+def samples_table(items: Iterable[Sample]) -> pa.Table:
+    """An Arrow table (with format metadata) of tokenized samples."""
+    return pa.Table.from_pylist([sample_row(s) for s in items], schema=SAMPLE_SCHEMA)
+
+
+def iter_completions(table: pa.Table) -> Iterator[Completion]:
+    """Completions of a table read from a completions shard (call ``check_format`` first)."""
+    for row in table.to_pylist():
+        yield completion_from_row(row)
+
+
+def iter_failures(table: pa.Table) -> Iterator[Failure]:
+    """Failures of a table read from a failures shard."""
+    for row in table.to_pylist():
+        yield failure_from_row(row)

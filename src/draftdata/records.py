@@ -1,0 +1,219 @@
+"""Records that flow between stages: Prompt, Completion, Failure, Sample.
+
+These are the public contracts of the pipeline (DESIGN.md "Records"). Prompts travel as JSONL,
+one object per line, where only ``id`` and ``messages`` are required; completions, failures and
+samples travel as parquet (see ``formats.py`` for the Arrow schemas and format versions).
+
+Validation lives here: ``parse_prompt`` turns one raw JSON line into a Prompt or raises an
+InputError located as ``file:line: field: what is wrong``. This module does no file I/O beyond the
+lazy JSONL reader at the bottom.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from draftdata.errors import InputError
+
+ROLES = ("system", "user", "assistant", "tool")
+
+JsonDict = dict[str, Any]
+
+
+class Message(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """One OpenAI-format chat message; ``reasoning_content`` only on assistant turns."""
+
+    role: str
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[JsonDict] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class Prompt(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """A conversation to be answered by the target model."""
+
+    id: str
+    messages: list[Message]
+    source: str = ""
+    domain: str = ""
+    tools: list[JsonDict] | None = None
+    meta: JsonDict = msgspec.field(default_factory=dict)
+
+
+class Usage(msgspec.Struct, kw_only=True, frozen=True):
+    """Token accounting of one request (or the sum over a completion's turns)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class Turn(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """One regenerated assistant turn, exactly as the target produced it."""
+
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[JsonDict] | None = None
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
+    usage: Usage = msgspec.field(default_factory=Usage)
+
+
+class Completion(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """The target's answer to one Prompt (one of ``n`` samples when ``sample`` > 0)."""
+
+    id: str
+    sample: int = 0
+    source: str = ""
+    domain: str = ""
+    messages: list[Message]
+    tools: list[JsonDict] | None = None
+    turns: list[Turn]
+    usage: Usage = msgspec.field(default_factory=Usage)
+    model: str = ""
+    sampling: JsonDict = msgspec.field(default_factory=dict)
+    endpoint: str = ""
+    latency_s: float = 0.0
+    attempts: int = 1
+    created: float = 0.0
+
+
+FATAL_REASONS = frozenset({"context_length", "invalid_request"})
+
+
+class Failure(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """A prompt that could not be completed, with its reason class."""
+
+    id: str
+    sample: int = 0
+    stage: str = "generate"
+    reason: str
+    message: str = ""
+    attempts: int = 0
+    source: str = ""
+    domain: str = ""
+    endpoint: str = ""
+    created: float = 0.0
+
+    @property
+    def fatal(self) -> bool:
+        """Fatal failures are not retried on resume unless the user asks."""
+        return self.reason in FATAL_REASONS
+
+
+class Sample(msgspec.Struct, kw_only=True, frozen=True):
+    """One tokenized training sample; ``loss_mask`` is 1 on target-produced tokens."""
+
+    id: str
+    source: str = ""
+    domain: str = ""
+    input_ids: list[int]
+    loss_mask: list[int]
+    num_tokens: int
+    num_loss_tokens: int
+    truncated: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def normalise_text(text: str) -> str:
+    """Whitespace-collapsed, case-folded text: the basis of content hashes and exact dedup."""
+    return " ".join(text.split()).casefold()
+
+
+def content_hash(messages: list[Message], tools: list[JsonDict] | None = None) -> str:
+    """A stable id for a conversation: sha1 over roles and normalised contents (and tools)."""
+    h = hashlib.sha1()
+    for m in messages:
+        h.update(m.role.encode())
+        h.update(b"\x00")
+        h.update(normalise_text(m.content or "").encode())
+        h.update(b"\x01")
+        if m.tool_calls:
+            h.update(msgspec.json.encode(m.tool_calls))
+    if tools:
+        h.update(msgspec.json.encode(tools))
+    return h.hexdigest()[:20]
+
+
+def validate_messages(messages: list[Message], *, prompt: bool = True) -> None:
+    """Check roles, contents and turn structure; raise ValueError('field: what') on the first fault.
+
+    ``prompt=True`` also requires a user turn and forbids a trailing assistant turn with nothing
+    after it being the only thing there.
+    """
+    if not messages:
+        raise ValueError("messages: empty conversation")
+    has_user = False
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if m.role not in ROLES:
+            raise ValueError(f"{where}.role: {m.role!r} is not one of {'/'.join(ROLES)}")
+        if m.content is not None and not isinstance(m.content, str):
+            raise ValueError(f"{where}.content: expected a string")
+        if m.role == "user":
+            has_user = True
+            if not (m.content or "").strip():
+                raise ValueError(f"{where}.content: empty user message")
+        if m.role == "assistant" and not (m.content or "").strip() and not m.tool_calls:
+            raise ValueError(f"{where}.content: assistant message with no content or tool calls")
+        if m.role == "tool" and m.content is None:
+            raise ValueError(f"{where}.content: tool message without content")
+    if prompt and not has_user:
+        raise ValueError("messages: no user turn")
+
+
+_prompt_decoder = msgspec.json.Decoder(Prompt)
+
+
+def _msgspec_field(err: msgspec.ValidationError) -> str:
+    # msgspec says e.g. "Expected `str`, got `int` - at `$.messages[0].content`"
+    text = str(err)
+    if " - at `$." in text:
+        what, _, path = text.partition(" - at `$.")
+        return f"{path.rstrip('`')}: {what}"
+    return text
+
+
+def parse_prompt(raw: bytes | str, where: str = "<input>") -> Prompt:
+    """Decode and validate one prompt JSON object; errors read ``where: field: what is wrong``."""
+    try:
+        prompt = _prompt_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise InputError(f"{where}: {_msgspec_field(exc)}") from exc
+    except msgspec.DecodeError as exc:
+        raise InputError(f"{where}: not valid JSON ({exc})") from exc
+    if not prompt.id:
+        raise InputError(f"{where}: id: empty id")
+    try:
+        validate_messages(prompt.messages)
+    except ValueError as exc:
+        raise InputError(f"{where}: {exc}") from exc
+    return prompt
+
+
+def encode_prompt(prompt: Prompt) -> bytes:
+    """One JSONL line (without the newline) for a Prompt."""
+    return msgspec.json.encode(prompt)
+
+
+def iter_prompt_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Yield (1-based line number, raw line) of a local JSONL file lazily, skipping blank lines."""
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read prompts ({exc.strerror})") from exc
+    with fh:
+        for lineno, line in enumerate(fh, start=1):
+            if line.strip():
+                yield lineno, line

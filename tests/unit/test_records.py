@@ -1,0 +1,107 @@
+"""Records, formats and config: validation messages and round trips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pyarrow as pa
+import pytest
+
+from draftdata.config import load_config
+from draftdata.errors import ConfigError, FormatVersionError, InputError
+from draftdata.formats import (
+    COMPLETION_FORMAT,
+    SAMPLE_SCHEMA,
+    check_format,
+    completions_table,
+    iter_completions,
+)
+from draftdata.records import Completion, Message, Turn, Usage, content_hash, parse_prompt
+
+
+def test_parse_prompt_minimal() -> None:
+    p = parse_prompt(b'{"id": "a", "messages": [{"role": "user", "content": "hi"}]}')
+    assert p.id == "a" and p.messages[0].content == "hi" and p.tools is None
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b'{"id": "a", "messages": [{"role": "gpt2", "content": "x"}]}', "messages[0].role"),
+        (b'{"id": "a", "messages": [{"role": "user", "content": 3}]}', "messages[0].content"),
+        (b'{"id": "a", "messages": []}', "empty conversation"),
+        (b'{"id": "a", "messages": [{"role": "system", "content": "s"}]}', "no user turn"),
+        (b'{"messages": [{"role": "user", "content": "x"}]}', "id"),
+        (b"{not json", "not valid JSON"),
+    ],
+)
+def test_parse_prompt_errors_are_located(line: bytes, expected: str) -> None:
+    with pytest.raises(InputError) as err:
+        parse_prompt(line, "prompts.jsonl:7")
+    assert str(err.value).startswith("prompts.jsonl:7: ")
+    assert expected in str(err.value)
+
+
+def test_content_hash_ignores_whitespace_and_case() -> None:
+    a = [Message(role="user", content="Hello   World")]
+    b = [Message(role="user", content="hello world")]
+    c = [Message(role="user", content="hello there")]
+    assert content_hash(a) == content_hash(b) != content_hash(c)
+
+
+def test_completion_parquet_round_trip() -> None:
+    c = Completion(
+        id="p1",
+        messages=[Message(role="user", content="2+2?")],
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        turns=[
+            Turn(
+                content="4",
+                reasoning="add",
+                tool_calls=[{"id": "c", "type": "function", "function": {"name": "f"}}],
+                finish_reason="stop",
+                prompt_token_ids=[1, 2],
+                output_token_ids=[3],
+                usage=Usage(prompt_tokens=2, completion_tokens=1),
+            )
+        ],
+        sampling={"temperature": 0.6},
+    )
+    table = completions_table([c])
+    check_format(table.schema, COMPLETION_FORMAT, "t")
+    assert list(iter_completions(table)) == [c]
+
+
+def test_check_format_rejects_other_versions() -> None:
+    other = pa.schema(SAMPLE_SCHEMA, metadata={b"draftdata.format": b"sample/99"})
+    with pytest.raises(FormatVersionError, match="sample/99"):
+        check_format(other, "sample/1", "x.parquet")
+    with pytest.raises(FormatVersionError, match="missing"):
+        check_format(pa.schema([("id", pa.string())]), "sample/1", "x.parquet")
+
+
+class _Sampling(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    temperature: float = 0.6
+    top_p: float = 0.95
+
+
+class _Cfg(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    model: str = "m"
+    sampling: _Sampling = msgspec.field(default_factory=_Sampling)
+
+
+def test_config_errors_name_key_file_and_type(tmp_path: Path) -> None:
+    f = tmp_path / "gen.yaml"
+    f.write_text("sampling:\n  temperatur: 0.7\n")
+    with pytest.raises(ConfigError, match=r"gen.yaml: sampling.temperatur: unknown key"):
+        load_config(f, _Cfg)
+    f.write_text("sampling:\n  temperature: hot\n")
+    with pytest.raises(ConfigError, match=r"gen.yaml: sampling.temperature: expected float"):
+        load_config(f, _Cfg)
+    f.write_text("model: [\n")
+    with pytest.raises(ConfigError, match=r"gen.yaml:\d+: invalid YAML"):
+        load_config(f, _Cfg)
+    f.write_text("model: big\n")
+    assert load_config(f, _Cfg, model="small").model == "small"
+    assert load_config(None, _Cfg).sampling.top_p == 0.95
