@@ -1,0 +1,77 @@
+"""fleet.yaml: the description of a running fleet that ``generate --fleet`` reads.
+
+Written by ``draftdata fleet up`` and ``draftdata fleet sim --out``; users may also write one by
+hand for servers they started themselves (only ``endpoints[].url`` is required)::
+
+    format: draftdata.fleet/1
+    engine: sglang
+    model: /models/Qwen3.6-27B
+    endpoints:
+      - url: http://127.0.0.1:30000
+        pid: 4242                 # only for servers draftdata started
+        gpu: "0"
+        model: Qwen3.6-27B        # id served at /v1/models
+        engine_version: 0.5.4
+        context_length: 8192
+        max_running_requests: 72
+        log: fleet-logs/server-0.log
+
+This module reads and writes that file; it starts and probes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import yaml
+
+from draftdata.config import convert, read_yaml
+from draftdata.errors import ConfigError
+
+FLEET_FORMAT = "draftdata.fleet/1"
+
+
+class EndpointSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One server of the fleet."""
+
+    url: str
+    pid: int | None = None
+    pgid: int | None = None
+    started: float | None = None
+    gpu: str | None = None
+    model: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    log: str | None = None
+
+
+class FleetSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """A whole fleet: what was launched and where each server listens."""
+
+    format: str = FLEET_FORMAT
+    engine: str = "custom"
+    model: str | None = None
+    endpoints: list[EndpointSpec] = msgspec.field(default_factory=list)
+
+
+def read_fleet(path: Path | str) -> FleetSpec:
+    """Read and validate a fleet.yaml; errors name the file and key."""
+    data = read_yaml(path)
+    spec = convert(data, FleetSpec, str(path))
+    if spec.format != FLEET_FORMAT:
+        raise ConfigError(f"{path}: format {spec.format!r}; this draftdata reads {FLEET_FORMAT}")
+    if not spec.endpoints:
+        raise ConfigError(f"{path}: endpoints: the fleet lists no endpoint")
+    return spec
+
+
+def write_fleet(spec: FleetSpec, path: Path | str) -> None:
+    """Write ``spec`` as YAML (atomically: temp file then rename)."""
+    p = Path(path)
+    data = msgspec.to_builtins(spec)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    tmp.replace(p)
