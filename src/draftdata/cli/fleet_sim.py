@@ -1,9 +1,165 @@
-"""Skeleton: the owning stage replaces this."""
+"""`draftdata fleet sim`: run N simulated SGLang/vLLM servers in the foreground.
+
+Parses options into a SimConfig (``draftdata.fleet.sim_config``), runs
+``draftdata.fleet.sim.serve`` until SIGINT/SIGTERM and prints each URL.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from draftdata.errors import ConfigError
+
+
+def _pairs(values: list[str], option: str, kind: type[int] | type[float]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for v in values:
+        index, sep, value = v.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(index)] = kind(value)
+        except ValueError as exc:
+            raise ConfigError(f"{option} {v!r}: expected SERVER:VALUE, e.g. 1:3") from exc
+    return out
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's fleet commands to `app`."""
+    """Add the `sim` command to the fleet sub-app."""
+
+    @app.command("sim")
+    def sim(
+        servers: int = typer.Option(2, "--servers", "-n", help="How many servers to run."),
+        port_base: int = typer.Option(
+            0, "--port-base", help="Server i listens on PORT_BASE+i; 0 picks free ports."
+        ),
+        flavor: str = typer.Option("sglang", "--flavor", help="Response shapes: sglang or vllm."),
+        out: Path | None = typer.Option(
+            None, "--out", help="Write a fleet.yaml (engine 'sim') here once all servers listen."
+        ),
+        model: str = typer.Option("Qwen3.6-27B-sim", "--model", help="Served model name."),
+        max_running: int = typer.Option(
+            64, "--max-running", help="Sequences that decode together; the rest wait."
+        ),
+        hide_max_running: bool = typer.Option(
+            False,
+            "--hide-max-running",
+            help="Report max_running_requests as null in /server_info (SGLang 'auto').",
+        ),
+        dp_size: int = typer.Option(1, "--dp-size", help="DP ranks reported by /server_info."),
+        context_length: int = typer.Option(8192, "--context-length", help="Context in tokens."),
+        mean_output_tokens: int = typer.Option(
+            2700, "--mean-output-tokens", help="Mean of the lognormal output length."
+        ),
+        time_scale: float = typer.Option(
+            1.0,
+            "--time-scale",
+            help="Multiply every modelled delay (0: answer at once; 0.01: 100x faster).",
+        ),
+        seed: int = typer.Option(0, "--seed", help="Seed of answers and faults."),
+        tokenizer: Path | None = typer.Option(
+            None,
+            "--tokenizer",
+            help="Hugging Face tokenizer folder: real prompt/output token ids via its template.",
+        ),
+        reasoning: str = typer.Option(
+            "parsed",
+            "--reasoning",
+            help="parsed (reasoning field), inline (<think> in content) or off (no thinking).",
+        ),
+        tool_call_rate: float = typer.Option(
+            0.5, "--tool-call-rate", help="Share of answers that call a tool when tools are given."
+        ),
+        startup_seconds: float = typer.Option(
+            0.0, "--startup-seconds", help="/health answers 503 this long after start."
+        ),
+        fault_500: float = typer.Option(0.0, "--fault-500", help="Rate of HTTP 500 answers."),
+        fault_503: float = typer.Option(0.0, "--fault-503", help="Rate of HTTP 503 answers."),
+        fault_429: float = typer.Option(
+            0.0, "--fault-429", help="Rate of HTTP 429 answers (with Retry-After)."
+        ),
+        fault_context: float = typer.Option(
+            0.0, "--fault-context", help="Rate of injected 400 context-length errors."
+        ),
+        fault_reset: float = typer.Option(
+            0.0, "--fault-reset", help="Rate of connections reset mid-response."
+        ),
+        fault_hang: float = typer.Option(
+            0.0, "--fault-hang", help="Rate of requests never answered."
+        ),
+        fault_malformed: float = typer.Option(
+            0.0, "--fault-malformed", help="Rate of 200 answers with a truncated JSON body."
+        ),
+        fault_server: int | None = typer.Option(
+            None, "--fault-server", help="Apply the rate faults to this server index only."
+        ),
+        retry_after: int = typer.Option(1, "--retry-after", help="Retry-After seconds of 429s."),
+        slow: list[str] = typer.Option(
+            [], "--slow", help="I:FACTOR: server I's steps take FACTOR times longer (repeatable)."
+        ),
+        crash_after: list[str] = typer.Option(
+            [], "--crash-after", help="I:N: server I crashes at its N-th request (repeatable)."
+        ),
+        restart_after: float | None = typer.Option(
+            None, "--restart-after", help="A crashed server comes back after SECONDS."
+        ),
+        starting_seconds: float = typer.Option(
+            0.5, "--starting-seconds", help="/health 503 this long after a restart."
+        ),
+    ) -> None:
+        """Run N OpenAI-compatible simulated servers (SGLang or vLLM shaped) until Ctrl-C."""
+        import asyncio
+
+        from draftdata.fleet.sim import serve
+        from draftdata.fleet.sim_config import FaultConfig, SimConfig, validate
+        from draftdata.fleet.sim_server import SimServer
+
+        if flavor not in ("sglang", "vllm"):
+            raise ConfigError(f"--flavor {flavor!r}: use sglang or vllm")
+        if reasoning not in ("parsed", "inline", "off"):
+            raise ConfigError(f"--reasoning {reasoning!r}: use parsed, inline or off")
+        faults = FaultConfig(
+            error_500=fault_500,
+            error_503=fault_503,
+            error_429=fault_429,
+            context_400=fault_context,
+            reset=fault_reset,
+            hang=fault_hang,
+            malformed=fault_malformed,
+            server=fault_server,
+            retry_after_s=retry_after,
+            slow={i: float(f) for i, f in _pairs(slow, "--slow", float).items()},
+            crash_after={i: int(n) for i, n in _pairs(crash_after, "--crash-after", int).items()},
+            restart_after=restart_after,
+            starting_s=starting_seconds,
+        )
+        config = validate(
+            SimConfig(
+                flavor=flavor,  # type: ignore[arg-type]
+                model=model,
+                max_running=max_running,
+                report_max_running=not hide_max_running,
+                dp_size=dp_size,
+                context_length=context_length,
+                mean_output_tokens=mean_output_tokens,
+                time_scale=time_scale,
+                seed=seed,
+                tokenizer=str(tokenizer) if tokenizer else None,
+                reasoning=reasoning,  # type: ignore[arg-type]
+                tool_call_rate=tool_call_rate,
+                startup_s=startup_seconds,
+                faults=faults,
+            ),
+            servers,
+        )
+
+        def ready(started: list[SimServer]) -> None:
+            for i, s in enumerate(started):
+                typer.echo(f"server {i}: {s.url}")
+            if out is not None:
+                typer.echo(f"fleet: {out}")
+            typer.echo(f"{len(started)} simulated {flavor} servers ready; Ctrl-C to stop", err=True)
+
+        asyncio.run(serve(servers, config, port_base, out, ready))

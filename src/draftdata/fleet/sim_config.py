@@ -1,0 +1,150 @@
+"""Settings of the inference-server simulator: one frozen struct per concern.
+
+``SimConfig`` describes what every simulated server is (flavour, capacity, speed, answer shape);
+``FaultConfig`` describes what goes wrong and where. Both are plain msgspec Structs so tests build
+them directly and the CLI builds them from its options; ``validate`` turns a bad value into a
+ConfigError that names the option. The timing defaults model a dense ~27B model in bf16 on one
+H100/H200-class GPU: a decode step costs ``base_step_s + per_seq_step_s * batch`` seconds, i.e.
+about 20 ms at batch 1 and 30 ms at batch 64 (~2,100 output tokens/s per server at full batch),
+and a prefill costs ``prefill_per_token_s`` per prompt token (~50K prompt tokens/s), stalling the
+batch while it runs, as a non-chunked prefill does.
+
+This module holds values only; the simulator itself lives in ``sim_*.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from draftdata.errors import ConfigError
+
+Flavor = Literal["sglang", "vllm"]
+ReasoningMode = Literal["parsed", "inline", "off"]
+
+
+class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What goes wrong. Rates are per chat request in [0, 1], drawn from a seeded generator.
+
+    ``server`` limits the rate-based faults to one server index (None: every server).
+    ``slow`` maps a server index to a factor its step time is multiplied by. ``crash_after``
+    maps a server index to N: that server crashes (listening socket closed, every open
+    connection dropped) when its N-th chat request arrives, once; it comes back on the same
+    port after ``restart_after`` seconds (None: never) and then answers /health with 503 for
+    ``starting_s`` seconds.
+    """
+
+    error_500: float = 0.0
+    error_503: float = 0.0
+    error_429: float = 0.0
+    context_400: float = 0.0
+    reset: float = 0.0
+    hang: float = 0.0
+    malformed: float = 0.0
+    server: int | None = None
+    retry_after_s: int = 1
+    slow: dict[int, float] = msgspec.field(default_factory=dict)
+    crash_after: dict[int, int] = msgspec.field(default_factory=dict)
+    restart_after: float | None = None
+    starting_s: float = 0.5
+
+    def rates(self) -> list[tuple[str, float]]:
+        """The rate-based faults in the order they are drawn (one uniform draw per request)."""
+        return [
+            ("error_500", self.error_500),
+            ("error_503", self.error_503),
+            ("error_429", self.error_429),
+            ("context_400", self.context_400),
+            ("reset", self.reset),
+            ("hang", self.hang),
+            ("malformed", self.malformed),
+        ]
+
+    def applies_to(self, index: int) -> bool:
+        """Whether the rate-based faults apply to server ``index``."""
+        return self.server is None or self.server == index
+
+
+class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What each simulated server is. Defaults: an SGLang-served ~27B reasoning model."""
+
+    flavor: Flavor = "sglang"
+    model: str = "Qwen3.6-27B-sim"
+    model_path: str = "/models/Qwen3.6-27B"
+    engine_version: str | None = None
+    host: str = "127.0.0.1"
+    max_running: int = 64
+    report_max_running: bool = True
+    dp_size: int = 1
+    context_length: int = 8192
+    mean_output_tokens: int = 2700
+    output_sigma: float = 0.8
+    min_output_tokens: int = 8
+    reasoning: ReasoningMode = "parsed"
+    reasoning_share: float = 0.6
+    tool_call_rate: float = 0.5
+    cache_report: bool = True
+    time_scale: float = 1.0
+    base_step_s: float = 0.020
+    per_seq_step_s: float = 0.00016
+    prefill_per_token_s: float = 0.00002
+    stream_interval: int = 8
+    startup_s: float = 0.0
+    seed: int = 0
+    tokenizer: str | None = None
+    faults: FaultConfig = msgspec.field(default_factory=FaultConfig)
+
+    @property
+    def version(self) -> str:
+        """The engine version the server reports."""
+        if self.engine_version:
+            return self.engine_version
+        return "0.5.4" if self.flavor == "sglang" else "0.11.0"
+
+    def step_s(self, batch: int, slow: float = 1.0) -> float:
+        """Wall-clock seconds of one decode step at ``batch`` running sequences."""
+        return (self.base_step_s + self.per_seq_step_s * batch) * self.time_scale * slow
+
+
+def validate(config: SimConfig, servers: int = 1) -> SimConfig:
+    """Check every value; raise ConfigError naming the option and the allowed range."""
+    checks: list[tuple[bool, str]] = [
+        (config.flavor in ("sglang", "vllm"), f"--flavor: {config.flavor!r}; use sglang or vllm"),
+        (
+            config.reasoning in ("parsed", "inline", "off"),
+            f"--reasoning: {config.reasoning!r}; use parsed, inline or off",
+        ),
+        (config.max_running >= 1, "--max-running: must be at least 1"),
+        (config.dp_size >= 1, "--dp-size: must be at least 1"),
+        (config.context_length >= 16, "--context-length: must be at least 16"),
+        (config.mean_output_tokens >= 1, "--mean-output-tokens: must be at least 1"),
+        (config.time_scale >= 0, "--time-scale: must be >= 0 (0 answers without delay)"),
+        (config.stream_interval >= 1, "stream_interval: must be at least 1"),
+        (0 <= config.tool_call_rate <= 1, "--tool-call-rate: must be in [0, 1]"),
+        (0 <= config.reasoning_share < 1, "reasoning_share: must be in [0, 1)"),
+        (servers >= 1, "--servers: must be at least 1"),
+    ]
+    f = config.faults
+    for name, rate in f.rates():
+        checks.append(
+            (0 <= rate <= 1, f"--fault-{name.replace('_', '-')}: {rate} is not in [0, 1]")
+        )
+    total = sum(rate for _, rate in f.rates())
+    checks.append((total <= 1, f"fault rates add up to {total:.3f}; their sum must be <= 1"))
+    if f.server is not None:
+        checks.append(
+            (0 <= f.server < servers, f"--fault-server: {f.server} is not a server index")
+        )
+    for index, factor in f.slow.items():
+        checks.append((0 <= index < servers, f"--slow: {index} is not a server index"))
+        checks.append((factor > 0, f"--slow: factor {factor} must be > 0"))
+    for index, n in f.crash_after.items():
+        checks.append((0 <= index < servers, f"--crash-after: {index} is not a server index"))
+        checks.append((n >= 1, f"--crash-after: N={n} must be at least 1"))
+    if f.restart_after is not None:
+        checks.append((f.restart_after >= 0, "--restart-after: must be >= 0"))
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(f"fleet sim: {message}")
+    return config

@@ -1,0 +1,513 @@
+"""One simulated inference server: aiohttp routes, fault injection, crash and restart.
+
+``SimServer`` owns an ``aiohttp.web.AppRunner`` (created with ``handler_cancellation=True`` so a
+client that gives up cancels its handler and frees its batch slot), a ``Batcher`` and per-server
+counters. ``crash()`` closes the listening socket, aborts every open connection and drops the
+batch; ``restart()`` rebinds the same port and reports /health 503 while "starting".
+Response shapes live in ``sim_shapes.py``, answers in ``sim_request.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+import time
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from draftdata.fleet import sim_shapes as shapes
+from draftdata.fleet.sim_answers import digest, split_chunk
+from draftdata.fleet.sim_batch import Batcher, Seq
+from draftdata.fleet.sim_config import SimConfig
+from draftdata.fleet.sim_request import ChoiceOut, PrefixCache, Prepared, RequestError, prepare
+from draftdata.fleet.sim_tokens import Tokenizer
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+# Client disconnects are normal (hedged requests): keep aiohttp from logging them.
+logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+
+
+class ServerStats(msgspec.Struct, kw_only=True):
+    """Counters of one server (readable while it runs)."""
+
+    requests: int = 0
+    served: int = 0
+    rejected: int = 0
+    cancelled: int = 0
+    crashes: int = 0
+    restarts: int = 0
+    faults: dict[str, int] = msgspec.field(default_factory=dict)
+    finished: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+class SimServer:
+    """One OpenAI-compatible server on ``config.host``; ``port`` 0 picks a free port."""
+
+    def __init__(self, index: int, config: SimConfig, tokenizer: Tokenizer, port: int = 0) -> None:
+        self.index = index
+        self.config = config
+        self.tokenizer = tokenizer
+        self.port = port
+        self.stats = ServerStats()
+        self.state = "down"
+        self._ready_at = 0.0
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._batcher = Batcher(config, config.faults.slow.get(index, 1.0))
+        self._cache = PrefixCache()
+        self._rng = random.Random(digest(config.seed, "faults", index))
+        self._crash_pending = index in config.faults.crash_after
+        self._restart_task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL (no trailing slash, no /v1)."""
+        return f"http://{self.config.host}:{self.port}"
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        r = app.router
+        r.add_post("/v1/chat/completions", self._chat)
+        r.add_get("/v1/models", self._models)
+        r.add_get("/health", self._health)
+        r.add_get("/metrics", self._metrics)
+        if self.config.flavor == "sglang":
+            r.add_get("/health_generate", self._health_generate)
+            r.add_get("/server_info", self._server_info)
+            r.add_get("/get_server_info", self._server_info)
+            r.add_get("/v1/loads", self._loads)
+            r.add_get("/get_load", self._get_load)
+            r.add_get("/get_model_info", self._model_info)
+            r.add_get("/model_info", self._model_info)
+        else:
+            r.add_get("/version", self._version)
+        return app
+
+    async def start(self) -> None:
+        """Bind and serve; /health is 503 for ``startup_s`` seconds."""
+        self._runner = web.AppRunner(self._app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        await self._bind(self.config.startup_s)
+        self._batcher.start()
+
+    async def _bind(self, starting_s: float) -> None:
+        assert self._runner is not None
+        site = web.TCPSite(self._runner, self.config.host, self.port, reuse_address=True)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        self._site = site
+        self._ready_at = time.monotonic() + starting_s
+        self.state = "up"
+
+    def crash(self) -> None:
+        """Die like a killed process: close the socket, drop every connection and the batch."""
+        if self.state == "down" or self._runner is None:
+            return
+        self.state = "down"
+        self.stats.crashes += 1
+        site, self._site = self._site, None
+        if site is not None:
+            server = getattr(site, "_server", None)
+            if server is not None:
+                server.close()
+            with contextlib.suppress(Exception):
+                self._runner._unreg_site(site)
+        handler = self._runner.server
+        for conn in list(getattr(handler, "connections", [])):
+            transport = getattr(conn, "transport", None)
+            if transport is not None:
+                transport.abort()
+        self._batcher.drop_all()
+        delay = self.config.faults.restart_after
+        if delay is not None:
+            loop = asyncio.get_running_loop()
+            self._restart_task = loop.create_task(self._restart_later(delay))
+
+    async def _restart_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self.restart()
+
+    async def restart(self) -> None:
+        """Come back on the same port; /health is 503 for ``faults.starting_s`` seconds."""
+        if self.state != "down" or self._runner is None:
+            return
+        for _ in range(50):
+            try:
+                await self._bind(self.config.faults.starting_s)
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        self.stats.restarts += 1
+
+    async def stop(self) -> None:
+        """Shut down for good."""
+        self.state = "down"
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+        await self._batcher.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def starting(self) -> bool:
+        """Whether the server is up but still in its "starting" period."""
+        return self.state == "up" and time.monotonic() < self._ready_at
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) sequences."""
+        return len(self._batcher.running), len(self._batcher.waiting)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _error(
+        self, status: int, message: str, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        body = _encode(shapes.error_body(self.config.flavor, status, message))
+        return web.Response(
+            body=body, status=status, content_type="application/json", headers=headers
+        )
+
+    def _json(self, data: Any) -> web.Response:
+        return web.Response(body=_encode(data), content_type="application/json")
+
+    def _draw_fault(self) -> str | None:
+        f = self.config.faults
+        if not f.applies_to(self.index):
+            return None
+        u = self._rng.random()
+        acc = 0.0
+        for name, rate in f.rates():
+            acc += rate
+            if rate > 0 and u < acc:
+                self.stats.faults[name] = self.stats.faults.get(name, 0) + 1
+                return name
+        return None
+
+    async def _forever(self) -> web.StreamResponse:
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("unreachable")
+
+    # -- routes ----------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self.starting() else 200)
+
+    async def _health_generate(self, request: web.Request) -> web.Response:
+        if self.starting():
+            return web.Response(status=503)
+        await asyncio.sleep(self.config.step_s(1))
+        return web.Response(status=200)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return self._json(shapes.models(self.config))
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return self._json({"version": self.config.version})
+
+    async def _model_info(self, request: web.Request) -> web.Response:
+        return self._json(
+            {
+                "model_path": self.config.model_path,
+                "tokenizer_path": self.config.tokenizer or self.config.model_path,
+                "is_generation": True,
+            }
+        )
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        tput = self._batcher.throughput()
+        return self._json(shapes.server_info(self.config, self.port, tput, self.config.tokenizer))
+
+    def _used_tokens(self) -> int:
+        return sum(s.prompt_tokens + s.done for s in self._batcher.running)
+
+    async def _loads(self, request: web.Request) -> web.Response:
+        running, waiting = self.load()
+        return self._json(shapes.loads(running, waiting, self._used_tokens(), self.config.dp_size))
+
+    async def _get_load(self, request: web.Request) -> web.Response:
+        running, waiting = self.load()
+        body = shapes.loads(running, waiting, self._used_tokens(), self.config.dp_size)
+        old = [
+            {
+                "dp_rank": r["dp_rank"],
+                "num_reqs": r["num_running_reqs"] + r["num_waiting_reqs"],
+                "num_waiting_reqs": r["num_waiting_reqs"],
+                "num_tokens": r["num_used_tokens"],
+            }
+            for r in body["loads"]
+        ]
+        return self._json(old)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        running, waiting = self.load()
+        text = shapes.metrics(
+            self.config,
+            running,
+            waiting,
+            self._batcher.generated_tokens,
+            self._batcher.prompt_tokens,
+            self.stats.finished,
+            self._batcher.throughput(),
+        )
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        if self.starting():
+            return self._error(503, "The server is starting; retry shortly.")
+        self.stats.requests += 1
+        crash_n = self.config.faults.crash_after.get(self.index)
+        if self._crash_pending and crash_n is not None and self.stats.requests >= crash_n:
+            self._crash_pending = False
+            self.crash()
+            return await self._forever()
+        try:
+            body = _decode(await request.read())
+        except msgspec.DecodeError as exc:
+            self.stats.rejected += 1
+            return self._error(400, f"JSON decode error: {exc}")
+        fault = self._draw_fault()
+        if fault == "error_500":
+            return self._error(500, "Internal server error: simulated failure")
+        if fault == "error_503":
+            return self._error(503, "Service unavailable: simulated overload")
+        if fault == "error_429":
+            retry = str(self.config.faults.retry_after_s)
+            return self._error(429, "Too many requests: simulated", {"Retry-After": retry})
+        if fault == "hang":
+            return await self._forever()
+        if fault == "reset":
+            return await self._reset(request)
+        try:
+            prep = prepare(body, self.config, self.tokenizer, self._cache)
+        except RequestError as exc:
+            self.stats.rejected += 1
+            return self._error(exc.status, exc.message)
+        if fault == "context_400":
+            n = len(prep.prompt_ids)
+            ctx = self.config.context_length
+            msg = shapes.context_message(self.config.flavor, n, max(ctx - n, 1), ctx)
+            return self._error(400, msg or "context length exceeded (simulated)")
+        if prep.stream:
+            return await self._stream(request, prep, malformed=fault == "malformed")
+        await self._generate(prep)
+        data = _encode(self._completion(prep))
+        self._count_finished(prep)
+        if fault == "malformed":
+            data = data[: max(1, len(data) // 2)]
+        self.stats.served += 1
+        return web.Response(body=data, content_type="application/json")
+
+    async def _reset(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        resp.content_length = 4096
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            await resp.write(b'{"id": "chatcmpl-reset", "object": "chat.completion", "choi')
+        if request.transport is not None:
+            request.transport.abort()
+        return resp
+
+    def _count_finished(self, prep: Prepared) -> None:
+        for c in prep.choices:
+            key = "stop" if c.finish in ("stop", "tool_calls") else c.finish
+            self.stats.finished[key] = self.stats.finished.get(key, 0) + 1
+
+    def _seqs(self, prep: Prepared, progress: asyncio.Event | None) -> list[Seq]:
+        n_prompt = len(prep.prompt_ids)
+        return [Seq(len(c.ids), n_prompt, progress) for c in prep.choices]
+
+    async def _generate(self, prep: Prepared) -> None:
+        """Wait until every choice has been decoded by the batcher."""
+        if self.config.time_scale <= 0:
+            self._batcher.generated_tokens += sum(len(c.ids) for c in prep.choices)
+            self._batcher.prompt_tokens += len(prep.prompt_ids)
+            return
+        seqs = self._seqs(prep, None)
+        for s in seqs:
+            self._batcher.submit(s)
+        try:
+            await asyncio.gather(*(s.finished for s in seqs))
+        except asyncio.CancelledError:
+            self.stats.cancelled += 1
+            for s in seqs:
+                self._batcher.cancel(s)
+            raise
+
+    def _completion(self, prep: Prepared) -> dict[str, Any]:
+        flavor = self.config.flavor
+        choices = []
+        for i, c in enumerate(prep.choices):
+            msg = shapes.message(flavor, c.parsed, c.calls)
+            choices.append(
+                shapes.choice(
+                    flavor,
+                    i,
+                    msg,
+                    c.finish,
+                    c.matched_stop,
+                    prep.prompt_ids if prep.want_prompt_ids else None,
+                    c.ids if prep.want_output_ids else None,
+                )
+            )
+        return shapes.completion(
+            flavor,
+            prep.rid,
+            prep.model,
+            choices,
+            self._usage(prep),
+            prep.prompt_ids if prep.want_prompt_ids else None,
+        )
+
+    def _usage(self, prep: Prepared) -> dict[str, Any]:
+        return shapes.usage(
+            self.config.flavor,
+            len(prep.prompt_ids),
+            sum(len(c.ids) for c in prep.choices),
+            prep.cached_tokens,
+            sum(c.reasoning_tokens for c in prep.choices),
+        )
+
+    async def _stream(
+        self, request: web.Request, prep: Prepared, malformed: bool
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        progress = asyncio.Event()
+        seqs: list[Seq] = []
+        if self.config.time_scale > 0:
+            seqs = self._seqs(prep, progress)
+            for s in seqs:
+                self._batcher.submit(s)
+        try:
+            await self._stream_body(resp, prep, seqs, progress, malformed)
+        except (asyncio.CancelledError, ConnectionError):
+            self.stats.cancelled += 1
+            for s in seqs:
+                self._batcher.cancel(s)
+            raise
+        self.stats.served += 1
+        self._count_finished(prep)
+        return resp
+
+    async def _stream_body(
+        self,
+        resp: web.StreamResponse,
+        prep: Prepared,
+        seqs: list[Seq],
+        progress: asyncio.Event,
+        malformed: bool,
+    ) -> None:
+        flavor = self.config.flavor
+        out = _SSE(resp, flavor, prep, self.config.model)
+        first_prompt = prep.prompt_ids if prep.want_prompt_ids else None
+        for i in range(len(prep.choices)):
+            role = shapes.delta(flavor, role="assistant", content="")
+            await out.send([shapes.stream_choice(flavor, i, role)], prompt_ids=first_prompt)
+            first_prompt = None
+            if malformed:
+                await resp.write(b'data: {"id": "' + prep.rid.encode() + b'", "choi\n\n')
+        sent = [0] * len(prep.choices)
+        step = self.config.stream_interval
+        while True:
+            if seqs:
+                if all(s.finished.done() for s in seqs) and all(
+                    sent[i] >= s.done for i, s in enumerate(seqs)
+                ):
+                    break
+                await progress.wait()
+                progress.clear()
+                if any(s.finished.cancelled() for s in seqs):
+                    raise ConnectionError("the server dropped the request")
+                targets = [s.done for s in seqs]
+            else:
+                if all(sent[i] >= len(c.ids) for i, c in enumerate(prep.choices)):
+                    break
+                targets = [min(len(c.ids), sent[i] + step) for i, c in enumerate(prep.choices)]
+            for i, c in enumerate(prep.choices):
+                while targets[i] > sent[i]:
+                    upto = min(targets[i], sent[i] + step)
+                    await out.tokens(i, c, sent[i], upto)
+                    sent[i] = upto
+        if prep.include_usage:
+            await out.send([], usage_=self._usage(prep))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+
+
+class _SSE:
+    """Writes the chunks of one streaming response."""
+
+    def __init__(self, resp: web.StreamResponse, flavor: str, prep: Prepared, model: str) -> None:
+        self.resp = resp
+        self.flavor = flavor
+        self.prep = prep
+        self.model = prep.model if flavor == "sglang" else model
+        self.calls_sent: collections.defaultdict[int, int] = collections.defaultdict(int)
+
+    async def send(
+        self,
+        choices: list[dict[str, Any]],
+        usage_: dict[str, Any] | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> None:
+        data = shapes.chunk(
+            self.flavor, self.prep.rid, self.model, choices, usage_=usage_, prompt_ids=prompt_ids
+        )
+        await self.resp.write(b"data: " + _encode(data) + b"\n\n")
+
+    async def tokens(self, i: int, c: ChoiceOut, t0: int, t1: int) -> None:
+        """Emit tokens [t0, t1) of choice ``i`` (and its finish chunk when t1 is the end)."""
+        f = self.flavor
+        a = c.ends[t0 - 1] if 0 < t0 <= len(c.ends) else (0 if t0 == 0 else len(c.text))
+        b = c.ends[t1 - 1] if 0 < t1 <= len(c.ends) else len(c.text)
+        reasoning, content, done_calls = split_chunk(c.parsed, c.text, a, b)
+        ids = c.ids[t0:t1] if self.prep.want_output_ids and f == "vllm" else None
+        final = t1 >= len(c.ids)
+        pending: list[dict[str, Any]] = []
+        if reasoning:
+            pending.append(shapes.stream_choice(f, i, shapes.delta(f, reasoning=reasoning)))
+        if content:
+            pending.append(shapes.stream_choice(f, i, shapes.delta(f, content=content)))
+        for k in done_calls:
+            call = c.calls[k]
+            head = {"index": k, "id": call["id"], "type": "function"}
+            fn = call["function"]
+            pending.append(
+                shapes.stream_choice(
+                    f,
+                    i,
+                    shapes.delta(
+                        f, tool_calls=[{**head, "function": {"name": fn["name"], "arguments": ""}}]
+                    ),
+                )
+            )
+            tail: dict[str, Any] = {"index": k, "function": {"arguments": fn["arguments"]}}
+            if f == "sglang":
+                tail = {"index": k, "id": None, "type": "function", **tail}
+                tail["function"]["name"] = None
+            pending.append(shapes.stream_choice(f, i, shapes.delta(f, tool_calls=[tail])))
+        if not pending and ids:
+            pending.append(shapes.stream_choice(f, i, shapes.delta(f)))
+        if ids is not None and pending:
+            pending[-1]["token_ids"] = ids
+        for ch in pending:
+            await self.send([ch])
+        if final:
+            fin = shapes.stream_choice(f, i, shapes.delta(f), c.finish, c.matched_stop)
+            if f == "vllm" and self.prep.want_output_ids and "token_ids" not in fin:
+                fin["token_ids"] = [] if pending else ids or []
+            await self.send([fin])
