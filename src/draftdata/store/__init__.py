@@ -1,1 +1,33 @@
-"""store stage."""
+"""The durable run store: create-only objects (local or S3), the run layout, resume, readers.
+
+- ``store.py`` / ``s3.py``: ``Store`` with ``put_new`` (create-only) and reads; ``open_store(url)``.
+- ``protect.py``: protected-prefix checks.
+- ``manifest.py``: manifest.json, settings hash, allowed-change history.
+- ``doneset.py``: the compact done-set.
+- ``run.py``: ``Run``, the buffered shard writer that other stages (generate) drive.
+- ``read.py``: readers of a run used by tokenize, merge, stats, report and export.
+- ``export.py``: ``export_run`` (sharegpt / openai JSONL, parquet).
+"""
+
+from draftdata.store.read import (
+    iter_completion_tables,
+    iter_completions,
+    iter_failures,
+    read_manifest,
+    read_metrics,
+    write_parquet_shard,
+)
+from draftdata.store.run import Run
+from draftdata.store.store import Store, open_store
+
+__all__ = [
+    "Run",
+    "Store",
+    "iter_completion_tables",
+    "iter_completions",
+    "iter_failures",
+    "open_store",
+    "read_manifest",
+    "read_metrics",
+    "write_parquet_shard",
+]

@@ -1,0 +1,180 @@
+"""Readers of a run (and the create-only parquet writer other stages use).
+
+A run directory or prefix holds ``manifest.json``, ``completions/part-*.parquet``,
+``failures/part-*.parquet`` and ``metrics/*.json`` (see ``run.py``). These functions take the
+run's URL (or an open Store), read shard by shard (never the whole run at once), and check each
+shard's ``draftdata.format`` before use.
+
+``iter_failures`` yields the failures that still stand by default: one per (id, sample), the
+last recorded, and none for a pair that was later completed (a retried prompt). Pass
+``all_attempts=True`` for every recorded failure.
+
+This module never writes except through ``write_parquet_shard`` (create-only).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from draftdata.errors import StoreError
+from draftdata.formats import (
+    COMPLETION_FORMAT,
+    FAILURE_FORMAT,
+    check_format,
+)
+from draftdata.formats import iter_completions as _rows_to_completions
+from draftdata.formats import iter_failures as _rows_to_failures
+from draftdata.records import Completion, Failure
+from draftdata.store.manifest import load_manifest
+from draftdata.store.store import Store, open_store
+
+COMPLETIONS_PREFIX = "completions/"
+FAILURES_PREFIX = "failures/"
+METRICS_PREFIX = "metrics/"
+
+StoreLike = Store | str
+
+
+def as_store(where: StoreLike) -> Store:
+    """An open Store for a URL (a Store is returned as is)."""
+    return where if isinstance(where, Store) else open_store(where)
+
+
+def parquet_bytes(table: pa.Table, *, compression: str = "zstd") -> bytes:
+    """Serialise ``table`` (schema metadata included) to parquet bytes, one row group."""
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression=compression, row_group_size=max(1, table.num_rows))
+    return sink.getvalue()
+
+
+def write_parquet_shard(
+    store: Store, key: str, table: pa.Table, *, compression: str = "zstd"
+) -> int:
+    """Write ``table`` as a create-only parquet object ``key``; returns its size in bytes.
+
+    AlreadyExistsError if ``key`` exists with other bytes (nothing is ever overwritten).
+    """
+    data = parquet_bytes(table, compression=compression)
+    store.put_new(key, data)
+    return len(data)
+
+
+def shard_keys(store: Store, prefix: str) -> list[str]:
+    """Sorted parquet keys under ``prefix`` (e.g. ``completions/``)."""
+    return [k for k in store.list(prefix) if k.endswith(".parquet")]
+
+
+def _parquet_file(store: Store, key: str) -> pq.ParquetFile:
+    path = store.local_path(key)
+    try:
+        if path is not None:
+            return pq.ParquetFile(path)
+        return pq.ParquetFile(store.open_input(key))
+    except (OSError, pa.ArrowException) as exc:
+        raise StoreError(f"{store.key_url(key)}: not a readable parquet file ({exc})") from exc
+
+
+def read_shard(
+    store: Store, key: str, expected: str, columns: Sequence[str] | None = None
+) -> pa.Table:
+    """Read one shard (only ``columns`` if given; on S3 only the footer and those column chunks
+    are fetched) after checking its format is ``expected``."""
+    pf = _parquet_file(store, key)
+    check_format(pf.schema_arrow, expected, store.key_url(key))
+    try:
+        return pf.read(columns=list(columns) if columns is not None else None)
+    except (OSError, pa.ArrowException) as exc:
+        raise StoreError(f"{store.key_url(key)}: cannot read parquet ({exc})") from exc
+
+
+def read_shards_parallel(
+    store: Store, keys: Sequence[str], expected: str, columns: Sequence[str], workers: int = 8
+) -> Iterator[pa.Table]:
+    """Read the same columns of many shards with a thread pool, yielding tables in key order."""
+    if not keys:
+        return
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys)))) as pool:
+        yield from pool.map(lambda k: read_shard(store, k, expected, columns), keys)
+
+
+def read_manifest(url: StoreLike) -> dict[str, Any]:
+    """The run's manifest plus ``history`` and ``effective_settings`` / ``effective_hash``."""
+    store = as_store(url)
+    if not store.exists("manifest.json"):
+        raise StoreError(f"{store.url}: no manifest.json; not a draftdata run")
+    return load_manifest(store)
+
+
+def iter_completion_tables(
+    url: StoreLike, columns: Sequence[str] | None = None
+) -> Iterator[pa.Table]:
+    """One Arrow table per committed completions shard, in shard-name order."""
+    store = as_store(url)
+    for key in shard_keys(store, COMPLETIONS_PREFIX):
+        yield read_shard(store, key, COMPLETION_FORMAT, columns)
+
+
+def iter_completions(url: StoreLike) -> Iterator[Completion]:
+    """Every committed Completion of the run, shard by shard."""
+    for table in iter_completion_tables(url):
+        yield from _rows_to_completions(table)
+
+
+def iter_failure_tables(url: StoreLike) -> Iterator[pa.Table]:
+    """One Arrow table per committed failures shard."""
+    store = as_store(url)
+    for key in shard_keys(store, FAILURES_PREFIX):
+        yield read_shard(store, key, FAILURE_FORMAT)
+
+
+def iter_failures(url: StoreLike, *, all_attempts: bool = False) -> Iterator[Failure]:
+    """The run's failures: by default one per unresolved (id, sample), the last recorded.
+
+    ``all_attempts=True`` yields every recorded failure in shard order instead.
+    """
+    store = as_store(url)
+    if all_attempts:
+        for table in iter_failure_tables(store):
+            yield from _rows_to_failures(table)
+        return
+    from draftdata.store.doneset import DoneSet, pair_hash
+
+    completed = DoneSet.from_chunks(_hash_tables(iter_completion_tables(store, ["id", "sample"])))
+    last: dict[int, Failure] = {}
+    for table in iter_failure_tables(store):
+        for f in _rows_to_failures(table):
+            h = pair_hash(f.id, f.sample)
+            if not completed.contains_hash(h):
+                last.pop(h, None)
+                last[h] = f
+    yield from last.values()
+
+
+def _hash_tables(tables: Iterator[pa.Table]) -> Iterator[Any]:
+    from draftdata.store.doneset import hash_pairs
+
+    for t in tables:
+        yield hash_pairs(t.column("id").to_pylist(), t.column("sample").to_pylist())
+
+
+def read_metrics(url: StoreLike) -> list[dict[str, Any]]:
+    """Every metrics object of the run (``metrics/*.json``), in key order."""
+    store = as_store(url)
+    out = []
+    for key in store.list(METRICS_PREFIX):
+        if key.endswith(".json"):
+            try:
+                value = json.loads(store.read(key))
+            except ValueError as exc:
+                raise StoreError(f"{store.key_url(key)}: not valid JSON ({exc})") from exc
+            if isinstance(value, dict):
+                value.setdefault("key", key)
+                out.append(value)
+    return out

@@ -1,0 +1,397 @@
+"""The Run writer: open or resume a run, buffer results, commit them as create-only shards.
+
+Layout under the output prefix::
+
+    manifest.json                         written once (manifest.py)
+    manifest-history/000001.json          one per allowed config change
+    completions/part-<writer>-<seq>.parquet
+    failures/part-<writer>-<seq>.parquet
+    metrics/<writer>-<seq>.json           progress / summary snapshots
+
+Commit protocol: ``add_completion`` / ``add_failure`` only buffer (thread-safe, no I/O). Every
+``flush_records`` records or ``flush_seconds`` seconds the caller runs ``flush()``, which writes
+one shard per kind with ``put_new``. A record is committed when its shard object exists whole;
+what a crash loses is at most the unflushed buffer, which the next run regenerates. A shard
+whose write failed is kept as (key, bytes) and retried with the same key and bytes, so a write
+that landed although its response was lost is recognised (identical bytes) and never duplicated.
+
+Resume: ``Run.open`` validates everything before the caller sends a request: protected
+prefixes, that the prefix is empty or holds a manifest, that the settings hash matches (or the
+change is allowed and recorded). It then rebuilds the done-set from the shards' ``id`` /
+``sample`` columns only (parallel column reads; on S3 the footer and id chunks). Writer ids are
+unique per process (host-pid-random), so several processes or nodes can write one run as long
+as they work on disjoint prompts (e.g. partitioned by id hash).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+from draftdata.errors import AlreadyExistsError, ConfigError, RunMismatchError, TransientStoreError
+from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT, completions_table, failures_table
+from draftdata.metrics import StageStats
+from draftdata.records import FATAL_REASONS, Completion, Failure
+from draftdata.store.doneset import DoneSet, hash_pairs, pair_hash
+from draftdata.store.manifest import (
+    MANIFEST_KEY,
+    diff_settings,
+    history_entry,
+    load_manifest,
+    manifest_bytes,
+    new_manifest,
+    settings_hash,
+)
+from draftdata.store.protect import check_not_protected
+from draftdata.store.read import (
+    COMPLETIONS_PREFIX,
+    FAILURES_PREFIX,
+    METRICS_PREFIX,
+    parquet_bytes,
+    read_shards_parallel,
+)
+from draftdata.store.store import LocalStore, Store, open_store
+
+DEFAULT_FLUSH_RECORDS = 256
+DEFAULT_FLUSH_SECONDS = 5.0
+_WRITE_ATTEMPTS = 6
+_SHARD_RE = re.compile(r"part-(?P<writer>.+)-(?P<seq>\d{6,})\.parquet$")
+
+
+def default_writer_id() -> str:
+    """A writer id unique per process: ``<host>-<pid>-<random>``, safe in object names."""
+    host = re.sub(r"[^A-Za-z0-9_.]+", "_", socket.gethostname())[:40] or "host"
+    return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _check_writer_id(writer_id: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,99}", writer_id):
+        raise ConfigError(f"writer id {writer_id!r}: use 1-100 characters of A-Z a-z 0-9 _ . -")
+    return writer_id
+
+
+class Run:
+    """An open run: the done-set, the write buffers and the shard writer. Use ``Run.open``."""
+
+    def __init__(
+        self,
+        store: Store,
+        manifest: dict[str, Any],
+        *,
+        writer_id: str,
+        retry_failed: bool,
+        flush_records: int,
+        flush_seconds: float,
+        clock: Callable[[], float],
+        keys: list[str],
+        stats: StageStats,
+    ) -> None:
+        self.store = store
+        self.manifest = manifest
+        self.writer_id = writer_id
+        self.retry_failed = retry_failed
+        self.flush_records = flush_records
+        self.flush_seconds = flush_seconds
+        self.stats = stats
+        self._clock = clock
+        self._lock = threading.Lock()  # guards buffers and done-sets
+        self._flush_lock = threading.Lock()  # one flush at a time
+        self._completions: list[Completion] = []
+        self._failures: list[Failure] = []
+        self._pending: list[tuple[str, bytes, int]] = []  # (kind, parquet bytes, records)
+        self._last_flush = clock()
+        self._closed = False
+        self._seq = _next_seq(keys, writer_id)
+        self._metrics_seq = 0
+        with stats.timed("store.done_set_rebuild"):
+            self._completed, self._fatal = _rebuild(store, keys, stats)
+        self.resumed_done = len(self._completed)
+        self.resumed_fatal = len(self._fatal)
+
+    # -- opening ------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        url: str,
+        *,
+        settings: dict[str, Any],
+        protect: Sequence[str] = (),
+        allow_config_change: bool = False,
+        retry_failed: bool = False,
+        flush_records: int = DEFAULT_FLUSH_RECORDS,
+        flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+        writer_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Run:
+        """Create or resume the run at ``url``; every safety check happens here, before any
+        request is sent.
+
+        Refuses (ProtectedPrefixError) an output overlapping a protected prefix; refuses
+        (RunMismatchError) a non-empty prefix without a manifest, and a manifest whose settings
+        hash differs unless ``allow_config_change`` (then the change is recorded). Committed
+        (id, sample) pairs, and fatal failures unless ``retry_failed``, count as done.
+        """
+        if flush_records < 1:
+            raise ConfigError(f"flush_records: {flush_records}; must be at least 1")
+        if not flush_seconds > 0:
+            raise ConfigError(f"flush_seconds: {flush_seconds}; must be greater than 0")
+        wid = _check_writer_id(writer_id or default_writer_id())
+        check_not_protected(url, protect, what="output prefix", describe=True)
+        store = open_store(url, protect=protect)
+        stats = StageStats("store")
+        with stats.timed("store.list"):
+            keys = store.list()
+        manifest = _open_manifest(store, keys, settings, allow_config_change)
+        return cls(
+            store,
+            manifest,
+            writer_id=wid,
+            retry_failed=retry_failed,
+            flush_records=flush_records,
+            flush_seconds=flush_seconds,
+            clock=clock,
+            keys=keys,
+            stats=stats,
+        )
+
+    # -- the done-set -------------------------------------------------------------------------
+
+    def is_done(self, id: str, sample: int = 0) -> bool:
+        """Whether (id, sample) is settled: completed, or failed fatally (unless retry_failed)."""
+        h = pair_hash(id, sample)
+        with self._lock:
+            if self._completed.contains_hash(h):
+                return True
+            return not self.retry_failed and self._fatal.contains_hash(h)
+
+    @property
+    def done_count(self) -> int:
+        """How many pairs ``is_done`` answers True for (committed or buffered)."""
+        with self._lock:
+            return len(self._completed) + (0 if self.retry_failed else len(self._fatal))
+
+    @property
+    def buffered(self) -> int:
+        """Records added but not yet committed (including shards waiting for a retry)."""
+        with self._lock:
+            return (
+                len(self._completions) + len(self._failures) + sum(n for _, _, n in self._pending)
+            )
+
+    # -- buffering ----------------------------------------------------------------------------
+
+    def add_completion(self, c: Completion) -> bool:
+        """Buffer a completion (no I/O); False (and dropped) if its pair is already completed."""
+        h = pair_hash(c.id, c.sample)
+        with self._lock:
+            self._check_open()
+            if not self._completed.add_hash(h):
+                self.stats.add("store.duplicates_dropped")
+                return False
+            self._completions.append(c)
+        return True
+
+    def add_failure(self, f: Failure) -> bool:
+        """Buffer a failure (no I/O); False (and dropped) if the pair is already completed."""
+        h = pair_hash(f.id, f.sample)
+        with self._lock:
+            self._check_open()
+            if self._completed.contains_hash(h):
+                self.stats.add("store.duplicates_dropped")
+                return False
+            if f.reason in FATAL_REASONS:
+                self._fatal.add_hash(h)
+            self._failures.append(f)
+        return True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("Run is closed")
+
+    def flush_due(self) -> bool:
+        """Whether ``flush()`` should run now (K records buffered, or T seconds since the last)."""
+        n = self.buffered
+        if n == 0:
+            return False
+        return n >= self.flush_records or self._clock() - self._last_flush >= self.flush_seconds
+
+    # -- committing ---------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Commit the buffers as one shard per kind (blocking I/O); returns records committed.
+
+        Transient store errors are retried with backoff; if the store still fails, the shard is
+        kept and retried (same bytes) by the next flush, and the error is raised.
+        """
+        with self._flush_lock:
+            with self._lock:
+                comps, self._completions = self._completions, []
+                fails, self._failures = self._failures, []
+                self._last_flush = self._clock()
+            if comps:
+                table = completions_table(comps)
+                self._pending.append(("completions", parquet_bytes(table), len(comps)))
+            if fails:
+                table = failures_table(fails)
+                self._pending.append(("failures", parquet_bytes(table), len(fails)))
+            committed = 0
+            while self._pending:
+                kind, data, n = self._pending[0]
+                key = self._write_shard(kind, data)
+                with self._lock:
+                    self._pending.pop(0)
+                self.stats.add(f"store.{kind}_shards")
+                self.stats.add(f"store.{kind}_records", n)
+                self.stats.add("store.bytes_written", len(data))
+                self.stats.add("store.committed", n)
+                committed += n
+                del key
+            return committed
+
+    def _write_shard(self, kind: str, data: bytes) -> str:
+        delay = 0.5
+        for attempt in range(1, _WRITE_ATTEMPTS + 1):
+            key = f"{kind}/part-{self.writer_id}-{self._seq:06d}.parquet"
+            try:
+                with self.stats.timed("store.write"):
+                    self.store.put_new(key, data)
+            except AlreadyExistsError:
+                # Someone else's object holds this name: never touch it, take the next one.
+                self.stats.add("store.name_collisions")
+                self._seq += 1
+                continue
+            except TransientStoreError:
+                self.stats.add("store.transient_errors")
+                if attempt == _WRITE_ATTEMPTS:
+                    raise
+                time.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
+                delay = min(delay * 2, 8.0)
+                continue
+            self._seq += 1
+            return key
+        raise TransientStoreError(f"{self.store.url}: could not write a {kind} shard")
+
+    def write_metrics(self, data: dict[str, Any]) -> str:
+        """Write a create-only ``metrics/<writer>-<seq>.json`` object; returns its key."""
+        body = {"writer": self.writer_id, "run_id": self.manifest.get("run_id"), **data}
+        raw = json.dumps(body, indent=1, default=str).encode()
+        while True:
+            key = f"{METRICS_PREFIX}{self.writer_id}-{self._metrics_seq:06d}.json"
+            self._metrics_seq += 1
+            try:
+                self.store.put_new(key, raw)
+            except AlreadyExistsError:
+                continue
+            return key
+
+    def close(self) -> None:
+        """Flush what is buffered and close the run (further adds raise)."""
+        if self._closed:
+            return
+        self.flush()
+        with self._lock:
+            self._closed = True
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _open_manifest(
+    store: Store, keys: list[str], settings: dict[str, Any], allow_config_change: bool
+) -> dict[str, Any]:
+    if MANIFEST_KEY not in keys:
+        if keys:
+            shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+            raise RunMismatchError(
+                f"{store.url}: output prefix is not empty and holds no draftdata manifest "
+                f"(found {shown}); give an empty prefix or an existing run's prefix"
+            )
+        manifest = new_manifest(settings)
+        try:
+            store.put_new(MANIFEST_KEY, manifest_bytes(manifest))
+        except AlreadyExistsError:
+            pass  # another writer created the run at the same moment: validate against it
+        else:
+            manifest["history"] = []
+            manifest["effective_settings"] = settings
+            manifest["effective_hash"] = manifest["settings_hash"]
+            return manifest
+    for _ in range(5):
+        manifest = load_manifest(store)
+        if manifest["effective_hash"] == settings_hash(settings):
+            return manifest
+        changes = diff_settings(manifest["effective_settings"], settings)
+        if not allow_config_change:
+            raise RunMismatchError(
+                f"{store.url}: this run was started with other settings; changed: "
+                + "; ".join(changes)
+                + ". Use the same config, a new --out, or --allow-config-change "
+                "to continue with the new settings (recorded in manifest-history/)"
+            )
+        key, raw = history_entry(manifest, settings, changes)
+        try:
+            store.put_new(key, raw)
+        except AlreadyExistsError:
+            continue  # a concurrent change landed first: re-read and compare again
+        return load_manifest(store)
+    raise RunMismatchError(f"{store.url}: the run's settings keep changing under us; retry")
+
+
+def _next_seq(keys: list[str], writer_id: str) -> int:
+    seq = 0
+    for key in keys:
+        m = _SHARD_RE.search(key)
+        if m and m.group("writer") == writer_id:
+            seq = max(seq, int(m.group("seq")) + 1)
+    return seq
+
+
+def _rebuild(store: Store, keys: list[str], stats: StageStats) -> tuple[DoneSet, DoneSet]:
+    comp_keys = [k for k in keys if k.startswith(COMPLETIONS_PREFIX) and k.endswith(".parquet")]
+    fail_keys = [k for k in keys if k.startswith(FAILURES_PREFIX) and k.endswith(".parquet")]
+    workers = 4 if isinstance(store, LocalStore) else 16
+    chunks = []
+    for t in read_shards_parallel(store, comp_keys, COMPLETION_FORMAT, ["id", "sample"], workers):
+        chunks.append(hash_pairs(t.column("id").to_pylist(), t.column("sample").to_pylist()))
+    completed = DoneSet.from_chunks(chunks)
+    fatal_chunks = []
+    cols = ["id", "sample", "reason"]
+    for t in read_shards_parallel(store, fail_keys, FAILURE_FORMAT, cols, workers):
+        rows = [
+            (i, s)
+            for i, s, r in zip(
+                t.column("id").to_pylist(),
+                t.column("sample").to_pylist(),
+                t.column("reason").to_pylist(),
+                strict=True,
+            )
+            if r in FATAL_REASONS
+        ]
+        fatal_chunks.append(hash_pairs([i for i, _ in rows], [s for _, s in rows]))
+    fatal_all = DoneSet.from_chunks(fatal_chunks)
+    # A pair completed after a retried failure is completed, not failed.
+    fatal = fatal_all.minus(completed)
+    stats.add("store.resumed_shards", len(comp_keys) + len(fail_keys))
+    stats.add("store.resumed_completed", len(completed))
+    stats.add("store.resumed_fatal", len(fatal))
+    return completed, fatal

@@ -1,0 +1,274 @@
+"""The S3 side of the store: boto3, conditional create-only PUTs, ranged reads.
+
+- ``put_new`` is ``PutObject`` with ``If-None-Match: *``. HTTP 412 (PreconditionFailed) means
+  the key exists; the object is then compared with our bytes (ETag == MD5 first, else a GET),
+  so a retry whose first attempt landed (lost response) counts as done, and anything else is
+  AlreadyExistsError. 409 ConditionalRequestConflict (a concurrent conditional write) is
+  transient.
+- Throttling and 5xx (503 SlowDown, 500) and connection errors are retried by botocore's
+  ``standard`` retry mode (``DRAFTDATA_S3_MAX_ATTEMPTS``, default 8); what is left is mapped to
+  TransientStoreError here, in ``_map_error``, the one place raw S3 errors become draftdata's.
+- Reads: ``open_input`` is a seekable reader that issues one ranged GET per ``read`` call, so
+  pyarrow fetches a parquet footer and only the column chunks it needs.
+
+Credentials, region and endpoint come from the standard AWS configuration (environment
+variables, ``AWS_PROFILE`` / config files, ``AWS_ENDPOINT_URL``, instance roles). Nothing here
+logs or stores them. There is no delete and no unconditional put.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import io
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any, BinaryIO, cast
+
+from draftdata.errors import AlreadyExistsError, StoreError, TransientStoreError
+from draftdata.store.store import Store, _check_key
+
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "InternalError",
+        "ServiceUnavailable",
+        "ConditionalRequestConflict",
+        "OperationAborted",
+    }
+)
+_clients: dict[int, Any] = {}
+_clients_lock = threading.Lock()
+
+
+def _client() -> Any:
+    """One boto3 S3 client per process (boto3 clients are thread-safe; sessions are not)."""
+    pid = os.getpid()
+    with _clients_lock:
+        client = _clients.get(pid)
+        if client is None:
+            try:
+                import boto3
+                from botocore.config import Config
+            except ImportError as exc:  # pragma: no cover - depends on the install
+                raise StoreError(
+                    "s3:// needs boto3: pip install 'draftdata[s3]' (or pip install boto3)"
+                ) from exc
+            attempts = int(os.environ.get("DRAFTDATA_S3_MAX_ATTEMPTS", "8"))
+            config = Config(
+                retries={"mode": "standard", "max_attempts": attempts},
+                max_pool_connections=32,
+                connect_timeout=10,
+                read_timeout=60,
+            )
+            client = boto3.session.Session().client("s3", config=config)
+            _clients[pid] = client
+        return client
+
+
+def _map_error(exc: Exception, what: str) -> StoreError:
+    """The draftdata error for a raw botocore error during ``what`` (a URL and an action)."""
+    from botocore import exceptions as bex
+
+    if isinstance(exc, bex.ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in ("PreconditionFailed",) or status == 412:
+            return AlreadyExistsError(f"{what}: the object already exists")
+        if code in _TRANSIENT_CODES or status >= 500 or status in (409, 429):
+            return TransientStoreError(f"{what}: S3 {status} {code} (transient; retried)")
+        if code in ("NoSuchKey", "404", "NotFound") or status == 404:
+            return StoreError(f"{what}: no such object")
+        if code == "NoSuchBucket":
+            return StoreError(f"{what}: the bucket does not exist; check the URL or create it")
+        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            return StoreError(
+                f"{what}: access denied ({code}); check the AWS credentials and the bucket policy"
+            )
+        return StoreError(f"{what}: S3 error {status} {code}: {err.get('Message', '')}")
+    if isinstance(exc, bex.NoCredentialsError | bex.PartialCredentialsError):
+        return StoreError(
+            f"{what}: no AWS credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+            "AWS_PROFILE, or run on a machine with an instance role"
+        )
+    if isinstance(
+        exc,
+        bex.EndpointConnectionError
+        | bex.ConnectionClosedError
+        | bex.ReadTimeoutError
+        | bex.ConnectTimeoutError
+        | bex.ResponseStreamingError,
+    ):
+        return TransientStoreError(f"{what}: connection problem ({type(exc).__name__})")
+    if isinstance(exc, bex.BotoCoreError):
+        return StoreError(f"{what}: {exc}")
+    raise exc
+
+
+def _is_missing(exc: Exception) -> bool:
+    from botocore import exceptions as bex
+
+    if not isinstance(exc, bex.ClientError):
+        return False
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return status == 404 or code in ("NoSuchKey", "404", "NotFound")
+
+
+def _botocore_errors() -> tuple[type[Exception], ...]:
+    from botocore import exceptions as bex
+
+    return (bex.ClientError, bex.BotoCoreError)
+
+
+class S3Store(Store):
+    """A store under ``s3://bucket/prefix``."""
+
+    def __init__(self, bucket: str, prefix: str, protect: Sequence[str] = ()) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        super().__init__(url, protect)
+
+    def child(self, prefix: str) -> S3Store:
+        """A store rooted at ``prefix`` inside this one."""
+        sub = _check_key(prefix.strip("/"))
+        return S3Store(self.bucket, f"{self.prefix}/{sub}" if self.prefix else sub, self.protect)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _call(self, what: str, fn: str, *, missing_ok: bool = False, **kwargs: Any) -> Any:
+        """Call one S3 operation; errors mapped; None for a missing object if ``missing_ok``."""
+        try:
+            return getattr(_client(), fn)(Bucket=self.bucket, **kwargs)
+        except _botocore_errors() as exc:
+            if missing_ok and _is_missing(exc):
+                return None
+            raise _map_error(exc, what) from exc
+
+    def _put_new(self, key: str, data: bytes) -> None:
+        what = f"{self.key_url(key)}: create"
+        try:
+            self._call(what, "put_object", Key=self._key(key), Body=data, IfNoneMatch="*")
+        except AlreadyExistsError:
+            if not self._holds(key, data):
+                raise AlreadyExistsError(
+                    f"{self.key_url(key)}: already exists (HTTP 412); the store never overwrites"
+                ) from None
+
+    def _holds(self, key: str, data: bytes) -> bool:
+        """Whether ``key`` holds exactly ``data`` (a retried PUT that had landed)."""
+        head = self._call(f"{self.key_url(key)}: head", "head_object", Key=self._key(key))
+        if int(head.get("ContentLength", -1)) != len(data):
+            return False
+        etag = str(head.get("ETag", "")).strip('"')
+        if etag == hashlib.md5(data, usedforsecurity=False).hexdigest():
+            return True
+        return self._read(key) == data
+
+    def _read(self, key: str) -> bytes:
+        what = f"{self.key_url(key)}: read"
+        resp = self._call(what, "get_object", Key=self._key(key))
+        try:
+            return cast(bytes, resp["Body"].read())
+        except _botocore_errors() as exc:
+            raise _map_error(exc, what) from exc
+
+    def _read_range(self, key: str, start: int, length: int) -> bytes:
+        what = f"{self.key_url(key)}: read"
+        rng = f"bytes={start}-{start + length - 1}"
+        resp = self._call(what, "get_object", missing_ok=True, Key=self._key(key), Range=rng)
+        if resp is None:
+            raise StoreError(f"{what}: no such object")
+        try:
+            return cast(bytes, resp["Body"].read())
+        except _botocore_errors() as exc:
+            raise _map_error(exc, what) from exc
+
+    def _list(self, prefix: str) -> builtins.list[str]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        out: builtins.list[str] = []
+        what = f"{self.url}/{prefix}: list"
+        try:
+            pages = (
+                _client()
+                .get_paginator("list_objects_v2")
+                .paginate(Bucket=self.bucket, Prefix=base + prefix)
+            )
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    out.append(str(obj["Key"])[len(base) :])
+        except _botocore_errors() as exc:
+            raise _map_error(exc, what) from exc
+        return out
+
+    def _exists(self, key: str) -> bool:
+        what = f"{self.key_url(key)}: head"
+        return self._call(what, "head_object", missing_ok=True, Key=self._key(key)) is not None
+
+    def _size(self, key: str) -> int:
+        head = self._call(f"{self.key_url(key)}: head", "head_object", Key=self._key(key))
+        return int(head["ContentLength"])
+
+    def _open_input(self, key: str) -> BinaryIO:
+        return cast(BinaryIO, _RangeReader(self, key, self._size(key)))
+
+
+class _RangeReader(io.RawIOBase):
+    """A seekable, read-only file over one S3 object: each ``read`` is one ranged GET."""
+
+    def __init__(self, store: S3Store, key: str, size: int) -> None:
+        super().__init__()
+        self._store = store
+        self._key = key
+        self._size = size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self._size + offset
+        else:
+            raise ValueError(f"invalid whence {whence}")
+        if pos < 0:
+            raise ValueError("negative seek position")
+        self._pos = pos
+        return pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            size = self._size - self._pos
+        size = min(size, max(0, self._size - self._pos))
+        if size == 0:
+            return b""
+        data = self._store.read_range(self._key, self._pos, size)
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
