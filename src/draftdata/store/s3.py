@@ -42,15 +42,16 @@ _TRANSIENT_CODES = frozenset(
         "OperationAborted",
     }
 )
-_clients: dict[int, Any] = {}
+_clients: dict[tuple[int, str], Any] = {}
 _clients_lock = threading.Lock()
 
 
 def _client() -> Any:
     """One boto3 S3 client per process (boto3 clients are thread-safe; sessions are not)."""
-    pid = os.getpid()
+    # keyed by pid (no sharing across fork) and endpoint (tests repoint AWS_ENDPOINT_URL)
+    cache_key = (os.getpid(), os.environ.get("AWS_ENDPOINT_URL", ""))
     with _clients_lock:
-        client = _clients.get(pid)
+        client = _clients.get(cache_key)
         if client is None:
             try:
                 import boto3
@@ -67,7 +68,7 @@ def _client() -> Any:
                 read_timeout=60,
             )
             client = boto3.session.Session().client("s3", config=config)
-            _clients[pid] = client
+            _clients[cache_key] = client
         return client
 
 

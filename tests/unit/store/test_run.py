@@ -1,0 +1,124 @@
+"""The Run writer on a local store: commit, resume, refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.unit.store.helpers import completion, failure
+
+from draftdata.errors import ProtectedPrefixError, RunMismatchError, TransientStoreError
+from draftdata.store import Run, iter_completions, iter_failures, read_manifest, read_metrics
+from draftdata.store.store import LocalStore
+
+SETTINGS = {"model": "m", "sampling": {"temperature": 0.6}, "prompts": "sha1:abc"}
+
+
+def test_commit_and_resume(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    run = Run.open(url, settings=SETTINGS, flush_records=3, writer_id="w1")
+    for i in range(7):
+        assert run.add_completion(completion(i))
+    assert not run.add_completion(completion(3))  # a duplicate is dropped
+    run.add_failure(failure("bad"))
+    run.add_failure(failure("flaky", reason="exhausted_retries"))
+    assert run.flush_due()
+    assert run.flush() == 9
+    run.write_metrics({"done": 7})
+    run.close()
+    keys = run.store.list()
+    assert "completions/part-w1-000000.parquet" in keys
+    assert "failures/part-w1-000001.parquet" in keys
+
+    again = Run.open(url, settings=SETTINGS, writer_id="w1")
+    assert again.is_done("p0") and again.is_done("p6") and not again.is_done("p7")
+    assert again.is_done("bad")  # fatal: skipped on resume
+    assert not again.is_done("flaky")  # retryable: tried again
+    assert again.done_count == 8
+    again.add_completion(completion("flaky"))
+    again.close()
+    assert "completions/part-w1-000002.parquet" in again.store.list()  # seq continues
+    retry = Run.open(url, settings=SETTINGS, retry_failed=True)
+    assert not retry.is_done("bad")
+
+    ids = sorted(c.id for c in iter_completions(url))
+    assert ids == sorted([f"p{i}" for i in range(7)] + ["flaky"])
+    assert [f.id for f in iter_failures(url)] == ["bad"]  # flaky was resolved
+    assert len(list(iter_failures(url, all_attempts=True))) == 2
+    assert read_metrics(url)[0]["done"] == 7
+    assert read_manifest(url)["format"] == "draftdata.run/1"
+
+
+def test_flush_seconds_with_injected_clock(tmp_path: Path) -> None:
+    now = [0.0]
+    run = Run.open(
+        str(tmp_path), settings={}, flush_records=100, flush_seconds=5, clock=lambda: now[0]
+    )
+    assert not run.flush_due()
+    run.add_completion(completion(1))
+    assert not run.flush_due()
+    now[0] = 5.0
+    assert run.flush_due()
+
+
+def test_config_change_refused_then_recorded(tmp_path: Path) -> None:
+    url = str(tmp_path)
+    Run.open(url, settings=SETTINGS).close()
+    changed = {**SETTINGS, "sampling": {"temperature": 0.7}}
+    with pytest.raises(RunMismatchError, match=r"sampling\.temperature: 0\.6 -> 0\.7"):
+        Run.open(url, settings=changed)
+    Run.open(url, settings=changed, allow_config_change=True).close()
+    manifest = read_manifest(url)
+    assert manifest["settings"] == SETTINGS  # manifest.json is never rewritten
+    assert manifest["history"][0]["changes"] == ["sampling.temperature: 0.6 -> 0.7"]
+    Run.open(url, settings=changed).close()  # the new settings are now the run's
+
+
+def test_non_empty_prefix_without_manifest_refused(tmp_path: Path) -> None:
+    (tmp_path / "data.jsonl").write_text("{}\n")
+    with pytest.raises(RunMismatchError, match=r"data\.jsonl"):
+        Run.open(str(tmp_path), settings={})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
+
+
+def test_protected_output_refused_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(ProtectedPrefixError):
+        Run.open(str(tmp_path / "live" / "v2"), settings={}, protect=[str(tmp_path / "live")])
+    assert not (tmp_path / "live").exists()
+
+
+def test_existing_shard_name_is_never_overwritten(tmp_path: Path) -> None:
+    run = Run.open(str(tmp_path), settings={}, writer_id="w")
+    squatter = tmp_path / "completions" / "part-w-000000.parquet"
+    squatter.parent.mkdir()
+    squatter.write_bytes(b"not ours")
+    run.add_completion(completion(1))
+    run.close()
+    assert squatter.read_bytes() == b"not ours"
+    assert (tmp_path / "completions" / "part-w-000001.parquet").exists()
+    assert run.stats.get("store.name_collisions") == 1
+
+
+def test_failed_write_is_kept_and_retried_with_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = Run.open(str(tmp_path), settings={}, writer_id="w")
+    real = LocalStore._put_new
+    seen: list[tuple[str, bytes]] = []
+
+    def flaky(self: LocalStore, key: str, data: bytes) -> None:
+        seen.append((key, data))
+        real(self, key, data)  # the write lands ...
+        raise TransientStoreError("response lost")  # ... but the caller never hears back
+
+    monkeypatch.setattr("draftdata.store.run._WRITE_ATTEMPTS", 1)
+    monkeypatch.setattr(LocalStore, "_put_new", flaky)
+    run.add_completion(completion(1))
+    with pytest.raises(TransientStoreError):
+        run.flush()
+    assert run.buffered == 1
+    monkeypatch.setattr(LocalStore, "_put_new", real)
+    run.add_completion(completion(2))
+    assert run.flush() == 2
+    # the retried shard found its own bytes: one object for p1, a new one for p2
+    assert sorted(c.id for c in iter_completions(str(tmp_path))) == ["p1", "p2"]
