@@ -1,0 +1,41 @@
+"""A tiny stand-in for the generate engine, for kill -9 tests of the Run writer.
+
+Usage: python run_driver.py URL N_PROMPTS. It opens the run, skips done prompts, and "generates"
+the rest with a short sleep each (prompt ids divisible by 13 fail fatally), flushing when due.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from draftdata.records import Completion, Failure, Message, Turn
+from draftdata.store import Run
+
+
+def main(url: str, n: int) -> None:
+    """Run the driver to completion (or until killed)."""
+    run = Run.open(url, settings={"model": "sim", "n": n}, flush_records=7, flush_seconds=0.05)
+    for i in range(n):
+        pid = f"p{i:05d}"
+        if run.is_done(pid):
+            continue
+        time.sleep(0.002)
+        if i % 13 == 0:
+            run.add_failure(Failure(id=pid, reason="context_length", message="too long"))
+        else:
+            run.add_completion(
+                Completion(
+                    id=pid,
+                    messages=[Message(role="user", content=f"q{i}")],
+                    turns=[Turn(content=f"a{i}" * 50)],
+                )
+            )
+        if run.flush_due():
+            run.flush()
+    run.close()
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
