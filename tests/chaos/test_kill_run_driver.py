@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tests.chaos.invariants import check_exactly_once
 from tests.conftest import MotoS3
 
@@ -35,7 +34,7 @@ def _kill_and_finish(url: str, kills: int, seed: int) -> None:
 def test_kill_9_local(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
     _kill_and_finish(url, kills=10, seed=1)
-    n_comp, n_fail = check_exactly_once(url, {f"p{i:05d}" for i in range(N)})
+    _, n_fail = check_exactly_once(url, {f"p{i:05d}" for i in range(N)})
     assert n_fail == len(range(0, N, 13))
 
 
@@ -43,5 +42,5 @@ def test_kill_9_local(tmp_path: Path) -> None:
 def test_kill_9_s3(moto_s3: MotoS3) -> None:
     url = moto_s3.url("chaos")
     _kill_and_finish(url, kills=10, seed=2)
-    n_comp, n_fail = check_exactly_once(url, {f"p{i:05d}" for i in range(N)})
+    _, n_fail = check_exactly_once(url, {f"p{i:05d}" for i in range(N)})
     assert n_fail == len(range(0, N, 13))

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.conftest import MotoS3
+from tests.unit.store.helpers import completion, failure
 
 from draftdata.errors import AlreadyExistsError, ProtectedPrefixError
 from draftdata.store import Run, iter_completions, iter_failures, open_store
 from draftdata.store.s3 import _client
-from tests.conftest import MotoS3
-from tests.unit.store.helpers import completion, failure
 
 pytestmark = pytest.mark.integration
 

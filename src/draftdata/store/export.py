@@ -1,0 +1,191 @@
+"""Export a run's completions for training: SpecForge conversations, OpenAI messages, parquet.
+
+- ``sharegpt``: JSONL of ``{"id", "conversations": [{"role", "content", "reasoning_content"?,
+  "tool_calls"?, "tool_call_id"?}], "tools"?}``, the input SpecForge trains on.
+- ``openai``: JSONL of ``{"id", "messages": [...], "tools"?}`` (OpenAI chat format; assistant
+  turns carry ``reasoning_content`` unless ``include_reasoning=False``).
+- ``parquet``: one parquet file with columns id, sample, source, domain, model, conversations
+  (list of structs; tool calls as JSON strings), tools (JSON string), which Hugging Face
+  ``datasets.load_dataset("parquet", ...)`` loads.
+
+The conversation is the prompt's messages with each assistant message replaced, in order, by
+the target's regenerated turn, and a final turn appended when the prompt ends on a user/tool
+message. Reading is shard by shard; memory holds one shard and a hash per exported pair (to
+drop duplicates). The output file is created only if absent (temp file + no-replace link).
+Failures are not exported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from draftdata.errors import AlreadyExistsError, ConfigError
+from draftdata.formats import iter_completions as _rows
+from draftdata.metrics import StageStats
+from draftdata.records import Completion, Message, Turn
+from draftdata.store.doneset import DoneSet
+from draftdata.store.read import iter_completion_tables
+
+ExportFormat = Literal["sharegpt", "openai", "parquet"]
+FORMATS: tuple[str, ...] = ("sharegpt", "openai", "parquet")
+
+_CONV_TYPE = pa.list_(
+    pa.struct(
+        [
+            ("role", pa.string()),
+            ("content", pa.string()),
+            ("reasoning_content", pa.string()),
+            ("tool_calls", pa.string()),
+            ("tool_call_id", pa.string()),
+        ]
+    )
+)
+EXPORT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("sample", pa.int32()),
+        ("source", pa.string()),
+        ("domain", pa.string()),
+        ("model", pa.string()),
+        ("conversations", _CONV_TYPE),
+        ("tools", pa.string()),
+    ],
+    metadata={b"draftdata.format": b"export/1"},
+)
+
+
+def _turn_message(t: Turn) -> Message:
+    return Message(
+        role="assistant", content=t.content, reasoning_content=t.reasoning, tool_calls=t.tool_calls
+    )
+
+
+def assemble_conversation(c: Completion) -> list[Message]:
+    """The full conversation of a completion, with the target's own assistant turns.
+
+    Assistant messages of the prompt are replaced by ``turns`` in order; a remaining turn is
+    appended. If there are fewer turns than assistant messages, the conversation stops after the
+    last regenerated turn (never mixing in a turn the target did not write).
+    """
+    out: list[Message] = []
+    turns = iter(c.turns)
+    for m in c.messages:
+        if m.role == "assistant":
+            t = next(turns, None)
+            if t is None:
+                return out
+            out.append(_turn_message(t))
+        else:
+            out.append(m)
+    out.extend(_turn_message(t) for t in turns)
+    return out
+
+
+def _message_dict(m: Message, include_reasoning: bool) -> dict[str, Any]:
+    d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+    if m.role == "assistant" and include_reasoning and m.reasoning_content is not None:
+        d["reasoning_content"] = m.reasoning_content
+    if m.tool_calls:
+        d["tool_calls"] = m.tool_calls
+    if m.tool_call_id:
+        d["tool_call_id"] = m.tool_call_id
+    if m.name:
+        d["name"] = m.name
+    return d
+
+
+def export_record(c: Completion, fmt: str, include_reasoning: bool = True) -> dict[str, Any]:
+    """The JSON object of one completion in ``fmt`` ('sharegpt' or 'openai')."""
+    msgs = [_message_dict(m, include_reasoning) for m in assemble_conversation(c)]
+    rid = c.id if c.sample == 0 else f"{c.id}#s{c.sample}"
+    rec: dict[str, Any] = {"id": rid, ("conversations" if fmt == "sharegpt" else "messages"): msgs}
+    if c.tools:
+        rec["tools"] = c.tools
+    return rec
+
+
+def _parquet_row(c: Completion, include_reasoning: bool) -> dict[str, Any]:
+    conv = []
+    for m in assemble_conversation(c):
+        conv.append(
+            {
+                "role": m.role,
+                "content": m.content or "",
+                "reasoning_content": m.reasoning_content if include_reasoning else None,
+                "tool_calls": json.dumps(m.tool_calls) if m.tool_calls else None,
+                "tool_call_id": m.tool_call_id,
+            }
+        )
+    return {
+        "id": c.id,
+        "sample": c.sample,
+        "source": c.source,
+        "domain": c.domain,
+        "model": c.model,
+        "conversations": conv,
+        "tools": json.dumps(c.tools) if c.tools else None,
+    }
+
+
+def _unique_completions(run: str, stats: StageStats) -> Iterator[list[Completion]]:
+    seen = DoneSet()
+    for table in iter_completion_tables(run):
+        stats.add("export.shards")
+        batch = []
+        for c in _rows(table):
+            if seen.add(c.id, c.sample):
+                batch.append(c)
+            else:
+                stats.add("export.duplicates_dropped")
+        yield batch
+
+
+def export_run(
+    run: str, fmt: str, out: str | Path, *, include_reasoning: bool = True
+) -> StageStats:
+    """Write the run's completions to the local file ``out`` in ``fmt``; returns the stats.
+
+    ``out`` must not exist (nothing is overwritten); it appears whole when the export ends.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if str(out).startswith("s3://"):
+        raise ConfigError(f"--out {out}: export writes a local file; copy it with `aws s3 cp`")
+    path = Path(out)
+    if path.exists():
+        raise AlreadyExistsError(f"{path}: already exists; choose a new --out (never overwritten)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
+    stats = StageStats("export")
+    try:
+        if fmt == "parquet":
+            with pq.ParquetWriter(tmp, EXPORT_SCHEMA, compression="zstd") as writer:
+                for batch in _unique_completions(run, stats):
+                    if batch:
+                        rows = [_parquet_row(c, include_reasoning) for c in batch]
+                        writer.write_table(pa.Table.from_pylist(rows, schema=EXPORT_SCHEMA))
+                        stats.add("export.records", len(batch))
+        else:
+            with tmp.open("w", encoding="utf-8") as fh:
+                for batch in _unique_completions(run, stats):
+                    for c in batch:
+                        rec = export_record(c, fmt, include_reasoning)
+                        fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    stats.add("export.records", len(batch))
+                fh.flush()
+                os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError as exc:
+            raise AlreadyExistsError(f"{path}: appeared during the export; not replaced") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return stats

@@ -1,0 +1,131 @@
+"""Export formats, the assembled conversation, and HF datasets loading each export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.unit.store.helpers import completion
+
+from draftdata.errors import AlreadyExistsError
+from draftdata.records import Completion, Message, Turn
+from draftdata.store import Run
+from draftdata.store.export import assemble_conversation, export_run
+
+
+def _multi_turn() -> Completion:
+    return Completion(
+        id="mt",
+        messages=[
+            Message(role="system", content="be brief"),
+            Message(role="user", content="q1"),
+            Message(role="assistant", content="original a1"),
+            Message(role="user", content="q2"),
+        ],
+        turns=[Turn(content="new a1", reasoning="r1"), Turn(content="new a2", reasoning="r2")],
+        tools=[{"type": "function", "function": {"name": "f"}}],
+    )
+
+
+def test_assemble_uses_the_targets_turns() -> None:
+    conv = assemble_conversation(_multi_turn())
+    assert [(m.role, m.content) for m in conv] == [
+        ("system", "be brief"),
+        ("user", "q1"),
+        ("assistant", "new a1"),
+        ("user", "q2"),
+        ("assistant", "new a2"),
+    ]
+    assert conv[2].reasoning_content == "r1"
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> str:
+    url = str(tmp_path / "run")
+    run = Run.open(url, settings={}, flush_records=2)
+    for i in range(3):
+        run.add_completion(completion(i))
+        if run.flush_due():
+            run.flush()
+    run.add_completion(_multi_turn())
+    run.close()
+    return url
+
+
+def test_sharegpt_and_openai(run_dir: str, tmp_path: Path) -> None:
+    export_run(run_dir, "sharegpt", tmp_path / "sg.jsonl")
+    rows = [json.loads(x) for x in (tmp_path / "sg.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    mt = next(r for r in rows if r["id"] == "mt")
+    assert mt["conversations"][-1] == {
+        "role": "assistant",
+        "content": "new a2",
+        "reasoning_content": "r2",
+    }
+    assert mt["tools"][0]["function"]["name"] == "f"
+    export_run(run_dir, "openai", tmp_path / "oa.jsonl", include_reasoning=False)
+    oa = [json.loads(x) for x in (tmp_path / "oa.jsonl").read_text().splitlines()]
+    assert all("reasoning_content" not in m for r in oa for m in r["messages"])
+    with pytest.raises(AlreadyExistsError):
+        export_run(run_dir, "openai", tmp_path / "oa.jsonl")
+
+
+def test_datasets_loads_every_export(run_dir: str, tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    cache = str(tmp_path / "cache")
+    export_run(run_dir, "parquet", tmp_path / "x.parquet")
+    ds = datasets.load_dataset(
+        "parquet", data_files=str(tmp_path / "x.parquet"), split="train", cache_dir=cache
+    )
+    assert ds.num_rows == 4 and ds[0]["conversations"][0]["role"] == "user"
+    for fmt in ("sharegpt", "openai"):
+        export_run(run_dir, fmt, tmp_path / f"{fmt}.jsonl")
+        js = datasets.load_dataset(
+            "json", data_files=str(tmp_path / f"{fmt}.jsonl"), split="train", cache_dir=cache
+        )
+        assert js.num_rows == 4
+    done = [str(p) for p in Path(run_dir, "completions").glob("*.parquet")]
+    comp = datasets.load_dataset("parquet", data_files=done, split="train", cache_dir=cache)
+    assert comp.num_rows == 4
+
+
+def test_cli_export(run_dir: str, tmp_path: Path) -> None:
+    out = tmp_path / "cli.jsonl"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from draftdata.cli import main; main()",
+            "export",
+            run_dir,
+            "--format",
+            "openai",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "exported 4 completions" in res.stdout and out.exists()
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from draftdata.cli import main; main()",
+            "export",
+            run_dir,
+            "-f",
+            "csv",
+            "-o",
+            str(tmp_path / "y"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 1 and "sharegpt, openai, parquet" in bad.stderr
