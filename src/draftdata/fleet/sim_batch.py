@@ -20,6 +20,8 @@ import time
 
 from draftdata.fleet.sim_config import SimConfig
 
+TICK_S = 0.2
+
 
 class Seq:
     """One sequence (one choice of one request) inside the batcher."""
@@ -170,7 +172,8 @@ class Batcher:
             need = min(s.total - s.done for s in self.running)
             if any(s.progress is not None for s in self.running):
                 need = min(need, self.config.stream_interval)
-            await self._sleep(max(0.0, self._stall + need * dt - budget))
+            # Wake at least every TICK_S so counters (/metrics, throughput) stay current.
+            await self._sleep(min(TICK_S, max(0.0, self._stall + need * dt - budget)))
             now = loop.time()
             budget += now - last
             last = now

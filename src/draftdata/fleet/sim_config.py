@@ -107,6 +107,9 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
         return (self.base_step_s + self.per_seq_step_s * batch) * self.time_scale * slow
 
 
+_FLAGS = {"error_500": "500", "error_503": "503", "error_429": "429", "context_400": "context"}
+
+
 def validate(config: SimConfig, servers: int = 1) -> SimConfig:
     """Check every value; raise ConfigError naming the option and the allowed range."""
     checks: list[tuple[bool, str]] = [
@@ -128,7 +131,7 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
     f = config.faults
     for name, rate in f.rates():
         checks.append(
-            (0 <= rate <= 1, f"--fault-{name.replace('_', '-')}: {rate} is not in [0, 1]")
+            (0 <= rate <= 1, f"--fault-{_FLAGS.get(name, name)}: {rate} is not in [0, 1]")
         )
     total = sum(rate for _, rate in f.rates())
     checks.append((total <= 1, f"fault rates add up to {total:.3f}; their sum must be <= 1"))

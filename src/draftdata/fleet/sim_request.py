@@ -191,20 +191,30 @@ def prepare(
             rng, config.mean_output_tokens, config.output_sigma, config.min_output_tokens
         )
         call = offered is not None and (forced or rng.random() < config.tool_call_rate)
-        answer = plan_answer(
-            rng,
-            target_tokens=target,
-            reasoning=thinking,
-            reasoning_share=config.reasoning_share,
-            code=code,
-            tools=offered,
-            tool_call=call,
-        )
-        try:
-            text = tokenizer.render_completion(msgs, tools, kwargs, prompt_text, answer)
-        except Exception as exc:
-            raise RequestError(400, f"cannot apply the chat template: {exc}") from exc
-        ids, ends = tokenizer.encode(text)
+        state = rng.getstate()
+        target = min(target, limit + 16)  # no need to write what max_tokens cuts off
+        words = target
+        for _attempt in range(2):
+            # A real tokenizer spends several tokens per word: re-plan once with fewer words
+            # (same random state, so still deterministic) to land near the drawn token count.
+            rng.setstate(state)
+            answer = plan_answer(
+                rng,
+                target_tokens=words,
+                reasoning=thinking,
+                reasoning_share=config.reasoning_share,
+                code=code,
+                tools=offered,
+                tool_call=call,
+            )
+            try:
+                text = tokenizer.render_completion(msgs, tools, kwargs, prompt_text, answer)
+            except Exception as exc:
+                raise RequestError(400, f"cannot apply the chat template: {exc}") from exc
+            ids, ends = tokenizer.encode(text)
+            if len(ids) <= target * 1.15 or words <= config.min_output_tokens:
+                break
+            words = max(config.min_output_tokens, int(words * target / len(ids)))
         text, out_ids, ends, hit = _cap(text, ids, ends, tokenizer.eos_id, limit)
         parsed = parse_completion(
             text,
