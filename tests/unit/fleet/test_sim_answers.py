@@ -15,7 +15,10 @@ from draftdata.fleet.sim_answers import (
 )
 from draftdata.fleet.sim_tokens import ApproxTokenizer, manual_completion
 
-TEXT = '<think>\nwhy not\n</think>\n\nThe answer.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+TEXT = (
+    "<think>\nwhy not\n</think>\n\nThe answer.\n"
+    '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+)
 
 
 def _parse(text: str, flavor: str, **kw: bool) -> object:
