@@ -1,9 +1,160 @@
-"""Skeleton: the owning stage replaces this."""
+"""`draftdata fleet up | status | down`: launch, watch and stop real (or simulated) servers.
+
+Each command parses its options into a ``LaunchConfig`` / a fleet.yaml path and calls one
+function of ``draftdata.fleet.manage``.
+"""
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import typer
+
+from draftdata.errors import ConfigError
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's fleet commands to `app`."""
+    """Add `up`, `status` and `down` to the fleet sub-app."""
+
+    @app.command("up")
+    def up(
+        engine: str = typer.Option(
+            ..., "--engine", help="sglang, vllm, sim (draftdata's simulator) or command."
+        ),
+        model: str = typer.Option(
+            ..., "--model", help="Model path or hub id the servers load (sim: served name)."
+        ),
+        gpus: str | None = typer.Option(
+            None,
+            "--gpus",
+            help="GPUs, e.g. 0-7 or 0,2,5: one server per GPU. Default: every GPU nvidia-smi "
+            "lists (sim: one server).",
+        ),
+        port_base: int = typer.Option(
+            30000, "--port-base", help="Server i listens on PORT_BASE+i."
+        ),
+        host: str = typer.Option("127.0.0.1", "--host", help="Address the servers bind."),
+        dp: int = typer.Option(
+            1,
+            "--dp",
+            help="Data parallelism: ONE server over all --gpus with N replicas (sglang "
+            "--dp-size, vllm --data-parallel-size) instead of one server per GPU.",
+        ),
+        extra_args: str = typer.Option(
+            "",
+            "--extra-args",
+            help="Flags appended to every server's command line; a flag the preset also sets "
+            'replaces the preset\'s value, e.g. "--context-length 16384".',
+        ),
+        no_preset: bool = typer.Option(
+            False,
+            "--no-preset",
+            help="Drop the engine's tuning flags (keep only model, host and port).",
+        ),
+        env: list[str] = typer.Option(
+            [], "--env", help="KEY=VALUE added to every server's environment (repeatable)."
+        ),
+        command: str | None = typer.Option(
+            None,
+            "--command",
+            help="--engine command: a template with {gpu} {port} {model} {host} {index} "
+            "{python}, e.g. 'my-server --port {port}'.",
+        ),
+        python: str | None = typer.Option(
+            None,
+            "--python",
+            help="Interpreter that runs the engine (sglang/vllm/sim). Default: "
+            "$DRAFTDATA_ENGINE_PYTHON, else the one running draftdata.",
+        ),
+        out: Path = typer.Option(Path("fleet.yaml"), "--out", help="fleet.yaml to write."),
+        log_dir: Path = typer.Option(
+            Path("fleet-logs"), "--log-dir", help="One log file per server goes here."
+        ),
+        timeout: float = typer.Option(
+            900.0, "--timeout", help="Seconds to wait for every server to be ready."
+        ),
+        foreground: bool = typer.Option(
+            False, "--foreground", help="Stay, report crashes, and stop the fleet on Ctrl-C."
+        ),
+        restart_on_crash: bool = typer.Option(
+            False,
+            "--restart-on-crash",
+            help="Restart a crashed server (backoff 5s doubling to 5min); without --foreground "
+            "a detached watcher does it.",
+        ),
+        allow_partial: bool = typer.Option(
+            False,
+            "--allow-partial",
+            help="Keep the servers that started when some failed (default: stop them all).",
+        ),
+    ) -> None:
+        """Start one inference server per GPU, wait until each serves, write fleet.yaml."""
+        from draftdata.fleet.launch import LaunchConfig, parse_env, parse_gpus
+        from draftdata.fleet.manage import fleet_up
+
+        try:
+            extra = tuple(shlex.split(extra_args))
+        except ValueError as exc:
+            raise ConfigError(f"--extra-args {extra_args!r}: {exc}") from None
+        cfg = LaunchConfig(
+            engine=engine,
+            model=model,
+            gpus=parse_gpus(gpus) if gpus is not None else None,
+            port_base=port_base,
+            host=host,
+            dp=dp,
+            extra_args=extra,
+            env=parse_env(env),
+            command=command,
+            preset_args=not no_preset,
+            python=python,
+            log_dir=str(log_dir),
+        )
+        fleet_up(
+            cfg,
+            out,
+            timeout_s=timeout,
+            foreground=foreground,
+            restart=restart_on_crash,
+            allow_partial=allow_partial,
+            echo=typer.echo,
+        )
+
+    @app.command("status")
+    def status(
+        fleet: Path = typer.Argument(Path("fleet.yaml"), help="fleet.yaml of the fleet."),
+    ) -> None:
+        """Show each server's process, health, running/waiting requests and uptime.
+
+        Exit code 1 when any server is unhealthy.
+        """
+        from draftdata.fleet.manage import fleet_status, format_uptime
+
+        rows = fleet_status(fleet)
+        typer.echo(
+            f"{'#':>2}  {'url':<28} {'process':<9} {'health':<7} {'run':>5} {'wait':>5} "
+            f"{'cap':>5}  {'uptime':>7}  model"
+        )
+        for r in rows:
+            typer.echo(
+                f"{r.index:>2}  {r.url:<28} {r.process:<9} {'ok' if r.healthy else 'DOWN':<7} "
+                f"{'-' if r.running is None else r.running:>5} "
+                f"{'-' if r.waiting is None else r.waiting:>5} "
+                f"{r.capacity or '-':>5}  {format_uptime(r.uptime_s):>7}  {r.model or '-'}"
+            )
+        bad = sum(not r.healthy for r in rows)
+        typer.echo(f"{len(rows) - bad} of {len(rows)} servers healthy")
+        if bad:
+            raise typer.Exit(1)
+
+    @app.command("down")
+    def down(
+        fleet: Path = typer.Argument(Path("fleet.yaml"), help="fleet.yaml written by fleet up."),
+        grace: float = typer.Option(30.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
+    ) -> None:
+        """Stop exactly the servers `fleet up` started (pid + start time checked)."""
+        from draftdata.fleet.manage import fleet_down
+
+        for line in fleet_down(fleet, grace_s=grace):
+            typer.echo(line)
