@@ -80,8 +80,14 @@ def register(app: typer.Typer) -> None:
         restart_on_crash: bool = typer.Option(
             False,
             "--restart-on-crash",
-            help="Restart a crashed server (backoff 5s doubling to 5min); without --foreground "
+            help="Restart a crashed server (after --restart-delay, doubling to 5min); without "
+            "--foreground "
             "a detached watcher does it.",
+        ),
+        restart_delay: float = typer.Option(
+            5.0,
+            "--restart-delay",
+            help="First restart delay in seconds; doubles per consecutive crash up to 300.",
         ),
         allow_partial: bool = typer.Option(
             False,
@@ -118,6 +124,7 @@ def register(app: typer.Typer) -> None:
             foreground=foreground,
             restart=restart_on_crash,
             allow_partial=allow_partial,
+            restart_delay_s=restart_delay,
             echo=typer.echo,
         )
 

@@ -347,7 +347,7 @@ def start_server(
     env.update(dict(plan.env))
     env.setdefault("PYTHONUNBUFFERED", "1")
     with open(log, "ab" if append_log else "wb") as fh:
-        fh.write(f"# draftdata: {shlex.join(plan.argv)}\n".encode())
+        fh.write(f"# draftdata: {shlex.join(plan.argv)}\n".encode())  # supervise.LOG_HEADER
         fh.flush()
         try:
             proc = subprocess.Popen(

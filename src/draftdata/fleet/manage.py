@@ -125,6 +125,7 @@ def fleet_up(
     foreground: bool = False,
     restart: bool = False,
     allow_partial: bool = False,
+    restart_delay_s: float = 5.0,
     echo: Echo = print,
 ) -> FleetSpec:
     """Start the fleet ``cfg`` describes, wait until it serves and write ``out`` (fleet.yaml).
@@ -132,6 +133,9 @@ def fleet_up(
     Raises FleetError (after stopping everything it started) when a port is taken, a server
     cannot start, or (unless ``allow_partial``) any server fails to become ready.
     """
+    if restart_delay_s <= 0:
+        raise ConfigError(f"--restart-delay {restart_delay_s}: must be > 0 seconds")
+    backoff = Backoff(first_s=restart_delay_s, max_s=max(300.0, restart_delay_s))
     gpus = cfg.gpus if cfg.gpus is not None else ("0",) if cfg.engine == "sim" else detect_gpus()
     plans = plan_fleet(cfg, gpus)
     _check_out(out)
@@ -155,7 +159,7 @@ def fleet_up(
             engine=cfg.engine, model=cfg.model, endpoints=[_provisional(s) for s in started]
         )
         write_fleet(spec, out)
-        write_state(out, FleetState(plans=plans, restart=restart))
+        write_state(out, FleetState(plans=plans, restart=restart, backoff=backoff))
         echo(f"started {len(started)} {cfg.engine} servers; waiting up to {timeout_s:.0f}s")
         fates = asyncio.run(
             wait_ready(servers, timeout_s, report=lambda f, s: echo(fate_line(f, s)))
@@ -166,7 +170,8 @@ def fleet_up(
         if servers:
             out.unlink(missing_ok=True)
         raise
-    return _finish(cfg, out, servers, fates, foreground, restart, allow_partial, echo)
+    state = FleetState(plans=plans, restart=restart, backoff=backoff)
+    return _finish(cfg, out, servers, fates, state, foreground, allow_partial, echo)
 
 
 def _finish(
@@ -174,8 +179,8 @@ def _finish(
     out: Path,
     servers: list[tuple[Started, subprocess.Popen[bytes]]],
     fates: list[Fate],
+    state: FleetState,
     foreground: bool,
-    restart: bool,
     allow_partial: bool,
     echo: Echo,
 ) -> FleetSpec:
@@ -194,7 +199,7 @@ def _finish(
     endpoints = [f.endpoint for f in fates if f.ok and f.endpoint is not None]
     spec = FleetSpec(engine=cfg.engine, model=cfg.model, endpoints=endpoints)
     write_fleet(spec, out)
-    state = FleetState(plans=[s.plan for s, _ in good], restart=restart)
+    state = msgspec.structs.replace(state, plans=[s.plan for s, _ in good])
     write_state(out, state)
     echo(f"fleet ready: {len(endpoints)} of {len(servers)} servers -> {out}")
     if foreground:
@@ -202,8 +207,8 @@ def _finish(
         # group is the user's shell job), which then stops the servers.
         me = Identity(pid=os.getpid(), started=process_start_time(os.getpid()))
         write_state(out, msgspec.structs.replace(state, watcher=me))
-        _foreground(out, good, restart, state.backoff, echo)
-    elif restart:
+        _foreground(out, good, state.restart, state.backoff, echo)
+    elif state.restart:
         watcher = _spawn_watcher(out, cfg.log_dir)
         write_state(out, msgspec.structs.replace(state, watcher=watcher))
         echo(f"restart-on-crash watcher pid {watcher.pid} (stopped by `draftdata fleet down`)")

@@ -70,14 +70,30 @@ def match_fatal(line: str) -> str | None:
     return None
 
 
+LOG_HEADER = b"# draftdata: "  # the line start_server writes before each start
+
+
 class LogTail:
-    """Reads what a log file gained since the last call; remembers the last lines."""
+    """Reads what a log file gained since the last call; remembers the last lines.
+
+    It starts after the last ``# draftdata:`` header (the command line of the latest start), so
+    a restarted server is judged by its own output, not by the crash before it.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.offset = 0
         self.partial = b""
         self.last: list[str] = []
+        try:
+            data = self.path.read_bytes()
+        except OSError:
+            return
+        at = data.rfind(b"\n" + LOG_HEADER)
+        at = at + 1 if at >= 0 else (0 if data.startswith(LOG_HEADER) else -1)
+        if at >= 0:
+            end = data.find(b"\n", at)
+            self.offset = len(data) if end < 0 else end + 1
 
     def new_lines(self) -> list[str]:
         """Complete lines appended since the previous call (a missing file yields none)."""
