@@ -1,0 +1,157 @@
+"""The prepare stage's configuration: sources, dedup, mix and output settings.
+
+A prepare config is YAML read by ``draftdata.config.load_config`` into ``PrepareConfig``; an
+unknown or mistyped key is a ConfigError naming the key. Relative paths in a config are resolved
+against the config file's folder (``resolve_paths``), so an example config works from any
+working directory. This module holds no logic beyond checking values that YAML types cannot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from draftdata.errors import ConfigError
+
+SCHEMAS = (
+    "infinity_instruct",
+    "webinstruct",
+    "codefeedback",
+    "metamath",
+    "hermes_fc",
+    "agentinstruct",
+    "sharegpt",
+    "openai",
+    "alpaca",
+    "question_answer",
+    "query_response",
+)
+PROMPT_MODES = ("last_assistant", "regenerate")
+
+
+class SourceConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One input dataset: where it is, which adapter reads it, its domain and its limits.
+
+    Exactly one of ``path`` (a local file or glob, or an ``s3://`` URL; jsonl, json or parquet)
+    and ``hub`` (a Hugging Face dataset id, with ``hub_config`` and ``split``) is given.
+    ``take`` fixes the number of prompts taken from this source (the planner works around it);
+    ``max_take`` caps what the planner may take; ``max_rows`` stops reading after that many rows.
+    """
+
+    name: str
+    schema: str
+    path: str | None = None
+    hub: str | None = None
+    hub_config: str | None = None
+    split: str = "train"
+    format: str | None = None
+    domain: str = "auto"
+    take: int | None = None
+    max_take: int | None = None
+    max_rows: int | None = None
+    prompt_mode: str | None = None
+
+
+class ExistingConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The dataset the new prompts join: its domain counts, and optionally its rows for dedup.
+
+    ``counts`` gives domain -> rows directly; otherwise ``path`` (jsonl/json/parquet rows with
+    ``messages`` or ``conversations``) is read and classified the way ``draftdata stats`` does.
+    With ``dedup: true`` (the default) new prompts that duplicate an existing row are dropped.
+    """
+
+    path: str | None = None
+    counts: dict[str, int] | None = None
+    dedup: bool = True
+
+
+class DedupConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Exact and near-duplicate removal; ``exclude`` lists files of benchmark prompts."""
+
+    exact: bool = True
+    near: bool = True
+    threshold: float = 0.8
+    num_perm: int = 128
+    ngram: int = 3
+    exclude: list[str] = msgspec.field(default_factory=list)
+
+
+class PrepareConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Everything ``prepare`` needs: sources, budget and target mix, dedup, output.
+
+    ``budget`` is the number of new prompts to take (None: every usable prompt, or the sum of
+    fixed ``take`` values when all sources have one). ``mix`` maps domain -> target share of the
+    combined (existing + new) set; shares are normalised to sum to 1. ``prompt_mode`` picks how a
+    conversation becomes a prompt: ``last_assistant`` (everything before the last assistant
+    turn) or ``regenerate`` (system, user and tool turns with the assistant answers dropped).
+    """
+
+    sources: list[SourceConfig]
+    out: str = "prompts"
+    seed: int = 0
+    budget: int | None = None
+    mix: dict[str, float] = msgspec.field(default_factory=dict)
+    existing: ExistingConfig | None = None
+    dedup: DedupConfig = msgspec.field(default_factory=DedupConfig)
+    prompt_mode: str = "last_assistant"
+    max_chars: int = 32_000
+    shard_size: int = 50_000
+    keep_original: bool = True
+
+
+def check(config: PrepareConfig, where: str = "config") -> None:
+    """Reject values the types allow but prepare cannot use, naming the key."""
+    if not config.sources:
+        raise ConfigError(f"{where}: sources: at least one source is needed")
+    names: set[str] = set()
+    for i, s in enumerate(config.sources):
+        key = f"{where}: sources.{i}"
+        if not s.name or "/" in s.name:
+            raise ConfigError(f"{key}.name: give a non-empty name without '/'")
+        if s.name in names:
+            raise ConfigError(f"{key}.name: {s.name!r} is used by two sources")
+        names.add(s.name)
+        if s.schema not in SCHEMAS:
+            raise ConfigError(f"{key}.schema: {s.schema!r} is not one of {', '.join(SCHEMAS)}")
+        if (s.path is None) == (s.hub is None):
+            raise ConfigError(f"{key}: give exactly one of path and hub")
+        if s.format is not None and s.format not in ("jsonl", "json", "parquet"):
+            raise ConfigError(f"{key}.format: {s.format!r} is not one of jsonl, json, parquet")
+        if s.prompt_mode is not None and s.prompt_mode not in PROMPT_MODES:
+            raise ConfigError(f"{key}.prompt_mode: expected one of {', '.join(PROMPT_MODES)}")
+        for field in ("take", "max_take", "max_rows"):
+            value = getattr(s, field)
+            if value is not None and value < 0:
+                raise ConfigError(f"{key}.{field}: must be >= 0")
+    if config.prompt_mode not in PROMPT_MODES:
+        raise ConfigError(f"{where}: prompt_mode: expected one of {', '.join(PROMPT_MODES)}")
+    if config.budget is not None and config.budget < 0:
+        raise ConfigError(f"{where}: budget: must be >= 0")
+    if any(v < 0 for v in config.mix.values()) or (config.mix and sum(config.mix.values()) <= 0):
+        raise ConfigError(f"{where}: mix: shares must be >= 0 and not all zero")
+    if not 0.0 < config.dedup.threshold <= 1.0:
+        raise ConfigError(f"{where}: dedup.threshold: must be in (0, 1]")
+    if config.dedup.num_perm < 16 or config.dedup.ngram < 1:
+        raise ConfigError(f"{where}: dedup: num_perm must be >= 16 and ngram >= 1")
+    if config.shard_size < 1 or config.max_chars < 1:
+        raise ConfigError(f"{where}: shard_size and max_chars must be >= 1")
+
+
+def _resolve(value: str | None, base: Path) -> str | None:
+    if value is None or "://" in value or Path(value).is_absolute():
+        return value
+    return str(base / value)
+
+
+def resolve_paths(config: PrepareConfig, base: Path) -> PrepareConfig:
+    """Return ``config`` with relative local paths (sources, existing, exclude) made absolute
+    against ``base`` (the config file's folder). ``out`` is left to the caller."""
+    sources = [msgspec.structs.replace(s, path=_resolve(s.path, base)) for s in config.sources]
+    existing = config.existing
+    if existing is not None:
+        existing = msgspec.structs.replace(existing, path=_resolve(existing.path, base))
+    dedup = msgspec.structs.replace(
+        config.dedup, exclude=[_resolve(p, base) or p for p in config.dedup.exclude]
+    )
+    return msgspec.structs.replace(config, sources=sources, existing=existing, dedup=dedup)

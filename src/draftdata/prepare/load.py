@@ -1,0 +1,167 @@
+"""Reading source rows lazily: local files and globs, s3:// URLs and Hugging Face hub ids.
+
+``iter_rows(source)`` yields ``(row_index, row)`` where ``row`` is a decoded dict (or whatever
+the line held) or a ``RowError`` for a line that is not JSON / not text, so one bad line never
+stops a run. Memory stays bounded:
+
+- JSONL (local or s3://) is read line by line, each line decoded on its own. We do this rather
+  than hand JSONL to ``datasets``' json builder because that builder casts a whole chunk to one
+  Arrow schema, so a single bad or oddly typed line fails the chunk instead of one row.
+- Parquet (local or s3://) and hub datasets go through ``datasets.load_dataset(...,
+  streaming=True)``, which reads record batches lazily.
+- A ``.json`` file holding one array (MetaMathQA ships so) is decoded into raw items first (its
+  size in memory), then each item is decoded on its own.
+
+A source that cannot be opened at all raises InputError naming it. Nothing here adapts rows.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from draftdata.errors import InputError
+from draftdata.prepare.config import SourceConfig
+from draftdata.prepare.validate import BAD_JSON, UNDECODABLE_TEXT, RowError
+
+_decoder = msgspec.json.Decoder()
+_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _format_of(path: str, given: str | None) -> str:
+    if given is not None:
+        return given
+    name = path.lower().removesuffix(".gz").removesuffix(".zst")
+    for fmt in ("jsonl", "json", "parquet"):
+        if name.endswith("." + fmt):
+            return fmt
+    if name.endswith(".ndjson"):
+        return "jsonl"
+    raise InputError(
+        f"{path}: cannot tell the format from the name; set format: jsonl|json|parquet"
+    )
+
+
+def expand(source: SourceConfig) -> list[str]:
+    """The concrete files of a path source: a glob is expanded and sorted; s3:// included."""
+    assert source.path is not None
+    path = source.path
+    if path.startswith("s3://"):
+        if not any(c in path for c in "*?["):
+            return [path]
+        try:
+            import fsspec
+
+            fs = fsspec.filesystem("s3")
+            files = sorted("s3://" + p for p in fs.glob(path))
+        except Exception as exc:  # any s3fs/botocore failure: the source is unreadable
+            raise InputError(f"source {source.name}: cannot list {path} ({exc})") from exc
+    elif any(c in path for c in "*?["):
+        files = sorted(globlib.glob(path, recursive=True))
+    else:
+        if not Path(path).exists():
+            raise InputError(f"source {source.name}: {path}: no such file")
+        files = [path]
+    if not files:
+        raise InputError(f"source {source.name}: {path}: the pattern matches no file")
+    return files
+
+
+def _open(path: str) -> Any:
+    if path.startswith("s3://") or path.endswith((".gz", ".zst")):
+        import fsspec
+
+        return fsspec.open(path, "rb", compression="infer").open()
+    return Path(path).open("rb")
+
+
+def _jsonl(path: str) -> Iterator[Any]:
+    with _open(path) as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                yield _decoder.decode(line)
+            except msgspec.DecodeError as exc:
+                reason = UNDECODABLE_TEXT if "UTF-8" in str(exc) else BAD_JSON
+                yield RowError(reason, f"{path}: {exc}")
+
+
+def _json_array(path: str) -> Iterator[Any]:
+    with _open(path) as fh:
+        data = fh.read()
+    try:
+        items = _raw_list.decode(data)
+    except msgspec.DecodeError as exc:
+        raise InputError(f"{path}: not a JSON array of rows ({exc})") from exc
+    for raw in items:
+        try:
+            yield _decoder.decode(raw)
+        except msgspec.DecodeError as exc:  # pragma: no cover - raw items are valid JSON
+            yield RowError(BAD_JSON, f"{path}: {exc}")
+
+
+def _streamed(dataset: Any) -> Iterator[Any]:
+    yield from dataset
+
+
+def _parquet(files: list[str]) -> Iterator[Any]:
+    from datasets import load_dataset
+
+    ds = load_dataset("parquet", data_files=files, split="train", streaming=True)
+    yield from _streamed(ds)
+
+
+def _hub(source: SourceConfig) -> Iterator[Any]:
+    from datasets import load_dataset
+
+    ds = load_dataset(source.hub, name=source.hub_config, split=source.split, streaming=True)
+    yield from _streamed(ds)
+
+
+def _rows(source: SourceConfig) -> Iterator[Any]:
+    if source.hub is not None:
+        yield from _hub(source)
+        return
+    files = expand(source)
+    formats = {_format_of(f, source.format) for f in files}
+    if formats == {"parquet"}:
+        yield from _parquet(files)
+        return
+    for f in files:
+        fmt = _format_of(f, source.format)
+        if fmt == "jsonl":
+            yield from _jsonl(f)
+        elif fmt == "json":
+            yield from _json_array(f)
+        else:
+            yield from _parquet([f])
+
+
+def iter_rows(source: SourceConfig) -> Iterator[tuple[int, Any]]:
+    """Yield ``(row index, decoded row or RowError)`` for every row of ``source``, lazily.
+
+    Row indices count from 0 over the whole source (all files of a glob, in sorted order);
+    ``max_rows`` stops after that many. Failing to open or read the source is an InputError
+    naming it; a bad line inside a readable file is a RowError row.
+    """
+    rows = _rows(source)
+    index = 0
+    while source.max_rows is None or index < source.max_rows:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except InputError:
+            raise
+        except Exception as exc:  # OSError, datasets/arrow/botocore errors: unreadable source
+            where = source.path or source.hub
+            raise InputError(
+                f"source {source.name}: cannot read {where} ({type(exc).__name__}: {exc})"
+            ) from exc
+        yield index, row
+        index += 1

@@ -1,0 +1,228 @@
+"""Mix planning: how many prompts to take per domain and per source.
+
+Inputs: the existing dataset's domain counts ``E_d``, each source's usable prompts per domain
+(after validation and dedup), fixed ``take`` values and ``max_take`` caps, a target mix ``t_d``
+(shares of the *combined* set) and a budget ``B`` of new prompts.
+
+Method. Fixed takes are allocated first (spread over the source's domains in proportion to what
+it has) and count as already present. The remaining budget ``R`` is split over domains by
+minimising the squared distance between the combined counts and the targets,
+``sum_d (E_d + F_d + x_d - t_d * T)^2`` with ``T = E + F + R``, subject to ``sum x_d = R`` and
+``0 <= x_d <= A_d`` (what the sources can supply). The solution is a water-fill,
+``x_d = clip(t_d * T - E_d - F_d + lam, 0, A_d)``, with ``lam`` found by bisection; integers come
+from the largest-remainder rule (ties broken by domain name). Each domain's count is then split
+over the sources that have it in proportion to their supply, within their caps; what caps leave
+unfilled goes back into another round. Without a mix the budget is spread over all usable
+prompts in proportion. Everything is deterministic; sampling itself is in ``stage.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import msgspec
+
+
+class Supply(msgspec.Struct, kw_only=True, frozen=True):
+    """What one source can give: usable prompts per domain, a fixed take, a cap."""
+
+    name: str
+    available: dict[str, int]
+    take: int | None = None
+    max_take: int | None = None
+
+
+class DomainRow(msgspec.Struct, kw_only=True, frozen=True):
+    """One line of the plan table."""
+
+    domain: str
+    existing: int
+    new: int
+    available: int
+    target: float | None
+    before: float
+    after: float
+
+
+class Plan(msgspec.Struct, kw_only=True, frozen=True):
+    """The result: per-source, per-domain quotas and the before/after table."""
+
+    per_source: dict[str, dict[str, int]]
+    domains: list[DomainRow]
+    budget: int | None
+    total_new: int
+    shortfall: int
+
+
+def largest_remainder(
+    shares: Mapping[str, float], total: int, caps: Mapping[str, int]
+) -> dict[str, int]:
+    """Round non-negative real ``shares`` (summing to ~``total``) to integers summing to
+    ``min(total, sum caps)``, never above a cap; ties go to the smaller key."""
+    out = {k: min(caps[k], math.floor(max(v, 0.0) + 1e-9)) for k, v in shares.items()}
+    left = min(total, sum(caps.values())) - sum(out.values())
+    order = sorted(shares, key=lambda k: (-(shares[k] - math.floor(shares[k] + 1e-9)), k))
+    while left > 0:
+        moved = False
+        for k in order:
+            if left == 0:
+                break
+            if out[k] < caps[k]:
+                out[k] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            break
+    return out
+
+
+def _proportional(
+    weights: Mapping[str, int], total: int, caps: Mapping[str, int]
+) -> dict[str, int]:
+    # Split ``total`` in proportion to ``weights`` within ``caps`` (water-fill on the multiplier).
+    caps = {k: min(caps[k], weights[k]) for k in weights}
+    if total >= sum(caps.values()):
+        return dict(caps)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(min(caps[k], mid * w) for k, w in weights.items()) < total:
+            lo = mid
+        else:
+            hi = mid
+    return largest_remainder({k: min(caps[k], hi * w) for k, w in weights.items()}, total, caps)
+
+
+def water_fill(ideal: Mapping[str, float], total: int, caps: Mapping[str, int]) -> dict[str, int]:
+    """Integers ``x_d`` with sum ``min(total, sum caps)``, ``0 <= x_d <= caps[d]``, closest in
+    squared distance to ``ideal`` (``x_d = clip(ideal_d + lam, 0, cap_d)``)."""
+    total = min(total, sum(caps.values()))
+    if total <= 0:
+        return dict.fromkeys(ideal, 0)
+
+    def filled(lam: float) -> float:
+        return sum(min(max(ideal[d] + lam, 0.0), caps[d]) for d in ideal)
+
+    lo = -max(ideal.values(), default=0.0) - 1.0
+    hi = max(caps.values()) - min(ideal.values(), default=0.0) + 1.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if filled(mid) < total:
+            lo = mid
+        else:
+            hi = mid
+    real = {d: min(max(ideal[d] + hi, 0.0), float(caps[d])) for d in ideal}
+    return largest_remainder(real, total, caps)
+
+
+def shares(counts: Mapping[str, int]) -> dict[str, float]:
+    """Each key's fraction of the total (all 0 when the total is 0)."""
+    total = sum(counts.values())
+    return {k: (v / total if total else 0.0) for k, v in counts.items()}
+
+
+def plan_mix(
+    existing: Mapping[str, int],
+    supplies: list[Supply],
+    budget: int | None,
+    mix: Mapping[str, float],
+) -> Plan:
+    """Plan per-source, per-domain quotas landing as close to ``mix`` as the sources allow.
+
+    See the module docstring for the method. ``budget`` None takes every usable prompt (or just
+    the fixed takes when every source has one).
+    """
+    taken: dict[str, dict[str, int]] = {s.name: {} for s in supplies}
+    room = {s.name: dict(s.available) for s in supplies}  # what is still available
+    fixed_total = 0
+    for s in supplies:
+        if s.take is None:
+            continue
+        got = _proportional(s.available, min(s.take, sum(s.available.values())), s.available)
+        for d, n in got.items():
+            taken[s.name][d] = taken[s.name].get(d, 0) + n
+            room[s.name][d] -= n
+        fixed_total += sum(got.values())
+    flexible = [s for s in supplies if s.take is None]
+    cap_left = {
+        s.name: (s.max_take if s.max_take is not None else sum(s.available.values()))
+        for s in flexible
+    }
+    supply_total = sum(min(sum(room[s.name].values()), cap_left[s.name]) for s in flexible)
+    remaining = supply_total if budget is None else max(budget - fixed_total, 0)
+    want = remaining
+    target = {d: v / sum(mix.values()) for d, v in mix.items()} if mix else {}
+
+    for _ in range(8):  # rounds: caps can leave a domain short; hand the rest to others
+        if remaining <= 0 or not flexible:
+            break
+        avail: dict[str, int] = {}
+        for s in flexible:
+            for d, n in room[s.name].items():
+                avail[d] = avail.get(d, 0) + min(n, cap_left[s.name])
+        if sum(avail.values()) == 0:
+            break
+        domains = sorted(set(avail) | set(target))
+        caps = {d: avail.get(d, 0) for d in domains}
+        if target:
+            base = dict(existing)
+            for per in taken.values():
+                for d, n in per.items():
+                    base[d] = base.get(d, 0) + n
+            grand = sum(base.values()) + remaining
+            ideal = {d: target.get(d, 0.0) * grand - base.get(d, 0) for d in domains}
+            per_domain = water_fill(ideal, remaining, caps)
+        else:
+            per_domain = _proportional(caps, remaining, caps)
+        got_round = 0
+        for d in domains:
+            need = per_domain.get(d, 0)
+            if need <= 0:
+                continue
+            weights = {s.name: room[s.name].get(d, 0) for s in flexible}
+            limits = {s.name: min(room[s.name].get(d, 0), cap_left[s.name]) for s in flexible}
+            weights = {k: v for k, v in weights.items() if limits[k] > 0}
+            split = _proportional(weights, need, {k: limits[k] for k in weights})
+            for name, n in split.items():
+                if n:
+                    taken[name][d] = taken[name].get(d, 0) + n
+                    room[name][d] -= n
+                    cap_left[name] -= n
+                    got_round += n
+        remaining -= got_round
+        if got_round == 0:
+            break
+
+    new_counts: dict[str, int] = {}
+    for per in taken.values():
+        for d, n in per.items():
+            new_counts[d] = new_counts.get(d, 0) + n
+    all_avail: dict[str, int] = {}
+    for s in supplies:
+        for d, n in s.available.items():
+            all_avail[d] = all_avail.get(d, 0) + n
+    domains = sorted(set(existing) | set(new_counts) | set(target) | set(all_avail))
+    combined = {d: existing.get(d, 0) + new_counts.get(d, 0) for d in domains}
+    before, after = shares({d: existing.get(d, 0) for d in domains}), shares(combined)
+    rows = [
+        DomainRow(
+            domain=d,
+            existing=existing.get(d, 0),
+            new=new_counts.get(d, 0),
+            available=all_avail.get(d, 0),
+            target=target.get(d) if target else None,
+            before=before[d],
+            after=after[d],
+        )
+        for d in domains
+    ]
+    per_source = {name: {d: n for d, n in sorted(per.items()) if n} for name, per in taken.items()}
+    total_new = sum(new_counts.values())
+    return Plan(
+        per_source=per_source,
+        domains=rows,
+        budget=budget,
+        total_new=total_new,
+        shortfall=max(fixed_total + want - total_new, 0) if budget is not None else 0,
+    )

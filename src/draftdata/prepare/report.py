@@ -1,0 +1,116 @@
+"""The prepare report: ``prepare_report.json`` (versioned) and a readable ``prepare_report.md``.
+
+The JSON holds, per source, rows read, rejected by reason, duplicates by kind, usable and taken
+(per domain), and per domain the existing and new counts with shares before and after and the
+target. It carries ``format: draftdata.prepare_report/1`` and no timestamps or timings, so the
+same inputs and seed give the same bytes. ``plan_table`` renders the plan for ``--plan-only``
+and the CLI summary. This module only formats; it computes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from draftdata.errors import FormatVersionError
+from draftdata.prepare.mix import Plan
+
+REPORT_FORMAT = "draftdata.prepare_report/1"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def plan_rows(plan: Plan) -> list[list[str]]:
+    """Table rows: domain, existing, before, new, available, after, target."""
+    rows = [
+        [
+            d.domain,
+            f"{d.existing:,}",
+            _pct(d.before),
+            f"{d.new:,}",
+            f"{d.available:,}",
+            _pct(d.after),
+            _pct(d.target),
+        ]
+        for d in plan.domains
+    ]
+    existing = sum(d.existing for d in plan.domains)
+    avail = sum(d.available for d in plan.domains)
+    rows.append(["total", f"{existing:,}", "", f"{plan.total_new:,}", f"{avail:,}", "", ""])
+    return rows
+
+
+PLAN_HEADER = ["domain", "existing", "before", "new", "available", "after", "target"]
+SOURCE_HEADER = ["source", "read", "rejected", "duplicates", "usable", "taken"]
+
+
+def source_rows(report: dict[str, Any]) -> list[list[str]]:
+    """Table rows per source: name, read, rejected, duplicates, usable, taken."""
+    return [
+        [
+            s["name"],
+            f"{s['read']:,}",
+            f"{sum(s['rejected'].values()):,}",
+            f"{sum(s['duplicates'].values()):,}",
+            f"{s['usable']:,}",
+            f"{s['taken']:,}",
+        ]
+        for s in report["sources"]
+    ]
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def to_markdown(report: dict[str, Any], plan: Plan) -> str:
+    """The human-readable report: sources, rejects and duplicates, and the domain mix."""
+    parts = [
+        "# prepare report",
+        "",
+        f"{report['totals']['taken']:,} prompts written in {len(report['shards'])} shard(s) "
+        f"from {report['totals']['read']:,} rows read (seed {report['seed']}, budget "
+        f"{report['budget'] if report['budget'] is not None else 'all'}).",
+        "",
+        "## Sources",
+        "",
+        _md_table(SOURCE_HEADER, source_rows(report)),
+        "",
+        "## Rejected rows and duplicates",
+        "",
+    ]
+    detail = []
+    for s in report["sources"]:
+        for reason, n in s["rejected"].items():
+            detail.append([s["name"], "rejected", reason, f"{n:,}"])
+        for kind, n in s["duplicates"].items():
+            detail.append([s["name"], "duplicate", kind, f"{n:,}"])
+    parts.append(
+        _md_table(["source", "what", "reason / kind", "rows"], detail) if detail else "None."
+    )
+    parts += ["", "## Domain mix (existing + new)", "", _md_table(PLAN_HEADER, plan_rows(plan)), ""]
+    if report["shortfall"]:
+        parts += [
+            f"The sources could not fill the budget: {report['shortfall']:,} prompts short.",
+            "",
+        ]
+    return "\n".join(parts)
+
+
+def encode_report(report: dict[str, Any]) -> bytes:
+    """Stable JSON bytes of the report (sorted keys, two-space indent, trailing newline)."""
+    return (json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def read_report(raw: bytes, where: str) -> dict[str, Any]:
+    """Decode a prepare_report.json, checking its format version."""
+    data: dict[str, Any] = json.loads(raw)
+    if data.get("format") != REPORT_FORMAT:
+        raise FormatVersionError(
+            f"{where}: format {data.get('format')!r}; this draftdata reads {REPORT_FORMAT}"
+        )
+    return data

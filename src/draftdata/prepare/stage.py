@@ -1,0 +1,338 @@
+"""The prepare stage: sources -> clean, deduplicated, mix-planned prompt shards and a report.
+
+``prepare(config)`` runs two passes. Pass 1 streams every source in config order: decode ->
+adapt -> cut into a prompt -> validate -> tag a domain -> dedup; rejects go to
+``rejects.jsonl``, usable prompts to a per-source spool file (encoded once) with their domain
+kept in memory as one byte each. Then ``mix.plan_mix`` turns the usable counts into per-source,
+per-domain quotas, and pass 2 streams the spools, keeping a seeded random sample of each
+(source, domain) group in spool order, into ``prompts-NNNNN.jsonl`` shards. Memory holds the
+dedup index and one byte per usable prompt, never the prompts.
+
+Outputs in ``out``: ``prompts-00000.jsonl``... (one ``records.Prompt`` per line),
+``rejects.jsonl`` (source, row, reason, detail), ``prepare_report.json`` and
+``prepare_report.md``. Same inputs and seed give byte-identical files. ``plan_only`` stops after
+planning and writes nothing.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgspec
+
+from draftdata.errors import ConfigError
+from draftdata.metrics import StageStats
+from draftdata.prepare.adapters import adapt, to_prompt
+from draftdata.prepare.config import PrepareConfig, SourceConfig, check
+from draftdata.prepare.dedup import Deduper, dedup_text
+from draftdata.prepare.domains import classify_domain
+from draftdata.prepare.load import iter_rows
+from draftdata.prepare.mix import Plan, Supply, plan_mix
+from draftdata.prepare.reference import load_exclusions, load_existing
+from draftdata.prepare.report import REPORT_FORMAT, encode_report, to_markdown
+from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt
+from draftdata.records import Prompt, content_hash, encode_prompt
+
+# (source name, rows read so far in it) -> None; called every PROGRESS_EVERY rows and at the end
+Progress = Callable[[str, int], None]
+PROGRESS_EVERY = 5_000
+OUR_FILES = ("prompts-*.jsonl", "rejects.jsonl", "prepare_report.json", "prepare_report.md")
+
+
+class PrepareResult(msgspec.Struct, kw_only=True, frozen=True):
+    """What a prepare run produced: output paths, the plan, the report dict and the stats."""
+
+    out: Path | None
+    shards: list[Path]
+    rejects: Path | None
+    report_json: Path | None
+    report_md: Path | None
+    plan: Plan
+    report: dict[str, Any]
+    stats: StageStats
+
+
+class _SourceRun:
+    """Pass-1 state of one source: counters, its spool and the domain byte of each prompt."""
+
+    def __init__(self, source: SourceConfig) -> None:
+        self.source = source
+        self.read = 0
+        self.rejected: dict[str, int] = {}
+        self.duplicates: dict[str, int] = {}
+        self.domains = bytearray()
+        self.spool: Path | None = None
+
+
+def _prepare_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out: {out} exists and is not a folder")
+    ours = [p for pat in OUR_FILES for p in out.glob(pat)] if out.exists() else []
+    if ours and not force:
+        raise ConfigError(
+            f"out: {out} already holds prepare outputs ({ours[0].name}); choose another --out "
+            "or pass --force to replace them"
+        )
+    for p in ours:
+        p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _reject(fh: BinaryIO | None, run: _SourceRun, index: int, err: RowError) -> None:
+    run.rejected[err.reason] = run.rejected.get(err.reason, 0) + 1
+    if fh is not None:
+        line = {"source": run.source.name, "row": index, "reason": err.reason, "detail": err.detail}
+        fh.write(msgspec.json.encode(line) + b"\n")
+
+
+def _pass_one(
+    config: PrepareConfig,
+    source: SourceConfig,
+    deduper: Deduper,
+    domain_ids: dict[str, int],
+    spool_dir: Path,
+    rejects: BinaryIO | None,
+    progress: Progress | None,
+) -> _SourceRun:
+    run = _SourceRun(source)
+    mode = source.prompt_mode or config.prompt_mode
+    seen_ids: set[str] = set()
+    run.spool = spool_dir / f"{source.name}.jsonl"
+    with run.spool.open("wb") as spool:
+        for index, row in iter_rows(source):
+            run.read += 1
+            if progress is not None and run.read % PROGRESS_EVERY == 0:
+                progress(source.name, run.read)
+            try:
+                if isinstance(row, RowError):
+                    raise row
+                conv = adapt(source.schema, row, config.keep_original)
+                messages = to_prompt(conv.messages, mode)
+                check_prompt(messages, config.max_chars)
+            except RowError as err:
+                _reject(rejects, run, index, err)
+                continue
+            kind = deduper.check_add(dedup_text(messages))
+            if kind is not None:
+                run.duplicates[kind] = run.duplicates.get(kind, 0) + 1
+                continue
+            pid = (
+                f"{source.name}/{conv.source_id}"
+                if conv.source_id is not None
+                else f"{source.name}/{content_hash(messages, conv.tools)}"
+            )
+            if pid in seen_ids:
+                _reject(rejects, run, index, RowError(DUPLICATE_ID, f"id {pid!r} seen before"))
+                continue
+            seen_ids.add(pid)
+            domain = source.domain
+            if domain == "auto":
+                domain = classify_domain(messages, conv.tools)
+            meta = {**conv.meta, "row": index}
+            if mode != "last_assistant":
+                meta["prompt_mode"] = mode
+            prompt = Prompt(
+                id=pid,
+                messages=messages,
+                source=source.name,
+                domain=domain,
+                tools=conv.tools,
+                meta=meta,
+            )
+            spool.write(encode_prompt(prompt) + b"\n")
+            run.domains.append(domain_ids.setdefault(domain, len(domain_ids)))
+    if progress is not None:
+        progress(source.name, run.read)
+    return run
+
+
+def _choose(seed: int, source: str, domain: str, n: int, k: int) -> set[int]:
+    # Seeded per (source, domain) so one source's choice never depends on another's size.
+    if k >= n:
+        return set(range(n))
+    return set(random.Random(f"{seed}:{source}:{domain}").sample(range(n), k))
+
+
+class _ShardWriter:
+    def __init__(self, out: Path, size: int) -> None:
+        self.out, self.size = out, size
+        self.paths: list[Path] = []
+        self._fh: BinaryIO | None = None
+        self._count = 0
+
+    def write(self, line: bytes) -> None:
+        if self._fh is None or self._count == self.size:
+            self.close()
+            path = self.out / f"prompts-{len(self.paths):05d}.jsonl"
+            self.paths.append(path)
+            self._fh = path.open("wb")
+            self._count = 0
+        self._fh.write(line)
+        self._count += 1
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _pass_two(
+    config: PrepareConfig, runs: list[_SourceRun], plan: Plan, names: list[str], out: Path
+) -> tuple[list[Path], dict[str, dict[str, int]]]:
+    writer = _ShardWriter(out, config.shard_size)
+    taken: dict[str, dict[str, int]] = {}
+    for run in runs:
+        name = run.source.name
+        quotas = plan.per_source.get(name, {})
+        positions: dict[int, list[int]] = {}  # domain id -> spool line numbers
+        for i, d in enumerate(run.domains):
+            positions.setdefault(d, []).append(i)
+        keep: set[int] = set()
+        for d, lines in positions.items():
+            chosen = _choose(config.seed, name, names[d], len(lines), quotas.get(names[d], 0))
+            keep.update(lines[j] for j in chosen)
+        taken[name] = {}
+        assert run.spool is not None
+        with run.spool.open("rb") as fh:
+            for i, line in enumerate(fh):
+                if i in keep:
+                    writer.write(line)
+                    dom = names[run.domains[i]]
+                    taken[name][dom] = taken[name].get(dom, 0) + 1
+    writer.close()
+    return writer.paths, taken
+
+
+def _report(
+    config: PrepareConfig,
+    runs: list[_SourceRun],
+    names: list[str],
+    plan: Plan,
+    shards: list[Path],
+    existing_bad: int,
+    excluded: int,
+) -> dict[str, Any]:
+    sources = []
+    for run in runs:
+        usable: dict[str, int] = {}
+        for d in run.domains:
+            usable[names[d]] = usable.get(names[d], 0) + 1
+        taken = plan.per_source.get(run.source.name, {})
+        sources.append(
+            {
+                "name": run.source.name,
+                "schema": run.source.schema,
+                "location": run.source.path or run.source.hub,
+                "domain": run.source.domain,
+                "read": run.read,
+                "rejected": dict(sorted(run.rejected.items())),
+                "duplicates": dict(sorted(run.duplicates.items())),
+                "usable": len(run.domains),
+                "usable_by_domain": dict(sorted(usable.items())),
+                "taken": sum(taken.values()),
+                "taken_by_domain": dict(sorted(taken.items())),
+            }
+        )
+    return {
+        "format": REPORT_FORMAT,
+        "seed": config.seed,
+        "budget": config.budget,
+        "prompt_mode": config.prompt_mode,
+        "mix": dict(sorted(config.mix.items())),
+        "sources": sources,
+        "domains": [msgspec.to_builtins(d) for d in plan.domains],
+        "totals": {
+            "read": sum(r.read for r in runs),
+            "rejected": sum(sum(r.rejected.values()) for r in runs),
+            "duplicates": sum(sum(r.duplicates.values()) for r in runs),
+            "usable": sum(len(r.domains) for r in runs),
+            "taken": plan.total_new,
+        },
+        "shortfall": plan.shortfall,
+        "existing_unreadable_rows": existing_bad,
+        "excluded_prompts": excluded,
+        "shards": [p.name for p in shards],
+    }
+
+
+def prepare(
+    config: PrepareConfig,
+    *,
+    plan_only: bool = False,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> PrepareResult:
+    """Run prepare on ``config`` and return the outputs, plan, report and stats.
+
+    ``plan_only`` reads and deduplicates every source, plans, and returns without writing
+    anything. ``force`` replaces earlier prepare outputs in ``config.out`` (only those files).
+    ``progress(source, rows_read)`` is called every few thousand rows. A source that cannot be
+    read is an InputError naming it; bad rows are rejected and counted, never raised.
+    """
+    check(config)
+    stats = StageStats("prepare")
+    out = Path(config.out)
+    if not plan_only:
+        _prepare_out(out, force)
+    deduper = Deduper(config.dedup)
+    with stats.timed("references"):
+        existing, existing_bad = load_existing(config.existing, deduper)
+        excluded = load_exclusions(config.dedup.exclude, deduper)
+    domain_ids: dict[str, int] = {}
+    runs: list[_SourceRun] = []
+    spool_root = Path(tempfile.mkdtemp(prefix=".spool-", dir=None if plan_only else out))
+    try:
+        rejects_path = None if plan_only else out / "rejects.jsonl"
+        with stats.timed("read"):
+            rejects = rejects_path.open("wb") if rejects_path is not None else None
+            try:
+                for source in config.sources:
+                    runs.append(
+                        _pass_one(
+                            config, source, deduper, domain_ids, spool_root, rejects, progress
+                        )
+                    )
+            finally:
+                if rejects is not None:
+                    rejects.close()
+        names = sorted(domain_ids, key=domain_ids.__getitem__)
+        supplies = []
+        for run in runs:
+            avail: dict[str, int] = {}
+            for d in run.domains:
+                avail[names[d]] = avail.get(names[d], 0) + 1
+            supplies.append(
+                Supply(
+                    name=run.source.name,
+                    available=avail,
+                    take=run.source.take,
+                    max_take=run.source.max_take,
+                )
+            )
+        plan = plan_mix(existing, supplies, config.budget, config.mix)
+        shards: list[Path] = []
+        if not plan_only:
+            with stats.timed("write"):
+                shards, _ = _pass_two(config, runs, plan, names, out)
+    finally:
+        shutil.rmtree(spool_root, ignore_errors=True)
+    report = _report(config, runs, names, plan, shards, existing_bad, excluded)
+    for key in ("read", "rejected", "duplicates", "usable", "taken"):
+        stats.add(key, report["totals"][key])
+    if plan_only:
+        return PrepareResult(
+            out=None, shards=[], rejects=None, report_json=None, report_md=None,
+            plan=plan, report=report, stats=stats,
+        )  # fmt: skip
+    report_json, report_md = out / "prepare_report.json", out / "prepare_report.md"
+    report_json.write_bytes(encode_report(report))
+    report_md.write_text(to_markdown(report, plan), encoding="utf-8")
+    return PrepareResult(
+        out=out, shards=shards, rejects=out / "rejects.jsonl", report_json=report_json,
+        report_md=report_md, plan=plan, report=report, stats=stats,
+    )  # fmt: skip

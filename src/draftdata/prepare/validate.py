@@ -1,0 +1,108 @@
+"""Row-level validation for prepare: reason codes, RowError, and the final prompt check.
+
+Every row that cannot become a good prompt raises ``RowError(reason, detail)``; the stage writes
+it to ``rejects.jsonl`` as ``{"source", "row", "reason", "detail"}`` and counts it under
+``rejected.<reason>``. Reasons are a closed set (``REASONS``) so reports and tests can rely on
+them. This module does not read files or decide duplicates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftdata.records import ROLES, Message
+
+BAD_JSON = "bad_json"
+WRONG_TYPE = "wrong_type"
+MISSING_FIELD = "missing_field"
+EMPTY_CONTENT = "empty_content"
+NON_STRING_CONTENT = "non_string_content"
+UNKNOWN_ROLE = "unknown_role"
+NO_USER_TURN = "no_user_turn"
+TOO_LONG = "too_long"
+BAD_TOOL_SPEC = "bad_tool_spec"
+UNDECODABLE_TEXT = "undecodable_text"
+DUPLICATE_ID = "duplicate_id"
+
+REASONS = (
+    BAD_JSON,
+    WRONG_TYPE,
+    MISSING_FIELD,
+    EMPTY_CONTENT,
+    NON_STRING_CONTENT,
+    UNKNOWN_ROLE,
+    NO_USER_TURN,
+    TOO_LONG,
+    BAD_TOOL_SPEC,
+    UNDECODABLE_TEXT,
+    DUPLICATE_ID,
+)
+
+
+class RowError(ValueError):
+    """One row rejected for ``reason`` (a member of REASONS); ``detail`` says where and what."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def text_field(row: dict[str, Any], key: str) -> str:
+    """``row[key]`` as a non-empty string, or a RowError naming the key."""
+    if key not in row or row[key] is None:
+        raise RowError(MISSING_FIELD, f"{key}: missing")
+    value = row[key]
+    if not isinstance(value, str):
+        raise RowError(NON_STRING_CONTENT, f"{key}: expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise RowError(EMPTY_CONTENT, f"{key}: empty")
+    return value
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates from "\ud800"-style escapes
+        return False
+    return "\ufffd" not in text
+
+
+def check_prompt(messages: list[Message], max_chars: int) -> None:
+    """Raise RowError if ``messages`` is not a usable prompt.
+
+    A prompt has known roles, string contents, non-empty user/system text, assistant turns with
+    content or tool calls, at least one user turn, ends with a user or tool turn, holds only
+    encodable text (no U+FFFD replacement characters or lone surrogates), and has at most
+    ``max_chars`` characters of content in total.
+    """
+    if not messages:
+        raise RowError(NO_USER_TURN, "messages: nothing before the answer")
+    total = 0
+    has_user = False
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if m.role not in ROLES:
+            raise RowError(UNKNOWN_ROLE, f"{where}.role: {m.role!r}")
+        content = m.content
+        if content is not None and not isinstance(content, str):
+            raise RowError(NON_STRING_CONTENT, f"{where}.content: {type(content).__name__}")
+        text = content or ""
+        if m.role in ("user", "system") and not text.strip():
+            raise RowError(EMPTY_CONTENT, f"{where}: empty {m.role} message")
+        if m.role == "assistant" and not text.strip() and not m.tool_calls:
+            raise RowError(EMPTY_CONTENT, f"{where}: assistant message with no content")
+        if m.role == "tool" and content is None:
+            raise RowError(EMPTY_CONTENT, f"{where}: tool message without content")
+        if not _encodable(text):
+            raise RowError(UNDECODABLE_TEXT, f"{where}.content: undecodable characters")
+        has_user = has_user or m.role == "user"
+        total += len(text)
+    if not has_user:
+        raise RowError(NO_USER_TURN, "messages: no user turn")
+    if messages[-1].role not in ("user", "tool"):
+        raise RowError(NO_USER_TURN, f"messages: ends with a {messages[-1].role} turn")
+    if total > max_chars:
+        raise RowError(TOO_LONG, f"messages: {total} characters > max_chars {max_chars}")
