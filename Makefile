@@ -25,7 +25,13 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) lint typecheck
+	-PY=$(PY) scripts/vllm_env.sh .venv-vllm
 	$(BIN)/python -m pytest -q
+
+# The cached CPU vLLM environment of the real-engine test tier (tests/integration/vllm).
+.PHONY: vllm-env
+vllm-env:
+	PY=$(PY) scripts/vllm_env.sh .venv-vllm
 
 clean:
 	rm -rf $(VENV) demo-out .mypy_cache .ruff_cache .pytest_cache
