@@ -1,16 +1,136 @@
-"""`draftdata prepare` (skeleton: the owning stage replaces this)."""
+"""`draftdata prepare CONFIG`: build a clean, deduplicated, mix-planned prompt set.
+
+Parses options into a ``PrepareConfig`` (the YAML file plus flag overrides), calls
+``draftdata.prepare.stage.prepare`` and prints progress (rows/s) and summary tables. Relative
+source paths in the config are resolved against the config file's folder; ``--out`` (and the
+config's ``out``) against the working directory.
+"""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Any
+
 import typer
 
-from draftdata.errors import DraftdataError
+
+def _table(title: str, header: list[str], rows: list[list[str]]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        table.add_row(*r)
+    return table
+
+
+class _Progress:
+    """Prints ``source: N rows (R rows/s)`` lines to stderr, at most every 2 seconds."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.last = 0.0
+        self.done = 0
+        self.current: tuple[str, int] = ("", 0)
+
+    def __call__(self, source: str, rows: int) -> None:
+        if source != self.current[0]:
+            self.done += self.current[1]
+        self.current = (source, rows)
+        now = time.perf_counter()
+        if now - self.last < 2.0:
+            return
+        self.last = now
+        total = self.done + rows
+        rate = total / max(now - self.start, 1e-9)
+        typer.echo(
+            f"prepare: {source}: {rows:,} rows ({total:,} in all, {rate:,.0f} rows/s)", err=True
+        )
 
 
 def register(app: typer.Typer) -> None:
     """Add the `prepare` command to `app`."""
 
     @app.command("prepare")
-    def _cmd() -> None:
-        """Not built yet."""
-        raise DraftdataError("prepare: not built yet")
+    def _cmd(
+        config: Path | None = typer.Argument(
+            None,
+            help="Prepare config YAML (see examples/quickstart.yaml, examples/expansion.yaml).",
+        ),
+        out: str | None = typer.Option(
+            None, "--out", "-o", help="Output folder (default: the config's `out`, else ./prompts)."
+        ),
+        plan_only: bool = typer.Option(
+            False,
+            "--plan-only",
+            help="Read, validate and dedup the sources, print the plan, write nothing.",
+        ),
+        seed: int | None = typer.Option(
+            None, "--seed", help="Sampling seed (default: the config's, else 0)."
+        ),
+        budget: int | None = typer.Option(
+            None, "--budget", help="New prompts to take (default: the config's; none = all usable)."
+        ),
+        force: bool = typer.Option(
+            False, "--force", help="Replace earlier prepare outputs in the output folder."
+        ),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+        write_samples: Path | None = typer.Option(
+            None,
+            "--write-samples",
+            help="Write the bundled sample sources (six schemas, messy rows included) into this "
+            "folder and exit; examples/quickstart.yaml reads them from examples/samples.",
+        ),
+    ) -> None:
+        """Turn source datasets into one clean, balanced prompt set (JSONL shards + report).
+
+        Example: draftdata prepare examples/quickstart.yaml --out prepare-out
+        """
+        from rich.console import Console
+
+        from draftdata.config import load_config
+        from draftdata.errors import ConfigError
+        from draftdata.prepare.config import PrepareConfig, resolve_paths
+        from draftdata.prepare.report import PLAN_HEADER, SOURCE_HEADER, plan_rows, source_rows
+        from draftdata.prepare.stage import prepare
+
+        console = Console()
+        if write_samples is not None:
+            from draftdata.prepare.samples import write_sample_sources
+
+            written = write_sample_sources(write_samples)
+            for s in written:
+                console.print(f"wrote {s.path}  (schema {s.schema})")
+            return
+        if config is None:
+            raise ConfigError(
+                "prepare: give a config file, e.g. draftdata prepare examples/quickstart.yaml"
+            )
+        cfg = load_config(config, PrepareConfig, out=out, seed=seed, budget=budget)
+        cfg = resolve_paths(cfg, config.resolve().parent)
+        result = prepare(
+            cfg, plan_only=plan_only, force=force, progress=None if quiet else _Progress()
+        )
+        rep = result.report
+        console.print(_table("sources", SOURCE_HEADER, source_rows(rep)))
+        title = "mix plan (existing + new)" if plan_only else "domain mix (existing + new)"
+        console.print(_table(title, PLAN_HEADER, plan_rows(result.plan)))
+        if result.plan.shortfall:
+            console.print(
+                f"[yellow]the sources fall {result.plan.shortfall:,} prompts short of the budget[/]"
+            )
+        secs = result.stats.elapsed
+        rate = rep["totals"]["read"] / max(secs, 1e-9)
+        if plan_only:
+            console.print(
+                f"plan only: nothing written ({rep['totals']['read']:,} rows read in {secs:.1f}s)"
+            )
+            return
+        console.print(
+            f"{rep['totals']['taken']:,} prompts in {len(result.shards)} shard(s) "
+            f"under {result.out}/ "
+            f"({rep['totals']['read']:,} rows in {secs:.1f}s, {rate:,.0f} rows/s); "
+            f"rejects: {result.rejects}; report: {result.report_md}"
+        )
