@@ -119,8 +119,9 @@ def _parquet(files: list[str]) -> Iterator[Any]:
 def _hub(source: SourceConfig) -> Iterator[Any]:
     from datasets import load_dataset
 
-    ds = load_dataset(source.hub, name=source.hub_config, split=source.split, streaming=True)
-    yield from _streamed(ds)
+    for split in source.split.split("+"):  # "os+db" reads several splits in turn
+        ds = load_dataset(source.hub, name=source.hub_config, split=split, streaming=True)
+        yield from _streamed(ds)
 
 
 def _rows(source: SourceConfig) -> Iterator[Any]:

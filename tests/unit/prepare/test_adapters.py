@@ -1,0 +1,204 @@
+"""Every adapter on rows we wrote, messy ones included, and the prompt-cutting modes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from draftdata.prepare.adapters import SHAREGPT_ROLES, adapt, to_prompt
+from draftdata.prepare.validate import RowError
+from draftdata.records import Message
+
+
+def _reason(schema: str, row: Any) -> str:
+    with pytest.raises(RowError) as exc:
+        adapt(schema, row)
+    return exc.value.reason
+
+
+def test_infinity_instruct_keeps_labels_in_meta() -> None:
+    row = {
+        "id": 7,
+        "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}],
+        "label": {"ability_en": ["chat"]},
+        "langdetect": "en",
+        "source": "Subjective",
+    }
+    conv = adapt("infinity_instruct", row)
+    assert [m.role for m in conv.messages] == ["user", "assistant"]
+    assert conv.source_id == "7"
+    assert conv.meta == {
+        "label": {"ability_en": ["chat"]},
+        "langdetect": "en",
+        "source": "Subjective",
+    }
+
+
+@pytest.mark.parametrize("speaker", sorted(SHAREGPT_ROLES))
+def test_sharegpt_role_spellings(speaker: str) -> None:
+    row = {"conversations": [{"from": speaker.upper(), "value": "text"}]}
+    assert adapt("sharegpt", row).messages[0].role == SHAREGPT_ROLES[speaker]
+
+
+def test_sharegpt_function_call_and_observation() -> None:
+    row = {
+        "conversations": [
+            {"from": "human", "value": "weather?"},
+            {"from": "function_call", "value": '{"name": "w", "arguments": {"city": "Oslo"}}'},
+            {"from": "observation", "value": '{"t": 3}'},
+        ]
+    }
+    msgs = adapt("sharegpt", row).messages
+    assert msgs[1].role == "assistant"
+    assert msgs[1].tool_calls is not None
+    call = msgs[1].tool_calls[0]
+    assert call["function"] == {"name": "w", "arguments": '{"city": "Oslo"}'}
+    assert msgs[2].role == "tool" and msgs[2].tool_call_id == call["id"]
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"conversations": [{"from": "narrator", "value": "x"}]}, "unknown_role"),
+        ({"conversations": [{"from": "human", "value": 5}]}, "non_string_content"),
+        ({"conversations": [{"from": "human"}]}, "non_string_content"),
+        ({"conversations": "human: hi"}, "wrong_type"),
+        ({"conversations": ["hi"]}, "wrong_type"),
+        ({"conversations": []}, "empty_content"),
+        ({"id": 1}, "missing_field"),
+        ({"conversations": [{"from": "function_call", "value": "{oops"}]}, "bad_tool_spec"),
+        (["not", "an", "object"], "wrong_type"),
+    ],
+)
+def test_sharegpt_messy_rows(row: Any, reason: str) -> None:
+    assert _reason("sharegpt", row) == reason
+
+
+def test_agentinstruct_trajectory() -> None:
+    row = {
+        "id": "os_1",
+        "conversations": [
+            {"from": "human", "loss": False, "value": "task"},
+            {"from": "gpt", "loss": True, "value": "Act: bash"},
+            {"from": "human", "loss": False, "value": "output"},
+            {"from": "gpt", "loss": True, "value": "Act: answer(1)"},
+        ],
+    }
+    conv = adapt("agentinstruct", row)
+    assert [m.role for m in conv.messages] == ["user", "assistant", "user", "assistant"]
+    assert conv.source_id == "os_1"
+
+
+@pytest.mark.parametrize(
+    ("schema", "row", "meta"),
+    [
+        (
+            "webinstruct",
+            {"question": "Q", "answer": "A", "source": "socratic"},
+            {"source": "socratic"},
+        ),
+        (
+            "codefeedback",
+            {"query": "Q", "answer": "A", "resource": "r", "lang": "py"},
+            {"resource": "r", "lang": "py"},
+        ),
+        (
+            "metamath",
+            {"type": "GSM_SV", "query": "Q", "original_question": "O", "response": "A"},
+            {"type": "GSM_SV", "original_question": "O"},
+        ),
+        ("question_answer", {"question": "Q", "answer": "A"}, {}),
+        ("query_response", {"query": "Q", "response": "A"}, {}),
+    ],
+)
+def test_pair_schemas(schema: str, row: dict[str, Any], meta: dict[str, Any]) -> None:
+    conv = adapt(schema, row)
+    assert conv.messages == [
+        Message(role="user", content="Q"),
+        Message(role="assistant", content="A"),
+    ]
+    assert conv.meta == meta
+    assert conv.source_id is None
+
+
+@pytest.mark.parametrize(
+    ("schema", "row", "reason"),
+    [
+        ("webinstruct", {"question": "", "answer": "A"}, "empty_content"),
+        ("webinstruct", {"answer": "A"}, "missing_field"),
+        ("codefeedback", {"query": ["x"], "answer": "A"}, "non_string_content"),
+        ("metamath", {"query": 42, "response": "A"}, "non_string_content"),
+        ("query_response", {"query": None}, "missing_field"),
+        ("alpaca", {"instruction": "  "}, "empty_content"),
+        ("alpaca", {"instruction": "do", "input": 3}, "non_string_content"),
+    ],
+)
+def test_pair_schemas_messy(schema: str, row: dict[str, Any], reason: str) -> None:
+    assert _reason(schema, row) == reason
+
+
+def test_pair_without_answer_is_a_prompt() -> None:
+    conv = adapt("query_response", {"query": "Q"})
+    assert conv.messages == [Message(role="user", content="Q")]
+
+
+def test_alpaca_joins_instruction_and_input() -> None:
+    conv = adapt(
+        "alpaca", {"instruction": "Sort", "input": "3 1 2", "output": "1 2 3", "system": "S"}
+    )
+    assert [m.role for m in conv.messages] == ["system", "user", "assistant"]
+    assert conv.messages[1].content == "Sort\n\n3 1 2"
+    assert adapt("alpaca", {"instruction": "Sort", "input": ""}).messages[0].content == "Sort"
+
+
+def test_openai_messages_and_tools_column() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    row = {
+        "id": "x",
+        "messages": [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A", "reasoning_content": "R"},
+        ],
+        "tools": json.dumps(tools),
+    }
+    conv = adapt("openai", row)
+    assert conv.messages[2].reasoning_content == "R"
+    assert conv.tools == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
+
+
+def test_openai_specforge_conversations_and_sharegpt_turns() -> None:
+    conv = adapt("openai", {"conversations": [{"role": "user", "content": "U"}]})
+    assert conv.messages == [Message(role="user", content="U")]
+    conv = adapt("openai", {"conversations": [{"from": "human", "value": "U"}]})
+    assert conv.messages == [Message(role="user", content="U")]
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "unknown_role"),
+        ({"messages": [{"role": "user", "content": {"a": 1}}]}, "non_string_content"),
+        ({"messages": [{"role": 3, "content": "x"}]}, "wrong_type"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": "[{'broken'"}, "bad_tool_spec"),
+    ],
+)
+def test_openai_messy(row: dict[str, Any], reason: str) -> None:
+    assert _reason("openai", row) == reason
+
+
+def test_to_prompt_modes() -> None:
+    msgs = [
+        Message(role="system", content="S"),
+        Message(role="user", content="U1"),
+        Message(role="assistant", content="A1"),
+        Message(role="user", content="U2"),
+        Message(role="assistant", content="A2"),
+    ]
+    assert to_prompt(msgs, "last_assistant") == msgs[:4]
+    assert to_prompt(msgs, "regenerate") == [msgs[0], msgs[1], msgs[3]]
+    assert to_prompt(msgs[:2], "last_assistant") == msgs[:2]

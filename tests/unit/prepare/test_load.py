@@ -1,0 +1,70 @@
+"""Reading sources: jsonl with bad lines, json arrays, parquet via datasets, globs, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from draftdata.errors import InputError
+from draftdata.prepare.config import SourceConfig
+from draftdata.prepare.load import iter_rows
+from draftdata.prepare.validate import RowError
+
+
+def _src(path: Path | str, **kw: object) -> SourceConfig:
+    return SourceConfig(name="s", schema="query_response", path=str(path), **kw)  # type: ignore[arg-type]
+
+
+def test_jsonl_bad_lines_are_rows(tmp_path: Path) -> None:
+    p = tmp_path / "a.jsonl"
+    p.write_bytes(b'{"query": "a"}\n\n{"query": \n\xff\xfe{"q": 1}\n[1, 2]\n')
+    rows = list(iter_rows(_src(p)))
+    assert [i for i, _ in rows] == [0, 1, 2, 3]
+    assert rows[0][1] == {"query": "a"}
+    assert isinstance(rows[1][1], RowError) and rows[1][1].reason == "bad_json"
+    assert isinstance(rows[2][1], RowError) and rows[2][1].reason in (
+        "undecodable_text",
+        "bad_json",
+    )
+    assert rows[3][1] == [1, 2]
+
+
+def test_json_array_and_glob_order(tmp_path: Path) -> None:
+    (tmp_path / "b.json").write_text(json.dumps([{"query": "b1"}, {"query": "b2"}]))
+    (tmp_path / "a.json").write_text(json.dumps([{"query": "a1"}]))
+    rows = [r for _, r in iter_rows(_src(tmp_path / "*.json"))]
+    assert rows == [{"query": "a1"}, {"query": "b1"}, {"query": "b2"}]
+
+
+def test_parquet_through_datasets_streaming(tmp_path: Path) -> None:
+    pq.write_table(
+        pa.Table.from_pylist([{"query": f"q{i}", "n": i} for i in range(5)]), tmp_path / "p.parquet"
+    )
+    rows = [r for _, r in iter_rows(_src(tmp_path / "p.parquet", max_rows=3))]
+    assert rows == [{"query": "q0", "n": 0}, {"query": "q1", "n": 1}, {"query": "q2", "n": 2}]
+
+
+def test_unreadable_sources_name_themselves(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"source s: .*missing\.jsonl: no such file"):
+        list(iter_rows(_src(tmp_path / "missing.jsonl")))
+    with pytest.raises(InputError, match="matches no file"):
+        list(iter_rows(_src(tmp_path / "*.jsonl")))
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(InputError, match="cannot tell the format"):
+        list(iter_rows(_src(tmp_path / "x.txt")))
+    (tmp_path / "bad.json").write_text("{not an array")
+    with pytest.raises(InputError, match="not a JSON array"):
+        list(iter_rows(_src(tmp_path / "bad.json")))
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(InputError, match="source s: cannot read"):
+        list(iter_rows(_src(tmp_path / "bad.parquet")))
+
+
+def test_format_override(tmp_path: Path) -> None:
+    p = tmp_path / "data.txt"
+    p.write_text('{"query": "x"}\n')
+    assert [r for _, r in iter_rows(_src(p, format="jsonl"))] == [{"query": "x"}]
