@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-_TOOLS = re.compile(r"<tools>(.*?)</tools>", re.DOTALL)
+_OPEN, _CLOSE = "<tools>", "</tools>"
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.DOTALL)
 _MAX_LITERAL = 200_000  # characters; literal_eval on huge or deeply nested input is a DoS
@@ -83,16 +83,42 @@ def parse_tools_block(system: str) -> tuple[list[dict[str, Any]] | None, str]:
     Returns ``(None, system)`` when there is no block; raises ToolParseError when the block
     cannot be parsed or holds no valid spec.
     """
-    # The Hermes preamble itself says "within <tools></tools> XML tags": skip empty blocks.
-    blocks = [m for m in _TOOLS.finditer(system) if m.group(1).strip()]
-    if not blocks:
+    # The Hermes preamble itself says "within <tools></tools> XML tags": skip empty blocks. A
+    # spec's own text may contain "</tools>", so a block that does not parse is widened to the
+    # next closing tag before giving up.
+    tools: list[dict[str, Any]] = []
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    while (start := system.find(_OPEN, pos)) != -1:
+        ends = [m.start() for m in re.finditer(re.escape(_CLOSE), system[start:])]
+        if not ends:
+            raise ToolParseError("<tools> block is not closed")
+        body_start = start + len(_OPEN)
+        first = system[body_start : start + ends[0]]
+        if not first.strip():
+            pos = start + ends[0] + len(_CLOSE)
+            continue
+        error: ToolParseError | None = None
+        for end in ends:
+            try:
+                found = [to_openai_tool(x) for x in _parse_many(system[body_start : start + end])]
+            except ToolParseError as exc:
+                error = error or exc
+                continue
+            tools.extend(found)
+            spans.append((start, start + end + len(_CLOSE)))
+            pos = start + end + len(_CLOSE)
+            break
+        else:
+            assert error is not None
+            raise error
+    if not spans:
         return None, system
-    tools = [to_openai_tool(s) for m in blocks for s in _parse_many(m.group(1))]
     if not tools:
         raise ToolParseError("<tools> block holds no spec")
     rest = system
-    for m in reversed(blocks):
-        rest = rest[: m.start()] + rest[m.end() :]
+    for a, b in reversed(spans):
+        rest = rest[:a] + rest[b:]
     return tools, re.sub(r"\n{3,}", "\n\n", rest.strip())
 
 
