@@ -356,7 +356,7 @@ def sample_config(directory: Path, out: Path, *, budget: int = 100, seed: int = 
     """The quickstart prepare config over ``write_sample_sources(directory)``'s files.
 
     The same settings as ``examples/quickstart.yaml``: an existing set of 1,000 rows at 77% code,
-    a target mix, a budget of new prompts and near-dedup on.
+    a target mix, a budget of new prompts and near-dedup on (3-gram shingles, threshold 0.7).
     """
     from draftdata.prepare.config import ExistingConfig
 
@@ -371,7 +371,7 @@ def sample_config(directory: Path, out: Path, *, budget: int = 100, seed: int = 
         budget=budget,
         mix=dict(QUICKSTART_MIX),
         existing=ExistingConfig(counts=dict(QUICKSTART_EXISTING)),
-        dedup=DedupConfig(threshold=0.7),
+        dedup=DedupConfig(threshold=0.7, ngram=3),
     )
 
 

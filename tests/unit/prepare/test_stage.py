@@ -133,7 +133,7 @@ def test_existing_dataset_and_exclusions(samples: Path, tmp_path: Path) -> None:
         sources=sample_config(samples, tmp_path).sources,
         out=str(tmp_path / "out"),
         existing=ExistingConfig(path=str(existing)),
-        dedup=DedupConfig(exclude=[str(bench), str(mtbench)]),
+        dedup=DedupConfig(exclude=[str(bench), str(mtbench)], ngram=3, threshold=0.7),
     )
     result = prepare(cfg)
     dups = {s["name"]: s["duplicates"] for s in result.report["sources"]}
