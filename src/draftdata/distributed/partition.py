@@ -1,0 +1,107 @@
+"""Stable partitioning of prompts by id, shared by ``generate --partition`` and ``--ray``.
+
+A prompt belongs to partition ``blake2b(id, 8 bytes) mod P`` (big-endian): the same id lands
+in the same partition on every machine, Python version and run, so a rerun of partition I/P
+resumes exactly the prompts it owned, and the P partitions together cover every prompt once.
+The hash depends only on the id, never on the file order or on other prompts.
+
+This module computes and parses partitions and counts a prompts file per partition (for the
+driver's totals); it does not filter prompts inside the engine (the generate stage does that
+with ``in_partition``) and it starts nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+
+from draftdata.errors import ConfigError
+from draftdata.records import iter_prompt_lines
+
+
+class Partition(msgspec.Struct, frozen=True):
+    """Partition ``index`` of ``count`` (0 <= index < count)."""
+
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def contains(self, prompt_id: str) -> bool:
+        """Whether the prompt with ``prompt_id`` belongs to this partition."""
+        return self.count == 1 or partition_of(prompt_id, self.count) == self.index
+
+
+def partition_of(prompt_id: str, count: int) -> int:
+    """The partition (0..count-1) of ``prompt_id``: blake2b-64 of its UTF-8 bytes mod count."""
+    if count < 1:
+        raise ConfigError(f"partitions: {count}; must be at least 1")
+    digest = hashlib.blake2b(prompt_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count
+
+
+def in_partition(prompt_id: str, index: int, count: int) -> bool:
+    """Whether ``prompt_id`` falls in partition ``index`` of ``count``."""
+    return count == 1 or partition_of(prompt_id, count) == index
+
+
+def parse_partition(value: str, option: str = "--partition") -> Partition:
+    """``"I/P"`` -> Partition(I, P); ConfigError naming ``option`` on anything else."""
+    text = value.strip()
+    index_s, sep, count_s = text.partition("/")
+    try:
+        index, count = int(index_s), int(count_s)
+    except ValueError:
+        index = count = -1
+    if not sep or count < 1 or not 0 <= index < count:
+        raise ConfigError(
+            f"{option}: {value!r}; use I/P with 0 <= I < P, e.g. 0/4 for the first of four"
+        )
+    return Partition(index, count)
+
+
+def all_partitions(count: int) -> list[Partition]:
+    """Partitions 0/count .. count-1/count."""
+    if count < 1:
+        raise ConfigError(f"--partitions: {count}; must be at least 1")
+    return [Partition(i, count) for i in range(count)]
+
+
+class _IdOnly(msgspec.Struct):
+    id: str = ""
+
+
+_id_decoder = msgspec.json.Decoder(_IdOnly)
+
+
+def iter_prompt_ids(path: Path | str) -> Iterator[str]:
+    """The ids of a prompts JSONL file, in order, decoding nothing but ``id`` (fast).
+
+    A line that is not JSON or has no id is skipped here: the generate stage rejects it with
+    its file and line, this reader only counts.
+    """
+    for _lineno, raw in iter_prompt_lines(Path(path)):
+        try:
+            pid = _id_decoder.decode(raw).id
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if pid:
+            yield pid
+
+
+def count_by_partition(path: Path | str, count: int) -> list[int]:
+    """How many prompts of ``path`` fall in each of ``count`` partitions (duplicates counted
+    once, as the engine answers each id once)."""
+    counts = [0] * count
+    seen: set[bytes] = set()
+    for pid in iter_prompt_ids(path):
+        key = hashlib.blake2b(pid.encode("utf-8"), digest_size=8).digest()
+        if key in seen:
+            continue
+        seen.add(key)
+        counts[int.from_bytes(key, "big") % count] += 1
+    return counts

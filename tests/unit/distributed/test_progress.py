@@ -1,0 +1,63 @@
+"""The progress board and the driver's tracker, driven by a fake clock (no Ray)."""
+
+from __future__ import annotations
+
+from draftdata.distributed.progress import Board, Tracker, headline, plain_line
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_board_counts_attempts_and_keeps_a_killed_attempts_commits() -> None:
+    clock = Clock()
+    board = Board([10, 10], clock=clock)
+    a1 = board.started(0, "node-a", 111, "w1")
+    board.update(0, a1, committed=4, failed=1, tokens=400)
+    # The worker was killed: Ray's retry reports a new attempt on another node.
+    a2 = board.started(0, "node-b", 222, "w2")
+    assert (a1, a2) == (1, 2)
+    board.update(0, a2, committed=6, failed=0, tokens=600)
+    part = board.snapshot()[0]
+    assert part.attempts[0].error == "worker lost"
+    assert part.committed == 10
+    assert part.node == "node-b"
+    assert board.pids(0) == [111, 222]
+    board.finished(0, a2, {"completed": 6})
+    assert board.snapshot()[0].state == "done"
+    a = board.started(1, "node-a", 333, "w3")
+    board.crashed(1, a, "fleet-x.yaml: not found")
+    assert board.snapshot()[1].state == "failed"
+
+
+def test_tracker_rates_per_node_and_eta() -> None:
+    clock = Clock()
+    board = Board([100, 100], clock=clock)
+    tracker = Tracker(total=200, window_s=30.0, clock=clock)
+    pa = board.started(0, "node-a", 1, "w1")
+    pb = board.started(1, "node-b", 2, "w2")
+    tracker.observe(board.snapshot())
+    for step in range(1, 4):
+        clock.t += 10
+        board.update(0, pa, committed=20 * step, failed=0, tokens=2000 * step)
+        board.update(1, pb, committed=10 * step, failed=0, tokens=1000 * step)
+        tracker.observe(board.snapshot())
+    rows = {r.node: r for r in tracker.nodes()}
+    assert rows["node-a"].rate == 2.0 and rows["node-b"].rate == 1.0
+    assert rows["node-a"].token_rate == 200.0
+    assert tracker.committed == 90
+    assert tracker.eta_s() == (200 - 90) / 3.0
+    line = plain_line(tracker)
+    assert line.startswith("ray generate: 90/200 committed, 3.0/s, 300 tok/s, ETA 0m36s")
+    assert "node-a 2.0/s 200 tok/s" in line and "2 running" in headline(tracker)
+
+
+def test_tracker_without_a_total_has_no_eta() -> None:
+    tracker = Tracker(total=None, clock=Clock())
+    tracker.observe([])
+    assert tracker.eta_s() is None
+    assert "ETA ?" in plain_line(tracker)
