@@ -71,16 +71,23 @@ class Board:
         self._clock = clock
         self.parts = [PartitionState(index=i, total=t) for i, t in enumerate(totals)]
 
-    def started(self, index: int, node: str, pid: int, writer: str) -> int:
-        """Record a new attempt of partition ``index``; returns its attempt number (1-based)."""
+    def started(
+        self, index: int, node: str, pid: int, writer: str
+    ) -> tuple[int, list[tuple[int, str]]]:
+        """Record a new attempt of partition ``index``; returns its attempt number (1-based)
+        and the (attempt, writer) of earlier attempts that died without a last report, whose
+        shards the new attempt counts once (their final commits came after their last
+        update)."""
         part = self.parts[index]
-        for a in part.attempts:
+        lost = []
+        for n, a in enumerate(part.attempts, start=1):
             if a.ended is None:
                 a.ended = self._clock()
                 a.error = a.error or "worker lost"
+                lost.append((n, a.writer))
         part.attempts.append(Attempt(node=node, pid=pid, writer=writer, started=self._clock()))
         part.state = "running"
-        return len(part.attempts)
+        return len(part.attempts), lost
 
     def update(self, index: int, attempt: int, committed: int, failed: int, tokens: int) -> None:
         """What attempt ``attempt`` of partition ``index`` has committed so far."""

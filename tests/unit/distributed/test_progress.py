@@ -16,11 +16,13 @@ class Clock:
 def test_board_counts_attempts_and_keeps_a_killed_attempts_commits() -> None:
     clock = Clock()
     board = Board([10, 10], clock=clock)
-    a1 = board.started(0, "node-a", 111, "w1")
+    a1, lost = board.started(0, "node-a", 111, "w1")
+    assert lost == []
     board.update(0, a1, committed=4, failed=1, tokens=400)
     # The worker was killed: Ray's retry reports a new attempt on another node.
-    a2 = board.started(0, "node-b", 222, "w2")
+    a2, lost = board.started(0, "node-b", 222, "w2")
     assert (a1, a2) == (1, 2)
+    assert lost == [(1, "w1")]  # the retry recounts the dead attempt's shards
     board.update(0, a2, committed=6, failed=0, tokens=600)
     part = board.snapshot()[0]
     assert part.attempts[0].error == "worker lost"
@@ -29,7 +31,7 @@ def test_board_counts_attempts_and_keeps_a_killed_attempts_commits() -> None:
     assert board.pids(0) == [111, 222]
     board.finished(0, a2, {"completed": 6})
     assert board.snapshot()[0].state == "done"
-    a = board.started(1, "node-a", 333, "w3")
+    a, _ = board.started(1, "node-a", 333, "w3")
     board.crashed(1, a, "fleet-x.yaml: not found")
     assert board.snapshot()[1].state == "failed"
 
@@ -38,8 +40,8 @@ def test_tracker_rates_per_node_and_eta() -> None:
     clock = Clock()
     board = Board([100, 100], clock=clock)
     tracker = Tracker(total=200, window_s=30.0, clock=clock)
-    pa = board.started(0, "node-a", 1, "w1")
-    pb = board.started(1, "node-b", 2, "w2")
+    pa, _ = board.started(0, "node-a", 1, "w1")
+    pb, _ = board.started(1, "node-b", 2, "w2")
     tracker.observe(board.snapshot())
     for step in range(1, 4):
         clock.t += 10

@@ -1,0 +1,430 @@
+"""``draftdata generate --ray``: one engine per fleet node, prompts partitioned by id hash.
+
+The driver (the machine where the command is typed):
+
+1. connects to Ray (``cluster.connect``) and probes every candidate node's fleet;
+2. reserves one placement-group bundle per fleet node (``tasks_per_node`` partition slots);
+3. submits P partition tasks into "any bundle": a node that finishes a partition pulls the
+   next one, so fast nodes do more (Ray schedules; there is no scheduler of ours);
+4. shows aggregate progress and per-node throughput from the progress board, then a summary.
+
+Each partition task (``run_partition``, in a Ray worker on a fleet node) resolves that node's
+fleet, opens the one shared run store with a writer id of its own (``p0003-<host>-<pid>-<rnd>``)
+and runs the normal generate engine restricted to its partition. Exactly-once comes from the
+store: every attempt re-opens the run and skips what is committed, so a task Ray retries after
+its worker was killed regenerates only the uncommitted tail, and rerunning the same command
+(even with another P) resumes every partition.
+
+This module does not generate anything itself (the engine does) and does not start servers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from draftdata.distributed import cluster
+from draftdata.distributed.partition import Partition, count_by_partition
+from draftdata.distributed.progress import Board, PartitionState, Tracker, plain_line, render
+from draftdata.errors import ConfigError, DraftdataError
+from draftdata.generate.config import GenerateConfig
+
+DEFAULT_PARTITIONS_PER_NODE = 4
+
+
+class RayOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How ``generate --ray`` spreads the work (everything else is the GenerateConfig)."""
+
+    address: str | None = None  # None: $RAY_ADDRESS, this machine's cluster, or a local one
+    partitions: int | None = None  # None: DEFAULT_PARTITIONS_PER_NODE per fleet node
+    only: list[int] | None = None  # run just these partition indexes
+    fleet_per_node: str | None = None  # e.g. /shared/fleet-{node}.yaml
+    tasks_per_node: int = 1
+    cpus_per_task: float = 1.0
+    max_retries: int = 3  # Ray retries of a partition whose worker or node died
+    report_s: float = 5.0  # how often a partition reports its committed counts
+    probe_timeout_s: float = 5.0
+    forward_env: list[str] = msgspec.field(default_factory=list)
+    # The stage function each partition runs, as module:function (a seam for custom engines).
+    engine: str = "draftdata.generate.stage:generate"
+
+
+class PartitionOutcome(msgspec.Struct, kw_only=True):
+    """A partition's end state as the driver saw it."""
+
+    index: int
+    state: str
+    nodes: list[str]
+    attempts: int
+    committed: int
+    failed: int
+    tokens: int
+    error: str | None = None
+    summary: dict[str, Any] | None = None
+
+
+class RayGenerateResult(msgspec.Struct, kw_only=True):
+    """What a distributed generate did: per partition, per node, totals and wall time."""
+
+    out: str
+    partitions: int
+    outcomes: list[PartitionOutcome]
+    nodes: dict[str, dict[str, float]]  # node -> committed, tokens, partitions
+    committed: int
+    tokens: int
+    wall_s: float
+    interrupted: bool = False
+
+    @property
+    def failed_partitions(self) -> list[int]:
+        """Indexes of partitions that did not finish."""
+        return [o.index for o in self.outcomes if o.state != "done"]
+
+
+# -- the partition task (runs in a Ray worker on a fleet node) -------------------------------
+
+
+def _partition_config(
+    config: GenerateConfig, part: Partition, writer: str, fleet: str | None, urls: list[str]
+) -> tuple[GenerateConfig, dict[str, Any]]:
+    """The partition's config (this node's fleet, no live display) and the keyword arguments
+    that carry the partition and writer id when the config has no field for them."""
+    changes: dict[str, Any] = {"progress": "off"}
+    if fleet is not None:
+        changes.update(fleet=fleet, endpoints=[])
+    else:
+        changes.update(fleet=None, endpoints=urls)
+    extra = {"partition": str(part), "writer_id": writer}
+    fields = set(GenerateConfig.__struct_fields__)
+    changes.update({k: v for k, v in extra.items() if k in fields})
+    kwargs = {k: v for k, v in extra.items() if k not in fields}
+    return msgspec.structs.replace(config, **changes), kwargs
+
+
+def _load_engine(path: str) -> Callable[..., Any]:
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr or "generate")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--ray: cannot load the generate engine {path!r} ({exc})") from exc
+    if not callable(fn):
+        raise ConfigError(f"--ray: the generate engine {path!r} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def _summary(result: Any) -> dict[str, Any]:
+    for name in ("summary", "to_dict"):
+        fn = getattr(result, name, None)
+        if callable(fn):
+            value = fn()
+            if isinstance(value, dict):
+                return value
+    try:
+        value = msgspec.to_builtins(result)
+    except TypeError:
+        return {"result": repr(result)}
+    return value if isinstance(value, dict) else {"result": value}
+
+
+def run_partition(
+    config: GenerateConfig,
+    part: Partition,
+    opts: RayOptions,
+    board: Any,
+) -> dict[str, Any]:
+    """The body of one partition task: resolve this node's fleet, run the engine on the
+    partition with a fresh writer id, report committed counts to ``board``, return the
+    engine's summary. Raises the engine's DraftdataError (Ray does not retry those)."""
+    import ray
+
+    from draftdata.distributed.progress import committed_by_writer
+    from draftdata.store.run import default_writer_id
+    from draftdata.store.store import open_store
+
+    hostname, _ip, _node_id = cluster.here()
+    writer = f"p{part.index:04d}-{default_writer_id()}"
+    attempt, lost = ray.get(board.started.remote(part.index, hostname, os.getpid(), writer))
+    stop = threading.Event()
+    seen: dict[str, tuple[int, int]] = {}
+    for n, old_writer in lost:  # what a killed attempt committed after its last report
+        try:
+            c, f, t = committed_by_writer(open_store(config.out), old_writer, {})
+        except DraftdataError:
+            continue
+        board.update.remote(part.index, n, c, f, t)
+
+    def report() -> None:
+        try:
+            store = open_store(config.out)
+            c, f, t = committed_by_writer(store, writer, seen)
+        except DraftdataError:
+            return  # the run may not exist yet; the engine reports real store errors
+        board.update.remote(part.index, attempt, c, f, t)
+
+    def reporter() -> None:
+        while not stop.wait(opts.report_s):
+            report()
+
+    thread = threading.Thread(target=reporter, name="draftdata-report", daemon=True)
+    thread.start()
+    try:
+        engine = _load_engine(opts.engine)
+        fleet, urls, _ = cluster.resolve_fleet(config.fleet, config.endpoints, opts.fleet_per_node)
+        part_config, kwargs = _partition_config(config, part, writer, fleet, urls)
+        summary = _summary(engine(part_config, **kwargs))
+    except BaseException as exc:
+        stop.set()
+        report()
+        ray.get(board.crashed.remote(part.index, attempt, f"{type(exc).__name__}: {exc}"))
+        raise
+    stop.set()
+    thread.join(timeout=opts.report_s + 5)
+    report()
+    summary = {**summary, "node": hostname, "writer": writer, "attempt": attempt}
+    ray.get(board.finished.remote(part.index, attempt, summary))
+    return summary
+
+
+# -- the driver ---------------------------------------------------------------------------------
+
+
+def _check(config: GenerateConfig, opts: RayOptions) -> None:
+    from draftdata.generate.config import validate
+
+    if opts.fleet_per_node and (config.fleet or config.endpoints):
+        raise ConfigError("--fleet-per-node: give it instead of --fleet/--endpoint, not with them")
+    validate(msgspec.structs.replace(config, fleet=opts.fleet_per_node or config.fleet))
+    if opts.partitions is not None and opts.partitions < 1:
+        raise ConfigError(f"--partitions: {opts.partitions}; must be at least 1")
+    if opts.max_retries < 0:
+        raise ConfigError(f"--max-retries: {opts.max_retries}; must be >= 0")
+    if not opts.cpus_per_task > 0:
+        raise ConfigError(f"--cpus-per-task: {opts.cpus_per_task}; must be > 0")
+
+
+def _totals(config: GenerateConfig, count: int) -> list[int | None]:
+    if config.limit is not None or not os.path.exists(config.prompts):
+        return [None] * count
+    return [c * config.n for c in count_by_partition(config.prompts, count)]
+
+
+def _outcomes(parts: list[PartitionState], errors: dict[int, str]) -> list[PartitionOutcome]:
+    out = []
+    for p in parts:
+        if not p.attempts and p.index not in errors:
+            continue  # not part of this command (--only)
+        out.append(
+            PartitionOutcome(
+                index=p.index,
+                state=p.state if p.index not in errors else "failed",
+                nodes=[a.node for a in p.attempts],
+                attempts=len(p.attempts),
+                committed=p.committed,
+                failed=sum(a.failed for a in p.attempts),
+                tokens=sum(a.tokens for a in p.attempts),
+                error=errors.get(p.index) or next((a.error for a in p.attempts if a.error), None),
+                summary=p.summary,
+            )
+        )
+    return out
+
+
+def _node_totals(outcomes: list[PartitionOutcome], parts: list[PartitionState]) -> Any:
+    nodes: dict[str, dict[str, float]] = {}
+    for p in parts:
+        for a in p.attempts:
+            row = nodes.setdefault(a.node, {"committed": 0, "tokens": 0, "partitions": 0})
+            row["committed"] += a.committed
+            row["tokens"] += a.tokens
+        if p.state == "done" and p.attempts:
+            nodes[p.node]["partitions"] += 1
+    return dict(sorted(nodes.items()))
+
+
+def _error_line(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"
+
+
+def run(
+    config: GenerateConfig,
+    opts: RayOptions | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+    on_progress: Callable[[Tracker], None] | None = None,
+    live: bool | None = None,
+) -> RayGenerateResult:
+    """Run generate over a Ray cluster: partition the prompts, one engine per fleet node, all
+    writing into ``config.out``; returns per-partition and per-node outcomes.
+
+    ``log`` receives the start-up lines and the plain progress lines (default: stderr);
+    ``on_progress`` is called with the tracker at every tick (tests use it to kill a worker);
+    ``live`` forces (True) or disables (False) the rich display (default: when stderr is a
+    TTY). Rerunning with the same config resumes every partition; failed partitions are
+    listed in the result rather than raised, so the others' work is never discarded.
+    """
+    opts = opts or RayOptions()
+    emit = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    _check(config, opts)
+    ray = cluster.require_ray()
+    forward = tuple(dict.fromkeys([*cluster.DEFAULT_FORWARD_ENV, *opts.forward_env]))
+    started_ray = cluster.connect(opts.address, forward_env=forward)
+    t0 = time.monotonic()
+    reservation = None
+    board = None
+    try:
+        found = cluster.discover(
+            config.fleet, config.endpoints, opts.fleet_per_node, timeout=opts.probe_timeout_s
+        )
+        for f in found:
+            what = f.error or f"{len(f.reachable)}/{len(f.urls)} endpoints answer"
+            emit(f"ray node {f.node.hostname} ({f.node.ip}): {f.source}: {what}")
+        nodes = cluster.fleet_nodes(found)
+        count = opts.partitions or DEFAULT_PARTITIONS_PER_NODE * len(nodes)
+        wanted = sorted(set(opts.only)) if opts.only else list(range(count))
+        if any(not 0 <= i < count for i in wanted):
+            raise ConfigError(f"--only-partitions: indexes must lie in 0..{count - 1}")
+        totals = _totals(config, count)
+        board = ray.remote(Board).options(num_cpus=0).remote(totals)
+        reservation = cluster.reserve(
+            [f.node for f in nodes],
+            tasks_per_node=opts.tasks_per_node,
+            cpus_per_task=opts.cpus_per_task,
+        )
+        emit(
+            f"ray generate: {len(wanted)} of {count} partitions over {len(nodes)} fleet node(s), "
+            f"{opts.tasks_per_node} at a time per node, into {config.out}"
+        )
+        task = ray.remote(run_partition)
+        refs = {
+            task.options(
+                num_cpus=opts.cpus_per_task,
+                scheduling_strategy=reservation.strategy(),
+                max_retries=opts.max_retries,
+                retry_exceptions=False,
+            ).remote(config, Partition(i, count), opts, board): i
+            for i in wanted
+        }
+        known = [t for i, t in enumerate(totals) if i in set(wanted)]
+        total = None if any(t is None for t in known) else sum(t or 0 for t in known)
+        tracker = Tracker(total)
+        errors, interrupted = _monitor(
+            ray, refs, board, tracker, emit, on_progress, live, config.log_interval
+        )
+        parts: list[PartitionState] = ray.get(board.snapshot.remote())
+        tracker.observe(parts)
+        outcomes = _outcomes(parts, errors)
+        return RayGenerateResult(
+            out=config.out,
+            partitions=count,
+            outcomes=outcomes,
+            nodes=_node_totals(outcomes, parts),
+            committed=tracker.committed,
+            tokens=tracker.tokens,
+            wall_s=time.monotonic() - t0,
+            interrupted=interrupted,
+        )
+    finally:
+        if reservation is not None:
+            reservation.release()
+        if board is not None:
+            ray.kill(board)
+        if started_ray:
+            ray.shutdown()
+
+
+def _monitor(
+    ray: Any,
+    refs: dict[Any, int],
+    board: Any,
+    tracker: Tracker,
+    emit: Callable[[str], None],
+    on_progress: Callable[[Tracker], None] | None,
+    live: bool | None,
+    log_interval: float,
+) -> tuple[dict[int, str], bool]:
+    """Wait for the partition tasks, refreshing the display; returns (errors, interrupted)."""
+    errors: dict[int, str] = {}
+    pending = list(refs)
+    use_live = sys.stderr.isatty() if live is None else live
+    display = None
+    if use_live:
+        from rich.console import Console
+        from rich.live import Live
+
+        display = Live(console=Console(stderr=True), refresh_per_second=2, transient=False)
+        display.start()
+    last_line = time.monotonic()
+    interrupted = False
+    try:
+        while pending:
+            try:
+                done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+                for ref in done:
+                    try:
+                        ray.get(ref)
+                    except Exception as exc:  # the task's error, already on the board
+                        errors[refs[ref]] = _error_line(exc)
+                        emit(f"ray generate: partition {refs[ref]} failed: {errors[refs[ref]]}")
+                tracker.observe(ray.get(board.snapshot.remote()))
+            except KeyboardInterrupt:
+                if interrupted:
+                    raise
+                interrupted = True
+                emit(
+                    "ray generate: interrupted; stopping partitions (committed work is kept; "
+                    "run the same command again to resume; Ctrl-C again to leave now)"
+                )
+                for ref in pending:
+                    ray.cancel(ref)
+                continue
+            if on_progress is not None:
+                on_progress(tracker)
+            if display is not None:
+                display.update(render(tracker))
+            elif time.monotonic() - last_line >= log_interval:
+                emit(plain_line(tracker))
+                last_line = time.monotonic()
+    finally:
+        if display is not None:
+            display.stop()
+    return errors, interrupted
+
+
+def summary_lines(result: RayGenerateResult) -> list[str]:
+    """The final summary: totals, one line per node, one per partition that needs attention."""
+    lines = [
+        f"ray generate: {result.committed} records committed ({result.tokens} output tokens) "
+        f"by {len(result.outcomes)} partition(s) in {result.wall_s:.1f} s into {result.out}"
+    ]
+    for node, row in result.nodes.items():
+        share = row["committed"] / result.committed if result.committed else 0.0
+        rate = row["tokens"] / result.wall_s if result.wall_s > 0 else 0.0
+        lines.append(
+            f"  node {node}: {int(row['partitions'])} partition(s), {int(row['committed'])} "
+            f"records ({share:.0%}), {rate:.0f} output tok/s"
+        )
+    for o in result.outcomes:
+        if o.attempts > 1 or o.state != "done":
+            where = " -> ".join(o.nodes) or "never started"
+            lines.append(
+                f"  partition {o.index}: {o.state} after {o.attempts} attempt(s) on {where}"
+                + (f": {o.error}" if o.error and o.state != "done" else "")
+            )
+    if result.failed_partitions or result.interrupted:
+        lines.append(
+            "  to resume: run the same command again (committed work is skipped); "
+            f"partitions not finished: {','.join(map(str, result.failed_partitions)) or '-'}"
+        )
+    return lines
