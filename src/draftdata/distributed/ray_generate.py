@@ -276,8 +276,8 @@ def run(
     """
     opts = opts or RayOptions()
     emit = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    _check(config, opts)
     ray = cluster.require_ray()
+    _check(config, opts)
     forward = tuple(dict.fromkeys([*cluster.DEFAULT_FORWARD_ENV, *opts.forward_env]))
     started_ray = cluster.connect(opts.address, forward_env=forward)
     t0 = time.monotonic()

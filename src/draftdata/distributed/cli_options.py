@@ -1,0 +1,147 @@
+"""The ``--ray`` options of ``generate`` and ``tokenize``, and what those commands call.
+
+The generate and tokenize commands (``cli/generate.py``, ``cli/tokenize.py``) add these
+annotated parameters to their signatures and, when ``--ray`` is given, hand their finished
+config to ``generate_on_ray`` / ``tokenize_on_ray``, which print the summary and return the exit
+code. Help texts live here so both commands describe Ray the same way. Importing this module
+imports Typer only (``draftdata --help`` stays instant); Ray is imported when a run starts, and
+a missing Ray is a one-line error saying how to install it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from draftdata.generate.config import GenerateConfig
+
+PANEL = "Ray cluster (multi-node)"
+
+RayFlag = Annotated[
+    bool,
+    typer.Option(
+        "--ray",
+        help="Run on a Ray cluster: prompts are partitioned by id hash and each fleet node runs "
+        "the engine on its own fleet, all writing into the one --out run (needs "
+        "pip install 'draftdata[ray]').",
+        rich_help_panel=PANEL,
+    ),
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="Ray cluster to join: auto, HOST:6379 or ray://HOST:10001 (default: $RAY_ADDRESS, "
+        "else the cluster started on this machine, else a new local Ray).",
+        rich_help_panel=PANEL,
+    ),
+]
+Partitions = Annotated[
+    int | None,
+    typer.Option(
+        "--partitions",
+        min=1,
+        help="Number of id-hash partitions (default: 4 per fleet node; any value resumes any "
+        "earlier run, since the run's done-set is shared).",
+        rich_help_panel=PANEL,
+    ),
+]
+OnlyPartitions = Annotated[
+    str | None,
+    typer.Option(
+        "--only-partitions",
+        metavar="I,J,...",
+        help="Run only these partition indexes (e.g. the ones a summary listed as unfinished).",
+        rich_help_panel=PANEL,
+    ),
+]
+FleetPerNode = Annotated[
+    str | None,
+    typer.Option(
+        "--fleet-per-node",
+        metavar="TEMPLATE",
+        help="Each node's fleet.yaml, resolved on that node: {node} (hostname), {ip} and "
+        "{node_id} are filled in, e.g. /shared/fleets/fleet-{node}.yaml. Without it, --fleet "
+        "and --endpoint are read on each node (http://127.0.0.1:30000 is that node's server).",
+        rich_help_panel=PANEL,
+    ),
+]
+TasksPerNode = Annotated[
+    int,
+    typer.Option(
+        "--tasks-per-node",
+        min=1,
+        help="Partitions one node runs at the same time (each is one engine over the whole "
+        "local fleet, so 1 is right unless the engine is CPU-bound).",
+        rich_help_panel=PANEL,
+    ),
+]
+RayEnv = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--ray-env",
+        metavar="VAR",
+        help="Environment variable to forward from here to the Ray workers (repeatable; "
+        "AWS_ENDPOINT_URL/AWS_REGION/AWS_PROFILE travel by default, secrets only when named).",
+        rich_help_panel=PANEL,
+    ),
+]
+
+
+def parse_only(value: str | None) -> list[int] | None:
+    """``"1,3"`` -> [1, 3]; None stays None (ConfigError on anything else)."""
+    from draftdata.errors import ConfigError
+
+    if value is None or not value.strip():
+        return None
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--only-partitions: {value!r}; use indexes like 0,3,5") from None
+
+
+def generate_on_ray(
+    config: GenerateConfig,
+    *,
+    address: str | None = None,
+    partitions: int | None = None,
+    only: str | None = None,
+    fleet_per_node: str | None = None,
+    tasks_per_node: int = 1,
+    forward_env: list[str] | None = None,
+) -> int:
+    """Run ``config`` on Ray, print the summary to stdout and return the exit code (1 when a
+    partition did not finish or the run was interrupted)."""
+    from draftdata.distributed.cluster import require_ray
+
+    require_ray()  # first, so a missing Ray is the one line the user sees
+    from draftdata.distributed.ray_generate import RayOptions, run, summary_lines
+
+    opts = RayOptions(
+        address=address,
+        partitions=partitions,
+        only=parse_only(only),
+        fleet_per_node=fleet_per_node,
+        tasks_per_node=tasks_per_node,
+        forward_env=list(forward_env or []),
+    )
+    result = run(config, opts)
+    for line in summary_lines(result):
+        typer.echo(line)
+    return 1 if result.failed_partitions or result.interrupted else 0
+
+
+def tokenize_on_ray(config: Any, *, address: str | None = None, **options: Any) -> int:
+    """Run tokenize ``config`` as a Ray Data job, print the summary and return the exit code."""
+    from draftdata.distributed.cluster import require_ray
+
+    require_ray()
+    from draftdata.distributed.ray_tokenize import run_tokenize, summary_lines
+
+    result = run_tokenize(config, address=address, **options)
+    for line in summary_lines(result):
+        typer.echo(line)
+    return 0
