@@ -1,0 +1,38 @@
+"""The --ray entry points without a cluster: a missing Ray, option parsing, bad values."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from draftdata.distributed.cli_options import generate_on_ray, parse_only
+from draftdata.distributed.cluster import fill_template, require_ray
+from draftdata.errors import ConfigError
+from draftdata.generate.config import GenerateConfig
+
+
+def test_missing_ray_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    with pytest.raises(ConfigError) as info:
+        require_ray()
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("--ray needs Ray, which is not installed: pip install")
+    assert "draftdata[ray]" in message
+    with pytest.raises(ConfigError, match="pip install 'draftdata\\[ray\\]'"):
+        generate_on_ray(GenerateConfig(prompts="p.jsonl", out="run/", endpoints=["http://x"]))
+
+
+def test_parse_only() -> None:
+    assert parse_only(None) is None
+    assert parse_only("3, 1,") == [3, 1]
+    with pytest.raises(ConfigError, match="--only-partitions: 'a,b'"):
+        parse_only("a,b")
+
+
+def test_fill_template_names_the_placeholders() -> None:
+    filled = fill_template("/f/fleet-{node}-{ip}.yaml", hostname="gpu7", ip="10.0.0.7", node_id="n")
+    assert filled == "/f/fleet-gpu7-10.0.0.7.yaml"
+    with pytest.raises(ConfigError, match=r"--fleet-per-node .*\{node\}, \{ip\}"):
+        fill_template("/f/fleet-{gpu}.yaml", hostname="h", ip="i", node_id="n")
