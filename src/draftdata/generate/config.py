@@ -1,0 +1,192 @@
+"""Settings of ``draftdata generate``: one frozen struct, loaded from YAML plus CLI flags.
+
+Example ``gen.yaml`` (every key optional; CLI flags win over the file)::
+
+    prompts: prompts/part-0.jsonl
+    fleet: fleet.yaml            # or endpoints: [http://127.0.0.1:30000, ...]
+    out: s3://bucket/expansion_v1/
+    protect: [s3://bucket/completions/]
+    model: Qwen3.6-27B           # default: the id served at /v1/models
+    max_tokens: 8192
+    reasoning: on                # on | off | server
+    sampling: {temperature: 0.6, top_p: 0.95, top_k: 20}
+    overrides:                   # per source or domain; the first match wins
+      - domain: math
+        max_tokens: 16384
+      - source: hermes
+        sampling: {temperature: 0.2}
+    concurrency: auto            # or a number per endpoint
+    n: 1
+
+This module holds values and their validation only; the engine reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from draftdata.errors import ConfigError
+
+Reasoning = Literal["on", "off", "server"]
+ProgressMode = Literal["auto", "rich", "plain", "off"]
+TokenIds = Literal["auto", "on", "off"]
+
+
+class Sampling(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Sampling parameters sent with every request; None means "the server's default"."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+
+    def merged(self, other: Sampling | None) -> Sampling:
+        """``self`` with every field that ``other`` sets replaced."""
+        if other is None:
+            return self
+        changes = {k: v for k, v in msgspec.structs.asdict(other).items() if v is not None}
+        return msgspec.structs.replace(self, **changes)
+
+    def body(self) -> dict[str, Any]:
+        """The set fields, as request-body keys."""
+        return {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}
+
+
+class Override(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Settings for prompts of one source and/or domain (both given: both must match)."""
+
+    source: str | None = None
+    domain: str | None = None
+    sampling: Sampling | None = None
+    max_tokens: int | None = None
+    reasoning: Reasoning | None = None
+
+    def matches(self, source: str, domain: str) -> bool:
+        """Whether a prompt of ``source``/``domain`` takes this override."""
+        if self.source is None and self.domain is None:
+            return False
+        return (self.source is None or self.source == source) and (
+            self.domain is None or self.domain == domain
+        )
+
+
+class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Everything ``generate`` needs. Times are seconds."""
+
+    prompts: str = ""
+    endpoints: list[str] = msgspec.field(default_factory=list)
+    fleet: str | None = None
+    out: str = ""
+    model: str | None = None
+    max_tokens: int = 4096
+    sampling: Sampling = msgspec.field(default_factory=Sampling)
+    reasoning: Reasoning = "server"
+    keep_reasoning_history: bool = False
+    overrides: list[Override] = msgspec.field(default_factory=list)
+    extra_body: dict[str, Any] = msgspec.field(default_factory=dict)
+    concurrency: int | Literal["auto"] = "auto"
+    default_concurrency: int = 32  # auto, when the server reports no capacity
+    n: int = 1
+    limit: int | None = None  # only the first N prompts of the file (before partition/resume)
+    partition: str | None = None  # "I/P": only prompts whose id hash falls in partition I of P
+    writer_id: str | None = None  # default: <host>-<pid>-<random> (store/run.py)
+    api_key_env: str | None = None
+    token_ids: TokenIds = "auto"
+    # store
+    protect: list[str] = msgspec.field(default_factory=list)
+    retry_failed: bool = False
+    allow_config_change: bool = False
+    flush_records: int = 256
+    flush_seconds: float = 5.0
+    rejects: str | None = None  # default: <out>/../rejects next to a local run, else reported
+    # retries and timeouts
+    max_attempts: int = 6
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+    connect_timeout: float = 10.0
+    read_timeout: float = 3600.0
+    breaker_failures: int = 5
+    probe_interval: float = 2.0
+    load_interval: float = 5.0
+    # the tail
+    hedge: bool = True
+    hedge_min_age: float = 2.0
+    prefix_steering: bool = True
+    # progress and shutdown
+    progress: ProgressMode = "auto"
+    log_interval: float = 30.0
+    metrics_interval: float = 60.0
+    grace_seconds: float = 60.0
+
+    def settings_for(self, source: str, domain: str) -> tuple[Sampling, int, Reasoning]:
+        """Sampling, max tokens and reasoning mode for a prompt, after the first override that
+        matches it."""
+        for o in self.overrides:
+            if o.matches(source, domain):
+                return (
+                    self.sampling.merged(o.sampling),
+                    o.max_tokens or self.max_tokens,
+                    o.reasoning or self.reasoning,
+                )
+        return self.sampling, self.max_tokens, self.reasoning
+
+
+def validate(cfg: GenerateConfig) -> GenerateConfig:
+    """Check values and combinations; raise ConfigError naming the option."""
+    checks: list[tuple[bool, str]] = [
+        (bool(cfg.prompts), "--prompts: required (a prepare JSONL file)"),
+        (bool(cfg.out), "--out: required (a local path or s3:// URL for the run)"),
+        (
+            bool(cfg.endpoints) or cfg.fleet is not None,
+            "--endpoint or --fleet: give at least one server",
+        ),
+        (not (cfg.endpoints and cfg.fleet), "--endpoint and --fleet: give one or the other"),
+        (cfg.max_tokens >= 1, "--max-tokens: must be at least 1"),
+        (cfg.n >= 1, "--n: must be at least 1"),
+        (cfg.limit is None or cfg.limit >= 0, "--limit: must be >= 0"),
+        (
+            cfg.concurrency == "auto"
+            or (isinstance(cfg.concurrency, int) and cfg.concurrency >= 1),
+            "--concurrency: use auto or a number >= 1",
+        ),
+        (cfg.default_concurrency >= 1, "default_concurrency: must be at least 1"),
+        (cfg.max_attempts >= 1, "max_attempts: must be at least 1"),
+        (cfg.read_timeout > 0 and cfg.connect_timeout > 0, "timeouts: must be > 0"),
+        (cfg.breaker_failures >= 1, "breaker_failures: must be at least 1"),
+        (cfg.log_interval > 0, "--log-interval: must be > 0"),
+        (cfg.grace_seconds >= 0, "grace_seconds: must be >= 0"),
+    ]
+    if cfg.partition is not None:
+        from draftdata.distributed.partition import parse_partition
+
+        parse_partition(cfg.partition)
+    for i, o in enumerate(cfg.overrides):
+        checks.append(
+            (
+                o.source is not None or o.domain is not None,
+                f"overrides.{i}: give source and/or domain",
+            )
+        )
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(f"generate: {message}")
+    return cfg
+
+
+def parse_concurrency(value: str | None) -> int | str | None:
+    """CLI ``--concurrency auto|N`` -> "auto" or an int (ConfigError otherwise)."""
+    if value is None:
+        return None
+    if value == "auto":
+        return "auto"
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"--concurrency: {value!r}; use auto or a number") from None
