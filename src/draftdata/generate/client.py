@@ -1,0 +1,338 @@
+"""One inference endpoint over HTTP: request bodies, the transport, and error classes.
+
+This is the narrow transport seam of the generation engine: ``build_body`` turns messages and
+settings into a chat-completions body, ``EndpointClient.chat`` sends it and returns Turns or
+raises ``RequestError`` carrying an ``ErrorClass``. Every raw failure (HTTP status, aiohttp
+timeout, reset, disconnect, unreadable body) is mapped to a class here, in one place, so the
+engine decides retries by class and never by message text.
+
+The client also detects once per endpoint whether the server returns token ids: the first
+requests ask for them; a server that rejects the fields (a 400 naming them) is asked again
+without, and one that answers without ids is not asked again. Neither ever fails a request.
+
+It deliberately holds no policy: no retries beyond that one token-id fallback, no backoff, no
+dispatch, no logging of request contents (and never of the API key).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from draftdata.errors import ServerError
+from draftdata.generate.config import Reasoning, Sampling
+from draftdata.generate.parse import MalformedResponse, decode_chat_response
+from draftdata.records import JsonDict, Message, Turn
+
+TOKEN_ID_FIELDS = ("return_token_ids", "return_prompt_token_ids")
+
+
+class ErrorClass(StrEnum):
+    """Why a request failed; the first two are fatal for the prompt, the rest worth a retry."""
+
+    context_length = "context_length"
+    invalid_request = "invalid_request"
+    rate_limited = "rate_limited"
+    server_error = "server_error"
+    timeout = "timeout"
+    connection = "connection"
+    malformed = "malformed"
+
+
+FATAL_CLASSES = frozenset({ErrorClass.context_length, ErrorClass.invalid_request})
+
+
+class RequestError(ServerError):
+    """One chat request failed. ``fatal``: retrying the same request cannot succeed."""
+
+    def __init__(
+        self,
+        error_class: ErrorClass,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, status=status)
+        self.error_class = error_class
+        self.message = message
+        self.retry_after = retry_after
+        self.reason = error_class.value  # the Failure reason class
+
+    @property
+    def fatal(self) -> bool:
+        """Context-length and invalid-request failures are not retried."""
+        return self.error_class in FATAL_CLASSES
+
+    def __str__(self) -> str:
+        where = f"HTTP {self.status}: " if self.status is not None else ""
+        return f"{self.error_class.value}: {where}{self.message}"
+
+
+# Too-long wording of SGLang ("longer than the model's context length", "exceeds the model's
+# maximum context length"), vLLM ("maximum context length is C tokens", "'max_tokens' or
+# 'max_completion_tokens' is too large") and OpenAI ("context_length_exceeded").
+_CONTEXT_RE = re.compile(
+    r"context[ _-]length|maximum context|context window|max_model_len|"
+    r"'max_tokens' or 'max_completion_tokens' is too large|prompt is too long|"
+    r"input is too long|too many (input )?tokens",
+    re.IGNORECASE,
+)
+
+
+def classify_http_error(status: int, body_text: str) -> ErrorClass:
+    """The class of an HTTP error answer: 4xx are the request's fault (context-length wording
+    gives ``context_length``), 408 is a timeout, 429 rate limiting, 5xx the server's fault."""
+    if status == 429:
+        return ErrorClass.rate_limited
+    if status == 408:
+        return ErrorClass.timeout
+    if status >= 500:
+        return ErrorClass.server_error
+    if 400 <= status < 500:
+        if status in (400, 413, 422) and _CONTEXT_RE.search(body_text):
+            return ErrorClass.context_length
+        return ErrorClass.invalid_request
+    return ErrorClass.malformed  # 1xx/2xx/3xx where a completion was expected
+
+
+def error_message(body_text: str, limit: int = 500) -> str:
+    """The ``message`` of an OpenAI-style error body (vLLM nested, SGLang flat), else the text."""
+    text = body_text.strip()
+    try:
+        data = msgspec.json.decode(text) if text.startswith("{") else None
+    except msgspec.DecodeError:
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            text = err["message"]
+        elif isinstance(err, str):
+            text = err
+        elif isinstance(data.get("message"), str):
+            text = data["message"]
+        elif isinstance(data.get("detail"), str):
+            text = data["detail"]
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def build_body(
+    messages: list[Message],
+    *,
+    tools: list[JsonDict] | None = None,
+    model: str,
+    max_tokens: int,
+    sampling: Sampling,
+    reasoning: Reasoning = "server",
+    n: int = 1,
+    token_ids: bool = False,
+    extra_body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A chat-completions request body.
+
+    ``max_completion_tokens`` (SGLang's and OpenAI's current name; it counts reasoning) and
+    ``max_tokens`` (older servers) both carry ``max_tokens``. Reasoning ``on``/``off`` sets
+    ``chat_template_kwargs.enable_thinking``; ``server`` leaves the server's default. Token ids
+    ask for ``return_token_ids`` (vLLM: prompt and output ids; SGLang: output ids) and
+    ``return_prompt_token_ids`` (SGLang's prompt ids; vLLM ignores it). ``tools`` only when
+    given, ``n`` only when above 1. ``extra_body`` goes in last and wins, except that its
+    ``chat_template_kwargs`` are merged with the reasoning switch.
+    """
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": msgspec.to_builtins(messages),
+        "max_completion_tokens": max_tokens,
+        "max_tokens": max_tokens,
+    }
+    body.update(sampling.body())
+    if tools:
+        body["tools"] = tools
+    if n > 1:
+        body["n"] = n
+    if token_ids:
+        for field in TOKEN_ID_FIELDS:
+            body[field] = True
+    kwargs: dict[str, Any] = {}
+    if reasoning != "server":
+        kwargs["enable_thinking"] = reasoning == "on"
+    extra = dict(extra_body or {})
+    user_kwargs = extra.pop("chat_template_kwargs", None)
+    if isinstance(user_kwargs, dict):
+        kwargs = {**user_kwargs, **kwargs}
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    body.update(extra)
+    return body
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: let the engine's backoff decide
+
+
+def _strip_token_ids(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in TOKEN_ID_FIELDS}
+
+
+class EndpointClient:
+    """HTTP client of one OpenAI-compatible server: one pooled keep-alive session.
+
+    ``base_url`` is the server root with or without ``/v1``. The connect timeout is short (a
+    dead server is found fast); the read timeout is long (a non-streaming answer of thousands
+    of tokens sends nothing until it is done). Use ``async with`` or call ``close()``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        connect_timeout: float = 10,
+        read_timeout: float = 3600,
+        pool_size: int = 64,
+    ) -> None:
+        root = base_url.strip().rstrip("/")
+        if root.endswith("/v1"):
+            root = root[:-3]
+        self.base_url = root
+        self.chat_url = f"{root}/v1/chat/completions"
+        self.token_ids_supported: bool | None = None
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, sock_read=read_timeout
+        )
+        self._pool_size = pool_size
+        self._session: aiohttp.ClientSession | None = None
+        self._encode = msgspec.json.Encoder().encode
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"EndpointClient({self.base_url!r})"
+
+    async def __aenter__(self) -> EndpointClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self._pool_size,
+                limit_per_host=self._pool_size,
+                keepalive_timeout=60,
+                enable_cleanup_closed=False,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                headers=self._headers,
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    def set_pool_size(self, pool_size: int) -> None:
+        """Resize the connection pool (applies to a session created after the next close)."""
+        self._pool_size = pool_size
+
+    async def close(self) -> None:
+        """Close the session and its connections."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def _post(self, body: dict[str, Any]) -> tuple[int, bytes, str | None]:
+        session = self._get_session()
+        try:
+            async with session.post(self.chat_url, data=self._encode(body)) as resp:
+                data = await resp.read()
+                return resp.status, data, resp.headers.get("Retry-After")
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise RequestError(
+                ErrorClass.timeout, f"no answer from {self.base_url} in time ({exc or 'timeout'})"
+            ) from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise RequestError(
+                ErrorClass.connection, f"cannot connect to {self.base_url}: {exc.os_error}"
+            ) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            # resets, disconnects, payloads cut short
+            raise RequestError(
+                ErrorClass.connection,
+                f"connection to {self.base_url} lost: {type(exc).__name__}: {exc}",
+            ) from exc
+
+    async def chat(self, body: dict[str, Any]) -> list[Turn]:
+        """Send one chat-completions body; return its Turns or raise RequestError.
+
+        A choice that the server aborted (``finish_reason: abort``) raises ``server_error``.
+        """
+        asked = any(body.get(f) for f in TOKEN_ID_FIELDS)
+        if asked and self.token_ids_supported is False:
+            body = _strip_token_ids(body)
+            asked = False
+        status, data, retry_after = await self._post(body)
+        if status == 400 and asked and self.token_ids_supported is not True:
+            text = data.decode("utf-8", "replace")
+            if any(f in text for f in TOKEN_ID_FIELDS):
+                self.token_ids_supported = False
+                body = _strip_token_ids(body)
+                asked = False
+                status, data, retry_after = await self._post(body)
+        if status != 200:
+            text = data.decode("utf-8", "replace")
+            raise RequestError(
+                classify_http_error(status, text),
+                error_message(text) or f"HTTP {status}",
+                status=status,
+                retry_after=_retry_after(retry_after),
+            )
+        try:
+            turns = decode_chat_response(data)
+        except MalformedResponse as exc:
+            raise RequestError(ErrorClass.malformed, str(exc)[:500], status=status) from exc
+        if asked and self.token_ids_supported is None:
+            self.token_ids_supported = all(t.output_token_ids is not None for t in turns)
+        if any(t.finish_reason == "abort" for t in turns):
+            raise RequestError(ErrorClass.server_error, "the server aborted the request")
+        return turns
+
+    async def get_json(self, path: str, timeout: float = 10.0) -> Any:
+        """GET ``path`` (from the server root) and decode its JSON, mapping failures as chat."""
+        session = self._get_session()
+        url = f"{self.base_url}{path}"
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                data = await resp.read()
+                status = resp.status
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise RequestError(ErrorClass.timeout, f"GET {url}: no answer in time") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise RequestError(ErrorClass.connection, f"GET {url}: {type(exc).__name__}") from exc
+        if status != 200:
+            text = data.decode("utf-8", "replace")
+            raise RequestError(
+                classify_http_error(status, text), error_message(text), status=status
+            )
+        try:
+            return msgspec.json.decode(data)
+        except msgspec.DecodeError as exc:
+            raise RequestError(ErrorClass.malformed, f"GET {url}: not JSON") from exc
+
+    async def models(self) -> list[str]:
+        """The model ids the server serves (``GET /v1/models``)."""
+        data = await self.get_json("/v1/models")
+        items = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise RequestError(ErrorClass.malformed, "/v1/models: no data list")
+        return [str(m["id"]) for m in items if isinstance(m, dict) and "id" in m]
