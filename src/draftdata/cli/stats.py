@@ -1,16 +1,32 @@
-"""`draftdata stats` (skeleton: the owning stage replaces this)."""
+"""`draftdata stats DATASET`: the domain mix and shape of any dataset, as tables or JSON."""
 
 from __future__ import annotations
 
 import typer
-
-from draftdata.errors import DraftdataError
 
 
 def register(app: typer.Typer) -> None:
     """Add the `stats` command to `app`."""
 
     @app.command("stats")
-    def _cmd() -> None:
-        """Not built yet."""
-        raise DraftdataError("stats: not built yet")
+    def _cmd(
+        dataset: list[str] = typer.Argument(
+            ...,
+            help="Run dir, prompts dir, tokenized parquet, or conversations jsonl/json/parquet "
+            "(local path or s3://BUCKET/PREFIX). Several may be given.",
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    ) -> None:
+        """Counts and shares per domain and source, length percentiles, reasoning share,
+        finish reasons and failures (for runs). Format is auto-detected."""
+        import json
+
+        from draftdata.stats import compute_stats
+        from draftdata.stats.render import print_stats
+
+        results = [compute_stats(url) for url in dataset]
+        if as_json:
+            typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+            return
+        for stats in results:
+            print_stats(stats)

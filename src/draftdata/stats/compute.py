@@ -1,0 +1,340 @@
+"""``compute_stats(url)``: the domain mix and shape of any dataset draftdata understands.
+
+One streaming pass over the rows (``readers.py``) fills bounded accumulators: counts per domain
+and per source, length sketches (``sketch.py``) per domain, the share of rows with reasoning, and
+for runs the finish reasons, failures by class and the metrics summary. Rows without a domain
+label are classified with prepare's ``classify_domain`` (tokenized rows without a label count as
+``unknown``: there is no text to classify). The result is a JSON-ready dict (``draftdata.stats/1``).
+
+Lengths are characters for chat rows and tokens where tokens exist (tokenized samples; a run's
+``usage``); ``primary`` names the measure the table and the report show first.
+This module does not print; ``render.py`` does.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from draftdata.stats.readers import (
+    Dataset,
+    iter_conversations,
+    iter_run_completions,
+    iter_sample_batches,
+    open_dataset,
+    read_json_object,
+)
+from draftdata.stats.sketch import Sketch
+
+STATS_FORMAT = "draftdata.stats/1"
+MAX_EXAMPLES = 20
+
+
+class DatasetStats(dict[str, Any]):
+    """The statistics of one dataset: a JSON-ready dict (``draftdata.stats/1``) with accessors.
+
+    Keys: format, dataset, kind, files, rows, rejected, domain_labels, primary, lengths,
+    reasoning, domains, sources; plus truncated (tokenized), finish_reasons, failures and
+    metrics (runs) and prepare_report (prompts). ``json.dumps`` takes it as is.
+    """
+
+    @property
+    def rows(self) -> int:
+        """Rows read (rejected rows excluded)."""
+        return int(self["rows"])
+
+    @property
+    def kind(self) -> str:
+        """run, prompts, tokenized or conversations."""
+        return str(self["kind"])
+
+    def domain_counts(self) -> dict[str, int]:
+        """Rows per domain, largest first."""
+        return {d: int(v["rows"]) for d, v in self["domains"].items()}
+
+    def domain_shares(self) -> dict[str, float]:
+        """Share of rows per domain, largest first."""
+        return {d: float(v["share"]) for d, v in self["domains"].items()}
+
+    def length(self, domain: str | None = None, measure: str | None = None) -> dict[str, Any]:
+        """The length summary (count, mean, min, p5..p99, max, total) of ``measure``
+        (default: ``primary``) over all rows or one domain; ``{}`` when not measured."""
+        m = measure or str(self["primary"])
+        lengths = self["lengths"] if domain is None else self["domains"][domain]["lengths"]
+        return dict(lengths.get(m, {}))
+
+
+class Rejects:
+    """Malformed rows seen while reading: a count per reason and the first few, located."""
+
+    def __init__(self, limit: int = MAX_EXAMPLES) -> None:
+        self.count = 0
+        self.examples: list[str] = []
+        self._limit = limit
+
+    def __call__(self, where: str, reason: str) -> None:
+        self.count += 1
+        if len(self.examples) < self._limit:
+            self.examples.append(f"{where}: {reason}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"count", "examples"}``."""
+        return {"count": self.count, "examples": list(self.examples)}
+
+
+class _Group:
+    """Accumulators of one slice of the rows (all rows, or one domain)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.reasoning = 0
+        self.truncated = 0
+        self.lengths: dict[str, Sketch] = {}
+
+    def sketch(self, measure: str) -> Sketch:
+        s = self.lengths.get(measure)
+        if s is None:
+            s = self.lengths[measure] = Sketch()
+        return s
+
+    def to_dict(self, total: int, reasoning_known: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "rows": self.rows,
+            "share": round(self.rows / total, 6) if total else 0.0,
+            "lengths": {k: s.summary() for k, s in sorted(self.lengths.items()) if s.count},
+        }
+        if reasoning_known:
+            out["reasoning_share"] = round(self.reasoning / self.rows, 6) if self.rows else 0.0
+        return out
+
+
+class StatsBuilder:
+    """Collects rows one at a time (chat rows) or a batch at a time (tokenized samples)."""
+
+    def __init__(self, ds: Dataset) -> None:
+        self.ds = ds
+        self.all = _Group()
+        self.domains: dict[str, _Group] = {}
+        self.sources: Counter[str] = Counter()
+        self.labels: Counter[str] = Counter()
+        self.finish: Counter[str] = Counter()
+        self.rejects = Rejects()
+
+    def _domain(self, name: str) -> _Group:
+        g = self.domains.get(name)
+        if g is None:
+            g = self.domains[name] = _Group()
+        return g
+
+    def add_row(
+        self,
+        domain: str,
+        source: str,
+        measures: dict[str, float],
+        reasoning: bool = False,
+    ) -> None:
+        """Count one row of ``domain``/``source`` with its length ``measures``."""
+        for g in (self.all, self._domain(domain)):
+            g.rows += 1
+            g.reasoning += reasoning
+            for name, value in measures.items():
+                g.sketch(name).add(value)
+        self.sources[source or "(none)"] += 1
+
+    def add_samples(self, domains: list[str], sources: list[str], cols: dict[str, Any]) -> None:
+        """Count a batch of tokenized rows (``cols``: num_tokens, num_loss_tokens, truncated)."""
+        tokens = np.asarray(cols["num_tokens"], dtype=np.int64)
+        loss = np.asarray(cols["num_loss_tokens"], dtype=np.int64)
+        trunc = np.asarray(cols["truncated"], dtype=bool)
+        labels = np.array([d or "unknown" for d in domains], dtype=object)
+        self.labels["given"] += int(sum(1 for d in domains if d))
+        self.labels["unknown"] += int(sum(1 for d in domains if not d))
+        names, inverse = np.unique(labels, return_inverse=True)
+        groups = [(self.all, np.ones(len(labels), dtype=bool))]
+        groups += [(self._domain(str(n)), inverse == i) for i, n in enumerate(names)]
+        for g, m in groups:
+            g.rows += int(m.sum())
+            g.truncated += int(trunc[m].sum())
+            g.sketch("tokens").add_many(tokens[m])
+            g.sketch("loss_tokens").add_many(loss[m])
+        self.sources.update(s or "(none)" for s in sources)
+
+
+def _classifier() -> Callable[..., str]:
+    from draftdata.prepare.domains import classify_domain
+
+    return classify_domain
+
+
+def _stats_chat(b: StatsBuilder) -> None:
+    classify = _classifier()
+    for conv in iter_conversations(b.ds, b.rejects):
+        domain = conv.domain
+        if domain:
+            b.labels["given"] += 1
+        else:
+            domain = classify(conv.messages, conv.tools)
+            b.labels["classified"] += 1
+        chars, out_chars = conv.char_counts()
+        measures: dict[str, float] = {"chars": chars}
+        if any(m.role == "assistant" for m in conv.messages):
+            measures["output_chars"] = out_chars
+        b.add_row(domain, conv.source, measures, conv.has_reasoning)
+
+
+def _stats_run(b: StatsBuilder) -> None:
+    from draftdata.stats.conversations import completion_to_conversation
+
+    classify = _classifier()
+    for c in iter_run_completions(b.ds, b.rejects):
+        domain = c.domain
+        if domain:
+            b.labels["given"] += 1
+        else:
+            domain = classify(completion_to_conversation(c).messages, c.tools)
+            b.labels["classified"] += 1
+        out_chars = sum(len(t.content or "") + len(t.reasoning or "") for t in c.turns)
+        out_tokens = c.usage.completion_tokens or sum(t.usage.completion_tokens for t in c.turns)
+        measures: dict[str, float] = {"output_chars": out_chars}
+        if out_tokens:
+            measures["output_tokens"] = out_tokens
+        reasoning = any(t.reasoning or "<think>" in (t.content or "") for t in c.turns)
+        for t in c.turns:
+            b.finish[t.finish_reason or "unknown"] += 1
+        b.add_row(domain, c.source, measures, reasoning)
+
+
+def _stats_samples(b: StatsBuilder) -> None:
+    cols = ["domain", "source", "num_tokens", "num_loss_tokens", "truncated", "input_ids"]
+    for _, table in iter_sample_batches(b.ds, None):
+        data = {c: table.column(c).to_numpy(zero_copy_only=False) for c in cols[2:5]}
+        b.add_samples(table.column("domain").to_pylist(), table.column("source").to_pylist(), data)
+
+
+def _failures(ds: Dataset) -> dict[str, Any]:
+    from draftdata.store.read import iter_failures
+
+    by_reason: Counter[str] = Counter()
+    by_domain: Counter[str] = Counter()
+    for f in iter_failures(ds.store):
+        by_reason[f.reason] += 1
+        by_domain[f.domain or "unknown"] += 1
+    return {
+        "total": sum(by_reason.values()),
+        "by_reason": dict(by_reason.most_common()),
+        "by_domain": dict(sorted(by_domain.items())),
+    }
+
+
+def latest_metrics(ds_or_url: Dataset | str) -> list[dict[str, Any]]:
+    """The newest metrics snapshot of each writer of a run (``[]`` when there are none)."""
+    from draftdata.store.read import read_metrics
+
+    store = ds_or_url.store if isinstance(ds_or_url, Dataset) else ds_or_url
+    latest: dict[str, dict[str, Any]] = {}
+    for m in read_metrics(store):
+        if m.get("format") != "draftdata.metrics/1":
+            continue
+        writer = str(m.get("writer", m.get("key", "")))
+        latest[writer] = m  # key order: a writer's later snapshots sort after its earlier ones
+    return [latest[w] for w in sorted(latest)]
+
+
+def metrics_headline(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """Completed, failed, output tokens, wall time and tokens/s summed over writers' summaries."""
+    out: dict[str, Any] = {"completed": 0, "failed": 0, "output_tokens": 0, "wall_s": 0.0}
+    endpoints: dict[str, dict[str, float]] = {}
+    for snap in snapshots:
+        s = snap.get("summary") or {}
+        for k in ("completed", "failed", "output_tokens"):
+            out[k] += int(s.get(k) or 0)
+        out["wall_s"] += float(s.get("wall_s") or 0.0)
+        for url, e in (s.get("endpoints") or {}).items():
+            acc = endpoints.setdefault(url, {"completed": 0, "output_tokens": 0, "errors": 0})
+            for k in acc:
+                acc[k] += float(e.get(k) or 0)
+    out["wall_s"] = round(out["wall_s"], 3)
+    out["output_tokens_per_s"] = (
+        round(out["output_tokens"] / out["wall_s"], 2) if out["wall_s"] else None
+    )
+    out["endpoints"] = {u: {k: int(v) for k, v in e.items()} for u, e in sorted(endpoints.items())}
+    out["writers"] = len(snapshots)
+    return out
+
+
+def _primary(kind: str, lengths: dict[str, Any]) -> str:
+    order = {
+        "tokenized": ["tokens"],
+        "run": ["output_tokens", "output_chars"],
+    }.get(kind, ["chars"])
+    for m in order:
+        if m in lengths:
+            return m
+    return order[0]
+
+
+def compute_stats(url: str) -> DatasetStats:
+    """Stream the dataset at ``url`` once and return its statistics (``draftdata.stats/1``).
+
+    Works on runs, prompts, tokenized samples and conversations (kind auto-detected, local or
+    ``s3://``). Malformed rows are counted under ``rejected`` with their location, never fatal.
+    """
+    ds = open_dataset(url)
+    b = StatsBuilder(ds)
+    if ds.kind == "tokenized":
+        _stats_samples(b)
+    elif ds.kind == "run":
+        _stats_run(b)
+    else:
+        _stats_chat(b)
+    total = b.all.rows
+    reasoning_known = ds.kind != "tokenized"
+    lengths = {k: s.summary() for k, s in sorted(b.all.lengths.items()) if s.count}
+    out = DatasetStats(
+        {
+            "format": STATS_FORMAT,
+            "dataset": ds.url,
+            "kind": ds.kind,
+            "files": len(ds.keys),
+            "rows": total,
+            "rejected": b.rejects.to_dict(),
+            "domain_labels": dict(sorted(b.labels.items())),
+            "primary": _primary(ds.kind, lengths),
+            "lengths": lengths,
+            "reasoning": (
+                {
+                    "rows": b.all.reasoning,
+                    "share": round(b.all.reasoning / total, 6) if total else 0.0,
+                }
+                if reasoning_known
+                else None
+            ),
+            "domains": {
+                d: g.to_dict(total, reasoning_known)
+                for d, g in sorted(b.domains.items(), key=lambda kv: (-kv[1].rows, kv[0]))
+            },
+            "sources": {
+                s: {"rows": n, "share": round(n / total, 6) if total else 0.0}
+                for s, n in sorted(b.sources.items(), key=lambda kv: (-kv[1], kv[0]))
+            },
+        }
+    )
+    if ds.kind == "tokenized":
+        out["truncated"] = {
+            "rows": b.all.truncated,
+            "share": round(b.all.truncated / total, 6) if total else 0.0,
+        }
+    if ds.kind == "run":
+        out["finish_reasons"] = dict(b.finish.most_common())
+        if ds.is_run:
+            out["failures"] = _failures(ds)
+            snaps = latest_metrics(ds)
+            out["metrics"] = metrics_headline(snaps) if snaps else None
+    if ds.kind == "prompts":
+        report = read_json_object(ds.store, "prepare_report.json")
+        if report is not None:
+            out["prepare_report"] = report
+    return out

@@ -1,0 +1,454 @@
+"""Find out what a dataset location holds, and stream its rows, for ``stats`` and ``merge``.
+
+``open_dataset(url)`` takes a local path or ``s3://`` URL (a file or a directory/prefix) and
+returns a ``Dataset``: its kind and the data files to read, in a fixed order. Kinds:
+
+- ``run``: a generate run (``manifest.json`` + ``completions/part-*.parquet``), or a folder of
+  bare completion shards;
+- ``prompts``: prepare's output (``prompts/*.jsonl`` + ``prepare_report.json``) or any JSONL of
+  our Prompt records;
+- ``tokenized``: parquet with ``sample/1`` metadata (tokenize's output, merged tokenized sets) or
+  foreign parquet with ``input_ids`` / ``loss_mask`` columns;
+- ``conversations``: SpecForge / ShareGPT / OpenAI-messages rows as JSONL, a JSON array, or
+  parquet (including merge's ``conversation/1`` output).
+
+Readers are lazy: JSONL line by line, JSON arrays element by element, parquet batch by batch.
+A malformed row goes to ``on_bad(where, reason)`` (``file:line: what``) and is skipped; it never
+stops the read. This module computes nothing; ``compute.py`` and ``merge/`` do.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import io
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any, Literal
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from draftdata.errors import DraftdataError, InputError
+from draftdata.formats import (
+    COMPLETION_FORMAT,
+    FORMAT_KEY,
+    SAMPLE_FORMAT,
+    SAMPLE_SCHEMA,
+    check_format,
+    completion_from_row,
+)
+from draftdata.records import Completion, parse_prompt
+from draftdata.stats.conversations import (
+    Conversation,
+    completion_to_conversation,
+    row_to_conversation,
+)
+from draftdata.store.store import Store, open_store
+
+Kind = Literal["run", "prompts", "tokenized", "conversations"]
+OnBad = Callable[[str, str], None]
+
+_DATA_EXT = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
+# JSON files that describe a dataset rather than hold its rows.
+_NOT_DATA = ("report", "summary", "manifest", "stats", "metrics", "config")
+_MAX_JSON_ELEMENT = 256 << 20
+MERGE_REPORT = "merge_report.json"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A located dataset: its kind, the store it lives in, and its data files in read order."""
+
+    url: str
+    kind: Kind
+    store: Store
+    keys: tuple[str, ...]
+    is_run: bool = False  # the store is a run root (manifest, failures, metrics readable)
+
+    @property
+    def samples(self) -> bool:
+        """True for tokenized samples, False for conversation-shaped rows."""
+        return self.kind == "tokenized"
+
+    def where(self, key: str) -> str:
+        """The full URL of one data file, for messages."""
+        return self.store.key_url(key)
+
+
+def _raise(where: str, reason: str) -> None:
+    raise InputError(f"{where}: {reason}")
+
+
+def _is_data(key: str) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    if name.startswith((".", "_")) or any(p.startswith(".") for p in key.split("/")):
+        return False
+    if not name.endswith(_DATA_EXT):
+        return False
+    return not (name.endswith((".json", ".json.gz")) and any(w in name for w in _NOT_DATA))
+
+
+def _split_location(url: str) -> tuple[Store, tuple[str, ...] | None]:
+    """(store of the directory, (file key,)) for a file; (store, None) for a directory."""
+    if url.startswith("s3://"):
+        name = url.rstrip("/").rsplit("/", 1)[-1]
+        if name.endswith(_DATA_EXT) and "/" in url[5:].rstrip("/"):
+            parent = url.rstrip("/").rsplit("/", 1)[0]
+            store = open_store(parent)
+            if store.exists(name):
+                return store, (name,)
+        store = open_store(url)
+        if not store.list(""):
+            raise InputError(f"{url}: no such dataset (nothing under this prefix)")
+        return store, None
+    path = os.path.realpath(os.path.expanduser(url))
+    if os.path.isfile(path):
+        return open_store(os.path.dirname(path)), (os.path.basename(path),)
+    if os.path.isdir(path):
+        return open_store(path), None
+    raise InputError(f"{url}: no such file or directory")
+
+
+def _parquet(store: Store, key: str) -> pq.ParquetFile:
+    path = store.local_path(key)
+    try:
+        return pq.ParquetFile(path if path is not None else store.open_input(key))
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{store.key_url(key)}: not a readable parquet file ({exc})") from exc
+
+
+def _parquet_kind(store: Store, key: str) -> Kind:
+    schema = _parquet(store, key).schema_arrow
+    fmt = (schema.metadata or {}).get(FORMAT_KEY, b"").decode()
+    where = store.key_url(key)
+    if fmt.startswith("sample/"):
+        check_format(schema, SAMPLE_FORMAT, where)
+        return "tokenized"
+    if fmt.startswith("completion/"):
+        check_format(schema, COMPLETION_FORMAT, where)
+        return "run"
+    if fmt.startswith("conversation/"):
+        from draftdata.stats.conversations import CONVERSATION_FORMAT
+
+        check_format(schema, CONVERSATION_FORMAT, where)
+        return "conversations"
+    if fmt:
+        raise InputError(f"{where}: a draftdata {fmt} file, not a dataset; point at its run")
+    names = set(schema.names)
+    if {"input_ids", "loss_mask"} <= names:
+        return "tokenized"
+    if names & {"conversations", "messages"}:
+        return "conversations"
+    raise InputError(
+        f"{where}: unknown dataset columns {sorted(names)}; expected input_ids+loss_mask "
+        "(tokenized) or conversations/messages (chat rows)"
+    )
+
+
+def _json_kind(store: Store, key: str) -> Kind:
+    for where, raw in _iter_json_raw(store, key, _ignore):
+        try:
+            parse_prompt(raw if isinstance(raw, bytes) else msgspec.json.encode(raw), where)
+            return "prompts"
+        except InputError:
+            pass
+        try:
+            row_to_conversation(_dec.decode(raw) if isinstance(raw, bytes) else raw)
+            return "conversations"
+        except (ValueError, msgspec.DecodeError):
+            continue
+    return "conversations"
+
+
+def _ignore(where: str, reason: str) -> None:
+    return None
+
+
+def open_dataset(url: str) -> Dataset:
+    """Locate the dataset at ``url`` and detect its kind (see the module docstring).
+
+    InputError when nothing readable is there, or when its files hold different kinds.
+    """
+    store, file_keys = _split_location(url)
+    is_run = False
+    if file_keys is not None:
+        keys = file_keys
+    else:
+        listing = store.list("")
+        if "manifest.json" in listing:
+            is_run = True
+            keys = tuple(k for k in listing if k.startswith("completions/") and _is_data(k))
+            if not keys:
+                return Dataset(url, "run", store, (), is_run=True)
+        elif MERGE_REPORT in listing:
+            # a merge output: its parquet shards (train and eval) wherever they lie in it;
+            # the JSONL export, if any, holds the same rows and is read only without parquet
+            keys = tuple(k for k in listing if _is_data(k))
+            parquet = tuple(k for k in keys if k.endswith(".parquet"))
+            keys = parquet or keys
+        elif any(k.startswith("prompts/") and k.endswith(".jsonl") for k in listing):
+            keys = tuple(k for k in listing if k.startswith("prompts/") and k.endswith(".jsonl"))
+        else:
+            data = tuple(k for k in listing if _is_data(k))
+            pq_keys = tuple(k for k in data if k.endswith(".parquet"))
+            jsonl = tuple(k for k in data if ".jsonl" in k)
+            keys = pq_keys or jsonl or data
+        if not keys:
+            raise InputError(
+                f"{store.url}: no dataset files (.parquet, .jsonl, .json) found; "
+                "give a run, a prompts folder, tokenized parquet or conversations"
+            )
+    first = keys[0]
+    kind = _parquet_kind(store, first) if first.endswith(".parquet") else _json_kind(store, first)
+    if is_run:
+        kind = "run"
+    return Dataset(url, kind, store, keys, is_run=is_run)
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON / JSONL rows
+
+
+def _open(store: Store, key: str) -> IO[bytes]:
+    path = store.local_path(key)
+    try:
+        fh: IO[bytes] = open(path, "rb") if path is not None else store.open_input(key)  # noqa: SIM115
+    except OSError as exc:
+        raise InputError(f"{store.key_url(key)}: cannot read ({exc.strerror or exc})") from exc
+    if key.endswith(".gz"):
+        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
+    if not hasattr(fh, "peek"):
+        return io.BufferedReader(fh)  # type: ignore[arg-type,type-var]
+    return fh
+
+
+def _iter_json_array(fh: IO[bytes], where: str, on_bad: OnBad) -> Iterator[tuple[str, Any]]:
+    """Elements of a top-level JSON array, decoded one at a time from a growing text buffer."""
+    decoder = json.JSONDecoder()
+    text = codecs.getincrementaldecoder("utf-8")("replace")
+    buf = ""
+    pos = 0
+    eof = False
+    started = False
+    index = 0
+
+    def more() -> bool:
+        nonlocal buf, pos, eof
+        chunk = fh.read(1 << 20)
+        if not chunk:
+            eof = True
+            buf = buf[pos:] + text.decode(b"", final=True)
+        else:
+            buf = buf[pos:] + text.decode(chunk)
+        pos = 0
+        return not eof
+
+    while True:
+        while pos < len(buf) and buf[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(buf):
+            if eof:
+                break
+            more()
+            continue
+        if not started:
+            if buf[pos] != "[":
+                raise InputError(f"{where}: expected a JSON array or JSON lines")
+            started = True
+            pos += 1
+            continue
+        if buf[pos] == "]":
+            break
+        try:
+            value, end = decoder.raw_decode(buf, pos)
+        except ValueError as exc:
+            if not eof and len(buf) - pos < _MAX_JSON_ELEMENT:
+                more()
+                continue
+            on_bad(f"{where}: element {index}", f"not valid JSON ({exc})")
+            break
+        # a number or literal cut at the buffer's end decodes short; read on to be sure
+        if end >= len(buf) and not eof:
+            more()
+            continue
+        pos = end
+        yield f"{where}: element {index}", value
+        index += 1
+
+
+def _iter_json_raw(store: Store, key: str, on_bad: OnBad) -> Iterator[tuple[str, Any]]:
+    """(where, raw line bytes or decoded element) for each record of a JSONL/JSON file."""
+    where = store.key_url(key)
+    with _open(store, key) as fh:
+        head = fh.peek(64)[:64]  # type: ignore[attr-defined]
+        if head.lstrip().startswith(b"["):
+            yield from _iter_json_array(fh, where, on_bad)
+            return
+        for lineno, line in enumerate(fh, start=1):
+            if line.strip():
+                yield f"{where}:{lineno}", line
+
+
+_dec = msgspec.json.Decoder()
+
+
+def _conversations_of_json(
+    store: Store, key: str, prompts: bool, on_bad: OnBad
+) -> Iterator[Conversation]:
+    for where, raw in _iter_json_raw(store, key, on_bad):
+        try:
+            if prompts:
+                p = parse_prompt(raw if isinstance(raw, bytes) else msgspec.json.encode(raw), where)
+                yield Conversation(
+                    id=p.id, messages=p.messages, source=p.source, domain=p.domain, tools=p.tools
+                )
+                continue
+            row = _dec.decode(raw) if isinstance(raw, bytes) else raw
+            yield row_to_conversation(row)
+        except InputError as exc:
+            reason = str(exc)
+            on_bad(where, reason[len(where) + 2 :] if reason.startswith(where) else reason)
+        except msgspec.DecodeError as exc:
+            on_bad(where, f"not valid JSON ({exc})")
+        except ValueError as exc:
+            on_bad(where, str(exc))
+
+
+def _conversations_of_parquet(store: Store, key: str, on_bad: OnBad) -> Iterator[Conversation]:
+    pf = _parquet(store, key)
+    where = store.key_url(key)
+    n = 0
+    for batch in pf.iter_batches(batch_size=2048):
+        for row in batch.to_pylist():
+            try:
+                yield row_to_conversation(row)
+            except ValueError as exc:
+                on_bad(f"{where}: row {n}", str(exc))
+            n += 1
+
+
+def iter_completion_tables(ds: Dataset) -> Iterator[tuple[str, pa.Table]]:
+    """(shard url, Arrow table) of every completions shard of a run, in shard order."""
+    from draftdata.store.read import read_shard
+
+    for key in ds.keys:
+        yield ds.where(key), read_shard(ds.store, key, COMPLETION_FORMAT)
+
+
+def iter_run_completions(ds: Dataset, on_bad: OnBad = _raise) -> Iterator[Completion]:
+    """Every committed Completion of a run; a row that does not decode goes to ``on_bad``."""
+    for where, table in iter_completion_tables(ds):
+        for n, row in enumerate(table.to_pylist()):
+            try:
+                yield completion_from_row(row)
+            except (KeyError, TypeError, ValueError, msgspec.DecodeError) as exc:
+                on_bad(f"{where}: row {n}", f"bad completion row ({exc})")
+
+
+def iter_conversations(ds: Dataset, on_bad: OnBad = _raise) -> Iterator[Conversation]:
+    """Every conversation-shaped row of a prompts, conversations or run dataset, in order."""
+    if ds.kind == "tokenized":
+        raise InputError(f"{ds.url}: tokenized samples hold token ids, not conversations")
+    if ds.kind == "run":
+        for c in iter_run_completions(ds, on_bad):
+            yield completion_to_conversation(c)
+        return
+    for key in ds.keys:
+        if key.endswith(".parquet"):
+            _check_same_kind(ds, key)
+            yield from _conversations_of_parquet(ds.store, key, on_bad)
+        else:
+            yield from _conversations_of_json(ds.store, key, ds.kind == "prompts", on_bad)
+
+
+def _check_same_kind(ds: Dataset, key: str) -> None:
+    if key != ds.keys[0] and _parquet_kind(ds.store, key) != ds.kind:
+        raise InputError(
+            f"{ds.where(key)}: holds {_parquet_kind(ds.store, key)} rows but "
+            f"{ds.where(ds.keys[0])} holds {ds.kind}; keep one kind per dataset"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenized samples
+
+
+def _row_sums(values: pa.Array, offsets: np.ndarray) -> np.ndarray:
+    flat = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
+    sums = np.zeros(len(offsets) - 1, dtype=np.int64)
+    lengths = np.diff(offsets)
+    nz = lengths > 0
+    if flat.size and nz.any():
+        sums[nz] = np.add.reduceat(flat, offsets[:-1][nz])
+    return sums
+
+
+def normalise_samples(batch: pa.RecordBatch | pa.Table) -> pa.Table:
+    """A batch of sample rows as a ``SAMPLE_SCHEMA`` table: columns cast, missing ones filled.
+
+    Foreign tokenized parquet may lack ``source``/``domain`` (filled with ""), ``num_tokens`` /
+    ``num_loss_tokens`` (computed from the lists) or ``truncated`` (False).
+    """
+    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+    n = table.num_rows
+    cols: dict[str, pa.Array | pa.ChunkedArray] = {}
+    for field in SAMPLE_SCHEMA:
+        if field.name in table.column_names:
+            col = table.column(field.name)
+            cols[field.name] = col if col.type == field.type else col.cast(field.type)
+    if "id" not in cols:
+        raise InputError("tokenized rows need an 'id' column")
+    for name in ("source", "domain"):
+        if name not in cols:
+            cols[name] = pa.array([""] * n, pa.string())
+    if "num_tokens" not in cols:
+        cols["num_tokens"] = pc.list_value_length(cols["input_ids"]).cast(pa.int32())
+    if "num_loss_tokens" not in cols:
+        mask = pa.chunked_array(cols["loss_mask"]).combine_chunks()
+        offsets = np.asarray(mask.offsets.to_numpy(), dtype=np.int64) - mask.offset
+        sums = _row_sums(mask.values, offsets) if n else np.zeros(0, np.int64)
+        cols["num_loss_tokens"] = pa.array(sums.astype(np.int32))
+    if "truncated" not in cols:
+        cols["truncated"] = pa.array([False] * n, pa.bool_())
+    return pa.table([cols[f.name] for f in SAMPLE_SCHEMA], schema=SAMPLE_SCHEMA)
+
+
+def iter_sample_batches(
+    ds: Dataset, columns: list[str] | None = None, batch_rows: int = 65536
+) -> Iterator[tuple[str, pa.Table]]:
+    """(file url, table) batches of a tokenized dataset, in file order, ``SAMPLE_SCHEMA`` typed.
+
+    With ``columns`` only those columns are read (cheap on S3) and returned as read.
+    """
+    if ds.kind != "tokenized":
+        raise InputError(f"{ds.url}: holds {ds.kind}, not tokenized samples")
+    for key in ds.keys:
+        _check_same_kind(ds, key)
+        pf = _parquet(ds.store, key)
+        where = ds.where(key)
+        present = [c for c in (columns or pf.schema_arrow.names) if c in pf.schema_arrow.names]
+        try:
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=present):
+                if columns is None:
+                    yield where, normalise_samples(batch)
+                else:
+                    yield where, pa.Table.from_batches([batch])
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"{where}: cannot read parquet ({exc})") from exc
+
+
+def read_json_object(store: Store, key: str) -> dict[str, Any] | None:
+    """A JSON object stored at ``key`` (None if absent or not an object)."""
+    if not store.exists(key):
+        return None
+    try:
+        value = json.loads(store.read(key))
+    except (ValueError, DraftdataError):
+        return None
+    return value if isinstance(value, dict) else None

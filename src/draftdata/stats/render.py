@@ -1,0 +1,125 @@
+"""Terminal rendering of a stats dict (from ``compute_stats``) as rich tables.
+
+Only presentation: the numbers all come from ``compute.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _n(x: Any) -> str:
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def stats_renderable(stats: dict[str, Any]) -> Group:
+    """The tables for one dataset: headline, domains, sources, finish reasons, failures."""
+    parts: list[Any] = []
+    primary = stats["primary"]
+    head = Text()
+    head.append(f"{stats['dataset']}", style="bold")
+    head.append(f"  ({stats['kind']}, {stats['files']} files)\n")
+    head.append(f"rows {_n(stats['rows'])}")
+    rej = stats["rejected"]["count"]
+    if rej:
+        head.append(f"   rejected {_n(rej)}", style="yellow")
+    if stats.get("reasoning") is not None:
+        head.append(f"   with reasoning {_pct(stats['reasoning']['share'])}")
+    if "truncated" in stats:
+        head.append(f"   truncated {_pct(stats['truncated']['share'])}")
+    labels = stats.get("domain_labels") or {}
+    if labels.get("classified"):
+        head.append(f"   domains classified for {_n(labels['classified'])} rows", style="dim")
+    parts.append(head)
+
+    dom = Table(title=f"domains ({primary.replace('_', ' ')})", title_justify="left")
+    for col in ("domain", "rows", "share", "mean", "p50", "p95", "max"):
+        dom.add_column(col, justify="left" if col == "domain" else "right")
+    if stats.get("reasoning") is not None:
+        dom.add_column("reasoning", justify="right")
+    for name, d in stats["domains"].items():
+        ln = d["lengths"].get(primary, {})
+        row = [name, _n(d["rows"]), _pct(d["share"])]
+        row += [_n(ln.get("mean", "-")), _n(ln.get("p50", "-")), _n(ln.get("p95", "-"))]
+        row.append(_n(ln.get("max", "-")))
+        if stats.get("reasoning") is not None:
+            row.append(_pct(d.get("reasoning_share")))
+        dom.add_row(*row)
+    overall = stats["lengths"].get(primary, {})
+    if overall:
+        dom.add_section()
+        row = ["all", _n(stats["rows"]), "100.0%", _n(overall.get("mean", "-"))]
+        row += [_n(overall.get("p50", "-")), _n(overall.get("p95", "-"))]
+        row.append(_n(overall.get("max", "-")))
+        if stats.get("reasoning") is not None:
+            row.append(_pct(stats["reasoning"]["share"]))
+        dom.add_row(*row, style="bold")
+    parts.append(dom)
+
+    lens = Table(title="length percentiles", title_justify="left")
+    lens.add_column("measure")
+    for col in ("p5", "p25", "p50", "p75", "p95", "p99", "total"):
+        lens.add_column(col, justify="right")
+    for measure, s in stats["lengths"].items():
+        lens.add_row(
+            measure,
+            *[_n(s.get(c, "-")) for c in ("p5", "p25", "p50", "p75", "p95")],
+            _n(s.get("p99", "-")),
+            _n(s.get("total", "-")),
+        )
+    if stats["lengths"]:
+        parts.append(lens)
+
+    sources = list(stats["sources"].items())
+    if sources:
+        src = Table(title="sources", title_justify="left")
+        src.add_column("source")
+        src.add_column("rows", justify="right")
+        src.add_column("share", justify="right")
+        for name, s in sources[:30]:
+            src.add_row(name, _n(s["rows"]), _pct(s["share"]))
+        if len(sources) > 30:
+            src.add_row(f"... {len(sources) - 30} more", "", "")
+        parts.append(src)
+
+    for key, title in (("finish_reasons", "finish reasons"),):
+        if stats.get(key):
+            t = Table(title=title, title_justify="left")
+            t.add_column("reason")
+            t.add_column("turns", justify="right")
+            for k, v in stats[key].items():
+                t.add_row(k, _n(v))
+            parts.append(t)
+    failures = stats.get("failures")
+    if failures and failures["total"]:
+        t = Table(title=f"failures ({_n(failures['total'])})", title_justify="left")
+        t.add_column("reason")
+        t.add_column("prompts", justify="right")
+        for k, v in failures["by_reason"].items():
+            t.add_row(k, _n(v))
+        parts.append(t)
+    metrics = stats.get("metrics")
+    if metrics:
+        line = Text(
+            f"run: completed {_n(metrics['completed'])}, failed {_n(metrics['failed'])}, "
+            f"output tokens {_n(metrics['output_tokens'])}, wall {metrics['wall_s']:.0f} s"
+        )
+        if metrics.get("output_tokens_per_s"):
+            line.append(f", {metrics['output_tokens_per_s']:,.0f} tok/s")
+        parts.append(line)
+    for ex in stats["rejected"]["examples"][:5]:
+        parts.append(Text(f"rejected: {ex}", style="yellow"))
+    return Group(*parts)
+
+
+def print_stats(stats: dict[str, Any], console: Console | None = None) -> None:
+    """Print the stats tables to the terminal (or ``console``)."""
+    (console or Console()).print(stats_renderable(stats))
