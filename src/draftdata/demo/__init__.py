@@ -1,0 +1,1 @@
+"""`draftdata demo`: the whole pipeline on embedded defaults (samples, a simulated fleet)."""
