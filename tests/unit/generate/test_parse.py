@@ -1,0 +1,358 @@
+"""parse_chat_response on hand-written SGLang / vLLM / OpenAI bodies; multi-turn bookkeeping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from draftdata.generate.parse import (
+    MalformedResponse,
+    decode_chat_response,
+    next_history,
+    parse_chat_response,
+    split_think,
+    user_turn_slices,
+)
+from draftdata.records import Message, Prompt, Turn, Usage
+
+
+def sglang_body(**choice_extra: Any) -> dict[str, Any]:
+    choice = {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": "\n\nThe answer is 4.",
+            "reasoning_content": "\n2 + 2 = 4.\n",
+            "tool_calls": None,
+        },
+        "logprobs": None,
+        "finish_reason": "stop",
+        "matched_stop": 151645,
+        **choice_extra,
+    }
+    return {
+        "id": "abc",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "default",
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": 12,
+            "total_tokens": 20,
+            "completion_tokens": 8,
+            "prompt_tokens_details": {"cached_tokens": 4},
+            "reasoning_tokens": 5,
+        },
+        "metadata": {"weight_version": "default"},
+    }
+
+
+def vllm_body(message: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "M",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "refusal": None, "annotations": None, **message},
+                "logprobs": None,
+                "finish_reason": "stop",
+                "stop_reason": None,
+                "token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {
+            "prompt_tokens": 10,
+            "total_tokens": 17,
+            "completion_tokens": 7,
+            "prompt_tokens_details": None,
+        },
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "kv_transfer_params": None,
+        **extra,
+    }
+
+
+def test_sglang_reasoning_content_and_usage() -> None:
+    (turn,) = parse_chat_response(sglang_body())
+    assert turn == Turn(
+        content="\n\nThe answer is 4.",
+        reasoning="\n2 + 2 = 4.\n",
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=12, completion_tokens=8, cached_tokens=4),
+    )
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_vllm_reasoning_field_old_and_new(field: str) -> None:
+    (turn,) = parse_chat_response(vllm_body({"content": "\n\nHi.", field: "\nthink\n"}))
+    assert (turn.reasoning, turn.content) == ("\nthink\n", "\n\nHi.")
+    assert turn.usage == Usage(prompt_tokens=10, completion_tokens=7, cached_tokens=0)
+
+
+def test_inline_think_is_split_like_the_parser() -> None:
+    body = vllm_body({"content": "<think>\nlet me see\n</think>\n\nYes."})
+    (turn,) = parse_chat_response(body)
+    assert (turn.reasoning, turn.content) == ("\nlet me see\n", "\n\nYes.")
+
+
+def test_unclosed_think_cut_by_max_tokens_is_all_reasoning() -> None:
+    body = vllm_body({"content": "<think>\nstill thinking abo"})
+    body["choices"][0]["finish_reason"] = "length"
+    (turn,) = parse_chat_response(body)
+    assert turn.reasoning == "\nstill thinking abo"
+    assert turn.content is None
+    assert turn.finish_reason == "length"
+
+
+def test_sglang_cut_in_reasoning_gives_empty_content_as_none() -> None:
+    body = sglang_body(finish_reason="length")
+    body["choices"][0]["message"]["content"] = ""
+    (turn,) = parse_chat_response(body)
+    assert turn.content is None and turn.reasoning == "\n2 + 2 = 4.\n"
+
+
+def test_close_marker_without_open_marker() -> None:
+    # templates that put "<think>\n" into the generation prompt: the output starts in reasoning
+    (turn,) = parse_chat_response(vllm_body({"content": "hmm\n</think>\n\nDone."}))
+    assert (turn.reasoning, turn.content) == ("hmm\n", "\n\nDone.")
+
+
+def test_plain_openai_answer_without_reasoning() -> None:
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello!"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+    (turn,) = parse_chat_response(body)
+    assert turn == Turn(
+        content="Hello!", finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=2)
+    )
+
+
+def test_reasoning_field_wins_over_inline_markers() -> None:
+    # with a reasoning parser the content is final: markers there are the answer's own text
+    body = vllm_body({"content": "Use <think> tags.", "reasoning": "r"})
+    (turn,) = parse_chat_response(body)
+    assert (turn.reasoning, turn.content) == ("r", "Use <think> tags.")
+
+
+def test_tool_calls_sglang_and_vllm_shapes() -> None:
+    sg = sglang_body(finish_reason="tool_calls")
+    sg["choices"][0]["message"].update(
+        content="",
+        tool_calls=[
+            {
+                "id": "call_1",
+                "index": 0,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    )
+    (turn,) = parse_chat_response(sg)
+    assert turn.tool_calls == [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        }
+    ]
+    assert turn.content is None and turn.finish_reason == "tool_calls"
+    # arguments sent as an object are encoded to a JSON string
+    v = vllm_body(
+        {
+            "content": "Let me check.",
+            "tool_calls": [
+                {"id": "t", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+            ],
+        }
+    )
+    (turn,) = parse_chat_response(v)
+    assert turn.content == "Let me check."
+    assert turn.tool_calls == [
+        {"id": "t", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+    ]
+
+
+def test_sglang_token_ids_on_choice() -> None:
+    body = sglang_body(prompt_token_ids=[1, 2, 3], token_ids=[7, 8, 151645])
+    (turn,) = parse_chat_response(body)
+    assert turn.prompt_token_ids == [1, 2, 3]
+    assert turn.output_token_ids == [7, 8, 151645]
+
+
+def test_sglang_meta_info_token_ids() -> None:
+    body = sglang_body(meta_info={"prompt_token_ids": [1], "output_ids": [5, 6]})
+    (turn,) = parse_chat_response(body)
+    assert (turn.prompt_token_ids, turn.output_token_ids) == ([1], [5, 6])
+    body = sglang_body()
+    body["meta_info"] = {"output_token_ids": [9]}
+    (turn,) = parse_chat_response(body)
+    assert turn.output_token_ids == [9]
+
+
+def test_vllm_top_level_prompt_ids() -> None:
+    body = vllm_body({"content": "x"}, prompt_token_ids=[4, 5])
+    body["choices"][0]["token_ids"] = [6, 7]
+    (turn,) = parse_chat_response(body)
+    assert (turn.prompt_token_ids, turn.output_token_ids) == ([4, 5], [6, 7])
+
+
+def test_n_choices_in_index_order_with_usage_split() -> None:
+    body = sglang_body()
+    first = body["choices"][0]
+    long = "A" * 40
+    second = {**first, "index": 1, "message": {**first["message"], "content": "B"}}
+    body["choices"] = [second, {**first, "message": {**first["message"], "content": long}}]
+    body["usage"]["completion_tokens"] = 30
+    turns = parse_chat_response(body)
+    assert [t.content for t in turns] == [long, "B"]
+    assert sum(t.usage.completion_tokens for t in turns) == 30
+    assert all(t.usage.prompt_tokens == 12 for t in turns)
+    # longer text, larger share
+    assert turns[0].usage.completion_tokens > turns[1].usage.completion_tokens
+
+
+def test_n_choices_use_token_id_counts_when_present() -> None:
+    body = sglang_body(token_ids=[1, 2, 3])
+    first = body["choices"][0]
+    body["choices"].append({**first, "index": 1, "token_ids": [1]})
+    body["usage"]["completion_tokens"] = 4
+    turns = parse_chat_response(body)
+    assert [t.usage.completion_tokens for t in turns] == [3, 1]
+
+
+def test_content_parts_are_joined() -> None:
+    body = vllm_body({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})
+    (turn,) = parse_chat_response(body)
+    assert turn.content == "ab"
+
+
+def test_sglang_native_finish_reason_object() -> None:
+    body = sglang_body(finish_reason={"type": "length", "length": 8})
+    assert parse_chat_response(body)[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [],
+        {},
+        {"choices": []},
+        {"choices": [{"index": 0}]},
+        {"choices": [{"index": 0, "message": "hi"}]},
+        {"choices": [{"message": {"content": 5}}]},
+        {"choices": [{"message": {"content": "x", "tool_calls": [{"function": {}}]}}]},
+        {"choices": [{"message": {"content": "x"}, "token_ids": ["a"]}]},
+        {"choices": [{"message": {"content": "x"}, "meta_info": {"output_ids": "nope"}}]},
+        {"object": "error", "message": "boom", "code": 500},
+    ],
+)
+def test_malformed_bodies_raise(body: Any) -> None:
+    with pytest.raises(MalformedResponse):
+        parse_chat_response(body)
+    assert issubclass(MalformedResponse, ValueError)
+
+
+def test_decode_bytes_matches_dict_path_and_rejects_cut_json() -> None:
+    body = sglang_body(token_ids=[1, 2])
+    raw = msgspec.json.encode(body)
+    assert decode_chat_response(raw) == parse_chat_response(body)
+    with pytest.raises(MalformedResponse):
+        decode_chat_response(raw[: len(raw) // 2])
+
+
+_no_markers = st.text(alphabet=st.characters(blacklist_characters="<>"), max_size=40)
+
+
+@given(reasoning=_no_markers, content=_no_markers)
+def test_split_think_round_trip(reasoning: str, content: str) -> None:
+    assert split_think(f"<think>{reasoning}</think>{content}") == (reasoning, content)
+    assert split_think(f"<think>{reasoning}") == (reasoning, "")
+    assert split_think(content) == (None, content)
+
+
+# -- multi-turn --------------------------------------------------------------------------------
+
+
+def msg(role: str, content: str = "x", **kw: Any) -> Message:
+    return Message(role=role, content=content, **kw)
+
+
+def slices_of(*messages: Message) -> list[list[str]]:
+    prompt = Prompt(id="p", messages=list(messages))
+    return [[f"{m.role}:{m.content}" for m in s] for s in user_turn_slices(prompt)]
+
+
+def test_single_turn_prompts_give_one_slice() -> None:
+    assert slices_of(msg("system", "s"), msg("user", "u")) == [["system:s", "user:u"]]
+    assert slices_of(msg("user", "u"), msg("assistant", "a")) == [["user:u"]]
+
+
+def test_multi_turn_drops_original_answers() -> None:
+    got = slices_of(
+        msg("system", "s"),
+        msg("user", "u1"),
+        msg("assistant", "a1"),
+        msg("user", "u2"),
+        msg("assistant", "a2"),
+    )
+    assert got == [["system:s", "user:u1"], ["user:u2"]]
+    assert slices_of(msg("user", "u1"), msg("assistant", "a1"), msg("user", "u2")) == [
+        ["user:u1"],
+        ["user:u2"],
+    ]
+
+
+def test_tool_turns_are_kept() -> None:
+    call = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    got = slices_of(
+        msg("user", "u"),
+        Message(role="assistant", tool_calls=call),
+        msg("tool", "result", tool_call_id="c"),
+        msg("assistant", "final"),
+    )
+    assert got == [["user:u"], ["tool:result"]]
+
+
+def test_runs_without_user_or_tool_join_the_next_slice() -> None:
+    got = slices_of(msg("system", "s"), msg("assistant", "greeting"), msg("user", "u"))
+    assert got == [["system:s", "user:u"]]
+    got = slices_of(msg("user", "u"), msg("assistant", "a"), msg("assistant", "b"))
+    assert got == [["user:u"]]
+
+
+def test_next_history_drops_reasoning_by_default() -> None:
+    history = [msg("user", "u")]
+    turn = Turn(content="answer", reasoning="thoughts", finish_reason="stop")
+    out = next_history(history, turn, keep_reasoning=False)
+    assert out == [msg("user", "u"), Message(role="assistant", content="answer")]
+    assert history == [msg("user", "u")]  # not modified
+    kept = next_history(history, turn, keep_reasoning=True)
+    assert kept[-1] == Message(role="assistant", content="answer", reasoning_content="thoughts")
+
+
+def test_next_history_tool_call_turn_and_empty_turn() -> None:
+    call = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    out = next_history([], Turn(tool_calls=call), keep_reasoning=False)
+    assert out == [Message(role="assistant", tool_calls=call)]
+    # a turn cut inside its reasoning has no content: the history gets an empty answer
+    out = next_history([], Turn(reasoning="r", finish_reason="length"), keep_reasoning=False)
+    assert out == [Message(role="assistant", content="")]
