@@ -1,0 +1,307 @@
+"""EndpointClient against real servers on 127.0.0.1: the simulator in both flavours (every fault
+knob to its ErrorClass, reasoning modes, tools, n, token ids) and a strict server for token-id
+detection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp import web
+
+from draftdata.fleet.sim import FaultConfig, SimConfig, SimFleet
+from draftdata.generate.client import EndpointClient, ErrorClass, RequestError, build_body
+from draftdata.generate.config import Reasoning, Sampling
+from draftdata.generate.parse import next_history
+from draftdata.records import Message
+
+pytestmark = pytest.mark.integration
+
+FLAVORS = ["sglang", "vllm"]
+MODEL = "Qwen3.6-27B-sim"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def sim(flavor: str, **kw: Any) -> SimFleet:
+    base: dict[str, Any] = {"flavor": flavor, "time_scale": 0.0, "mean_output_tokens": 60}
+    base.update(kw)
+    return SimFleet(1, SimConfig(**base))
+
+
+def chat_body(
+    text: str = "Explain sorting.",
+    *,
+    max_tokens: int = 512,
+    reasoning: Reasoning = "on",
+    n: int = 1,
+    token_ids: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return build_body(
+        [Message(role="user", content=text)],
+        tools=tools,
+        model=MODEL,
+        max_tokens=max_tokens,
+        sampling=Sampling(temperature=0.6, seed=1),
+        reasoning=reasoning,
+        n=n,
+        token_ids=token_ids,
+        extra_body=extra or {},
+    )
+
+
+@pytest.fixture(params=FLAVORS)
+def flavor(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def fleet(flavor: str) -> Iterator[SimFleet]:
+    with sim(flavor) as f:
+        yield f
+
+
+async def test_answer_with_reasoning_usage_and_token_ids(fleet: SimFleet) -> None:
+    async with EndpointClient(fleet.urls[0] + "/v1") as client:
+        assert await client.models() == [MODEL]
+        (turn,) = await client.chat(chat_body())
+        assert client.token_ids_supported is True
+    assert turn.finish_reason == "stop"
+    assert turn.reasoning and turn.content
+    assert turn.prompt_token_ids and turn.output_token_ids
+    assert turn.usage.completion_tokens == len(turn.output_token_ids)
+    assert turn.usage.prompt_tokens == len(turn.prompt_token_ids)
+
+
+async def test_reasoning_off_has_no_reasoning(fleet: SimFleet) -> None:
+    async with EndpointClient(fleet.urls[0]) as client:
+        (turn,) = await client.chat(chat_body(reasoning="off"))
+    assert turn.reasoning is None and turn.content
+
+
+@pytest.mark.parametrize("max_tokens", [512, 12])
+async def test_inline_think_parses_like_the_server_parser(flavor: str, max_tokens: int) -> None:
+    # the same seeded answer through the server's reasoning parser and raw inline: equal turns,
+    # including an answer cut inside its reasoning by max tokens
+    results = []
+    for mode in ("parsed", "inline"):
+        with sim(flavor, reasoning=mode) as f:
+            async with EndpointClient(f.urls[0]) as client:
+                results.append(await client.chat(chat_body(max_tokens=max_tokens)))
+    parsed, inline = results
+    assert parsed == inline
+    if max_tokens == 12:
+        assert parsed[0].finish_reason == "length" and parsed[0].content is None
+        assert parsed[0].reasoning
+
+
+async def test_tool_calls(flavor: str) -> None:
+    with sim(flavor, tool_call_rate=1.0) as f:
+        async with EndpointClient(f.urls[0]) as client:
+            (turn,) = await client.chat(chat_body("Weather in Paris?", tools=TOOLS))
+    assert turn.finish_reason == "tool_calls"
+    assert turn.tool_calls
+    call = turn.tool_calls[0]
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+    assert "city" in msgspec.json.decode(call["function"]["arguments"])
+
+
+async def test_n_samples_and_multi_turn_history(fleet: SimFleet) -> None:
+    async with EndpointClient(fleet.urls[0]) as client:
+        turns = await client.chat(chat_body(n=3))
+        assert len(turns) == 3
+        assert len({t.content for t in turns}) == 3  # distinct samples
+        for t in turns:
+            assert t.output_token_ids is not None
+            assert t.usage.completion_tokens == len(t.output_token_ids)
+        # feed the first answer back and ask a follow-up
+        history = next_history([Message(role="user", content="Explain sorting.")], turns[0])
+        history.append(Message(role="user", content="Shorter, please."))
+        body = build_body(
+            history,
+            tools=None,
+            model=MODEL,
+            max_tokens=256,
+            sampling=Sampling(),
+            reasoning="on",
+            n=1,
+            token_ids=True,
+            extra_body={},
+        )
+        (second,) = await client.chat(body)
+    assert second.content and second.prompt_token_ids
+    assert len(second.prompt_token_ids) > len(turns[0].prompt_token_ids or [])
+
+
+async def test_many_concurrent_requests_share_a_small_pool(fleet: SimFleet) -> None:
+    async with EndpointClient(fleet.urls[0], pool_size=4) as client:
+        bodies = [chat_body(f"question {i}") for i in range(40)]
+        results = await asyncio.gather(*(client.chat(b) for b in bodies))
+    assert all(len(r) == 1 and r[0].content for r in results)
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+FAULTS = [
+    ({"error_500": 1.0}, ErrorClass.server_error, 500),
+    ({"error_503": 1.0}, ErrorClass.server_error, 503),
+    ({"error_429": 1.0, "retry_after_s": 3}, ErrorClass.rate_limited, 429),
+    ({"context_400": 1.0}, ErrorClass.context_length, 400),
+    ({"reset": 1.0}, ErrorClass.connection, None),
+    ({"hang": 1.0}, ErrorClass.timeout, None),
+    ({"malformed": 1.0}, ErrorClass.malformed, 200),
+]
+
+
+@pytest.mark.parametrize(
+    ("knob", "expected", "status"), FAULTS, ids=[str(f[1]) + str(f[0]) for f in FAULTS]
+)
+async def test_fault_knobs_map_to_classes(
+    flavor: str, knob: dict[str, Any], expected: ErrorClass, status: int | None
+) -> None:
+    with sim(flavor, faults=FaultConfig(**knob)) as f:
+        async with EndpointClient(f.urls[0], read_timeout=0.5) as client:
+            with pytest.raises(RequestError) as info:
+                await client.chat(chat_body())
+    err = info.value
+    assert err.error_class is expected
+    assert err.status == status
+    assert err.fatal == (expected is ErrorClass.context_length)
+    if expected is ErrorClass.rate_limited:
+        assert err.retry_after == 3.0
+    if expected is ErrorClass.context_length:
+        assert "context length" in err.message
+
+
+async def test_real_context_overflow_is_fatal(flavor: str) -> None:
+    with sim(flavor, context_length=64) as f:
+        async with EndpointClient(f.urls[0]) as client:
+            with pytest.raises(RequestError) as info:
+                await client.chat(chat_body("word " * 200))
+    assert info.value.error_class is ErrorClass.context_length and info.value.fatal
+
+
+async def test_invalid_request_is_fatal() -> None:
+    with sim("vllm") as f:
+        async with EndpointClient(f.urls[0]) as client:
+            body = {**chat_body(), "model": "no-such-model"}
+            with pytest.raises(RequestError) as info:
+                await client.chat(body)
+    assert info.value.error_class is ErrorClass.invalid_request and info.value.status == 404
+
+
+async def test_crashed_and_restarted_server(flavor: str) -> None:
+    with sim(flavor, faults=FaultConfig(starting_s=0.3)) as f:
+        async with EndpointClient(f.urls[0], connect_timeout=1) as client:
+            await client.chat(chat_body())
+            f.crash(0)
+            with pytest.raises(RequestError) as info:
+                await client.chat(chat_body())
+            assert info.value.error_class is ErrorClass.connection
+            f.restart(0)
+            with pytest.raises(RequestError) as info:
+                await client.chat(chat_body())  # 503 while starting
+            assert info.value.error_class is ErrorClass.server_error
+            await asyncio.sleep(0.4)
+            (turn,) = await client.chat(chat_body())
+            assert turn.content
+
+
+async def test_unreachable_endpoint_is_connection() -> None:
+    with sim("sglang") as f:
+        url = f.urls[0]
+    async with EndpointClient(url, connect_timeout=1) as client:
+        with pytest.raises(RequestError) as info:
+            await client.models()
+        assert info.value.error_class is ErrorClass.connection
+
+
+# -- token-id detection against a strict and a plain server ------------------------------------
+
+
+class Recorder:
+    """A tiny OpenAI-compatible server: ``strict`` 400s on unknown fields, like a pydantic
+    model with extra="forbid"; otherwise it answers without token ids."""
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body = msgspec.json.decode(await request.read())
+        self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        if self.strict:
+            for key in ("return_token_ids", "return_prompt_token_ids"):
+                if key in body:
+                    msg = f"1 validation error: {key}: Extra inputs are not permitted"
+                    return web.json_response({"error": {"message": msg, "code": 400}}, status=400)
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "<think>r</think>ok"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            }
+        )
+
+
+@pytest.fixture(params=[True, False], ids=["strict", "plain"])
+async def recorder(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Recorder, str]]:
+    rec = Recorder(strict=bool(request.param))
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", rec.chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield rec, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_token_id_support_detected_once(recorder: tuple[Recorder, str]) -> None:
+    rec, url = recorder
+    async with EndpointClient(url, api_key="sk-test-123") as client:
+        for _ in range(3):
+            (turn,) = await client.chat(chat_body())
+            assert (turn.reasoning, turn.content, turn.output_token_ids) == ("r", "ok", None)
+        assert client.token_ids_supported is False
+    asked = ["return_token_ids" in b for b in rec.bodies]
+    # strict: asked, refused, asked again without; plain: asked once, answered without ids
+    assert asked == ([True, False, False, False] if rec.strict else [True, False, False])
+    assert all(h["Authorization"] == "Bearer sk-test-123" for h in rec.headers)
+
+
+async def test_api_key_never_in_errors() -> None:
+    with sim("sglang", faults=FaultConfig(error_500=1.0)) as f:
+        async with EndpointClient(f.urls[0], api_key="sk-very-secret") as client:
+            with pytest.raises(RequestError) as info:
+                await client.chat(chat_body())
+            assert "sk-very-secret" not in str(info.value) + repr(client)
