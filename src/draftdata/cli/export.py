@@ -1,4 +1,4 @@
-"""`draftdata export RUN --format sharegpt|openai|parquet --out PATH`."""
+"""`draftdata export RUN --format sharegpt|openai|parquet --out PATH|s3://BUCKET/KEY`."""
 
 from __future__ import annotations
 
@@ -19,18 +19,26 @@ def register(app: typer.Typer) -> None:
             "or parquet (Hugging Face datasets loadable).",
         ),
         out: str = typer.Option(
-            ..., "--out", "-o", help="Output file (must not exist; never overwritten)."
+            ...,
+            "--out",
+            "-o",
+            help="Output file or s3://BUCKET/KEY (must not exist; never overwritten).",
         ),
         reasoning: bool = typer.Option(
             True,
             "--reasoning/--no-reasoning",
             help="Keep the assistant turns' reasoning_content.",
         ),
+        protect: list[str] = typer.Option(
+            [],
+            "--protect",
+            help="A prefix the export may not write into (repeatable).",
+        ),
     ) -> None:
         """Export a run's completions for training (streams shard by shard)."""
         from draftdata.store.export import export_run
 
-        stats = export_run(run, fmt, out, include_reasoning=reasoning)
+        stats = export_run(run, fmt, out, include_reasoning=reasoning, protect=protect)
         typer.echo(
             f"exported {stats.get('export.records')} completions from "
             f"{stats.get('export.shards')} shards to {out} ({fmt}); "

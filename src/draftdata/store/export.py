@@ -11,8 +11,9 @@
 The conversation is the prompt's messages with each assistant message replaced, in order, by
 the target's regenerated turn, and a final turn appended when the prompt ends on a user/tool
 message. Reading is shard by shard; memory holds one shard and a hash per exported pair (to
-drop duplicates). The output file is created only if absent (temp file + no-replace link).
-Failures are not exported.
+drop duplicates). The output is created only if absent: a local file via temp file +
+no-replace link; an ``s3://`` object via a local temp file and one conditional upload
+(``If-None-Match: *``). Failures are not exported.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,7 +34,9 @@ from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, Message, Turn
 from draftdata.store.doneset import DoneSet
+from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables
+from draftdata.store.store import open_store, split_s3_url
 
 ExportFormat = Literal["sharegpt", "openai", "parquet"]
 FORMATS: tuple[str, ...] = ("sharegpt", "openai", "parquet")
@@ -148,44 +152,90 @@ def _unique_completions(run: str, stats: StageStats) -> Iterator[list[Completion
         yield batch
 
 
-def export_run(
-    run: str, fmt: str, out: str | Path, *, include_reasoning: bool = True
-) -> StageStats:
-    """Write the run's completions to the local file ``out`` in ``fmt``; returns the stats.
+def _write_export(
+    run: str, fmt: str, tmp: Path, include_reasoning: bool, stats: StageStats
+) -> None:
+    if fmt == "parquet":
+        with pq.ParquetWriter(tmp, EXPORT_SCHEMA, compression="zstd") as writer:
+            for batch in _unique_completions(run, stats):
+                if batch:
+                    rows = [_parquet_row(c, include_reasoning) for c in batch]
+                    writer.write_table(pa.Table.from_pylist(rows, schema=EXPORT_SCHEMA))
+                    stats.add("export.records", len(batch))
+        return
+    with tmp.open("w", encoding="utf-8") as fh:
+        for batch in _unique_completions(run, stats):
+            for c in batch:
+                fh.write(json.dumps(export_record(c, fmt, include_reasoning), ensure_ascii=False))
+                fh.write("\n")
+            stats.add("export.records", len(batch))
+        fh.flush()
+        os.fsync(fh.fileno())
 
-    ``out`` must not exist (nothing is overwritten); it appears whole when the export ends.
-    """
-    if fmt not in FORMATS:
-        raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    if str(out).startswith("s3://"):
-        raise ConfigError(f"--out {out}: export writes a local file; copy it with `aws s3 cp`")
-    path = Path(out)
+
+def _export_local(
+    run: str, fmt: str, path: Path, include_reasoning: bool, stats: StageStats
+) -> None:
     if path.exists():
         raise AlreadyExistsError(f"{path}: already exists; choose a new --out (never overwritten)")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
-    stats = StageStats("export")
     try:
-        if fmt == "parquet":
-            with pq.ParquetWriter(tmp, EXPORT_SCHEMA, compression="zstd") as writer:
-                for batch in _unique_completions(run, stats):
-                    if batch:
-                        rows = [_parquet_row(c, include_reasoning) for c in batch]
-                        writer.write_table(pa.Table.from_pylist(rows, schema=EXPORT_SCHEMA))
-                        stats.add("export.records", len(batch))
-        else:
-            with tmp.open("w", encoding="utf-8") as fh:
-                for batch in _unique_completions(run, stats):
-                    for c in batch:
-                        rec = export_record(c, fmt, include_reasoning)
-                        fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                    stats.add("export.records", len(batch))
-                fh.flush()
-                os.fsync(fh.fileno())
+        _write_export(run, fmt, tmp, include_reasoning, stats)
         try:
             os.link(tmp, path)
         except FileExistsError as exc:
             raise AlreadyExistsError(f"{path}: appeared during the export; not replaced") from exc
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _export_s3(
+    run: str,
+    fmt: str,
+    url: str,
+    include_reasoning: bool,
+    stats: StageStats,
+    protect: Sequence[str],
+) -> None:
+    bucket, key = split_s3_url(url)
+    parent, _, name = key.rpartition("/")
+    if not name or url.endswith("/"):
+        raise ConfigError(f"--out {url}: give an object name, e.g. {url.rstrip('/')}/train.jsonl")
+    store = open_store(f"s3://{bucket}/{parent}" if parent else f"s3://{bucket}", protect=protect)
+    check_not_protected(url, protect, what="export destination")
+    if store.exists(name):
+        raise AlreadyExistsError(f"{url}: already exists; choose a new --out (never overwritten)")
+    # Staged in a local temp file (TMPDIR), then one create-only upload: a reader sees the
+    # whole export or nothing, and a key that appeared meanwhile is never replaced (412).
+    with tempfile.TemporaryDirectory(prefix="draftdata-export-") as tmpdir:
+        tmp = Path(tmpdir) / name
+        _write_export(run, fmt, tmp, include_reasoning, stats)
+        with stats.timed("export.upload"):
+            store.put_new_file(name, tmp)
+
+
+def export_run(
+    run: str,
+    fmt: str,
+    out: str | Path,
+    *,
+    include_reasoning: bool = True,
+    protect: Sequence[str] = (),
+) -> StageStats:
+    """Write the run's completions to ``out`` (a local file or ``s3://bucket/key``) in ``fmt``.
+
+    ``out`` must not exist (nothing is overwritten); it appears whole when the export ends. An
+    S3 export is staged in a local temp file and uploaded create-only (``If-None-Match: *``).
+    ``out`` may not equal, contain or lie inside any of ``protect``. Returns the stats.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    stats = StageStats("export")
+    dest = str(out)
+    if dest.startswith("s3://"):
+        _export_s3(run, fmt, dest, include_reasoning, stats, protect)
+    else:
+        check_not_protected(dest, protect, what="export destination")
+        _export_local(run, fmt, Path(dest), include_reasoning, stats)
     return stats

@@ -8,6 +8,10 @@
 - Throttling and 5xx (503 SlowDown, 500) and connection errors are retried by botocore's
   ``standard`` retry mode (``DRAFTDATA_S3_MAX_ATTEMPTS``, default 8); what is left is mapped to
   TransientStoreError here, in ``_map_error``, the one place raw S3 errors become draftdata's.
+- ``put_new_file`` streams a local file: one conditional ``PutObject`` up to ``PART_SIZE``
+  (64 MiB), else a multipart upload whose ``CompleteMultipartUpload`` carries
+  ``If-None-Match: *`` (parts are invisible until then; a failed upload is aborted, which
+  removes only its own unfinished parts, never an object).
 - Reads: ``open_input`` is a seekable reader that issues one ranged GET per ``read`` call, so
   pyarrow fetches a parquet footer and only the column chunks it needs.
 
@@ -19,11 +23,13 @@ logs or stores them. There is no delete and no unconditional put.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import io
 import os
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from draftdata.errors import AlreadyExistsError, StoreError, TransientStoreError
@@ -42,6 +48,7 @@ _TRANSIENT_CODES = frozenset(
         "OperationAborted",
     }
 )
+PART_SIZE = 64 << 20  # single PUT up to this size; above it, multipart parts of this size
 _clients: dict[tuple[int, str], Any] = {}
 _clients_lock = threading.Lock()
 
@@ -164,6 +171,61 @@ class S3Store(Store):
                     f"{self.key_url(key)}: already exists (HTTP 412); the store never overwrites"
                 ) from None
 
+    def _put_new_file(self, key: str, path: Path) -> None:
+        what = f"{self.key_url(key)}: create"
+        size = path.stat().st_size
+        try:
+            if size <= PART_SIZE:
+                with path.open("rb") as fh:
+                    self._call(what, "put_object", Key=self._key(key), Body=fh, IfNoneMatch="*")
+            else:
+                self._multipart(what, key, path)
+        except AlreadyExistsError:
+            if not self._holds_file(key, path, size):
+                raise AlreadyExistsError(
+                    f"{self.key_url(key)}: already exists (HTTP 412); the store never overwrites"
+                ) from None
+
+    def _multipart(self, what: str, key: str, path: Path) -> None:
+        up = self._call(what, "create_multipart_upload", Key=self._key(key))
+        upload_id = up["UploadId"]
+        parts = []
+        try:
+            with path.open("rb") as fh:
+                number = 1
+                while chunk := fh.read(PART_SIZE):
+                    resp = self._call(
+                        what,
+                        "upload_part",
+                        Key=self._key(key),
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=chunk,
+                    )
+                    parts.append({"ETag": resp["ETag"], "PartNumber": number})
+                    number += 1
+            self._call(
+                what,
+                "complete_multipart_upload",
+                Key=self._key(key),
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+                IfNoneMatch="*",
+            )
+        except BaseException:
+            # drop our unfinished parts (this never touches a completed object)
+            with contextlib.suppress(StoreError):
+                self._call(what, "abort_multipart_upload", Key=self._key(key), UploadId=upload_id)
+            raise
+
+    def _holds_file(self, key: str, path: Path, size: int) -> bool:
+        """Whether ``key`` holds exactly the bytes of ``path`` (compared by ETag)."""
+        head = self._call(f"{self.key_url(key)}: head", "head_object", Key=self._key(key))
+        if int(head.get("ContentLength", -1)) != size:
+            return False
+        etag = str(head.get("ETag", "")).strip('"')
+        return etag == _file_etag(path, PART_SIZE if "-" in etag else None)
+
     def _holds(self, key: str, data: bytes) -> bool:
         """Whether ``key`` holds exactly ``data`` (a retried PUT that had landed)."""
         head = self._call(f"{self.key_url(key)}: head", "head_object", Key=self._key(key))
@@ -220,6 +282,22 @@ class S3Store(Store):
 
     def _open_input(self, key: str) -> BinaryIO:
         return cast(BinaryIO, _RangeReader(self, key, self._size(key)))
+
+
+def _file_etag(path: Path, part_size: int | None) -> str:
+    """The S3 ETag of ``path``: its MD5, or for a multipart upload with ``part_size`` parts the
+    MD5 of the parts' MD5s plus ``-<parts>``."""
+    whole = hashlib.md5(usedforsecurity=False)
+    digests = []
+    with path.open("rb") as fh:
+        while chunk := fh.read(part_size or (8 << 20)):
+            if part_size:
+                digests.append(hashlib.md5(chunk, usedforsecurity=False).digest())
+            else:
+                whole.update(chunk)
+    if part_size is None:
+        return whole.hexdigest()
+    return hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest() + f"-{len(digests)}"
 
 
 class _RangeReader(io.RawIOBase):

@@ -1,7 +1,8 @@
 """A create-only object store over local directories and ``s3://`` URLs.
 
 The run store never overwrites and never deletes data: the only write is ``put_new``, which
-creates an object that did not exist, atomically (a reader sees the whole object or nothing).
+creates an object that did not exist, atomically (a reader sees the whole object or nothing);
+``put_new_file`` does the same from a local file, streamed (exports use it).
 
 - Local: the bytes go to a temp file beside the target (``.<name>.tmp-<random>``), are fsynced,
   then hard-linked to the final name with ``os.link`` (which fails if the name exists: no
@@ -19,14 +20,18 @@ Keys are relative and ``/``-separated. This module knows nothing about runs or p
 from __future__ import annotations
 
 import builtins
+import filecmp
 import os
 import secrets
-from collections.abc import Sequence
+import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import urlparse
 
 from draftdata.errors import AlreadyExistsError, ConfigError, StoreError
+
+_COPY_CHUNK = 1 << 20
 
 
 def _check_key(key: str) -> str:
@@ -67,6 +72,19 @@ class Store:
             check_not_protected(self.key_url(key), self.protect, what="write")
         self._put_new(key, data)
 
+    def put_new_file(self, key: str, path: Path | str) -> None:
+        """Create ``key`` from the local file ``path``, streamed (never read whole into memory).
+
+        Same contract as ``put_new``: create-only, atomic, a key already holding exactly these
+        bytes counts as done, anything else raises AlreadyExistsError.
+        """
+        _check_key(key)
+        if self.protect:
+            from draftdata.store.protect import check_not_protected
+
+            check_not_protected(self.key_url(key), self.protect, what="write")
+        self._put_new_file(key, Path(path))
+
     def read(self, key: str) -> bytes:
         """The whole object at ``key``; StoreError if it does not exist."""
         return self._read(_check_key(key))
@@ -102,6 +120,9 @@ class Store:
     # -- what subclasses provide ----------------------------------------------------------------
 
     def _put_new(self, key: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _put_new_file(self, key: str, path: Path) -> None:
         raise NotImplementedError
 
     def _read(self, key: str) -> bytes:
@@ -171,23 +192,42 @@ class LocalStore(Store):
             _fsync_dir(d.parent)
 
     def _put_new(self, key: str, data: bytes) -> None:
+        self._create(key, len(data), lambda fh: fh.write(data), lambda p: p.read_bytes() == data)
+
+    def _put_new_file(self, key: str, path: Path) -> None:
+        size = path.stat().st_size
+
+        def copy(fh: BinaryIO) -> None:
+            with path.open("rb") as src:
+                shutil.copyfileobj(src, fh, _COPY_CHUNK)
+
+        self._create(key, size, copy, lambda p: filecmp.cmp(p, path, shallow=False))
+
+    def _create(
+        self,
+        key: str,
+        size: int,
+        write: Callable[[BinaryIO], object],
+        same: Callable[[Path], bool],
+    ) -> None:
+        """Write a temp file beside ``key`` with ``write``, fsync it, link it to ``key``."""
         path = self._path(key)
         try:
             self._makedirs(path.parent)
             if path.exists():
-                self._settle_existing(key, path, data)
+                self._settle_existing(path, size, same)
                 return
             tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(6)}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
+                    write(fh)
                     fh.flush()
                     os.fsync(fh.fileno())
                 try:
                     os.link(tmp, path)
                 except FileExistsError:
-                    self._settle_existing(key, path, data)
+                    self._settle_existing(path, size, same)
                     return
             finally:
                 tmp.unlink(missing_ok=True)
@@ -198,12 +238,12 @@ class LocalStore(Store):
                 "and is writable (the store needs hard links: os.link)"
             ) from exc
 
-    def _settle_existing(self, key: str, path: Path, data: bytes) -> None:
+    def _settle_existing(self, path: Path, size: int, same: Callable[[Path], bool]) -> None:
         try:
-            same = path.stat().st_size == len(data) and path.read_bytes() == data
+            ok = path.stat().st_size == size and same(path)
         except OSError:
-            same = False
-        if not same:
+            ok = False
+        if not ok:
             raise AlreadyExistsError(f"{path}: already exists; the store never overwrites")
 
     def _read(self, key: str) -> bytes:

@@ -51,3 +51,18 @@ def test_store_refuses_writes_under_protected_prefix(tmp_path: Path) -> None:
     with pytest.raises(ProtectedPrefixError, match="live"):
         store.put_new("live/part-0.parquet", b"x")
     store.put_new("livelier/part-0.parquet", b"x")
+
+
+def test_put_new_file_streams_and_is_create_only(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "s"))
+    src = tmp_path / "export.jsonl"
+    src.write_bytes(b"line\n" * 1000)
+    store.put_new_file("out/export.jsonl", src)
+    assert store.read("out/export.jsonl") == src.read_bytes()
+    store.put_new_file("out/export.jsonl", src)  # identical bytes: done
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(b"LINE\n" * 1000)  # same size, other bytes
+    with pytest.raises(AlreadyExistsError):
+        store.put_new_file("out/export.jsonl", other)
+    assert store.read("out/export.jsonl") == src.read_bytes()
+    assert store.list() == ["out/export.jsonl"]  # no temp file left behind

@@ -1,0 +1,107 @@
+"""Exports and file uploads to a real S3 API (moto server): create-only, whole, loadable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.conftest import MotoS3
+from tests.unit.store.helpers import completion
+
+from draftdata.errors import AlreadyExistsError, ProtectedPrefixError
+from draftdata.store import Run, open_store
+from draftdata.store.export import export_run
+
+pytestmark = pytest.mark.integration
+
+
+def _key(moto_s3: MotoS3, url: str) -> str:
+    return url.removeprefix(f"s3://{moto_s3.bucket}/")
+
+
+@pytest.fixture
+def run_url(moto_s3: MotoS3) -> str:
+    url = moto_s3.url("exp-run")
+    run = Run.open(url, settings={}, flush_records=3)
+    for i in range(8):
+        run.add_completion(completion(i))
+        if run.flush_due():
+            run.flush()
+    run.close()
+    return url
+
+
+def test_export_to_s3_matches_local_and_is_create_only(
+    moto_s3: MotoS3, run_url: str, tmp_path: Path
+) -> None:
+    client: Any = moto_s3.client()
+    for fmt, name in (("sharegpt", "sg.jsonl"), ("openai", "oa.jsonl"), ("parquet", "x.parquet")):
+        dest = moto_s3.url("exports") + f"/{name}"
+        stats = export_run(run_url, fmt, dest)
+        assert stats.get("export.records") == 8
+        export_run(run_url, fmt, tmp_path / name)
+        body = client.get_object(Bucket=moto_s3.bucket, Key=_key(moto_s3, dest))["Body"].read()
+        if fmt != "parquet":  # parquet files embed nothing variable either, but compare rows
+            assert body == (tmp_path / name).read_bytes()
+        else:
+            assert body[:4] == b"PAR1" and len(body) == (tmp_path / name).stat().st_size
+        with pytest.raises(AlreadyExistsError, match="already exists"):
+            export_run(run_url, fmt, dest)
+    rows = [json.loads(x) for x in (tmp_path / "sg.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in rows) == [f"p{i}" for i in range(8)]
+
+
+def test_export_never_replaces_an_existing_object(moto_s3: MotoS3, run_url: str) -> None:
+    client: Any = moto_s3.client()
+    dest = moto_s3.url("exports") + "/train.jsonl"
+    client.put_object(Bucket=moto_s3.bucket, Key=_key(moto_s3, dest), Body=b"precious")
+    with pytest.raises(AlreadyExistsError):
+        export_run(run_url, "sharegpt", dest)
+    got = client.get_object(Bucket=moto_s3.bucket, Key=_key(moto_s3, dest))["Body"].read()
+    assert got == b"precious"
+
+
+def test_export_refuses_protected_destination(moto_s3: MotoS3, run_url: str) -> None:
+    live = moto_s3.url("live")
+    with pytest.raises(ProtectedPrefixError, match="protected prefix"):
+        export_run(run_url, "openai", live + "/x.jsonl", protect=[live])
+    assert open_store(live).list() == []
+
+
+def test_multipart_upload_is_conditional(
+    moto_s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("draftdata.store.s3.PART_SIZE", 5 << 20)  # S3's smallest part size
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(11 << 20))  # three parts
+    store = open_store(moto_s3.url("mp"))
+    store.put_new_file("big.bin", big)
+    head: Any = moto_s3.client()
+    meta = head.head_object(Bucket=moto_s3.bucket, Key=f"{store.url.split('/', 3)[3]}/big.bin")
+    assert str(meta["ETag"]).strip('"').endswith("-3")
+    store.put_new_file("big.bin", big)  # identical bytes (multipart ETag matches): done
+    other = tmp_path / "other.bin"
+    other.write_bytes(os.urandom(11 << 20))
+    with pytest.raises(AlreadyExistsError, match="412"):
+        store.put_new_file("big.bin", other)
+    assert store.read("big.bin") == big.read_bytes()
+    uploads = head.list_multipart_uploads(Bucket=moto_s3.bucket).get("Uploads", [])
+    assert not [u for u in uploads if u["Key"].startswith(store.url.split("/", 3)[3])]
+
+
+def test_cli_export_to_s3(moto_s3: MotoS3, run_url: str) -> None:
+    dest = moto_s3.url("cli") + "/train.jsonl"
+    cmd = [sys.executable, "-c", "from draftdata.cli import main; main()", "export", run_url]
+    res = subprocess.run(
+        [*cmd, "--format", "sharegpt", "--out", dest], capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    assert f"exported 8 completions from 3 shards to {dest}" in res.stdout
+    again = subprocess.run([*cmd, "--out", dest], capture_output=True, text=True, check=False)
+    assert again.returncode == 1 and "already exists" in again.stderr
+    assert "Traceback" not in again.stderr
