@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from draftdata.errors import DraftdataError
 from draftdata.stats.readers import (
     Dataset,
     iter_conversations,
@@ -27,7 +28,9 @@ from draftdata.stats.readers import (
     open_dataset,
     read_json_object,
 )
+from draftdata.stats.runmetrics import headline
 from draftdata.stats.sketch import Sketch
+from draftdata.store.store import Store
 
 STATS_FORMAT = "draftdata.stats/1"
 MAX_EXAMPLES = 20
@@ -229,42 +232,15 @@ def _failures(ds: Dataset) -> dict[str, Any]:
     }
 
 
-def latest_metrics(ds_or_url: Dataset | str) -> list[dict[str, Any]]:
-    """The newest metrics snapshot of each writer of a run (``[]`` when there are none)."""
+def run_metrics(ds_or_store: Dataset | Store) -> list[dict[str, Any]]:
+    """Every metrics snapshot of a run, in key order (``[]`` when there are none)."""
     from draftdata.store.read import read_metrics
 
-    store = ds_or_url.store if isinstance(ds_or_url, Dataset) else ds_or_url
-    latest: dict[str, dict[str, Any]] = {}
-    for m in read_metrics(store):
-        if m.get("format") != "draftdata.metrics/1":
-            continue
-        writer = str(m.get("writer", m.get("key", "")))
-        latest[writer] = m  # key order: a writer's later snapshots sort after its earlier ones
-    return [latest[w] for w in sorted(latest)]
-
-
-def metrics_headline(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
-    """Completed, failed, output tokens (summed over writers' summaries), wall time (the
-    longest writer's) and output tokens/s."""
-    out: dict[str, Any] = {"completed": 0, "failed": 0, "output_tokens": 0, "wall_s": 0.0}
-    endpoints: dict[str, dict[str, float]] = {}
-    for snap in snapshots:
-        s = snap.get("summary") or {}
-        for k in ("completed", "failed", "output_tokens"):
-            out[k] += int(s.get(k) or 0)
-        # writers run side by side: the run's wall time is the longest writer's
-        out["wall_s"] = max(out["wall_s"], float(s.get("wall_s") or 0.0))
-        for url, e in (s.get("endpoints") or {}).items():
-            acc = endpoints.setdefault(url, {"completed": 0, "output_tokens": 0, "errors": 0})
-            for k in acc:
-                acc[k] += float(e.get(k) or 0)
-    out["wall_s"] = round(out["wall_s"], 3)
-    out["output_tokens_per_s"] = (
-        round(out["output_tokens"] / out["wall_s"], 2) if out["wall_s"] else None
-    )
-    out["endpoints"] = {u: {k: int(v) for k, v in e.items()} for u, e in sorted(endpoints.items())}
-    out["writers"] = len(snapshots)
-    return out
+    store = ds_or_store.store if isinstance(ds_or_store, Dataset) else ds_or_store
+    try:
+        return read_metrics(store)
+    except DraftdataError:
+        return []
 
 
 def _primary(kind: str, lengths: dict[str, Any]) -> str:
@@ -333,8 +309,7 @@ def compute_stats(url: str) -> DatasetStats:
         out["finish_reasons"] = dict(b.finish.most_common())
         if ds.is_run:
             out["failures"] = _failures(ds)
-            snaps = latest_metrics(ds)
-            out["metrics"] = metrics_headline(snaps) if snaps else None
+            out["metrics"] = headline(run_metrics(ds))
     if ds.kind == "prompts":
         report = read_json_object(ds.store, "prepare_report.json")
         if report is not None:
