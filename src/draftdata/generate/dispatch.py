@@ -1,0 +1,486 @@
+"""The dispatcher: one shared queue of jobs over all endpoints, never stalled by one of them.
+
+Policy, in the order the loop applies it:
+
+- **Pull, not push.** Whenever an endpoint has a free slot the next job goes to the endpoint
+  with the most free slots, then the fewest outstanding tokens (a job that shares a system
+  prompt / tools with recent ones goes where its prefix is cached when that endpoint has room).
+  There are no shards and no round-robin, so a slow server simply frees slots less often.
+- **Retries** of 429/5xx/timeouts/resets/malformed bodies wait a jittered exponential backoff
+  (or the server's Retry-After) and then prefer another endpoint; after ``max_attempts`` the
+  job becomes a Failure ``exhausted_retries``. Context-length and invalid-request errors become
+  a Failure of that class at once.
+- **Endpoint loss.** A connection error triggers a health check; an endpoint that fails it, or
+  fails ``breaker_failures`` requests in a row, is taken out, its in-flight copies are cancelled
+  and their jobs requeued at once, and it is probed every ``probe_interval`` until it answers
+  (then re-admitted half-open: one more failure takes it out again).
+- **The tail.** When no new work is left, requests running for at least ``hedge_min_age`` are
+  copied onto endpoints with free slots; the first copy to answer wins, the others are
+  cancelled, and only the winner is committed.
+- **Memory.** Prompts are read lazily (in a thread) only while fewer than ``window`` jobs are
+  queued or running.
+
+Results go to a ``Sink`` (the engine buffers them in the Run). Endpoint probing and the
+concurrency controller live in ``endpoint.py``; this module holds no I/O but the chat calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import random
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from draftdata.generate.client import ErrorClass, RequestError, build_body
+from draftdata.generate.config import GenerateConfig
+from draftdata.generate.endpoint import Endpoint
+from draftdata.generate.parse import next_history
+from draftdata.generate.source import PromptReader
+from draftdata.generate.work import Copy, Job, plan
+from draftdata.records import Completion, Failure, Turn, Usage
+
+_AFFINITY_SIZE = 4096
+_RETRY_PATIENCE_S = 2.0  # how long a retry waits for an endpoint other than the one it failed on
+
+
+class Sink(Protocol):
+    """Where finished records go (the engine: Run buffers plus the tally)."""
+
+    def completion(self, c: Completion) -> None:
+        """Take one completion."""
+
+    def failure(self, f: Failure) -> None:
+        """Take one failure."""
+
+
+class Dispatcher:
+    """Runs every job of ``reader`` over ``endpoints`` until all are settled or it is stopped."""
+
+    def __init__(
+        self,
+        config: GenerateConfig,
+        endpoints: list[Endpoint],
+        reader: PromptReader,
+        sink: Sink,
+        *,
+        model: str,
+        is_done: Callable[[str, int], bool],
+        check_alive: Callable[[Endpoint], Awaitable[bool]],
+        revive: Callable[[Endpoint], Awaitable[None]],
+        log: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+        seed: int | None = None,
+    ) -> None:
+        self.cfg = config
+        self.endpoints = endpoints
+        self.reader = reader
+        self.sink = sink
+        self.model = model
+        self.is_done = is_done
+        self._check_alive = check_alive
+        self._revive = revive
+        self.log = log
+        self.clock = clock
+        self.rng = random.Random(seed)
+        self.ready: deque[Job] = deque()
+        self.waiting: list[tuple[float, int, Job]] = []  # (ready at, seq, job): backoff heap
+        self.running: dict[Job, None] = {}  # jobs with at least one live copy, oldest first
+        self.on_endpoint: dict[Endpoint, set[Copy]] = {e: set() for e in endpoints}
+        self.active: Counter[str] = Counter()  # prompt id -> unsettled jobs (duplicate ids)
+        self.affinity: OrderedDict[str, Endpoint] = OrderedDict()
+        self.wake = asyncio.Event()
+        self.space = asyncio.Event()
+        self.stopping = False
+        self.fed_all = False
+        self._seq = itertools.count()
+        self._checking: set[Endpoint] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()  # every live copy's task
+        # counters read by progress and the summary
+        self.already_done = 0
+        self.duplicates = 0
+        self.requests_ok = 0
+        self.retries = 0
+        self.hedges = 0
+        self.hedges_won = 0
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    @property
+    def window(self) -> int:
+        """Jobs held in memory at most: twice the fleet's current limits."""
+        return max(64, 2 * sum(e.limit for e in self.endpoints if e.state != "down"))
+
+    @property
+    def pending(self) -> int:
+        """Jobs queued, backing off or running."""
+        return len(self.ready) + len(self.waiting) + len(self.running)
+
+    async def run(self) -> None:
+        """Dispatch until every job is settled (or, once stopped, until nothing runs)."""
+        feeder = asyncio.create_task(self._feed())
+        try:
+            while True:
+                now = self.clock()
+                if not self.stopping:
+                    self._promote(now)
+                    self._place(now)
+                    if self.cfg.hedge and self.fed_all and not self.ready:
+                        self._hedge(now)
+                if feeder.done() and not feeder.cancelled() and feeder.exception():
+                    raise feeder.exception()  # type: ignore[misc]
+                if not self.running and (
+                    self.stopping or (self.fed_all and not self.ready and not self.waiting)
+                ):
+                    return
+                self.wake.clear()
+                timeout = 0.25
+                if self.waiting:
+                    timeout = min(timeout, max(0.0, self.waiting[0][0] - now))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout)
+        finally:
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeder
+            background = list(self._background)
+            for t in background:
+                t.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+
+    def stop(self) -> None:
+        """Stop dispatching new work and retries; running copies may finish."""
+        self.stopping = True
+        self.wake.set()
+        self.space.set()
+
+    def abort(self) -> None:
+        """Cancel every running copy (after ``stop``; their work is not committed)."""
+        self.stop()
+        for copies in self.on_endpoint.values():
+            for copy in list(copies):
+                if copy.task is not None:
+                    copy.task.cancel()
+                self._detach(copy)
+        self.running.clear()
+
+    async def _feed(self) -> None:
+        while not self.reader.exhausted and not self.stopping:
+            if self.pending >= self.window:
+                self.space.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.space.wait(), 1.0)
+                continue
+            batch = await asyncio.to_thread(self._read, 128)
+            now = self.clock()
+            for pid, jobs in batch:
+                if self.active[pid]:
+                    self.duplicates += 1
+                    continue
+                for job in jobs:
+                    job.ready_since = now
+                    self.ready.append(job)
+                    self.active[pid] += 1
+            self.wake.set()
+        self.fed_all = not self.stopping
+        self.wake.set()
+
+    def _read(self, k: int) -> list[tuple[str, list[Job]]]:
+        """(runs in a thread) the next prompts, planned, without the settled ones."""
+        out = []
+        for prompt in self.reader.take(k):
+            jobs, settled = plan(prompt, self.cfg, self.is_done)
+            self.already_done += settled
+            if jobs:
+                out.append((prompt.id, jobs))
+        return out
+
+    def _promote(self, now: float) -> None:
+        while self.waiting and self.waiting[0][0] <= now:
+            _, _, job = heapq.heappop(self.waiting)
+            job.ready_since = now
+            self.ready.appendleft(job)
+
+    # -- placing ------------------------------------------------------------------------------
+
+    def _place(self, now: float) -> None:
+        held: list[Job] = []
+        while self.ready:
+            free = [e for e in self.endpoints if e.accepting and e.free > 0]
+            if not free:
+                break
+            job = self.ready.popleft()
+            ep = self._pick(job, free, now)
+            if ep is None:
+                held.append(job)
+                continue
+            if len(job.samples) > 1 and not ep.server_n:
+                self.active[job.prompt.id] += len(job.samples) - 1
+                self.ready.extendleft(reversed(job.split()))
+                continue
+            self._launch(job, ep, hedge=False, now=now)
+        self.ready.extendleft(reversed(held))
+
+    def _pick(self, job: Job, free: list[Endpoint], now: float) -> Endpoint | None:
+        cands = [e for e in free if e.url not in job.avoid]
+        if not cands:
+            others = any(e.accepting and e.url not in job.avoid for e in self.endpoints)
+            if others and now - job.ready_since < _RETRY_PATIENCE_S:
+                return None
+            cands = free
+        if job.prefix is not None:
+            ep = self.affinity.get(job.prefix)
+            if ep is not None and ep in cands:
+                self.affinity.move_to_end(job.prefix)
+                return ep
+        best = max(cands, key=lambda e: (e.free, -e.outstanding_tokens, -e.index))
+        if job.prefix is not None:
+            self.affinity[job.prefix] = best
+            if len(self.affinity) > _AFFINITY_SIZE:
+                self.affinity.popitem(last=False)
+        return best
+
+    def _hedge(self, now: float) -> None:
+        min_age = self.cfg.hedge_min_age
+        for job in list(self.running):
+            if job.hedged or job.done or len(job.copies) != 1:
+                continue
+            first = job.copies[0]
+            if now - first.started < min_age:
+                break  # the rest started later still
+            free = [
+                e for e in self.endpoints if e.accepting and e.free > 0 and e is not first.endpoint
+            ]
+            if not free:
+                return
+            ep = max(free, key=lambda e: (e.free, -e.outstanding_tokens, -e.index))
+            job.hedged = True
+            self.hedges += 1
+            self._launch(job, ep, hedge=True, now=now)
+
+    def _launch(self, job: Job, ep: Endpoint, *, hedge: bool, now: float) -> None:
+        seqs = len(job.samples)
+        ep.acquire(seqs, job.cost)
+        if not hedge:
+            job.attempts += 1
+            if job.attempts > 1:
+                self.retries += 1
+        copy = Copy(job, ep, hedge=hedge, seqs=seqs, started=now)
+        job.copies.append(copy)
+        self.on_endpoint[ep].add(copy)
+        self.running[job] = None
+        copy.task = asyncio.create_task(self._attempt(copy))
+        self.tasks.add(copy.task)
+        copy.task.add_done_callback(self.tasks.discard)
+
+    def _detach(self, copy: Copy) -> None:
+        if copy.detached:
+            return
+        copy.detached = True
+        copy.endpoint.release(copy.seqs, copy.job.cost)
+        self.on_endpoint[copy.endpoint].discard(copy)
+        job = copy.job
+        if copy in job.copies:
+            job.copies.remove(copy)
+        if not job.copies:
+            self.running.pop(job, None)
+        self.wake.set()
+
+    # -- one attempt --------------------------------------------------------------------------
+
+    async def _attempt(self, copy: Copy) -> None:
+        error: RequestError | None = None
+        result: list[list[Turn]] = []
+        body: dict[str, Any] = {}
+        try:
+            result, body = await self._converse(copy)
+        except RequestError as exc:
+            error = exc
+        except (ValueError, TypeError, KeyError, OSError) as exc:  # a transport we do not know
+            error = RequestError(ErrorClass.malformed, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._detach(copy)
+        if error is not None:
+            self._failed(copy, error)
+        else:
+            self._succeeded(copy, result, body)
+
+    async def _converse(self, copy: Copy) -> tuple[list[list[Turn]], dict[str, Any]]:
+        """The copy's requests, one per remaining turn: the turns of each sample, and the last
+        request body."""
+        job, ep = copy.job, copy.endpoint
+        if not job.slices:
+            raise RequestError(ErrorClass.invalid_request, "the prompt has no turn to answer")
+        turns, history = list(job.turns), list(job.history)
+        body: dict[str, Any] = {}
+        for t in range(len(turns), len(job.slices)):
+            messages = [*history, *job.slices[t]]
+            body = build_body(
+                messages,
+                tools=job.prompt.tools,
+                model=self.cfg.model or ep.model or self.model,
+                max_tokens=job.max_tokens,
+                sampling=job.sampling,
+                reasoning=job.reasoning,
+                n=len(job.samples),
+                token_ids=self.cfg.token_ids != "off",
+                extra_body=self.cfg.extra_body,
+            )
+            got = await ep.client.chat(body)
+            self.requests_ok += 1
+            ep.record_success(
+                sum(x.usage.completion_tokens for x in got), got[0].usage.prompt_tokens
+            )
+            if not job.multi_turn:
+                return [[x] for x in got], body
+            turns.append(got[0])
+            history = next_history(messages, got[0], keep_reasoning=self.cfg.keep_reasoning_history)
+            if job.copies == [copy]:  # the only copy: checkpoint for a retry
+                job.turns, job.history = list(turns), history
+        return [turns], body
+
+    def _succeeded(self, copy: Copy, per_sample: list[list[Turn]], body: dict[str, Any]) -> None:
+        job, ep = copy.job, copy.endpoint
+        if job.done:
+            return
+        job.done = True
+        for other in list(job.copies):
+            if other.task is not None:
+                other.task.cancel()
+            self._detach(other)
+        if copy.hedge:
+            self.hedges_won += 1
+            ep.hedges_won += 1
+        samples = job.samples
+        if len(per_sample) < len(samples):  # the server ignored n: ask for the rest one by one
+            ep.server_n = False
+            rest = job.with_samples(samples[len(per_sample) :])
+            rest.ready_since = self.clock()
+            self.active[job.prompt.id] += 1
+            self.ready.appendleft(rest)
+        sampling = {k: v for k, v in body.items() if k not in ("messages", "tools")}
+        latency = self.clock() - copy.started
+        p = job.prompt
+        for sample, turns in zip(samples, per_sample, strict=False):
+            usage = Usage(
+                prompt_tokens=sum(t.usage.prompt_tokens for t in turns),
+                completion_tokens=sum(t.usage.completion_tokens for t in turns),
+                cached_tokens=sum(t.usage.cached_tokens for t in turns),
+            )
+            self.sink.completion(
+                Completion(
+                    id=p.id,
+                    sample=sample,
+                    source=p.source,
+                    domain=p.domain,
+                    messages=p.messages,
+                    tools=p.tools,
+                    turns=turns,
+                    usage=usage,
+                    model=str(sampling.get("model") or ""),
+                    sampling=sampling,
+                    endpoint=ep.url,
+                    latency_s=round(latency, 4),
+                    attempts=job.attempts,
+                    created=time.time(),
+                )
+            )
+            ep.completed += 1
+        self._settle(job)
+
+    def _failed(self, copy: Copy, err: RequestError) -> None:
+        job, ep = copy.job, copy.endpoint
+        retryable = not err.fatal
+        if ep.record_failure(err.error_class.value, retryable=retryable):
+            self.take_down(ep, f"{ep.consecutive_failures} failures in a row ({err})")
+        elif err.error_class in (ErrorClass.connection, ErrorClass.timeout):
+            self.spawn(self._health_check(ep))
+        if err.error_class == ErrorClass.rate_limited:
+            ep.rate_limited()
+        job.last_error = err
+        if job.done or job.copies or self.stopping:
+            return  # another copy still runs it (or we are shutting down: resume redoes it)
+        if err.fatal:
+            self._fail(job, err.error_class.value, err.message, ep)
+        elif job.attempts >= self.cfg.max_attempts:
+            self._fail(job, "exhausted_retries", f"after {job.attempts} attempts: {err}", ep)
+        else:
+            delay = min(self.cfg.backoff_max, self.cfg.backoff_base * 2 ** (job.attempts - 1))
+            delay *= 0.5 + self.rng.random()
+            if err.retry_after is not None:
+                delay = max(delay, min(err.retry_after, self.cfg.backoff_max))
+            job.avoid = {ep.url}
+            heapq.heappush(self.waiting, (self.clock() + delay, next(self._seq), job))
+            self.wake.set()
+
+    def _fail(self, job: Job, reason: str, message: str, ep: Endpoint) -> None:
+        p = job.prompt
+        for sample in job.samples:
+            self.sink.failure(
+                Failure(
+                    id=p.id,
+                    sample=sample,
+                    reason=reason,
+                    message=message[:1000],
+                    attempts=job.attempts,
+                    source=p.source,
+                    domain=p.domain,
+                    endpoint=ep.url,
+                    created=time.time(),
+                )
+            )
+        job.done = True
+        self._settle(job)
+
+    def _settle(self, job: Job) -> None:
+        pid = job.prompt.id
+        self.active[pid] -= 1
+        if self.active[pid] <= 0:
+            del self.active[pid]
+        self.space.set()
+        self.wake.set()
+
+    # -- endpoint health ----------------------------------------------------------------------
+
+    def spawn(self, coro: Awaitable[None]) -> None:
+        """Run a background coroutine that ends with the dispatcher."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _health_check(self, ep: Endpoint) -> None:
+        if ep in self._checking or ep.state != "up":
+            return
+        self._checking.add(ep)
+        try:
+            alive = await self._check_alive(ep)
+        finally:
+            self._checking.discard(ep)
+        if not alive and ep.state == "up":
+            self.take_down(ep, "does not answer its health check")
+
+    def take_down(self, ep: Endpoint, why: str) -> None:
+        """Open the circuit: requeue what runs on ``ep`` now and probe it until it is back."""
+        if ep.state == "down":
+            return
+        ep.mark_down()
+        moved = 0
+        for copy in list(self.on_endpoint[ep]):
+            if copy.task is not None:
+                copy.task.cancel()
+            self._detach(copy)
+            job = copy.job
+            if not job.done and not job.copies and not self.stopping:
+                job.avoid = {ep.url}
+                job.ready_since = self.clock()
+                self.ready.appendleft(job)
+                moved += 1
+        self.log(f"endpoint {ep.url} taken out: {why}; {moved} request(s) requeued")
+        if not self.stopping:
+            self.spawn(self._revive(ep))
+        self.wake.set()

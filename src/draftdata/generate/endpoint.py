@@ -1,0 +1,234 @@
+"""One endpoint as the dispatcher sees it: state, slots, concurrency controller, counters.
+
+An ``Endpoint`` wraps a chat client (``client.EndpointClient`` or anything with the same
+``chat``/``close``/``token_ids_supported`` surface: the transport seam) with the policy state the
+engine needs:
+
+- ``state``: ``up`` (takes work), ``down`` (circuit open or unreachable; probed until healthy),
+  ``starting`` (never answered yet);
+- slots: ``limit`` sequences at once (a request with ``n`` choices holds ``n``), ``inflight``,
+  and the estimated ``outstanding_tokens`` of what runs there (the dispatcher's tie-breaker);
+- the concurrency controller (``adapt``): with ``concurrency: auto`` the limit starts from the
+  server's capacity (SGLang ``max_running_requests`` plus a short queue; else the configured
+  default) and follows the server's waiting queue so that it stays short but non-empty;
+- the circuit breaker: ``breaker_failures`` retryable failures in a row open it.
+
+Probing the server over HTTP lives at the bottom (``check_alive``, ``discover``); it uses
+``fleet.probe`` and never raises for an unreachable server. This module does not pick
+endpoints or retry requests (``dispatch.py`` does).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, deque
+from typing import Any, Literal, Protocol
+
+import aiohttp
+
+from draftdata.fleet.probe import Capacity, Load, base_url, probe_capacity, probe_load
+from draftdata.records import Turn
+
+State = Literal["up", "down", "starting"]
+
+
+class ChatClient(Protocol):
+    """What the engine needs from a transport (``client.EndpointClient`` is the real one)."""
+
+    token_ids_supported: bool | None
+
+    async def chat(self, body: dict[str, Any]) -> list[Turn]:
+        """Send one chat-completions body; Turns or ``client.RequestError``."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def queue_target(running: int) -> int:
+    """How many requests we like to see waiting on a server running ``running`` (>= 2, ~5%)."""
+    return max(2, math.ceil(0.05 * running))
+
+
+class Endpoint:
+    """Dispatch state of one server (single event loop; no locking)."""
+
+    def __init__(
+        self,
+        url: str,
+        client: ChatClient,
+        *,
+        index: int,
+        concurrency: int | Literal["auto"],
+        default_concurrency: int,
+        breaker_failures: int,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.url = base_url(url)
+        self.name = self.url.split("://", 1)[-1]
+        self.index = index
+        self.client = client
+        self.auto = concurrency == "auto"
+        self.limit = default_concurrency if concurrency == "auto" else int(concurrency)
+        self.max_limit = max(self.limit * 8, 1024)
+        self.breaker_failures = breaker_failures
+        self.state: State = "starting"
+        self.capacity: Capacity | None = None
+        self.model: str | None = None
+        self.server_n: bool = True  # False once a request with n > 1 got fewer choices back
+        self.inflight = 0  # sequences running here
+        self.outstanding_tokens = 0
+        self.consecutive_failures = 0
+        self.last_load: Load | None = None
+        # counters for progress and the summary
+        self.requests = 0
+        self.completed = 0  # completions committed from this endpoint (winning copies)
+        self.output_tokens = 0
+        self.prompt_tokens = 0
+        self.errors: Counter[str] = Counter()
+        self.hedges_won = 0
+        self.downs = 0
+        self._clock = clock
+        self._since = clock()
+        self.token_log: deque[tuple[float, int]] = deque()  # (time, output tokens) window
+
+    # -- slots --------------------------------------------------------------------------------
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the dispatcher may send work here now."""
+        return self.state == "up"
+
+    @property
+    def free(self) -> int:
+        """Free sequence slots (may be negative right after the limit shrank)."""
+        return self.limit - self.inflight
+
+    def acquire(self, seqs: int, tokens: int) -> None:
+        """Account a request of ``seqs`` sequences and ``tokens`` estimated tokens."""
+        self.inflight += seqs
+        self.outstanding_tokens += tokens
+        self.requests += 1
+
+    def release(self, seqs: int, tokens: int) -> None:
+        """Undo ``acquire`` when the request ends, whatever the outcome."""
+        self.inflight -= seqs
+        self.outstanding_tokens -= tokens
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    def record_success(self, output_tokens: int, prompt_tokens: int) -> None:
+        """A request answered: reset the breaker, count tokens."""
+        self.consecutive_failures = 0
+        self.output_tokens += output_tokens
+        self.prompt_tokens += prompt_tokens
+        self.token_log.append((self._clock(), output_tokens))
+
+    def record_failure(self, error_class: str, *, retryable: bool) -> bool:
+        """Count a failed request; True when the breaker should open now."""
+        self.errors[error_class] += 1
+        if not retryable:
+            return False
+        self.consecutive_failures += 1
+        return self.state == "up" and self.consecutive_failures >= self.breaker_failures
+
+    def mark_down(self) -> None:
+        """Take the endpoint out (breaker open or unreachable)."""
+        if self.state != "down":
+            self.downs += 1
+        self.state = "down"
+
+    def mark_up(self, *, half_open: bool) -> None:
+        """Admit the endpoint; ``half_open``: one more failure takes it out again."""
+        self.state = "up"
+        self.consecutive_failures = self.breaker_failures - 1 if half_open else 0
+
+    def tokens_per_s(self, window: float) -> float:
+        """Output tokens per second over the last ``window`` seconds."""
+        now = self._clock()
+        while self.token_log and self.token_log[0][0] < now - window:
+            self.token_log.popleft()
+        span = min(window, now - self._since)
+        return sum(n for _, n in self.token_log) / span if span > 0 else 0.0
+
+    # -- concurrency --------------------------------------------------------------------------
+
+    def set_capacity(self, cap: Capacity | None, fleet_max: int | None = None) -> None:
+        """Take the server's reported capacity; with ``auto`` it sets the starting limit."""
+        self.capacity = cap
+        if cap is not None and cap.model:
+            self.model = cap.model
+        if not self.auto:
+            return
+        known = (cap.max_running if cap is not None else None) or fleet_max
+        if known:
+            self.limit = known + queue_target(known)
+            self.max_limit = max(self.max_limit, known * 4)
+
+    def adapt(self, load: Load) -> int | None:
+        """Follow the server's queue (auto only): shrink when more wait than the target band,
+        grow when none wait although we fill our limit. Returns the new limit if it changed."""
+        self.last_load = load
+        if not self.auto:
+            return None
+        old = self.limit
+        target = queue_target(load.running)
+        if load.waiting > 2 * target:
+            self.limit = max(1, load.running + target)
+        elif load.waiting == 0 and self.inflight >= self.limit - 1:
+            self.limit = min(self.max_limit, self.limit + max(1, math.ceil(self.limit * 0.25)))
+        return self.limit if self.limit != old else None
+
+    def rate_limited(self) -> None:
+        """A 429: back off a little (auto only)."""
+        if self.auto:
+            self.limit = max(1, min(self.limit, self.inflight) - max(1, self.limit // 10))
+
+    def row(self, window: float) -> dict[str, Any]:
+        """The endpoint's figures for progress lines and metrics snapshots."""
+        return {
+            "url": self.url,
+            "state": self.state,
+            "inflight": self.inflight,
+            "limit": self.limit,
+            "capacity": self.capacity.max_running if self.capacity else None,
+            "engine": self.capacity.engine if self.capacity else None,
+            "requests": self.requests,
+            "completed": self.completed,
+            "output_tokens": self.output_tokens,
+            "tokens_per_s": round(self.tokens_per_s(window), 1),
+            "errors": dict(self.errors),
+            "waiting": self.last_load.waiting if self.last_load else None,
+        }
+
+
+# -- probing ------------------------------------------------------------------------------------
+
+
+async def check_alive(session: aiohttp.ClientSession, url: str, timeout: float) -> bool:
+    """Whether the server answers: ``/health`` 200, or (no /health route) ``/v1/models`` 200."""
+    root = base_url(url)
+    for path in ("/health", "/v1/models"):
+        try:
+            async with session.get(root + path, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                await r.read()
+                if r.status == 200:
+                    return True
+                if r.status != 404:
+                    return False
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+    return False
+
+
+async def discover(session: aiohttp.ClientSession, url: str, timeout: float) -> Capacity | None:
+    """Engine, model and capacity of a server; None when it does not answer."""
+    return await probe_capacity(session, url, timeout=timeout)
+
+
+async def load_of(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) -> Load | None:
+    """The server's running/waiting counts now (None when it cannot tell)."""
+    engine = ep.capacity.engine if ep.capacity else "unknown"
+    return await probe_load(session, ep.url, engine, timeout=timeout)

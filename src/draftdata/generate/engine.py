@@ -1,0 +1,330 @@
+"""The engine: dispatcher, commits, probes, progress and shutdown on one event loop.
+
+``Engine.run`` drives a ``Dispatcher`` over ready ``Endpoint``s and an open ``Run`` and, beside
+it, a few small loops: the committer (``Run.flush`` in a worker thread whenever it is due), the
+load watcher (the server's running/waiting every ``load_interval`` s feeds each endpoint's
+concurrency controller), the reviver (a taken-out endpoint is probed every ``probe_interval`` s
+and re-admitted when healthy), the progress display or log line, and the metrics snapshots.
+
+Shutdown (``interrupt``): the first call stops dispatch and lets running requests finish for up
+to ``grace_seconds``; the second (or the end of the grace) cancels them. Either way whatever
+finished is committed before ``run`` returns, and a rerun of the same command resumes.
+
+``run_engine`` is the async entry point for scripts and benchmarks that already hold a Run and
+endpoints; ``stage.generate`` is the plain function that builds them from a GenerateConfig.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from draftdata.errors import StoreError
+from draftdata.generate.config import GenerateConfig
+from draftdata.generate.dispatch import Dispatcher
+from draftdata.generate.endpoint import Endpoint, check_alive, discover, load_of
+from draftdata.generate.progress import Progress
+from draftdata.generate.source import PromptReader
+from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
+from draftdata.records import Completion, Failure
+from draftdata.store.run import Run
+
+Log = Callable[[str], None]
+
+
+def probe_session(api_key: str | None) -> aiohttp.ClientSession:
+    """The session for health/capacity/load probes (with the API key when there is one)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    return aiohttp.ClientSession(headers=headers)
+
+
+def stderr_log(line: str) -> None:
+    """The default log: a timestamped line on stderr."""
+    print(time.strftime("%H:%M:%S ") + line, file=sys.stderr, flush=True)
+
+
+class _Sink:
+    """Dispatcher results -> Run buffers (+ the tally, for what the Run accepted)."""
+
+    def __init__(self, run: Run, tally: Tally) -> None:
+        self.run = run
+        self.tally = tally
+
+    def completion(self, c: Completion) -> None:
+        if self.run.add_completion(c):
+            self.tally.completion(c)
+
+    def failure(self, f: Failure) -> None:
+        if self.run.add_failure(f):
+            self.tally.failure(f)
+
+
+class Engine:
+    """One generate run over ``endpoints`` into ``run`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: GenerateConfig,
+        run: Run,
+        endpoints: list[Endpoint],
+        reader: PromptReader,
+        *,
+        model: str,
+        session: aiohttp.ClientSession,
+        total: int | None = None,
+        log: Log = stderr_log,
+        live: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = config
+        self.run_ = run
+        self.endpoints = endpoints
+        self.session = session
+        self.model = model
+        self.log = log
+        self.live = live
+        self.clock = clock
+        self.tally = Tally()
+        self.interrupted = False
+        self._interrupts = 0
+        self._probe_timeout = min(5.0, config.connect_timeout)
+        self.dispatcher = Dispatcher(
+            config,
+            endpoints,
+            reader,
+            _Sink(run, self.tally),
+            model=model,
+            is_done=run.is_done,
+            check_alive=lambda ep: check_alive(session, ep.url, self._probe_timeout),
+            revive=self._revive,
+            log=log,
+            clock=clock,
+        )
+        self.progress = Progress(endpoints, self._counters, total=total, clock=clock)
+        self._stop_loops = asyncio.Event()
+        self._grace_task: asyncio.Task[None] | None = None
+
+    def _counters(self) -> tuple[int, int, int, int]:
+        t = self.tally
+        return (
+            t.done,
+            self.dispatcher.requests_ok,
+            sum(e.output_tokens for e in self.endpoints),
+            (t.done - t.completed),
+        )
+
+    # -- shutdown -----------------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """SIGINT/SIGTERM: first stop dispatch (grace period), then cancel what runs."""
+        self._interrupts += 1
+        self.interrupted = True
+        d = self.dispatcher
+        if self._interrupts == 1:
+            running = sum(len(c) for c in d.on_endpoint.values())
+            self.log(
+                f"generate: stopping; waiting up to {self.cfg.grace_seconds:.0f} s for {running} "
+                "running request(s), then committing (interrupt again to leave now)"
+            )
+            d.stop()
+            self._grace_task = asyncio.ensure_future(self._grace())
+        else:
+            self.log("generate: leaving now; committing what finished")
+            d.abort()
+
+    async def _grace(self) -> None:
+        await asyncio.sleep(self.cfg.grace_seconds)
+        self.log("generate: grace period over; cancelling the running requests")
+        self.dispatcher.abort()
+
+    # -- the loops ----------------------------------------------------------------------------
+
+    async def _commit_loop(self) -> None:
+        while not self._stop_loops.is_set():
+            if self.run_.flush_due():
+                await self._flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_loops.wait(), 0.1)
+
+    async def _flush(self) -> None:
+        try:
+            await asyncio.to_thread(self.run_.flush)
+        except StoreError as exc:  # kept and retried by the next flush
+            self.log(f"generate: store write failed, will retry: {exc}")
+
+    async def _load_loop(self) -> None:
+        shown = {e: e.limit for e in self.endpoints}
+        while not self._stop_loops.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_loops.wait(), self.cfg.load_interval)
+            ups = [e for e in self.endpoints if e.state == "up"]
+            loads = await asyncio.gather(
+                *(load_of(self.session, e, self._probe_timeout) for e in ups)
+            )
+            for e, load in zip(ups, loads, strict=True):
+                if load is None or e.adapt(load) is None:
+                    continue
+                if abs(e.limit - shown[e]) >= max(2, shown[e] // 10):
+                    self.log(
+                        f"endpoint {e.url}: concurrency {shown[e]} -> {e.limit} "
+                        f"(server running {load.running}, waiting {load.waiting})"
+                    )
+                    shown[e] = e.limit
+            self.dispatcher.wake.set()
+
+    async def _revive(self, ep: Endpoint) -> None:
+        while not self.dispatcher.stopping:
+            await asyncio.sleep(self.cfg.probe_interval)
+            if not await check_alive(self.session, ep.url, self._probe_timeout):
+                continue
+            cap = await discover(self.session, ep.url, self._probe_timeout)
+            if cap is not None:
+                ep.set_capacity(cap)
+            ep.mark_up(half_open=ep.downs > 0)
+            self.log(f"endpoint {ep.url} is back; concurrency {ep.limit}")
+            self.dispatcher.wake.set()
+            return
+
+    async def _progress_loop(self) -> None:
+        display = None
+        if self.live:
+            from rich.console import Console
+            from rich.live import Live
+
+            display = Live(
+                self.progress.render(), console=Console(), refresh_per_second=2, transient=False
+            )
+            display.start()
+        last_line = last_metrics = self.clock()
+        try:
+            while not self._stop_loops.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop_loops.wait(), 0.5)
+                self.progress.already_done = self.dispatcher.already_done
+                self.progress.tick()
+                now = self.clock()
+                if display is not None:
+                    display.update(self.progress.render())
+                elif self.cfg.progress != "off" and now - last_line >= self.cfg.log_interval:
+                    self.log(self.progress.line())
+                    last_line = now
+                if now - last_metrics >= self.cfg.metrics_interval:
+                    last_metrics = now
+                    await self._write_metrics(self.progress.snapshot())
+        finally:
+            if display is not None:
+                display.update(self.progress.render())
+                display.stop()
+
+    async def _write_metrics(self, data: dict[str, Any]) -> None:
+        try:
+            await asyncio.to_thread(self.run_.write_metrics, data)
+        except StoreError as exc:
+            self.log(f"generate: could not write metrics: {exc}")
+
+    # -- run ----------------------------------------------------------------------------------
+
+    async def run(self) -> GenerateSummary:
+        """Run to the end (or to an interrupt); commit; return the summary."""
+        t0 = self.clock()
+        for e in self.endpoints:
+            if e.state != "up":
+                self.dispatcher.spawn(self._revive(e))
+        loops = [
+            asyncio.create_task(self._commit_loop()),
+            asyncio.create_task(self._load_loop()),
+            asyncio.create_task(self._progress_loop()),
+        ]
+        try:
+            await self.dispatcher.run()
+        finally:
+            self._stop_loops.set()
+            if self._grace_task is not None:
+                self._grace_task.cancel()
+            self.dispatcher.abort()
+            await asyncio.gather(*self.dispatcher.tasks, return_exceptions=True)
+            await asyncio.gather(*loops, return_exceptions=True)
+            await asyncio.to_thread(self.run_.close)
+        summary = self._summary(self.clock() - t0)
+        await self._write_metrics({"kind": "summary", **summary.to_dict()})
+        return summary
+
+    def _summary(self, wall: float) -> GenerateSummary:
+        d = self.dispatcher
+        total_tokens = self.tally.output_tokens or 1
+        shares = []
+        for e in self.endpoints:
+            committed_tokens = e.output_tokens
+            shares.append(
+                EndpointShare(
+                    url=e.url,
+                    state=e.state,
+                    engine=e.capacity.engine if e.capacity else None,
+                    capacity=e.capacity.max_running if e.capacity else None,
+                    concurrency=e.limit,
+                    requests=e.requests,
+                    completed=e.completed,
+                    output_tokens=committed_tokens,
+                    share=round(min(1.0, committed_tokens / total_tokens), 4),
+                    errors=dict(e.errors),
+                    hedges_won=e.hedges_won,
+                    downs=e.downs,
+                )
+            )
+        total = self.progress.total
+        settled = d.already_done + self.tally.done
+        return self.tally.freeze(
+            out=self.cfg.out,
+            run_id=self.run_.manifest.get("run_id"),
+            model=self.model,
+            partition=self.cfg.partition,
+            total=total,
+            already_done=d.already_done,
+            requests=d.requests_ok,
+            retries=d.retries,
+            hedges=d.hedges,
+            hedges_won=d.hedges_won,
+            invalid_prompts=d.reader.invalid,
+            wall_s=round(wall, 3),
+            interrupted=self.interrupted,
+            remaining=max(0, total - settled) if total is not None else None,
+            endpoints=shares,
+        )
+
+
+async def run_engine(
+    config: GenerateConfig,
+    run: Run,
+    endpoints: list[Endpoint],
+    reader: PromptReader,
+    *,
+    model: str,
+    total: int | None = None,
+    log: Log = stderr_log,
+    live: bool = False,
+    api_key: str | None = None,
+    on_engine: Callable[[Engine], None] | None = None,
+) -> GenerateSummary:
+    """Run the engine with a probe session of its own; ``on_engine`` sees the Engine first
+    (to wire signals or to interrupt it from a test)."""
+    async with probe_session(api_key) as session:
+        engine = Engine(
+            config,
+            run,
+            endpoints,
+            reader,
+            model=model,
+            session=session,
+            total=total,
+            log=log,
+            live=live,
+        )
+        if on_engine is not None:
+            on_engine(engine)
+        return await engine.run()

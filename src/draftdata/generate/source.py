@@ -1,0 +1,140 @@
+"""The prompts a run answers: which files, their identity, and a lazy, filtered reader.
+
+``--prompts`` names a JSONL file, or a directory (``prepare``'s output: its
+``prompts-*.jsonl`` shards, else every ``*.jsonl`` but ``rejects.jsonl``, in name order).
+``scan`` reads the files once without parsing prompts: a sha256 over their bytes (the prompts'
+identity in the run manifest, so a resumed run cannot silently answer other prompts) and the
+number of prompts in scope (``limit``, ``partition``) for the progress total. ``PromptReader``
+then yields validated prompts lazily, in file order; memory does not grow with the file.
+
+A line that does not validate is reported (file:line: what is wrong) and skipped, never fatal:
+``prepare`` already validated its output, and one bad line must not stop a day-long run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+
+from draftdata.distributed.partition import Partition, parse_partition
+from draftdata.errors import InputError
+from draftdata.records import Prompt, parse_prompt
+
+
+def prompt_files(path: str) -> list[Path]:
+    """The JSONL files behind ``--prompts`` (InputError when there are none)."""
+    if path.startswith(("s3://", "http://", "https://")):
+        raise InputError(f"--prompts {path}: read prompts from a local file or directory")
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.glob("prompts-*.jsonl")) or sorted(
+            f for f in p.glob("*.jsonl") if f.name != "rejects.jsonl"
+        )
+        if not files:
+            raise InputError(f"--prompts {path}: the directory holds no *.jsonl file")
+        return files
+    if not p.is_file():
+        raise InputError(f"--prompts {path}: no such file or directory")
+    return [p]
+
+
+class _IdOnly(msgspec.Struct):
+    id: str = ""
+
+
+_id_decoder = msgspec.json.Decoder(_IdOnly)
+
+
+class Scan(msgspec.Struct, kw_only=True, frozen=True):
+    """What one pass over the prompt files found."""
+
+    sha256: str
+    bytes: int
+    prompts: int  # non-blank lines in all files
+    in_scope: int  # of those, within limit and partition
+
+
+def scan(files: list[Path], *, limit: int | None, partition: Partition | None) -> Scan:
+    """Hash the files and count the prompts in scope (ids only; malformed lines count)."""
+    h = hashlib.sha256()
+    size = lines = in_scope = 0
+    for f in files:
+        h.update(f.name.encode() + b"\x00")
+        try:
+            fh = f.open("rb")
+        except OSError as exc:
+            raise InputError(f"{f}: cannot read prompts ({exc.strerror})") from exc
+        with fh:
+            for line in fh:
+                h.update(line)
+                size += len(line)
+                if not line.strip():
+                    continue
+                lines += 1
+                if limit is not None and lines > limit:
+                    continue
+                if partition is not None and partition.count > 1:
+                    try:
+                        pid = _id_decoder.decode(line).id
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        continue
+                    if not partition.contains(pid):
+                        continue
+                in_scope += 1
+    return Scan(sha256=h.hexdigest(), bytes=size, prompts=lines, in_scope=in_scope)
+
+
+class PromptReader:
+    """Validated prompts of the files in order, within ``limit`` and ``partition``."""
+
+    def __init__(
+        self,
+        files: list[Path],
+        *,
+        limit: int | None = None,
+        partition: str | Partition | None = None,
+        on_invalid: Callable[[str], None] | None = None,
+    ) -> None:
+        self.files = files
+        self.limit = limit
+        self.partition = parse_partition(partition) if isinstance(partition, str) else partition
+        self.on_invalid = on_invalid
+        self.invalid = 0
+        self.read = 0
+        self._it = self._iter()
+        self.exhausted = False
+
+    def _iter(self) -> Iterator[Prompt]:
+        n = 0
+        for f in self.files:
+            with f.open("rb") as fh:
+                for lineno, line in enumerate(fh, start=1):
+                    if not line.strip():
+                        continue
+                    n += 1
+                    if self.limit is not None and n > self.limit:
+                        return
+                    self.read += 1
+                    try:
+                        prompt = parse_prompt(line, f"{f}:{lineno}")
+                    except InputError as exc:
+                        self.invalid += 1
+                        if self.on_invalid is not None:
+                            self.on_invalid(str(exc))
+                        continue
+                    if self.partition is not None and not self.partition.contains(prompt.id):
+                        continue
+                    yield prompt
+
+    def take(self, k: int) -> list[Prompt]:
+        """Up to ``k`` more prompts (fewer at the end; ``exhausted`` is then True)."""
+        out: list[Prompt] = []
+        for prompt in self._it:
+            out.append(prompt)
+            if len(out) >= k:
+                return out
+        self.exhausted = True
+        return out

@@ -1,0 +1,240 @@
+"""``generate(config) -> GenerateSummary``: the generate stage as one plain function.
+
+It checks everything before the first request: the config, the prompt files, the API key
+variable, that at least one endpoint answers (else a one-line FleetError), and the run store
+(``Run.open``: protected prefixes, the manifest's settings hash). Then it runs the engine on a
+fresh event loop, with SIGINT/SIGTERM wired to the engine's graceful stop when called from the
+main thread, and returns the summary. Works in a fresh process (scripts, Ray workers).
+
+The run's settings (the manifest hash) are what changes the output: the prompts' identity
+(sha256 of the files), the model, max tokens, sampling, reasoning mode and template kwargs,
+history handling, ``n``, per-source overrides and extra body fields. Endpoints, concurrency,
+``limit``, ``partition`` and timeouts are not, so a run can be resumed on another fleet, in
+partitions, or first tried with ``--limit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from typing import Any
+
+import msgspec
+
+from draftdata.distributed.partition import parse_partition
+from draftdata.errors import ConfigError, FleetError
+from draftdata.fleet.probe import base_url
+from draftdata.fleet.spec import read_fleet
+from draftdata.generate.client import EndpointClient
+from draftdata.generate.config import GenerateConfig, validate
+from draftdata.generate.endpoint import Endpoint, discover
+from draftdata.generate.engine import Engine, Log, probe_session, stderr_log
+from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
+from draftdata.generate.summary import GenerateSummary
+from draftdata.store.run import Run
+
+
+def run_settings(config: GenerateConfig, prompts: Scan, model: str) -> dict[str, Any]:
+    """The settings whose hash identifies the run (module docstring)."""
+    kwargs: dict[str, Any] = dict(config.extra_body.get("chat_template_kwargs") or {})
+    if config.reasoning != "server":
+        kwargs["enable_thinking"] = config.reasoning == "on"
+    return {
+        "stage": "generate",
+        "prompts": {"sha256": prompts.sha256, "lines": prompts.prompts, "bytes": prompts.bytes},
+        "model": model,
+        "max_tokens": config.max_tokens,
+        "sampling": msgspec.to_builtins(config.sampling),
+        "reasoning": config.reasoning,
+        "chat_template_kwargs": kwargs,
+        "keep_reasoning_history": config.keep_reasoning_history,
+        "n": config.n,
+        "overrides": msgspec.to_builtins(config.overrides),
+        "extra_body": config.extra_body,
+    }
+
+
+def endpoint_urls(config: GenerateConfig) -> tuple[list[str], list[int | None]]:
+    """The endpoints' base URLs and the capacity fleet.yaml records for each (if any)."""
+    if config.fleet is not None:
+        spec = read_fleet(config.fleet)
+        return [base_url(e.url) for e in spec.endpoints], [
+            e.max_running_requests for e in spec.endpoints
+        ]
+    urls = [base_url(u) for u in config.endpoints]
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ConfigError(f"--endpoint {bad[0]}: give a URL such as http://127.0.0.1:30000")
+    return list(dict.fromkeys(urls)), [None] * len(dict.fromkeys(urls))
+
+
+def api_key(config: GenerateConfig) -> str | None:
+    """The API key from the environment variable named by ``api_key_env`` (never logged)."""
+    if not config.api_key_env:
+        return None
+    value = os.environ.get(config.api_key_env)
+    if not value:
+        raise ConfigError(f"--api-key-env: ${config.api_key_env} is not set or empty")
+    return value
+
+
+def generate(
+    config: GenerateConfig,
+    *,
+    partition: str | None = None,
+    writer_id: str | None = None,
+    log: Log | None = None,
+    live: bool | None = None,
+    handle_signals: bool = True,
+) -> GenerateSummary:
+    """Run the generate stage for ``config`` and return its summary.
+
+    ``partition``/``writer_id`` override the config's fields (the Ray driver passes them);
+    ``log`` receives start-up, endpoint and plain progress lines (default: stderr); ``live``
+    forces the rich display on or off (default: from ``config.progress`` and whether stdout
+    is a terminal). Raises a DraftdataError subclass for anything the user can fix.
+    """
+    changes = {k: v for k, v in (("partition", partition), ("writer_id", writer_id)) if v}
+    config = validate(msgspec.structs.replace(config, **changes) if changes else config)
+    files = prompt_files(config.prompts)
+    urls, fleet_caps = endpoint_urls(config)
+    key = api_key(config)
+    if live is None:
+        import sys
+
+        live = config.progress == "rich" or (config.progress == "auto" and sys.stdout.isatty())
+    emit = log or stderr_log
+    return asyncio.run(
+        _generate(config, files, urls, fleet_caps, key, emit, live=live, signals=handle_signals)
+    )
+
+
+async def _generate(
+    config: GenerateConfig,
+    files: list[Any],
+    urls: list[str],
+    fleet_caps: list[int | None],
+    key: str | None,
+    log: Log,
+    *,
+    live: bool,
+    signals: bool,
+) -> GenerateSummary:
+    timeout = min(10.0, config.connect_timeout)
+    async with probe_session(key) as session:
+        caps = await asyncio.gather(*(discover(session, u, timeout) for u in urls))
+        if all(c is None for c in caps):
+            shown = ", ".join(urls[:4]) + (f" and {len(urls) - 4} more" if len(urls) > 4 else "")
+            raise FleetError(
+                f"generate: no endpoint reachable ({shown}); start the fleet "
+                "(draftdata fleet up / fleet sim) or check --endpoint/--fleet"
+            )
+        model = config.model or next((c.model for c in caps if c and c.model), None) or "default"
+        part = parse_partition(config.partition) if config.partition else None
+        found = await asyncio.to_thread(scan, files, limit=config.limit, partition=part)
+        run = await asyncio.to_thread(
+            Run.open,
+            config.out,
+            settings=run_settings(config, found, model),
+            protect=config.protect,
+            allow_config_change=config.allow_config_change,
+            retry_failed=config.retry_failed,
+            flush_records=config.flush_records,
+            flush_seconds=config.flush_seconds,
+            writer_id=config.writer_id,
+        )
+        endpoints = _endpoints(config, urls, caps, fleet_caps, key, log)
+        reader = PromptReader(files, limit=config.limit, partition=part, on_invalid=log)
+        if run.resumed_done or run.resumed_fatal:
+            log(
+                f"generate: resuming {config.out}: {run.resumed_done} completed and "
+                f"{run.resumed_fatal} fatally failed records are skipped"
+            )
+        engine = Engine(
+            config,
+            run,
+            endpoints,
+            reader,
+            model=model,
+            session=session,
+            total=found.in_scope * config.n,
+            log=log,
+            live=live,
+        )
+        restore = _install_signals(engine) if signals else None
+        try:
+            summary = await engine.run()
+        finally:
+            if restore is not None:
+                restore()
+            await asyncio.gather(*(e.client.close() for e in endpoints), return_exceptions=True)
+    if summary.interrupted:
+        log(
+            f"generate: interrupted; {summary.remaining} left; "
+            "to resume, run the same command again"
+        )
+    return summary
+
+
+def _endpoints(
+    config: GenerateConfig,
+    urls: list[str],
+    caps: list[Any],
+    fleet_caps: list[int | None],
+    key: str | None,
+    log: Log,
+) -> list[Endpoint]:
+    out = []
+    for i, (url, cap, fleet_max) in enumerate(zip(urls, caps, fleet_caps, strict=True)):
+        # the pool only caps connections; auto concurrency may grow past the reported capacity
+        pool = 1024 if config.concurrency == "auto" else int(config.concurrency) + 8
+        client = EndpointClient(
+            url,
+            api_key=key,
+            connect_timeout=config.connect_timeout,
+            read_timeout=config.read_timeout,
+            pool_size=pool,
+        )
+        ep = Endpoint(
+            url,
+            client,
+            index=i,
+            concurrency=config.concurrency,
+            default_concurrency=config.default_concurrency,
+            breaker_failures=config.breaker_failures,
+        )
+        ep.set_capacity(cap, fleet_max)
+        if cap is None:
+            ep.state = "down"
+            log(f"endpoint {url}: not reachable now; probing every {config.probe_interval:g} s")
+        else:
+            ep.state = "up"
+            reported = cap.max_running if cap.max_running else "not reported"
+            how = "auto" if ep.auto else "fixed"
+            log(
+                f"endpoint {url}: {cap.engine}, model {cap.model}, capacity {reported}, "
+                f"concurrency {ep.limit} ({how})"
+            )
+        out.append(ep)
+    return out
+
+
+def _install_signals(engine: Engine) -> Any:
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, engine.interrupt)
+        except (ValueError, RuntimeError, NotImplementedError):
+            continue
+        installed.append(sig)
+
+    def restore() -> None:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+    return restore

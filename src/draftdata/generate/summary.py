@@ -1,0 +1,180 @@
+"""What a generate run did: one ``Tally`` fed by the engine, frozen into a ``GenerateSummary``.
+
+The engine calls ``Tally.completion`` / ``Tally.failure`` for every record it hands the store;
+counts are by outcome, finish reason, failure reason and domain, with token sums. The summary
+adds wall time and each endpoint's share, and renders as a dict (``to_dict``/``summary``: the
+Ray driver and the metrics snapshot use it) or as the lines the CLI prints (``lines``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import msgspec
+
+from draftdata.records import Completion, Failure
+
+
+class DomainStats(msgspec.Struct, kw_only=True):
+    """Tokens, finish reasons and failures of one domain."""
+
+    completions: int = 0
+    failures: dict[str, int] = msgspec.field(default_factory=dict)
+    finish_reasons: dict[str, int] = msgspec.field(default_factory=dict)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
+class EndpointShare(msgspec.Struct, kw_only=True):
+    """One endpoint's part of the run."""
+
+    url: str
+    state: str
+    engine: str | None = None
+    capacity: int | None = None
+    concurrency: int = 0
+    requests: int = 0
+    completed: int = 0
+    output_tokens: int = 0
+    share: float = 0.0  # of all output tokens committed by this command
+    errors: dict[str, int] = msgspec.field(default_factory=dict)
+    hedges_won: int = 0
+    downs: int = 0
+
+
+class GenerateSummary(msgspec.Struct, kw_only=True):
+    """The outcome of one ``generate`` command (this process; a resumed run adds to it)."""
+
+    out: str
+    run_id: str | None = None
+    model: str = ""
+    partition: str | None = None
+    total: int | None = None  # (prompt, sample) pairs in scope
+    already_done: int = 0  # settled before this command started
+    completed: int = 0
+    failed: dict[str, int] = msgspec.field(default_factory=dict)
+    finish_reasons: dict[str, int] = msgspec.field(default_factory=dict)
+    truncated: int = 0  # completions with a turn cut by max tokens
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    requests: int = 0
+    retries: int = 0
+    hedges: int = 0
+    hedges_won: int = 0
+    invalid_prompts: int = 0
+    wall_s: float = 0.0
+    interrupted: bool = False
+    remaining: int | None = None
+    endpoints: list[EndpointShare] = msgspec.field(default_factory=list)
+    domains: dict[str, DomainStats] = msgspec.field(default_factory=dict)
+
+    @property
+    def failures(self) -> int:
+        """All failures recorded by this command."""
+        return sum(self.failed.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data."""
+        data: dict[str, Any] = msgspec.to_builtins(self)
+        return data
+
+    def summary(self) -> dict[str, Any]:
+        """The same as ``to_dict`` (the name the Ray driver looks for)."""
+        return self.to_dict()
+
+    def lines(self) -> list[str]:
+        """The final summary as printed by the CLI."""
+        rate = self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+        head = "generate: interrupted" if self.interrupted else "generate: done"
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(self.failed.items())) or "none"
+        finish = ", ".join(f"{k} {v}" for k, v in sorted(self.finish_reasons.items())) or "-"
+        out = [
+            f"{head}: {self.completed} completions, {self.failures} failures ({fails}) in "
+            f"{self.wall_s:.1f} s into {self.out}",
+            f"  finish reasons: {finish}; cut by max tokens: {self.truncated}",
+            f"  tokens: {self.prompt_tokens} prompt ({self.cached_tokens} cached), "
+            f"{self.output_tokens} output ({rate:.0f} output tok/s)",
+            f"  requests: {self.requests}, retries: {self.retries}, hedged: {self.hedges} "
+            f"(won {self.hedges_won}); already done before: {self.already_done}"
+            + (f"; invalid prompt lines: {self.invalid_prompts}" if self.invalid_prompts else ""),
+        ]
+        for e in self.endpoints:
+            errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "no errors"
+            out.append(
+                f"  {e.url}: {e.share:.0%} of output tokens, {e.completed} completions, "
+                f"concurrency {e.concurrency}, {errs}, {e.state}"
+            )
+        if len(self.domains) > 1 or (self.domains and "" not in self.domains):
+            for name, d in sorted(self.domains.items()):
+                f = sum(d.failures.values())
+                cut = d.finish_reasons.get("length", 0)
+                out.append(
+                    f"  domain {name or '(none)'}: {d.completions} completions, {f} failures, "
+                    f"{d.output_tokens} output tokens, cut by max tokens {cut}"
+                )
+        return out
+
+
+class Tally:
+    """Running counts; ``freeze`` makes the summary."""
+
+    def __init__(self) -> None:
+        self.completed = 0
+        self.failed: Counter[str] = Counter()
+        self.finish: Counter[str] = Counter()
+        self.truncated = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.cached_tokens = 0
+        self.domains: dict[str, DomainStats] = {}
+
+    def _domain(self, name: str) -> DomainStats:
+        d = self.domains.get(name)
+        if d is None:
+            d = self.domains[name] = DomainStats()
+        return d
+
+    def completion(self, c: Completion) -> None:
+        """Count one completion handed to the store."""
+        self.completed += 1
+        d = self._domain(c.domain)
+        d.completions += 1
+        cut = False
+        for t in c.turns:
+            reason = t.finish_reason or "unknown"
+            self.finish[reason] += 1
+            d.finish_reasons[reason] = d.finish_reasons.get(reason, 0) + 1
+            cut = cut or reason == "length"
+        self.truncated += cut
+        self.prompt_tokens += c.usage.prompt_tokens
+        self.output_tokens += c.usage.completion_tokens
+        self.cached_tokens += c.usage.cached_tokens
+        d.prompt_tokens += c.usage.prompt_tokens
+        d.output_tokens += c.usage.completion_tokens
+
+    def failure(self, f: Failure) -> None:
+        """Count one failure handed to the store."""
+        self.failed[f.reason] += 1
+        d = self._domain(f.domain)
+        d.failures[f.reason] = d.failures.get(f.reason, 0) + 1
+
+    @property
+    def done(self) -> int:
+        """Completions plus failures so far."""
+        return self.completed + sum(self.failed.values())
+
+    def freeze(self, **fields: Any) -> GenerateSummary:
+        """The summary with these counts and the given other fields."""
+        return GenerateSummary(
+            completed=self.completed,
+            failed=dict(self.failed),
+            finish_reasons=dict(self.finish),
+            truncated=self.truncated,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            cached_tokens=self.cached_tokens,
+            domains=dict(sorted(self.domains.items())),
+            **fields,
+        )

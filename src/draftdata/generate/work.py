@@ -1,0 +1,158 @@
+"""Units of work: a ``Job`` is one prompt's request chain for one or more samples.
+
+``plan`` turns a Prompt into Jobs. A single-turn prompt with ``n`` samples is one Job whose
+request asks the server for ``n`` choices (split into one Job per sample on a server that
+answers fewer); a multi-turn prompt (several user turns, see ``parse.user_turn_slices``) is one
+Job per sample, since each sample's later turns are conditioned on its own earlier answers.
+Samples the run already settled are left out. A Job keeps a checkpoint of the turns done so far
+(multi-turn), so a retry continues where the last attempt stopped.
+
+``Copy`` is one attempt of a Job running on one endpoint: the first attempt, a retry, or a
+hedge (a second copy of a tail request on an idle endpoint; the first to answer wins).
+This module holds data and the per-prompt planning only; ``dispatch.py`` runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from draftdata.generate.config import GenerateConfig, Reasoning, Sampling
+from draftdata.generate.parse import user_turn_slices
+from draftdata.records import Message, Prompt, Turn
+
+if TYPE_CHECKING:
+    from draftdata.generate.client import RequestError
+    from draftdata.generate.endpoint import Endpoint
+
+
+class Job:
+    """One prompt (some of its samples) on its way through the fleet."""
+
+    __slots__ = (
+        "attempts",
+        "avoid",
+        "copies",
+        "cost",
+        "done",
+        "hedged",
+        "history",
+        "last_error",
+        "max_tokens",
+        "prefix",
+        "prompt",
+        "ready_since",
+        "reasoning",
+        "samples",
+        "sampling",
+        "slices",
+        "turns",
+    )
+
+    def __init__(
+        self,
+        prompt: Prompt,
+        samples: list[int],
+        slices: list[list[Message]],
+        *,
+        sampling: Sampling,
+        max_tokens: int,
+        reasoning: Reasoning,
+        prefix: str | None,
+        cost: int,
+    ) -> None:
+        self.prompt = prompt
+        self.samples = samples
+        self.slices = slices
+        self.sampling = sampling
+        self.max_tokens = max_tokens
+        self.reasoning = reasoning
+        self.prefix = prefix  # shared-prefix key (system prompt + tools) for cache steering
+        self.cost = cost  # estimated tokens (prompt + max output), the dispatch tie-breaker
+        self.turns: list[Turn] = []  # checkpoint: turns done (multi-turn, one sample)
+        self.history: list[Message] = []  # conversation before the next slice
+        self.attempts = 0
+        self.avoid: set[str] = set()  # endpoints to steer a retry away from
+        self.copies: list[Copy] = []
+        self.done = False
+        self.hedged = False
+        self.last_error: RequestError | None = None
+        self.ready_since = 0.0
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether the job regenerates more than one assistant turn."""
+        return len(self.slices) > 1
+
+    def split(self) -> list[Job]:
+        """One job per sample (for servers without a working ``n``)."""
+        return [self.with_samples([s]) for s in self.samples]
+
+    def with_samples(self, samples: list[int]) -> Job:
+        """A fresh job for the same prompt and settings with other samples."""
+        return Job(
+            self.prompt,
+            samples,
+            self.slices,
+            sampling=self.sampling,
+            max_tokens=self.max_tokens,
+            reasoning=self.reasoning,
+            prefix=self.prefix,
+            cost=self.cost,
+        )
+
+
+class Copy:
+    """One running attempt of a job on one endpoint."""
+
+    __slots__ = ("detached", "endpoint", "hedge", "job", "seqs", "started", "task")
+
+    def __init__(self, job: Job, endpoint: Endpoint, *, hedge: bool, seqs: int, started: float):
+        self.job = job
+        self.endpoint = endpoint
+        self.hedge = hedge
+        self.seqs = seqs
+        self.started = started
+        self.detached = False
+        self.task: asyncio.Task[None] | None = None
+
+
+def prefix_key(prompt: Prompt) -> str | None:
+    """A key shared by prompts with the same system prompt and tools (None if neither)."""
+    system = [m.content or "" for m in prompt.messages if m.role == "system"]
+    if not system and not prompt.tools:
+        return None
+    h = hashlib.blake2b(digest_size=8)
+    h.update(msgspec.json.encode(system))
+    h.update(msgspec.json.encode(prompt.tools or []))
+    return h.hexdigest()
+
+
+def plan(
+    prompt: Prompt, config: GenerateConfig, is_done: Callable[[str, int], bool]
+) -> tuple[list[Job], int]:
+    """The jobs for ``prompt`` and how many of its samples were already settled."""
+    samples = [s for s in range(config.n) if not is_done(prompt.id, s)]
+    settled = config.n - len(samples)
+    if not samples:
+        return [], settled
+    slices = user_turn_slices(prompt)
+    sampling, max_tokens, reasoning = config.settings_for(prompt.source, prompt.domain)
+    chars = sum(len(m.content or "") for m in prompt.messages)
+    job = Job(
+        prompt,
+        samples,
+        slices,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        reasoning=reasoning,
+        prefix=prefix_key(prompt) if config.prefix_steering else None,
+        cost=chars // 4 + max_tokens * len(slices),
+    )
+    if job.multi_turn and len(samples) > 1:
+        return job.split(), settled
+    return [job], settled
