@@ -1,16 +1,120 @@
-"""`draftdata merge` (skeleton: the owning stage replaces this)."""
+"""`draftdata merge`: existing + added datasets -> one deduplicated training set on a target mix.
+
+Parses options into a ``MergeConfig``, calls ``draftdata.merge.stage.merge`` and prints the
+summary tables (``merge/report.py``).
+"""
 
 from __future__ import annotations
 
+import time
+
 import typer
 
-from draftdata.errors import DraftdataError
+
+class _Progress:
+    """``merge: PATH: N rows (R rows/s)`` lines on stderr, at most every 2 seconds."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.last = 0.0
+
+    def __call__(self, what: str, rows: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < 2.0:
+            return
+        self.last = now
+        rate = rows / max(now - self.start, 1e-9)
+        typer.echo(f"merge: {what}: {rows:,} rows ({rate:,.0f} rows/s)", err=True)
 
 
 def register(app: typer.Typer) -> None:
     """Add the `merge` command to `app`."""
 
     @app.command("merge")
-    def _cmd() -> None:
-        """Not built yet."""
-        raise DraftdataError("merge: not built yet")
+    def _cmd(
+        existing: list[str] = typer.Option(
+            [],
+            "--existing",
+            help="The existing training set (repeatable): tokenized parquet, a run, prompts "
+            "JSONL or SpecForge/ShareGPT conversations; local or s3://. Wins duplicates.",
+        ),
+        add: list[str] = typer.Option(
+            [], "--add", help="A dataset to add (repeatable; same kinds as --existing)."
+        ),
+        mix: str = typer.Option(
+            "",
+            "--mix",
+            help="Target shares, e.g. code=0.35,math=0.2,general=0.3,tool=0.1,agent=0.05 "
+            "(normalised to sum 1). Domains not named are dropped unless other=SHARE pools "
+            "them. Empty: keep the combined mix.",
+        ),
+        out: str = typer.Option(
+            "merged", "--out", "-o", help="Output folder or s3://BUCKET/PREFIX (must be empty)."
+        ),
+        seed: int = typer.Option(0, "--seed", help="Seed of sampling, split and shuffle."),
+        eval_fraction: float = typer.Option(
+            0.01, "--eval-fraction", help="Share of rows in the eval split (0 for none)."
+        ),
+        fmt: str = typer.Option(
+            "parquet",
+            "--format",
+            help="parquet, or sharegpt: parquet plus SpecForge-style conversations JSONL "
+            "(chat inputs only).",
+        ),
+        upsample: bool = typer.Option(
+            False,
+            "--upsample",
+            help="Repeat rows of short domains to reach the mix instead of only "
+            "down-sampling the others.",
+        ),
+        max_repeat: int = typer.Option(
+            4, "--max-repeat", help="With --upsample: at most this many copies of a row."
+        ),
+        tolerance: float = typer.Option(
+            0.005,
+            "--tolerance",
+            help="How far (a fraction: 0.005 = half a point) a domain's share may sit from its "
+            "target so that more rows are kept. 0 = the exact mix.",
+        ),
+        shard_rows: int = typer.Option(100_000, "--shard-rows", help="Most rows per shard."),
+        tmp_dir: str | None = typer.Option(
+            None, "--tmp-dir", help="Local folder for the shuffle's buckets (default: system)."
+        ),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+    ) -> None:
+        """Combine datasets, dedup them (ids and content), sample to a target domain mix,
+        shuffle with a seed, split train/eval and write HF-loadable parquet shards.
+
+        Example: draftdata merge --existing old/ --add tokenized/ --mix code=0.35,math=0.2,
+        general=0.3,tool=0.1,agent=0.05 --out dataset/
+        """
+        from rich.console import Console
+
+        from draftdata.merge.config import MergeConfig, parse_mix
+        from draftdata.merge.report import print_summary
+        from draftdata.merge.stage import merge
+
+        config = MergeConfig(
+            existing=list(existing),
+            add=list(add),
+            mix=parse_mix(mix),
+            out=out,
+            seed=seed,
+            eval_fraction=eval_fraction,
+            format=fmt,
+            upsample=upsample,
+            max_repeat=max_repeat,
+            tolerance=tolerance,
+            shard_rows=shard_rows,
+            tmp_dir=tmp_dir,
+        )
+        summary = merge(config, progress=None if quiet else _Progress())
+        console = Console()
+        print_summary(summary.report, console)
+        rows = summary.train_rows + summary.eval_rows
+        console.print(
+            f"{summary.train_rows:,} train + {summary.eval_rows:,} eval rows in "
+            f"{len(summary.files)} file(s) under {summary.out}/ "
+            f"({summary.elapsed_s:.1f}s, {rows / max(summary.elapsed_s, 1e-9):,.0f} rows/s); "
+            "report: merge_report.json"
+        )

@@ -1,0 +1,113 @@
+"""The merge stage's settings: inputs, target mix, sampling, split and output format.
+
+``MergeConfig`` is what ``draftdata merge`` builds from its flags and what the demo builds in
+code; ``parse_mix`` reads the ``--mix code=0.35,math=0.2`` form. Values YAML/flag types cannot
+check (shares, fractions, formats) are checked in ``check_config``. No logic lives here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from draftdata.errors import ConfigError
+
+FORMATS = ("parquet", "sharegpt")
+# The pseudo-domain of a mix that pools every domain the mix does not name.
+OTHER = "other"
+
+
+class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Everything ``merge`` needs.
+
+    ``existing`` and ``add`` are dataset locations (local or ``s3://``): tokenized sample
+    parquet, generate runs, prompts JSONL or chat rows (SpecForge ``conversations``, ShareGPT,
+    OpenAI ``messages``). All inputs must be tokenized, or all chat-shaped. Inputs are read in
+    order, existing first, and the first copy of a duplicate wins. ``mix`` maps domain -> share
+    (normalised to sum 1; empty = keep the combined mix); ``other`` pools the domains it does not
+    name, which are otherwise dropped. ``tolerance`` is how far (as a fraction, 0.005 = half a
+    point) each domain's share may sit from its target so that more rows can be kept.
+    ``upsample`` repeats rows of short domains (at most ``max_repeat`` copies of a row) instead
+    of only down-sampling the others. Shards hold at most ``shard_rows`` rows and about
+    ``shard_bytes``; the external shuffle's buckets (in ``tmp_dir``) about ``bucket_bytes``.
+    """
+
+    existing: list[str] = msgspec.field(default_factory=list)
+    add: list[str] = msgspec.field(default_factory=list)
+    mix: dict[str, float] = msgspec.field(default_factory=dict)
+    out: str = "merged"
+    seed: int = 0
+    eval_fraction: float = 0.01
+    format: str = "parquet"
+    upsample: bool = False
+    max_repeat: int = 4
+    tolerance: float = 0.005
+    shard_rows: int = 100_000
+    shard_bytes: int = 128 << 20
+    bucket_bytes: int = 64 << 20
+    tmp_dir: str | None = None
+
+    @property
+    def inputs(self) -> list[tuple[str, str]]:
+        """(role, location) of every input in read order: existing first, then add."""
+        return [("existing", p) for p in self.existing] + [("add", p) for p in self.add]
+
+
+def parse_mix(text: str | None) -> dict[str, float]:
+    """``"code=0.35,math=0.2"`` -> ``{"code": 0.35, "math": 0.2}`` (shares as given).
+
+    ConfigError names the bad piece: a missing ``=``, a non-number, a negative share, a domain
+    given twice, or shares that are all zero.
+    """
+    if text is None or not text.strip():
+        return {}
+    mix: dict[str, float] = {}
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        name, eq, value = piece.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise ConfigError(f"--mix: {piece!r}: expected DOMAIN=SHARE, e.g. code=0.35")
+        try:
+            share = float(value)
+        except ValueError:
+            raise ConfigError(f"--mix: {piece!r}: {value.strip()!r} is not a number") from None
+        if not math.isfinite(share) or share < 0:
+            raise ConfigError(f"--mix: {piece!r}: shares must be finite and >= 0")
+        if name in mix:
+            raise ConfigError(f"--mix: domain {name!r} given twice")
+        mix[name] = share
+    if mix and sum(mix.values()) <= 0:
+        raise ConfigError("--mix: the shares are all zero")
+    return mix
+
+
+def normalised_mix(mix: dict[str, float]) -> dict[str, float]:
+    """The mix scaled to sum 1 (rounded to 12 digits), zero shares removed, keys sorted."""
+    total = sum(mix.values())
+    return {d: round(mix[d] / total, 12) for d in sorted(mix) if mix[d] > 0}
+
+
+def check_config(config: MergeConfig) -> None:
+    """Raise ConfigError for values the types allow but merge cannot use."""
+    if not config.existing and not config.add:
+        raise ConfigError("merge: give at least one input (--existing PATH or --add PATH)")
+    if config.format not in FORMATS:
+        raise ConfigError(f"--format: {config.format!r}; expected one of {', '.join(FORMATS)}")
+    if not 0.0 <= config.eval_fraction < 1.0:
+        raise ConfigError(f"--eval-fraction: {config.eval_fraction}; expected 0 <= F < 1")
+    if not 0.0 <= config.tolerance < 0.5:
+        raise ConfigError(f"--tolerance: {config.tolerance}; expected a fraction in [0, 0.5)")
+    if config.max_repeat < 1:
+        raise ConfigError(f"--max-repeat: {config.max_repeat}; expected >= 1")
+    if min(config.shard_rows, config.shard_bytes, config.bucket_bytes) < 1:
+        raise ConfigError("merge: shard_rows, shard_bytes and bucket_bytes must be >= 1")
+    if config.mix:
+        if any(v < 0 or not math.isfinite(v) for v in config.mix.values()):
+            raise ConfigError("--mix: shares must be finite and >= 0")
+        if sum(config.mix.values()) <= 0:
+            raise ConfigError("--mix: the shares are all zero")
+    if not config.out.strip():
+        raise ConfigError("--out: empty output location")

@@ -1,0 +1,260 @@
+"""Merge inputs: open them, scan their keys (pass 1), and stream their rows again (pass 2).
+
+Inputs are located and read by ``draftdata.stats.readers`` (the same readers ``stats`` uses,
+so both count rows and domains the same way). Two families exist and one merge uses one:
+
+- **samples**: tokenized parquet (``sample/1`` or foreign ``input_ids`` + ``loss_mask``);
+  the content key is a hash of ``input_ids``; an empty domain is ``unknown``.
+- **chat**: prompts JSONL, SpecForge/ShareGPT/OpenAI rows, generate runs; the content key is a
+  hash of the normalised conversation (roles, whitespace-collapsed case-folded contents and
+  reasoning, tool calls, tools); a row without a domain label is classified with
+  ``prepare.domains.classify_domain``.
+
+Pass 1 keeps only fixed-size keys per row, in numpy chunks (about 30 bytes a row). Pass 2 reads
+the same files in the same order, so the n-th row of pass 2 is the n-th row of pass 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from draftdata.errors import InputError
+from draftdata.merge.plan import hash64
+from draftdata.records import normalise_text
+from draftdata.stats.conversations import Conversation
+from draftdata.stats.readers import (
+    Dataset,
+    iter_conversations,
+    iter_sample_batches,
+    open_dataset,
+)
+
+Family = Literal["samples", "chat"]
+UNKNOWN = "unknown"
+_CHUNK = 65536
+_json = msgspec.json.Encoder()
+
+
+@dataclass
+class Keys:
+    """Pass-1 keys of every row of all inputs, in read order (numpy chunks until ``freeze``)."""
+
+    id_hash: list[npt.NDArray[np.uint64]] = field(default_factory=list)
+    content_hash: list[npt.NDArray[np.uint64]] = field(default_factory=list)
+    domain: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    size: list[npt.NDArray[np.int64]] = field(default_factory=list)  # estimated output bytes
+    valid: list[npt.NDArray[np.bool_]] = field(default_factory=list)
+    domains: dict[str, int] = field(default_factory=dict)  # domain name -> code
+
+    def code(self, name: str) -> int:
+        """The code of domain ``name`` (assigned in first-seen order)."""
+        c = self.domains.get(name)
+        if c is None:
+            c = self.domains[name] = len(self.domains)
+        return c
+
+    def append(
+        self,
+        ids: list[int],
+        contents: list[int],
+        domains: list[int],
+        sizes: list[int],
+        valid: list[bool] | None = None,
+    ) -> None:
+        """Add one chunk of rows."""
+        self.id_hash.append(np.asarray(ids, dtype=np.uint64))
+        self.content_hash.append(np.asarray(contents, dtype=np.uint64))
+        self.domain.append(np.asarray(domains, dtype=np.int32))
+        self.size.append(np.asarray(sizes, dtype=np.int64))
+        n = len(ids)
+        self.valid.append(np.ones(n, dtype=bool) if valid is None else np.asarray(valid, bool))
+
+
+@dataclass
+class InputInfo:
+    """One input as read: where, its role, its rows and rows per domain, bad rows skipped."""
+
+    role: str
+    path: str
+    dataset: Dataset
+    rows: int = 0
+    by_domain: Counter[str] = field(default_factory=Counter)
+    bad: int = 0
+    first_row: int = 0  # global index of its first row
+
+
+def family_of(ds: Dataset) -> Family:
+    """``samples`` for tokenized datasets, ``chat`` for every conversation-shaped kind."""
+    return "samples" if ds.kind == "tokenized" else "chat"
+
+
+def open_inputs(inputs: list[tuple[str, str]]) -> tuple[list[InputInfo], Family]:
+    """Open every (role, location); InputError if they mix tokenized and chat-shaped data."""
+    infos = [InputInfo(role, path, open_dataset(path)) for role, path in inputs]
+    families = {family_of(i.dataset) for i in infos}
+    if len(families) > 1:
+        kinds = ", ".join(f"{i.path} ({i.dataset.kind})" for i in infos)
+        raise InputError(
+            f"merge: inputs mix tokenized samples and chat rows ({kinds}); merge tokenized "
+            "with tokenized (tokenize the chat data first) or chat with chat"
+        )
+    for i in infos:
+        if i.dataset.kind == "run" and not i.dataset.keys:
+            raise InputError(f"{i.path}: the run has no committed completions yet")
+    return infos, families.pop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Content keys
+
+
+def conversation_hash(conv: Conversation) -> int:
+    """64-bit hash of a normalised conversation: roles, contents, reasoning, tool calls, tools."""
+    h = hashlib.blake2b(digest_size=8)
+    for m in conv.messages:
+        h.update(m.role.encode())
+        h.update(b"\x00")
+        h.update(normalise_text(m.content or "").encode())
+        h.update(b"\x01")
+        if m.reasoning_content:
+            h.update(normalise_text(m.reasoning_content).encode())
+        h.update(b"\x01")
+        if m.tool_calls:
+            h.update(_json.encode(m.tool_calls))
+        h.update(b"\x02")
+    if conv.tools:
+        h.update(_json.encode(conv.tools))
+    return int.from_bytes(h.digest(), "little")
+
+
+def _token_lists(col: pa.ChunkedArray | pa.Array) -> pa.ListArray:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if arr.type != pa.list_(pa.int32()):
+        arr = pc.cast(arr, pa.list_(pa.int32()))
+    return arr
+
+
+def _sample_chunk(table: pa.Table, keys: Keys) -> Counter[str]:
+    ids = table.column("id").to_pylist()
+    labels = table.column("domain").to_pylist()
+    lists = _token_lists(table.column("input_ids"))
+    offsets = np.asarray(lists.offsets.to_numpy(), dtype=np.int64)
+    values = lists.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    raw = memoryview(values.tobytes())
+    nulls = lists.is_null().to_numpy(zero_copy_only=False)
+    id_h: list[int] = []
+    c_h: list[int] = []
+    doms: list[int] = []
+    sizes: list[int] = []
+    valid: list[bool] = []
+    seen: Counter[str] = Counter()
+    for i, rid in enumerate(ids):
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        ok = rid is not None and rid != "" and not nulls[i]
+        label = labels[i] or UNKNOWN
+        id_h.append(hash64(rid.encode()) if ok else 0)
+        c_h.append(hash64(raw[4 * a : 4 * b]) if ok else 0)
+        doms.append(keys.code(label))
+        sizes.append(5 * (b - a) + 64 + len(rid or ""))
+        valid.append(ok)
+        if ok:
+            seen[label] += 1
+    keys.append(id_h, c_h, doms, sizes, valid)
+    return seen
+
+
+def _classifier() -> Callable[..., str]:
+    from draftdata.prepare.domains import classify_domain
+
+    return classify_domain
+
+
+def resolved_domain(conv: Conversation, classify: Callable[..., str]) -> str:
+    """A conversation's domain: its label, else the classifier's answer."""
+    return conv.domain or classify(conv.messages, conv.tools)
+
+
+def scan(
+    info: InputInfo,
+    family: Family,
+    keys: Keys,
+    on_bad: Callable[[str, str], None],
+    progress: Callable[[str, int], None] | None = None,
+) -> None:
+    """Pass 1 over one input: append its rows' keys to ``keys`` and count its domains."""
+    info.first_row = sum(len(a) for a in keys.id_hash)
+    if family == "samples":
+        cols = ["id", "domain", "input_ids"]
+        n = 0
+        for where, table in iter_sample_batches(info.dataset, columns=cols, batch_rows=_CHUNK):
+            if "id" not in table.column_names or "input_ids" not in table.column_names:
+                raise InputError(f"{where}: tokenized rows need 'id' and 'input_ids' columns")
+            if "domain" not in table.column_names:
+                table = table.append_column("domain", pa.array([""] * table.num_rows))
+            seen = _sample_chunk(table, keys)
+            info.by_domain.update(seen)
+            missing = table.num_rows - sum(seen.values())
+            info.bad += missing
+            if missing:
+                on_bad(where, f"{missing} row(s) without an id or input_ids")
+            n += table.num_rows
+            if progress:
+                progress(info.path, n)
+        info.rows = sum(info.by_domain.values())
+        return
+    classify = _classifier()
+
+    def bad(where: str, reason: str) -> None:
+        info.bad += 1
+        on_bad(where, reason)
+
+    id_h: list[int] = []
+    c_h: list[int] = []
+    doms: list[int] = []
+    sizes: list[int] = []
+    for conv in iter_conversations(info.dataset, bad):
+        domain = resolved_domain(conv, classify)
+        info.by_domain[domain] += 1
+        id_h.append(hash64(conv.id.encode()))
+        c_h.append(conversation_hash(conv))
+        doms.append(keys.code(domain))
+        sizes.append(conv.char_counts()[0] + 64 * len(conv.messages) + 128)
+        if len(id_h) >= _CHUNK:
+            keys.append(id_h, c_h, doms, sizes)
+            id_h, c_h, doms, sizes = [], [], [], []
+            if progress:
+                progress(info.path, sum(info.by_domain.values()))
+    if id_h:
+        keys.append(id_h, c_h, doms, sizes)
+    info.rows = sum(info.by_domain.values())
+    if progress:
+        progress(info.path, info.rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass 2
+
+
+def iter_sample_tables(info: InputInfo) -> Iterator[pa.Table]:
+    """Pass 2 over a tokenized input: ``SAMPLE_SCHEMA`` tables in read order."""
+    for _, table in iter_sample_batches(info.dataset, batch_rows=_CHUNK):
+        yield table
+
+
+def iter_chat_rows(info: InputInfo) -> Iterator[Conversation]:
+    """Pass 2 over a chat input: its conversations in read order (bad rows skipped again)."""
+
+    def ignore(where: str, reason: str) -> None:
+        return None
+
+    yield from iter_conversations(info.dataset, ignore)

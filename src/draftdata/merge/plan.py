@@ -1,0 +1,282 @@
+"""Pure planning for merge: dedup, per-domain counts for a target mix, selection, split, order.
+
+Everything here works on compact numpy arrays of per-row keys (64-bit id and content hashes,
+domain codes) collected by pass 1; nothing reads or writes files.
+
+Counts (``solve_counts``). Given the unique rows per mix domain ``A_d``, target shares ``t_d``
+and a tolerance ``tau``, merge keeps the largest total ``N`` for which counts ``n_d <= A_d``
+exist with every share within ``tau`` of its target: ``(t_d - tau) N <= A_d`` for all ``d`` and
+``sum_d min(A_d, (t_d + tau) N) >= N``. Both conditions are monotone in ``N`` (the second is a
+concave function that starts positive), so ``N`` is found in closed form plus one bisection;
+the counts are then the integers closest to ``t_d N`` within ``min(A_d, (t_d + tau) N)``
+(``prepare.mix.water_fill``). With ``tau = 0`` this is the exact mix, ``N = min_d A_d / t_d``.
+Upsampling raises the caps to ``A_d * max_repeat`` and aims for the ``N`` at which no domain
+needs to drop a row. A domain of the mix with no rows at all makes the mix unreachable: it is
+left out, the remaining targets keep their ratios, and the result says so.
+
+Selection is by seeded hash ranks of the content hash (not of row positions), so the same rows
+are chosen whatever order the input files list them in; dedup keeps the first copy in input
+order (existing inputs first). The output order is a seeded 64-bit key per output row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from draftdata.prepare.mix import largest_remainder, water_fill
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def mix64(x: U64) -> U64:
+    """The splitmix64 finaliser: a bijective, well-mixed 64-bit hash of each element."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64, copy=True)
+        z ^= z >> np.uint64(30)
+        z *= _M1
+        z ^= z >> np.uint64(27)
+        z *= _M2
+        z ^= z >> np.uint64(31)
+    return z
+
+
+def salt(seed: int, stream: str) -> np.uint64:
+    """A 64-bit salt for one random stream (``select``, ``eval``, ``order``) of one seed."""
+    digest = hashlib.blake2b(f"{seed}:{stream}".encode(), digest_size=8).digest()
+    return np.uint64(int.from_bytes(digest, "little"))
+
+
+def hash64(data: bytes | memoryview) -> int:
+    """A 64-bit BLAKE2b hash of ``data`` (ids and contents)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+# ---------------------------------------------------------------------------------------------
+# Dedup
+
+
+def dedup(
+    id_hash: U64, content_hash: U64, valid: npt.NDArray[np.bool_]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """(keep, duplicate_id, duplicate_content) masks over rows in read order.
+
+    The first row with an id keeps it; of the rows left, the first with a content hash keeps
+    it. Rows not ``valid`` (bad rows) are in no mask.
+    """
+    n = len(id_hash)
+    rows = np.flatnonzero(valid)
+    keep_id = np.zeros(n, dtype=bool)
+    if len(rows):
+        _, first = np.unique(id_hash[rows], return_index=True)
+        keep_id[rows[first]] = True
+    dup_id = valid & ~keep_id
+    left = np.flatnonzero(keep_id)
+    keep = np.zeros(n, dtype=bool)
+    if len(left):
+        _, first = np.unique(content_hash[left], return_index=True)
+        keep[left[first]] = True
+    return keep, dup_id, keep_id & ~keep
+
+
+# ---------------------------------------------------------------------------------------------
+# Counts
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Rows to output per mix group, and how the target was met."""
+
+    counts: dict[str, int]  # group -> output rows (copies included)
+    target: dict[str, float]  # the target actually aimed at (missing groups left out)
+    missing: list[str]  # mix groups with no rows at all
+    limited_by: list[str]  # groups whose supply (or repeat cap) bounded the total
+    total: int = 0
+    achieved: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reachable(self) -> bool:
+        """Whether every domain of the mix could be served."""
+        return not self.missing
+
+
+def _largest_n(caps: Mapping[str, float], target: Mapping[str, float], tau: float) -> float:
+    # The largest real N with (t - tau) N <= cap for all groups and sum min(cap, (t+tau) N) >= N.
+    bound = math.inf
+    for g, t in target.items():
+        if t > tau:
+            bound = min(bound, caps[g] / (t - tau))
+    total_cap = float(sum(caps.values()))
+    hi = min(bound, total_cap)
+
+    def slack(n: float) -> float:
+        return sum(min(caps[g], (t + tau) * n) for g, t in target.items()) - n
+
+    if slack(hi) >= 0:
+        return hi
+    lo = 0.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if slack(mid) >= 0:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def solve_counts(
+    supply: Mapping[str, int],
+    target: Mapping[str, float],
+    *,
+    tolerance: float,
+    upsample: bool = False,
+    max_repeat: int = 1,
+) -> Allocation:
+    """Output rows per group landing within ``tolerance`` of ``target`` (see module docstring).
+
+    ``supply`` is unique rows per group, ``target`` shares summing to 1 over the mix groups
+    (empty: keep every row). Without ``upsample`` no count exceeds its supply.
+    """
+    if not target:
+        counts = {g: int(n) for g, n in sorted(supply.items()) if n > 0}
+        total = sum(counts.values())
+        shares = {g: n / total for g, n in counts.items()} if total else {}
+        return Allocation(counts, shares, [], [], total, dict(shares))
+    missing = sorted(g for g, t in target.items() if supply.get(g, 0) == 0 and t > tolerance)
+    aim = {g: t for g, t in target.items() if g not in missing and t > 0}
+    s = sum(aim.values())
+    aim = {g: t / s for g, t in sorted(aim.items())} if s > 0 else {}
+    if not aim:
+        return Allocation({}, aim, missing, [], 0, {})
+    repeat = max_repeat if upsample else 1
+    caps = {g: supply.get(g, 0) * repeat for g in aim}
+    n_real = _largest_n({g: float(c) for g, c in caps.items()}, aim, tolerance)
+    if upsample:
+        # aim for the N at which no group has to drop a row, unless the repeat cap says less
+        keep_all = max(supply.get(g, 0) / (t + tolerance) for g, t in aim.items())
+        n_real = min(n_real, keep_all)
+    else:
+        n_real = min(n_real, float(sum(caps.values())))
+    n = math.floor(n_real + 1e-9)
+    hi = {g: min(caps[g], math.floor((aim[g] + tolerance) * n + 1e-9)) for g in aim}
+    counts = water_fill({g: aim[g] * n for g in aim}, n, hi)
+    total = sum(counts.values())
+    limited = sorted(g for g in aim if counts[g] >= caps[g] and caps[g] > 0)
+    achieved = {g: (c / total if total else 0.0) for g, c in counts.items()}
+    return Allocation(dict(sorted(counts.items())), aim, missing, limited, total, achieved)
+
+
+# ---------------------------------------------------------------------------------------------
+# Selection, split and order
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The output rows, sorted by global input row: which row, which copy, which split, key."""
+
+    row: I64  # global row index (read order over all inputs)
+    copy: npt.NDArray[np.int32]  # 0 for the row itself, k for its k-th repeat
+    split: npt.NDArray[np.int8]  # 0 train, 1 eval
+    key: U64  # seeded order key: outputs are written in ascending (key, row, copy)
+
+
+def split_counts(
+    counts: Mapping[str, int], unique: Mapping[str, int], fraction: float
+) -> dict[str, int]:
+    """Eval rows per group: ``round(fraction * total)`` spread in proportion to ``counts``,
+    each at most the group's unique selected rows (eval rows are never repeats)."""
+    total = sum(counts.values())
+    want = round(fraction * total)
+    if want <= 0:
+        return dict.fromkeys(counts, 0)
+    caps = {g: max(unique[g] - 1, 0) if counts[g] > 1 else 0 for g in counts}
+    return largest_remainder({g: fraction * c for g, c in counts.items()}, want, caps)
+
+
+def select(
+    rows: I64,
+    groups: npt.NDArray[np.int32],
+    content_hash: U64,
+    counts: Mapping[int, int],
+    *,
+    seed: int,
+    eval_fraction: float,
+) -> Selection:
+    """Choose the output rows among candidate ``rows`` (unique, in a mix group).
+
+    ``counts`` maps group code -> output rows. Each group takes its ``min(count, supply)``
+    lowest-ranked rows (rank = seeded hash of the content hash), sends the lowest eval-ranked of
+    them to eval, and fills any excess count with repeats of its train rows, spread evenly.
+    """
+    rank = mix64(content_hash ^ salt(seed, "select"))
+    erank = mix64(content_hash ^ salt(seed, "eval"))
+    order = np.lexsort((rows, rank, groups))
+    rows, groups, content_hash = rows[order], groups[order], content_hash[order]
+    erank = erank[order]
+    codes = sorted(counts)
+    starts = np.searchsorted(groups, np.asarray(codes, dtype=np.int32), side="left")
+    ends = np.searchsorted(groups, np.asarray(codes, dtype=np.int32), side="right")
+    unique = {c: min(counts[c], int(e - s)) for c, s, e in zip(codes, starts, ends, strict=True)}
+    evals = split_counts(
+        {str(c): counts[c] for c in codes}, {str(c): unique[c] for c in codes}, eval_fraction
+    )
+    out_rows: list[I64] = []
+    out_copy: list[npt.NDArray[np.int32]] = []
+    out_split: list[npt.NDArray[np.int8]] = []
+    out_hash: list[U64] = []
+    for c, s in zip(codes, starts, strict=True):
+        m = unique[c]
+        if m == 0:
+            continue
+        chosen = slice(int(s), int(s) + m)
+        g_rows, g_hash = rows[chosen], content_hash[chosen]
+        e = evals[str(c)]
+        split = np.zeros(m, dtype=np.int8)
+        if e:
+            split[np.lexsort((g_rows, erank[chosen]))[:e]] = 1
+        out_rows.append(g_rows)
+        out_copy.append(np.zeros(m, dtype=np.int32))
+        out_split.append(split)
+        out_hash.append(g_hash)
+        extra = counts[c] - m
+        train = np.flatnonzero(split == 0)  # in rank order
+        if extra > 0 and len(train):
+            reps = np.full(len(train), extra // len(train), dtype=np.int64)
+            reps[: extra % len(train)] += 1
+            src = np.repeat(train, reps)
+            # copy number k = 1..reps for each source row
+            first = np.repeat(np.cumsum(reps) - reps, reps)
+            k = (np.arange(len(src)) - first + 1).astype(np.int32)
+            out_rows.append(g_rows[src])
+            out_copy.append(k)
+            out_split.append(np.zeros(len(src), dtype=np.int8))
+            out_hash.append(g_hash[src])
+    if not out_rows:
+        empty = np.zeros(0, dtype=np.int64)
+        return Selection(empty, np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.uint64))
+    all_rows = np.concatenate(out_rows)
+    all_copy = np.concatenate(out_copy)
+    all_split = np.concatenate(out_split)
+    all_hash = np.concatenate(out_hash)
+    with np.errstate(over="ignore"):
+        key = mix64(all_hash ^ salt(seed, "order") ^ mix64(all_copy.astype(np.uint64) * _GOLDEN))
+    by_row = np.lexsort((all_copy, all_rows))
+    return Selection(all_rows[by_row], all_copy[by_row], all_split[by_row], key[by_row])
+
+
+def bucket_of(key: U64, buckets: int) -> npt.NDArray[np.int64]:
+    """The bucket of each order key: ``floor(key * buckets / 2**64)``, monotone in the key, so
+    buckets read in order and sorted inside give the global key order."""
+    top = (key >> np.uint64(32)).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        return ((top * np.uint64(buckets)) >> np.uint64(32)).astype(np.int64)

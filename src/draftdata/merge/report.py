@@ -1,0 +1,93 @@
+"""The merge summary as terminal tables: the mix before / target / after per domain, the inputs,
+and what was dropped. Reads only the ``merge_report.json`` object; computes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+MIX_HEADER = ["domain", "before", "before %", "unique", "target", "train", "eval", "after %"]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def mix_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per domain (and a total): counts and shares before, target, after."""
+    before: dict[str, int] = report["before"]
+    avail: dict[str, int] = report.get("available", {})
+    train: dict[str, int] = report["after"]["train"]
+    evals: dict[str, int] = report["after"]["eval"]
+    target: dict[str, float] = report["target"]
+    pooled = set(report.get("pooled_into_other", []))
+    domains = sorted(set(before) | set(target) | set(train) | set(evals))
+    n_before = sum(before.values())
+    n_after = sum(train.values()) + sum(evals.values())
+    rows = []
+    for d in domains:
+        after = train.get(d, 0) + evals.get(d, 0)
+        t = target.get(d)
+        tgt = _pct(t) if t is not None else ("(other)" if d in pooled else "-")
+        rows.append(
+            [
+                d,
+                f"{before.get(d, 0):,}",
+                _pct(before.get(d, 0) / n_before if n_before else 0.0),
+                f"{avail.get(d, 0):,}",
+                tgt,
+                f"{train.get(d, 0):,}",
+                f"{evals.get(d, 0):,}",
+                _pct(after / n_after if n_after else 0.0),
+            ]
+        )
+    rows.append(
+        [
+            "total",
+            f"{n_before:,}",
+            "",
+            f"{sum(avail.values()):,}",
+            "",
+            f"{sum(train.values()):,}",
+            f"{sum(evals.values()):,}",
+            "",
+        ]
+    )
+    return rows
+
+
+def _table(title: str, header: list[str], rows: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        table.add_row(*r)
+    return table
+
+
+def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
+    """Print the inputs table, the mix table, the drops and any cannot-reach warning."""
+    console = console or Console()
+    inputs = [
+        [i["path"], i["role"], i["kind"], f"{i['rows']:,}", f"{i.get('bad_rows', 0):,}"]
+        for i in report["inputs"]
+    ]
+    console.print(_table("inputs", ["input", "role", "kind", "rows", "bad rows"], inputs))
+    console.print(_table("domain mix (before / target / after)", MIX_HEADER, mix_rows(report)))
+    dropped = ", ".join(f"{k} {v:,}" for k, v in report["dropped"].items() if v) or "none"
+    console.print(f"dropped: {dropped}")
+    if report.get("upsampled"):
+        ups = ", ".join(f"{k} +{v:,}" for k, v in report["upsampled"].items())
+        console.print(f"repeated rows (--upsample): {ups}")
+    if report.get("pooled_into_other"):
+        console.print(f"pooled into other: {', '.join(report['pooled_into_other'])}")
+    if report.get("limited_by") and report["target"]:
+        console.print(
+            f"the total is bounded by the supply of: {', '.join(report['limited_by'])} "
+            f"(within {_pct(report['settings']['tolerance'])} of each target)"
+        )
+    if report.get("message"):
+        console.print(f"[bold yellow]warning:[/] {report['message']}")

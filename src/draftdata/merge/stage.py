@@ -1,0 +1,484 @@
+"""The merge stage: existing + added datasets -> one deduplicated, mixed, shuffled, split set.
+
+``merge(config)`` runs in two passes over the inputs so memory stays bounded:
+
+1. scan: per row only (id hash, content hash, domain code, size estimate) in numpy arrays;
+   then dedup, the per-domain counts for the mix, which rows (and repeats) go where, and a
+   seeded order key per output row (``plan.py``);
+2. route: read the inputs again and append each chosen row to a hashed bucket in a temp
+   folder; then sort bucket by bucket and write shards (``shuffle.py``).
+
+Output (create-only, local or ``s3://``; the location must be empty)::
+
+    out/train/part-00000.parquet ...      sample/1 (tokenized) or conversation/1 (chat) rows
+    out/eval/part-00000.parquet ...
+    out/sharegpt/{train,eval}set-*.jsonl  SpecForge-style JSONL (--format sharegpt, chat only)
+    out/README.md                         dataset card: ``load_dataset(out)`` -> train, eval
+    out/merge_report.json                 written last: the run is complete when it exists
+
+The same inputs, config and seed give byte-identical files (no clocks or paths of the output in
+them). This module does I/O and bookkeeping; the decisions live in ``plan.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from draftdata.errors import AlreadyExistsError, ConfigError
+from draftdata.formats import SAMPLE_SCHEMA
+from draftdata.merge.config import OTHER, MergeConfig, check_config, normalised_mix
+from draftdata.merge.inputs import (
+    Family,
+    InputInfo,
+    Keys,
+    iter_chat_rows,
+    iter_sample_tables,
+    open_inputs,
+    scan,
+)
+from draftdata.merge.plan import Allocation, Selection, bucket_of, dedup, select, solve_counts
+from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket_schema
+from draftdata.metrics import StageStats
+from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row, specforge_line
+from draftdata.store.store import Store, open_store
+
+REPORT_KEY = "merge_report.json"
+CARD_KEY = "README.md"
+REPORT_FORMAT = "draftdata.merge-report"
+REPORT_VERSION = 1
+SPLITS = ("train", "eval")
+DROP_REASONS = ("bad_row", "duplicate_id", "duplicate_content", "not_in_mix", "over_target")
+_FLUSH_ROWS = 1024
+
+Progress = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class MergeSummary:
+    """What ``merge`` did: where the output is, its rows and files, and the full report."""
+
+    out: str
+    report: dict[str, Any]
+    train_rows: int
+    eval_rows: int
+    files: list[str]
+    elapsed_s: float
+    stats: StageStats = field(repr=False)
+
+    @property
+    def reachable(self) -> bool:
+        """Whether the inputs could serve every domain of the target mix."""
+        return bool(self.report["reachable"])
+
+    @property
+    def message(self) -> str | None:
+        """The warning to show (mix not reachable), or None."""
+        msg = self.report.get("message")
+        return str(msg) if msg else None
+
+
+@dataclass
+class _Plan:
+    keys_domain: npt.NDArray[np.int32]
+    size: npt.NDArray[np.int64]
+    domain_names: list[str]
+    selection: Selection
+    buckets: npt.NDArray[np.int64]
+    nbuckets: dict[int, int]
+    rows_per_shard: dict[int, int]
+
+
+def _check_empty(store: Store) -> None:
+    if store.list(""):
+        raise AlreadyExistsError(
+            f"{store.url}: not empty; merge writes into a new, empty location (choose another "
+            "--out or remove the old output yourself)"
+        )
+
+
+def _counts(names: list[str], codes: npt.NDArray[np.int32]) -> dict[str, int]:
+    if not len(codes):
+        return {}
+    found = np.bincount(codes, minlength=len(names))
+    return {names[i]: int(found[i]) for i in np.argsort(names) if found[i]}
+
+
+def _fmt_share(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _message(target: dict[str, float], alloc: Allocation, total_unique: int) -> str | None:
+    if not target:
+        return None
+    achieved = ", ".join(
+        f"{g} {_fmt_share(alloc.achieved.get(g, 0.0))} (target {_fmt_share(t)})"
+        for g, t in target.items()
+    )
+    if alloc.missing:
+        what = ", ".join(f"{g} (target {_fmt_share(target[g])})" for g in alloc.missing)
+        return (
+            f"cannot reach the mix: the inputs have no rows of {what}; closest achieved mix, "
+            f"the other domains keeping their relative targets: {achieved}"
+        )
+    if alloc.total == 0 and total_unique:
+        return "cannot reach the mix: no rows of the mix's domains"
+    return None
+
+
+def _plan_output(
+    config: MergeConfig, keys: Keys, infos: list[InputInfo], stats: StageStats
+) -> tuple[_Plan, Allocation, dict[str, Any]]:
+    id_hash = np.concatenate(keys.id_hash) if keys.id_hash else np.zeros(0, np.uint64)
+    content = np.concatenate(keys.content_hash) if keys.id_hash else np.zeros(0, np.uint64)
+    domain = np.concatenate(keys.domain) if keys.id_hash else np.zeros(0, np.int32)
+    size = np.concatenate(keys.size) if keys.id_hash else np.zeros(0, np.int64)
+    valid = np.concatenate(keys.valid) if keys.id_hash else np.zeros(0, bool)
+    keys.id_hash, keys.content_hash, keys.domain, keys.size, keys.valid = [], [], [], [], []
+    names = list(keys.domains)  # code -> name
+
+    keep, dup_id, dup_content = dedup(id_hash, content, valid)
+    del id_hash
+    target = normalised_mix(config.mix)
+    # domain code -> group code (index into groups), -1 when the mix does not take it
+    groups = sorted(target) if target else sorted(set(names))
+    group_ix = {g: i for i, g in enumerate(groups)}
+    to_group = np.full(max(len(names), 1), -1, dtype=np.int32)
+    pooled: list[str] = []
+    for code, name in enumerate(names):
+        if name in group_ix:
+            to_group[code] = group_ix[name]
+        elif OTHER in group_ix:
+            to_group[code] = group_ix[OTHER]
+            pooled.append(name)
+    group = to_group[domain] if len(domain) else np.zeros(0, np.int32)
+    in_mix = keep & (group >= 0)
+    supply_codes = np.bincount(group[in_mix], minlength=len(groups))
+    supply = {g: int(supply_codes[i]) for i, g in enumerate(groups)}
+    alloc = solve_counts(
+        supply,
+        target,
+        tolerance=config.tolerance,
+        upsample=config.upsample,
+        max_repeat=config.max_repeat,
+    )
+    rows = np.flatnonzero(in_mix)
+    sel = select(
+        rows.astype(np.int64),
+        group[rows],
+        content[rows],
+        {group_ix[g]: n for g, n in alloc.counts.items()},
+        seed=config.seed,
+        eval_fraction=config.eval_fraction,
+    )
+    del content
+    unique_out = int((sel.copy == 0).sum())
+    dropped = {
+        "bad_row": int((~valid).sum()) + sum(i.bad for i in infos if i.dataset.kind != "tokenized"),
+        "duplicate_id": int(dup_id.sum()),
+        "duplicate_content": int(dup_content.sum()),
+        "not_in_mix": int((keep & (group < 0)).sum()),
+        "over_target": int(in_mix.sum()) - unique_out,
+    }
+    for reason, n in dropped.items():
+        stats.add(f"dropped.{reason}", n)
+
+    # external shuffle geometry: buckets of about bucket_bytes, shards of about shard_bytes
+    est = size[sel.row]
+    nbuckets: dict[int, int] = {}
+    per_shard: dict[int, int] = {}
+    bucket = np.zeros(len(sel.row), dtype=np.int64)
+    for s in (0, 1):
+        mask = sel.split == s
+        n, nbytes = int(mask.sum()), int(est[mask].sum())
+        nbuckets[s] = max(1, math.ceil(nbytes / config.bucket_bytes))
+        avg = max(1, nbytes // max(n, 1))
+        per_shard[s] = max(1, min(config.shard_rows, config.shard_bytes // avg))
+        bucket[mask] = bucket_of(sel.key[mask], nbuckets[s])
+    plan = _Plan(domain, size, names, sel, bucket, nbuckets, per_shard)
+
+    def by_domain(split: int) -> dict[str, int]:
+        return _counts(names, domain[sel.row[sel.split == split]])
+
+    copies = _counts(names, domain[sel.row[sel.copy > 0]])
+    facts: dict[str, Any] = {
+        "before": _counts(names, domain[valid]),
+        "available": _counts(names, domain[keep]),
+        "after": {"train": by_domain(0), "eval": by_domain(1)},
+        "dropped": dropped,
+        "upsampled": copies,
+        "pooled": sorted(pooled),
+        "unique_kept": unique_out,
+        "total_unique": int(keep.sum()),
+    }
+    return plan, alloc, facts
+
+
+def _route_samples(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
+    sel = plan.selection
+    names = np.asarray(plan.domain_names, dtype=object)
+    g = info.first_row
+    for table in iter_sample_tables(info):
+        n = table.num_rows
+        lo, hi = np.searchsorted(sel.row, [g, g + n])
+        g += n
+        if lo == hi:
+            continue
+        rows, copy = sel.row[lo:hi], sel.copy[lo:hi]
+        sub = table.take(pa.array(rows - (g - n)))
+        domains = pa.array(names[plan.keys_domain[rows]].tolist(), pa.string())
+        ids = sub.column("id")
+        if (copy > 0).any():
+            base = ids.to_pylist()
+            ids = pa.array(
+                [f"{b}~r{k}" if k else b for b, k in zip(base, copy.tolist(), strict=True)],
+                pa.string(),
+            )
+        sub = sub.set_column(sub.schema.get_field_index("id"), "id", ids)
+        sub = sub.set_column(sub.schema.get_field_index("domain"), "domain", domains)
+        sub = sub.append_column(KEY, pa.array(sel.key[lo:hi], pa.uint64()))
+        sub = sub.append_column(ROW, pa.array(rows, pa.int64()))
+        sub = sub.append_column(COPY, pa.array(copy, pa.int32()))
+        sub = sub.replace_schema_metadata(None)
+        split, bucket = sel.split[lo:hi], plan.buckets[lo:hi]
+        route = split.astype(np.int64) * (1 << 40) + bucket
+        order = np.argsort(route, kind="stable")
+        route = route[order]
+        cuts = np.flatnonzero(np.diff(route)) + 1
+        for part in np.split(np.arange(len(order)), cuts):
+            r = int(route[part[0]])
+            buckets.write(r >> 40, r & ((1 << 40) - 1), sub.take(pa.array(order[part])))
+
+
+def _route_chat(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
+    sel = plan.selection
+    schema = buckets.schema
+    pending: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    p = int(np.searchsorted(sel.row, info.first_row))
+    end = len(sel.row)
+    rows, copies, splits, keys, bks = (
+        sel.row.tolist(),
+        sel.copy.tolist(),
+        sel.split.tolist(),
+        sel.key.tolist(),
+        plan.buckets.tolist(),
+    )
+    g = info.first_row
+    for conv in iter_chat_rows(info):
+        while p < end and rows[p] == g:
+            domain = plan.domain_names[int(plan.keys_domain[g])]
+            row = conversation_row(conv, domain=domain)
+            if copies[p]:
+                row["id"] = f"{conv.id}~r{copies[p]}"
+            row[KEY], row[ROW], row[COPY] = keys[p], g, copies[p]
+            k = (splits[p], bks[p])
+            buf = pending.setdefault(k, [])
+            buf.append(row)
+            if len(buf) >= _FLUSH_ROWS:
+                buckets.write(k[0], k[1], pa.Table.from_pylist(buf, schema=schema))
+                pending[k] = []
+            p += 1
+        g += 1
+    for k, buf in sorted(pending.items()):
+        if buf:
+            buckets.write(k[0], k[1], pa.Table.from_pylist(buf, schema=schema))
+
+
+def jsonl_key(split: str, index: int) -> str:
+    """The key of a SpecForge JSONL shard. ``trainset``/``evalset``, not ``train``/``eval``:
+    Hugging Face ``datasets`` takes any file named ``train-*`` or under ``.../train/`` for the
+    train split, and JSONL there would break ``load_dataset("parquet", data_dir=out)``."""
+    return f"sharegpt/{split}set-{index:05d}.jsonl"
+
+
+def _specforge_writer(store: Store, keys: list[str]) -> Callable[[pa.Table, str, int], None]:
+    def write(shard: pa.Table, split: str, index: int) -> None:
+        lines = [specforge_line(r) for r in shard.to_pylist()]
+        key = jsonl_key(split, index)
+        store.put_new(key, b"".join(line + b"\n" for line in lines))
+        keys.append(key)
+
+    return write
+
+
+def dataset_card(report: dict[str, Any]) -> str:
+    """``README.md`` of the output: a Hugging Face dataset card whose ``configs`` make
+    ``load_dataset(out)`` return ``train`` and ``eval`` splits, plus the mix in one table."""
+    after = report["after"]
+    domains = sorted(set(after["train"]) | set(after["eval"]))
+    lines = [
+        "---",
+        "configs:",
+        "- config_name: default",
+        "  data_files:",
+        "  - split: train",
+        "    path: train/*.parquet",
+    ]
+    if report["rows"]["eval"]:
+        lines += ["  - split: eval", "    path: eval/*.parquet"]
+    lines += [
+        "---",
+        "",
+        "# draftdata merge output",
+        "",
+        f"{report['rows']['train']:,} train and {report['rows']['eval']:,} eval rows of "
+        f"{report['data']} (seed {report['seed']}); details in `merge_report.json`.",
+        "",
+        "| domain | train | eval | target |",
+        "|---|---|---|---|",
+    ]
+    for d in domains:
+        t = report["target"].get(d)
+        share = f"{100 * t:.1f}%" if t is not None else "-"
+        lines.append(f"| {d} | {after['train'].get(d, 0)} | {after['eval'].get(d, 0)} | {share} |")
+    return "\n".join(lines) + "\n"
+
+
+def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSummary:
+    """Merge ``config``'s inputs into ``config.out`` (see the module docstring); the summary
+    carries the report that is also written as ``merge_report.json``.
+
+    Raises ConfigError for bad settings, InputError for unreadable or mixed inputs,
+    AlreadyExistsError when the output location is not empty.
+    """
+    check_config(config)
+    stats = StageStats("merge")
+    store = open_store(config.out)
+    _check_empty(store)
+    infos, family = open_inputs(config.inputs)
+    if config.format == "sharegpt" and family == "samples":
+        raise ConfigError(
+            "--format sharegpt: the inputs are tokenized samples (token ids, no text); "
+            "use --format parquet, or merge the chat data before tokenizing"
+        )
+    bad_examples: list[str] = []
+
+    def on_bad(where: str, reason: str) -> None:
+        if len(bad_examples) < 5:
+            bad_examples.append(f"{where}: {reason}")
+
+    keys = Keys()
+    with stats.timed("scan"):
+        for info in infos:
+            scan(info, family, keys, on_bad, progress)
+    with stats.timed("plan"):
+        plan, alloc, facts = _plan_output(config, keys, infos, stats)
+    schema = SAMPLE_SCHEMA if family == "samples" else CONVERSATION_SCHEMA
+    shards: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="draftdata-merge-", dir=config.tmp_dir) as tmp:
+        buckets = Buckets(Path(tmp), bucket_schema(schema), plan.nbuckets)
+        with stats.timed("route"):
+            try:
+                for info in infos:
+                    if family == "samples":
+                        _route_samples(info, plan, buckets)
+                    else:
+                        _route_chat(info, plan, buckets)
+                    if progress:
+                        progress("route", info.first_row + info.rows)
+            finally:
+                buckets.close()
+        with stats.timed("write"):
+            jsonl: list[str] = []
+            extra = _specforge_writer(store, jsonl) if config.format == "sharegpt" else None
+            for s, name in enumerate(SPLITS):
+                writer = ShardWriter(store, name, schema, plan.rows_per_shard[s], extra)
+                for b in range(plan.nbuckets[s]):
+                    table = buckets.read_sorted(s, b)
+                    if table is not None:
+                        writer.add(table)
+                writer.close()
+                shards[name] = writer.keys
+                stats.add(f"rows.{name}", writer.rows)
+                stats.add("bytes", writer.bytes)
+        if jsonl:
+            shards["sharegpt"] = jsonl
+    report = build_report(config, family, infos, alloc, facts, shards, bad_examples)
+    store.put_new(CARD_KEY, dataset_card(report).encode())
+    store.put_new(REPORT_KEY, (json.dumps(report, indent=2) + "\n").encode())
+    return MergeSummary(
+        out=store.url,
+        report=report,
+        train_rows=sum(report["after"]["train"].values()),
+        eval_rows=sum(report["after"]["eval"].values()),
+        files=[
+            *shards["train"],
+            *shards["eval"],
+            *shards.get("sharegpt", []),
+            CARD_KEY,
+            REPORT_KEY,
+        ],
+        elapsed_s=stats.elapsed,
+        stats=stats,
+    )
+
+
+def build_report(
+    config: MergeConfig,
+    family: Family,
+    infos: list[InputInfo],
+    alloc: Allocation,
+    facts: dict[str, Any],
+    shards: dict[str, list[str]],
+    bad_examples: list[str],
+) -> dict[str, Any]:
+    """The ``merge_report.json`` object (format ``draftdata.merge-report`` version 1).
+
+    Agreed keys: format, version, target, before, after {train, eval}, inputs [{path, rows,
+    by_domain}], dropped {reason: count}, seed. The rest is extra detail. No clocks or output
+    paths, so two runs with the same inputs and seed write the same bytes.
+    """
+    target = normalised_mix(config.mix)
+    return {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        "target": target,
+        "before": facts["before"],
+        "after": facts["after"],
+        "inputs": [
+            {
+                "path": i.path,
+                "role": i.role,
+                "kind": i.dataset.kind,
+                "rows": i.rows,
+                "by_domain": dict(sorted(Counter(i.by_domain).items())),
+                "bad_rows": i.bad,
+            }
+            for i in infos
+        ],
+        "dropped": facts["dropped"],
+        "seed": config.seed,
+        "data": "tokenized" if family == "samples" else "conversations",
+        "rows": {
+            "train": sum(facts["after"]["train"].values()),
+            "eval": sum(facts["after"]["eval"].values()),
+        },
+        "available": facts["available"],
+        "achieved": alloc.achieved,
+        "aimed": alloc.target,
+        "reachable": alloc.reachable,
+        "missing": alloc.missing,
+        "limited_by": alloc.limited_by,
+        "message": _message(target, alloc, facts["total_unique"]),
+        "pooled_into_other": facts["pooled"],
+        "upsampled": facts["upsampled"],
+        "settings": {
+            "tolerance": config.tolerance,
+            "eval_fraction": config.eval_fraction,
+            "upsample": config.upsample,
+            "max_repeat": config.max_repeat,
+            "format": config.format,
+        },
+        "bad_row_examples": bad_examples,
+        "files": shards,
+    }
