@@ -1,0 +1,407 @@
+"""Benchmark: how much of a heterogeneous, flaky fleet's capacity the generation engine uses.
+
+Eight simulated SGLang servers (``draftdata fleet sim`` in a child process), 64 sequences each;
+server 0 decodes at half speed and server 1 crashes part-way through the run and comes back
+after a restart delay. Outputs are long-tailed (lognormal, sigma 0.8, capped by max tokens at
+about 3x the mean, the job's shape scaled down in tokens so that the run stays short and the
+simulator cheap); time is scaled so that a run takes about a minute.
+
+Efficiency = completed output tokens per second / the fleet's ideal, where the ideal is the sum
+over servers of the saturated decode rate (64 tokens per step of ``step_s(64)``, halved for the
+slow server) times the time that server was up (its /health polled every 20 ms), both measured
+from the start through the last completion. Tokens of requests lost in the crash count for
+nothing. The same fleet (restarted fresh) then serves a baseline client: one global semaphore of
+8 x 64 over round-robin endpoints, retrying a failed request on the next endpoint -- the script
+draftdata replaces. Target: >= 0.95 of ideal; the baseline's figure is printed beside ours.
+
+    python benchmarks/bench_generate_efficiency.py           # ~2 x 1 min
+    python benchmarks/bench_generate_efficiency.py --quick   # < 30 s in all
+
+The run is sensitive to CPU starvation (the simulator, the engine and the baseline share the
+machine's cores): the load average is printed with the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import random
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from draftdata.fleet.sim import SimProcess
+from draftdata.fleet.sim_config import SimConfig
+from draftdata.generate.client import EndpointClient, RequestError, build_body
+from draftdata.generate.config import Sampling
+from draftdata.records import Message, Prompt
+
+SERVERS = 8
+CAPACITY = 64
+SLOW = 0  # server index at half speed
+RESTART = 1  # server index that crashes and restarts
+TARGET = 0.95
+WORDS = ["alpha", "beta", "gamma", "delta", "sort", "graph", "tree", "prime", "sum"]
+
+
+class Shape(msgspec.Struct, kw_only=True, frozen=True):
+    """One benchmark size."""
+
+    prompts: int
+    mean_tokens: int
+    max_tokens: int
+    seconds: float  # the ideal run time the time scale is chosen for
+
+
+FULL = Shape(prompts=16_000, mean_tokens=270, max_tokens=820, seconds=55.0)
+QUICK = Shape(prompts=3_000, mean_tokens=270, max_tokens=820, seconds=9.0)
+
+
+def saturated_rate(cfg: SimConfig, slow: float) -> float:
+    """Output tokens/s of one server decoding a full batch (prefill stalls not counted)."""
+    return cfg.max_running / cfg.step_s(cfg.max_running, slow)
+
+
+def time_scale_for(shape: Shape) -> float:
+    """The time scale at which the ideal fleet finishes ``shape`` in ``shape.seconds``."""
+    base = SimConfig(max_running=CAPACITY)
+    rate = sum(saturated_rate(base, 2.0 if i == SLOW else 1.0) for i in range(SERVERS))
+    tokens = shape.prompts * shape.mean_tokens
+    return shape.seconds * rate / tokens
+
+
+def write_prompts(path: Path, n: int, seed: int) -> list[Prompt]:
+    """``n`` short single-turn prompts (prepare's JSONL format)."""
+    rng = random.Random(seed)
+    prompts = []
+    with path.open("wb") as fh:
+        for i in range(n):
+            text = f"Question {i}: explain " + " ".join(rng.choices(WORDS, k=rng.randint(5, 25)))
+            p = Prompt(id=f"p{i:06d}", messages=[Message(role="user", content=text)])
+            prompts.append(p)
+            fh.write(msgspec.json.encode(p) + b"\n")
+    return prompts
+
+
+class UpTime:
+    """Polls one server's /health every 20 ms; ``up_between(a, b)`` is its up time in [a, b]."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url + "/health"
+        self.samples: list[tuple[float, bool]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.time()
+            try:
+                with urllib.request.urlopen(self.url, timeout=2.0) as resp:
+                    ok = resp.status == 200
+            except urllib.error.HTTPError as exc:
+                ok = exc.code != 503  # 503: restarting
+            except urllib.error.URLError as exc:
+                ok = not isinstance(exc.reason, ConnectionRefusedError)
+            except OSError as exc:
+                # a slow answer on a starved machine is not a server that is down
+                ok = not isinstance(exc, ConnectionError)
+            self.samples.append((t, ok))
+            self._stop.wait(0.02)
+
+    def __enter__(self) -> UpTime:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def up_between(self, a: float, b: float) -> float:
+        total = 0.0
+        for (t0, ok), (t1, _) in itertools.pairwise([*self.samples, (b, True)]):
+            lo, hi = max(a, t0), min(b, t1)
+            if ok and hi > lo:
+                total += hi - lo
+        return total
+
+    def down_intervals(self, end: float) -> list[tuple[float, float]]:
+        out: list[tuple[float, float]] = []
+        start = None
+        for t, ok in [*self.samples, (end, True)]:
+            if not ok and start is None:
+                start = t
+            elif ok and start is not None:
+                out.append((start, t))
+                start = None
+        return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sim_args(shape: Shape, scale: float, crash_n: int) -> list[str]:
+    return [
+        "--max-running",
+        str(CAPACITY),
+        "--mean-output-tokens",
+        str(shape.mean_tokens),
+        "--context-length",
+        "4096",
+        "--time-scale",
+        f"{scale:.6f}",
+        "--slow",
+        f"{SLOW}:2",
+        "--crash-after",
+        f"{RESTART}:{crash_n}",
+        "--restart-after",
+        f"{0.05 * shape.seconds:.3f}",  # down ~5% of the run (+ its starting period)
+        "--starting-seconds",
+        f"{0.01 * shape.seconds:.3f}",
+        "--seed",
+        "7",
+    ]
+
+
+class Result(msgspec.Struct, kw_only=True):
+    """What one client achieved."""
+
+    name: str
+    tokens: int
+    completed: int
+    failed: int
+    start: float
+    last: float
+    ideal_tokens: float
+    down: list[tuple[float, float]]
+    sim_cpu: float  # the simulator's CPU seconds per wall second (1.0: one core saturated)
+
+    @property
+    def efficiency(self) -> float:
+        return self.tokens / self.ideal_tokens if self.ideal_tokens else 0.0
+
+
+def measure(
+    name: str,
+    shape: Shape,
+    scale: float,
+    prompts_path: Path,
+    prompts: list[Prompt],
+    run: Callable[[list[str], Path, list[Prompt]], tuple[int, int, float, int]],
+) -> Result:
+    """Start a fresh fleet, run ``run(urls, prompts_path, prompts)`` -> (tokens, completed,
+    last completion time, failed), and compute its efficiency."""
+    crash_n = max(10, int(shape.prompts / (SERVERS - 0.5) * 0.4))
+    base = SimConfig(max_running=CAPACITY, time_scale=scale)
+    with SimProcess(n=SERVERS, args=sim_args(shape, scale, crash_n)) as fleet:
+        with UpTime(fleet.urls[RESTART]) as watch:
+            cpu0 = cpu_seconds(fleet.pid)
+            start = time.time()
+            tokens, completed, last, failed = run(fleet.urls, prompts_path, prompts)
+            sim_cpu = (cpu_seconds(fleet.pid) - cpu0) / max(1e-6, time.time() - start)
+            time.sleep(0.05)
+        ideal = 0.0
+        for i in range(SERVERS):
+            rate = saturated_rate(base, 2.0 if i == SLOW else 1.0)
+            up = watch.up_between(start, last) if i == RESTART else last - start
+            ideal += rate * up
+    return Result(
+        name=name,
+        tokens=tokens,
+        completed=completed,
+        failed=failed,
+        start=start,
+        last=last,
+        ideal_tokens=ideal,
+        down=[(a - start, b - start) for a, b in watch.down_intervals(last)],
+        sim_cpu=sim_cpu,
+    )
+
+
+# -- the two clients ---------------------------------------------------------------------------
+
+
+def engine_settings(shape: Shape, scale: float) -> dict[str, Any]:
+    """GenerateConfig values for the time-scaled run (intervals shrunk with the clock)."""
+    return {
+        "max_tokens": shape.max_tokens,
+        "reasoning": "on",
+        "concurrency": "auto",
+        "progress": "off",
+        "probe_interval": 0.25,
+        "load_interval": 1.0,
+        "backoff_base": 0.1,
+        "backoff_max": 2.0,
+        "connect_timeout": 2.0,
+        "hedge_min_age": 1.0,
+        "flush_seconds": 2.0,
+        "max_attempts": 20,
+    }
+
+
+def run_engine(
+    shape: Shape, scale: float, workdir: Path
+) -> Callable[..., tuple[int, int, float, int]]:
+    """Our engine over the fleet, writing a local run; results read back from the store."""
+
+    def run(
+        urls: list[str], prompts_path: Path, prompts: list[Prompt]
+    ) -> tuple[int, int, float, int]:
+        from draftdata.generate.config import GenerateConfig
+        from draftdata.generate.stage import generate
+        from draftdata.store.read import iter_completions, iter_failures
+
+        out = workdir / f"run-{time.time_ns()}"
+        cfg = msgspec.convert(
+            {
+                "prompts": str(prompts_path),
+                "endpoints": urls,
+                "out": str(out),
+                **engine_settings(shape, scale),
+            },
+            GenerateConfig,
+        )
+        generate(cfg)
+        tokens = completed = 0
+        last = 0.0
+        for c in iter_completions(str(out)):
+            tokens += c.usage.completion_tokens
+            completed += 1
+            last = max(last, c.created)
+        failed = sum(1 for _ in iter_failures(str(out)))
+        return tokens, completed, last, failed
+
+    return run
+
+
+def run_baseline(shape: Shape, scale: float) -> Callable[..., tuple[int, int, float, int]]:
+    """One global semaphore over round-robin endpoints; a failed request moves to the next."""
+
+    def run(
+        urls: list[str], prompts_path: Path, prompts: list[Prompt]
+    ) -> tuple[int, int, float, int]:
+        return asyncio.run(_baseline(urls, prompts, shape))
+
+    return run
+
+
+async def _baseline(
+    urls: list[str], prompts: list[Prompt], shape: Shape
+) -> tuple[int, int, float, int]:
+    clients = [EndpointClient(u, pool_size=SERVERS * CAPACITY, connect_timeout=2.0) for u in urls]
+    sem = asyncio.Semaphore(SERVERS * CAPACITY)
+    rr = itertools.cycle(range(len(clients)))
+    totals = {"tokens": 0, "completed": 0, "failed": 0, "last": 0.0}
+    sampling = Sampling()
+
+    async def one(p: Prompt) -> None:
+        body = build_body(
+            p.messages,
+            tools=None,
+            model="Qwen3.6-27B-sim",
+            max_tokens=shape.max_tokens,
+            sampling=sampling,
+            reasoning="on",
+            n=1,
+            token_ids=True,
+            extra_body={},
+        )
+        async with sem:
+            for attempt in range(20):
+                client = clients[next(rr)]
+                try:
+                    turns = await client.chat(body)
+                except RequestError as exc:
+                    if exc.fatal:
+                        break
+                    await asyncio.sleep(min(2.0, 0.1 * 2**attempt) * random.random())
+                    continue
+                totals["tokens"] += sum(t.usage.completion_tokens for t in turns)
+                totals["completed"] += 1
+                totals["last"] = time.time()
+                return
+            totals["failed"] += 1
+
+    try:
+        await asyncio.gather(*(one(p) for p in prompts))
+    finally:
+        for c in clients:
+            await c.close()
+    return (
+        int(totals["tokens"]),
+        int(totals["completed"]),
+        float(totals["last"]),
+        int(totals["failed"]),
+    )
+
+
+def report(r: Result, rate: float) -> str:
+    wall = r.last - r.start
+    down = ", ".join(f"{a:.1f}-{b:.1f} s" for a, b in r.down) or "none seen"
+    return (
+        f"{r.name:<9} {r.efficiency:6.3f} of ideal  ({r.tokens / wall:,.0f} tok/s completed, "
+        f"ideal {r.ideal_tokens / wall:,.0f}; {r.completed} done, {r.failed} failed, "
+        f"{wall:.1f} s to the last completion; server {RESTART} down {down}; simulator "
+        f"CPU {r.sim_cpu:.0%})"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a small run (< 30 s in all)")
+    ap.add_argument("--prompts", type=int, default=None, help="override the number of prompts")
+    ap.add_argument(
+        "--clients", default="draftdata,baseline", help="which clients to run (comma-separated)"
+    )
+    args = ap.parse_args()
+    shape = QUICK if args.quick else FULL
+    if args.prompts:
+        shape = msgspec.structs.replace(shape, prompts=args.prompts)
+    scale = time_scale_for(shape)
+    base = SimConfig(max_running=CAPACITY, time_scale=scale)
+    load0 = os.getloadavg()[0]
+    print(
+        f"fleet: {SERVERS} sim servers x {CAPACITY} seqs, server {SLOW} at half speed, server "
+        f"{RESTART} crashes and restarts; {shape.prompts} prompts, lognormal outputs mean "
+        f"{shape.mean_tokens} cap {shape.max_tokens}; time scale {scale:.4f} "
+        f"(one server saturated: {saturated_rate(base, 1.0):,.0f} tok/s)"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-gen-") as tmp:
+        work = Path(tmp)
+        prompts_path = work / "prompts.jsonl"
+        prompts = write_prompts(prompts_path, shape.prompts, seed=1)
+        runners = {
+            "draftdata": run_engine(shape, scale, work),
+            "baseline": run_baseline(shape, scale),
+        }
+        results: dict[str, Result] = {}
+        for name in args.clients.split(","):
+            results[name] = measure(name, shape, scale, prompts_path, prompts, runners[name])
+            print(report(results[name], scale))
+    load1 = os.getloadavg()[0]
+    parts = []
+    if "draftdata" in results:
+        eff = results["draftdata"].efficiency
+        verdict = "PASS" if eff >= TARGET else "BELOW TARGET"
+        parts.append(f"draftdata {eff:.3f} vs target {TARGET:.2f} ({verdict})")
+    if "baseline" in results:
+        parts.append(
+            f"baseline (global semaphore, round-robin) {results['baseline'].efficiency:.3f}"
+        )
+    print("efficiency: " + "; ".join(parts))
+    print(f"load average at start / end: {load0:.2f} / {load1:.2f} on {os.cpu_count()} cores")
+
+
+if __name__ == "__main__":
+    main()
