@@ -1,16 +1,37 @@
-"""`draftdata report` (skeleton: the owning stage replaces this)."""
+"""`draftdata report RUN_OR_DATASET --out report.html`: one self-contained HTML page."""
 
 from __future__ import annotations
 
-import typer
+from pathlib import Path
 
-from draftdata.errors import DraftdataError
+import typer
 
 
 def register(app: typer.Typer) -> None:
     """Add the `report` command to `app`."""
 
     @app.command("report")
-    def _cmd() -> None:
-        """Not built yet."""
-        raise DraftdataError("report: not built yet")
+    def _cmd(
+        target: str = typer.Argument(
+            ...,
+            help="A run, a merge output, a dataset, or a folder holding several (a demo output); "
+            "local path or s3://BUCKET/PREFIX.",
+        ),
+        out: Path = typer.Option(
+            Path("report.html"), "--out", "-o", help="The HTML file to write (local)."
+        ),
+        compare: list[str] = typer.Option(
+            [],
+            "--compare",
+            help="Another dataset to compare the domain mix with (repeatable); without a "
+            "merge_report.json these stand for the 'before' side.",
+        ),
+        title: str = typer.Option("", "--title", help="Page title (default: from the input)."),
+    ) -> None:
+        """Domain mix before/after merge, output length and tokens per domain, finish reasons,
+        failures by class, throughput per endpoint and the headline numbers, as one HTML file
+        with embedded plots (no external URLs)."""
+        from draftdata.report import build_report
+
+        path = build_report(target, *compare, out=out, title=title or None)
+        typer.echo(f"report: wrote {path} ({path.stat().st_size // 1024} KiB)")

@@ -1,0 +1,252 @@
+"""``build_report(inputs..., out)``: collect the numbers, draw the figures, write the page.
+
+Sections, in order: headline numbers; domain mix (before/target/after from a merge output's
+``merge_report.json``, else the domain shares of the subject and of every compared input);
+output length per domain; tokens per domain; finish reasons; failures by class; throughput over
+time per endpoint (from the run's metrics snapshots); the inputs read. A section without data
+says why in one line instead of drawing an empty chart.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from draftdata.errors import InputError
+from draftdata.report import page, plots
+from draftdata.report.collect import ReportData, collect
+from draftdata.stats import DatasetStats
+
+_MEASURES = {
+    "output_tokens": "output tokens",
+    "output_chars": "output characters",
+    "tokens": "tokens",
+    "chars": "characters",
+}
+
+
+def _name(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1] or url
+
+
+def _shares(counts: Mapping[str, Any]) -> dict[str, float]:
+    nums = {k: float(v) for k, v in counts.items() if isinstance(v, int | float)}
+    total = sum(nums.values())
+    return {k: v / total for k, v in nums.items()} if total else {}
+
+
+def _mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
+    """Named domain-share series for the mix chart, and where they come from."""
+    for m in data.merged:
+        r = m.report
+        if not r:
+            continue
+        series: dict[str, dict[str, float]] = {}
+        if isinstance(r.get("before"), dict):
+            series["before (merge inputs)"] = _shares(r["before"])
+        if isinstance(r.get("target"), dict):
+            series["target"] = {k: float(v) for k, v in r["target"].items()}
+        after = r.get("after") or {}
+        for split in ("train", "eval"):
+            if isinstance(after.get(split), dict):
+                series[f"after: {split}"] = _shares(after[split])
+        series = {k: v for k, v in series.items() if v}
+        if series:
+            return series, f"from {m.url}/merge_report.json"
+    series = {}
+    own: list[tuple[str, DatasetStats]] = [(r.url, r.stats) for r in data.runs]
+    own += [(m.url, m.stats) for m in data.merged] + data.tokenized + data.datasets
+    for url, s in own + data.compare:
+        series[f"{_name(url)} ({s.kind})"] = s.domain_shares()
+    how = "domain shares of each input" + (" (compared)" if data.compare else "")
+    return {k: v for k, v in series.items() if v}, how
+
+
+def _ordered(series: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """The same series with domains in one order: by their largest share, descending."""
+    best: dict[str, float] = {}
+    for values in series.values():
+        for d, v in values.items():
+            best[d] = max(best.get(d, 0.0), v)
+    order = sorted(best, key=lambda d: (-best[d], d))
+    return {name: {d: values.get(d, 0.0) for d in order} for name, values in series.items()}
+
+
+def _mix_section(data: ReportData) -> page.Section:
+    series, how = _mix_series(data)
+    series = _ordered(series)
+    plot = plots.grouped_bars(
+        "domain-mix", "Domain mix", series, "share of rows (%)", how, percent=True
+    )
+    domains = list(next(iter(series.values()), {}))
+    rows = [[d, *(f"{100 * v.get(d, 0.0):.1f}%" for v in series.values())] for d in domains]
+    tables = [page.table(["domain", *series], rows)] if rows else []
+    return page.Section("Domain mix", [plot] if plot else [], "no domain counts", tables)
+
+
+def _length_section(data: ReportData) -> page.Section:
+    s = data.main_stats
+    if s is None:
+        return page.Section("Output length per domain", note="no dataset read")
+    measure = str(s["primary"])
+    if s.kind != "run" and s.kind != "tokenized":
+        out = [d for d in s["domains"].values() if "output_chars" in d["lengths"]]
+        measure = "output_chars" if out else measure
+    summaries = {d: v["lengths"].get(measure, {}) for d, v in s["domains"].items()}
+    label = _MEASURES.get(measure, measure)
+    title = f"Output length per domain ({label})"
+    plot = plots.length_boxes(
+        "output-length",
+        title,
+        summaries,
+        label,
+        f"{_name(s['dataset'])}: box p25-p75, line median, whiskers p5-p95, triangle mean",
+    )
+    cols = ("count", "mean", "p50", "p95", "max")
+    rows = [[d, *(v.get(c, "-") for c in cols)] for d, v in summaries.items() if v]
+    tables = [page.table(["domain", "rows", "mean", "p50", "p95", "max"], rows)] if rows else []
+    return page.Section(title, [plot] if plot else [], "no lengths measured", tables)
+
+
+def _tokens_section(data: ReportData) -> page.Section:
+    series: dict[str, dict[str, float]] = {}
+    for r in data.runs:
+        per = {d: v["lengths"].get("output_tokens", {}).get("total", 0) for d, v in _doms(r.stats)}
+        if any(per.values()):
+            series[f"output tokens: {_name(r.url)}"] = per
+    for url, s in data.tokenized + [(m.url, m.stats) for m in data.merged] + data.datasets:
+        if s.kind == "tokenized":
+            series[f"training tokens: {_name(url)}"] = {
+                d: v["lengths"].get("tokens", {}).get("total", 0) for d, v in _doms(s)
+            }
+    unit = "tokens"
+    main = data.main_stats
+    if not series and main is not None:
+        m = "output_chars" if "output_chars" in main["lengths"] else "chars"
+        series[f"{_MEASURES[m]}: {_name(main['dataset'])}"] = {
+            d: v["lengths"].get(m, {}).get("total", 0) for d, v in _doms(main)
+        }
+        unit = "characters (no token counts in the inputs)"
+    series = _ordered({k: {d: float(x) for d, x in v.items()} for k, v in series.items()})
+    plot = plots.grouped_bars("tokens-per-domain", "Tokens per domain", series, unit)
+    return page.Section("Tokens per domain", [plot] if plot else [], "no token counts")
+
+
+def _doms(s: DatasetStats) -> list[tuple[str, dict[str, Any]]]:
+    return list(s["domains"].items())
+
+
+def _finish_section(data: ReportData) -> page.Section:
+    if not data.runs:
+        return page.Section("Finish reasons", note="no generate run in the inputs")
+    fr = data.finish_reasons()
+    plot = plots.hbars(
+        "finish-reasons", "Finish reasons", fr, "assistant turns", "length = cut by max tokens"
+    )
+    return page.Section("Finish reasons", [plot] if plot else [], "no completions")
+
+
+def _failures_section(data: ReportData) -> page.Section:
+    if not data.runs:
+        return page.Section("Failures by class", note="no generate run in the inputs")
+    fails = data.failures_by_reason()
+    plot = plots.hbars(
+        "failures", "Failures by class", fails, "prompts", "failures still standing (not retried)"
+    )
+    return page.Section("Failures by class", [plot] if plot else [], "no failures")
+
+
+def _throughput_section(data: ReportData) -> page.Section:
+    title = "Throughput over time per endpoint"
+    if not data.runs:
+        return page.Section(title, note="no generate run in the inputs")
+    plot = plots.lines(
+        "throughput",
+        title,
+        data.throughput(),
+        "seconds since the run started",
+        "output tokens/s",
+        "from the run's metrics snapshots (metrics/*.json)",
+    )
+    note = "the run has no metrics snapshots with per-endpoint figures"
+    rows = []
+    for r in data.runs:
+        for url, e in ((r.metrics or {}).get("endpoints") or {}).items():
+            rows.append([url, e.get("completed", 0), e.get("output_tokens", 0), e.get("errors", 0)])
+    tables = (
+        [page.table(["endpoint", "completed", "output tokens", "errors"], rows)] if rows else []
+    )
+    return page.Section(title, [plot] if plot else [], note, tables)
+
+
+def _inputs_section(data: ReportData) -> page.Section:
+    rows: list[list[Any]] = []
+    for r in data.runs:
+        rows.append(["run", r.url, r.stats.rows, r.stats["rejected"]["count"]])
+    for m in data.merged:
+        rows.append(["merged", m.url, m.stats.rows, m.stats["rejected"]["count"]])
+    for u, s in data.tokenized:
+        rows.append(["tokenized", u, s.rows, s["rejected"]["count"]])
+    for u, s in data.datasets:
+        rows.append([s.kind, u, s.rows, s["rejected"]["count"]])
+    for u, s in data.compare:
+        rows.append([f"compared ({s.kind})", u, s.rows, s["rejected"]["count"]])
+    return page.Section(
+        "Inputs", tables=[page.table(["part", "location", "rows", "rejected"], rows)]
+    )
+
+
+def render_report(data: ReportData, title: str | None = None) -> str:
+    """The page for collected data."""
+    sections = [
+        _mix_section(data),
+        _length_section(data),
+        _tokens_section(data),
+        _finish_section(data),
+        _failures_section(data),
+        _throughput_section(data),
+        _inputs_section(data),
+    ]
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    subject = data.inputs[0]
+    return page.render(
+        title or f"draftdata report: {_name(subject)}",
+        f"{subject} · generated {when}",
+        data.headline(),
+        sections,
+    )
+
+
+def build_report(
+    *inputs: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    title: str | None = None,
+) -> Path:
+    """Write the HTML report of ``inputs[0]`` (compared with ``inputs[1:]``) to ``out``.
+
+    Inputs are local paths or ``s3://`` URLs: a run, a merge output, a dataset, or a folder
+    holding several (see ``report.find``). ``out`` is a local file, replaced atomically.
+    Returns its path.
+    """
+    if not inputs:
+        raise InputError("report: give a run, a merged dataset or a demo output folder")
+    target = str(out)
+    if target.startswith("s3://"):
+        raise InputError(f"{target}: --out is a local file (copy it to S3 afterwards)")
+    data = collect([str(i) for i in inputs])
+    text = render_report(data, title)
+    path = Path(target).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

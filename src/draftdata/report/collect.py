@@ -1,0 +1,186 @@
+"""Gather the report's numbers: stats of every part found, the merge report, run metrics.
+
+``collect(inputs)`` reads each input once (``find_parts`` says what it holds; ``compute_stats``
+streams it) and returns a ``ReportData`` holding only small summaries, so the report's memory
+does not grow with the data. The first input is the subject of the report; further inputs are
+compared with it (their domain mix is shown next to its, and when no merge report is found they
+stand for the "before" side of the mix).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftdata.errors import DraftdataError, InputError
+from draftdata.report.find import Parts, find_parts
+from draftdata.stats import DatasetStats, compute_stats
+from draftdata.stats.compute import run_metrics
+from draftdata.stats.readers import MERGE_REPORT, read_json_object
+from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
+from draftdata.store.store import open_store
+
+MERGE_REPORT_FORMAT = "draftdata.merge-report"
+
+
+@dataclass
+class RunPart:
+    """One generate run: its stats, manifest, metrics headline and throughput series."""
+
+    url: str
+    stats: DatasetStats
+    manifest: dict[str, Any]
+    metrics: dict[str, Any] | None
+    throughput: dict[str, list[tuple[float, float]]]
+    total: int | None = None
+
+
+@dataclass
+class MergedPart:
+    """One merge output: its stats and ``merge_report.json`` (None when unreadable)."""
+
+    url: str
+    stats: DatasetStats
+    report: dict[str, Any] | None
+
+
+@dataclass
+class ReportData:
+    """Everything the page shows, as small JSON-ready summaries."""
+
+    inputs: list[str]
+    parts: list[Parts]
+    runs: list[RunPart] = field(default_factory=list)
+    merged: list[MergedPart] = field(default_factory=list)
+    tokenized: list[tuple[str, DatasetStats]] = field(default_factory=list)
+    datasets: list[tuple[str, DatasetStats]] = field(default_factory=list)
+    compare: list[tuple[str, DatasetStats]] = field(default_factory=list)
+
+    @property
+    def main_stats(self) -> DatasetStats | None:
+        """The stats the length plot uses: the run's, else the merged set's, else the data's."""
+        for s in [r.stats for r in self.runs] + [m.stats for m in self.merged]:
+            return s
+        for _, s in self.tokenized + self.datasets:
+            return s
+        return None
+
+    def headline(self) -> dict[str, Any]:
+        """prompts, completions, failures, output tokens, wall time, tokens/s (runs summed);
+        rows of merged sets and datasets. Keys absent when the inputs do not say."""
+        out: dict[str, Any] = {}
+        if self.runs:
+            completions = sum(r.stats.rows for r in self.runs)
+            failures = sum(int((r.stats.get("failures") or {}).get("total", 0)) for r in self.runs)
+            tokens = 0
+            for r in self.runs:
+                tokens += int(r.stats["lengths"].get("output_tokens", {}).get("total", 0))
+            if not tokens:
+                tokens = sum(int((r.metrics or {}).get("output_tokens", 0)) for r in self.runs)
+            walls = [float(r.metrics["wall_s"]) for r in self.runs if r.metrics]
+            totals = [r.total for r in self.runs]
+            known = [t for t in totals if t is not None]
+            out["prompts"] = sum(known) if len(known) == len(totals) else completions + failures
+            out["completions"] = completions
+            out["failures"] = failures
+            out["output_tokens"] = tokens
+            if walls and max(walls) > 0:
+                out["wall_s"] = round(max(walls), 1)
+                out["output_tokens_per_s"] = round(tokens / max(walls), 1)
+            endpoints: set[str] = set()
+            for r in self.runs:
+                endpoints |= set(((r.metrics or {}).get("endpoints") or {}).keys())
+            if endpoints:
+                out["endpoints"] = len(endpoints)
+        for m in self.merged:
+            after = (m.report or {}).get("after") or {}
+            for split in ("train", "eval"):
+                counts = after.get(split)
+                if isinstance(counts, dict):
+                    out[f"{split}_rows"] = out.get(f"{split}_rows", 0) + _sum(counts)
+            dropped = (m.report or {}).get("dropped")
+            if isinstance(dropped, dict):
+                out["dropped"] = out.get("dropped", 0) + _sum(dropped)
+            if not after:
+                out["merged_rows"] = out.get("merged_rows", 0) + m.stats.rows
+        for _, s in self.tokenized:
+            out["tokenized_samples"] = out.get("tokenized_samples", 0) + s.rows
+            out["training_tokens"] = out.get("training_tokens", 0) + int(
+                s["lengths"].get("tokens", {}).get("total", 0)
+            )
+        for _, s in self.datasets:
+            out["rows"] = out.get("rows", 0) + s.rows
+        return out
+
+    def finish_reasons(self) -> dict[str, int]:
+        """Finish reasons of every run's turns, summed."""
+        c: Counter[str] = Counter()
+        for r in self.runs:
+            c.update(r.stats.get("finish_reasons") or {})
+        return dict(c.most_common())
+
+    def failures_by_reason(self) -> dict[str, int]:
+        """Standing failures per class, summed over runs."""
+        c: Counter[str] = Counter()
+        for r in self.runs:
+            c.update((r.stats.get("failures") or {}).get("by_reason") or {})
+        return dict(c.most_common())
+
+    def throughput(self) -> dict[str, list[tuple[float, float]]]:
+        """Output tokens/s over time per endpoint (run-prefixed labels with several runs)."""
+        out: dict[str, list[tuple[float, float]]] = {}
+        for r in self.runs:
+            for label, points in r.throughput.items():
+                out[label if len(self.runs) == 1 else f"{r.url}: {label}"] = points
+        return out
+
+
+def _sum(counts: dict[str, Any]) -> int:
+    return sum(int(v) for v in counts.values() if isinstance(v, int | float))
+
+
+def _total(snaps: list[dict[str, Any]]) -> int | None:
+    """(prompt, sample) pairs in scope, when every writer's newest snapshot says."""
+    totals = [summary_of(s).get("total") for s in latest(snaps)]
+    if not totals or not all(isinstance(t, int) for t in totals):
+        return None
+    return sum(int(t) for t in totals if isinstance(t, int))
+
+
+def _run(url: str) -> RunPart:
+    from draftdata.store.read import read_manifest
+
+    stats = compute_stats(url)
+    store = open_store(url)
+    snaps = run_metrics(store)
+    try:
+        manifest = read_manifest(store)
+    except DraftdataError:
+        manifest = {}
+    return RunPart(url, stats, manifest, headline(snaps), throughput_series(snaps), _total(snaps))
+
+
+def _merged(url: str) -> MergedPart:
+    report = read_json_object(open_store(url), MERGE_REPORT)
+    if report is not None and report.get("format") not in (None, MERGE_REPORT_FORMAT):
+        report = None
+    return MergedPart(url, compute_stats(url), report)
+
+
+def collect(inputs: list[str]) -> ReportData:
+    """Find and read every input (the first is the subject; see the module docstring)."""
+    if not inputs:
+        raise InputError("report: give a run, a merged dataset or a demo output folder")
+    main = find_parts(inputs[0])
+    data = ReportData(inputs=list(inputs), parts=[main])
+    data.runs = [_run(u) for u in main.runs]
+    data.merged = [_merged(u) for u in main.merged]
+    data.tokenized = [(u, compute_stats(u)) for u in main.tokenized]
+    data.datasets = [(u, compute_stats(u)) for u in main.datasets]
+    for other in inputs[1:]:
+        parts = find_parts(other)
+        data.parts.append(parts)
+        urls = parts.merged or parts.datasets or parts.tokenized or parts.runs
+        data.compare += [(u, compute_stats(u)) for u in urls]
+    return data

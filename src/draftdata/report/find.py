@@ -1,0 +1,95 @@
+"""Find what a report input holds: runs, merge outputs and other datasets.
+
+``find_parts(url)`` looks at the location itself and at most two folder levels below it:
+
+- a **run** is a folder holding ``manifest.json`` (generate's output);
+- a **merged dataset** is a folder holding ``merge_report.json`` (merge's output);
+- a **tokenized** set is a folder named ``tokenized*`` holding parquet (tokenize's output);
+- when none of these is found, the location itself is read as one dataset (prompts, tokenized
+  samples or conversations; anything ``draftdata stats`` reads).
+
+So ``report`` works on a run, on a merge output, and on a demo output folder holding several
+(``run/``, ``tokenized/``, ``merged/`` ...). A folder inside a found run or merge output is not
+searched further (a run's shards are never mistaken for datasets).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from draftdata.errors import InputError
+from draftdata.stats.readers import MERGE_REPORT
+from draftdata.store.store import Store, open_store
+
+RUN_MARKER = "manifest.json"
+MAX_DEPTH = 2
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The URLs of what one input holds, each list in path order."""
+
+    root: str
+    runs: tuple[str, ...] = ()
+    merged: tuple[str, ...] = ()
+    tokenized: tuple[str, ...] = ()
+    datasets: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """True when nothing readable was found."""
+        return not (self.runs or self.merged or self.tokenized or self.datasets)
+
+
+def _url(store: Store, prefix: str) -> str:
+    return store.key_url(prefix) if prefix else store.url
+
+
+def find_parts(url: str) -> Parts:
+    """Locate the runs, merge outputs and tokenized sets at or under ``url`` (see module doc)."""
+    if not url.startswith("s3://"):
+        path = os.path.realpath(os.path.expanduser(url))
+        if not os.path.exists(path):
+            raise InputError(f"{url}: no such file or directory")
+        if os.path.isfile(path):
+            return Parts(root=path, datasets=(path,))
+        url = path
+    store = open_store(url)
+    keys = store.list("")
+    if not keys:
+        raise InputError(f"{url}: nothing there to report on")
+    runs: set[str] = set()
+    merged: set[str] = set()
+    for key in keys:
+        parts = key.split("/")
+        if len(parts) - 1 > MAX_DEPTH:
+            continue
+        prefix = "/".join(parts[:-1])
+        if parts[-1] == RUN_MARKER:
+            runs.add(prefix)
+        elif parts[-1] == MERGE_REPORT:
+            merged.add(prefix)
+    owners = runs | merged
+
+    def inside(prefix: str) -> bool:
+        return any(o == "" or prefix == o or prefix.startswith(o + "/") for o in owners)
+
+    tokenized: set[str] = set()
+    for key in keys:
+        parts = key.split("/")
+        for depth in range(min(len(parts) - 1, MAX_DEPTH)):
+            if parts[depth].startswith("tokenized") and key.endswith(".parquet"):
+                prefix = "/".join(parts[: depth + 1])
+                if not inside(prefix):
+                    tokenized.add(prefix)
+                break
+    found = Parts(
+        root=store.url,
+        runs=tuple(_url(store, p) for p in sorted(runs)),
+        merged=tuple(_url(store, p) for p in sorted(merged)),
+        tokenized=tuple(_url(store, p) for p in sorted(tokenized)),
+    )
+    if found.empty:
+        return Parts(root=store.url, datasets=(store.url,))
+    return found
