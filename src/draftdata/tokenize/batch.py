@@ -1,0 +1,467 @@
+"""The pure batch function of the tokenize stage: a completions table in, a samples table out.
+
+``tokenize_table(table, ctx)`` takes an Arrow table with the completion schema (at least
+``id``, ``sample``, ``source``, ``domain``, ``messages``, ``tools``, ``turns``, ``sampling``)
+and returns ``(samples, counters)``: a table with the sample schema (``formats.SAMPLE_SCHEMA``:
+``id``, ``source``, ``domain``, ``input_ids`` list<int32>, ``loss_mask`` list<int8>,
+``num_tokens``, ``num_loss_tokens``, ``truncated``) and the batch's ``Counters``. It does no I/O;
+the single-process stage (``stage.py``) and the Ray Data job (``distributed/ray_tokenize.py``)
+both call it, so their samples are the same.
+
+How a batch is tokenized:
+
+1. Each completion is planned (``plan.py``): completions whose turns all carry server
+   ``prompt_token_ids`` and ``output_token_ids`` take the token-id path (the ids are the
+   sample); the others are rendered with the chat template into text + loss character spans.
+   With ``ctx.verify``, token-id completions are rendered too, to check them.
+2. Every rendered text of the batch is encoded in one ``encode_batch`` call (the Rust tokenizer
+   runs it on all cores; no prefix is ever encoded twice). A loss span becomes token positions
+   through the encoding's character offsets: every token that overlaps the span gets loss 1,
+   the rule of transformers' ``return_assistant_tokens_mask``.
+3. Verification compares each token-id sample with the rendered sample of the same id: ids and
+   mask identical is ``verified``, anything else ``mismatched`` (the first few are described as
+   decoded text around the first differing token); a completion the renderer cannot reproduce
+   (a turn cut by max tokens) is ``unverifiable``.
+4. Length policy: longer than ``max_length`` is cut (``truncated``) or dropped (``too_long``);
+   a sample without two consecutive loss tokens is dropped (``too_few_loss_tokens``).
+
+``TokenizeContext`` holds the loaded tokenizer and template. It pickles as its settings and
+rebuilds itself (loads the tokenizer) on unpickling, so it can be shipped to worker processes or
+Ray actors, or rebuilt there with ``TokenizeContext.from_config(config)``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from draftdata.formats import SAMPLE_SCHEMA
+from draftdata.tokenize.config import (
+    MAX_MISMATCH_EXAMPLES,
+    MIN_LOSS_RUN,
+    DomainTotals,
+    LongPolicy,
+    TokenizeConfig,
+)
+from draftdata.tokenize.plan import (
+    CompletionView,
+    IdArray,
+    Plan,
+    RenderedSample,
+    plan_rendered,
+    plan_token_ids,
+)
+from draftdata.tokenize.template import ChatTemplate, TurnText, load_tokenizer, read_template_file
+
+COMPLETION_COLUMNS = ("id", "sample", "source", "domain", "messages", "tools", "turns", "sampling")
+_dec = msgspec.json.Decoder()
+
+
+@dataclass
+class Counters:
+    """Counts of one batch (or a whole run, merged): see ``TokenizeSummary.counts``."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    domains: dict[str, DomainTotals] = field(default_factory=dict)
+    mismatches: list[str] = field(default_factory=list)
+
+    def add(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to counter ``name``."""
+        self.counts[name] += n
+
+    def add_sample(self, domain: str, tokens: int, loss_tokens: int) -> None:
+        """Count one emitted sample under its domain."""
+        d = self.domains.setdefault(domain, DomainTotals())
+        d.samples += 1
+        d.tokens += tokens
+        d.loss_tokens += loss_tokens
+
+    def merge(self, other: Counters) -> None:
+        """Fold ``other`` into this one (mismatch examples capped)."""
+        self.counts.update(other.counts)
+        for name, d in other.domains.items():
+            mine = self.domains.setdefault(name, DomainTotals())
+            mine.samples += d.samples
+            mine.tokens += d.tokens
+            mine.loss_tokens += d.loss_tokens
+        room = MAX_MISMATCH_EXAMPLES - len(self.mismatches)
+        self.mismatches.extend(other.mismatches[: max(0, room)])
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (sorted)."""
+        return {
+            "counts": dict(sorted(self.counts.items())),
+            "domains": {k: msgspec.to_builtins(v) for k, v in sorted(self.domains.items())},
+            "mismatches": list(self.mismatches),
+        }
+
+
+class TokenizeContext:
+    """The loaded tokenizer and chat template plus the policy of one tokenize run."""
+
+    def __init__(
+        self,
+        tokenizer_path: str,
+        *,
+        chat_template: str | None = None,
+        max_length: int | None = None,
+        long: LongPolicy = "truncate",
+        verify: bool = True,
+        keep_reasoning_history: bool = False,
+    ) -> None:
+        self.tokenizer_path = tokenizer_path
+        self.chat_template_source = chat_template
+        self.max_length = max_length
+        self.long = long
+        self.verify = verify
+        self.keep_reasoning_history = keep_reasoning_history
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.backend = self.tokenizer.backend_tokenizer
+        self.template = ChatTemplate.for_tokenizer(self.tokenizer, chat_template)
+
+    @classmethod
+    def from_config(cls, config: TokenizeConfig) -> TokenizeContext:
+        """Load the tokenizer and template that ``config`` names (``--chat-template`` read here).
+
+        ``keep_reasoning_history`` None counts as False; ``stage.tokenize`` resolves it from
+        the run's manifest before building the context.
+        """
+        template = read_template_file(config.chat_template) if config.chat_template else None
+        return cls(
+            config.tokenizer,
+            chat_template=template,
+            max_length=config.max_length,
+            long=config.long,
+            verify=config.verify,
+            keep_reasoning_history=bool(config.keep_reasoning_history),
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_context, (self._settings(),))
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "tokenizer_path": self.tokenizer_path,
+            "chat_template": self.chat_template_source,
+            "max_length": self.max_length,
+            "long": self.long,
+            "verify": self.verify,
+            "keep_reasoning_history": self.keep_reasoning_history,
+        }
+
+    def decode(self, ids: IdArray | list[int]) -> str:
+        """Token ids back to text, special tokens shown."""
+        return str(self.backend.decode([int(i) for i in ids], skip_special_tokens=False))
+
+
+def _rebuild_context(settings: dict[str, Any]) -> TokenizeContext:
+    path = settings.pop("tokenizer_path")
+    return TokenizeContext(path, **settings)
+
+
+# -- Arrow rows -> views -------------------------------------------------------------------------
+
+
+def _json_or_none(value: str | None) -> Any:
+    return None if value is None else _dec.decode(value)
+
+
+def _np_lists(arr: pa.ListArray) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], Any]:
+    # (flat values, offsets, validity) of a list<int32> array, without Python ints.
+    arr = arr.cast(pa.list_(pa.int32())) if arr.type != pa.list_(pa.int32()) else arr
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    return values, offsets, valid
+
+
+def views_from_table(table: pa.Table) -> list[CompletionView]:
+    """CompletionViews of the rows of a completions table (token ids stay numpy views)."""
+    n = table.num_rows
+    if n == 0:
+        return []
+    cols = {name: table.column(name) for name in table.column_names}
+    ids = cols["id"].to_pylist()
+    samples = cols["sample"].to_pylist() if "sample" in cols else [0] * n
+    sources = cols["source"].to_pylist() if "source" in cols else [""] * n
+    domains = cols["domain"].to_pylist() if "domain" in cols else [""] * n
+    messages = cols["messages"].to_pylist()
+    tools = cols["tools"].to_pylist() if "tools" in cols else [None] * n
+    sampling = cols["sampling"].to_pylist() if "sampling" in cols else [None] * n
+    turns_col = cols["turns"].combine_chunks()
+    turn_offsets = turns_col.offsets.to_numpy()
+    structs = turns_col.values
+    text = {
+        name: structs.field(name).to_pylist()
+        for name in ("content", "reasoning", "tool_calls", "finish_reason")
+    }
+    p_vals, p_off, p_ok = _np_lists(structs.field("prompt_token_ids"))
+    o_vals, o_off, o_ok = _np_lists(structs.field("output_token_ids"))
+    out: list[CompletionView] = []
+    for i in range(n):
+        lo, hi = int(turn_offsets[i]), int(turn_offsets[i + 1])
+        turns = [
+            TurnText(
+                text["content"][j],
+                text["reasoning"][j],
+                _json_or_none(text["tool_calls"][j]),
+                text["finish_reason"][j],
+            )
+            for j in range(lo, hi)
+        ]
+        token_ids: list[tuple[IdArray, IdArray]] | None = None
+        if hi > lo and all(p_ok[j] and o_ok[j] for j in range(lo, hi)):
+            token_ids = [
+                (p_vals[p_off[j] : p_off[j + 1]], o_vals[o_off[j] : o_off[j + 1]])
+                for j in range(lo, hi)
+            ]
+        msgs = [
+            {
+                "role": m["role"],
+                "content": m.get("content"),
+                "reasoning_content": m.get("reasoning_content"),
+                "tool_calls": _json_or_none(m.get("tool_calls")),
+                "tool_call_id": m.get("tool_call_id"),
+                "name": m.get("name"),
+            }
+            for m in messages[i] or []
+        ]
+        params = _json_or_none(sampling[i]) or {}
+        kwargs = params.get("chat_template_kwargs") if isinstance(params, dict) else None
+        out.append(
+            CompletionView(
+                id=ids[i],
+                sample=samples[i] or 0,
+                source=sources[i] or "",
+                domain=domains[i] or "",
+                messages=msgs,
+                tools=_json_or_none(tools[i]),
+                turns=turns,
+                template_kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
+                token_ids=token_ids,
+            )
+        )
+    return out
+
+
+# -- encoding and masks --------------------------------------------------------------------------
+
+
+def _span_tokens(enc: Any, start: int, end: int) -> tuple[int, int] | None:
+    # [first, last] tokens overlapping characters [start, end), found through the offsets at the
+    # two ends only (a token shared by split multi-byte characters is widened to its neighbours).
+    n = len(enc)
+    first = enc.char_to_token(start)
+    last = enc.char_to_token(end - 1)
+    if first is None or last is None:
+        return _span_tokens_scan(enc.offsets, start, end)
+    while first > 0 and enc.token_to_chars(first - 1)[1] > start:
+        first -= 1
+    while last + 1 < n and enc.token_to_chars(last + 1)[0] < end:
+        last += 1
+    return first, last
+
+
+def _span_tokens_scan(
+    offsets: list[tuple[int, int]], start: int, end: int
+) -> tuple[int, int] | None:
+    hits = [i for i, (s, e) in enumerate(offsets) if e > start and s < end]
+    return (hits[0], hits[-1]) if hits else None
+
+
+def loss_mask(enc: Any, spans: list[tuple[int, int]]) -> npt.NDArray[np.int8]:
+    """1 on every token of ``enc`` that overlaps one of the character ``spans``."""
+    mask = np.zeros(len(enc), dtype=np.int8)
+    for start, end in spans:
+        if end <= start:
+            continue
+        hit = _span_tokens(enc, start, end)
+        if hit is not None:
+            mask[hit[0] : hit[1] + 1] = 1
+    return mask
+
+
+def encode_rendered(
+    ctx: TokenizeContext, samples: list[RenderedSample]
+) -> list[tuple[IdArray, npt.NDArray[np.int8]]]:
+    """Ids and loss masks of rendered samples: one batched encode, masks from offsets."""
+    if not samples:
+        return []
+    encs = ctx.backend.encode_batch([s.text for s in samples], add_special_tokens=False)
+    return [
+        (np.asarray(enc.ids, dtype=np.int32), loss_mask(enc, s.spans))
+        for enc, s in zip(encs, samples, strict=True)
+    ]
+
+
+# -- verification ----------------------------------------------------------------------------------
+
+
+def describe_mismatch(
+    ctx: TokenizeContext, sample_id: str, served: IdArray, rendered: IdArray, window: int = 8
+) -> str:
+    """One line: where the server's ids and the rendered ids first differ, as decoded text."""
+    n = min(len(served), len(rendered))
+    diff = np.flatnonzero(served[:n] != rendered[:n])
+    at = int(diff[0]) if len(diff) else n
+    before = ctx.decode(served[max(0, at - window) : at])
+    return (
+        f"{sample_id}: token {at} (served {len(served)}, rendered {len(rendered)}): "
+        f"...{before!r} then served {ctx.decode(served[at : at + window])!r} "
+        f"vs rendered {ctx.decode(rendered[at : at + window])!r}"
+    )
+
+
+def _verify(
+    ctx: TokenizeContext,
+    view: CompletionView,
+    plan: Plan,
+    rendered: list[tuple[RenderedSample, IdArray, npt.NDArray[np.int8]]],
+    counters: Counters,
+    *,
+    check_dropped_unfinished: bool,
+) -> None:
+    if not rendered or check_dropped_unfinished:
+        counters.add("unverifiable", len(plan.tokens))
+        return
+    by_id = {r.id: (ids, mask) for r, ids, mask in rendered}
+    for t in plan.tokens:
+        got = by_id.get(t.id)
+        if got is not None and np.array_equal(got[0], t.ids) and np.array_equal(got[1], t.mask):
+            counters.add("verified")
+            continue
+        counters.add("mismatched")
+        if len(counters.mismatches) < MAX_MISMATCH_EXAMPLES:
+            if got is None:
+                line = f"{t.id}: the rendered conversation splits into other samples"
+            elif np.array_equal(got[0], t.ids):
+                line = f"{t.id}: same ids, loss masks differ"
+            else:
+                line = describe_mismatch(ctx, t.id, t.ids, got[0])
+            counters.mismatches.append(line)
+
+
+# -- the batch function ----------------------------------------------------------------------------
+
+
+def _has_loss_run(mask: npt.NDArray[np.int8]) -> bool:
+    if len(mask) < MIN_LOSS_RUN:
+        return False
+    return bool(np.any(mask[1:] & mask[:-1]))
+
+
+def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[pa.Table, Counters]:
+    """``tokenize_table`` on already decoded completions."""
+    counters = Counters()
+    plans: list[tuple[CompletionView, Plan, Plan | None]] = []
+    to_encode: list[RenderedSample] = []
+    for view in views:
+        counters.add("completions")
+        if view.token_ids is not None:
+            counters.add("path.token_ids")
+            tokens = plan_token_ids(view)
+            check = (
+                plan_rendered(view, ctx.template, keep_reasoning_history=ctx.keep_reasoning_history)
+                if ctx.verify
+                else None
+            )
+            plans.append((view, tokens, check))
+            if check is not None:
+                to_encode.extend(check.rendered)
+        else:
+            counters.add("path.rendered")
+            rendered = plan_rendered(
+                view, ctx.template, keep_reasoning_history=ctx.keep_reasoning_history
+            )
+            plans.append((view, rendered, None))
+            to_encode.extend(rendered.rendered)
+    encoded = iter(encode_rendered(ctx, to_encode))
+
+    out_ids: list[IdArray] = []
+    out_masks: list[npt.NDArray[np.int8]] = []
+    rows: list[tuple[str, str, str, bool]] = []  # (id, source, domain, truncated)
+    for view, plan, check in plans:
+        for reason in plan.dropped:
+            counters.add(f"dropped.{reason}")
+        if plan.split:
+            counters.add("split_turns")
+        candidates: list[tuple[str, IdArray, npt.NDArray[np.int8]]]
+        if view.token_ids is not None:
+            candidates = [(t.id, t.ids, t.mask) for t in plan.tokens]
+            if check is not None:
+                checked = [(r, *next(encoded)) for r in check.rendered]
+                _verify(
+                    ctx,
+                    view,
+                    plan,
+                    checked,
+                    counters,
+                    check_dropped_unfinished="unfinished_turn" in check.dropped,
+                )
+        else:
+            candidates = [(r.id, *next(encoded)) for r in plan.rendered]
+        for sample_id, ids, mask in candidates:
+            truncated = False
+            if ctx.max_length is not None and len(ids) > ctx.max_length:
+                if ctx.long == "drop":
+                    counters.add("dropped.too_long")
+                    continue
+                ids, mask = ids[: ctx.max_length], mask[: ctx.max_length]
+                truncated = True
+            if not _has_loss_run(mask):
+                counters.add("dropped.too_few_loss_tokens")
+                continue
+            if truncated:
+                counters.add("truncated")
+            counters.add("samples")
+            out_ids.append(ids)
+            out_masks.append(mask)
+            rows.append((sample_id, view.source, view.domain, truncated))
+            counters.add_sample(view.domain, len(ids), int(mask.sum()))
+    return samples_table(rows, out_ids, out_masks), counters
+
+
+def tokenize_table(table: pa.Table, ctx: TokenizeContext) -> tuple[pa.Table, Counters]:
+    """A completions table -> (samples table with ``formats.SAMPLE_SCHEMA``, its Counters).
+
+    Pure: no I/O. Rows keep the input order; a completion becomes zero, one or (history-
+    rewriting templates, multi-turn) several samples. See the module docstring for the rules.
+    """
+    return tokenize_views(views_from_table(table), ctx)
+
+
+def _list_array(arrays: list[Any], dtype: Any, np_dtype: Any) -> pa.ListArray:
+    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = (
+        np.concatenate(arrays).astype(np_dtype, copy=False) if arrays else np.array([], np_dtype)
+    )
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, dtype))
+
+
+def samples_table(
+    rows: list[tuple[str, str, str, bool]],
+    ids: list[IdArray],
+    masks: list[npt.NDArray[np.int8]],
+) -> pa.Table:
+    """The samples table (``formats.SAMPLE_SCHEMA``) from per-sample rows, ids and masks."""
+    num_tokens = [len(a) for a in ids]
+    num_loss = [int(m.sum()) for m in masks]
+    arrays = [
+        pa.array([r[0] for r in rows], pa.string()),
+        pa.array([r[1] for r in rows], pa.string()),
+        pa.array([r[2] for r in rows], pa.string()),
+        _list_array(ids, pa.int32(), np.int32),
+        _list_array(masks, pa.int8(), np.int8),
+        pa.array(num_tokens, pa.int32()),
+        pa.array(num_loss, pa.int32()),
+        pa.array([r[3] for r in rows], pa.bool_()),
+    ]
+    return pa.Table.from_arrays(arrays, schema=SAMPLE_SCHEMA)

@@ -1,0 +1,257 @@
+"""Which samples one completion becomes, and where their loss goes (before any encoding).
+
+A completion of K regenerated turns is a chain of contexts: turn k was generated after prompt
+``P_k`` (the engine's slices and the target's earlier turns, rendered with the generation
+prompt). Turn k's output ``A_k`` is what the template renders after ``P_k`` for that turn, up to
+and including the end-of-turn token. Turn k can share a sample with turn k+1 only when ``P_{k+1}``
+starts with ``P_k + A_k``, i.e. the next context shows turn k exactly as the target wrote it. A
+template that rewrites history (Qwen3 drops the reasoning of turns before the last user query)
+breaks the chain, and the completion becomes one sample per chain, the sample named after the
+chain's last turn: ``<id>#<turn>`` (``turn`` indexes the completion's ``turns``). A completion
+that is one chain keeps its own id. Completions with ``sample`` > 0 are ``<id>#s<sample>``.
+
+Two planners share that rule:
+
+- ``plan_rendered``: text and character spans of loss (``A_k`` of every turn in the chain,
+  intersected with the template's ``{% generation %}`` blocks when it has them, so the mask
+  equals transformers' ``return_assistant_tokens_mask`` wherever no turn was rewritten).
+- ``plan_token_ids``: the server's ids, ``prompt_token_ids + output_token_ids`` of the chain's
+  last turn, loss on every chain turn's output ids; the chain test compares ids.
+
+A turn cut by max tokens (finish ``length``) never got its end-of-turn token; the rendered
+planner cannot produce that form (the template would close the turn) and drops it
+(``unfinished_turn``); the token-id planner keeps it, exact as served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from draftdata.errors import InputError
+from draftdata.tokenize.template import (
+    ChatTemplate,
+    JsonDict,
+    Span,
+    TurnText,
+    assistant_message,
+    slices,
+)
+
+IdArray = npt.NDArray[np.int32]
+
+
+@dataclass(slots=True)
+class CompletionView:
+    """The fields of one completion the tokenizer needs (decoded from its Arrow row)."""
+
+    id: str
+    sample: int
+    source: str
+    domain: str
+    messages: list[JsonDict]
+    tools: list[JsonDict] | None
+    turns: list[TurnText]
+    template_kwargs: JsonDict = field(default_factory=dict)
+    # per turn: (prompt ids, output ids), or None when the server did not return both
+    token_ids: list[tuple[IdArray, IdArray]] | None = None
+
+    @property
+    def base_id(self) -> str:
+        """The sample id of a completion that stays one sample."""
+        return self.id if self.sample == 0 else f"{self.id}#s{self.sample}"
+
+
+@dataclass(slots=True)
+class RenderedSample:
+    """A sample as text: loss on the characters of ``spans``."""
+
+    id: str
+    text: str
+    spans: list[Span]
+
+
+@dataclass(slots=True)
+class TokenSample:
+    """A sample as the server's token ids."""
+
+    id: str
+    ids: IdArray
+    mask: npt.NDArray[np.int8]
+
+
+@dataclass(slots=True)
+class Plan:
+    """The samples of one completion, the reasons turns were dropped, and whether it split."""
+
+    rendered: list[RenderedSample] = field(default_factory=list)
+    tokens: list[TokenSample] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    split: bool = False
+
+
+def _chains(links: list[bool], usable: list[bool]) -> list[list[int]]:
+    # links[k]: turn k continues into turn k+1's sample; usable[k]: turn k may carry loss.
+    chains: list[list[int]] = []
+    current: list[int] = []
+    for k, ok in enumerate(usable):
+        if ok:
+            current.append(k)
+        if not (k < len(links) and links[k] and ok) and current:
+            chains.append(current)
+            current = []
+    return chains
+
+
+def _sample_id(view: CompletionView, last_turn: int, n_chains: int) -> str:
+    return view.base_id if n_chains == 1 else f"{view.base_id}#{last_turn}"
+
+
+def contexts(view: CompletionView, keep_reasoning_history: bool) -> list[list[JsonDict]] | None:
+    """The message list the engine sent before each turn (None if slices and turns disagree)."""
+    cut = slices(view.messages)
+    if len(cut) != len(view.turns):
+        return None
+    out: list[list[JsonDict]] = []
+    history: list[JsonDict] = []
+    for part, turn in zip(cut, view.turns, strict=True):
+        history = [*history, *part]
+        out.append(history)
+        history = [*history, assistant_message(turn, with_reasoning=keep_reasoning_history)]
+    return out
+
+
+def plan_rendered(
+    view: CompletionView, template: ChatTemplate, *, keep_reasoning_history: bool = False
+) -> Plan:
+    """Render every turn's context and output; group turns into chains (module docstring)."""
+    plan = Plan()
+    ctxs = contexts(view, keep_reasoning_history)
+    if ctxs is None:
+        plan.dropped.append("turns_mismatch")
+        return plan
+    if not ctxs:
+        plan.dropped.append("no_turns")
+        return plan
+    texts: list[str] = []  # F_k: context k + turn k as the target wrote it
+    gen_spans: list[list[Span]] = []
+    regions: list[Span | None] = []  # A_k in F_k
+    prompts: list[str] = []
+    try:
+        for ctx, turn in zip(ctxs, view.turns, strict=True):
+            prompt, _ = template.render(
+                ctx, view.tools, view.template_kwargs, add_generation_prompt=True
+            )
+            full, spans = template.render(
+                [*ctx, assistant_message(turn, with_reasoning=True)],
+                view.tools,
+                view.template_kwargs,
+                add_generation_prompt=False,
+                track=True,
+            )
+            prompts.append(prompt)
+            texts.append(full)
+            gen_spans.append(spans)
+            regions.append(_region(prompt, full, template.eot, turn, plan))
+    except InputError:
+        plan.dropped.append("template_error")
+        return plan
+    usable = [r is not None for r in regions]
+    links = [
+        usable[k] and prompts[k + 1].startswith(texts[k][: regions[k][1]])  # type: ignore[index]
+        for k in range(len(texts) - 1)
+    ]
+    chains = _chains(links, usable)
+    plan.split = len(chains) > 1
+    for chain in chains:
+        last = chain[-1]
+        loss = [r for k in chain if (r := regions[k]) is not None]
+        if template.has_generation_markers:
+            loss = _intersect(gen_spans[last], loss)
+        plan.rendered.append(
+            RenderedSample(id=_sample_id(view, last, len(chains)), text=texts[last], spans=loss)
+        )
+    return plan
+
+
+def _region(prompt: str, full: str, eot: str, turn: TurnText, plan: Plan) -> Span | None:
+    if turn.finish_reason == "length":
+        plan.dropped.append("unfinished_turn")
+        return None
+    if not full.startswith(prompt):
+        plan.dropped.append("template_prefix")
+        return None
+    end = full.find(eot, len(prompt))
+    if end < 0:
+        plan.dropped.append("no_end_of_turn")
+        return None
+    return (len(prompt), end + len(eot))
+
+
+def _intersect(a: list[Span], b: list[Span]) -> list[Span]:
+    out: list[Span] = []
+    for s1, e1 in a:
+        for s2, e2 in b:
+            s, e = max(s1, s2), min(e1, e2)
+            if s < e:
+                out.append((s, e))
+    return sorted(out)
+
+
+def plan_token_ids(view: CompletionView) -> Plan:
+    """Samples from the server's ids: chains by id prefix, loss on each chain turn's output."""
+    plan = Plan()
+    pairs = view.token_ids
+    if not pairs:
+        plan.dropped.append("no_turns")
+        return plan
+    seqs = [np.concatenate((p, o)) if len(p) else o for p, o in pairs]
+    links = []
+    for k in range(len(pairs) - 1):
+        nxt = pairs[k + 1][0]
+        n = len(seqs[k])
+        links.append(len(nxt) >= n and bool(np.array_equal(nxt[:n], seqs[k])))
+    usable = [len(o) > 0 for _, o in pairs]
+    plan.dropped.extend("empty_output" for ok in usable if not ok)
+    chains = _chains(links, usable)
+    plan.split = len(chains) > 1
+    for chain in chains:
+        last = chain[-1]
+        ids = seqs[last].astype(np.int32, copy=False)
+        mask = np.zeros(len(ids), dtype=np.int8)
+        for k in chain:
+            start = len(pairs[k][0])
+            mask[start : start + len(pairs[k][1])] = 1
+        plan.tokens.append(TokenSample(id=_sample_id(view, last, len(chains)), ids=ids, mask=mask))
+    return plan
+
+
+def view_from_record(record: Any) -> CompletionView:
+    """A CompletionView of a ``records.Completion`` (tests and small callers)."""
+    import msgspec
+
+    messages = [{k: v for k, v in msgspec.structs.asdict(m).items()} for m in record.messages]
+    turns = [TurnText(t.content, t.reasoning, t.tool_calls, t.finish_reason) for t in record.turns]
+    ids: list[tuple[IdArray, IdArray]] | None = None
+    if record.turns and all(
+        t.prompt_token_ids is not None and t.output_token_ids is not None for t in record.turns
+    ):
+        ids = [
+            (np.asarray(t.prompt_token_ids, np.int32), np.asarray(t.output_token_ids, np.int32))
+            for t in record.turns
+        ]
+    kwargs = record.sampling.get("chat_template_kwargs") if record.sampling else None
+    return CompletionView(
+        id=record.id,
+        sample=record.sample,
+        source=record.source,
+        domain=record.domain,
+        messages=messages,
+        tools=record.tools,
+        turns=turns,
+        template_kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
+        token_ids=ids,
+    )

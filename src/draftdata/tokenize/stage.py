@@ -1,0 +1,259 @@
+"""``tokenize(config)``: a run's completions -> tokenized sample shards + ``summary.json``.
+
+Reads ``<run>/completions/part-*.parquet`` shard by shard, in record batches of
+``config.batch_rows`` completions (memory is one batch per worker, whatever the run's size),
+sends each batch through ``batch.tokenize_table`` and writes each batch's samples as one
+create-only parquet shard ``<out>/<input shard stem>-b<batch>.parquet`` through the store
+(local or ``s3://``). The names and bytes depend only on the inputs and settings, so a killed
+run reruns cleanly (identical shards are accepted as done) and a rerun with other settings into
+the same ``--out`` is refused before any work.
+
+``--workers N`` > 1 tokenizes input shards in N spawned processes (each loads the tokenizer
+once; the Rust tokenizer's threads are shared out between them); with 1 the tokenizer's own
+threads do the parallel part. The summary (token totals per domain, drop reasons, verified /
+mismatched counts and the first mismatches) is written last as ``<out>/summary.json``.
+
+It does not render or encode by itself (``batch.py``) and does not print (``cli/tokenize.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from draftdata.errors import AlreadyExistsError, ConfigError, InputError, StoreError
+from draftdata.formats import COMPLETION_FORMAT, check_format
+from draftdata.store.read import COMPLETIONS_PREFIX, shard_keys, write_parquet_shard
+from draftdata.store.store import Store, normalise_url, open_store
+from draftdata.tokenize.batch import COMPLETION_COLUMNS, Counters, TokenizeContext, tokenize_table
+from draftdata.tokenize.config import SUMMARY_FORMAT, SUMMARY_KEY, TokenizeConfig, TokenizeSummary
+
+
+def output_key(shard_key: str, batch: int) -> str:
+    """The output shard name of batch ``batch`` of completions shard ``shard_key``."""
+    stem = shard_key.rsplit("/", 1)[-1].removesuffix(".parquet")
+    return f"{stem}-b{batch:04d}.parquet"
+
+
+def iter_shard_batches(store: Store, key: str, rows: int) -> Iterator[pa.Table]:
+    """The completions of one shard in tables of at most ``rows`` rows (format checked)."""
+    where = store.key_url(key)
+    try:
+        path = store.local_path(key)
+        pf = pq.ParquetFile(path if path is not None else store.open_input(key))
+    except (OSError, pa.ArrowException) as exc:
+        raise StoreError(f"{where}: not a readable parquet file ({exc})") from exc
+    check_format(pf.schema_arrow, COMPLETION_FORMAT, where)
+    columns = [c for c in COMPLETION_COLUMNS if c in pf.schema_arrow.names]
+    try:
+        for batch in pf.iter_batches(batch_size=rows, columns=columns):
+            yield pa.Table.from_batches([batch])
+    except (OSError, pa.ArrowException) as exc:
+        raise StoreError(f"{where}: cannot read parquet ({exc})") from exc
+
+
+def tokenize_shard(
+    ctx: TokenizeContext, run: Store, out: Store, key: str, rows: int
+) -> tuple[Counters, list[str]]:
+    """Tokenize one completions shard into output shards; returns its counters and keys."""
+    counters = Counters()
+    written: list[str] = []
+    for i, table in enumerate(iter_shard_batches(run, key, rows)):
+        samples, c = tokenize_table(table, ctx)
+        counters.merge(c)
+        if samples.num_rows == 0:
+            continue
+        name = output_key(key, i)
+        try:
+            write_parquet_shard(out, name, samples)
+        except AlreadyExistsError as exc:
+            raise AlreadyExistsError(
+                f"{out.key_url(name)} exists with other samples (tokenized with other "
+                "settings or inputs); choose another --out"
+            ) from exc
+        written.append(name)
+    return counters, written
+
+
+# -- worker processes ------------------------------------------------------------------------------
+
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(config: TokenizeConfig, threads: int) -> None:
+    # Before the tokenizers library starts its thread pool in this process.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    _worker["ctx"] = TokenizeContext.from_config(config)
+    _worker["run"] = open_store(config.run)
+    _worker["out"] = open_store(config.out_url)
+    _worker["rows"] = config.batch_rows
+
+
+def _work(key: str) -> tuple[Counters, list[str]]:
+    return tokenize_shard(_worker["ctx"], _worker["run"], _worker["out"], key, _worker["rows"])
+
+
+# -- the stage -------------------------------------------------------------------------------------
+
+
+def _history_policy(config: TokenizeConfig, run: Store) -> bool:
+    if config.keep_reasoning_history is not None:
+        return config.keep_reasoning_history
+    if not run.exists("manifest.json"):
+        return False
+    from draftdata.store.manifest import load_manifest
+
+    settings = load_manifest(run).get("effective_settings") or {}
+    return bool(settings.get("keep_reasoning_history", False))
+
+
+def _check_out(config: TokenizeConfig) -> None:
+    run, out = normalise_url(config.run), normalise_url(config.out_url)
+    completions = f"{run}/{COMPLETIONS_PREFIX.rstrip('/')}"
+    for other in (run, completions):
+        if out == other or other.startswith(out + "/"):
+            raise ConfigError(
+                f"--out {config.out_url}: would write into the run's own files; use a "
+                f"separate prefix such as {run}/tokenized"
+            )
+    if out.startswith(completions + "/"):
+        raise ConfigError(f"--out {config.out_url}: inside the run's completions/; choose another")
+
+
+def settings_of(config: TokenizeConfig, keep_reasoning_history: bool) -> dict[str, Any]:
+    """The settings recorded in summary.json (what changes the samples)."""
+    return {
+        "run": normalise_url(config.run),
+        "tokenizer": config.tokenizer,
+        "chat_template": config.chat_template,
+        "max_length": config.max_length,
+        "long": config.long,
+        "verify": config.verify,
+        "keep_reasoning_history": keep_reasoning_history,
+        "batch_rows": config.batch_rows,
+    }
+
+
+def summary_bytes(summary: TokenizeSummary, shards: list[str]) -> bytes:
+    """summary.json: the summary without wall time, plus the shard list (deterministic)."""
+    doc = {
+        "format": SUMMARY_FORMAT,
+        "out": summary.out,
+        "settings": summary.settings,
+        "shards": shards,
+        "counts": summary.counts,
+        "domains": msgspec.to_builtins(summary.domains),
+        "mismatches": summary.mismatches,
+    }
+    return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def read_summary(out: str | Store) -> dict[str, Any]:
+    """The ``summary.json`` of a tokenized output (StoreError if absent or unreadable)."""
+    store = out if isinstance(out, Store) else open_store(out)
+    try:
+        doc = json.loads(store.read(SUMMARY_KEY))
+    except ValueError as exc:
+        raise StoreError(f"{store.key_url(SUMMARY_KEY)}: not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("format") != SUMMARY_FORMAT:
+        raise StoreError(f"{store.key_url(SUMMARY_KEY)}: not a {SUMMARY_FORMAT} summary")
+    return doc
+
+
+def _previous(out: Store, settings: dict[str, Any]) -> TokenizeSummary | None:
+    if not out.exists(SUMMARY_KEY):
+        return None
+    doc = read_summary(out)
+    if doc.get("settings") != settings:
+        raise ConfigError(
+            f"{out.url} already holds samples tokenized with other settings "
+            f"({out.key_url(SUMMARY_KEY)}); choose another --out"
+        )
+    return msgspec.convert(
+        {k: doc[k] for k in ("out", "counts", "domains", "mismatches", "settings")}
+        | {"shards": len(doc.get("shards", []))},
+        TokenizeSummary,
+    )
+
+
+def tokenize(config: TokenizeConfig) -> TokenizeSummary:
+    """Tokenize the run of ``config`` into ``config.out_url`` and return what happened.
+
+    A finished output with the same settings and inputs is returned as it is (nothing redone);
+    other settings into the same output are refused (ConfigError) before any work.
+    """
+    started = time.perf_counter()
+    config.validate()
+    _check_out(config)
+    run = open_store(config.run)
+    keys = shard_keys(run, COMPLETIONS_PREFIX)
+    if not keys:
+        raise InputError(f"{run.key_url(COMPLETIONS_PREFIX)}: no completion shards to tokenize")
+    keep = _history_policy(config, run)
+    config = msgspec.structs.replace(config, keep_reasoning_history=keep)
+    out = open_store(config.out_url)
+    settings = settings_of(config, keep) | {"inputs": keys}
+    previous = _previous(out, settings)
+    if previous is not None:
+        previous.wall_s = time.perf_counter() - started
+        return previous
+
+    total = Counters()
+    written: list[str] = []
+    if config.workers == 1:
+        ctx = TokenizeContext.from_config(config)
+        for key in keys:
+            c, names = tokenize_shard(ctx, run, out, key, config.batch_rows)
+            total.merge(c)
+            written.extend(names)
+    else:
+        for c, names in _parallel(config, keys):
+            total.merge(c)
+            written.extend(names)
+
+    summary = TokenizeSummary(
+        out=out.url,
+        shards=len(written),
+        counts=dict(sorted(total.counts.items())),
+        domains=dict(sorted(total.domains.items())),
+        mismatches=total.mismatches,
+        settings=settings,
+    )
+    out.put_new(SUMMARY_KEY, summary_bytes(summary, written))
+    summary.wall_s = time.perf_counter() - started
+    return summary
+
+
+def _parallel(config: TokenizeConfig, keys: list[str]) -> Iterator[tuple[Counters, list[str]]]:
+    # Results in key order (deterministic summary); at most 2 shards per worker in flight.
+    import multiprocessing
+
+    threads = max(1, (os.cpu_count() or 1) // config.workers)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        max_workers=config.workers,
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(config, threads),
+    ) as pool:
+        pending: list[Future[tuple[Counters, list[str]]]] = []
+        queue = iter(keys)
+        for key in queue:
+            pending.append(pool.submit(_work, key))
+            if len(pending) >= 2 * config.workers:
+                break
+        while pending:
+            result = pending.pop(0).result()
+            nxt = next(queue, None)
+            if nxt is not None:
+                pending.append(pool.submit(_work, nxt))
+            yield result
