@@ -13,7 +13,7 @@ with ``in_partition``) and it starts nothing.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import msgspec
@@ -93,12 +93,13 @@ def iter_prompt_ids(path: Path | str) -> Iterator[str]:
             yield pid
 
 
-def count_by_partition(path: Path | str, count: int) -> list[int]:
-    """How many prompts of ``path`` fall in each of ``count`` partitions (duplicates counted
-    once, as the engine answers each id once)."""
+def count_by_partition(paths: Path | str | Sequence[Path | str], count: int) -> list[int]:
+    """How many prompts of the JSONL file(s) ``paths`` fall in each of ``count`` partitions
+    (duplicates counted once, as the engine answers each id once)."""
+    files = [paths] if isinstance(paths, str | Path) else list(paths)
     counts = [0] * count
     seen: set[bytes] = set()
-    for pid in iter_prompt_ids(path):
+    for pid in (p for f in files for p in iter_prompt_ids(f)):
         key = hashlib.blake2b(pid.encode("utf-8"), digest_size=8).digest()
         if key in seen:
             continue

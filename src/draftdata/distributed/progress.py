@@ -71,6 +71,10 @@ class Board:
         self._clock = clock
         self.parts = [PartitionState(index=i, total=t) for i, t in enumerate(totals)]
 
+    def reset(self, totals: list[int | None]) -> None:
+        """Start over for a new command (the driver keeps one board actor per Ray session)."""
+        self.parts = [PartitionState(index=i, total=t) for i, t in enumerate(totals)]
+
     def started(
         self, index: int, node: str, pid: int, writer: str
     ) -> tuple[int, list[tuple[int, str]]]:

@@ -211,9 +211,16 @@ def _check(config: GenerateConfig, opts: RayOptions) -> None:
 
 
 def _totals(config: GenerateConfig, count: int) -> list[int | None]:
-    if config.limit is not None or not os.path.exists(config.prompts):
+    """Records each partition will commit (prompts x n), when the driver can see the prompts."""
+    from draftdata.generate.source import prompt_files
+
+    if config.limit is not None:
         return [None] * count
-    return [c * config.n for c in count_by_partition(config.prompts, count)]
+    try:
+        files = prompt_files(config.prompts)
+        return [c * config.n for c in count_by_partition(files, count)]
+    except DraftdataError:  # a path only the workers see: progress without a total
+        return [None] * count
 
 
 def _outcomes(parts: list[PartitionState], errors: dict[int, str]) -> list[PartitionOutcome]:
@@ -282,8 +289,8 @@ def run(
     started_ray = cluster.connect(opts.address, forward_env=forward)
     t0 = time.monotonic()
     reservation = None
-    board = None
     try:
+        board = _board(ray)  # its worker starts while the nodes are probed
         found = cluster.discover(
             config.fleet, config.endpoints, opts.fleet_per_node, timeout=opts.probe_timeout_s
         )
@@ -296,7 +303,7 @@ def run(
         if any(not 0 <= i < count for i in wanted):
             raise ConfigError(f"--only-partitions: indexes must lie in 0..{count - 1}")
         totals = _totals(config, count)
-        board = ray.remote(Board).options(num_cpus=0).remote(totals)
+        board = _reset_board(ray, board, totals)
         reservation = cluster.reserve(
             [f.node for f in nodes],
             tasks_per_node=opts.tasks_per_node,
@@ -338,10 +345,35 @@ def run(
     finally:
         if reservation is not None:
             reservation.release()
-        if board is not None:
-            ray.kill(board)
         if started_ray:
+            _BOARDS.clear()
             ray.shutdown()
+
+
+# The board actor of this driver's Ray session (one entry): an actor is a fresh worker process,
+# seconds to start, so successive commands in one process (tests, notebooks) reuse it.
+_BOARDS: dict[str, Any] = {}
+
+
+def _board(ray: Any) -> Any:
+    """This session's progress board actor (created, without waiting, on first use)."""
+    key = ray.get_runtime_context().get_job_id()
+    if key not in _BOARDS:
+        _BOARDS.clear()
+        _BOARDS[key] = ray.remote(Board).options(num_cpus=0).remote([])
+    return _BOARDS[key]
+
+
+def _reset_board(ray: Any, board: Any, totals: list[int | None]) -> Any:
+    """``board`` reset for this command, or a new board when that one is gone."""
+    try:
+        ray.get(board.reset.remote(totals), timeout=120)
+        return board
+    except Exception:  # the actor died (or its session ended): start a new one
+        _BOARDS.clear()
+        board = _board(ray)
+        ray.get(board.reset.remote(totals))
+        return board
 
 
 def _monitor(
