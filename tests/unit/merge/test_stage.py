@@ -1,0 +1,322 @@
+"""merge end to end on local folders: determinism, mix, dedup, formats, split, HF loading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from tests.unit.merge.helpers import (
+    chat_rows,
+    file_hashes,
+    run_dir,
+    token_samples,
+    write_jsonl,
+)
+
+from draftdata.errors import AlreadyExistsError, ConfigError, InputError
+from draftdata.merge.config import MergeConfig
+from draftdata.merge.stage import merge
+
+MIX = {"code": 0.35, "math": 0.2, "general": 0.3, "tool": 0.1, "agent": 0.05}
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """An existing tokenized set at 77% code and a balanced expansion (3 shards)."""
+    root = tmp_path_factory.mktemp("inputs")
+    existing = token_samples(
+        root / "existing", {"code": 3850, "math": 300, "general": 850}, prefix="e"
+    )
+    added = token_samples(
+        root / "added",
+        {"code": 200, "math": 700, "general": 600, "tool": 350, "agent": 150},
+        prefix="a",
+        seed=1,
+        shards=3,
+        content_from=100_000,
+    )
+    return existing, added
+
+
+def _config(existing: Path, added: Path, out: Path, **kw: Any) -> MergeConfig:
+    base: dict[str, Any] = {
+        "existing": [str(existing)],
+        "add": [str(added)],
+        "mix": MIX,
+        "out": str(out),
+        "eval_fraction": 0.05,
+        "shard_rows": 700,
+    }
+    base.update(kw)
+    return MergeConfig(**base)
+
+
+def _rows(folder: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for p in sorted(folder.glob("*.parquet")):
+        out.extend(pq.read_table(p).to_pylist())
+    return out
+
+
+def test_same_inputs_and_seed_give_byte_identical_output(
+    skewed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    a = merge(_config(*skewed, tmp_path / "a", seed=7))
+    merge(_config(*skewed, tmp_path / "b", seed=7))
+    # many small buckets must give the same global order as one big one
+    merge(_config(*skewed, tmp_path / "c", seed=7, bucket_bytes=4096))
+    ha, hb, hc = (file_hashes(tmp_path / n) for n in "abc")
+    assert len([k for k in ha if k.startswith("train/")]) >= 3
+    assert ha == hb == hc
+    merge(_config(*skewed, tmp_path / "d", seed=8))
+    hd = file_hashes(tmp_path / "d")
+    assert hd["train/part-00000.parquet"] != ha["train/part-00000.parquet"]
+    train = _rows(tmp_path / "a" / "train")
+    assert len(train) == a.train_rows
+    assert [r["id"] for r in train] != sorted(r["id"] for r in train)  # shuffled
+
+
+def test_mix_lands_within_one_point_and_the_report_has_the_agreed_shape(
+    skewed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    s = merge(_config(*skewed, tmp_path / "out"))
+    report = json.loads((tmp_path / "out" / "merge_report.json").read_text())
+    assert report == s.report
+    for key in ("format", "version", "target", "before", "after", "inputs", "dropped", "seed"):
+        assert key in report
+    assert report["format"] == "draftdata.merge-report" and report["version"] == 1
+    assert set(report["after"]) == {"train", "eval"}
+    assert report["inputs"][0]["by_domain"] == {"code": 3850, "general": 850, "math": 300}
+    assert report["before"]["code"] == 4050 and report["reachable"]
+    # the output really holds that mix: count the written rows
+    rows = _rows(tmp_path / "out" / "train") + _rows(tmp_path / "out" / "eval")
+    total = len(rows)
+    assert total == s.train_rows + s.eval_rows
+    for domain, share in MIX.items():
+        got = sum(1 for r in rows if r["domain"] == domain) / total
+        assert abs(got - share) <= 0.01, (domain, got)
+    assert report["dropped"]["over_target"] > 0
+    # agent (150 rows at 5% +- 0.5 point) bounds the total
+    assert "agent" in report["limited_by"]
+    assert 150 / 0.055 <= total <= 150 / 0.045 + 1
+
+
+def test_eval_split_has_the_requested_size_and_no_row_in_both(
+    skewed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    s = merge(_config(*skewed, tmp_path / "out", eval_fraction=0.1))
+    total = s.train_rows + s.eval_rows
+    assert s.eval_rows == round(0.1 * total)
+    train = {r["id"] for r in _rows(tmp_path / "out" / "train")}
+    evals = {r["id"] for r in _rows(tmp_path / "out" / "eval")}
+    assert len(evals) == s.eval_rows and not train & evals
+
+
+def test_unreachable_mix_is_reported_with_the_closest_mix(
+    skewed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    existing, _ = skewed
+    s = merge(MergeConfig(existing=[str(existing)], mix=MIX, out=str(tmp_path / "o"), tolerance=0))
+    assert not s.reachable
+    assert s.report["missing"] == ["agent", "tool"]
+    msg = s.message or ""
+    assert msg.startswith("cannot reach the mix")
+    assert "tool (target 10.0%)" in msg and "agent (target 5.0%)" in msg
+    # the closest mix keeps code:math:general at 35:20:30
+    achieved = s.report["achieved"]
+    assert achieved["code"] == pytest.approx(35 / 85, abs=0.002)
+    assert achieved["math"] == pytest.approx(20 / 85, abs=0.002)
+
+
+def test_dedup_across_inputs_by_id_and_by_content(tmp_path: Path) -> None:
+    existing = token_samples(tmp_path / "ex", {"code": 100, "math": 100}, prefix="x")
+    # same ids, other contents: dropped as duplicate ids
+    same_ids = token_samples(tmp_path / "ids", {"code": 30}, prefix="x", content_from=5000)
+    # other ids, same contents as existing rows 0..39: dropped as duplicate contents
+    same_text = token_samples(tmp_path / "txt", {"math": 40}, prefix="y", content_from=0)
+    s = merge(
+        MergeConfig(
+            existing=[str(existing)],
+            add=[str(same_ids), str(same_text)],
+            out=str(tmp_path / "o"),
+            eval_fraction=0,
+        )
+    )
+    assert s.report["dropped"]["duplicate_id"] == 30
+    assert s.report["dropped"]["duplicate_content"] == 40
+    rows = _rows(tmp_path / "o" / "train")
+    assert len(rows) == 200 and len({r["id"] for r in rows}) == 200
+    assert all(r["id"].startswith("x") for r in rows)  # the existing copies won
+    assert len({tuple(r["input_ids"]) for r in rows}) == 200
+
+
+def test_chat_inputs_of_every_kind_merge_into_conversations(tmp_path: Path) -> None:
+    specforge = write_jsonl(
+        tmp_path / "sf" / "train.jsonl", chat_rows({"code": 20, "general": 20}, prefix="s")
+    )
+    sharegpt = write_jsonl(
+        tmp_path / "sg.jsonl", chat_rows({"math": 15}, prefix="g", style="sharegpt")
+    )
+    prompts = write_jsonl(
+        tmp_path / "prompts" / "prompts" / "part-00000.jsonl",
+        [
+            {"id": f"p{i}", "domain": "tool", "messages": [{"role": "user", "content": f"q {i}"}]}
+            for i in range(10)
+        ],
+    )
+    run = run_dir(str(tmp_path / "run"), {"math": 12}, prefix="r")
+    s = merge(
+        MergeConfig(
+            existing=[str(specforge.parent)],
+            add=[str(sharegpt), str(prompts.parent.parent), run],
+            out=str(tmp_path / "o"),
+            eval_fraction=0,
+            format="sharegpt",
+        )
+    )
+    by_input = [i["by_domain"] for i in s.report["inputs"]]
+    assert by_input == [{"code": 20, "general": 20}, {"math": 15}, {"tool": 10}, {"math": 12}]
+    assert [i["kind"] for i in s.report["inputs"]] == ["conversations"] * 2 + ["prompts", "run"]
+    assert s.report["data"] == "conversations"
+    rows = _rows(tmp_path / "o" / "train")
+    assert len(rows) == 77
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["g0"]["domain"] == "math"
+    assert by_id["g0"]["conversations"][0]["role"] == "user"  # ShareGPT roles mapped
+    assert by_id["r0"]["conversations"][-1]["reasoning_content"] == "hmm"  # the run's turn
+    lines = [
+        json.loads(line)
+        for p in sorted((tmp_path / "o" / "sharegpt").glob("*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
+    assert [ln["id"] for ln in lines] == [r["id"] for r in rows]
+    assert lines[0]["conversations"][0].keys() >= {"role", "content"}
+
+
+def test_hf_datasets_loads_the_output(skewed: tuple[Path, Path], tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    s = merge(_config(*skewed, tmp_path / "out"))
+    out = str(tmp_path / "out")
+    cache = str(tmp_path / "hf")
+    by_dir = datasets.load_dataset("parquet", data_dir=out, cache_dir=cache)
+    assert by_dir["train"].num_rows == s.train_rows
+    assert set(by_dir["train"].column_names) >= {"id", "domain", "input_ids", "loss_mask"}
+    by_card = datasets.load_dataset(out, cache_dir=cache)
+    assert sorted(by_card) == ["eval", "train"]
+    assert by_card["eval"].num_rows == s.eval_rows
+    assert by_card["train"][0]["id"] == _rows(tmp_path / "out" / "train")[0]["id"]
+
+
+def test_hf_datasets_loads_chat_output_beside_the_jsonl_export(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    src = write_jsonl(tmp_path / "in.jsonl", chat_rows({"code": 30, "math": 30}, prefix="c"))
+    s = merge(
+        MergeConfig(
+            existing=[str(src)], out=str(tmp_path / "o"), format="sharegpt", eval_fraction=0.1
+        )
+    )
+    d = datasets.load_dataset(
+        "parquet", data_dir=str(tmp_path / "o"), cache_dir=str(tmp_path / "hf")
+    )
+    assert d["train"].num_rows == s.train_rows == 54
+    assert d["train"][0]["conversations"][0]["role"] == "user"
+
+
+def test_upsample_repeats_train_rows_only(tmp_path: Path) -> None:
+    src = token_samples(tmp_path / "in", {"code": 800, "math": 100}, prefix="u")
+    mix = {"code": 0.5, "math": 0.5}
+    s = merge(
+        MergeConfig(
+            existing=[str(src)],
+            mix=mix,
+            out=str(tmp_path / "o"),
+            upsample=True,
+            max_repeat=3,
+            tolerance=0,
+            eval_fraction=0.05,
+        )
+    )
+    train = _rows(tmp_path / "o" / "train")
+    evals = _rows(tmp_path / "o" / "eval")
+    assert s.train_rows + s.eval_rows == 600
+    copies = [r for r in train if "~r" in r["id"]]
+    assert len(copies) == 200 and all(r["domain"] == "math" for r in copies)
+    assert not any("~r" in r["id"] for r in evals)
+    originals = {r["id"] for r in evals}
+    assert not any(r["id"].split("~r")[0] in originals for r in copies)
+    assert s.report["upsampled"] == {"math": 200}
+
+
+def test_unnamed_domains_are_dropped_or_pooled_into_other(tmp_path: Path) -> None:
+    src = token_samples(tmp_path / "in", {"code": 100, "math": 60, "general": 40}, prefix="o")
+    dropped = merge(MergeConfig(existing=[str(src)], mix={"code": 1}, out=str(tmp_path / "a")))
+    assert dropped.report["dropped"]["not_in_mix"] == 100
+    assert set(dropped.report["after"]["train"]) == {"code"}
+    pooled = merge(
+        MergeConfig(
+            existing=[str(src)],
+            mix={"code": 0.5, "other": 0.5},
+            out=str(tmp_path / "b"),
+            tolerance=0,
+            eval_fraction=0,
+        )
+    )
+    after = pooled.report["after"]["train"]
+    assert after["code"] == 100 and after.get("math", 0) + after.get("general", 0) == 100
+    assert pooled.report["pooled_into_other"] == ["general", "math"]
+
+
+def test_refusals(skewed: tuple[Path, Path], tmp_path: Path) -> None:
+    existing, added = skewed
+    out = tmp_path / "full"
+    out.mkdir()
+    (out / "x.txt").write_text("keep me")
+    with pytest.raises(AlreadyExistsError, match="not empty"):
+        merge(_config(existing, added, out))
+    assert (out / "x.txt").read_text() == "keep me"
+    chat = write_jsonl(tmp_path / "c.jsonl", chat_rows({"code": 2}, prefix="c"))
+    with pytest.raises(InputError, match="mix tokenized samples and chat rows"):
+        merge(MergeConfig(existing=[str(existing)], add=[str(chat)], out=str(tmp_path / "m")))
+    with pytest.raises(ConfigError, match="sharegpt"):
+        merge(MergeConfig(existing=[str(existing)], format="sharegpt", out=str(tmp_path / "s")))
+    with pytest.raises(ConfigError, match="at least one input"):
+        merge(MergeConfig(out=str(tmp_path / "n")))
+    assert not (tmp_path / "m").exists() and not (tmp_path / "s").exists()
+
+
+def test_cli_prints_the_mix_table_and_the_warning(
+    skewed: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from draftdata.cli import main
+
+    existing, added = skewed
+    out = tmp_path / "cli"
+    with pytest.raises(SystemExit) as ok:
+        main(
+            [
+                "merge",
+                "--existing",
+                str(existing),
+                "--add",
+                str(added),
+                "--mix",
+                "code=0.35,math=0.2,general=0.3,tool=0.1,chess=0.05",
+                "--out",
+                str(out),
+                "--seed",
+                "3",
+                "-q",
+            ]
+        )
+    assert ok.value.code == 0
+    text = capsys.readouterr().out
+    assert "domain mix (before / target / after)" in text
+    assert "cannot reach the mix" in text and "chess" in text
+    assert json.loads((out / "merge_report.json").read_text())["seed"] == 3
+    with pytest.raises(SystemExit) as exc:
+        main(["merge", "--existing", str(existing), "--out", str(out), "-q"])
+    assert exc.value.code == 1
+    assert "not empty" in capsys.readouterr().err
