@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 
@@ -17,8 +15,8 @@ def register(app: typer.Typer) -> None:
             help="A run, a merge output, a dataset, or a folder holding several (a demo output); "
             "local path or s3://BUCKET/PREFIX.",
         ),
-        out: Path = typer.Option(
-            Path("report.html"), "--out", "-o", help="The HTML file to write (local)."
+        out: str = typer.Option(
+            "report.html", "--out", "-o", help="The HTML file to write (local)."
         ),
         compare: list[str] = typer.Option(
             [],
