@@ -241,10 +241,6 @@ class EndpointClient:
             )
         return self._session
 
-    def set_pool_size(self, pool_size: int) -> None:
-        """Resize the connection pool (applies to a session created after the next close)."""
-        self._pool_size = pool_size
-
     async def close(self) -> None:
         """Close the session and its connections."""
         if self._session is not None:
@@ -257,6 +253,10 @@ class EndpointClient:
             async with session.post(self.chat_url, data=self._encode(body)) as resp:
                 data = await resp.read()
                 return resp.status, data, resp.headers.get("Retry-After")
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise RequestError(
+                ErrorClass.connection, f"cannot connect to {self.base_url}: connect timed out"
+            ) from exc
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise RequestError(
                 ErrorClass.timeout, f"no answer from {self.base_url} in time ({exc or 'timeout'})"

@@ -251,14 +251,17 @@ class Dispatcher:
             if job.hedged or job.done or len(job.copies) != 1:
                 continue
             first = job.copies[0]
-            if now - first.started < min_age:
+            age = now - first.started
+            if age < min_age:
                 break  # the rest started later still
             free = [
                 e for e in self.endpoints if e.accepting and e.free > 0 and e is not first.endpoint
             ]
             if not free:
                 return
-            ep = max(free, key=lambda e: (e.free, -e.outstanding_tokens, -e.index))
+            ep = max(free, key=lambda e: (e.seq_rate or 0.0, e.free, -e.index))
+            if not first.endpoint.hedge_worthy(age, ep):
+                continue
             job.hedged = True
             self.hedges += 1
             self._launch(job, ep, hedge=True, now=now)
@@ -331,10 +334,14 @@ class Dispatcher:
                 token_ids=self.cfg.token_ids != "off",
                 extra_body=self.cfg.extra_body,
             )
+            sent = self.clock()
             got = await ep.client.chat(body)
             self.requests_ok += 1
             ep.record_success(
-                sum(x.usage.completion_tokens for x in got), got[0].usage.prompt_tokens
+                sum(x.usage.completion_tokens for x in got),
+                got[0].usage.prompt_tokens,
+                latency=self.clock() - sent,
+                seqs=len(got),
             )
             if not job.multi_turn:
                 return [[x] for x in got], body

@@ -31,6 +31,7 @@ from draftdata.fleet.probe import Capacity, Load, base_url, probe_capacity, prob
 from draftdata.records import Turn
 
 State = Literal["up", "down", "starting"]
+_EWMA = 0.1
 
 
 class ChatClient(Protocol):
@@ -90,6 +91,8 @@ class Endpoint:
         self.errors: Counter[str] = Counter()
         self.hedges_won = 0
         self.downs = 0
+        self.seq_rate: float | None = None  # EWMA output tokens/s of one sequence here
+        self.latency: float | None = None  # EWMA seconds per request
         self._clock = clock
         self._since = clock()
         self.token_log: deque[tuple[float, int]] = deque()  # (time, output tokens) window
@@ -119,12 +122,29 @@ class Endpoint:
 
     # -- outcomes -----------------------------------------------------------------------------
 
-    def record_success(self, output_tokens: int, prompt_tokens: int) -> None:
-        """A request answered: reset the breaker, count tokens."""
+    def record_success(
+        self, output_tokens: int, prompt_tokens: int, *, latency: float = 0.0, seqs: int = 1
+    ) -> None:
+        """A request answered: reset the breaker, count tokens, learn the decode speed."""
         self.consecutive_failures = 0
         self.output_tokens += output_tokens
         self.prompt_tokens += prompt_tokens
         self.token_log.append((self._clock(), output_tokens))
+        if latency > 0:
+            rate = output_tokens / max(1, seqs) / latency
+            a = _EWMA
+            self.seq_rate = rate if self.seq_rate is None else (1 - a) * self.seq_rate + a * rate
+            self.latency = latency if self.latency is None else (1 - a) * self.latency + a * latency
+
+    def hedge_worthy(self, age: float, target: Endpoint) -> bool:
+        """Whether a request running here for ``age`` s should get a copy on ``target``: it
+        decodes at least twice as fast per sequence, or the request is a straggler (four times
+        this endpoint's typical latency)."""
+        if self.latency is not None and age > 4 * self.latency:
+            return True
+        if self.seq_rate is None or target.seq_rate is None:
+            return False
+        return target.seq_rate >= 2.0 * self.seq_rate
 
     def record_failure(self, error_class: str, *, retryable: bool) -> bool:
         """Count a failed request; True when the breaker should open now."""

@@ -19,6 +19,7 @@ import asyncio
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -88,13 +89,16 @@ def generate(
     log: Log | None = None,
     live: bool | None = None,
     handle_signals: bool = True,
+    on_engine: Callable[[Engine], None] | None = None,
 ) -> GenerateSummary:
     """Run the generate stage for ``config`` and return its summary.
 
     ``partition``/``writer_id`` override the config's fields (the Ray driver passes them);
     ``log`` receives start-up, endpoint and plain progress lines (default: stderr); ``live``
     forces the rich display on or off (default: from ``config.progress`` and whether stdout
-    is a terminal). Raises a DraftdataError subclass for anything the user can fix.
+    is a terminal); ``on_engine`` is called with the Engine on its event loop before it starts
+    (to interrupt it from another thread: ``loop.call_soon_threadsafe(engine.interrupt)``).
+    Raises a DraftdataError subclass for anything the user can fix.
     """
     changes = {k: v for k, v in (("partition", partition), ("writer_id", writer_id)) if v}
     config = validate(msgspec.structs.replace(config, **changes) if changes else config)
@@ -107,7 +111,17 @@ def generate(
         live = config.progress == "rich" or (config.progress == "auto" and sys.stdout.isatty())
     emit = log or stderr_log
     return asyncio.run(
-        _generate(config, files, urls, fleet_caps, key, emit, live=live, signals=handle_signals)
+        _generate(
+            config,
+            files,
+            urls,
+            fleet_caps,
+            key,
+            emit,
+            live=live,
+            signals=handle_signals,
+            on_engine=on_engine,
+        )
     )
 
 
@@ -121,6 +135,7 @@ async def _generate(
     *,
     live: bool,
     signals: bool,
+    on_engine: Callable[[Engine], None] | None,
 ) -> GenerateSummary:
     timeout = min(10.0, config.connect_timeout)
     async with probe_session(key) as session:
@@ -163,6 +178,8 @@ async def _generate(
             log=log,
             live=live,
         )
+        if on_engine is not None:
+            on_engine(engine)
         restore = _install_signals(engine) if signals else None
         try:
             summary = await engine.run()

@@ -1,0 +1,83 @@
+"""Prompt files and a fast GenerateConfig for the engine tests against the simulator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from draftdata.generate.config import GenerateConfig
+from draftdata.records import Completion, Failure
+from draftdata.store.read import iter_completions, iter_failures
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def write_prompts(path: Path, n: int, *, kind: str = "plain", start: int = 0) -> list[str]:
+    """``n`` prompts of one kind (plain, tools, multi, mixed); returns their ids."""
+    ids = []
+    with path.open("a", encoding="utf-8") as f:
+        for i in range(start, start + n):
+            k = kind if kind != "mixed" else ("plain", "tools", "multi")[i % 3]
+            pid = f"{k}-{i:05d}"
+            row: dict[str, Any] = {
+                "id": pid,
+                "source": k,
+                "domain": ("math", "code", "general")[i % 3],
+            }
+            if k == "multi":
+                row["messages"] = [
+                    {"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": f"Question {i}: what is {i} + 1?"},
+                    {"role": "assistant", "content": "An answer the target replaces."},
+                    {"role": "user", "content": "And times two?"},
+                ]
+            else:
+                row["messages"] = [{"role": "user", "content": f"Question {i} about item {i}."}]
+            if k == "tools":
+                row["tools"] = TOOLS
+            f.write(json.dumps(row) + "\n")
+            ids.append(pid)
+    return ids
+
+
+def fast_config(prompts: Path, out: Path, urls: list[str], **changes: Any) -> GenerateConfig:
+    """A config with test-sized timings (short backoff, quick probes, no output)."""
+    base: dict[str, Any] = {
+        "prompts": str(prompts),
+        "endpoints": urls,
+        "out": str(out),
+        "progress": "off",
+        "flush_seconds": 0.2,
+        "flush_records": 32,
+        "backoff_base": 0.02,
+        "backoff_max": 0.5,
+        "probe_interval": 0.1,
+        "load_interval": 0.2,
+        "hedge_min_age": 0.3,
+        "connect_timeout": 2.0,
+        "read_timeout": 20.0,
+        "metrics_interval": 1.0,
+        "grace_seconds": 5.0,
+    }
+    base.update(changes)
+    return GenerateConfig(**base)
+
+
+def completions(out: Path) -> list[Completion]:
+    """Every committed completion of the run."""
+    return list(iter_completions(str(out)))
+
+
+def failures(out: Path) -> list[Failure]:
+    """The run's unresolved failures."""
+    return list(iter_failures(str(out)))

@@ -1,0 +1,211 @@
+"""The generate engine against the simulator over real sockets: dispatch, shapes, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.chaos.invariants import check_exactly_once
+from tests.integration.generate.helpers import completions, failures, fast_config, write_prompts
+
+from draftdata.fleet.sim import FaultConfig, SimConfig, SimFleet
+from draftdata.generate.stage import generate
+
+pytestmark = pytest.mark.integration
+
+
+def sim(flavor: str = "sglang", **kw: Any) -> SimConfig:
+    faults = kw.pop("faults", FaultConfig())
+    base: dict[str, Any] = {
+        "time_scale": 0.002,
+        "mean_output_tokens": 60,
+        "output_sigma": 0.3,
+        "max_running": 16,
+    }
+    base.update(kw)
+    return SimConfig(flavor=flavor, faults=faults, **base)  # type: ignore[arg-type]
+
+
+def test_slow_endpoint_gets_work_in_proportion_to_speed(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    write_prompts(prompts, 300)
+    cfg = sim(
+        time_scale=0.05,
+        mean_output_tokens=40,
+        output_sigma=0.05,
+        max_running=8,
+        faults=FaultConfig(slow={1: 3.0}),
+    )
+    with SimFleet(2, cfg) as fleet:
+        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls, hedge=False))
+        served = [fleet.stats(i).served for i in range(2)]
+    assert summary.completed == 300
+    by_url = {e.url: e.completed for e in summary.endpoints}
+    assert sorted(by_url.values()) == sorted(served)
+    slow_share = served[1] / sum(served)
+    # speed 1 : 1/3 -> the slow one should do about a quarter of the work
+    assert 0.12 <= slow_share <= 0.36, served
+    assert abs(sum(e.share for e in summary.endpoints) - 1.0) < 0.01
+
+
+def test_crash_and_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 400)
+    faults = FaultConfig(crash_after={1: 40}, restart_after=0.2, starting_s=0.1)
+    with SimFleet(3, sim(time_scale=0.1, faults=faults)) as fleet:
+        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
+        stats = fleet.stats(1)
+    assert stats.crashes == 1 and stats.restarts == 1
+    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (400, 0)
+    assert summary.completed == 400 and not summary.failed
+    ep1 = summary.endpoints[1]
+    assert ep1.downs >= 1 and ep1.errors.get("connection", 0) >= 1
+    assert ep1.completed > 0  # re-admitted after the restart and took work again
+
+
+@pytest.mark.parametrize(
+    ("knob", "error_class"),
+    [
+        ("error_500", "server_error"),
+        ("error_503", "server_error"),
+        ("error_429", "rate_limited"),
+        ("reset", "connection"),
+        ("malformed", "malformed"),
+        ("hang", "timeout"),
+    ],
+)
+def test_retryable_faults_are_retried_and_committed(
+    tmp_path: Path, knob: str, error_class: str
+) -> None:
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 60)
+    faults = FaultConfig(server=0, retry_after_s=0, **{knob: 0.3})  # type: ignore[arg-type]
+    with SimFleet(2, sim(faults=faults)) as fleet:
+        summary = generate(
+            fast_config(prompts, tmp_path / "run", fleet.urls, read_timeout=0.5, hedge=False)
+        )
+        injected = fleet.stats(0).faults.get(knob, 0)
+    assert injected > 0
+    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (60, 0)
+    assert summary.endpoints[0].errors.get(error_class, 0) >= 1
+    assert summary.retries >= 1
+    assert any(c.attempts > 1 for c in completions(tmp_path / "run"))
+
+
+def test_context_length_is_a_failure_without_retry(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 60)
+    with SimFleet(1, sim(faults=FaultConfig(context_400=0.2))) as fleet:
+        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
+        injected = fleet.stats(0).faults["context_400"]
+        # resume: fatal failures are settled, nothing is sent again
+        again = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
+    assert again.requests == 0 and again.already_done == 60
+    comp, fail = check_exactly_once(str(tmp_path / "run"), set(ids))
+    assert fail == injected > 0 and comp == 60 - injected
+    recorded = failures(tmp_path / "run")
+    assert {f.reason for f in recorded} == {"context_length"}
+    assert all(f.attempts == 1 for f in recorded)
+    assert summary.failed == {"context_length": injected}
+
+
+def test_a_request_too_long_for_the_context_fails_as_context_length(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    write_prompts(prompts, 4)
+    with SimFleet(1, sim(context_length=256)) as fleet:
+        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls, max_tokens=1000))
+    assert summary.failed == {"context_length": 4} and summary.requests == 0
+
+
+def test_exhausted_retries(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    write_prompts(prompts, 5)
+    with SimFleet(1, sim(faults=FaultConfig(error_500=1.0))) as fleet:
+        summary = generate(
+            fast_config(prompts, tmp_path / "run", fleet.urls, max_attempts=3, breaker_failures=99)
+        )
+        assert fleet.stats(0).faults["error_500"] == 15
+    recorded = failures(tmp_path / "run")
+    assert summary.failed == {"exhausted_retries": 5}
+    assert {f.attempts for f in recorded} == {3}
+    assert all("server_error" in f.message for f in recorded)
+
+
+@pytest.mark.parametrize("flavor", ["sglang", "vllm"])
+@pytest.mark.parametrize("reasoning", ["on", "off"])
+def test_shapes_tools_multi_turn_and_samples(tmp_path: Path, flavor: str, reasoning: str) -> None:
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 30, kind="mixed")
+    with SimFleet(2, sim(flavor, tool_call_rate=0.9)) as fleet:
+        summary = generate(
+            fast_config(prompts, tmp_path / "run", fleet.urls, reasoning=reasoning, n=2)
+        )
+    got = completions(tmp_path / "run")
+    assert summary.completed == 60 and len(got) == 60
+    assert Counter((c.id, c.sample) for c in got) == Counter((i, s) for i in ids for s in (0, 1))
+    for c in got:
+        kind = c.id.split("-")[0]
+        assert len(c.turns) == (2 if kind == "multi" else 1)
+        for t in c.turns:
+            assert t.finish_reason in ("stop", "tool_calls", "length")
+            assert (t.reasoning is not None) == (reasoning == "on") or t.finish_reason == "length"
+            assert t.output_token_ids and len(t.output_token_ids) == t.usage.completion_tokens
+            assert not (t.content or "").lstrip().startswith("<think>")
+        assert c.sampling["chat_template_kwargs"] == {"enable_thinking": reasoning == "on"}
+        assert c.model == "Qwen3.6-27B-sim" and c.endpoint in fleet.urls
+        assert c.usage.completion_tokens == sum(t.usage.completion_tokens for t in c.turns)
+    assert any(t.tool_calls for c in got if c.id.startswith("tools") for t in c.turns)
+    assert not any(t.tool_calls for c in got if c.id.startswith("plain") for t in c.turns)
+    # the two samples of a multi-turn prompt are independent conversations
+    multi = [c for c in got if c.id.startswith("multi")]
+    assert {c.sample for c in multi} == {0, 1}
+
+
+def test_hedged_tail_commits_once(tmp_path: Path) -> None:
+    """A 4x slow endpoint holds the tail; idle ones copy its requests; one answer wins."""
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 80)
+    cfg = sim(
+        time_scale=0.03,
+        mean_output_tokens=30,
+        output_sigma=0.2,
+        max_running=4,
+        faults=FaultConfig(slow={0: 6.0}),
+    )
+    with SimFleet(3, cfg) as fleet:
+        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls, hedge_min_age=0.2))
+    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (80, 0)
+    assert summary.hedges >= 1 and summary.hedges_won >= 1
+
+
+def test_interrupt_commits_what_finished_and_resumes(tmp_path: Path) -> None:
+    """The engine's graceful stop (what SIGINT calls): committed work is kept, the rest resumes."""
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 200)
+    handle: list[tuple[Any, asyncio.AbstractEventLoop]] = []
+
+    def on_engine(engine: Any) -> None:
+        handle.append((engine, asyncio.get_running_loop()))
+
+    def stop() -> None:
+        engine, loop = handle[0]
+        loop.call_soon_threadsafe(engine.interrupt)
+
+    with SimFleet(2, sim(time_scale=0.02)) as fleet:
+        cfg = fast_config(prompts, tmp_path / "run", fleet.urls, grace_seconds=0.0)
+        timer = threading.Timer(0.8, stop)
+        timer.start()
+        try:
+            first = generate(cfg, on_engine=on_engine)
+        finally:
+            timer.cancel()
+        assert first.interrupted and 0 < first.completed < 200
+        assert first.remaining == 200 - first.completed
+        second = generate(cfg)
+    assert not second.interrupted
+    assert second.already_done == first.completed
+    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (200, 0)
