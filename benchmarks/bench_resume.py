@@ -1,0 +1,264 @@
+"""Benchmark: resume start-up of a large run (issue 4).
+
+Builds (in a temporary folder) a run of 1,000,000 prompts of which 990,000 are committed, as a
+generate run would leave them: ``manifest.json`` plus ``completions/part-*.parquet`` shards of
+256 records each (the default flush size; ~3,900 shards), with the 10,000 uncommitted prompts
+at the END of the prompt file (the worst case: resume must pass 990,000 done prompts before it
+finds work). Then a fresh child process does what a resumed ``generate`` does before its first
+request: ``Run.open`` (list, manifest check, done-set rebuild from the id/sample columns), stream
+and parse the prompt file skipping done prompts, and send the first new prompt to a simulated
+server (``SimFleet``). Printed: time from process spawn to that request (interpreter start-up
+and imports included), the done-set rebuild time, and the child's peak RSS (``wait4``).
+Targets: <= 10 s and <= 1 GiB.
+
+Answer texts are short: the rebuild reads only the ``id`` and ``sample`` column chunks, so the
+shards' other columns cost disk, not resume time.
+
+    python benchmarks/bench_resume.py            # 1,000,000 prompts, 990,000 committed
+    python benchmarks/bench_resume.py --quick    # 100,000 prompts, 99,000 committed
+    python benchmarks/bench_resume.py --s3       # also on a local moto S3 server (slower)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+TARGET_S = 10.0
+TARGET_RSS_MIB = 1024.0
+SETTINGS = {"model": "bench", "sampling": {"temperature": 0.6}, "prompts": "bench-1"}
+
+
+def _ids(n: int) -> list[str]:
+    return [f"bench/{i:07d}" for i in range(n)]
+
+
+def write_prompts(path: Path, n: int) -> None:
+    """``n`` single-turn prompts, one JSON line each."""
+    with path.open("wb") as fh:
+        for pid in _ids(n):
+            line = {"id": pid, "source": "bench", "domain": "general"}
+            line["messages"] = [{"role": "user", "content": f"Explain item {pid} briefly."}]
+            fh.write(json.dumps(line).encode() + b"\n")
+
+
+def build_run(url: str, n_done: int, shard: int) -> int:
+    """Create the run and commit ``n_done`` completions as shards; returns the shard count."""
+    import pyarrow as pa
+
+    from draftdata.formats import completions_table
+    from draftdata.records import Completion, Message, Turn, Usage
+    from draftdata.store import Run, write_parquet_shard
+
+    run = Run.open(url, settings=SETTINGS, writer_id="builder")
+    template = completions_table(
+        Completion(
+            id=f"t{i}",
+            source="bench",
+            domain="general",
+            messages=[Message(role="user", content="Explain an item briefly.")],
+            turns=[
+                Turn(
+                    content="A short answer. " * 8,
+                    reasoning="Some thinking. " * 8,
+                    finish_reason="stop",
+                )
+            ],
+            usage=Usage(prompt_tokens=12, completion_tokens=60),
+            model="bench",
+            endpoint="http://127.0.0.1:1",
+        )
+        for i in range(shard)
+    )
+    ids = _ids(n_done)
+    col = template.schema.get_field_index("id")
+
+    def write(index: int) -> None:
+        chunk = ids[index * shard : (index + 1) * shard]
+        table = template.slice(0, len(chunk)).set_column(
+            col, template.schema.field(col), pa.array(chunk, pa.string())
+        )
+        key = f"completions/part-w{index % 8}-{index:06d}.parquet"
+        write_parquet_shard(run.store, key, table)
+
+    shards = (n_done + shard - 1) // shard
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(write, range(shards)))
+    run.close()
+    return shards
+
+
+def child(url: str, prompts: str, endpoint: str) -> None:
+    """The measured process: open the run, skip done prompts, send the first new one."""
+    t_start = time.time()
+    import urllib.request
+
+    from draftdata.records import iter_prompt_lines, parse_prompt
+    from draftdata.store import Run
+
+    t_imports = time.time()
+    run = Run.open(url, settings=SETTINGS)
+    t_open = time.time()
+    skipped = 0
+    first = None
+    for lineno, raw in iter_prompt_lines(Path(prompts)):
+        prompt = parse_prompt(raw, f"{prompts}:{lineno}")
+        if run.is_done(prompt.id):
+            skipped += 1
+            continue
+        first = prompt
+        break
+    assert first is not None, "every prompt is done"
+    body = {
+        "model": "m",
+        "messages": [{"role": m.role, "content": m.content} for m in first.messages],
+        "max_completion_tokens": 8,
+    }
+    req = urllib.request.Request(
+        endpoint + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    t_sent = time.time()
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        resp.read()
+    print(
+        json.dumps(
+            {
+                "t_start": t_start,
+                "imports_s": t_imports - t_start,
+                "open_s": t_open - t_imports,
+                "scan_s": t_sent - t_open,
+                "t_sent": t_sent,
+                "skipped": skipped,
+                "first": first.id,
+                "done": run.resumed_done,
+                "rebuild_s": run.stats.timings.get("store.done_set_rebuild", 0.0),
+                "list_s": run.stats.timings.get("store.list", 0.0),
+                "doneset_mib": run._completed.nbytes / 2**20,
+            }
+        ),
+        flush=True,
+    )
+
+
+def measure(url: str, prompts: Path, endpoint: str, env: dict[str, str]) -> dict[str, Any]:
+    """Spawn the child, wait for it with wait4, return its figures plus wall time and RSS."""
+    t_spawn = time.time()
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", url, str(prompts), endpoint],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    out = proc.stdout.read().decode() if proc.stdout else ""
+    if proc.returncode != 0:
+        raise SystemExit(f"child failed ({proc.returncode}): {out}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    result["first_request_s"] = result["t_sent"] - t_spawn
+    result["peak_rss_mib"] = usage.ru_maxrss / 1024  # KiB on Linux
+    result["cpu_s"] = usage.ru_utime + usage.ru_stime
+    return result
+
+
+def report(where: str, r: dict[str, Any], n: int, n_done: int, shards: int, build_s: float) -> None:
+    """Print one block of figures and their ratios to the targets."""
+    print(
+        f"[{where}] {n:,} prompts, {r['done']:,} committed in {shards:,} shards "
+        f"(built in {build_s:.1f} s); first new prompt {r['first']} after skipping "
+        f"{r['skipped']:,}"
+    )
+    print(
+        f"[{where}] imports {r['imports_s']:.2f} s, Run.open {r['open_s']:.2f} s "
+        f"(list {r['list_s']:.2f} s, done-set rebuild {r['rebuild_s']:.2f} s, done-set "
+        f"{r['doneset_mib']:.1f} MiB), prompt scan {r['scan_s']:.2f} s"
+    )
+    print(
+        f"[{where}] time to first new request: {r['first_request_s']:.2f} s "
+        f"(target <= {TARGET_S:.0f} s: {r['first_request_s'] / TARGET_S:.2f} of budget); "
+        f"child CPU {r['cpu_s']:.2f} s; load average {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} cores"
+    )
+    print(
+        f"[{where}] peak RSS: {r['peak_rss_mib']:.0f} MiB "
+        f"(target <= {TARGET_RSS_MIB:.0f} MiB: {r['peak_rss_mib'] / TARGET_RSS_MIB:.2f} of budget)"
+    )
+    assert r["done"] == n_done, f"resumed {r['done']} of {n_done}"
+
+
+def main() -> None:
+    """Parse options, build the run(s), measure, print."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="100K prompts, 99K committed")
+    ap.add_argument("--prompts", type=int, default=None, help="total prompts (default 1,000,000)")
+    ap.add_argument("--shard", type=int, default=256, help="records per shard (default 256)")
+    ap.add_argument("--s3", action="store_true", help="also measure on a moto S3 server")
+    ap.add_argument(
+        "--child", nargs=3, metavar=("URL", "PROMPTS", "ENDPOINT"), help=argparse.SUPPRESS
+    )
+    args = ap.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    n = args.prompts or (100_000 if args.quick else 1_000_000)
+    n_done = n * 99 // 100
+
+    from draftdata.fleet.sim import SimConfig, SimFleet
+
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp,
+        SimFleet(n=1, config=SimConfig(time_scale=0.0)) as fleet,
+    ):
+        prompts = Path(tmp) / "prompts.jsonl"
+        write_prompts(prompts, n)
+        url = str(Path(tmp) / "run")
+        t0 = time.perf_counter()
+        shards = build_run(url, n_done, args.shard)
+        build_s = time.perf_counter() - t0
+        r = measure(url, prompts, fleet.urls[0], dict(os.environ))
+        report("local", r, n, n_done, shards, build_s)
+        if args.s3:
+            _measure_s3(prompts, fleet.urls[0], n, n_done, args.shard)
+
+
+def _measure_s3(prompts: Path, endpoint: str, n: int, n_done: int, shard: int) -> None:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = dict(os.environ)
+    env.update(
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=f"http://{host}:{port}",
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        boto3.client("s3").create_bucket(Bucket="bench")
+        t0 = time.perf_counter()
+        shards = build_run("s3://bench/run", n_done, shard)
+        build_s = time.perf_counter() - t0
+        r = measure("s3://bench/run", prompts, endpoint, env)
+        report("s3/moto", r, n, n_done, shards, build_s)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
