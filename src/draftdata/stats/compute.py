@@ -21,10 +21,11 @@ import numpy as np
 
 from draftdata.errors import DraftdataError
 from draftdata.stats.readers import (
+    SUMMARY_COLUMNS,
     Dataset,
     iter_conversations,
     iter_run_completions,
-    iter_sample_batches,
+    iter_sample_summaries,
     open_dataset,
     read_json_object,
 )
@@ -211,9 +212,8 @@ def _stats_run(b: StatsBuilder) -> None:
 
 
 def _stats_samples(b: StatsBuilder) -> None:
-    cols = ["domain", "source", "num_tokens", "num_loss_tokens", "truncated", "input_ids"]
-    for _, table in iter_sample_batches(b.ds, None):
-        data = {c: table.column(c).to_numpy(zero_copy_only=False) for c in cols[2:5]}
+    for _, table in iter_sample_summaries(b.ds):
+        data = {c: table.column(c).to_numpy(zero_copy_only=False) for c in SUMMARY_COLUMNS[2:]}
         b.add_samples(table.column("domain").to_pylist(), table.column("source").to_pylist(), data)
 
 

@@ -443,6 +443,44 @@ def iter_sample_batches(
             raise InputError(f"{where}: cannot read parquet ({exc})") from exc
 
 
+SUMMARY_COLUMNS = ("domain", "source", "num_tokens", "num_loss_tokens", "truncated")
+
+
+def iter_sample_summaries(ds: Dataset, batch_rows: int = 65536) -> Iterator[tuple[str, pa.Table]]:
+    """(file url, table of ``SUMMARY_COLUMNS``) batches of a tokenized dataset.
+
+    Where a file has the summary columns only those are read (the token lists never leave the
+    file); otherwise the lists are read in small batches and the counts derived from them, so
+    memory stays bounded either way.
+    """
+    if ds.kind != "tokenized":
+        raise InputError(f"{ds.url}: holds {ds.kind}, not tokenized samples")
+    for key in ds.keys:
+        _check_same_kind(ds, key)
+        pf = _parquet(ds.store, key)
+        where = ds.where(key)
+        names = set(pf.schema_arrow.names)
+        have_counts = {"num_tokens", "num_loss_tokens"} <= names
+        cols = [c for c in SUMMARY_COLUMNS if c in names]
+        if not have_counts:
+            cols = sorted({*cols, "id", "input_ids", "loss_mask"} & names)
+        size = batch_rows if have_counts else max(1, min(batch_rows, 1024))
+        try:
+            for batch in pf.iter_batches(batch_size=size, columns=cols):
+                table = pa.Table.from_batches([batch])
+                if not have_counts or len(cols) < len(SUMMARY_COLUMNS):
+                    if "id" not in table.column_names:
+                        table = table.append_column("id", pa.array([""] * table.num_rows))
+                    for name in ("input_ids", "loss_mask"):
+                        if name not in table.column_names:
+                            empty = pa.array([[]] * table.num_rows, pa.list_(pa.int32()))
+                            table = table.append_column(name, empty)
+                    table = normalise_samples(table).select(list(SUMMARY_COLUMNS))
+                yield where, table
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"{where}: cannot read parquet ({exc})") from exc
+
+
 def read_json_object(store: Store, key: str) -> dict[str, Any] | None:
     """A JSON object stored at ``key`` (None if absent or not an object)."""
     if not store.exists(key):
