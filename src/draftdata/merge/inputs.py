@@ -144,32 +144,45 @@ def _token_lists(col: pa.ChunkedArray | pa.Array) -> pa.ListArray:
     return arr
 
 
+def _digests(pieces: Iterator[bytes | memoryview]) -> npt.NDArray[np.uint64]:
+    # 8-byte BLAKE2b digests of many pieces, read back as one little-endian uint64 array
+    b2 = hashlib.blake2b
+    joined = b"".join([b2(p, digest_size=8).digest() for p in pieces])
+    return np.frombuffer(joined, dtype="<u8").astype(np.uint64)
+
+
 def _sample_chunk(table: pa.Table, keys: Keys) -> Counter[str]:
-    ids = table.column("id").to_pylist()
-    labels = table.column("domain").to_pylist()
+    n = table.num_rows
+    id_col = pc.fill_null(table.column("id").combine_chunks().cast(pa.string()), "")
+    ids: list[str] = id_col.to_pylist()
     lists = _token_lists(table.column("input_ids"))
     offsets = np.asarray(lists.offsets.to_numpy(), dtype=np.int64)
     values = lists.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
     raw = memoryview(values.tobytes())
-    nulls = lists.is_null().to_numpy(zero_copy_only=False)
-    id_h: list[int] = []
-    c_h: list[int] = []
-    doms: list[int] = []
-    sizes: list[int] = []
-    valid: list[bool] = []
+    valid = ~lists.is_null().to_numpy(zero_copy_only=False)
+    valid &= pc.binary_length(id_col).to_numpy(zero_copy_only=False) > 0
+    starts, ends = (4 * offsets[:-1]).tolist(), (4 * offsets[1:]).tolist()
+    id_h = _digests(s.encode() for s in ids)
+    c_h = _digests(raw[a:b] for a, b in zip(starts, ends, strict=True))
+    id_h[~valid] = 0
+    c_h[~valid] = 0
+    labels = pc.fill_null(table.column("domain").combine_chunks().cast(pa.string()), "")
+    encoded = labels.dictionary_encode()
+    names = [v or UNKNOWN for v in encoded.dictionary.to_pylist()]
+    to_code = np.asarray([keys.code(v) for v in names], dtype=np.int32)
+    index = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    codes = to_code[index] if n else np.zeros(0, np.int32)
+    sizes = 5 * np.diff(offsets) + 64 + pc.binary_length(id_col).to_numpy(zero_copy_only=False)
+    keys.id_hash.append(id_h)
+    keys.content_hash.append(c_h)
+    keys.domain.append(codes.astype(np.int32))
+    keys.size.append(sizes.astype(np.int64))
+    keys.valid.append(valid.astype(bool))
+    found = np.bincount(index[valid], minlength=len(names))
     seen: Counter[str] = Counter()
-    for i, rid in enumerate(ids):
-        a, b = int(offsets[i]), int(offsets[i + 1])
-        ok = rid is not None and rid != "" and not nulls[i]
-        label = labels[i] or UNKNOWN
-        id_h.append(hash64(rid.encode()) if ok else 0)
-        c_h.append(hash64(raw[4 * a : 4 * b]) if ok else 0)
-        doms.append(keys.code(label))
-        sizes.append(5 * (b - a) + 64 + len(rid or ""))
-        valid.append(ok)
-        if ok:
-            seen[label] += 1
-    keys.append(id_h, c_h, doms, sizes, valid)
+    for i, name in enumerate(names):
+        if found[i]:
+            seen[name] += int(found[i])
     return seen
 
 
