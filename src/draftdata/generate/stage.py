@@ -160,6 +160,7 @@ async def _generate(
             flush_seconds=config.flush_seconds,
             writer_id=config.writer_id,
         )
+        await asyncio.to_thread(_warm_up)
         endpoints = _endpoints(config, urls, caps, fleet_caps, key, log)
         reader = PromptReader(files, limit=config.limit, partition=part, on_invalid=log)
         if run.resumed_done or run.resumed_fatal:
@@ -236,6 +237,18 @@ def _endpoints(
             )
         out.append(ep)
     return out
+
+
+def _warm_up() -> None:
+    """Encode one throw-away shard, so the first real flush does not pay pyarrow's lazy
+    imports (about a second, and several under a busy event loop) while results wait."""
+    from draftdata.formats import completions_table, failures_table
+    from draftdata.records import Completion, Failure, Message, Turn
+    from draftdata.store.read import parquet_bytes
+
+    msg = [Message(role="user", content="warm-up")]
+    parquet_bytes(completions_table([Completion(id="w", messages=msg, turns=[Turn(content="w")])]))
+    parquet_bytes(failures_table([Failure(id="w", reason="warm_up")]))
 
 
 def _install_signals(engine: Engine) -> Any:
