@@ -91,6 +91,7 @@ class InputInfo:
     by_domain: Counter[str] = field(default_factory=Counter)
     bad: int = 0
     first_row: int = 0  # global index of its first row
+    scanned: int = 0  # rows it holds in the global index (bad tokenized rows included)
 
 
 def family_of(ds: Dataset) -> Family:
@@ -224,6 +225,7 @@ def scan(
             if progress:
                 progress(info.path, n)
         info.rows = sum(info.by_domain.values())
+        info.scanned = n
         return
     classify = _classifier()
 
@@ -249,7 +251,7 @@ def scan(
                 progress(info.path, sum(info.by_domain.values()))
     if id_h:
         keys.append(id_h, c_h, doms, sizes)
-    info.rows = sum(info.by_domain.values())
+    info.rows = info.scanned = sum(info.by_domain.values())
     if progress:
         progress(info.path, info.rows)
 
@@ -258,9 +260,9 @@ def scan(
 # Pass 2
 
 
-def iter_sample_tables(info: InputInfo) -> Iterator[pa.Table]:
-    """Pass 2 over a tokenized input: ``SAMPLE_SCHEMA`` tables in read order."""
-    for _, table in iter_sample_batches(info.dataset, batch_rows=_CHUNK):
+def iter_sample_tables(info: InputInfo, batch_rows: int = _CHUNK) -> Iterator[pa.Table]:
+    """Pass 2 over a tokenized input: ``SAMPLE_SCHEMA`` tables of ``batch_rows``, in order."""
+    for _, table in iter_sample_batches(info.dataset, batch_rows=batch_rows):
         yield table
 
 

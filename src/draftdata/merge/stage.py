@@ -59,7 +59,8 @@ REPORT_FORMAT = "draftdata.merge-report"
 REPORT_VERSION = 1
 SPLITS = ("train", "eval")
 DROP_REASONS = ("bad_row", "duplicate_id", "duplicate_content", "not_in_mix", "over_target")
-_FLUSH_ROWS = 1024
+_FLUSH_ROWS = 1024  # rows buffered per bucket before an IPC write (chat rows)
+_BATCH_BYTES = 32 << 20  # pass-2 read batches and all chat buffers together stay near this
 
 Progress = Callable[[str, int], None]
 
@@ -228,7 +229,11 @@ def _route_samples(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
     sel = plan.selection
     names = np.asarray(plan.domain_names, dtype=object)
     g = info.first_row
-    for table in iter_sample_tables(info):
+    # batches of about _BATCH_BYTES, whatever the sample length
+    sizes = plan.size[info.first_row : info.first_row + info.scanned]
+    avg = int(sizes.mean()) if len(sizes) else 1
+    batch_rows = max(256, min(65536, _BATCH_BYTES // max(avg, 1)))
+    for table in iter_sample_tables(info, batch_rows):
         n = table.num_rows
         lo, hi = np.searchsorted(sel.row, [g, g + n])
         g += n
@@ -274,6 +279,14 @@ def _route_chat(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
         plan.buckets.tolist(),
     )
     g = info.first_row
+    held = 0  # estimated bytes in all pending buffers
+
+    def flush_all() -> None:
+        for k, buf in sorted(pending.items()):
+            if buf:
+                buckets.write(k[0], k[1], pa.Table.from_pylist(buf, schema=schema))
+        pending.clear()
+
     for conv in iter_chat_rows(info):
         while p < end and rows[p] == g:
             domain = plan.domain_names[int(plan.keys_domain[g])]
@@ -284,14 +297,17 @@ def _route_chat(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
             k = (splits[p], bks[p])
             buf = pending.setdefault(k, [])
             buf.append(row)
+            held += int(plan.size[g])
             if len(buf) >= _FLUSH_ROWS:
                 buckets.write(k[0], k[1], pa.Table.from_pylist(buf, schema=schema))
+                held -= sum(int(plan.size[r[ROW]]) for r in buf)
                 pending[k] = []
+            elif held >= _BATCH_BYTES:
+                flush_all()
+                held = 0
             p += 1
         g += 1
-    for k, buf in sorted(pending.items()):
-        if buf:
-            buckets.write(k[0], k[1], pa.Table.from_pylist(buf, schema=schema))
+    flush_all()
 
 
 def jsonl_key(split: str, index: int) -> str:
@@ -385,7 +401,7 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
                     else:
                         _route_chat(info, plan, buckets)
                     if progress:
-                        progress("route", info.first_row + info.rows)
+                        progress("route", info.first_row + info.scanned)
             finally:
                 buckets.close()
         with stats.timed("write"):
