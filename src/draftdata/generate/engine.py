@@ -252,7 +252,15 @@ class Engine:
             await asyncio.gather(*loops, return_exceptions=True)
             await asyncio.to_thread(self.run_.close)
         summary = self._summary(self.clock() - t0)
-        await self._write_metrics({"kind": "summary", **summary.to_dict()})
+        await self._write_metrics(
+            {
+                "kind": "summary",
+                "time": time.time(),
+                "elapsed_s": summary.wall_s,
+                **summary.to_dict(),
+                "series": self.progress.series,
+            }
+        )
         return summary
 
     def _summary(self, wall: float) -> GenerateSummary:

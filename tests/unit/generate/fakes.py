@@ -1,0 +1,137 @@
+"""An in-process transport for dispatcher tests (the seam ``endpoint.ChatClient``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from draftdata.generate.client import ErrorClass, RequestError
+from draftdata.generate.config import GenerateConfig
+from draftdata.generate.dispatch import Dispatcher
+from draftdata.generate.endpoint import Endpoint
+from draftdata.generate.source import PromptReader
+from draftdata.records import Completion, Failure, Turn, Usage
+
+
+class FakeClient:
+    """Answers after ``delay`` s with one Turn per asked choice (at most ``max_n``); ``fail``
+    maps a request number (1-based) to the ErrorClass it raises instead."""
+
+    def __init__(
+        self,
+        delay: float = 0.0,
+        *,
+        max_n: int = 128,
+        fail: dict[int, ErrorClass] | None = None,
+        fail_all: ErrorClass | None = None,
+    ) -> None:
+        self.delay = delay
+        self.max_n = max_n
+        self.fail = fail or {}
+        self.fail_all = fail_all
+        self.bodies: list[dict[str, Any]] = []
+        self.running = 0
+        self.peak = 0
+        self.token_ids_supported: bool | None = None
+
+    async def chat(self, body: dict[str, Any]) -> list[Turn]:
+        self.bodies.append(body)
+        number = len(self.bodies)
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            await asyncio.sleep(self.delay)
+        finally:
+            self.running -= 1
+        error = self.fail.get(number) or self.fail_all
+        if error is not None:
+            raise RequestError(error, f"fake {error.value}", status=500)
+        last = body["messages"][-1]["content"]
+        n = min(body.get("n", 1), self.max_n)
+        return [
+            Turn(
+                content=f"answer {i} to {last}",
+                reasoning=f"thinking {i}",
+                finish_reason="stop",
+                usage=Usage(prompt_tokens=5, completion_tokens=10),
+            )
+            for i in range(n)
+        ]
+
+    async def close(self) -> None:
+        pass
+
+
+class ListSink:
+    """Collects what the dispatcher settles."""
+
+    def __init__(self) -> None:
+        self.completions: list[Completion] = []
+        self.failures: list[Failure] = []
+        self.done: set[tuple[str, int]] = set()
+
+    def completion(self, c: Completion) -> None:
+        self.completions.append(c)
+        self.done.add((c.id, c.sample))
+
+    def failure(self, f: Failure) -> None:
+        self.failures.append(f)
+        self.done.add((f.id, f.sample))
+
+
+def write(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def user(i: int, text: str | None = None) -> dict[str, Any]:
+    return {"id": f"p{i}", "messages": [{"role": "user", "content": text or f"q{i}"}]}
+
+
+def endpoint(i: int, client: FakeClient, limit: int = 4, **kw: Any) -> Endpoint:
+    ep = Endpoint(
+        f"http://fake-{i}:8000",
+        client,
+        index=i,
+        concurrency=kw.pop("concurrency", limit),
+        default_concurrency=limit,
+        breaker_failures=kw.pop("breaker_failures", 3),
+    )
+    ep.state = "up"
+    ep.model = "m"
+    return ep
+
+
+async def run_dispatch(
+    config: GenerateConfig,
+    endpoints: list[Endpoint],
+    prompts: Path,
+    *,
+    alive: bool = True,
+    done: set[tuple[str, int]] | None = None,
+) -> tuple[Dispatcher, ListSink]:
+    sink = ListSink()
+    settled = done or set()
+
+    async def check(ep: Endpoint) -> bool:
+        return alive
+
+    async def revive(ep: Endpoint) -> None:
+        return None
+
+    d = Dispatcher(
+        config,
+        endpoints,
+        PromptReader([prompts], limit=config.limit, partition=config.partition),
+        sink,
+        model="m",
+        is_done=lambda i, s: (i, s) in settled or (i, s) in sink.done,
+        check_alive=check,
+        revive=revive,
+        log=lambda line: None,
+        seed=0,
+    )
+    await asyncio.wait_for(d.run(), 20)
+    return d, sink

@@ -1,0 +1,217 @@
+"""The dispatcher over in-process fake endpoints: placement, retries, loss, n, multi-turn."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from tests.unit.generate.fakes import FakeClient, endpoint, run_dispatch, user, write
+
+from draftdata.generate.client import ErrorClass
+from draftdata.generate.config import GenerateConfig
+from draftdata.generate.work import Job
+from draftdata.records import Message, Prompt
+
+
+def cfg(**kw: object) -> GenerateConfig:
+    base: dict[str, object] = {
+        "prompts": "p",
+        "out": "o",
+        "endpoints": ["x"],
+        "backoff_base": 0.001,
+        "backoff_max": 0.01,
+        "hedge": False,
+    }
+    base.update(kw)
+    return GenerateConfig(**base)  # type: ignore[arg-type]
+
+
+def job(prefix: str | None = None, cost: int = 10) -> Job:
+    p = Prompt(id="a", messages=[Message(role="user", content="q")])
+    return Job(
+        p,
+        [0],
+        [p.messages],
+        sampling=cfg().sampling,
+        max_tokens=8,
+        reasoning="server",
+        prefix=prefix,
+        cost=cost,
+    )
+
+
+async def test_pick_prefers_most_free_then_fewest_outstanding_tokens(tmp_path: Path) -> None:
+    from draftdata.generate.dispatch import Dispatcher
+
+    a, b, c = (endpoint(i, FakeClient(), limit=8) for i in range(3))
+    a.acquire(2, 100)
+    b.acquire(1, 500)
+    c.acquire(1, 50)
+    d = Dispatcher.__new__(Dispatcher)
+    d.endpoints, d.affinity = [a, b, c], {}  # type: ignore[assignment]
+    assert d._pick(job(), [a, b, c], now=0.0) is c  # b and c have 7 free; c fewer tokens
+    j = job()
+    j.avoid = {c.url}
+    j.ready_since = 0.0
+    assert d._pick(j, [a, b, c], now=0.0) is b  # a retry goes elsewhere
+
+
+async def test_every_prompt_once_and_slots_never_exceeded(tmp_path: Path) -> None:
+    prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(60)] + [user(3)])
+    clients = [FakeClient(0.01), FakeClient(0.03)]
+    eps = [endpoint(i, c, limit=4) for i, c in enumerate(clients)]
+    d, sink = await run_dispatch(cfg(), eps, prompts)
+    assert Counter(c.id for c in sink.completions) == Counter(f"p{i}" for i in range(60))
+    assert d.duplicates + d.already_done == 1  # the repeated id is answered once
+    assert all(c.peak <= 4 for c in clients)
+    # the faster endpoint answered more
+    assert len(clients[0].bodies) > len(clients[1].bodies)
+    assert all(e.inflight == 0 and e.outstanding_tokens == 0 for e in eps)
+
+
+async def test_memory_window_bounds_what_is_read(tmp_path: Path) -> None:
+    prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(600)])
+    seen: list[int] = []
+    client = FakeClient(0.002)
+    ep = endpoint(0, client, limit=2)
+    original = client.chat
+
+    async def chat(body: dict[str, object]) -> list[object]:
+        seen.append(d_ref[0].pending)
+        return await original(body)  # type: ignore[arg-type]
+
+    client.chat = chat  # type: ignore[method-assign,assignment]
+    d_ref: list[object] = []
+    from draftdata.generate import dispatch as dispatch_mod
+
+    init = dispatch_mod.Dispatcher.__init__
+
+    def capture(self: object, *a: object, **k: object) -> None:
+        init(self, *a, **k)  # type: ignore[arg-type]
+        d_ref.append(self)
+
+    dispatch_mod.Dispatcher.__init__ = capture  # type: ignore[method-assign]
+    try:
+        _, sink = await run_dispatch(cfg(), [ep], prompts)
+    finally:
+        dispatch_mod.Dispatcher.__init__ = init  # type: ignore[method-assign]
+    assert len(sink.completions) == 600
+    assert max(seen) <= 64 + 128  # window (64) plus at most one read batch
+
+
+async def test_retry_moves_to_another_endpoint_then_exhausts(tmp_path: Path) -> None:
+    prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(4)])
+    bad = FakeClient(fail_all=ErrorClass.server_error)
+    good = FakeClient()
+    _, sink = await run_dispatch(
+        cfg(), [endpoint(0, bad, breaker_failures=99), endpoint(1, good)], prompts
+    )
+    assert len(sink.completions) == 4 and not sink.failures
+    assert all(c.endpoint == "http://fake-1:8000" for c in sink.completions)
+    only_bad = FakeClient(fail_all=ErrorClass.timeout)
+    _, sink = await run_dispatch(
+        cfg(max_attempts=3), [endpoint(0, only_bad, breaker_failures=99)], prompts
+    )
+    assert {f.reason for f in sink.failures} == {"exhausted_retries"} and len(sink.failures) == 4
+    assert len(only_bad.bodies) == 12 and all(f.attempts == 3 for f in sink.failures)
+
+
+async def test_fatal_errors_are_not_retried(tmp_path: Path) -> None:
+    prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(3)])
+    client = FakeClient(fail={2: ErrorClass.context_length})
+    _, sink = await run_dispatch(cfg(), [endpoint(0, client, limit=1)], prompts)
+    assert [f.reason for f in sink.failures] == ["context_length"]
+    assert len(client.bodies) == 3 and len(sink.completions) == 2
+
+
+async def test_breaker_takes_endpoint_out_and_requeues_its_work(tmp_path: Path) -> None:
+    prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(30)])
+    flaky = FakeClient(0.01, fail={i: ErrorClass.connection for i in range(1, 4)})
+    slow_ok = FakeClient(0.05)
+    eps = [endpoint(0, flaky, breaker_failures=3), endpoint(1, slow_ok)]
+    _, sink = await run_dispatch(cfg(), eps, prompts, alive=True)
+    assert len(sink.completions) == 30 and not sink.failures
+    assert eps[0].state == "down" and eps[0].downs == 1
+    assert Counter(c.id for c in sink.completions).most_common(1)[0][1] == 1
+
+
+async def test_server_without_n_gets_one_request_per_sample(tmp_path: Path) -> None:
+    prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(5)])
+    client = FakeClient(max_n=1)
+    ep = endpoint(0, client)
+    _, sink = await run_dispatch(cfg(n=3), [ep], prompts)
+    assert Counter((c.id, c.sample) for c in sink.completions) == Counter(
+        (f"p{i}", s) for i in range(5) for s in range(3)
+    )
+    assert not ep.server_n
+    with_n = FakeClient()
+    _, sink = await run_dispatch(cfg(n=3), [endpoint(0, with_n)], prompts)
+    assert len(with_n.bodies) == 5 and all(b["n"] == 3 for b in with_n.bodies)
+    assert len(sink.completions) == 15
+
+
+async def test_resume_skips_settled_samples(tmp_path: Path) -> None:
+    prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(3)])
+    client = FakeClient()
+    d, sink = await run_dispatch(
+        cfg(n=2), [endpoint(0, client)], prompts, done={("p0", 0), ("p0", 1), ("p1", 0)}
+    )
+    assert sorted((c.id, c.sample) for c in sink.completions) == [("p1", 1), ("p2", 0), ("p2", 1)]
+    assert d.already_done == 3
+
+
+async def test_multi_turn_feeds_back_own_answers_in_order(tmp_path: Path) -> None:
+    row = {
+        "id": "m",
+        "messages": [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "original answer"},
+            {"role": "user", "content": "second"},
+        ],
+    }
+    prompts = write(tmp_path / "p.jsonl", [row])
+    for keep in (False, True):
+        client = FakeClient()
+        _, sink = await run_dispatch(
+            cfg(keep_reasoning_history=keep), [endpoint(0, client)], prompts
+        )
+        first, second = client.bodies
+        assert [m["content"] for m in first["messages"]] == ["sys", "first"]
+        msgs = second["messages"]
+        assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+        assert msgs[2]["content"] == "answer 0 to first"
+        assert ("reasoning_content" in msgs[2]) == keep
+        (c,) = sink.completions
+        assert [t.content for t in c.turns] == ["answer 0 to first", "answer 0 to second"]
+        assert c.usage.completion_tokens == 20
+
+
+async def test_multi_turn_retry_continues_from_the_failed_turn(tmp_path: Path) -> None:
+    row = {
+        "id": "m",
+        "messages": [
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "x"},
+            {"role": "user", "content": "second"},
+        ],
+    }
+    prompts = write(tmp_path / "p.jsonl", [row])
+    client = FakeClient(fail={2: ErrorClass.server_error})
+    _, sink = await run_dispatch(cfg(), [endpoint(0, client)], prompts)
+    # turn 1, turn 2 (fails), turn 2 again: the first turn is not asked twice
+    assert [b["messages"][-1]["content"] for b in client.bodies] == ["first", "second", "second"]
+    assert sink.completions[0].attempts == 2
+
+
+async def test_hedging_commits_one_answer(tmp_path: Path) -> None:
+    prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(6)])
+    slow = FakeClient(2.0)
+    fast = FakeClient(0.01)
+    eps = [endpoint(0, slow, limit=6), endpoint(1, fast, limit=1)]
+    # the fast one has learned it is much faster per sequence
+    eps[0].seq_rate, eps[1].seq_rate = 1.0, 100.0
+    d, sink = await run_dispatch(cfg(hedge=True, hedge_min_age=0.05), eps, prompts)
+    assert Counter(c.id for c in sink.completions) == Counter(f"p{i}" for i in range(6))
+    assert d.hedges >= 1 and d.hedges_won >= 1
+    assert all(e.inflight == 0 for e in eps)
