@@ -76,6 +76,13 @@ def register(app: typer.Typer) -> None:
             help="How far (a fraction: 0.005 = half a point) a domain's share may sit from its "
             "target so that more rows are kept. 0 = the exact mix.",
         ),
+        dedup_ids: bool = typer.Option(
+            True,
+            "--dedup-ids/--no-dedup-ids",
+            help="Treat rows with the same id as duplicates (turn off when the inputs' ids are "
+            "unrelated, e.g. both numbered 0, 1, 2, ...; ids may then repeat in the output). "
+            "Content dedup always runs.",
+        ),
         shard_rows: int = typer.Option(100_000, "--shard-rows", help="Most rows per shard."),
         tmp_dir: str | None = typer.Option(
             None, "--tmp-dir", help="Local folder for the shuffle's buckets (default: system)."
@@ -105,6 +112,7 @@ def register(app: typer.Typer) -> None:
             upsample=upsample,
             max_repeat=max_repeat,
             tolerance=tolerance,
+            dedup_ids=dedup_ids,
             shard_rows=shard_rows,
             tmp_dir=tmp_dir,
         )

@@ -24,7 +24,8 @@ class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     ``existing`` and ``add`` are dataset locations (local or ``s3://``): tokenized sample
     parquet, generate runs, prompts JSONL or chat rows (SpecForge ``conversations``, ShareGPT,
     OpenAI ``messages``). All inputs must be tokenized, or all chat-shaped. Inputs are read in
-    order, existing first, and the first copy of a duplicate wins. ``mix`` maps domain -> share
+    order, existing first, and the first copy of a duplicate (same id, unless ``dedup_ids`` is
+    False, or same content) wins. ``mix`` maps domain -> share
     (normalised to sum 1; empty = keep the combined mix); ``other`` pools the domains it does not
     name, which are otherwise dropped. ``tolerance`` is how far (as a fraction, 0.005 = half a
     point) each domain's share may sit from its target so that more rows can be kept.
@@ -42,6 +43,7 @@ class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     format: str = "parquet"
     upsample: bool = False
     max_repeat: int = 4
+    dedup_ids: bool = True
     tolerance: float = 0.005
     shard_rows: int = 100_000
     shard_bytes: int = 128 << 20

@@ -92,6 +92,7 @@ class InputInfo:
     bad: int = 0
     first_row: int = 0  # global index of its first row
     scanned: int = 0  # rows it holds in the global index (bad tokenized rows included)
+    dropped: dict[str, int] = field(default_factory=dict)  # duplicates found in this input
 
 
 def family_of(ds: Dataset) -> Family:

@@ -67,17 +67,18 @@ def hash64(data: bytes | memoryview) -> int:
 
 
 def dedup(
-    id_hash: U64, content_hash: U64, valid: npt.NDArray[np.bool_]
+    id_hash: U64, content_hash: U64, valid: npt.NDArray[np.bool_], *, by_id: bool = True
 ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """(keep, duplicate_id, duplicate_content) masks over rows in read order.
 
-    The first row with an id keeps it; of the rows left, the first with a content hash keeps
-    it. Rows not ``valid`` (bad rows) are in no mask.
+    The first row with an id keeps it (unless ``by_id`` is False); of the rows left, the first
+    with a content hash keeps it. Rows not ``valid`` (bad rows) are in no mask.
     """
     n = len(id_hash)
     rows = np.flatnonzero(valid)
-    keep_id = np.zeros(n, dtype=bool)
-    if len(rows):
+    keep_id = valid.copy()
+    if by_id and len(rows):
+        keep_id[:] = False
         _, first = np.unique(id_hash[rows], return_index=True)
         keep_id[rows[first]] = True
     dup_id = valid & ~keep_id

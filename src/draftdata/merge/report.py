@@ -79,6 +79,13 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
     console.print(_table("domain mix (before / target / after)", MIX_HEADER, mix_rows(report)))
     dropped = ", ".join(f"{k} {v:,}" for k, v in report["dropped"].items() if v) or "none"
     console.print(f"dropped: {dropped}")
+    for i in report["inputs"]:
+        dup = i.get("duplicates", {}).get("duplicate_id", 0)
+        if dup and dup * 2 >= max(i["rows"], 1) and i["role"] == "add":
+            console.print(
+                f"[yellow]note:[/] {dup:,} of {i['rows']:,} rows of {i['path']} share an id with "
+                "an earlier input and were dropped; if the ids are unrelated, use --no-dedup-ids"
+            )
     if report.get("upsampled"):
         ups = ", ".join(f"{k} +{v:,}" for k, v in report["upsampled"].items())
         console.print(f"repeated rows (--upsample): {ups}")

@@ -96,12 +96,14 @@ class ShardWriter:
         schema: pa.Schema,
         rows_per_shard: int,
         extra: Callable[[pa.Table, str, int], None] | None = None,
+        write_empty: bool = False,
     ) -> None:
         self.store = store
         self.name = name
         self.schema = schema
         self.rows_per_shard = max(1, rows_per_shard)
         self.extra = extra
+        self.write_empty = write_empty  # one empty shard when no row comes (a loadable split)
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
         self.keys: list[str] = []
@@ -118,9 +120,12 @@ class ShardWriter:
             self._flush(self.rows_per_shard)
 
     def close(self) -> None:
-        """Write the last, partial shard."""
+        """Write the last, partial shard (or the empty one)."""
         if self.pending_rows:
             self._flush(self.pending_rows)
+        elif not self.keys and self.write_empty:
+            self.pending = [self.schema.empty_table()]
+            self._flush(0)
 
     def _flush(self, n: int) -> None:
         whole = pa.concat_tables(self.pending)

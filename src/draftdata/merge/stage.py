@@ -148,7 +148,13 @@ def _plan_output(
     keys.id_hash, keys.content_hash, keys.domain, keys.size, keys.valid = [], [], [], [], []
     names = list(keys.domains)  # code -> name
 
-    keep, dup_id, dup_content = dedup(id_hash, content, valid)
+    keep, dup_id, dup_content = dedup(id_hash, content, valid, by_id=config.dedup_ids)
+    for info in infos:
+        part = slice(info.first_row, info.first_row + info.scanned)
+        info.dropped = {
+            "duplicate_id": int(dup_id[part].sum()),
+            "duplicate_content": int(dup_content[part].sum()),
+        }
     del id_hash
     target = normalised_mix(config.mix)
     # domain code -> group code (index into groups), -1 when the mix does not take it
@@ -408,7 +414,9 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
             jsonl: list[str] = []
             extra = _specforge_writer(store, jsonl) if config.format == "sharegpt" else None
             for s, name in enumerate(SPLITS):
-                writer = ShardWriter(store, name, schema, plan.rows_per_shard[s], extra)
+                writer = ShardWriter(
+                    store, name, schema, plan.rows_per_shard[s], extra, write_empty=s == 0
+                )
                 for b in range(plan.nbuckets[s]):
                     table = buckets.read_sorted(s, b)
                     if table is not None:
@@ -469,6 +477,7 @@ def build_report(
                 "rows": i.rows,
                 "by_domain": dict(sorted(Counter(i.by_domain).items())),
                 "bad_rows": i.bad,
+                "duplicates": i.dropped,
             }
             for i in infos
         ],
@@ -493,6 +502,7 @@ def build_report(
             "eval_fraction": config.eval_fraction,
             "upsample": config.upsample,
             "max_repeat": config.max_repeat,
+            "dedup_ids": config.dedup_ids,
             "format": config.format,
         },
         "bad_row_examples": bad_examples,

@@ -151,6 +151,21 @@ def test_dedup_across_inputs_by_id_and_by_content(tmp_path: Path) -> None:
     assert len(rows) == 200 and len({r["id"] for r in rows}) == 200
     assert all(r["id"].startswith("x") for r in rows)  # the existing copies won
     assert len({tuple(r["input_ids"]) for r in rows}) == 200
+    dups = [i["duplicates"] for i in s.report["inputs"]]
+    assert dups[1] == {"duplicate_id": 30, "duplicate_content": 0}
+    assert dups[2] == {"duplicate_id": 0, "duplicate_content": 40}
+    # unrelated id spaces: only content dedup
+    kept = merge(
+        MergeConfig(
+            existing=[str(existing)],
+            add=[str(same_ids), str(same_text)],
+            out=str(tmp_path / "o2"),
+            eval_fraction=0,
+            dedup_ids=False,
+        )
+    )
+    assert kept.report["dropped"]["duplicate_id"] == 0
+    assert kept.train_rows == 230
 
 
 def test_chat_inputs_of_every_kind_merge_into_conversations(tmp_path: Path) -> None:
@@ -320,3 +335,10 @@ def test_cli_prints_the_mix_table_and_the_warning(
         main(["merge", "--existing", str(existing), "--out", str(out), "-q"])
     assert exc.value.code == 1
     assert "not empty" in capsys.readouterr().err
+
+
+def test_nothing_to_keep_still_writes_a_loadable_empty_train_split(tmp_path: Path) -> None:
+    src = token_samples(tmp_path / "in", {"code": 10}, prefix="z")
+    s = merge(MergeConfig(existing=[str(src)], mix={"math": 1}, out=str(tmp_path / "o")))
+    assert s.train_rows == 0 and s.report["message"].startswith("cannot reach the mix")
+    assert pq.read_table(tmp_path / "o" / "train" / "part-00000.parquet").num_rows == 0
