@@ -30,9 +30,13 @@ class Plot:
     caption: str = ""
 
 
-def _figure(width: float = 7.5, height: float = 3.6) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+def _figure(width: float = 7.5, height: float = 3.6, left_in: float = 0.75) -> Figure:
+    """A figure with fixed margins (inches): a layout engine would draw everything twice."""
+    fig = Figure(figsize=(width, height), dpi=_DPI)
     FigureCanvasAgg(fig)
+    fig.subplots_adjust(
+        left=left_in / width, right=1 - 0.2 / width, bottom=0.75 / height, top=1 - 0.45 / height
+    )
     return fig
 
 
@@ -88,7 +92,8 @@ def hbars(
     items = sorted(values.items(), key=lambda kv: kv[1])
     if not items:
         return None
-    fig = _figure(7.0, max(2.2, 0.45 * len(items) + 1.2))
+    longest = max(len(_short(k)) for k, _ in items)
+    fig = _figure(7.0, max(2.2, 0.45 * len(items) + 1.2), left_in=0.3 + 0.075 * longest)
     ax = fig.add_subplot()
     bars = ax.barh([_short(k) for k, _ in items], [v for _, v in items], color=_COLOURS[0])
     ax.bar_label(bars, fmt="%g", fontsize=8, padding=2)

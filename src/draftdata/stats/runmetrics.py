@@ -139,42 +139,84 @@ def headline(snapshots: list[dict[str, Any]]) -> dict[str, Any] | None:
     return out
 
 
-def throughput_series(snapshots: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    """Output tokens/s over time per endpoint: ``{label: [(seconds since start, tok/s), ...]}``.
+def _samples(snap: dict[str, Any], x0: float) -> list[tuple[float, dict[str, float]]]:
+    """(x, {url: cumulative output tokens}) samples of one snapshot; ``x0`` is the writer's
+    start on the report's time axis."""
+    out: list[tuple[float, dict[str, float]]] = []
+    series = snap.get("series")
+    if isinstance(series, list):
+        for entry in series:
+            if isinstance(entry, list | tuple) and len(entry) >= 4 and isinstance(entry[3], dict):
+                t = _num(entry[0]) if not isinstance(entry[0], str) else None
+                per = {str(u): v for u, v in entry[3].items() if _num(v) is not None}
+                if t is not None and per:
+                    out.append((x0 + t, {u: float(v) for u, v in per.items()}))
+    elapsed = snapshot_elapsed(snap)
+    rows = snapshot_endpoints(snap)
+    if elapsed is not None and rows:
+        per = {u: _num(r.get("output_tokens")) for u, r in rows.items()}
+        tokens = {u: v for u, v in per.items() if v is not None}
+        if tokens:
+            out.append((x0 + elapsed, tokens))
+    return out
 
-    Rates come from the difference of an endpoint's cumulative ``output_tokens`` between a
-    writer's consecutive snapshots (or the snapshot's own ``tokens_per_s`` for the first one).
-    Times are seconds since the earliest snapshot of the run when snapshots carry clock times,
-    else each writer's elapsed seconds. With several writers the label names the writer too.
+
+def throughput_series(
+    snapshots: list[dict[str, Any]], max_points: int = 60
+) -> dict[str, list[tuple[float, float]]]:
+    """Output tokens/s over time per endpoint: ``{url: [(seconds since start, tok/s), ...]}``.
+
+    Each writer's cumulative per-endpoint output tokens (the snapshots' ``series`` samples and
+    endpoint rows) are differenced into intervals; the intervals of every writer are spread
+    over at most ``max_points`` equal time bins, so sequential commands (a resumed run) follow
+    each other and parallel writers on one endpoint add up. The time axis is seconds since the
+    run's first writer started when snapshots carry clock times, else each writer's elapsed
+    seconds. ``{}`` when the snapshots hold no per-endpoint token counts.
     """
     writers = by_writer(snapshots)
-    starts = []
-    for snaps in writers.values():
-        for s in snaps:
-            t, e = snapshot_time(s), snapshot_elapsed(s)
-            if t is not None:
-                starts.append(t - (e or 0.0))
-    origin = min(starts) if starts else None
-    series: dict[str, list[tuple[float, float]]] = {}
-    for writer, snaps in writers.items():
-        prev: dict[str, tuple[float, float]] = {}
-        for s in snaps:
-            t = snapshot_time(s)
-            x = (t - origin) if (t is not None and origin is not None) else snapshot_elapsed(s)
-            if x is None:
-                continue
-            for url, row in snapshot_endpoints(s).items():
-                label = url if len(writers) == 1 else f"{url} [{writer}]"
-                tokens = _num(row.get("output_tokens"))
-                rate: float | None = None
-                if tokens is not None and url in prev and x > prev[url][0]:
-                    rate = (tokens - prev[url][1]) / (x - prev[url][0])
-                elif _num(row.get("tokens_per_s")) is not None:
-                    rate = _num(row.get("tokens_per_s"))
-                elif tokens is not None and url not in prev and x > 0:
-                    rate = tokens / x if snapshot_elapsed(s) else None
-                if tokens is not None:
-                    prev[url] = (x, tokens)
-                if rate is not None:
-                    series.setdefault(label, []).append((round(x, 3), max(0.0, round(rate, 3))))
-    return dict(sorted(series.items()))
+    bases: dict[str, float | None] = {}
+    for w, snaps in writers.items():
+        starts = [
+            t - (snapshot_elapsed(s) or 0.0) for s in snaps if (t := snapshot_time(s)) is not None
+        ]
+        bases[w] = min(starts) if starts else None
+    known = [b for b in bases.values() if b is not None]
+    origin = min(known) if known else 0.0
+    intervals: dict[str, list[tuple[float, float, float]]] = {}
+    for w, snaps in writers.items():
+        base = bases[w]
+        x0 = 0.0 if base is None else base - origin
+        samples: list[tuple[float, dict[str, float]]] = [(x0, {})]
+        for snap in snaps:
+            samples += _samples(snap, x0)
+        samples.sort(key=lambda p: p[0])
+        last: dict[str, tuple[float, float]] = {}
+        for x, per in samples:
+            for url, tokens in per.items():
+                px, pt = last.get(url, (x0, 0.0))
+                if x > px and tokens >= pt:
+                    intervals.setdefault(url, []).append((px, x, tokens - pt))
+                if x >= px:
+                    last[url] = (x, tokens)
+    if not intervals:
+        return {}
+    start = min(i[0] for iv in intervals.values() for i in iv)
+    end = max(i[1] for iv in intervals.values() for i in iv)
+    if end <= start:
+        return {}
+    edges = sorted({x for iv in intervals.values() for i in iv for x in i[:2]})
+    nbins = max(1, min(max_points, len(edges) - 1))
+    width = (end - start) / nbins
+    out: dict[str, list[tuple[float, float]]] = {}
+    for url, iv in sorted(intervals.items()):
+        acc = [0.0] * nbins
+        for x0, x1, dt in iv:
+            for k in range(int((x0 - start) // width), min(nbins, int((x1 - start) // width) + 1)):
+                lo, hi = start + k * width, start + (k + 1) * width
+                overlap = min(hi, x1) - max(lo, x0)
+                if overlap > 0:
+                    acc[k] += dt * overlap / (x1 - x0)
+        out[url] = [
+            (round(start + (k + 0.5) * width, 3), round(acc[k] / width, 3)) for k in range(nbins)
+        ]
+    return out
