@@ -238,6 +238,13 @@ def test_hf_datasets_loads_chat_output_beside_the_jsonl_export(tmp_path: Path) -
     )
     assert d["train"].num_rows == s.train_rows == 54
     assert d["train"][0]["conversations"][0]["role"] == "user"
+    # chat output is deterministic too, JSONL export included
+    merge(
+        MergeConfig(
+            existing=[str(src)], out=str(tmp_path / "o2"), format="sharegpt", eval_fraction=0.1
+        )
+    )
+    assert file_hashes(tmp_path / "o") == file_hashes(tmp_path / "o2")
 
 
 def test_upsample_repeats_train_rows_only(tmp_path: Path) -> None:
