@@ -21,7 +21,7 @@ How a batch is tokenized:
 3. Verification compares each token-id sample with the rendered sample of the same id: ids and
    mask identical is ``verified``, anything else ``mismatched`` (the first few are described as
    decoded text around the first differing token); a completion the renderer cannot reproduce
-   (a turn cut by max tokens) is ``unverifiable``.
+   (a turn cut by max tokens where it cannot tell the cut) is ``unverifiable``.
 4. Length policy: longer than ``max_length`` is cut (``truncated``) or dropped (``too_long``);
    a sample without two consecutive loss tokens is dropped (``too_few_loss_tokens``).
 
@@ -124,6 +124,13 @@ class TokenizeContext:
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.backend = self.tokenizer.backend_tokenizer
         self.template = ChatTemplate.for_tokenizer(self.tokenizer, chat_template)
+        eot_id = self.tokenizer.convert_tokens_to_ids(self.template.eot)
+        self.eot_id: int | None = eot_id if isinstance(eot_id, int) else None
+        suffix = self.template.turn_suffix()
+        self.suffix_ids = np.asarray(
+            self.backend.encode(suffix, add_special_tokens=False).ids if suffix else [],
+            dtype=np.int32,
+        )
 
     @classmethod
     def from_config(cls, config: TokenizeConfig) -> TokenizeContext:
@@ -365,7 +372,7 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
         counters.add("completions")
         if view.token_ids is not None:
             counters.add("path.token_ids")
-            tokens = plan_token_ids(view)
+            tokens = plan_token_ids(view, eot_id=ctx.eot_id, suffix=ctx.suffix_ids)
             check = (
                 plan_rendered(view, ctx.template, keep_reasoning_history=ctx.keep_reasoning_history)
                 if ctx.verify

@@ -18,9 +18,11 @@ Two planners share that rule:
 - ``plan_token_ids``: the server's ids, ``prompt_token_ids + output_token_ids`` of the chain's
   last turn, loss on every chain turn's output ids; the chain test compares ids.
 
-A turn cut by max tokens (finish ``length``) never got its end-of-turn token; the rendered
-planner cannot produce that form (the template would close the turn) and drops it
-(``unfinished_turn``); the token-id planner keeps it, exact as served.
+A turn cut by max tokens (finish ``length``) never got its end-of-turn token, nor the closing
+markers the template would add: the rendered planner ends such a sample at the end of the
+turn's last text (its content, else its reasoning) and lets no later turn chain onto it; when it
+cannot place that end it drops the turn (``unfinished_turn``). The token-id planner keeps the
+served ids as they are.
 """
 
 from __future__ import annotations
@@ -160,8 +162,10 @@ def plan_rendered(
         plan.dropped.append("template_error")
         return plan
     usable = [r is not None for r in regions]
+    cut = [t.finish_reason == "length" for t in view.turns]
+    ends = [r[1] if r is not None else 0 for r in regions]
     links = [
-        usable[k] and prompts[k + 1].startswith(texts[k][: regions[k][1]])  # type: ignore[index]
+        usable[k] and not cut[k] and prompts[k + 1].startswith(texts[k][: ends[k]])
         for k in range(len(texts) - 1)
     ]
     chains = _chains(links, usable)
@@ -171,16 +175,16 @@ def plan_rendered(
         loss = [r for k in chain if (r := regions[k]) is not None]
         if template.has_generation_markers:
             loss = _intersect(gen_spans[last], loss)
+        text = texts[last]
+        if cut[last]:
+            text = text[: ends[last]]
         plan.rendered.append(
-            RenderedSample(id=_sample_id(view, last, len(chains)), text=texts[last], spans=loss)
+            RenderedSample(id=_sample_id(view, last, len(chains)), text=text, spans=loss)
         )
     return plan
 
 
 def _region(prompt: str, full: str, eot: str, turn: TurnText, plan: Plan) -> Span | None:
-    if turn.finish_reason == "length":
-        plan.dropped.append("unfinished_turn")
-        return None
     if not full.startswith(prompt):
         plan.dropped.append("template_prefix")
         return None
@@ -188,7 +192,23 @@ def _region(prompt: str, full: str, eot: str, turn: TurnText, plan: Plan) -> Spa
     if end < 0:
         plan.dropped.append("no_end_of_turn")
         return None
+    if turn.finish_reason == "length":
+        return _cut_region(full, len(prompt), end, turn, plan)
     return (len(prompt), end + len(eot))
+
+
+def _cut_region(full: str, start: int, eot_at: int, turn: TurnText, plan: Plan) -> Span | None:
+    # A turn cut by max tokens: the target wrote the rendered turn only up to the end of its
+    # last text (the template's closing markers and end-of-turn were never generated).
+    body = full[start:eot_at]
+    content = turn.content or ""
+    if content and not turn.tool_calls and body.endswith(content):
+        return (start, eot_at)
+    reasoning = (turn.reasoning or "").strip("\n")
+    if not content.strip() and reasoning and (at := body.rfind(reasoning)) >= 0:
+        return (start, start + at + len(reasoning))
+    plan.dropped.append("unfinished_turn")
+    return None
 
 
 def _intersect(a: list[Span], b: list[Span]) -> list[Span]:
@@ -201,8 +221,14 @@ def _intersect(a: list[Span], b: list[Span]) -> list[Span]:
     return sorted(out)
 
 
-def plan_token_ids(view: CompletionView) -> Plan:
-    """Samples from the server's ids: chains by id prefix, loss on each chain turn's output."""
+def plan_token_ids(
+    view: CompletionView, *, eot_id: int | None = None, suffix: IdArray | None = None
+) -> Plan:
+    """Samples from the server's ids: chains by id prefix, loss on each chain turn's output.
+
+    A sample whose last output ends with ``eot_id`` gets ``suffix`` appended with loss 0 (the
+    template's text after a turn, so the sample equals the rendered one).
+    """
     plan = Plan()
     pairs = view.token_ids
     if not pairs:
@@ -221,6 +247,9 @@ def plan_token_ids(view: CompletionView) -> Plan:
     for chain in chains:
         last = chain[-1]
         ids = seqs[last].astype(np.int32, copy=False)
+        out = pairs[last][1]
+        if suffix is not None and len(suffix) and len(out) and int(out[-1]) == eot_id:
+            ids = np.concatenate((ids, suffix))
         mask = np.zeros(len(ids), dtype=np.int8)
         for k in chain:
             start = len(pairs[k][0])

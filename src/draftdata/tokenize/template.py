@@ -129,6 +129,18 @@ class ChatTemplate:
         spans = [(int(s), int(e)) for s, e in indices[0]] if indices else []
         return str(rendered[0]), spans
 
+    def turn_suffix(self) -> str:
+        """What the template writes after a final assistant turn's end-of-turn token (``\\n``
+        in Qwen3): context, not target output, appended to token-id samples so both paths
+        give the same sample as apply_chat_template."""
+        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        try:
+            text, _ = self.render(probe, None, {}, add_generation_prompt=False)
+        except InputError:
+            return ""
+        at = text.rfind(self.eot)
+        return text[at + len(self.eot) :] if at >= 0 else ""
+
 
 def _end_of_turn(tokenizer: Any, template: str) -> str:
     # The template's turn terminator is what the target writes last; prefer <|im_end|> when the

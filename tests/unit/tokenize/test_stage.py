@@ -1,0 +1,140 @@
+"""The stage on a local run: shards, summary.json, datasets loading, reruns, refusals, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from tests.unit.tokenize.helpers import completion
+
+from draftdata.errors import ConfigError, InputError
+from draftdata.store.run import Run
+from draftdata.tokenize.config import TokenizeConfig
+from draftdata.tokenize.stage import read_summary, tokenize
+
+
+def _convo(i: int) -> list[dict[str, object]]:
+    return [
+        {"role": "user", "content": f"Question {i}: what is {i} + {i}? 🙂"},
+        {"role": "assistant", "content": f"It is {2 * i}.", "reasoning_content": f"{i} twice."},
+    ]
+
+
+def make_run(path: Path, n: int = 6, flush: int = 4) -> str:
+    url = str(path)
+    with Run.open(url, settings={"keep_reasoning_history": False}, flush_records=flush) as run:
+        for i in range(n):
+            run.add_completion(completion(f"p{i}", _convo(i), domain=("math", "code")[i % 2]))
+            if run.flush_due():
+                run.flush()
+    return url
+
+
+def test_stage_writes_shards_and_summary(tmp_path: Path, demo_tokenizer: Path) -> None:
+    run = make_run(tmp_path / "run")
+    summary = tokenize(TokenizeConfig(run=run, tokenizer=str(demo_tokenizer), batch_rows=3))
+    out = tmp_path / "run" / "tokenized"
+    assert summary.out == str(out)
+    shards = sorted(p.name for p in out.glob("*.parquet"))
+    assert len(shards) == summary.shards == 3  # shards of 4 + 2 rows, batches of 3 rows
+    rows = [r for s in shards for r in pq.read_table(out / s).to_pylist()]
+    assert sorted(r["id"] for r in rows) == [f"p{i}" for i in range(6)]
+    doc = read_summary(str(out))
+    assert doc["counts"]["samples"] == 6 == summary.count("samples")
+    assert doc["domains"]["math"]["samples"] == 3
+    assert doc["domains"]["math"]["tokens"] == sum(
+        r["num_tokens"] for r in rows if r["domain"] == "math"
+    )
+    assert doc["shards"] == shards and "wall_s" not in doc
+
+
+def test_output_loads_with_hf_datasets(
+    tmp_path: Path, demo_tokenizer: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    import datasets
+
+    run = make_run(tmp_path / "run")
+    tokenize(TokenizeConfig(run=run, tokenizer=str(demo_tokenizer)))
+    files = sorted(str(p) for p in (tmp_path / "run" / "tokenized").glob("*.parquet"))
+    ds = datasets.load_dataset(
+        "parquet", data_files=files, split="train", cache_dir=str(tmp_path / "c")
+    )
+    assert ds.num_rows == 6
+    assert str(ds.features["input_ids"].feature.dtype) == "int32"
+    assert str(ds.features["loss_mask"].feature.dtype) == "int8"
+    row = ds[0]
+    assert (
+        len(row["input_ids"]) == row["num_tokens"]
+        and sum(row["loss_mask"]) == row["num_loss_tokens"]
+    )
+
+
+def test_rerun_is_a_no_op_and_other_settings_are_refused(
+    tmp_path: Path, demo_tokenizer: Path
+) -> None:
+    run = make_run(tmp_path / "run")
+    config = TokenizeConfig(run=run, tokenizer=str(demo_tokenizer))
+    first = tokenize(config)
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run" / "tokenized").iterdir()}
+    again = tokenize(config)
+    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run" / "tokenized").iterdir()}
+    assert before == after and again.counts == first.counts
+    with pytest.raises(ConfigError, match="other settings"):
+        tokenize(TokenizeConfig(run=run, tokenizer=str(demo_tokenizer), max_length=16))
+    other = tokenize(
+        TokenizeConfig(
+            run=run, tokenizer=str(demo_tokenizer), max_length=16, out=str(tmp_path / "o")
+        )
+    )
+    assert other.count("truncated") + other.count("dropped.too_few_loss_tokens") == 6
+
+
+def test_refusals(tmp_path: Path, demo_tokenizer: Path) -> None:
+    run = make_run(tmp_path / "run")
+    tok = str(demo_tokenizer)
+    for out in (run, f"{run}/completions", f"{run}/completions/x", str(tmp_path)):
+        with pytest.raises(ConfigError, match="--out"):
+            tokenize(TokenizeConfig(run=run, tokenizer=tok, out=out))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no completion shards"):
+        tokenize(TokenizeConfig(run=str(tmp_path / "empty"), tokenizer=tok))
+    with pytest.raises(ConfigError, match="--tokenizer"):
+        tokenize(TokenizeConfig(run=run, tokenizer=str(tmp_path / "nope")))
+    with pytest.raises(ConfigError, match="--max-length"):
+        TokenizeConfig(run=run, tokenizer=tok, max_length=1).validate()
+
+
+def test_cli(tmp_path: Path, demo_tokenizer: Path) -> None:
+    run = make_run(tmp_path / "run", n=3)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        code = "from draftdata.cli import main; main()"
+        return subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                code,
+                "tokenize",
+                run,
+                "--tokenizer",
+                str(demo_tokenizer),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+        )
+
+    done = cli("--max-length", "4096", "--out", str(tmp_path / "t"))
+    assert done.returncode == 0, done.stderr
+    assert "tokenize: 3 samples from 3 completions" in done.stdout and "math" in done.stdout
+    assert json.loads((tmp_path / "t" / "summary.json").read_text())["counts"]["samples"] == 3
+    bad = cli("--long", "shorten")
+    assert bad.returncode == 1 and bad.stderr.startswith("error: --long: 'shorten'")
