@@ -154,6 +154,7 @@ def run_demo(
                 sampling=Sampling(temperature=0.6, top_p=0.95, seed=seed),
                 progress="plain",
                 log_interval=5.0,
+                metrics_interval=1.0,
                 flush_seconds=2.0,
             ),
             handle_signals=False,
