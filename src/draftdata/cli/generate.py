@@ -32,6 +32,18 @@ def _build_config(config: Path | None, flags: dict[str, Any]) -> Any:
             flags[key] = None
     if flags.pop("no_hedge"):
         flags["hedge"] = False
+    extra = flags.pop("extra_body")
+    if extra is not None:
+        import json
+
+        from draftdata.errors import ConfigError
+
+        try:
+            flags["extra_body"] = json.loads(extra)
+        except ValueError as exc:
+            raise ConfigError(f"--extra-body: not valid JSON ({exc})") from None
+        if not isinstance(flags["extra_body"], dict):
+            raise ConfigError("--extra-body: give a JSON object, e.g. '{\"top_k\": 20}'")
     return load_config(config, GenerateConfig, sampling=sampling or None, **flags)
 
 
@@ -128,6 +140,13 @@ def register(app: typer.Typer) -> None:
             "--partition",
             metavar="I/P",
             help="Only prompts whose id hash falls in partition I of P.",
+            rich_help_panel=PANEL_RUN,
+        ),
+        extra_body: str | None = typer.Option(
+            None,
+            "--extra-body",
+            metavar="JSON",
+            help="Extra request fields as a JSON object, e.g. '{\"min_p\": 0.05}'.",
             rich_help_panel=PANEL_RUN,
         ),
         api_key_env: str | None = typer.Option(
@@ -252,6 +271,7 @@ def register(app: typer.Typer) -> None:
             "limit": limit,
             "partition": partition,
             "api_key_env": api_key_env,
+            "extra_body": extra_body,
             "token_ids": token_ids,
             "protect": protect,
             "retry_failed": retry_failed or None,
