@@ -174,6 +174,7 @@ def main() -> None:
             sys.exit(f"bench_merge: merge failed (exit {proc.returncode})")
         result = json.loads(out.strip().splitlines()[-1])
         peak = usage.ru_maxrss * 1024  # kilobytes on Linux
+        cpu = usage.ru_utime + usage.ru_stime  # unaffected by other processes on the machine
         rows_out = result["train"] + result["eval"]
         t = result["timings"]
         print(
@@ -185,7 +186,8 @@ def main() -> None:
             f"{t.get('scan', 0):.1f}s, plan {t.get('plan', 0):.1f}s, route "
             f"{t.get('route', 0):.1f}s, write {t.get('write', 0):.1f}s); "
             f"{total / result['elapsed']:,.0f} input rows/s, {rows_out / result['elapsed']:,.0f} "
-            "output rows/s"
+            f"output rows/s; CPU {cpu:.1f}s ({total / cpu:,.0f} input rows per CPU-second; "
+            f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
         )
         print(
             f"bench_merge: peak RSS of the merge process {peak / 2**20:,.0f} MiB; target <= "
