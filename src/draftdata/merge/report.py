@@ -18,15 +18,20 @@ def _pct(x: float | None) -> str:
 
 def mix_rows(report: dict[str, Any]) -> list[list[str]]:
     """One row per domain (and a total): counts and shares before, target, after."""
-    before: dict[str, int] = report["before"]
-    avail: dict[str, int] = report.get("available", {})
-    train: dict[str, int] = report["after"]["train"]
-    evals: dict[str, int] = report["after"]["eval"]
+    before: dict[str, int] = dict(report["before"])
+    avail: dict[str, int] = dict(report.get("available", {}))
+    train: dict[str, int] = dict(report["after"]["train"])
+    evals: dict[str, int] = dict(report["after"]["eval"])
     target: dict[str, float] = report["target"]
     pooled = set(report.get("pooled_into_other", []))
     domains = sorted(set(before) | set(target) | set(train) | set(evals))
     n_before = sum(before.values())
-    n_after = sum(train.values()) + sum(evals.values())
+    n_train, n_eval, n_avail = sum(train.values()), sum(evals.values()), sum(avail.values())
+    n_after = n_train + n_eval
+    if pooled and "other" in target:
+        # the `other` row shows the pooled domains together (they keep their own labels)
+        for counts in (before, avail, train, evals):
+            counts["other"] = counts.get("other", 0) + sum(counts.get(p, 0) for p in pooled)
     rows = []
     for d in domains:
         after = train.get(d, 0) + evals.get(d, 0)
@@ -49,10 +54,10 @@ def mix_rows(report: dict[str, Any]) -> list[list[str]]:
             "total",
             f"{n_before:,}",
             "",
-            f"{sum(avail.values()):,}",
+            f"{n_avail:,}",
             "",
-            f"{sum(train.values()):,}",
-            f"{sum(evals.values()):,}",
+            f"{n_train:,}",
+            f"{n_eval:,}",
             "",
         ]
     )

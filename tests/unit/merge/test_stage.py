@@ -289,6 +289,11 @@ def test_unnamed_domains_are_dropped_or_pooled_into_other(tmp_path: Path) -> Non
     after = pooled.report["after"]["train"]
     assert after["code"] == 100 and after.get("math", 0) + after.get("general", 0) == 100
     assert pooled.report["pooled_into_other"] == ["general", "math"]
+    from draftdata.merge.report import mix_rows
+
+    table = {r[0]: r for r in mix_rows(pooled.report)}
+    assert table["other"][4:] == ["50.0%", "100", "0", "50.0%"]
+    assert table["math"][4] == "(other)"
 
 
 def test_refusals(skewed: tuple[Path, Path], tmp_path: Path) -> None:
