@@ -70,10 +70,11 @@ class Sketch:
         self.max = max(self.max, other.max)
 
     def quantile(self, q: float) -> float:
-        """The value at quantile ``q`` in [0, 1] (0.0 for an empty sketch)."""
+        """The nearest-rank value at quantile ``q`` in [0, 1] (0.0 for an empty sketch)."""
         if self.count == 0:
             return 0.0
-        rank = q * (self.count - 1)
+        # nearest rank: the smallest value with at least q of the values at or below it
+        rank = max(0, math.ceil(q * self.count - 1e-9) - 1)
         if rank < self.zeros:
             return 0.0
         seen = self.zeros

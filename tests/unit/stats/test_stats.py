@@ -169,9 +169,16 @@ def test_sketch_quantiles_within_half_a_percent() -> None:
     sk.merge(rest)
     assert sk.count == 50_000
     for q in (0.05, 0.5, 0.95, 0.99):
-        exact = float(np.quantile(values, q, method="lower"))
-        assert sk.quantile(q) == pytest.approx(exact, rel=0.011)
+        exact = float(np.quantile(values, q, method="inverted_cdf"))
+        assert sk.quantile(q) == pytest.approx(exact, rel=0.0051)
     assert len(sk.buckets) < 2000
+    small = Sketch()
+    small.add_many([*range(1, 21), 0, 0])
+    # small integers come back exact once rounded (nearest rank over 0, 0, 1..20)
+    summary = small.summary()
+    assert [summary[k] for k in ("min", "p5", "p50", "p95", "p99", "max")] == [0, 0, 9, 19, 20, 20]
+    assert summary["total"] == 210 and summary["count"] == 22
+    assert Sketch().quantile(0.5) == 0.0 and Sketch().summary() == {"count": 0}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
