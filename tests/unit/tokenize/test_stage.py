@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -111,30 +109,16 @@ def test_refusals(tmp_path: Path, demo_tokenizer: Path) -> None:
 
 
 def test_cli(tmp_path: Path, demo_tokenizer: Path) -> None:
+    from typer.testing import CliRunner
+
+    from draftdata.cli import app
+
     run = make_run(tmp_path / "run", n=3)
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        code = "from draftdata.cli import main; main()"
-        return subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                code,
-                "tokenize",
-                run,
-                "--tokenizer",
-                str(demo_tokenizer),
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
-        )
-
-    done = cli("--max-length", "4096", "--out", str(tmp_path / "t"))
-    assert done.returncode == 0, done.stderr
-    assert "tokenize: 3 samples from 3 completions" in done.stdout and "math" in done.stdout
+    base = ["tokenize", run, "--tokenizer", str(demo_tokenizer)]
+    runner = CliRunner()
+    done = runner.invoke(app, [*base, "--max-length", "4096", "--out", str(tmp_path / "t")])
+    assert done.exit_code == 0, done.output
+    assert "tokenize: 3 samples from 3 completions" in done.output and "math" in done.output
     assert json.loads((tmp_path / "t" / "summary.json").read_text())["counts"]["samples"] == 3
-    bad = cli("--long", "shorten")
-    assert bad.returncode == 1 and bad.stderr.startswith("error: --long: 'shorten'")
+    bad = runner.invoke(app, [*base, "--long", "shorten"])
+    assert bad.exit_code == 1 and "--long: 'shorten'" in str(bad.exception)
