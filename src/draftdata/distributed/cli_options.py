@@ -10,12 +10,13 @@ a missing Ray is a one-line error saying how to install it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 if TYPE_CHECKING:
     from draftdata.generate.config import GenerateConfig
+    from draftdata.tokenize.config import TokenizeConfig
 
 PANEL = "Ray cluster (multi-node)"
 
@@ -134,14 +135,26 @@ def generate_on_ray(
     return 1 if result.failed_partitions or result.interrupted else 0
 
 
-def tokenize_on_ray(config: Any, *, address: str | None = None, **options: Any) -> int:
-    """Run tokenize ``config`` as a Ray Data job, print the summary and return the exit code."""
+def tokenize_on_ray(
+    config: TokenizeConfig,
+    *,
+    address: str | None = None,
+    concurrency: int | None = None,
+    forward_env: list[str] | None = None,
+) -> int:
+    """Run tokenize ``config`` as a Ray Data job, print the summary (the single-process
+    command's table and lines) and return the exit code."""
     from draftdata.distributed.cluster import require_ray
 
     require_ray()
-    from draftdata.distributed.ray_tokenize import run_tokenize, summary_lines
+    from draftdata.cli.tokenize import print_summary
+    from draftdata.distributed.ray_tokenize import RayTokenizeOptions, run, summary_lines
 
-    result = run_tokenize(config, address=address, **options)
+    opts = RayTokenizeOptions(
+        address=address, concurrency=concurrency, forward_env=list(forward_env or [])
+    )
+    result = run(config, opts)
     for line in summary_lines(result):
         typer.echo(line)
+    print_summary(result.summary)
     return 0

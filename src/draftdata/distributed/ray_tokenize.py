@@ -1,48 +1,213 @@
 """``draftdata tokenize --ray``: tokenize a run's completion shards as a Ray Data job.
 
-The dataset is the run's list of completion shards (one row per shard, so each shard is read
-once, whole, through the run store: format-checked, S3 or local, no second S3 client config).
-``map_batches`` sends the rows through ``ShardTokenizer``, a Ray actor class: each actor loads
-the tokenizer once, reads its shard, calls the single-process stage's batch function
-``tokenize_completions`` and writes one sample shard, named after the input shard, create-only
-through the store. The same input always yields the same bytes under the same name, so a task
-Ray retries, or a rerun of the command, writes nothing twice (an existing identical object is
-accepted, anything else refuses); shards whose output exists are skipped on a rerun.
+The dataset is the run's list of completion shards, one row (and one block) per shard, so
+each shard is read once, whole, through the run store (format-checked; local or S3, with the
+store's own client settings). ``map_batches`` runs ``_tokenize_keys`` as Ray tasks: each task
+builds (once per worker process) the tokenizer context and sends its shard through the
+single-process stage's ``tokenize_shard``, which calls the batch API ``tokenize_table`` per
+``batch_rows`` completions and writes each batch's samples create-only under the same name
+the single-process stage uses. The driver merges the counters in shard order and writes the
+same ``summary.json``: a Ray run and a single-process run of the same inputs and settings
+produce the same shard names, bytes and summary, and either can finish what the other began
+(identical bytes count as done; other settings are refused before any work).
 
-The samples are those of the single-process ``tokenize`` (the same function makes them); only
-the split into files differs (one output shard per input shard).
-
-This module does not tokenize by itself and does not define the sample format.
+This module does not tokenize by itself (``tokenize.batch`` does) and defines no format.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import time
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from draftdata.distributed import cluster
+from draftdata.errors import InputError
+from draftdata.tokenize.config import TokenizeConfig, TokenizeSummary
+
+if TYPE_CHECKING:  # the batch module imports transformers: loaded where it runs
+    from draftdata.tokenize.batch import Counters
+
+
+class RayTokenizeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the Ray Data job runs (everything else is the TokenizeConfig)."""
+
+    address: str | None = None  # None: $RAY_ADDRESS, this machine's cluster, or a local one
+    concurrency: int | None = None  # tasks at once (None: as many as the cluster's CPUs allow)
+    cpus_per_task: float = 1.0
+    forward_env: list[str] = msgspec.field(default_factory=list)
+
 
 class RayTokenizeResult(msgspec.Struct, kw_only=True):
-    """What the Ray Data job did: shards read/written/skipped, samples, merged stats."""
+    """The stage's summary plus what the Ray job did (tasks run; 0 when already done)."""
 
-    out: str
-    shards: int
-    written: int
-    skipped: int
-    samples: int
-    stats: dict[str, Any] = msgspec.field(default_factory=dict)
+    summary: TokenizeSummary
+    inputs: int
+    tasks: int
     wall_s: float = 0.0
 
 
-def run_tokenize(config: Any, *, address: str | None = None, **options: Any) -> RayTokenizeResult:
-    """Tokenize the run of ``config`` on Ray Data (see the module docstring)."""
-    raise NotImplementedError("tokenize --ray: waiting for the tokenize stage")
+# -- the task (runs in a Ray worker) ---------------------------------------------------------
+
+# settings JSON -> (context, run store, out store): one tokenizer load per worker process.
+_WORKER_STATE: dict[str, tuple[Any, Any, Any]] = {}
+
+
+def _worker_state(config_json: str) -> tuple[Any, Any, Any]:
+    state = _WORKER_STATE.get(config_json)
+    if state is None:
+        from draftdata.store.store import open_store
+        from draftdata.tokenize.batch import TokenizeContext
+        from draftdata.tokenize.config import TokenizeConfig
+
+        config = msgspec.json.decode(config_json, type=TokenizeConfig)
+        ctx = TokenizeContext.from_config(config)
+        state = (ctx, open_store(config.run), open_store(config.out_url))
+        _WORKER_STATE.clear()  # one run at a time per worker: drop the previous tokenizer
+        _WORKER_STATE[config_json] = state
+    return state
+
+
+def _tokenize_keys(batch: Any, config_json: str, rows: int) -> Any:
+    """map_batches body: tokenize the shards named in ``batch`` (a pyarrow table with
+    ``index`` and ``key``); returns their counters (JSON) and written shard names."""
+    import pyarrow as pa
+
+    from draftdata.tokenize.stage import tokenize_shard
+
+    ctx, run, out = _worker_state(config_json)
+    indexes, counters, written = [], [], []
+    for index, key in zip(
+        batch.column("index").to_pylist(), batch.column("key").to_pylist(), strict=True
+    ):
+        c, names = tokenize_shard(ctx, run, out, key, rows)
+        indexes.append(index)
+        counters.append(json.dumps(c.to_dict()))
+        written.append(names)
+    return pa.table(
+        {
+            "index": pa.array(indexes, pa.int64()),
+            "counters": pa.array(counters, pa.string()),
+            "written": pa.array(written, pa.list_(pa.string())),
+        }
+    )
+
+
+def _counters(doc: dict[str, Any]) -> Counters:
+    from collections import Counter
+
+    from draftdata.tokenize.batch import Counters
+    from draftdata.tokenize.config import DomainTotals
+
+    return Counters(
+        counts=Counter(doc["counts"]),
+        domains={k: msgspec.convert(v, DomainTotals) for k, v in doc["domains"].items()},
+        mismatches=list(doc["mismatches"]),
+    )
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+
+def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTokenizeResult:
+    """Tokenize the run of ``config`` on Ray Data into ``config.out_url``.
+
+    The same checks as the single-process stage happen first, on the driver (output prefix,
+    the previous summary's settings); a finished output with the same settings is returned
+    as it is. Raises the stage's DraftdataError of the first shard that fails.
+    """
+    from draftdata.store.read import COMPLETIONS_PREFIX, shard_keys
+    from draftdata.store.store import open_store
+    from draftdata.tokenize import stage
+    from draftdata.tokenize.batch import Counters
+    from draftdata.tokenize.config import SUMMARY_KEY, TokenizeSummary
+
+    opts = opts or RayTokenizeOptions()
+    ray = cluster.require_ray()
+    started = time.perf_counter()
+    config.validate()
+    stage._check_out(config)
+    run_store = open_store(config.run)
+    keys = shard_keys(run_store, COMPLETIONS_PREFIX)
+    if not keys:
+        raise InputError(
+            f"{run_store.key_url(COMPLETIONS_PREFIX)}: no completion shards to tokenize"
+        )
+    keep = stage._history_policy(config, run_store)
+    config = msgspec.structs.replace(config, keep_reasoning_history=keep)
+    out = open_store(config.out_url)
+    settings = stage.settings_of(config, keep) | {"inputs": keys}
+    previous = stage._previous(out, settings)
+    if previous is not None:
+        previous.wall_s = time.perf_counter() - started
+        return RayTokenizeResult(summary=previous, inputs=len(keys), tasks=0, wall_s=0.0)
+
+    forward = tuple(dict.fromkeys([*cluster.DEFAULT_FORWARD_ENV, *opts.forward_env]))
+    started_ray = cluster.connect(opts.address, forward_env=forward)
+    try:
+        results = _run_job(ray, config, keys, opts)
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+    total = Counters()
+    written: list[str] = []
+    for index in range(len(keys)):  # shard order, as the single process merges them
+        counters_json, names = results[index]
+        total.merge(_counters(json.loads(counters_json)))
+        written.extend(names)
+    summary = TokenizeSummary(
+        out=out.url,
+        shards=len(written),
+        counts=dict(sorted(total.counts.items())),
+        domains=dict(sorted(total.domains.items())),
+        mismatches=total.mismatches,
+        settings=settings,
+    )
+    out.put_new(SUMMARY_KEY, stage.summary_bytes(summary, written))
+    summary.wall_s = time.perf_counter() - started
+    return RayTokenizeResult(
+        summary=summary, inputs=len(keys), tasks=len(keys), wall_s=summary.wall_s
+    )
+
+
+def _run_job(
+    ray: Any, config: TokenizeConfig, keys: list[str], opts: RayTokenizeOptions
+) -> dict[int, tuple[str, list[str]]]:
+    """The Ray Data job: shard keys -> map_batches(tokenize) -> (counters, names) per index."""
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    ds = ray.data.from_items(
+        [{"index": i, "key": k} for i, k in enumerate(keys)], override_num_blocks=len(keys)
+    )
+    mapped = ds.map_batches(
+        _tokenize_keys,
+        batch_size=1,
+        batch_format="pyarrow",
+        fn_kwargs={
+            "config_json": msgspec.json.encode(config).decode(),
+            "rows": config.batch_rows,
+        },
+        num_cpus=opts.cpus_per_task,
+        concurrency=opts.concurrency,
+    )
+    results: dict[int, tuple[str, list[str]]] = {}
+    for row in mapped.iter_rows():
+        results[int(row["index"])] = (str(row["counters"]), list(row["written"]))
+    missing = len(keys) - len(results)
+    if missing:
+        raise InputError(f"tokenize --ray: {missing} completion shard(s) returned no result")
+    return results
 
 
 def summary_lines(result: RayTokenizeResult) -> list[str]:
-    """The final summary of a Ray tokenize."""
+    """The Ray part of the final summary (the stage's own lines follow it)."""
+    s = result.summary
+    if not result.tasks:
+        return [f"ray tokenize: {s.out} already holds these samples ({s.shards} shards)"]
     return [
-        f"ray tokenize: {result.samples} samples from {result.shards} completion shards "
-        f"({result.written} written, {result.skipped} already there) in {result.wall_s:.1f} s "
-        f"into {result.out}"
+        f"ray tokenize: {result.inputs} completion shard(s) in {result.tasks} Ray Data task(s) "
+        f"-> {s.shards} sample shard(s) in {result.wall_s:.1f} s"
     ]

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from tests.conftest import MotoS3
 
+from draftdata.fleet.sim import SimConfig, SimFleet
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -33,3 +35,19 @@ def ray_local(moto_s3: MotoS3) -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def fleet() -> Iterator[SimFleet]:
+    """Two fast simulated servers (tens of ms per answer, reasoning parsed)."""
+    config = SimConfig(mean_output_tokens=24, min_output_tokens=8, time_scale=0.1, seed=3)
+    with SimFleet(2, config) as sim:
+        yield sim
+
+
+@pytest.fixture(scope="session")
+def demo_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """draftdata's demo BPE with the Qwen3-style generation-marker template (trained once)."""
+    from draftdata.tokenize.train import ensure_demo_tokenizer
+
+    return ensure_demo_tokenizer(tmp_path_factory.mktemp("tok"))

@@ -1,59 +1,37 @@
 """``generate --ray`` on a local Ray instance (2 CPUs) against simulated fleets.
 
-Checked end to end: a Ray run commits the same ids as a single-process run on the same
-prompts, exactly once, into an S3 run store (moto); each node reads its own fleet file; a
+Checked end to end with the real engine: a Ray run commits the same ids as a single-process
+run on the same prompts, exactly once, into an S3 run store (moto); each node reads its own
+fleet file; rerunning resumes (``--only-partitions`` first, then all, through the CLI); a
 partition whose worker is killed mid-run is retried by Ray and regenerates only what was not
-committed; rerunning resumes (``--only-partitions`` first, then all).
+committed.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
+import re
 import signal
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.chaos.invariants import check_exactly_once
 from tests.conftest import MotoS3
+from typer.testing import CliRunner
 
-from draftdata.distributed.cli_options import generate_on_ray
+from draftdata.cli import app
 from draftdata.distributed.progress import Tracker
 from draftdata.distributed.ray_generate import RayOptions, run, summary_lines
 from draftdata.fleet.sim import SimConfig, SimFleet
 from draftdata.generate.config import GenerateConfig
+from draftdata.generate.stage import generate
 from draftdata.store import iter_completions
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
-
-# The real engine once the generate stage exists, else the plumbing stand-in.
-REAL_ENGINE = importlib.util.find_spec("draftdata.generate.stage") is not None
-ENGINE = (
-    "draftdata.generate.stage:generate"
-    if REAL_ENGINE
-    else "tests.integration.distributed.stub_engine:generate"
-)
 N_PROMPTS = 48
-
-
-def _engine() -> Any:
-    module, _, attr = ENGINE.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[SimFleet]:
-    """Two fast simulated servers (tens of ms per answer)."""
-    config = SimConfig(
-        mean_output_tokens=24, min_output_tokens=8, time_scale=0.1, reasoning="off", seed=3
-    )
-    with SimFleet(2, config) as sim:
-        yield sim
 
 
 @pytest.fixture
@@ -90,7 +68,6 @@ def _opts(**changes: Any) -> RayOptions:
         "tasks_per_node": 2,
         "report_s": 0.2,
         "probe_timeout_s": 2.0,
-        "engine": ENGINE,
     }
     return RayOptions(**{**base, **changes})
 
@@ -112,20 +89,24 @@ def test_ray_run_equals_single_process_run_on_s3(
     assert all(o.state == "done" for o in first.outcomes)
     assert any("fleet-" in line and "2/2 endpoints answer" in line for line in lines)
 
-    second = run(_config(prompts, out), _opts(fleet_per_node=template), log=lines.append)
-    assert not second.failed_partitions and not second.interrupted
-    assert first.committed + second.committed == N_PROMPTS  # partitions 0 and 2 resumed: 0 new
-    assert {o.index: o.committed for o in second.outcomes}[0] == 0
+    # The rest through the CLI, which resumes 0 and 2 (nothing new) and runs 1 and 3.
+    args = ["generate", "--prompts", str(prompts), "--out", out, "--max-tokens", "64"]
+    args += ["--progress", "off", "--ray", "--partitions", "4", "--fleet-per-node", template]
+    cli = CliRunner().invoke(app, args)
+    assert cli.exit_code == 0, cli.output
+    assert f"node {socket.gethostname()}: 4 partition(s)" in cli.output
+    found = re.search(r"ray generate: (\d+) records committed", cli.output)
+    assert found, cli.output
+    committed = int(found.group(1))
+    assert first.committed + committed == N_PROMPTS
     check_exactly_once(out, ids)
-    text = "\n".join(summary_lines(second))
-    assert f"node {socket.gethostname()}: 4 partition(s)" in text
 
     # The same prompts through one process of the same engine.
     single = str(tmp_path / "single")
-    _engine()(_config(prompts, single, endpoints=fleet.urls))
+    generate(_config(prompts, single, endpoints=fleet.urls))
     check_exactly_once(single, ids)
-    ray_rows = {c.id: c.domain for c in iter_completions(out)}
-    assert ray_rows == {c.id: c.domain for c in iter_completions(single)}
+    by_id = {c.id: (c.domain, len(c.turns)) for c in iter_completions(out)}
+    assert by_id == {c.id: (c.domain, len(c.turns)) for c in iter_completions(single)}
 
 
 def test_killed_partition_is_retried_without_duplicates(
@@ -159,19 +140,3 @@ def test_killed_partition_is_retried_without_duplicates(
     # prompt once, plus at most the killed attempt's unflushed buffer and its request in flight.
     assert N_PROMPTS <= served <= N_PROMPTS + config.flush_records + 2
     assert "after 2 attempt(s)" in "\n".join(summary_lines(result))
-
-
-def test_generate_on_ray_entry_point_prints_summary(
-    ray_local: Any,
-    fleet: SimFleet,
-    prompts: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    if not REAL_ENGINE:
-        pytest.skip("the generate stage is not built yet (the CLI runs the real engine)")
-    out = str(tmp_path / "cli-run")
-    code = generate_on_ray(_config(prompts, out, endpoints=fleet.urls), partitions=2)
-    assert code == 0
-    printed = capsys.readouterr().out
-    assert printed.startswith(f"ray generate: {N_PROMPTS} records committed")

@@ -1,0 +1,110 @@
+"""``tokenize --ray`` (Ray Data) gives the single-process stage's samples, shards and summary.
+
+Completions come from the real engine against the simulator (reasoning, multi-turn, some
+with server token ids), stored on S3 (moto); both tokenizations read and write S3.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.conftest import MotoS3
+from typer.testing import CliRunner
+
+from draftdata.cli import app
+from draftdata.distributed.ray_tokenize import RayTokenizeOptions, run
+from draftdata.fleet.sim import SimFleet
+from draftdata.formats import SAMPLE_FORMAT
+from draftdata.generate.config import GenerateConfig
+from draftdata.store import open_store
+from draftdata.store.read import read_shard, shard_keys
+from draftdata.tokenize.config import SUMMARY_KEY, TokenizeConfig
+from draftdata.tokenize.stage import tokenize
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.ray,
+    # Ray Data's DataContext sets its own deprecated fields when it is copied to a task.
+    pytest.mark.filterwarnings(r"ignore::DeprecationWarning:ray\.data"),
+]
+
+
+def _write_prompts(path: Path, n: int) -> Path:
+    with path.open("w") as fh:
+        for i in range(n):
+            messages: list[dict[str, str]] = [{"role": "user", "content": f"explain {i} ü"}]
+            if i % 4 == 0:  # multi-turn: the engine regenerates both assistant turns
+                messages += [
+                    {"role": "assistant", "content": "old"},
+                    {"role": "user", "content": "and then?"},
+                ]
+            domain = ("code", "math", "general")[i % 3]
+            fh.write(json.dumps({"id": f"t{i:03d}", "domain": domain, "messages": messages}))
+            fh.write("\n")
+    return path
+
+
+def _samples(url: str) -> dict[str, tuple[list[int], list[int], int, bool]]:
+    store = open_store(url)
+    rows: dict[str, tuple[list[int], list[int], int, bool]] = {}
+    for key in shard_keys(store, ""):
+        table = read_shard(store, key, SAMPLE_FORMAT).to_pylist()
+        for r in table:
+            assert r["id"] not in rows, f"sample {r['id']} twice"
+            rows[r["id"]] = (r["input_ids"], r["loss_mask"], r["num_loss_tokens"], r["truncated"])
+    return rows
+
+
+def test_ray_data_tokenize_equals_single_process(
+    ray_local: Any, fleet: SimFleet, demo_tokenizer: Path, tmp_path: Path, moto_s3: MotoS3
+) -> None:
+    from draftdata.generate.stage import generate
+
+    run_url = moto_s3.url("tok-run")
+    prompts = _write_prompts(tmp_path / "prompts.jsonl", 40)
+    for part, ids in (("0/2", "on"), ("1/2", "off")):  # half the completions carry token ids
+        generate(
+            GenerateConfig(
+                prompts=str(prompts),
+                out=run_url,
+                endpoints=fleet.urls,
+                max_tokens=48,
+                partition=part,
+                token_ids=ids,  # type: ignore[arg-type]
+                flush_records=8,
+                progress="off",
+            )
+        )
+    base = TokenizeConfig(run=run_url, tokenizer=str(demo_tokenizer), batch_rows=5)
+    single = tokenize(msgspec_replace(base, out=f"{run_url}-single"))
+    result = run(msgspec_replace(base, out=f"{run_url}-ray"), RayTokenizeOptions(concurrency=2))
+    assert result.tasks == result.inputs > 1
+    ray_summary = result.summary
+
+    assert ray_summary.counts == single.counts and ray_summary.domains == single.domains
+    assert single.count("path.token_ids") > 0 and single.count("path.rendered") > 0
+    assert single.count("split_turns") > 0
+    samples = _samples(f"{run_url}-single")
+    assert len(samples) == single.count("samples") > 40
+    assert _samples(f"{run_url}-ray") == samples  # same ids, tokens and masks
+    a, b = open_store(f"{run_url}-single"), open_store(f"{run_url}-ray")
+    names = sorted(k for k in a.list() if k.endswith(".parquet"))
+    assert names == sorted(k for k in b.list() if k.endswith(".parquet"))
+    assert all(a.read(k) == b.read(k) for k in names)  # the very same shards
+    doc_a, doc_b = (json.loads(s.read(SUMMARY_KEY)) for s in (a, b))
+    assert {**doc_a, "out": None} == {**doc_b, "out": None}
+
+    # The CLI's --ray on the finished output: recognised, nothing redone.
+    args = ["tokenize", run_url, "--tokenizer", str(demo_tokenizer), "--batch-rows", "5"]
+    cli = CliRunner().invoke(app, [*args, "--out", f"{run_url}-ray", "--ray"])
+    assert cli.exit_code == 0, cli.output
+    assert "already holds these samples" in cli.output
+
+
+def msgspec_replace(config: TokenizeConfig, **changes: Any) -> TokenizeConfig:
+    import msgspec
+
+    return msgspec.structs.replace(config, **changes)
