@@ -2,7 +2,8 @@
 
 Builds (in a temporary folder) a run of 1,000,000 prompts of which 990,000 are committed, as a
 generate run would leave them: ``manifest.json`` plus ``completions/part-*.parquet`` shards of
-256 records each (the default flush size; ~3,900 shards), with the 10,000 uncommitted prompts
+256 records each (the default flush size; ~3,900 shards) and the rollups their writers leave
+every 64 shards (``index/``, see ``draftdata.store.rollup``), with the 10,000 uncommitted prompts
 at the END of the prompt file (the worst case: resume must pass 990,000 done prompts before it
 finds work). Then a fresh child process does what a resumed ``generate`` does before its first
 request: ``Run.open`` (list, manifest check, done-set rebuild from the id/sample columns), stream
@@ -34,6 +35,7 @@ from typing import Any
 
 TARGET_S = 10.0
 TARGET_RSS_MIB = 1024.0
+CLI = [sys.executable, "-c", "from draftdata.cli import main; main()"]
 SETTINGS = {"model": "bench", "sampling": {"temperature": 0.6}, "prompts": "bench-1"}
 
 
@@ -50,15 +52,32 @@ def write_prompts(path: Path, n: int) -> None:
             fh.write(json.dumps(line).encode() + b"\n")
 
 
-def build_run(url: str, n_done: int, shard: int) -> int:
-    """Create the run and commit ``n_done`` completions as shards; returns the shard count."""
+def create_run(url: str, prompts: Path, endpoint: str, env: dict[str, str]) -> bool:
+    """Let ``draftdata generate --limit 1`` create the run (its manifest, one completion), so
+    that a later ``generate`` over the same prompts resumes it; False without the engine."""
+    import importlib.util
+
+    if importlib.util.find_spec("draftdata.generate.stage") is None:
+        return False
+    cmd = [*CLI, "generate", "--prompts", str(prompts), "--endpoint", endpoint, "--out", url]
+    subprocess.run(
+        [*cmd, "--limit", "1", "--progress", "off"], env=env, check=True, capture_output=True
+    )
+    return True
+
+
+def build_run(url: str, n_done: int, shard: int, first: int = 0) -> int:
+    """Commit completions for prompts ``first .. n_done-1`` as shards (creating the run with
+    the benchmark's own settings when ``first`` is 0); returns the shard count."""
     import pyarrow as pa
 
     from draftdata.formats import completions_table
     from draftdata.records import Completion, Message, Turn, Usage
-    from draftdata.store import Run, write_parquet_shard
+    from draftdata.store import Run, read_manifest, write_parquet_shard
+    from draftdata.store.rollup import ROLLUP_EVERY, rollup_table
 
-    run = Run.open(url, settings=SETTINGS, writer_id="builder")
+    settings = SETTINGS if first == 0 else read_manifest(url)["effective_settings"]
+    run = Run.open(url, settings=settings, writer_id="builder")
     template = completions_table(
         Completion(
             id=f"t{i}",
@@ -78,7 +97,7 @@ def build_run(url: str, n_done: int, shard: int) -> int:
         )
         for i in range(shard)
     )
-    ids = _ids(n_done)
+    ids = _ids(n_done)[first:]
     col = template.schema.get_field_index("id")
 
     def write(index: int) -> None:
@@ -86,12 +105,30 @@ def build_run(url: str, n_done: int, shard: int) -> int:
         table = template.slice(0, len(chunk)).set_column(
             col, template.schema.field(col), pa.array(chunk, pa.string())
         )
-        key = f"completions/part-w{index % 8}-{index:06d}.parquet"
-        write_parquet_shard(run.store, key, table)
+        write_parquet_shard(run.store, key_of(index), table)
 
-    shards = (n_done + shard - 1) // shard
+    def key_of(index: int) -> str:
+        return f"completions/part-w{index % 8}-{index:06d}.parquet"
+
+    def rollup(lo: int, hi: int) -> None:
+        entries = [
+            (
+                key_of(i),
+                ids[i * shard : (i + 1) * shard],
+                [0] * len(ids[i * shard : (i + 1) * shard]),
+                None,
+            )
+            for i in range(lo, hi)
+        ]
+        key = f"index/rollup-builder-{lo // ROLLUP_EVERY:06d}.parquet"
+        write_parquet_shard(run.store, key, rollup_table(entries))
+
+    shards = (len(ids) + shard - 1) // shard
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(write, range(shards)))
+        # what the writers do every ROLLUP_EVERY shards: one rollup object of their ids
+        groups = range(0, shards, ROLLUP_EVERY)
+        list(pool.map(lambda g: rollup(g, min(g + ROLLUP_EVERY, shards)), groups))
     run.close()
     return shards
 
@@ -102,10 +139,10 @@ def child(url: str, prompts: str, endpoint: str) -> None:
     import urllib.request
 
     from draftdata.records import iter_prompt_lines, parse_prompt
-    from draftdata.store import Run
+    from draftdata.store import Run, read_manifest
 
     t_imports = time.time()
-    run = Run.open(url, settings=SETTINGS)
+    run = Run.open(url, settings=read_manifest(url)["effective_settings"])
     t_open = time.time()
     skipped = 0
     first = None
@@ -143,6 +180,7 @@ def child(url: str, prompts: str, endpoint: str) -> None:
                 "done": run.resumed_done,
                 "rebuild_s": run.stats.timings.get("store.done_set_rebuild", 0.0),
                 "list_s": run.stats.timings.get("store.list", 0.0),
+                "rollups_s": run.stats.timings.get("store.read_rollups", 0.0),
                 "doneset_mib": run._completed.nbytes / 2**20,
             }
         ),
@@ -179,8 +217,9 @@ def report(where: str, r: dict[str, Any], n: int, n_done: int, shards: int, buil
     )
     print(
         f"[{where}] imports {r['imports_s']:.2f} s, Run.open {r['open_s']:.2f} s "
-        f"(list {r['list_s']:.2f} s, done-set rebuild {r['rebuild_s']:.2f} s, done-set "
-        f"{r['doneset_mib']:.1f} MiB), prompt scan {r['scan_s']:.2f} s"
+        f"(list {r['list_s']:.2f} s, done-set rebuild {r['rebuild_s']:.2f} s of which rollups "
+        f"{r['rollups_s']:.2f} s; done-set {r['doneset_mib']:.1f} MiB), prompt scan "
+        f"{r['scan_s']:.2f} s"
     )
     print(
         f"[{where}] time to first new request: {r['first_request_s']:.2f} s "
@@ -193,6 +232,46 @@ def report(where: str, r: dict[str, Any], n: int, n_done: int, shards: int, buil
         f"(target <= {TARGET_RSS_MIB:.0f} MiB: {r['peak_rss_mib'] / TARGET_RSS_MIB:.2f} of budget)"
     )
     assert r["done"] == n_done, f"resumed {r['done']} of {n_done}"
+
+
+def measure_engine(url: str, prompts: Path, fleet: Any, env: dict[str, str]) -> dict[str, float]:
+    """Spawn the real ``draftdata generate`` on the run; time until the simulator sees its
+    first chat request, then kill it and read its peak RSS and CPU time (wait4)."""
+    before = fleet.stats(0).requests
+    cmd = [*CLI, "generate", "--prompts", str(prompts), "--endpoint", fleet.urls[0]]
+    cmd += ["--out", url, "--progress", "off"]
+    t_spawn = time.time()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = None
+    while proc.poll() is None:
+        if fleet.stats(0).requests > before:
+            first = time.time() - t_spawn
+            break
+        time.sleep(0.01)
+    proc.kill()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if first is None:
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        raise SystemExit(f"generate exited ({proc.returncode}) before any request: {err}")
+    if proc.stderr:
+        proc.stderr.close()
+    return {
+        "first_request_s": first,
+        "peak_rss_mib": usage.ru_maxrss / 1024,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+    }
+
+
+def report_engine(where: str, r: dict[str, float]) -> None:
+    """Print the engine's figures and their ratios to the targets."""
+    print(
+        f"[{where}] draftdata generate: time to first new request {r['first_request_s']:.2f} s "
+        f"(target <= {TARGET_S:.0f} s: {r['first_request_s'] / TARGET_S:.2f} of budget), "
+        f"peak RSS {r['peak_rss_mib']:.0f} MiB "
+        f"(target <= {TARGET_RSS_MIB:.0f} MiB: {r['peak_rss_mib'] / TARGET_RSS_MIB:.2f}), "
+        f"CPU {r['cpu_s']:.2f} s"
+    )
 
 
 def main() -> None:
@@ -221,16 +300,31 @@ def main() -> None:
         prompts = Path(tmp) / "prompts.jsonl"
         write_prompts(prompts, n)
         url = str(Path(tmp) / "run")
-        t0 = time.perf_counter()
-        shards = build_run(url, n_done, args.shard)
-        build_s = time.perf_counter() - t0
-        r = measure(url, prompts, fleet.urls[0], dict(os.environ))
-        report("local", r, n, n_done, shards, build_s)
+        _bench("local", url, prompts, fleet, dict(os.environ), n, n_done, args.shard)
         if args.s3:
-            _measure_s3(prompts, fleet.urls[0], n, n_done, args.shard)
+            _measure_s3(prompts, fleet, n, n_done, args.shard)
 
 
-def _measure_s3(prompts: Path, endpoint: str, n: int, n_done: int, shard: int) -> None:
+def _bench(
+    where: str,
+    url: str,
+    prompts: Path,
+    fleet: Any,
+    env: dict[str, str],
+    n: int,
+    n_done: int,
+    shard: int,
+) -> None:
+    t0 = time.perf_counter()
+    engine = create_run(url, prompts, fleet.urls[0], env)
+    shards = build_run(url, n_done, shard, first=1 if engine else 0) + (1 if engine else 0)
+    build_s = time.perf_counter() - t0
+    report(where, measure(url, prompts, fleet.urls[0], env), n, n_done, shards, build_s)
+    if engine:
+        report_engine(where, measure_engine(url, prompts, fleet, env))
+
+
+def _measure_s3(prompts: Path, fleet: Any, n: int, n_done: int, shard: int) -> None:
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -249,11 +343,7 @@ def _measure_s3(prompts: Path, endpoint: str, n: int, n_done: int, shard: int) -
     os.environ.update(env)
     try:
         boto3.client("s3").create_bucket(Bucket="bench")
-        t0 = time.perf_counter()
-        shards = build_run("s3://bench/run", n_done, shard)
-        build_s = time.perf_counter() - t0
-        r = measure("s3://bench/run", prompts, endpoint, env)
-        report("s3/moto", r, n, n_done, shards, build_s)
+        _bench("s3/moto", "s3://bench/run", prompts, fleet, env, n, n_done, shard)
     finally:
         os.environ.clear()
         os.environ.update(saved)

@@ -14,7 +14,7 @@ from tests.conftest import MotoS3
 
 pytestmark = pytest.mark.chaos
 DRIVER = Path(__file__).with_name("run_driver.py")
-N = 3000
+N = 1500
 
 
 def _kill_and_finish(url: str, kills: int, seed: int) -> None:
@@ -41,6 +41,6 @@ def test_kill_9_local(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_kill_9_s3(moto_s3: MotoS3) -> None:
     url = moto_s3.url("chaos")
-    _kill_and_finish(url, kills=10, seed=2)
+    _kill_and_finish(url, kills=6, seed=2)
     _, n_fail = check_exactly_once(url, {f"p{i:05d}" for i in range(N)})
     assert n_fail == len(range(0, N, 13))

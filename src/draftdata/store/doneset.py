@@ -45,14 +45,23 @@ def hash_pairs(ids: Iterable[str], samples: Iterable[int] | None = None) -> npt.
     return values.view(np.uint64)
 
 
+def _sorted_unique(hashes: npt.NDArray[np.uint64] | None) -> npt.NDArray[np.uint64]:
+    # a plain sort and a neighbour compare: faster than np.unique's hash-then-sort path here
+    if hashes is None or not len(hashes):
+        return np.empty(0, np.uint64)
+    arr = np.sort(hashes)
+    keep = np.empty(len(arr), dtype=bool)
+    keep[0] = True
+    np.not_equal(arr[1:], arr[:-1], out=keep[1:])
+    return arr[keep]
+
+
 class DoneSet:
     """A set of (id, sample) pairs held as 64-bit hashes."""
 
     def __init__(self, hashes: npt.NDArray[np.uint64] | None = None) -> None:
         self._new: set[int] = set()
-        self._set_sorted(
-            np.unique(hashes) if hashes is not None and len(hashes) else np.empty(0, np.uint64)
-        )
+        self._set_sorted(_sorted_unique(hashes))
 
     def _set_sorted(self, sorted_hashes: npt.NDArray[np.uint64]) -> None:
         # The values live once, in an array("Q") (fast Python-int indexing for bisect); numpy

@@ -7,6 +7,7 @@ Layout under the output prefix::
     completions/part-<writer>-<seq>.parquet
     failures/part-<writer>-<seq>.parquet
     metrics/<writer>-<seq>.json           progress / summary snapshots
+    index/rollup-<writer>-<seq>.parquet   ids of many shards, for a fast resume (rollup.py)
 
 Commit protocol: ``add_completion`` / ``add_failure`` only buffer (thread-safe, no I/O). Every
 ``flush_records`` records or ``flush_seconds`` seconds the caller runs ``flush()``, which writes
@@ -17,8 +18,9 @@ that landed although its response was lost is recognised (identical bytes) and n
 
 Resume: ``Run.open`` validates everything before the caller sends a request: protected
 prefixes, that the prefix is empty or holds a manifest, that the settings hash matches (or the
-change is allowed and recorded). It then rebuilds the done-set from the shards' ``id`` /
-``sample`` columns only (parallel column reads; on S3 the footer and id chunks). Writer ids are
+change is allowed and recorded). It then rebuilds the done-set from the rollups and the
+``id`` / ``sample`` columns of the shards no rollup covers (parallel column reads; on S3 the
+footer and id chunks), and rolls those up when there are many. Writer ids are
 unique per process (host-pid-random), so several processes or nodes can write one run as long
 as they work on disjoint prompts (e.g. partitioned by id hash).
 """
@@ -36,7 +38,16 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from draftdata.errors import AlreadyExistsError, ConfigError, RunMismatchError, TransientStoreError
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from draftdata.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    RunMismatchError,
+    StoreError,
+    TransientStoreError,
+)
 from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT, completions_table, failures_table
 from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS, Completion, Failure
@@ -58,7 +69,17 @@ from draftdata.store.read import (
     parquet_bytes,
     read_shards_parallel,
 )
+from draftdata.store.rollup import (
+    ROLLUP_EVERY,
+    ROLLUP_PREFIX,
+    Entry,
+    entry_of_table,
+    read_rollups,
+    rollup_table,
+)
 from draftdata.store.store import LocalStore, Store, open_store
+
+_Rows = tuple[list[str], list[int], list[str | None] | None]
 
 DEFAULT_FLUSH_RECORDS = 256
 DEFAULT_FLUSH_SECONDS = 5.0
@@ -106,15 +127,25 @@ class Run:
         self._flush_lock = threading.Lock()  # one flush at a time
         self._completions: list[Completion] = []
         self._failures: list[Failure] = []
-        self._pending: list[tuple[str, bytes, int]] = []  # (kind, parquet bytes, records)
+        # (kind, parquet bytes, records, (ids, samples, reasons or None)) waiting to be written
+        self._pending: list[tuple[str, bytes, int, _Rows]] = []
+        self._recent: list[Entry] = []  # committed shards not yet in a rollup of ours
+        self._rollup_seq = 0
         self._last_flush = clock()
         self._closed = False
         self._seq = _next_seq(keys, writer_id)
         self._metrics_seq = 0
         with stats.timed("store.done_set_rebuild"):
-            self._completed, self._fatal = _rebuild(store, keys, stats)
+            self._completed, self._fatal, uncovered = _rebuild(store, keys, stats)
         self.resumed_done = len(self._completed)
         self.resumed_fatal = len(self._fatal)
+        if len(uncovered) >= ROLLUP_EVERY:
+            # many shards no rollup covers (a writer killed often, or an older draftdata):
+            # roll them up now so that the next start reads one object instead of them all
+            self._recent = uncovered
+            with stats.timed("store.write_rollup"):
+                self._write_rollup()
+            self._recent = []
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -183,9 +214,7 @@ class Run:
     def buffered(self) -> int:
         """Records added but not yet committed (including shards waiting for a retry)."""
         with self._lock:
-            return (
-                len(self._completions) + len(self._failures) + sum(n for _, _, n in self._pending)
-            )
+            return len(self._completions) + len(self._failures) + sum(p[2] for p in self._pending)
 
     # -- buffering ----------------------------------------------------------------------------
 
@@ -239,23 +268,46 @@ class Run:
                 self._last_flush = self._clock()
             if comps:
                 table = completions_table(comps)
-                self._pending.append(("completions", parquet_bytes(table), len(comps)))
+                rows: _Rows = ([c.id for c in comps], [c.sample for c in comps], None)
+                self._pending.append(("completions", parquet_bytes(table), len(comps), rows))
             if fails:
                 table = failures_table(fails)
-                self._pending.append(("failures", parquet_bytes(table), len(fails)))
+                rows = ([f.id for f in fails], [f.sample for f in fails], [f.reason for f in fails])
+                self._pending.append(("failures", parquet_bytes(table), len(fails), rows))
             committed = 0
             while self._pending:
-                kind, data, n = self._pending[0]
+                kind, data, n, rows = self._pending[0]
                 key = self._write_shard(kind, data)
                 with self._lock:
                     self._pending.pop(0)
+                self._recent.append((key, *rows))
                 self.stats.add(f"store.{kind}_shards")
                 self.stats.add(f"store.{kind}_records", n)
                 self.stats.add("store.bytes_written", len(data))
                 self.stats.add("store.committed", n)
                 committed += n
-                del key
+            if len(self._recent) >= ROLLUP_EVERY:
+                self._write_rollup()
             return committed
+
+    def _write_rollup(self) -> None:
+        """Write our recent shards' ids as one rollup (best effort: it only speeds resume)."""
+        if not self._recent:
+            return
+        data = parquet_bytes(rollup_table(self._recent))
+        for _ in range(100):
+            key = f"{ROLLUP_PREFIX}rollup-{self.writer_id}-{self._rollup_seq:06d}.parquet"
+            self._rollup_seq += 1
+            try:
+                self.store.put_new(key, data)
+            except AlreadyExistsError:
+                continue
+            except StoreError:
+                self.stats.add("store.rollup_errors")
+                return  # keep the entries: the next attempt covers them
+            self._recent = []
+            self.stats.add("store.rollups")
+            return
 
     def _write_shard(self, kind: str, data: bytes) -> str:
         delay = 0.5
@@ -298,6 +350,9 @@ class Run:
         if self._closed:
             return
         self.flush()
+        if len(self._recent) >= 2:  # a rollup of one shard would save nothing
+            with self._flush_lock:
+                self._write_rollup()
         with self._lock:
             self._closed = True
 
@@ -366,32 +421,56 @@ def _next_seq(keys: list[str], writer_id: str) -> int:
     return seq
 
 
-def _rebuild(store: Store, keys: list[str], stats: StageStats) -> tuple[DoneSet, DoneSet]:
+def _rebuild(
+    store: Store, keys: list[str], stats: StageStats
+) -> tuple[DoneSet, DoneSet, list[Entry]]:
+    """The completed and fatal done-sets from the rollups plus the shards they do not cover;
+    also the entries of those uncovered shards (for a new rollup)."""
     comp_keys = [k for k in keys if k.startswith(COMPLETIONS_PREFIX) and k.endswith(".parquet")]
     fail_keys = [k for k in keys if k.startswith(FAILURES_PREFIX) and k.endswith(".parquet")]
+    roll_keys = [k for k in keys if k.startswith(ROLLUP_PREFIX) and k.endswith(".parquet")]
     workers = 4 if isinstance(store, LocalStore) else 16
-    chunks = []
-    for t in read_shards_parallel(store, comp_keys, COMPLETION_FORMAT, ["id", "sample"], workers):
-        chunks.append(hash_pairs(t.column("id").to_pylist(), t.column("sample").to_pylist()))
-    completed = DoneSet.from_chunks(chunks)
+    with stats.timed("store.read_rollups"):
+        rolled, covered = read_rollups(store, roll_keys, comp_keys + fail_keys, workers)
+    comp_chunks = []
     fatal_chunks = []
+    if rolled is not None:
+        is_fail = pc.starts_with(rolled.column("shard"), FAILURES_PREFIX)
+        done = rolled.filter(pc.invert(is_fail))
+        comp_chunks.append(
+            hash_pairs(done.column("id").to_pylist(), done.column("sample").to_pylist())
+        )
+        fatal = rolled.filter(
+            pc.and_(is_fail, pc.is_in(rolled.column("reason"), pa.array(sorted(FATAL_REASONS))))
+        )
+        fatal_chunks.append(
+            hash_pairs(fatal.column("id").to_pylist(), fatal.column("sample").to_pylist())
+        )
+    uncovered: list[Entry] = []
+    comp_left = [k for k in comp_keys if k not in covered]
+    fail_left = [k for k in fail_keys if k not in covered]
+    tables = read_shards_parallel(store, comp_left, COMPLETION_FORMAT, ["id", "sample"], workers)
+    for key, t in zip(comp_left, tables, strict=True):
+        entry = entry_of_table(key, t)
+        uncovered.append(entry)
+        comp_chunks.append(hash_pairs(entry[1], entry[2]))
     cols = ["id", "sample", "reason"]
-    for t in read_shards_parallel(store, fail_keys, FAILURE_FORMAT, cols, workers):
+    tables = read_shards_parallel(store, fail_left, FAILURE_FORMAT, cols, workers)
+    for key, t in zip(fail_left, tables, strict=True):
+        entry = entry_of_table(key, t)
+        uncovered.append(entry)
+        reasons = entry[3] or []
         rows = [
             (i, s)
-            for i, s, r in zip(
-                t.column("id").to_pylist(),
-                t.column("sample").to_pylist(),
-                t.column("reason").to_pylist(),
-                strict=True,
-            )
+            for i, s, r in zip(entry[1], entry[2], reasons, strict=True)
             if r in FATAL_REASONS
         ]
         fatal_chunks.append(hash_pairs([i for i, _ in rows], [s for _, s in rows]))
-    fatal_all = DoneSet.from_chunks(fatal_chunks)
+    completed = DoneSet.from_chunks(comp_chunks)
     # A pair completed after a retried failure is completed, not failed.
-    fatal = fatal_all.minus(completed)
+    fatal = DoneSet.from_chunks(fatal_chunks).minus(completed)
     stats.add("store.resumed_shards", len(comp_keys) + len(fail_keys))
+    stats.add("store.resumed_rolled_up_shards", len(covered))
     stats.add("store.resumed_completed", len(completed))
     stats.add("store.resumed_fatal", len(fatal))
-    return completed, fatal
+    return completed, fatal, uncovered

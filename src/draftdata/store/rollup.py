@@ -1,0 +1,97 @@
+"""Done-set rollups: one small object listing the ids of many shards, so resume is fast.
+
+A run that commits a shard every few seconds collects thousands of shards; reading each one's
+id column on resume costs about a millisecond locally (and a round trip on S3) per shard. So a
+writer, every ``ROLLUP_EVERY`` shards it commits (and when it closes), writes one create-only
+``index/rollup-<writer>-<seq>.parquet`` with the (shard, id, sample, reason) rows of those
+shards, and ``Run.open`` writes one for any large set of shards no rollup covers yet. Resume
+then reads the rollups plus only the shards none of them covers.
+
+Rollups are derived data and never the truth: shards are immutable (create-only, never
+deleted), so a rollup stays exact, but a rollup row counts only if its shard is in the current
+listing, and a missing or unreadable rollup only costs speed. Readers of a run's data
+(``read.py``, exports) ignore rollups. Format: ``draftdata.rollup/1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from draftdata.errors import DraftdataError
+from draftdata.formats import FORMAT_KEY
+from draftdata.store.read import read_shard
+from draftdata.store.store import Store
+
+ROLLUP_PREFIX = "index/"
+ROLLUP_FORMAT = "draftdata.rollup/1"
+ROLLUP_EVERY = 64  # shards per rollup
+ROLLUP_SCHEMA = pa.schema(
+    [
+        ("shard", pa.string()),
+        ("id", pa.string()),
+        ("sample", pa.int32()),
+        ("reason", pa.string()),  # null for completions
+    ],
+    metadata={FORMAT_KEY: ROLLUP_FORMAT.encode()},
+)
+
+# One shard's rows: (shard key, ids, samples, reasons or None for a completions shard)
+Entry = tuple[str, Sequence[str], Sequence[int], Sequence[str | None] | None]
+
+
+def rollup_table(entries: Iterable[Entry]) -> pa.Table:
+    """The rollup table of ``entries`` (one per shard)."""
+    shards: list[str] = []
+    ids: list[str] = []
+    samples: list[int] = []
+    reasons: list[str | None] = []
+    for key, e_ids, e_samples, e_reasons in entries:
+        shards.extend([key] * len(e_ids))
+        ids.extend(e_ids)
+        samples.extend(e_samples)
+        reasons.extend(e_reasons if e_reasons is not None else [None] * len(e_ids))
+    return pa.table(
+        [
+            pa.array(shards, pa.string()),
+            pa.array(ids, pa.string()),
+            pa.array(samples, pa.int32()),
+            pa.array(reasons, pa.string()),
+        ],
+        schema=ROLLUP_SCHEMA,
+    )
+
+
+def entry_of_table(key: str, table: pa.Table) -> Entry:
+    """The rollup entry of a shard read with its id/sample (and, for failures, reason)."""
+    reasons = table.column("reason").to_pylist() if "reason" in table.column_names else None
+    return (key, table.column("id").to_pylist(), table.column("sample").to_pylist(), reasons)
+
+
+def read_rollups(
+    store: Store, keys: Sequence[str], listed: Sequence[str], workers: int
+) -> tuple[pa.Table | None, set[str]]:
+    """The rows of every rollup whose shard is in ``listed``, and the set of shards covered.
+
+    A rollup that cannot be read or has another format version is skipped: it only costs
+    speed, since its shards are then read one by one.
+    """
+    if not keys:
+        return None, set()
+
+    def read(key: str) -> pa.Table | None:
+        try:
+            return read_shard(store, key, ROLLUP_FORMAT, ROLLUP_SCHEMA.names)
+        except DraftdataError:
+            return None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys)))) as pool:
+        tables = [t for t in pool.map(read, keys) if t is not None]
+    if not tables:
+        return None, set()
+    rows = pa.concat_tables(tables)
+    rows = rows.filter(pc.is_in(rows.column("shard"), value_set=pa.array(listed, pa.string())))
+    return rows, set(pc.unique(rows.column("shard")).to_pylist())
