@@ -209,3 +209,39 @@ def test_interrupt_commits_what_finished_and_resumes(tmp_path: Path) -> None:
     assert not second.interrupted
     assert second.already_done == first.completed
     assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (200, 0)
+
+
+def test_partitions_and_limit_share_one_run(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 60)
+    out = tmp_path / "run"
+    with SimFleet(2, sim()) as fleet:
+        tried = generate(fast_config(prompts, out, fleet.urls, limit=10))
+        assert tried.completed == 10 and tried.total == 10
+        parts = [
+            generate(fast_config(prompts, out, fleet.urls, partition=f"{i}/3", writer_id=f"w{i}"))
+            for i in range(3)
+        ]
+    assert sum(p.completed + p.already_done for p in parts) == 60
+    assert sum(p.already_done for p in parts) == 10
+    assert check_exactly_once(str(out), set(ids)) == (60, 0)
+    writers = {f.name.split("-")[1] for f in (out / "completions").glob("*.parquet")}
+    assert {"w0", "w1", "w2"} <= writers
+
+
+def test_rich_progress_and_metrics_snapshots(tmp_path: Path) -> None:
+    import json
+
+    prompts = tmp_path / "p.jsonl"
+    write_prompts(prompts, 40)
+    with SimFleet(2, sim(time_scale=0.05)) as fleet:
+        summary = generate(
+            fast_config(prompts, tmp_path / "run", fleet.urls, metrics_interval=0.3),
+            live=True,
+        )
+    assert summary.completed == 40
+    snaps = [json.loads(p.read_text()) for p in sorted((tmp_path / "run" / "metrics").glob("*"))]
+    assert snaps[-1]["kind"] == "summary" and snaps[-1]["completed"] == 40
+    progress = [s for s in snaps if s["kind"] == "progress"]
+    assert progress and set(progress[0]["endpoints"]) == set(fleet.urls)
+    assert all(len(row) == 4 for s in progress for row in s["series"])
