@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +37,30 @@ def test_fill_template_names_the_placeholders() -> None:
     assert filled == "/f/fleet-gpu7-10.0.0.7.yaml"
     with pytest.raises(ConfigError, match=r"--fleet-per-node .*\{node\}, \{ip\}"):
         fill_template("/f/fleet-{gpu}.yaml", hostname="h", ip="i", node_id="n")
+
+
+@pytest.mark.parametrize("command", ["generate", "tokenize"])
+def test_cli_ray_without_ray_is_one_line_exit_1(
+    command: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    from draftdata.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n')
+    if command == "generate":
+        args = ["generate", "--prompts", str(prompts), "--endpoint", "http://127.0.0.1:9"]
+        args += ["--out", str(tmp_path / "run"), "--ray"]
+    else:
+        args = ["tokenize", str(tmp_path / "run"), "--tokenizer", str(tmp_path), "--ray"]
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("error: --ray needs Ray, which is not installed: ")
+    assert "pip install 'draftdata[ray]'" in err
+    assert not (tmp_path / "run").exists()  # nothing was started or written
