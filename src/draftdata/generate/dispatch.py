@@ -41,8 +41,8 @@ from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.parse import next_history
 from draftdata.generate.source import PromptReader
-from draftdata.generate.work import Copy, Job, plan
-from draftdata.records import Completion, Failure, Turn, Usage
+from draftdata.generate.work import Copy, Job, completions, failures, plan
+from draftdata.records import Completion, Failure, Turn
 
 _AFFINITY_SIZE = 4096
 _RETRY_PATIENCE_S = 2.0  # how long a retry waits for an endpoint other than the one it failed on
@@ -370,33 +370,9 @@ class Dispatcher:
             rest.ready_since = self.clock()
             self.active[job.prompt.id] += 1
             self.ready.appendleft(rest)
-        sampling = {k: v for k, v in body.items() if k not in ("messages", "tools")}
         latency = self.clock() - copy.started
-        p = job.prompt
-        for sample, turns in zip(samples, per_sample, strict=False):
-            usage = Usage(
-                prompt_tokens=sum(t.usage.prompt_tokens for t in turns),
-                completion_tokens=sum(t.usage.completion_tokens for t in turns),
-                cached_tokens=sum(t.usage.cached_tokens for t in turns),
-            )
-            self.sink.completion(
-                Completion(
-                    id=p.id,
-                    sample=sample,
-                    source=p.source,
-                    domain=p.domain,
-                    messages=p.messages,
-                    tools=p.tools,
-                    turns=turns,
-                    usage=usage,
-                    model=str(sampling.get("model") or ""),
-                    sampling=sampling,
-                    endpoint=ep.url,
-                    latency_s=round(latency, 4),
-                    attempts=job.attempts,
-                    created=time.time(),
-                )
-            )
+        for c in completions(job, per_sample, body, endpoint=ep.url, latency=latency):
+            self.sink.completion(c)
             ep.completed += 1
         self._settle(job)
 
@@ -426,21 +402,8 @@ class Dispatcher:
             self.wake.set()
 
     def _fail(self, job: Job, reason: str, message: str, ep: Endpoint) -> None:
-        p = job.prompt
-        for sample in job.samples:
-            self.sink.failure(
-                Failure(
-                    id=p.id,
-                    sample=sample,
-                    reason=reason,
-                    message=message[:1000],
-                    attempts=job.attempts,
-                    source=p.source,
-                    domain=p.domain,
-                    endpoint=ep.url,
-                    created=time.time(),
-                )
-            )
+        for f in failures(job, reason, message, endpoint=ep.url):
+            self.sink.failure(f)
         job.done = True
         self._settle(job)
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from draftdata.generate.config import GenerateConfig, Reasoning, Sampling
 from draftdata.generate.parse import user_turn_slices
-from draftdata.records import Message, Prompt, Turn
+from draftdata.records import Completion, Failure, Message, Prompt, Turn, Usage
 
 if TYPE_CHECKING:
     from draftdata.generate.client import RequestError
@@ -156,3 +157,57 @@ def plan(
     if job.multi_turn and len(samples) > 1:
         return job.split(), settled
     return [job], settled
+
+
+def completions(
+    job: Job, per_sample: list[list[Turn]], body: dict[str, Any], *, endpoint: str, latency: float
+) -> list[Completion]:
+    """The records of a job's winning answer: one per sample, with the exact request
+    parameters (the last request body without messages and tools)."""
+    sampling = {k: v for k, v in body.items() if k not in ("messages", "tools")}
+    p = job.prompt
+    out = []
+    for sample, turns in zip(job.samples, per_sample, strict=False):
+        usage = Usage(
+            prompt_tokens=sum(t.usage.prompt_tokens for t in turns),
+            completion_tokens=sum(t.usage.completion_tokens for t in turns),
+            cached_tokens=sum(t.usage.cached_tokens for t in turns),
+        )
+        out.append(
+            Completion(
+                id=p.id,
+                sample=sample,
+                source=p.source,
+                domain=p.domain,
+                messages=p.messages,
+                tools=p.tools,
+                turns=turns,
+                usage=usage,
+                model=str(sampling.get("model") or ""),
+                sampling=sampling,
+                endpoint=endpoint,
+                latency_s=round(latency, 4),
+                attempts=job.attempts,
+                created=time.time(),
+            )
+        )
+    return out
+
+
+def failures(job: Job, reason: str, message: str, *, endpoint: str) -> list[Failure]:
+    """The records of a job that failed with ``reason`` (one per sample)."""
+    p = job.prompt
+    return [
+        Failure(
+            id=p.id,
+            sample=sample,
+            reason=reason,
+            message=message[:1000],
+            attempts=job.attempts,
+            source=p.source,
+            domain=p.domain,
+            endpoint=endpoint,
+            created=time.time(),
+        )
+        for sample in job.samples
+    ]
