@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import subprocess
@@ -219,7 +220,9 @@ def main() -> None:
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             sys.exit(f"prepare failed:\n{proc.stdout}\n{proc.stderr}")
-        rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        rss_mib = usage.ru_maxrss / 1024
+        cpu_s = usage.ru_utime + usage.ru_stime
         kept: dict[str, set[int]] = {}
         for shard in sorted((root / "out").glob("prompts-*.jsonl")):
             with shard.open("rb") as fh:
@@ -235,8 +238,12 @@ def main() -> None:
             len(kept.get(s, set()) - set(v)) for s, v in planted.items()
         )
         print(f"rows: {rows:,} (planted near-duplicates: {n_planted:,}); generated in {gen_s:.1f}s")
-        print(f"prepare wall time: {wall:.1f} s (target <= 60 s) -> {rows / wall:,.0f} rows/s")
-        print(f"peak RSS: {rss_mib:,.0f} MiB (target <= 2048 MiB)")
+        print(
+            f"prepare wall time: {wall:.1f} s (target <= 60 s: {wall / 60:.2f} of budget) -> "
+            f"{rows / wall:,.0f} rows/s; CPU {cpu_s:.1f} s; load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        )
+        print(f"peak RSS: {rss_mib:,.0f} MiB (target <= 2048 MiB: {rss_mib / 2048:.2f})")
         print(f"near-duplicate recall: {(n_planted - missed) / max(n_planted, 1):.4f}")
         print(f"originals dropped (false positives): {dropped_originals} of {originals:,}")
         print(

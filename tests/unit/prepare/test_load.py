@@ -68,3 +68,33 @@ def test_format_override(tmp_path: Path) -> None:
     p = tmp_path / "data.txt"
     p.write_text('{"query": "x"}\n')
     assert [r for _, r in iter_rows(_src(p, format="jsonl"))] == [{"query": "x"}]
+
+
+def test_hub_source_streams_config_and_splits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dataset repository laid out like one on the hub (card with configs), read offline
+    # through the same load_dataset(id, name=config, split=..., streaming=True) call.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    repo = tmp_path / "AgentInstruct"
+    (repo / "data").mkdir(parents=True)
+    (repo / "README.md").write_text(
+        "---\nconfigs:\n- config_name: trajectories\n  data_files:\n"
+        "  - split: os\n    path: data/os.jsonl\n  - split: db\n    path: data/db.jsonl\n---\n"
+    )
+    for split, n in (("os", 2), ("db", 3)):
+        rows = [{"id": f"{split}{i}", "query": f"{split} question {i}"} for i in range(n)]
+        (repo / "data" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    src = SourceConfig(
+        name="agent",
+        schema="query_response",
+        hub=str(repo),
+        hub_config="trajectories",
+        split="os+db",
+    )
+    got = [(i, r["id"]) for i, r in iter_rows(src)]
+    assert got == [(0, "os0"), (1, "os1"), (2, "db0"), (3, "db1"), (4, "db2")]
+    missing = SourceConfig(name="gone", schema="query_response", hub=str(tmp_path / "none"))
+    with pytest.raises(InputError, match="source gone: cannot read"):
+        list(iter_rows(missing))
