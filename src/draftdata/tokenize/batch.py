@@ -396,6 +396,8 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
     for view, plan, check in plans:
         for reason in plan.dropped:
             counters.add(f"dropped.{reason}")
+        for note in plan.notes:
+            counters.add(note)
         if plan.split:
             counters.add("split_turns")
         candidates: list[tuple[str, IdArray, npt.NDArray[np.int8]]]

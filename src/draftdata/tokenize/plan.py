@@ -92,6 +92,7 @@ class Plan:
     rendered: list[RenderedSample] = field(default_factory=list)
     tokens: list[TokenSample] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # counted, not drops (e.g. eot_appended)
     split: bool = False
 
 
@@ -234,6 +235,11 @@ def plan_token_ids(
     if not pairs:
         plan.dropped.append("no_turns")
         return plan
+    if eot_id is not None:
+        pairs = [
+            _close(p, o, view.turns[k] if k < len(view.turns) else None, eot_id, plan)
+            for k, (p, o) in enumerate(pairs)
+        ]
     seqs = [np.concatenate((p, o)) if len(p) else o for p, o in pairs]
     links = []
     for k in range(len(pairs) - 1):
@@ -256,6 +262,19 @@ def plan_token_ids(
             mask[start : start + len(pairs[k][1])] = 1
         plan.tokens.append(TokenSample(id=_sample_id(view, last, len(chains)), ids=ids, mask=mask))
     return plan
+
+
+def _close(
+    prompt: IdArray, out: IdArray, turn: TurnText | None, eot_id: int, plan: Plan
+) -> tuple[IdArray, IdArray]:
+    # A turn that stopped (not cut) ended with the end-of-turn token even when the server
+    # leaves it out of the output ids (some versions do): put it back, and count it.
+    if turn is None or turn.finish_reason not in ("stop", "tool_calls"):
+        return prompt, out
+    if len(out) and int(out[-1]) == eot_id:
+        return prompt, out
+    plan.notes.append("eot_appended")
+    return prompt, np.concatenate((out, np.array([eot_id], dtype=np.int32)))
 
 
 def view_from_record(record: Any) -> CompletionView:

@@ -173,6 +173,14 @@ def _previous(out: Store, settings: dict[str, Any]) -> TokenizeSummary | None:
     if not out.exists(SUMMARY_KEY):
         return None
     doc = read_summary(out)
+    before = dict(doc.get("settings") or {})
+    if before.pop("inputs", None) != settings["inputs"] and before == {
+        k: v for k, v in settings.items() if k != "inputs"
+    }:
+        raise ConfigError(
+            f"{out.url} holds samples of an earlier state of the run (its completion shards "
+            "changed since); tokenize into a new --out"
+        )
     if doc.get("settings") != settings:
         raise ConfigError(
             f"{out.url} already holds samples tokenized with other settings "

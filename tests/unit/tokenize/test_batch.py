@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -214,3 +215,15 @@ def test_span_mask_equals_full_offset_scan(
     if hit:
         expected[hit[0] : hit[1] + 1] = 1
     assert loss_mask(enc, [(start, end)]).tolist() == expected.tolist()
+
+
+def test_missing_end_of_turn_id_is_put_back(ctx: TokenizeContext) -> None:
+    served = _with_ids(ctx, _simple("a", "It is 4."))
+    t = served.turns[0]
+    assert t.output_token_ids and t.output_token_ids[-1] == ctx.eot_id
+    short = msgspec.structs.replace(t, output_token_ids=t.output_token_ids[:-1])
+    bad = msgspec.structs.replace(served, turns=[short])
+    samples, counters = tokenize_table(completions_table([bad]), ctx)
+    assert counters.counts["eot_appended"] == 1 and counters.counts["verified"] == 1
+    full, _ = tokenize_table(completions_table([served]), ctx)
+    assert samples.equals(full)

@@ -91,6 +91,10 @@ def test_rerun_is_a_no_op_and_other_settings_are_refused(
         )
     )
     assert other.count("truncated") + other.count("dropped.too_few_loss_tokens") == 6
+    with Run.open(run, settings={"keep_reasoning_history": False}) as more:
+        more.add_completion(completion("p9", _convo(9)))
+    with pytest.raises(ConfigError, match="earlier state of the run"):
+        tokenize(config)
 
 
 def test_refusals(tmp_path: Path, demo_tokenizer: Path) -> None:
