@@ -5,6 +5,7 @@ detection."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -236,12 +237,34 @@ async def test_unreachable_endpoint_is_connection() -> None:
 # -- token-id detection against a strict and a plain server ------------------------------------
 
 
+async def test_cancelled_request_frees_the_server_slot() -> None:
+    # a hedged request that loses is cancelled: the connection closes and the server drops it
+    with sim("sglang", time_scale=1.0, mean_output_tokens=2000) as f:
+        async with EndpointClient(f.urls[0]) as client:
+            task = asyncio.create_task(client.chat(chat_body(max_tokens=4000)))
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if f.load(0)[0] == 1:
+                    break
+            assert f.load(0) == (1, 0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if f.stats(0).cancelled:
+                    break
+            assert f.stats(0).cancelled == 1 and f.load(0) == (0, 0)
+
+
 class Recorder:
     """A tiny OpenAI-compatible server: ``strict`` 400s on unknown fields, like a pydantic
-    model with extra="forbid"; otherwise it answers without token ids."""
+    model with extra="forbid"; otherwise it answers without token ids. ``finish`` is the
+    finish_reason it answers with."""
 
-    def __init__(self, strict: bool) -> None:
+    def __init__(self, strict: bool, finish: str = "stop") -> None:
         self.strict = strict
+        self.finish = finish
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
 
@@ -262,7 +285,7 @@ class Recorder:
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": "<think>r</think>ok"},
-                        "finish_reason": "stop",
+                        "finish_reason": self.finish,
                     }
                 ],
                 "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
@@ -270,9 +293,8 @@ class Recorder:
         )
 
 
-@pytest.fixture(params=[True, False], ids=["strict", "plain"])
-async def recorder(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Recorder, str]]:
-    rec = Recorder(strict=bool(request.param))
+@contextlib.asynccontextmanager
+async def serve(rec: Recorder) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", rec.chat)
     runner = web.AppRunner(app, access_log=None)
@@ -281,9 +303,23 @@ async def recorder(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Record
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield rec, f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture(params=[True, False], ids=["strict", "plain"])
+async def recorder(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Recorder, str]]:
+    rec = Recorder(strict=bool(request.param))
+    async with serve(rec) as url:
+        yield rec, url
+
+
+async def test_aborted_answer_is_a_server_error() -> None:
+    async with serve(Recorder(strict=False, finish="abort")) as url, EndpointClient(url) as c:
+        with pytest.raises(RequestError) as info:
+            await c.chat(chat_body())
+    assert info.value.error_class is ErrorClass.server_error and not info.value.fatal
 
 
 async def test_token_id_support_detected_once(recorder: tuple[Recorder, str]) -> None:
