@@ -210,6 +210,25 @@ def _check(config: GenerateConfig, opts: RayOptions) -> None:
         raise ConfigError(f"--cpus-per-task: {opts.cpus_per_task}; must be > 0")
 
 
+def _absolute(config: GenerateConfig, opts: RayOptions) -> tuple[GenerateConfig, RayOptions]:
+    """Relative local paths made absolute on the driver: workers run in other directories
+    (on other nodes the same absolute path must exist, e.g. a shared filesystem)."""
+
+    def absolute(path: str | None) -> str | None:
+        if path is None or "://" in path:
+            return path
+        return os.path.abspath(os.path.expanduser(path))
+
+    config = msgspec.structs.replace(
+        config,
+        prompts=absolute(config.prompts) or config.prompts,
+        out=absolute(config.out) or config.out,
+        fleet=absolute(config.fleet),
+        rejects=absolute(config.rejects),
+    )
+    return config, msgspec.structs.replace(opts, fleet_per_node=absolute(opts.fleet_per_node))
+
+
 def _totals(config: GenerateConfig, count: int) -> list[int | None]:
     """Records each partition will commit (prompts x n), when the driver can see the prompts."""
     from draftdata.generate.source import prompt_files
@@ -285,6 +304,7 @@ def run(
     emit = log or (lambda line: print(line, file=sys.stderr, flush=True))
     ray = cluster.require_ray()
     _check(config, opts)
+    config, opts = _absolute(config, opts)
     forward = tuple(dict.fromkeys([*cluster.DEFAULT_FORWARD_ENV, *opts.forward_env]))
     started_ray = cluster.connect(opts.address, forward_env=forward)
     t0 = time.monotonic()
