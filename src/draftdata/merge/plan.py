@@ -120,15 +120,16 @@ def _largest_n(caps: Mapping[str, float], target: Mapping[str, float], tau: floa
     total_cap = float(sum(caps.values()))
     hi = min(bound, total_cap)
 
-    def slack(n: float) -> float:
-        return sum(min(caps[g], (t + tau) * n) for g, t in target.items()) - n
+    def fits(n: float) -> bool:
+        # with tau = 0 the slack is exactly 0 below the bound: allow for float rounding
+        return sum(min(caps[g], (t + tau) * n) for g, t in target.items()) >= n * (1 - 1e-12)
 
-    if slack(hi) >= 0:
+    if fits(hi):
         return hi
     lo = 0.0
     for _ in range(100):
         mid = (lo + hi) / 2
-        if slack(mid) >= 0:
+        if fits(mid):
             lo = mid
         else:
             hi = mid
@@ -164,7 +165,10 @@ def solve_counts(
     n_real = _largest_n({g: float(c) for g, c in caps.items()}, aim, tolerance)
     if upsample:
         # aim for the N at which no group has to drop a row, unless the repeat cap says less
-        keep_all = max(supply.get(g, 0) / (t + tolerance) for g, t in aim.items())
+        keep_all = max(
+            float(sum(supply.get(g, 0) for g in aim)),
+            max(supply.get(g, 0) / (t + tolerance) for g, t in aim.items()),
+        )
         n_real = min(n_real, keep_all)
     else:
         n_real = min(n_real, float(sum(caps.values())))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from draftdata.errors import ConfigError
 from draftdata.merge.config import normalised_mix, parse_mix
@@ -128,3 +130,35 @@ def test_buckets_follow_key_order() -> None:
 
 def _t(code: float, math: float, general: float) -> dict[str, float]:
     return {"code": code, "math": math, "general": general}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    supply=st.lists(st.integers(0, 5000), min_size=1, max_size=6),
+    weights=st.lists(st.integers(1, 100), min_size=1, max_size=6),
+    tolerance=st.sampled_from([0.0, 0.005, 0.02]),
+    upsample=st.booleans(),
+)
+def test_solver_properties(
+    supply: list[int], weights: list[int], tolerance: float, upsample: bool
+) -> None:
+    k = min(len(supply), len(weights))
+    names = [f"d{i}" for i in range(k)]
+    have = dict(zip(names, supply[:k], strict=True))
+    total_w = sum(weights[:k])
+    target = {g: w / total_w for g, w in zip(names, weights[:k], strict=True)}
+    a = solve_counts(have, target, tolerance=tolerance, upsample=upsample, max_repeat=3)
+    cap = 3 if upsample else 1
+    assert all(0 <= a.counts[g] <= have[g] * cap for g in a.counts)
+    assert a.missing == sorted(g for g in names if have[g] == 0 and target[g] > tolerance)
+    if a.total:
+        # every share within the tolerance of its (renormalised) target, up to rounding
+        for g, share in a.achieved.items():
+            assert abs(share - a.target[g]) <= tolerance + len(names) / a.total + 1e-9
+    if upsample:
+        down = solve_counts(have, target, tolerance=tolerance)
+        assert a.total >= down.total - len(names)
+    if not upsample and not a.missing and tolerance == 0:
+        # the exact mix keeps (up to rounding) the largest total the scarcest domain allows
+        best = min(have[g] / t for g, t in target.items())
+        assert a.total >= int(best) - len(names)
