@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -166,20 +167,23 @@ def test_shapes_tools_multi_turn_and_samples(tmp_path: Path, flavor: str, reason
 
 
 def test_hedged_tail_commits_once(tmp_path: Path) -> None:
-    """A 4x slow endpoint holds the tail; idle ones copy its requests; one answer wins."""
+    """A 10x slow endpoint holds the tail; idle ones copy its requests; one answer wins."""
     prompts = tmp_path / "p.jsonl"
     ids = write_prompts(prompts, 80)
     cfg = sim(
-        time_scale=0.03,
+        time_scale=0.05,
         mean_output_tokens=30,
         output_sigma=0.2,
         max_running=4,
-        faults=FaultConfig(slow={0: 6.0}),
+        faults=FaultConfig(slow={0: 10.0}),
     )
     with SimFleet(3, cfg) as fleet:
         summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls, hedge_min_age=0.2))
+        time.sleep(0.2)  # let the server see the losers' disconnects
+        cancelled = fleet.stats(0).cancelled
     assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (80, 0)
     assert summary.hedges >= 1 and summary.hedges_won >= 1
+    assert cancelled >= 1  # the slow server's copy was cancelled, not left running
 
 
 def test_interrupt_commits_what_finished_and_resumes(tmp_path: Path) -> None:
@@ -234,7 +238,7 @@ def test_rich_progress_and_metrics_snapshots(tmp_path: Path) -> None:
 
     prompts = tmp_path / "p.jsonl"
     write_prompts(prompts, 40)
-    with SimFleet(2, sim(time_scale=0.05)) as fleet:
+    with SimFleet(2, sim(time_scale=0.5)) as fleet:  # two waves of ~0.7 s
         summary = generate(
             fast_config(prompts, tmp_path / "run", fleet.urls, metrics_interval=0.3),
             live=True,
