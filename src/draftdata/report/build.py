@@ -59,7 +59,7 @@ def _mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
             return series, f"from {m.url}/merge_report.json"
     series = {}
     own: list[tuple[str, DatasetStats]] = [(r.url, r.stats) for r in data.runs]
-    own += [(m.url, m.stats) for m in data.merged] + data.tokenized + data.datasets
+    own += [(m.url, m.stats) for m in data.merged] + data.tokenized + data.prompts + data.datasets
     for url, s in own + data.compare:
         series[f"{_name(url)} ({s.kind})"] = s.domain_shares()
     how = "domain shares of each input" + (" (compared)" if data.compare else "")
@@ -191,6 +191,8 @@ def _inputs_section(data: ReportData) -> page.Section:
         rows.append(["merged", m.url, m.stats.rows, m.stats["rejected"]["count"]])
     for u, s in data.tokenized:
         rows.append(["tokenized", u, s.rows, s["rejected"]["count"]])
+    for u, s in data.prompts:
+        rows.append(["prompts", u, s.rows, s["rejected"]["count"]])
     for u, s in data.datasets:
         rows.append([s.kind, u, s.rows, s["rejected"]["count"]])
     for u, s in data.compare:

@@ -54,6 +54,7 @@ class ReportData:
     runs: list[RunPart] = field(default_factory=list)
     merged: list[MergedPart] = field(default_factory=list)
     tokenized: list[tuple[str, DatasetStats]] = field(default_factory=list)
+    prompts: list[tuple[str, DatasetStats]] = field(default_factory=list)
     datasets: list[tuple[str, DatasetStats]] = field(default_factory=list)
     compare: list[tuple[str, DatasetStats]] = field(default_factory=list)
 
@@ -62,7 +63,7 @@ class ReportData:
         """The stats the length plot uses: the run's, else the merged set's, else the data's."""
         for s in [r.stats for r in self.runs] + [m.stats for m in self.merged]:
             return s
-        for _, s in self.tokenized + self.datasets:
+        for _, s in self.tokenized + self.datasets + self.prompts:
             return s
         return None
 
@@ -109,6 +110,8 @@ class ReportData:
             out["training_tokens"] = out.get("training_tokens", 0) + int(
                 s["lengths"].get("tokens", {}).get("total", 0)
             )
+        for _, s in self.prompts:
+            out["prepared_prompts"] = out.get("prepared_prompts", 0) + s.rows
         for _, s in self.datasets:
             out["rows"] = out.get("rows", 0) + s.rows
         return out
@@ -177,10 +180,11 @@ def collect(inputs: list[str]) -> ReportData:
     data.runs = [_run(u) for u in main.runs]
     data.merged = [_merged(u) for u in main.merged]
     data.tokenized = [(u, compute_stats(u)) for u in main.tokenized]
+    data.prompts = [(u, compute_stats(u)) for u in main.prompts]
     data.datasets = [(u, compute_stats(u)) for u in main.datasets]
     for other in inputs[1:]:
         parts = find_parts(other)
         data.parts.append(parts)
-        urls = parts.merged or parts.datasets or parts.tokenized or parts.runs
+        urls = parts.merged or parts.datasets or parts.tokenized or parts.prompts or parts.runs
         data.compare += [(u, compute_stats(u)) for u in urls]
     return data

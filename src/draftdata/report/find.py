@@ -4,13 +4,15 @@
 
 - a **run** is a folder holding ``manifest.json`` (generate's output);
 - a **merged dataset** is a folder holding ``merge_report.json`` (merge's output);
-- a **tokenized** set is a folder named ``tokenized*`` holding parquet (tokenize's output);
+- a **tokenized** set is a folder holding tokenize's ``summary.json``, or a folder named
+  ``tokenized*`` holding parquet;
+- **prompts** are a folder holding ``prepare_report.json`` (prepare's output);
 - when none of these is found, the location itself is read as one dataset (prompts, tokenized
   samples or conversations; anything ``draftdata stats`` reads).
 
 So ``report`` works on a run, on a merge output, and on a demo output folder holding several
-(``run/``, ``tokenized/``, ``merged/`` ...). A folder inside a found run or merge output is not
-searched further (a run's shards are never mistaken for datasets).
+(``prompts/``, ``run/``, ``tokenized/``, ``merged/`` ...). A folder inside a found run or merge
+output is not searched further (a run's shards are never mistaken for datasets).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import os
 from dataclasses import dataclass
 
 from draftdata.errors import InputError
-from draftdata.stats.readers import MERGE_REPORT
+from draftdata.stats.readers import MERGE_REPORT, PREPARE_REPORT, read_json_object
 from draftdata.store.store import Store, open_store
 
 RUN_MARKER = "manifest.json"
+TOKENIZE_SUMMARY = "summary.json"
+TOKENIZE_FORMAT = "draftdata.tokenize-summary/1"
 MAX_DEPTH = 2
 
 
@@ -34,12 +38,13 @@ class Parts:
     runs: tuple[str, ...] = ()
     merged: tuple[str, ...] = ()
     tokenized: tuple[str, ...] = ()
+    prompts: tuple[str, ...] = ()
     datasets: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
         """True when nothing readable was found."""
-        return not (self.runs or self.merged or self.tokenized or self.datasets)
+        return not (self.runs or self.merged or self.tokenized or self.prompts or self.datasets)
 
 
 def _url(store: Store, prefix: str) -> str:
@@ -61,34 +66,43 @@ def find_parts(url: str) -> Parts:
         raise InputError(f"{url}: nothing there to report on")
     runs: set[str] = set()
     merged: set[str] = set()
+    prompts: set[str] = set()
+    tokenized: set[str] = set()
     for key in keys:
         parts = key.split("/")
         if len(parts) - 1 > MAX_DEPTH:
             continue
         prefix = "/".join(parts[:-1])
-        if parts[-1] == RUN_MARKER:
+        name = parts[-1]
+        if name == RUN_MARKER:
             runs.add(prefix)
-        elif parts[-1] == MERGE_REPORT:
+        elif name == MERGE_REPORT:
             merged.add(prefix)
+        elif name == PREPARE_REPORT:
+            prompts.add(prefix)
+        elif name == TOKENIZE_SUMMARY:
+            doc = read_json_object(store, key)
+            if doc is not None and doc.get("format") == TOKENIZE_FORMAT:
+                tokenized.add(prefix)
     owners = runs | merged
 
     def inside(prefix: str) -> bool:
         return any(o == "" or prefix == o or prefix.startswith(o + "/") for o in owners)
 
-    tokenized: set[str] = set()
     for key in keys:
         parts = key.split("/")
         for depth in range(min(len(parts) - 1, MAX_DEPTH)):
             if parts[depth].startswith("tokenized") and key.endswith(".parquet"):
-                prefix = "/".join(parts[: depth + 1])
-                if not inside(prefix):
-                    tokenized.add(prefix)
+                tokenized.add("/".join(parts[: depth + 1]))
                 break
+    tokenized = {t for t in tokenized if not inside(t)}
+    prompts = {p for p in prompts if not inside(p)}
     found = Parts(
         root=store.url,
         runs=tuple(_url(store, p) for p in sorted(runs)),
         merged=tuple(_url(store, p) for p in sorted(merged)),
         tokenized=tuple(_url(store, p) for p in sorted(tokenized)),
+        prompts=tuple(_url(store, p) for p in sorted(prompts)),
     )
     if found.empty:
         return Parts(root=store.url, datasets=(store.url,))

@@ -48,6 +48,7 @@ _LABELS = {
     "merged_rows": "merged rows",
     "tokenized_samples": "tokenized samples",
     "training_tokens": "training tokens",
+    "prepared_prompts": "prepared prompts",
     "rows": "rows",
 }
 

@@ -22,6 +22,7 @@ import numpy as np
 from draftdata.errors import DraftdataError
 from draftdata.stats.readers import (
     SUMMARY_COLUMNS,
+    PREPARE_REPORT,
     Dataset,
     iter_conversations,
     iter_run_completions,
@@ -311,7 +312,7 @@ def compute_stats(url: str) -> DatasetStats:
             out["failures"] = _failures(ds)
             out["metrics"] = headline(run_metrics(ds))
     if ds.kind == "prompts":
-        report = read_json_object(ds.store, "prepare_report.json")
+        report = read_json_object(ds.store, PREPARE_REPORT)
         if report is not None:
             out["prepare_report"] = report
     return out

@@ -5,8 +5,8 @@ returns a ``Dataset``: its kind and the data files to read, in a fixed order. Ki
 
 - ``run``: a generate run (``manifest.json`` + ``completions/part-*.parquet``), or a folder of
   bare completion shards;
-- ``prompts``: prepare's output (``prompts/*.jsonl`` + ``prepare_report.json``) or any JSONL of
-  our Prompt records;
+- ``prompts``: prepare's output (``prompts-*.jsonl`` next to ``prepare_report.json``; its
+  ``rejects.jsonl`` is skipped), a ``prompts/`` folder of JSONL, or any JSONL of Prompt records;
 - ``tokenized``: parquet with ``sample/1`` metadata (tokenize's output, merged tokenized sets) or
   foreign parquet with ``input_ids`` / ``loss_mask`` columns;
 - ``conversations``: SpecForge / ShareGPT / OpenAI-messages rows as JSONL, a JSON array, or
@@ -59,6 +59,7 @@ _DATA_EXT = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
 _NOT_DATA = ("report", "summary", "manifest", "stats", "metrics", "config")
 _MAX_JSON_ELEMENT = 256 << 20
 MERGE_REPORT = "merge_report.json"
+PREPARE_REPORT = "prepare_report.json"
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,13 @@ def open_dataset(url: str) -> Dataset:
             keys = tuple(k for k in listing if _is_data(k))
             parquet = tuple(k for k in keys if k.endswith(".parquet"))
             keys = parquet or keys
+        elif PREPARE_REPORT in listing:
+            # prepare's output: prompts-NNNNN.jsonl shards (rejects.jsonl is not data)
+            keys = tuple(
+                k
+                for k in listing
+                if "/" not in k and k.startswith("prompts") and k.endswith((".jsonl", ".jsonl.gz"))
+            )
         elif any(k.startswith("prompts/") and k.endswith(".jsonl") for k in listing):
             keys = tuple(k for k in listing if k.startswith("prompts/") and k.endswith(".jsonl"))
         else:

@@ -39,7 +39,9 @@ def merged_dir(root: Path, report: dict[str, object] | None = MERGE_REPORT) -> P
 
 
 def demo_dir(root: Path, with_metrics: bool = True) -> Path:
-    """``run/``, ``merged/`` and ``tokenized/`` side by side, as the demo writes them."""
+    """``prompts/``, ``run/``, ``merged/`` and ``tokenized/`` side by side, as the demo writes
+    them."""
+    b.prompts_dir(root / "prompts")
     b.run_dir(root / "run", with_metrics=with_metrics)
     merged_dir(root / "merged")
     b.tokenized_parquet(root / "tokenized" / "part-00000.parquet")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -51,7 +52,14 @@ def test_find_parts_of_a_demo_folder(tmp_path: Path) -> None:
     assert parts.runs == (str(root / "run"),)
     assert parts.merged == (str(root / "merged"),)
     assert parts.tokenized == (str(root / "tokenized"),)
+    assert parts.prompts == (str(root / "prompts"),)
     assert parts.datasets == ()
+    # tokenize's output is also known by its summary.json, whatever the folder's name
+    tok = b.tokenized_parquet(tmp_path / "other" / "samples-x" / "part-0.parquet").parent
+    summary = {"format": "draftdata.tokenize-summary/1"}
+    (tok / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "other" / "summary.json").write_text(json.dumps({"format": "something else"}))
+    assert find_parts(str(tmp_path / "other")).tokenized == (str(tok),)
     # a run's own folders are never taken for datasets; a plain file is a dataset
     assert find_parts(str(root / "run")).runs == (str(root / "run"),)
     f = b.write_jsonl(tmp_path / "x.jsonl", b.specforge_rows())
@@ -69,6 +77,7 @@ def test_headline_numbers(demo: tuple[Path, Path]) -> None:
     assert h["endpoints"] == 2
     assert h["train_rows"] == 8 and h["eval_rows"] == 1 and h["dropped"] == 84
     assert h["tokenized_samples"] == 3 and h["training_tokens"] == 35
+    assert h["prepared_prompts"] == 6
     assert data.finish_reasons() == {"stop": 6, "length": 1}
     assert data.failures_by_reason() == {"context_length": 1, "exhausted_retries": 1}
     # e1 commits 300 tokens per 10 s snapshot interval, e2 100

@@ -41,14 +41,17 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def prompts_dir(root: Path) -> Path:
-    """prepare-style output: 3 code (labelled), 2 math, 1 unlabelled general prompt."""
+    """prepare's output layout: 3 code (labelled), 2 math, 1 unlabelled general prompt in two
+    shards, a rejects file and the report."""
     rows: list[dict[str, Any]] = []
     for i in range(3):
         rows.append({"id": f"c{i}", "source": "codes", "domain": "code", "messages": chat(CODE_Q)})
     for i in range(2):
         rows.append({"id": f"m{i}", "source": "maths", "domain": "math", "messages": chat(MATH_Q)})
     rows.append({"id": "g0", "source": "misc", "messages": chat(GENERAL_Q)})
-    write_jsonl(root / "prompts" / "part-00000.jsonl", rows)
+    write_jsonl(root / "prompts-00000.jsonl", rows[:4])
+    write_jsonl(root / "prompts-00001.jsonl", rows[4:])
+    write_jsonl(root / "rejects.jsonl", [{"source": "misc", "row": 3, "reason": "empty"}])
     (root / "prepare_report.json").write_text(json.dumps({"rows": 6}))
     return root
 

@@ -21,6 +21,7 @@ def test_prompts_dir_labels_and_classifier(tmp_path: Path) -> None:
     s = compute_stats(str(b.prompts_dir(tmp_path)))
     assert isinstance(s, DatasetStats)
     assert s.kind == "prompts" and s.rows == 6
+    assert s["files"] == 2 and s["rejected"]["count"] == 0  # rejects.jsonl is not read
     assert s.domain_counts() == {"code": 3, "math": 2, "general": 1}
     assert s["domain_labels"] == {"given": 5, "classified": 1}
     assert s.domain_shares()["code"] == pytest.approx(0.5)
@@ -28,6 +29,16 @@ def test_prompts_dir_labels_and_classifier(tmp_path: Path) -> None:
     assert s["primary"] == "chars"
     assert s["prepare_report"] == {"rows": 6}
     assert s.length()["max"] == max(len(q) for q in (b.CODE_Q, b.MATH_Q, b.GENERAL_Q))
+
+
+def test_prompts_folder_and_plain_prompts_file(tmp_path: Path) -> None:
+    rows = [{"id": "a", "messages": b.chat(b.MATH_Q)}, {"id": "b", "messages": b.chat(b.CODE_Q)}]
+    b.write_jsonl(tmp_path / "out" / "prompts" / "part-0.jsonl", rows)
+    b.write_jsonl(tmp_path / "out" / "notes.jsonl", [{"not": "read"}])
+    s = compute_stats(str(tmp_path / "out"))
+    assert s.kind == "prompts" and s.domain_counts() == {"code": 1, "math": 1}
+    f = compute_stats(str(tmp_path / "out" / "prompts" / "part-0.jsonl"))
+    assert f.kind == "prompts" and f.rows == 2 and "prepare_report" not in f
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "json", "jsonl.gz"])
