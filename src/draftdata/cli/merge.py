@@ -68,7 +68,9 @@ def register(app: typer.Typer) -> None:
             "down-sampling the others.",
         ),
         max_repeat: int = typer.Option(
-            4, "--max-repeat", help="With --upsample: at most this many copies of a row."
+            4,
+            "--max-repeat",
+            help="With --upsample: a row appears at most this many times (itself included).",
         ),
         tolerance: float = typer.Option(
             0.005,
@@ -92,8 +94,7 @@ def register(app: typer.Typer) -> None:
         """Combine datasets, dedup them (ids and content), sample to a target domain mix,
         shuffle with a seed, split train/eval and write HF-loadable parquet shards.
 
-        Example: draftdata merge --existing old/ --add tokenized/ --mix code=0.35,math=0.2,
-        general=0.3,tool=0.1,agent=0.05 --out dataset/
+        Example: draftdata merge --existing old/ --add tokenized/ --mix code=0.5,math=0.5 --out ds/
         """
         from rich.console import Console
 
