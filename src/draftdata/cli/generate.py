@@ -301,7 +301,11 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(code)
         from draftdata.generate.stage import generate
 
-        summary = generate(cfg)
+        try:
+            summary = generate(cfg)
+        except KeyboardInterrupt:  # before the engine took over the signals: nothing was sent
+            typer.echo("generate: interrupted while starting; nothing to resume", err=True)
+            raise typer.Exit(130) from None
         if cfg.progress != "off" or summary.interrupted:
             for line in summary.lines():
                 typer.echo(line)
