@@ -303,8 +303,8 @@ def register(app: typer.Typer) -> None:
 
         try:
             summary = generate(cfg)
-        except KeyboardInterrupt:  # before the engine took over the signals: nothing was sent
-            typer.echo("generate: interrupted while starting; nothing to resume", err=True)
+        except KeyboardInterrupt:  # outside the engine's own signal handling (start-up, close)
+            typer.echo("generate: interrupted; run the same command again to continue", err=True)
             raise typer.Exit(130) from None
         if cfg.progress != "off" or summary.interrupted:
             for line in summary.lines():
