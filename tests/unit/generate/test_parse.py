@@ -356,3 +356,72 @@ def test_next_history_tool_call_turn_and_empty_turn() -> None:
     # a turn cut inside its reasoning has no content: the history gets an empty answer
     out = next_history([], Turn(reasoning="r", finish_reason="length"), keep_reasoning=False)
     assert out == [Message(role="assistant", content="")]
+
+
+# -- property: bodies shaped by the simulator's own response builders --------------------------
+
+_text = st.text(alphabet=st.characters(blacklist_characters="<>", codec="utf-8"), max_size=30)
+
+
+@given(
+    flavor=st.sampled_from(["sglang", "vllm"]),
+    inline=st.booleans(),
+    answers=st.lists(
+        st.tuples(_text, _text, st.lists(st.tuples(_text, _text), max_size=2)),
+        min_size=1,
+        max_size=3,
+    ),
+    ids=st.booleans(),
+)
+def test_simulator_shaped_bodies_round_trip(
+    flavor: str, inline: bool, answers: list[tuple[str, str, list[tuple[str, str]]]], ids: bool
+) -> None:
+    from draftdata.fleet import sim_shapes
+    from draftdata.fleet.sim_answers import Parsed
+
+    choices = []
+    for i, (reasoning, content, calls) in enumerate(answers):
+        if inline:
+            parsed = Parsed(
+                reasoning=None,
+                content=f"<think>{reasoning}</think>{content}",
+                tool_calls=[],
+                spans=[],
+                tool_ends=[],
+            )
+        else:
+            parsed = Parsed(
+                reasoning=reasoning or None,
+                content=content,
+                tool_calls=[],
+                spans=[],
+                tool_ends=[],
+            )
+        wire_calls = [
+            sim_shapes.tool_call(flavor, f"c{i}{k}", k, name or "f", args)
+            for k, (name, args) in enumerate(calls)
+        ]
+        msg = sim_shapes.message(flavor, parsed, wire_calls)
+        out_ids = list(range(i + 1)) if ids else None
+        choices.append(
+            sim_shapes.choice(flavor, i, msg, "stop", None, [9] if ids else None, out_ids)
+        )
+    usage = sim_shapes.usage(flavor, 5, sum(i + 1 for i in range(len(answers))), None, 0)
+    body = sim_shapes.completion(flavor, "r", "m", choices, usage, [9] if ids else None)
+    body = msgspec.json.decode(msgspec.json.encode(body))  # as it travels
+    turns = parse_chat_response(body)
+    assert len(turns) == len(answers)
+    for i, (turn, (reasoning, content, calls)) in enumerate(zip(turns, answers, strict=True)):
+        assert turn.reasoning == (reasoning or None)
+        assert turn.content == (content or None)
+        got_calls = [
+            (c["function"]["name"], c["function"]["arguments"]) for c in turn.tool_calls or []
+        ]
+        assert got_calls == [(name or "f", args) for name, args in calls]
+        assert turn.finish_reason == "stop"
+        if ids:
+            assert turn.prompt_token_ids == [9] and turn.output_token_ids == list(range(i + 1))
+            assert turn.usage.completion_tokens == i + 1
+        else:
+            assert turn.output_token_ids is None
+    assert sum(t.usage.completion_tokens for t in turns) == usage["completion_tokens"]
