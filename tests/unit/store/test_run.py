@@ -122,3 +122,31 @@ def test_failed_write_is_kept_and_retried_with_same_bytes(
     assert run.flush() == 2
     # the retried shard found its own bytes: one object for p1, a new one for p2
     assert sorted(c.id for c in iter_completions(str(tmp_path))) == ["p1", "p2"]
+
+
+def test_two_writers_share_one_run(tmp_path: Path) -> None:
+    import threading
+
+    url = str(tmp_path / "run")
+    runs = [Run.open(url, settings=SETTINGS, flush_records=3) for _ in range(2)]
+    assert runs[0].writer_id != runs[1].writer_id
+    assert runs[0].manifest["run_id"] == runs[1].manifest["run_id"]  # one manifest, created once
+
+    def work(k: int) -> None:
+        for i in range(k, 40, 2):  # disjoint halves, e.g. partitions by id hash
+            runs[k].add_completion(completion(i))
+            if runs[k].flush_due():
+                runs[k].flush()
+        runs[k].close()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    merged = Run.open(url, settings=SETTINGS)
+    assert merged.done_count == 40
+    ids = sorted(c.id for c in iter_completions(url))
+    assert ids == sorted(f"p{i}" for i in range(40))
+    writers = {k.split("part-")[1].rsplit("-", 1)[0] for k in merged.store.list("completions/")}
+    assert writers == {r.writer_id for r in runs}
