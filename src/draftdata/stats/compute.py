@@ -21,8 +21,8 @@ import numpy as np
 
 from draftdata.errors import DraftdataError
 from draftdata.stats.readers import (
-    SUMMARY_COLUMNS,
     PREPARE_REPORT,
+    SUMMARY_COLUMNS,
     Dataset,
     iter_conversations,
     iter_run_completions,

@@ -168,8 +168,9 @@ def throughput_series(
 
     Each writer's cumulative per-endpoint output tokens (the snapshots' ``series`` samples and
     endpoint rows) are differenced into intervals; the intervals of every writer are spread
-    over at most ``max_points`` equal time bins, so sequential commands (a resumed run) follow
-    each other and parallel writers on one endpoint add up. The time axis is seconds since the
+    over equal time bins (about the sampling interval wide, at most ``max_points``), so
+    sequential commands (a resumed run) follow each other and parallel writers on one endpoint
+    add up. The time axis is seconds since the
     run's first writer started when snapshots carry clock times, else each writer's elapsed
     seconds. ``{}`` when the snapshots hold no per-endpoint token counts.
     """
@@ -204,8 +205,12 @@ def throughput_series(
     end = max(i[1] for iv in intervals.values() for i in iv)
     if end <= start:
         return {}
-    edges = sorted({x for iv in intervals.values() for i in iv for x in i[:2]})
-    nbins = max(1, min(max_points, len(edges) - 1))
+    # bins about as wide as the typical sampling interval (three of them on a densely sampled
+    # run, which smooths out commit bursts), at most ``max_points``
+    edges = {x for iv in intervals.values() for i in iv for x in i[:2]}
+    gaps = sorted(i[1] - i[0] for iv in intervals.values() for i in iv)
+    typical = gaps[len(gaps) // 2] * (3 if len(edges) > 30 else 1)
+    nbins = max(1, min(max_points, round((end - start) / typical)))
     width = (end - start) / nbins
     out: dict[str, list[tuple[float, float]]] = {}
     for url, iv in sorted(intervals.items()):
