@@ -41,25 +41,25 @@ class MalformedResponse(ValueError):
 # -- the wire shape (both flavours; unknown fields ignored) ------------------------------------
 
 
-class _Function(msgspec.Struct, kw_only=True):
+class _Function(msgspec.Struct, kw_only=True, gc=False):
     name: str
     arguments: str | dict[str, Any] | None = None
 
 
-class _ToolCall(msgspec.Struct, kw_only=True):
+class _ToolCall(msgspec.Struct, kw_only=True, gc=False):
     id: str | None = None
     type: str | None = None
     function: _Function
 
 
-class _Message(msgspec.Struct, kw_only=True):
+class _Message(msgspec.Struct, kw_only=True, gc=False):
     content: str | list[Any] | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
     tool_calls: list[_ToolCall] | None = None
 
 
-class _Choice(msgspec.Struct, kw_only=True):
+class _Choice(msgspec.Struct, kw_only=True, gc=False):
     index: int | None = None
     message: _Message
     finish_reason: str | dict[str, Any] | None = None
@@ -70,17 +70,17 @@ class _Choice(msgspec.Struct, kw_only=True):
     meta_info: dict[str, Any] | None = None
 
 
-class _Details(msgspec.Struct, kw_only=True):
+class _Details(msgspec.Struct, kw_only=True, gc=False):
     cached_tokens: int | None = None
 
 
-class _Usage(msgspec.Struct, kw_only=True):
+class _Usage(msgspec.Struct, kw_only=True, gc=False):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     prompt_tokens_details: _Details | None = None
 
 
-class _Body(msgspec.Struct, kw_only=True):
+class _Body(msgspec.Struct, kw_only=True, gc=False):
     choices: list[_Choice]
     usage: _Usage | None = None
     prompt_token_ids: list[int] | None = None
