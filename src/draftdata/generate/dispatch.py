@@ -424,33 +424,42 @@ class Dispatcher:
         task.add_done_callback(self._background.discard)
 
     async def _health_check(self, ep: Endpoint) -> None:
-        if ep in self._checking or ep.state != "up":
+        """Probe ``ep`` after a connection error or an opened breaker; if it does not answer,
+        its in-flight copies are lost causes: cancel and requeue them now."""
+        if ep in self._checking:
             return
         self._checking.add(ep)
         try:
             alive = await self._check_alive(ep)
         finally:
             self._checking.discard(ep)
-        if not alive and ep.state == "up":
-            self.take_down(ep, "does not answer its health check")
+        if not alive:
+            self.take_down(ep, "does not answer its health check", dead=True)
 
-    def take_down(self, ep: Endpoint, why: str) -> None:
-        """Open the circuit: requeue what runs on ``ep`` now and probe it until it is back."""
-        if ep.state == "down":
-            return
-        ep.mark_down()
+    def take_down(self, ep: Endpoint, why: str, *, dead: bool = False) -> None:
+        """Open the circuit: no new work for ``ep``, probed until it is back. ``dead`` (its
+        health check failed): its in-flight copies are cancelled and requeued at once; else
+        they may finish (a server that fails new requests may still finish old ones) and a
+        health check decides."""
         moved = 0
-        for copy in list(self.on_endpoint[ep]):
-            if copy.task is not None:
-                copy.task.cancel()
-            self._detach(copy)
-            job = copy.job
-            if not job.done and not job.copies and not self.stopping:
-                job.avoid = {ep.url}
-                job.ready_since = self.clock()
-                self.ready.appendleft(job)
-                moved += 1
+        if dead:
+            for copy in list(self.on_endpoint[ep]):
+                if copy.task is not None:
+                    copy.task.cancel()
+                self._detach(copy)
+                job = copy.job
+                if not job.done and not job.copies and not self.stopping:
+                    job.avoid = {ep.url}
+                    job.ready_since = self.clock()
+                    self.ready.appendleft(job)
+                    moved += 1
+        if ep.state != "down":
+            ep.mark_down()
+            if not self.stopping:
+                self.spawn(self._revive(ep))
+            if not dead:
+                self.spawn(self._health_check(ep))
+        elif not moved:
+            return
         self.log(f"endpoint {ep.url} taken out: {why}; {moved} request(s) requeued")
-        if not self.stopping:
-            self.spawn(self._revive(ep))
         self.wake.set()

@@ -83,6 +83,7 @@ class Endpoint:
         self.outstanding_tokens = 0
         self.consecutive_failures = 0
         self.last_load: Load | None = None
+        self._high_waits = 0  # probes in a row with a long server queue
         # counters for progress and the summary
         self.requests = 0
         self.completed = 0  # completions committed from this endpoint (winning copies)
@@ -188,17 +189,33 @@ class Endpoint:
             self.max_limit = max(self.max_limit, known * 4)
 
     def adapt(self, load: Load) -> int | None:
-        """Follow the server's queue (auto only): shrink when more wait than the target band,
-        grow when none wait although we fill our limit. Returns the new limit if it changed."""
+        """Follow the server's queue (auto only); returns the new limit if it changed.
+
+        Shrink (by at most 10% a probe, never below running + target) only when more than twice
+        the target wait on two probes in a row: a queue is harmless for throughput, a starved
+        server is not. Grow by 25% when nothing waits although we fill our limit and the server
+        runs below its reported capacity (requests in transit, or a capacity it did not
+        report)."""
         self.last_load = load
         if not self.auto:
             return None
         old = self.limit
         target = queue_target(load.running)
         if load.waiting > 2 * target:
-            self.limit = max(1, load.running + target)
-        elif load.waiting == 0 and self.inflight >= self.limit - 1:
-            self.limit = min(self.max_limit, self.limit + max(1, math.ceil(self.limit * 0.25)))
+            self._high_waits += 1
+            if self._high_waits >= 2:
+                step = max(1, math.ceil(self.limit * 0.1))
+                self.limit = min(self.limit, max(1, load.running + target, self.limit - step))
+        else:
+            self._high_waits = 0
+            cap = self.capacity.max_running if self.capacity else None
+            if (
+                load.waiting == 0
+                and self.inflight >= self.limit - 1
+                and (cap is None or load.running < cap)
+            ):
+                grown = self.limit + max(1, math.ceil(self.limit * 0.25))
+                self.limit = min(self.max_limit, grown)
         return self.limit if self.limit != old else None
 
     def rate_limited(self) -> None:

@@ -30,10 +30,17 @@ def test_auto_concurrency_starts_from_capacity_and_follows_the_queue() -> None:
     # too many waiting (other clients too): running + 4, which it already is
     assert ep.adapt(Load(running=64, waiting=40)) is None and ep.limit == 68
     ep.limit = 90
-    assert ep.adapt(Load(running=60, waiting=30)) == 63
+    ep.adapt(Load(running=64, waiting=3))
+    assert ep.adapt(Load(running=64, waiting=30)) is None  # once may be a burst
+    assert ep.adapt(Load(running=64, waiting=30)) == 81  # twice: shrink by 10%
+    ep.adapt(Load(running=64, waiting=30))
+    ep.adapt(Load(running=64, waiting=30))
+    ep.adapt(Load(running=64, waiting=30))
+    assert ep.limit == 68  # ... but never below running + target
     ep.inflight = ep.limit
-    grown = ep.adapt(Load(running=63, waiting=0))  # saturated and nothing waits: grow
-    assert grown is not None and grown > 63
+    assert ep.adapt(Load(running=64, waiting=0)) is None  # at its capacity: no point growing
+    grown = ep.adapt(Load(running=50, waiting=0))  # below capacity, nothing waits: grow
+    assert grown is not None and grown > 68
     fixed = endpoint(1, FakeClient(), concurrency=12)
     fixed.set_capacity(Capacity(engine="sglang", max_running=64))
     assert fixed.limit == 12 and fixed.adapt(Load(running=0, waiting=50)) is None
