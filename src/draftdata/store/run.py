@@ -85,6 +85,7 @@ DEFAULT_FLUSH_RECORDS = 256
 DEFAULT_FLUSH_SECONDS = 5.0
 _WRITE_ATTEMPTS = 6
 _SHARD_RE = re.compile(r"part-(?P<writer>.+)-(?P<seq>\d{6,})\.parquet$")
+_ROLLUP_RE = re.compile(r"^index/rollup-(?P<writer>.+)-(?P<seq>\d{6,})\.parquet$")
 
 
 def default_writer_id() -> str:
@@ -130,7 +131,7 @@ class Run:
         # (kind, parquet bytes, records, (ids, samples, reasons or None)) waiting to be written
         self._pending: list[tuple[str, bytes, int, _Rows]] = []
         self._recent: list[Entry] = []  # committed shards not yet in a rollup of ours
-        self._rollup_seq = 0
+        self._rollup_seq = _next_seq(keys, writer_id, _ROLLUP_RE)
         self._last_flush = clock()
         self._closed = False
         self._seq = _next_seq(keys, writer_id)
@@ -412,10 +413,10 @@ def _open_manifest(
     raise RunMismatchError(f"{store.url}: the run's settings keep changing under us; retry")
 
 
-def _next_seq(keys: list[str], writer_id: str) -> int:
+def _next_seq(keys: list[str], writer_id: str, pattern: re.Pattern[str] | None = None) -> int:
     seq = 0
     for key in keys:
-        m = _SHARD_RE.search(key)
+        m = (pattern or _SHARD_RE).search(key)
         if m and m.group("writer") == writer_id:
             seq = max(seq, int(m.group("seq")) + 1)
     return seq

@@ -78,3 +78,14 @@ def test_completed_after_a_rolled_up_fatal_failure_is_completed(tmp_path: Path) 
     retry.close()
     again = Run.open(url, settings={})
     assert again.is_done("fatal") and again.resumed_fatal == 0
+
+
+def test_a_resumed_writer_continues_its_rollup_numbers(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    _write(url, 13)
+    again = Run.open(url, settings={}, flush_records=1, writer_id="w")
+    for i in range(100, 104):
+        again.add_completion(completion(i))
+        again.flush()
+    assert again.stats.get("store.rollups") == 1
+    assert "index/rollup-w-000002.parquet" in again.store.list("index/")
