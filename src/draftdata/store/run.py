@@ -302,6 +302,7 @@ class Run:
             try:
                 self.store.put_new(key, data)
             except AlreadyExistsError:
+                self.stats.add("store.name_collisions")
                 continue
             except StoreError:
                 self.stats.add("store.rollup_errors")

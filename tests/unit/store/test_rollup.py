@@ -88,4 +88,5 @@ def test_a_resumed_writer_continues_its_rollup_numbers(tmp_path: Path) -> None:
         again.add_completion(completion(i))
         again.flush()
     assert again.stats.get("store.rollups") == 1
+    assert again.stats.get("store.name_collisions") == 0
     assert "index/rollup-w-000002.parquet" in again.store.list("index/")
