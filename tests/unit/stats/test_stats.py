@@ -64,6 +64,22 @@ def test_specforge_conversations_classified(tmp_path: Path, fmt: str) -> None:
     assert out["count"] == 4 and out["max"] == len("def add(a, b): return a + b") + len("think")
 
 
+def test_json_array_larger_than_the_read_buffer(tmp_path: Path) -> None:
+    """Elements that straddle the 1 MiB read chunks decode whole; trailing numbers are not cut."""
+    rows = [
+        {"id": i, "domain": "math", "conversations": b.chat("q", "é" * (700 + i % 300)), "n": 1}
+        for i in range(3000)
+    ]
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(rows, ensure_ascii=False))
+    assert path.stat().st_size > 3 * (1 << 20)
+    s = compute_stats(str(path))
+    assert s.rows == 3000 and s["rejected"]["count"] == 0
+    assert s.domain_counts() == {"math": 3000}
+    expected = sum(700 + i % 300 for i in range(3000))
+    assert s.length(measure="output_chars")["total"] == expected
+
+
 def test_sharegpt_and_bad_rows_are_counted_not_fatal(tmp_path: Path) -> None:
     path = tmp_path / "sg.jsonl"
     lines = [json.dumps(r) for r in b.sharegpt_rows()]
