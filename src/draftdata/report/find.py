@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 
 from draftdata.errors import InputError
-from draftdata.stats.readers import MERGE_REPORT, PREPARE_REPORT, read_json_object
+from draftdata.stats.readers import DATA_EXT, MERGE_REPORT, PREPARE_REPORT, read_json_object
 from draftdata.store.store import Store, open_store
 
 RUN_MARKER = "manifest.json"
@@ -60,6 +60,8 @@ def find_parts(url: str) -> Parts:
         if os.path.isfile(path):
             return Parts(root=path, datasets=(path,))
         url = path
+    elif url.rstrip("/").endswith(DATA_EXT):
+        return Parts(root=url, datasets=(url,))  # one s3:// data file
     store = open_store(url)
     keys = store.list("")
     if not keys:

@@ -54,7 +54,7 @@ from draftdata.store.store import Store, open_store
 Kind = Literal["run", "prompts", "tokenized", "conversations"]
 OnBad = Callable[[str, str], None]
 
-_DATA_EXT = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
+DATA_EXT = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
 # JSON files that describe a dataset rather than hold its rows.
 _NOT_DATA = ("report", "summary", "manifest", "stats", "metrics", "config")
 _MAX_JSON_ELEMENT = 256 << 20
@@ -90,7 +90,7 @@ def _is_data(key: str) -> bool:
     name = key.rsplit("/", 1)[-1]
     if name.startswith((".", "_")) or any(p.startswith(".") for p in key.split("/")):
         return False
-    if not name.endswith(_DATA_EXT):
+    if not name.endswith(DATA_EXT):
         return False
     return not (name.endswith((".json", ".json.gz")) and any(w in name for w in _NOT_DATA))
 
@@ -99,7 +99,7 @@ def _split_location(url: str) -> tuple[Store, tuple[str, ...] | None]:
     """(store of the directory, (file key,)) for a file; (store, None) for a directory."""
     if url.startswith("s3://"):
         name = url.rstrip("/").rsplit("/", 1)[-1]
-        if name.endswith(_DATA_EXT) and "/" in url[5:].rstrip("/"):
+        if name.endswith(DATA_EXT) and "/" in url[5:].rstrip("/"):
             parent = url.rstrip("/").rsplit("/", 1)[0]
             store = open_store(parent)
             if store.exists(name):

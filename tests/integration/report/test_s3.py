@@ -49,3 +49,5 @@ def test_stats_and_report_from_s3(moto_s3: MotoS3, tmp_path: Path) -> None:
     for pid in PLOT_IDS:
         assert f'id="plot-{pid}"' in text
     assert f"{url}/merged/merge_report.json" in text
+    one = build_report(f"{url}/extra/sf.jsonl", out=tmp_path / "one.html").read_text()
+    assert 'id="plot-domain-mix"' in one and "sf.jsonl (conversations)" in one
