@@ -189,7 +189,14 @@ def run_partition(
     thread.join(timeout=opts.report_s + 5)
     report()
     summary = {**summary, "node": hostname, "writer": writer, "attempt": attempt}
-    ray.get(board.finished.remote(part.index, attempt, summary))
+    left = summary.get("remaining")
+    if summary.get("interrupted") or (isinstance(left, int) and left > 0):
+        # The engine stopped early (SIGINT/SIGTERM on that node, or a cancel): committed work
+        # stays, the partition is listed as unfinished and a rerun resumes it.
+        why = f"stopped early with {left if left is not None else '?'} left"
+        ray.get(board.crashed.remote(part.index, attempt, why))
+    else:
+        ray.get(board.finished.remote(part.index, attempt, summary))
     return summary
 
 

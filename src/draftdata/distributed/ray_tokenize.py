@@ -146,7 +146,7 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     forward = tuple(dict.fromkeys([*cluster.DEFAULT_FORWARD_ENV, *opts.forward_env]))
     started_ray = cluster.connect(opts.address, forward_env=forward)
     try:
-        results = _run_job(ray, config, keys, opts)
+        results = _run_job(ray, _for_workers(config), keys, opts)
     finally:
         if started_ray:
             ray.shutdown()
@@ -169,6 +169,25 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     summary.wall_s = time.perf_counter() - started
     return RayTokenizeResult(
         summary=summary, inputs=len(keys), tasks=len(keys), wall_s=summary.wall_s
+    )
+
+
+def _for_workers(config: TokenizeConfig) -> TokenizeConfig:
+    """``config`` with local paths absolute (workers run in other directories); the
+    summary's settings keep the paths as given, as the single-process stage records them."""
+    import os
+
+    from draftdata.store.store import normalise_url
+
+    def local(path: str | None) -> str | None:
+        return os.path.abspath(path) if path and os.path.exists(path) else path
+
+    return msgspec.structs.replace(
+        config,
+        run=normalise_url(config.run),
+        out=normalise_url(config.out_url),
+        tokenizer=local(config.tokenizer) or config.tokenizer,
+        chat_template=local(config.chat_template),
     )
 
 
