@@ -169,7 +169,8 @@ class TurnText:
 
 def assistant_message(turn: TurnText, *, with_reasoning: bool) -> JsonDict:
     """The chat message of a target turn; ``with_reasoning`` keeps its reasoning."""
-    content = turn.content if turn.content is not None or turn.tool_calls else ""
+    # None (a tool-call-only turn) renders as "": templates do string tests on content
+    content = turn.content if turn.content is not None else ""
     return {
         "role": "assistant",
         "content": content,
