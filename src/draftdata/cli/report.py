@@ -15,6 +15,13 @@ def register(app: typer.Typer) -> None:
             help="A run, a merge output, a dataset, or a folder holding several (a demo output); "
             "local path or s3://BUCKET/PREFIX.",
         ),
+        more: list[str] = typer.Argument(
+            None,
+            metavar="OTHER",
+            help="More datasets to compare with, as with --compare "
+            "(so `--compare A B` compares both).",
+            show_default=False,
+        ),
         out: str = typer.Option(
             "report.html", "--out", "-o", help="The HTML file to write (local)."
         ),
@@ -31,5 +38,5 @@ def register(app: typer.Typer) -> None:
         with embedded plots (no external URLs)."""
         from draftdata.report import build_report
 
-        path = build_report(target, *compare, out=out, title=title or None)
+        path = build_report(target, *compare, *(more or []), out=out, title=title or None)
         typer.echo(f"report: wrote {path} ({path.stat().st_size // 1024} KiB)")

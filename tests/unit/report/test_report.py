@@ -134,5 +134,13 @@ def test_report_cli(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["report", str(root), "--out", str(out), "--title", "Demo X"])
     assert r.exit_code == 0, r.output
     assert "report: wrote" in r.stdout and "<title>Demo X</title>" in out.read_text()
+    # --compare takes several datasets, repeated or after one flag
+    a = b.write_jsonl(tmp_path / "a.jsonl", b.specforge_rows())
+    c = b.write_jsonl(tmp_path / "c.jsonl", b.specforge_rows()[:2])
+    both = tmp_path / "both.html"
+    args = ["report", str(root), "--out", str(both), "--compare", str(a), str(c)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "a.jsonl" in both.read_text() and "c.jsonl" in both.read_text()
     bad = CliRunner().invoke(app, ["report", str(root), "--out", "s3://b/r.html"])
     assert bad.exit_code != 0 and isinstance(bad.exception, InputError)
