@@ -185,8 +185,9 @@ class Endpoint:
             return
         known = (cap.max_running if cap is not None else None) or fleet_max
         if known:
+            # the server cannot run more than it reports: a short queue on top, never a long one
             self.limit = known + queue_target(known)
-            self.max_limit = max(self.max_limit, known * 4)
+            self.max_limit = known + 2 * queue_target(known)
 
     def adapt(self, load: Load) -> int | None:
         """Follow the server's queue (auto only); returns the new limit if it changed.

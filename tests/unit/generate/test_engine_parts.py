@@ -40,7 +40,11 @@ def test_auto_concurrency_starts_from_capacity_and_follows_the_queue() -> None:
     ep.inflight = ep.limit
     assert ep.adapt(Load(running=64, waiting=0)) is None  # at its capacity: no point growing
     grown = ep.adapt(Load(running=50, waiting=0))  # below capacity, nothing waits: grow
-    assert grown is not None and grown > 68
+    assert grown == 72  # up to capacity + twice the queue target
+    unknown = endpoint(2, FakeClient(), concurrency="auto", limit=32)
+    unknown.set_capacity(Capacity(engine="vllm"))
+    unknown.inflight = 32
+    assert unknown.adapt(Load(running=32, waiting=0)) == 40  # vLLM: found by growing
     fixed = endpoint(1, FakeClient(), concurrency=12)
     fixed.set_capacity(Capacity(engine="sglang", max_running=64))
     assert fixed.limit == 12 and fixed.adapt(Load(running=0, waiting=50)) is None
