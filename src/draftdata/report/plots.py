@@ -47,7 +47,9 @@ def _png(fig: Figure) -> bytes:
 
 
 def _short(label: str, n: int = 40) -> str:
-    return label if len(label) <= n else "…" + label[-(n - 1) :]
+    text = label if len(label) <= n else "…" + label[-(n - 1) :]
+    # matplotlib hides legend labels that start with "_"
+    return " " + text if text.startswith("_") else text
 
 
 def grouped_bars(
