@@ -141,13 +141,21 @@ def _doms(s: DatasetStats) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _finish_section(data: ReportData) -> page.Section:
+    title = "Finish reasons"
     if not data.runs:
-        return page.Section("Finish reasons", note="no generate run in the inputs")
-    fr = data.finish_reasons()
+        return page.Section(title, note="no generate run in the inputs")
+    overall = data.finish_reasons()
+    per = data.finish_by_domain()
     plot = plots.hbars(
-        "finish-reasons", "Finish reasons", fr, "assistant turns", "length = cut by max tokens"
+        "finish-reasons", title, overall, "assistant turns", "length = cut by max tokens"
     )
-    return page.Section("Finish reasons", [plot] if plot else [], "no completions")
+    reasons = list(overall)
+    rows = []
+    for d, counts in [("all", overall), *per.items()]:
+        turns = sum(counts.values())
+        rows.append([d, turns, *(f"{100 * counts.get(k, 0) / turns:.1f}%" for k in reasons)])
+    tables = [page.table(["domain", "turns", *reasons], rows)] if rows and reasons else []
+    return page.Section(title, [plot] if plot else [], "no completions", tables)
 
 
 def _failures_section(data: ReportData) -> page.Section:

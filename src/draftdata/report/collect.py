@@ -123,6 +123,14 @@ class ReportData:
             c.update(r.stats.get("finish_reasons") or {})
         return dict(c.most_common())
 
+    def finish_by_domain(self) -> dict[str, dict[str, int]]:
+        """Finish reasons of every run's turns per domain, summed: {domain: {reason: turns}}."""
+        out: dict[str, Counter[str]] = {}
+        for r in self.runs:
+            for d, v in r.stats["domains"].items():
+                out.setdefault(d, Counter()).update(v.get("finish_reasons") or {})
+        return {d: dict(c) for d, c in out.items() if c}
+
     def failures_by_reason(self) -> dict[str, int]:
         """Standing failures per class, summed over runs."""
         c: Counter[str] = Counter()

@@ -98,6 +98,7 @@ class _Group:
         self.reasoning = 0
         self.truncated = 0
         self.lengths: dict[str, Sketch] = {}
+        self.finish: Counter[str] = Counter()
 
     def sketch(self, measure: str) -> Sketch:
         s = self.lengths.get(measure)
@@ -113,6 +114,8 @@ class _Group:
         }
         if reasoning_known:
             out["reasoning_share"] = round(self.reasoning / self.rows, 6) if self.rows else 0.0
+        if self.finish:
+            out["finish_reasons"] = dict(self.finish.most_common())
         return out
 
 
@@ -125,7 +128,6 @@ class StatsBuilder:
         self.domains: dict[str, _Group] = {}
         self.sources: Counter[str] = Counter()
         self.labels: Counter[str] = Counter()
-        self.finish: Counter[str] = Counter()
         self.rejects = Rejects()
 
     def _domain(self, name: str) -> _Group:
@@ -140,13 +142,17 @@ class StatsBuilder:
         source: str,
         measures: dict[str, float],
         reasoning: bool = False,
+        finish: Counter[str] | None = None,
     ) -> None:
-        """Count one row of ``domain``/``source`` with its length ``measures``."""
+        """Count one row of ``domain``/``source`` with its length ``measures`` (and, for a
+        completion, its turns' finish reasons)."""
         for g in (self.all, self._domain(domain)):
             g.rows += 1
             g.reasoning += reasoning
             for name, value in measures.items():
                 g.sketch(name).add(value)
+            if finish:
+                g.finish.update(finish)
         self.sources[source or "(none)"] += 1
 
     def add_samples(self, domains: list[str], sources: list[str], cols: dict[str, Any]) -> None:
@@ -207,9 +213,8 @@ def _stats_run(b: StatsBuilder) -> None:
         if out_tokens:
             measures["output_tokens"] = out_tokens
         reasoning = any(t.reasoning or "<think>" in (t.content or "") for t in c.turns)
-        for t in c.turns:
-            b.finish[t.finish_reason or "unknown"] += 1
-        b.add_row(domain, c.source, measures, reasoning)
+        reasons = Counter(t.finish_reason or "unknown" for t in c.turns)
+        b.add_row(domain, c.source, measures, reasoning, reasons)
 
 
 def _stats_samples(b: StatsBuilder) -> None:
@@ -307,7 +312,7 @@ def compute_stats(url: str) -> DatasetStats:
             "share": round(b.all.truncated / total, 6) if total else 0.0,
         }
     if ds.kind == "run":
-        out["finish_reasons"] = dict(b.finish.most_common())
+        out["finish_reasons"] = dict(b.all.finish.most_common())
         if ds.is_run:
             out["failures"] = _failures(ds)
             out["metrics"] = headline(run_metrics(ds))

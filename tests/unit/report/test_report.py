@@ -79,6 +79,7 @@ def test_headline_numbers(demo: tuple[Path, Path]) -> None:
     assert h["tokenized_samples"] == 3 and h["training_tokens"] == 35
     assert h["prepared_prompts"] == 6
     assert data.finish_reasons() == {"stop": 6, "length": 1}
+    assert data.finish_by_domain()["math"] == {"length": 1, "stop": 1}
     assert data.failures_by_reason() == {"context_length": 1, "exhausted_retries": 1}
     # e1 commits 300 tokens per 10 s snapshot interval, e2 100
     assert data.throughput() == {
@@ -97,6 +98,8 @@ def test_demo_report_has_every_plot_and_no_external_link(demo: tuple[Path, Path]
     assert "merge_report.json" in text  # the mix came from the merge report
     for label in ("before (merge inputs)", "target", "after: train", "after: eval"):
         assert label in text
+    # finish reasons per domain: math has one of its two turns cut by max tokens
+    assert "<tr><td>math</td><td>2</td><td>50.0%</td><td>50.0%</td></tr>" in text
     assert not list(out.parent.glob(".r.html.*"))  # no temp file left
 
 

@@ -148,6 +148,8 @@ def test_run_finish_reasons_failures_metrics(tmp_path: Path) -> None:
     assert s.kind == "run" and s.rows == 7
     assert s.domain_counts() == {"code": 4, "math": 2, "general": 1}
     assert s["finish_reasons"] == {"stop": 6, "length": 1}
+    assert s["domains"]["math"]["finish_reasons"] == {"length": 1, "stop": 1}
+    assert s["domains"]["code"]["finish_reasons"] == {"stop": 4}
     assert s["failures"]["by_reason"] == {"context_length": 1, "exhausted_retries": 1}
     assert s["primary"] == "output_tokens"
     assert s.length()["total"] == 100 + 110 + 120 + 130 + 300 + 50 + 20
