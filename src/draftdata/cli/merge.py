@@ -85,6 +85,12 @@ def register(app: typer.Typer) -> None:
             "unrelated, e.g. both numbered 0, 1, 2, ...; ids may then repeat in the output). "
             "Content dedup always runs.",
         ),
+        workers: int = typer.Option(
+            0,
+            "--workers",
+            help="Processes that classify chat rows without a domain (0: one per core, up to "
+            "8, for inputs over 32 MiB; 1: none).",
+        ),
         shard_rows: int = typer.Option(100_000, "--shard-rows", help="Most rows per shard."),
         tmp_dir: str | None = typer.Option(
             None, "--tmp-dir", help="Local folder for the shuffle's buckets (default: system)."
@@ -114,6 +120,7 @@ def register(app: typer.Typer) -> None:
             max_repeat=max_repeat,
             tolerance=tolerance,
             dedup_ids=dedup_ids,
+            workers=workers,
             shard_rows=shard_rows,
             tmp_dir=tmp_dir,
         )

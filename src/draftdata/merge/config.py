@@ -32,6 +32,9 @@ class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     ``upsample`` repeats rows of short domains (at most ``max_repeat`` copies of a row) instead
     of only down-sampling the others. Shards hold at most ``shard_rows`` rows and about
     ``shard_bytes``; the external shuffle's buckets (in ``tmp_dir``) about ``bucket_bytes``.
+    ``workers`` processes classify and hash chat rows in pass 1 (1: in this process; 0: one
+    per core, at most 8, when the chat inputs exceed 32 MiB). Workers are spawned, so a script
+    that asks for them needs the ``if __name__ == "__main__":`` guard; the CLI uses 0.
     """
 
     existing: list[str] = msgspec.field(default_factory=list)
@@ -44,6 +47,7 @@ class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     upsample: bool = False
     max_repeat: int = 4
     dedup_ids: bool = True
+    workers: int = 1
     tolerance: float = 0.005
     shard_rows: int = 100_000
     shard_bytes: int = 128 << 20
@@ -102,6 +106,8 @@ def check_config(config: MergeConfig) -> None:
         raise ConfigError(f"--eval-fraction: {config.eval_fraction}; expected 0 <= F < 1")
     if not 0.0 <= config.tolerance < 0.5:
         raise ConfigError(f"--tolerance: {config.tolerance}; expected a fraction in [0, 0.5)")
+    if config.workers < 0:
+        raise ConfigError(f"--workers: {config.workers}; expected >= 0 (0 = automatic)")
     if config.max_repeat < 1:
         raise ConfigError(f"--max-repeat: {config.max_repeat}; expected >= 1")
     if min(config.shard_rows, config.shard_bytes, config.bucket_bytes) < 1:

@@ -17,9 +17,11 @@ the same files in the same order, so the n-th row of pass 2 is the n-th row of p
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing import get_context
 from typing import Literal
 
 import msgspec
@@ -42,6 +44,7 @@ from draftdata.stats.readers import (
 Family = Literal["samples", "chat"]
 UNKNOWN = "unknown"
 _CHUNK = 65536
+_CHAT_CHUNK = 2048
 _json = msgspec.json.Encoder()
 
 
@@ -199,14 +202,90 @@ def resolved_domain(conv: Conversation, classify: Callable[..., str]) -> str:
     return conv.domain or classify(conv.messages, conv.tools)
 
 
+def chat_keys(convs: list[Conversation]) -> tuple[list[str], list[int], list[int]]:
+    """(domain, content hash, size estimate) of each conversation: the costly part of pass 1
+    (the classifier), done in chunks so it can run in worker processes."""
+    classify = _classifier()
+    return (
+        [resolved_domain(c, classify) for c in convs],
+        [conversation_hash(c) for c in convs],
+        [c.char_counts()[0] + 64 * len(c.messages) + 128 for c in convs],
+    )
+
+
+_conversations = msgspec.msgpack.Decoder(list[Conversation])
+
+
+def _chat_keys_packed(blob: bytes) -> tuple[list[str], list[int], list[int]]:
+    # worker entry point: conversations travel as msgpack (faster than pickling structs)
+    return chat_keys(_conversations.decode(blob))
+
+
+class Workers:
+    """An optional pool of ``n`` spawned processes for ``chat_keys``; ``n <= 1`` runs inline.
+
+    Chunks are submitted with at most ``2 n`` in flight and consumed in submission order, so
+    results (and memory) do not depend on the number of workers.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def map(
+        self, chunks: Iterator[list[Conversation]]
+    ) -> Iterator[tuple[list[Conversation], tuple[list[str], list[int], list[int]]]]:
+        """(chunk, chat_keys(chunk)) for every chunk, in order."""
+        if self.n <= 1:
+            for chunk in chunks:
+                yield chunk, chat_keys(chunk)
+            return
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.n, mp_context=get_context("spawn"))
+        window: deque[tuple[list[Conversation], Future[tuple[list[str], list[int], list[int]]]]]
+        window = deque()
+        for chunk in chunks:
+            blob = msgspec.msgpack.encode(chunk)
+            window.append((chunk, self._pool.submit(_chat_keys_packed, blob)))
+            if len(window) >= 2 * self.n:
+                done, fut = window.popleft()
+                yield done, fut.result()
+        while window:
+            done, fut = window.popleft()
+            yield done, fut.result()
+
+
+def _chunks(items: Iterator[Conversation], size: int) -> Iterator[list[Conversation]]:
+    chunk: list[Conversation] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def scan(
     info: InputInfo,
     family: Family,
     keys: Keys,
     on_bad: Callable[[str, str], None],
     progress: Callable[[str, int], None] | None = None,
+    workers: Workers | None = None,
 ) -> None:
-    """Pass 1 over one input: append its rows' keys to ``keys`` and count its domains."""
+    """Pass 1 over one input: append its rows' keys to ``keys`` and count its domains.
+
+    Chat rows are classified and hashed by ``workers`` (inline when None).
+    """
     info.first_row = sum(len(a) for a in keys.id_hash)
     if family == "samples":
         cols = ["id", "domain", "input_ids"]
@@ -228,33 +307,24 @@ def scan(
         info.rows = sum(info.by_domain.values())
         info.scanned = n
         return
-    classify = _classifier()
 
     def bad(where: str, reason: str) -> None:
         info.bad += 1
         on_bad(where, reason)
 
-    id_h: list[int] = []
-    c_h: list[int] = []
-    doms: list[int] = []
-    sizes: list[int] = []
-    for conv in iter_conversations(info.dataset, bad):
-        domain = resolved_domain(conv, classify)
-        info.by_domain[domain] += 1
-        id_h.append(hash64(conv.id.encode()))
-        c_h.append(conversation_hash(conv))
-        doms.append(keys.code(domain))
-        sizes.append(conv.char_counts()[0] + 64 * len(conv.messages) + 128)
-        if len(id_h) >= _CHUNK:
-            keys.append(id_h, c_h, doms, sizes)
-            id_h, c_h, doms, sizes = [], [], [], []
-            if progress:
-                progress(info.path, sum(info.by_domain.values()))
-    if id_h:
-        keys.append(id_h, c_h, doms, sizes)
+    pool = workers or Workers(1)
+    chunks = _chunks(iter_conversations(info.dataset, bad), _CHAT_CHUNK)
+    for chunk, (domains, contents, sizes) in pool.map(chunks):
+        info.by_domain.update(domains)
+        keys.append(
+            [hash64(c.id.encode()) for c in chunk],
+            contents,
+            [keys.code(d) for d in domains],
+            sizes,
+        )
+        if progress:
+            progress(info.path, sum(info.by_domain.values()))
     info.rows = info.scanned = sum(info.by_domain.values())
-    if progress:
-        progress(info.path, info.rows)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 from collections import Counter
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from draftdata.merge.inputs import (
     Family,
     InputInfo,
     Keys,
+    Workers,
     iter_chat_rows,
     iter_sample_tables,
     open_inputs,
@@ -61,6 +63,7 @@ SPLITS = ("train", "eval")
 DROP_REASONS = ("bad_row", "duplicate_id", "duplicate_content", "not_in_mix", "over_target")
 _FLUSH_ROWS = 1024  # rows buffered per bucket before an IPC write (chat rows)
 _BATCH_BYTES = 32 << 20  # pass-2 read batches and all chat buffers together stay near this
+_POOL_MIN_BYTES = 32 << 20  # chat inputs smaller than this are classified in-process
 
 Progress = Callable[[str, int], None]
 
@@ -98,6 +101,17 @@ class _Plan:
     buckets: npt.NDArray[np.int64]
     nbuckets: dict[int, int]
     rows_per_shard: dict[int, int]
+
+
+def _workers(config: MergeConfig, family: Family, infos: list[InputInfo]) -> int:
+    # processes for pass 1's classifier: only chat rows need them, and only big inputs pay
+    # for starting them
+    if family != "chat" or config.workers == 1:
+        return 1
+    if config.workers > 1:
+        return config.workers
+    size = sum(i.dataset.store.size(k) for i in infos for k in i.dataset.keys)
+    return min(os.cpu_count() or 1, 8) if size > _POOL_MIN_BYTES else 1
 
 
 def _check_empty(store: Store) -> None:
@@ -390,9 +404,9 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
             bad_examples.append(f"{where}: {reason}")
 
     keys = Keys()
-    with stats.timed("scan"):
+    with stats.timed("scan"), Workers(_workers(config, family, infos)) as workers:
         for info in infos:
-            scan(info, family, keys, on_bad, progress)
+            scan(info, family, keys, on_bad, progress, workers)
     with stats.timed("plan"):
         plan, alloc, facts = _plan_output(config, keys, infos, stats)
     schema = SAMPLE_SCHEMA if family == "samples" else CONVERSATION_SCHEMA

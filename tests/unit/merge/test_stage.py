@@ -225,7 +225,9 @@ def test_hf_datasets_loads_the_output(skewed: tuple[Path, Path], tmp_path: Path)
     assert by_card["train"][0]["id"] == _rows(tmp_path / "out" / "train")[0]["id"]
 
 
-def test_hf_datasets_loads_chat_output_beside_the_jsonl_export(tmp_path: Path) -> None:
+def test_hf_datasets_loads_chat_output_beside_the_jsonl_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     datasets = pytest.importorskip("datasets")
     src = write_jsonl(tmp_path / "in.jsonl", chat_rows({"code": 30, "math": 30}, prefix="c"))
     s = merge(
@@ -238,10 +240,18 @@ def test_hf_datasets_loads_chat_output_beside_the_jsonl_export(tmp_path: Path) -
     )
     assert d["train"].num_rows == s.train_rows == 54
     assert d["train"][0]["conversations"][0]["role"] == "user"
-    # chat output is deterministic too, JSONL export included
+    # chat output is deterministic too, JSONL export included, with the classifier in 2
+    # worker processes (9 chunks of 7 rows) as well as in this one
+    import draftdata.merge.inputs
+
+    monkeypatch.setattr(draftdata.merge.inputs, "_CHAT_CHUNK", 7)
     merge(
         MergeConfig(
-            existing=[str(src)], out=str(tmp_path / "o2"), format="sharegpt", eval_fraction=0.1
+            existing=[str(src)],
+            out=str(tmp_path / "o2"),
+            format="sharegpt",
+            eval_fraction=0.1,
+            workers=2,
         )
     )
     assert file_hashes(tmp_path / "o") == file_hashes(tmp_path / "o2")
