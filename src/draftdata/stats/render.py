@@ -17,7 +17,18 @@ def _pct(x: float | None) -> str:
 
 
 def _n(x: Any) -> str:
-    return f"{x:,}" if isinstance(x, int) else str(x)
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return f"{x:,.1f}"
+    return str(x)
+
+
+def _cut_share(finish: dict[str, int]) -> float | None:
+    turns = sum(finish.values())
+    return finish.get("length", 0) / turns if turns else None
 
 
 def stats_renderable(stats: dict[str, Any]) -> Group:
@@ -45,6 +56,9 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
         dom.add_column(col, justify="left" if col == "domain" else "right")
     if stats.get("reasoning") is not None:
         dom.add_column("reasoning", justify="right")
+    cut = bool(stats.get("finish_reasons"))
+    if cut:
+        dom.add_column("cut", justify="right")  # turns ended by max tokens
     for name, d in stats["domains"].items():
         ln = d["lengths"].get(primary, {})
         row = [name, _n(d["rows"]), _pct(d["share"])]
@@ -52,6 +66,8 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
         row.append(_n(ln.get("max", "-")))
         if stats.get("reasoning") is not None:
             row.append(_pct(d.get("reasoning_share")))
+        if cut:
+            row.append(_pct(_cut_share(d.get("finish_reasons") or {})))
         dom.add_row(*row)
     overall = stats["lengths"].get(primary, {})
     if overall:
@@ -61,6 +77,8 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
         row.append(_n(overall.get("max", "-")))
         if stats.get("reasoning") is not None:
             row.append(_pct(stats["reasoning"]["share"]))
+        if cut:
+            row.append(_pct(_cut_share(stats["finish_reasons"])))
         dom.add_row(*row, style="bold")
     parts.append(dom)
 

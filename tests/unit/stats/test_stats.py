@@ -229,7 +229,7 @@ def test_cli_table_and_json(tmp_path: Path) -> None:
     runner = CliRunner()
     table = runner.invoke(app, ["stats", run], env={"COLUMNS": "160"})
     assert table.exit_code == 0, table.output
-    for word in ("code", "57.1%", "finish reasons", "length", "context_length", "tok/s"):
+    for word in ("code", "57.1%", "finish reasons", "length", "context_length", "tok/s", "cut"):
         assert word in table.stdout
     js = runner.invoke(app, ["stats", run, "--json"])
     assert js.exit_code == 0, js.output
