@@ -132,7 +132,7 @@ def _t(code: float, math: float, general: float) -> dict[str, float]:
     return {"code": code, "math": math, "general": general}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     supply=st.lists(st.integers(0, 5000), min_size=1, max_size=6),
     weights=st.lists(st.integers(1, 100), min_size=1, max_size=6),
