@@ -306,9 +306,8 @@ def register(app: typer.Typer) -> None:
         except KeyboardInterrupt:  # outside the engine's own signal handling (start-up, close)
             typer.echo("generate: interrupted; run the same command again to continue", err=True)
             raise typer.Exit(130) from None
-        if cfg.progress != "off" or summary.interrupted:
-            for line in summary.lines():
-                typer.echo(line)
+        for line in summary.lines():
+            typer.echo(line)
         if json_out is not None:
             import json
 
