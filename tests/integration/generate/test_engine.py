@@ -249,3 +249,18 @@ def test_rich_progress_and_metrics_snapshots(tmp_path: Path) -> None:
     progress = [s for s in snaps if s["kind"] == "progress"]
     assert progress and set(progress[0]["endpoints"]) == set(fleet.urls)
     assert all(len(row) == 4 for s in progress for row in s["series"])
+
+
+def test_endpoint_down_at_start_joins_when_it_comes_up(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 150)
+    with SimFleet(2, sim(time_scale=0.2, max_running=8)) as fleet:
+        fleet.crash(1)
+        timer = threading.Timer(0.5, fleet.restart, args=(1,))
+        timer.start()
+        try:
+            summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
+        finally:
+            timer.cancel()
+    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (150, 0)
+    assert summary.endpoints[1].completed > 0 and summary.endpoints[0].completed > 0
