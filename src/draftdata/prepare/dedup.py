@@ -73,6 +73,8 @@ class Deduper:
         n = self.config.ngram
         if len(words) <= n:
             shingles = [" ".join(words)]
+        elif n == 1:
+            shingles = words  # unigrams: the words themselves (no join per word)
         else:
             shingles = [" ".join(words[i : i + n]) for i in range(len(words) - n + 1)]
         mh = rensa.RMinHash(num_perm=self.config.num_perm, seed=_MINHASH_SEED)
