@@ -210,7 +210,7 @@ def _run_job(
             "rows": config.batch_rows,
         },
         num_cpus=opts.cpus_per_task,
-        concurrency=opts.concurrency,
+        **_task_pool(ray, opts.concurrency),
     )
     results: dict[int, tuple[str, list[str]]] = {}
     for row in mapped.iter_rows():
@@ -219,6 +219,19 @@ def _run_job(
     if missing:
         raise InputError(f"tokenize --ray: {missing} completion shard(s) returned no result")
     return results
+
+
+def _task_pool(ray: Any, size: int | None) -> dict[str, Any]:
+    """map_batches' argument for "at most ``size`` tasks": ``compute`` (Ray >= 2.51), else
+    the older ``concurrency``."""
+    if size is None:
+        return {}
+    import inspect
+
+    strategy = getattr(ray.data, "TaskPoolStrategy", None)
+    if strategy is not None and "size" in inspect.signature(strategy).parameters:
+        return {"compute": strategy(size=size)}
+    return {"concurrency": size}
 
 
 def summary_lines(result: RayTokenizeResult) -> list[str]:

@@ -91,7 +91,8 @@ def test_ray_run_equals_single_process_run_on_s3(
 
     # The rest through the CLI, which resumes 0 and 2 (nothing new) and runs 1 and 3.
     args = ["generate", "--prompts", str(prompts), "--out", out, "--max-tokens", "64"]
-    args += ["--progress", "off", "--ray", "--partitions", "4", "--fleet-per-node", template]
+    args += ["--progress", "off", "--ray", "--partitions", "4", "--tasks-per-node", "2"]
+    args += ["--fleet-per-node", template]
     cli = CliRunner().invoke(app, args)
     assert cli.exit_code == 0, cli.output
     assert f"node {socket.gethostname()}: 4 partition(s)" in cli.output
