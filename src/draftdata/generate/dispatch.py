@@ -124,6 +124,7 @@ class Dispatcher:
     async def run(self) -> None:
         """Dispatch until every job is settled (or, once stopped, until nothing runs)."""
         feeder = asyncio.create_task(self._feed())
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 now = self.clock()
@@ -142,8 +143,10 @@ class Dispatcher:
                 timeout = 0.25
                 if self.waiting:
                     timeout = min(timeout, max(0.0, self.waiting[0][0] - now))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), timeout)
+                # a timer instead of wait_for: no task per wake-up (this loop wakes per answer)
+                timer = loop.call_later(timeout, self.wake.set)
+                await self.wake.wait()
+                timer.cancel()
         finally:
             feeder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
