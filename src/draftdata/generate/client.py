@@ -227,11 +227,10 @@ class EndpointClient:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            # SGLang and vLLM serve with uvicorn, which closes idle keep-alive connections after
+            # 5 s: dropping ours first avoids sending on a socket the server is closing.
             connector = aiohttp.TCPConnector(
-                limit=self._pool_size,
-                limit_per_host=self._pool_size,
-                keepalive_timeout=60,
-                enable_cleanup_closed=False,
+                limit=self._pool_size, limit_per_host=self._pool_size, keepalive_timeout=4.0
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
