@@ -256,7 +256,10 @@ def _install_signals(engine: Engine) -> Any:
         return None
     loop = asyncio.get_running_loop()
     installed = []
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) is not defaults[sig]:
+            continue  # someone else (a Ray worker, a notebook) handles it: leave it to them
         try:
             loop.add_signal_handler(sig, engine.interrupt)
         except (ValueError, RuntimeError, NotImplementedError):
