@@ -267,11 +267,14 @@ class Recorder:
         self.finish = finish
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.peers: list[int | None] = []  # client port of each request
 
     async def chat(self, request: web.Request) -> web.Response:
         body = msgspec.json.decode(await request.read())
         self.bodies.append(body)
         self.headers.append(dict(request.headers))
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.peers.append(peer[1] if peer else None)
         if self.strict:
             for key in ("return_token_ids", "return_prompt_token_ids"):
                 if key in body:
@@ -313,6 +316,16 @@ async def recorder(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Record
     rec = Recorder(strict=bool(request.param))
     async with serve(rec) as url:
         yield rec, url
+
+
+async def test_connections_are_kept_alive_and_pooled() -> None:
+    rec = Recorder(strict=False)
+    async with serve(rec) as url, EndpointClient(url, pool_size=3) as client:
+        for _ in range(5):
+            await client.chat(chat_body())
+        assert len(set(rec.peers)) == 1  # one connection, reused
+        await asyncio.gather(*(client.chat(chat_body()) for _ in range(12)))
+    assert len(set(rec.peers)) <= 3  # never more connections than the pool
 
 
 async def test_aborted_answer_is_a_server_error() -> None:
