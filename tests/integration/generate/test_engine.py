@@ -190,23 +190,21 @@ def test_interrupt_commits_what_finished_and_resumes(tmp_path: Path) -> None:
     """The engine's graceful stop (what SIGINT calls): committed work is kept, the rest resumes."""
     prompts = tmp_path / "p.jsonl"
     ids = write_prompts(prompts, 200)
-    handle: list[tuple[Any, asyncio.AbstractEventLoop]] = []
+    timers: list[threading.Timer] = []
 
-    def on_engine(engine: Any) -> None:
-        handle.append((engine, asyncio.get_running_loop()))
-
-    def stop() -> None:
-        engine, loop = handle[0]
-        loop.call_soon_threadsafe(engine.interrupt)
+    def on_engine(engine: Any) -> None:  # on the engine's loop, before it starts
+        loop = asyncio.get_running_loop()
+        timer = threading.Timer(0.6, loop.call_soon_threadsafe, args=(engine.interrupt,))
+        timers.append(timer)
+        timer.start()
 
     with SimFleet(2, sim(time_scale=0.02)) as fleet:
         cfg = fast_config(prompts, tmp_path / "run", fleet.urls, grace_seconds=0.0)
-        timer = threading.Timer(0.8, stop)
-        timer.start()
         try:
             first = generate(cfg, on_engine=on_engine)
         finally:
-            timer.cancel()
+            for t in timers:
+                t.cancel()
         assert first.interrupted and 0 < first.completed < 200
         assert first.remaining == 200 - first.completed
         second = generate(cfg)
