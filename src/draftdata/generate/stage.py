@@ -110,6 +110,10 @@ def generate(
 
         live = config.progress == "rich" or (config.progress == "auto" and sys.stdout.isatty())
     emit = log or stderr_log
+    if handle_signals:
+        # take over SIGINT/SIGTERM only where nobody else (a Ray worker, a notebook) has
+        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+        handle_signals = all(signal.getsignal(s) is h for s, h in defaults.items())
     return asyncio.run(
         _generate(
             config,
@@ -256,10 +260,7 @@ def _install_signals(engine: Engine) -> Any:
         return None
     loop = asyncio.get_running_loop()
     installed = []
-    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
     for sig in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(sig) is not defaults[sig]:
-            continue  # someone else (a Ray worker, a notebook) handles it: leave it to them
         try:
             loop.add_signal_handler(sig, engine.interrupt)
         except (ValueError, RuntimeError, NotImplementedError):
