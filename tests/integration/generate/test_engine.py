@@ -79,13 +79,14 @@ def test_crash_and_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path) 
         ("hang", "timeout"),
     ],
 )
+@pytest.mark.parametrize("flavor", ["sglang", "vllm"])
 def test_retryable_faults_are_retried_and_committed(
-    tmp_path: Path, knob: str, error_class: str
+    tmp_path: Path, knob: str, error_class: str, flavor: str
 ) -> None:
     prompts = tmp_path / "p.jsonl"
     ids = write_prompts(prompts, 60)
     faults = FaultConfig(server=0, retry_after_s=0, **{knob: 0.3})  # type: ignore[arg-type]
-    with SimFleet(2, sim(faults=faults)) as fleet:
+    with SimFleet(2, sim(flavor, faults=faults)) as fleet:
         summary = generate(
             fast_config(prompts, tmp_path / "run", fleet.urls, read_timeout=0.5, hedge=False)
         )
@@ -97,10 +98,11 @@ def test_retryable_faults_are_retried_and_committed(
     assert any(c.attempts > 1 for c in completions(tmp_path / "run"))
 
 
-def test_context_length_is_a_failure_without_retry(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flavor", ["sglang", "vllm"])
+def test_context_length_is_a_failure_without_retry(tmp_path: Path, flavor: str) -> None:
     prompts = tmp_path / "p.jsonl"
     ids = write_prompts(prompts, 60)
-    with SimFleet(1, sim(faults=FaultConfig(context_400=0.2))) as fleet:
+    with SimFleet(1, sim(flavor, faults=FaultConfig(context_400=0.2))) as fleet:
         summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
         injected = fleet.stats(0).faults["context_400"]
         # resume: fatal failures are settled, nothing is sent again
@@ -114,10 +116,13 @@ def test_context_length_is_a_failure_without_retry(tmp_path: Path) -> None:
     assert summary.failed == {"context_length": injected}
 
 
-def test_a_request_too_long_for_the_context_fails_as_context_length(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flavor", ["sglang", "vllm"])
+def test_a_request_too_long_for_the_context_fails_as_context_length(
+    tmp_path: Path, flavor: str
+) -> None:
     prompts = tmp_path / "p.jsonl"
     write_prompts(prompts, 4)
-    with SimFleet(1, sim(context_length=256)) as fleet:
+    with SimFleet(1, sim(flavor, context_length=256)) as fleet:
         summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls, max_tokens=1000))
     assert summary.failed == {"context_length": 4} and summary.requests == 0
 
