@@ -24,9 +24,10 @@ RayFlag = Annotated[
     bool,
     typer.Option(
         "--ray",
-        help="Run on a Ray cluster: prompts are partitioned by id hash and each fleet node runs "
-        "the engine on its own fleet, all writing into the one --out run (needs "
-        "pip install 'draftdata[ray]').",
+        # "\\[" is a literal "[" in rich markup (Typer renders help with rich).
+        help="Run on a Ray cluster (generate: id-hash partitions, one engine per fleet node, "
+        "all writing into the one --out run; tokenize: a Ray Data job over the completion "
+        "shards). Needs pip install 'draftdata\\[ray]'.",
         rich_help_panel=PANEL,
     ),
 ]

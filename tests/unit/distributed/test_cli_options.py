@@ -64,3 +64,14 @@ def test_cli_ray_without_ray_is_one_line_exit_1(
     assert err.startswith("error: --ray needs Ray, which is not installed: ")
     assert "pip install 'draftdata[ray]'" in err
     assert not (tmp_path / "run").exists()  # nothing was started or written
+
+
+@pytest.mark.parametrize("command", ["generate", "tokenize"])
+def test_help_names_the_extra(command: str) -> None:
+    from typer.testing import CliRunner
+
+    from draftdata.cli import app
+
+    result = CliRunner().invoke(app, [command, "--help"])
+    assert result.exit_code == 0
+    assert "'draftdata[ray]'" in result.output and "--ray-address" in result.output
