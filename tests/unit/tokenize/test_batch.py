@@ -252,8 +252,6 @@ def test_chat_template_override_from_file(demo_tokenizer: Path, tmp_path: Path) 
         convo, chat_template=text, tokenize=True, return_dict=True
     )
     row = out.to_pylist()[0]
-    assert row["input_ids"] == list(
-        expected["input_ids"] if isinstance(expected, dict) else expected
-    )
+    assert row["input_ids"] == list(expected["input_ids"])
     loss = [i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
     assert ctx.decode(loss) == "<think>\nGreet.\n</think>\n\nHello.<|im_end|>"
