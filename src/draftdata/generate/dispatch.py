@@ -101,6 +101,7 @@ class Dispatcher:
         self._checking: set[Endpoint] = set()
         self._background: set[asyncio.Task[None]] = set()
         self.tasks: set[asyncio.Task[None]] = set()  # every live copy's task
+        self._unmapped = 0
         # counters read by progress and the summary
         self.already_done = 0
         self.duplicates = 0
@@ -307,7 +308,12 @@ class Dispatcher:
             result, body = await self._converse(copy)
         except RequestError as exc:
             error = exc
-        except (ValueError, TypeError, KeyError, OSError) as exc:  # a transport we do not know
+        except Exception as exc:  # a transport failure nobody mapped: retry it, say so once
+            if not self._unmapped:
+                self.log(
+                    f"generate: unexpected {type(exc).__name__} from {copy.endpoint.url}: {exc}"
+                )
+            self._unmapped += 1
             error = RequestError(ErrorClass.malformed, f"{type(exc).__name__}: {exc}")
         finally:
             self._detach(copy)

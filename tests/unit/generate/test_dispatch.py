@@ -215,3 +215,21 @@ async def test_hedging_commits_one_answer(tmp_path: Path) -> None:
     assert Counter(c.id for c in sink.completions) == Counter(f"p{i}" for i in range(6))
     assert d.hedges >= 1 and d.hedges_won >= 1
     assert all(e.inflight == 0 for e in eps)
+
+
+async def test_an_unmapped_transport_error_is_retried_not_lost(tmp_path: Path) -> None:
+    prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(3)])
+    client = FakeClient()
+    original = client.chat
+    calls = [0]
+
+    async def chat(body: dict[str, object]) -> list[object]:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("Session is closed")
+        return await original(body)  # type: ignore[arg-type]
+
+    client.chat = chat  # type: ignore[method-assign,assignment]
+    _, sink = await run_dispatch(cfg(), [endpoint(0, client)], prompts)
+    assert sorted(c.id for c in sink.completions) == ["p0", "p1", "p2"]
+    assert max(c.attempts for c in sink.completions) == 2
