@@ -147,7 +147,8 @@ class Progress:
             f"elapsed {_fmt_time(self.clock() - self.started)}   ETA {_fmt_time(self.eta())}",
         )
         table = Table(box=None, pad_edge=False, header_style="bold")
-        for col in ("endpoint", "state", "in-flight/limit", "waiting", "tok/s", "done", "errors"):
+        cols = ("endpoint", "state", "in-flight/limit", "capacity", "waiting", "tok/s", "done")
+        for col in (*cols, "errors"):
             table.add_column(col, justify="left" if col in ("endpoint", "state") else "right")
         for e in self.endpoints:
             errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "-"
@@ -157,6 +158,7 @@ class Progress:
                 e.name,
                 Text(e.state, style=style),
                 f"{e.inflight}/{e.limit}",
+                str(e.capacity.max_running or "?") if e.capacity else "?",
                 waiting,
                 f"{e.tokens_per_s(self.window):,.0f}",
                 str(e.completed),
