@@ -50,16 +50,14 @@ def prompts(tmp_path: Path) -> Path:
 
 
 def _config(prompts: Path, out: str, **changes: Any) -> GenerateConfig:
-    return GenerateConfig(
-        prompts=str(prompts),
-        out=out,
-        max_tokens=64,
-        flush_records=4,
-        flush_seconds=0.2,
-        progress="off",
-        log_interval=0.5,
-        **changes,
-    )
+    base: dict[str, Any] = {
+        "max_tokens": 64,
+        "flush_records": 4,
+        "flush_seconds": 0.2,
+        "progress": "off",
+        "log_interval": 0.5,
+    }
+    return GenerateConfig(prompts=str(prompts), out=out, **{**base, **changes})
 
 
 def _opts(**changes: Any) -> RayOptions:
@@ -108,6 +106,15 @@ def test_ray_run_equals_single_process_run_on_s3(
     check_exactly_once(single, ids)
     by_id = {c.id: (c.domain, len(c.turns)) for c in iter_completions(out)}
     assert by_id == {c.id: (c.domain, len(c.turns)) for c in iter_completions(single)}
+
+    # Other settings into the same run: every partition refuses (an application error, so
+    # Ray does not retry it), nothing is written, the summary says what to do.
+    changed = _config(prompts, out, max_tokens=32)
+    refused = run(changed, _opts(partitions=2, fleet_per_node=template), log=lines.append)
+    assert refused.failed_partitions == [0, 1] and refused.committed == 0
+    assert all(o.attempts == 1 and "RunMismatchError" in (o.error or "") for o in refused.outcomes)
+    assert "partitions not finished: 0,1" in summary_lines(refused)[-1]
+    check_exactly_once(out, ids)
 
 
 def test_killed_partition_is_retried_without_duplicates(
