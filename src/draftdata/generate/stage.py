@@ -30,7 +30,7 @@ from draftdata.fleet.probe import base_url
 from draftdata.fleet.spec import read_fleet
 from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
-from draftdata.generate.endpoint import Endpoint, discover
+from draftdata.generate.endpoint import Endpoint, discover, queue_target
 from draftdata.generate.engine import Engine, Log, probe_session, stderr_log
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
@@ -210,8 +210,14 @@ def _endpoints(
 ) -> list[Endpoint]:
     out = []
     for i, (url, cap, fleet_max) in enumerate(zip(urls, caps, fleet_caps, strict=True)):
-        # the pool only caps connections; auto concurrency may grow past the reported capacity
-        pool = 1024 if config.concurrency == "auto" else int(config.concurrency) + 8
+        # the keep-alive pool is sized to the most requests the endpoint may get at once
+        known = (cap.max_running if cap is not None else None) or fleet_max
+        if config.concurrency != "auto":
+            pool = int(config.concurrency) + 8
+        elif known:
+            pool = known + 2 * queue_target(known) + 8
+        else:
+            pool = 1024  # found by growing (vLLM reports no capacity)
         client = EndpointClient(
             url,
             api_key=key,
