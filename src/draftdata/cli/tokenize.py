@@ -67,10 +67,11 @@ def register(app: typer.Typer) -> None:
         ray: RayFlag = False,
         ray_address: RayAddress = None,
     ) -> None:
-        """Tokenize a run's completions with the target's chat template: input_ids + loss_mask.
+        """Tokenize a run's completions in the target's chat template: input_ids + loss_mask.
 
         Loss is 1 exactly on what the target wrote (reasoning, answer, tool calls, end-of-turn).
-        Server token ids, when present, are the sample; templates that rewrite history (Qwen3)
+
+        Server token ids, when present, are the sample. Templates that rewrite history (Qwen3)
         give one sample per turn (id#turn).
         """
         from draftdata.tokenize.config import TokenizeConfig
