@@ -86,6 +86,10 @@ def test_ray_run_equals_single_process_run_on_s3(
     assert sorted(o.index for o in first.outcomes) == [0, 2]
     assert all(o.state == "done" for o in first.outcomes)
     assert any("fleet-" in line and "2/2 endpoints answer" in line for line in lines)
+    # Plain progress lines (no TTY): aggregate counts, rates and each node's throughput.
+    progress = [line for line in lines if " committed, " in line]
+    assert progress and f"; {socket.gethostname()} " in progress[-1]
+    assert "tok/s" in progress[-1] and "partitions " in progress[-1]
 
     # The rest through the CLI, which resumes 0 and 2 (nothing new) and runs 1 and 3.
     args = ["generate", "--prompts", str(prompts), "--out", out, "--max-tokens", "64"]
@@ -117,6 +121,7 @@ def test_ray_run_equals_single_process_run_on_s3(
     check_exactly_once(out, ids)
 
 
+@pytest.mark.chaos
 def test_killed_partition_is_retried_without_duplicates(
     ray_local: Any, prompts: Path, tmp_path: Path
 ) -> None:
@@ -133,8 +138,8 @@ def test_killed_partition_is_retried_without_duplicates(
                 killed.append(part.index)
                 return
 
-    # Slower answers (~150 ms), one at a time per server, so a partition runs for seconds.
-    slow = SimConfig(mean_output_tokens=24, min_output_tokens=8, time_scale=0.3, reasoning="off")
+    # Slower answers (~250 ms), one at a time per server, so a partition runs for seconds.
+    slow = SimConfig(mean_output_tokens=24, min_output_tokens=8, time_scale=0.5, reasoning="off")
     with SimFleet(2, slow) as fleet:
         config = _config(prompts, out, endpoints=fleet.urls, concurrency=1, hedge=False)
         result = run(config, _opts(partitions=2), on_progress=kill_one)
