@@ -141,6 +141,28 @@ async def _generate(
     signals: bool,
     on_engine: Callable[[Engine], None] | None,
 ) -> GenerateSummary:
+    warm = asyncio.ensure_future(asyncio.to_thread(_warm_up))  # beside probing and scanning
+    try:
+        return await _run_stage(
+            config, files, urls, fleet_caps, key, log, live, signals, on_engine, warm
+        )
+    finally:
+        if not warm.done():
+            warm.cancel()
+
+
+async def _run_stage(
+    config: GenerateConfig,
+    files: list[Any],
+    urls: list[str],
+    fleet_caps: list[int | None],
+    key: str | None,
+    log: Log,
+    live: bool,
+    signals: bool,
+    on_engine: Callable[[Engine], None] | None,
+    warm: asyncio.Future[None],
+) -> GenerateSummary:
     timeout = min(10.0, config.connect_timeout)
     async with probe_session(key) as session:
         caps = await asyncio.gather(*(discover(session, u, timeout) for u in urls))
@@ -164,7 +186,7 @@ async def _generate(
             flush_seconds=config.flush_seconds,
             writer_id=config.writer_id,
         )
-        await asyncio.to_thread(_warm_up)
+        await warm
         endpoints = _endpoints(config, urls, caps, fleet_caps, key, log)
         reader = PromptReader(files, limit=config.limit, partition=part, on_invalid=log)
         if run.resumed_done or run.resumed_fatal:
