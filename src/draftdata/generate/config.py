@@ -17,6 +17,7 @@ Example ``gen.yaml`` (every key optional; CLI flags win over the file)::
         sampling: {temperature: 0.2}
     concurrency: auto            # or a number per endpoint
     n: 1
+    partition: 0/4               # only prompts whose id hash is in partition 0 of 4
 
 This module holds values and their validation only; the engine reads them.
 """
