@@ -4,7 +4,8 @@
 attempt reports ``started`` (node, pid, writer id), then ``update`` every few seconds with what
 it has *committed* so far (records and output tokens read from its own shards' footers and
 usage column, so the numbers are durable facts, never in-flight guesses), then ``finished`` or
-``crashed``. A killed attempt keeps the counts it committed; its retry reports as a new attempt.
+``crashed``. A killed attempt keeps the counts it committed (the driver recounts its shards
+once its retry starts); the retry reports as a new attempt.
 
 ``Tracker`` is the driver side: it folds successive board snapshots into totals, per-node
 rates over a sliding window (the clock is injectable) and an ETA; ``render`` draws a rich table
@@ -28,6 +29,7 @@ from draftdata.store.read import COMPLETIONS_PREFIX, FAILURES_PREFIX, read_shard
 from draftdata.store.store import Store
 
 STATES = ("queued", "running", "done", "failed")
+LOST = "worker lost"  # the error of an attempt whose worker died (Ray retried the partition)
 
 
 class Attempt(msgspec.Struct, kw_only=True):
@@ -75,40 +77,44 @@ class Board:
         """Start over for a new command (the driver keeps one board actor per Ray session)."""
         self.parts = [PartitionState(index=i, total=t) for i, t in enumerate(totals)]
 
-    def started(
-        self, index: int, node: str, pid: int, writer: str
-    ) -> tuple[int, list[tuple[int, str]]]:
-        """Record a new attempt of partition ``index``; returns its attempt number (1-based)
-        and the (attempt, writer) of earlier attempts that died without a last report, whose
-        shards the new attempt counts once (their final commits came after their last
-        update)."""
+    def started(self, index: int, node: str, pid: int, writer: str) -> None:
+        """Record a new attempt of partition ``index`` (by its writer id). Earlier attempts
+        that never reported an end died with their worker: they are marked lost, and the
+        driver recounts their shards once (their last commits came after their last update).
+        Tasks call this without waiting: a task blocked in ``ray.get`` lends its CPU to the
+        next queued partition, which would run more engines per node than asked."""
         part = self.parts[index]
-        lost = []
-        for n, a in enumerate(part.attempts, start=1):
+        for a in part.attempts:
             if a.ended is None:
                 a.ended = self._clock()
-                a.error = a.error or "worker lost"
-                lost.append((n, a.writer))
+                a.error = a.error or LOST
         part.attempts.append(Attempt(node=node, pid=pid, writer=writer, started=self._clock()))
         part.state = "running"
-        return len(part.attempts), lost
 
-    def update(self, index: int, attempt: int, committed: int, failed: int, tokens: int) -> None:
-        """What attempt ``attempt`` of partition ``index`` has committed so far."""
-        a = self.parts[index].attempts[attempt - 1]
-        a.committed, a.failed, a.tokens = committed, failed, tokens
+    def _attempt(self, index: int, writer: str) -> Attempt | None:
+        return next((a for a in self.parts[index].attempts if a.writer == writer), None)
 
-    def finished(self, index: int, attempt: int, summary: dict[str, Any]) -> None:
+    def update(self, index: int, writer: str, committed: int, failed: int, tokens: int) -> None:
+        """What the attempt with ``writer`` of partition ``index`` has committed so far."""
+        a = self._attempt(index, writer)
+        if a is not None:
+            a.committed, a.failed, a.tokens = committed, failed, tokens
+
+    def finished(self, index: int, writer: str, summary: dict[str, Any]) -> None:
         """The attempt returned normally with the engine's ``summary``."""
         part = self.parts[index]
-        part.attempts[attempt - 1].ended = self._clock()
+        a = self._attempt(index, writer)
+        if a is not None:
+            a.ended = self._clock()
         part.state, part.summary = "done", summary
 
-    def crashed(self, index: int, attempt: int, error: str) -> None:
-        """The attempt raised ``error`` (an application error: Ray does not retry it)."""
+    def crashed(self, index: int, writer: str, error: str) -> None:
+        """The attempt raised ``error`` (an application error: Ray does not retry it) or
+        stopped early."""
         part = self.parts[index]
-        a = part.attempts[attempt - 1]
-        a.ended, a.error = self._clock(), error
+        a = self._attempt(index, writer)
+        if a is not None:
+            a.ended, a.error = self._clock(), error
         part.state = "failed"
 
     def snapshot(self) -> list[PartitionState]:

@@ -151,15 +151,10 @@ def run_partition(
 
     hostname, _ip, _node_id = cluster.here()
     writer = f"p{part.index:04d}-{default_writer_id()}"
-    attempt, lost = ray.get(board.started.remote(part.index, hostname, os.getpid(), writer))
+    # Never ray.get before the engine ends: a blocked task lends its CPU to the next partition.
+    board.started.remote(part.index, hostname, os.getpid(), writer)
     stop = threading.Event()
     seen: dict[str, tuple[int, int]] = {}
-    for n, old_writer in lost:  # what a killed attempt committed after its last report
-        try:
-            c, f, t = committed_by_writer(open_store(config.out), old_writer, {})
-        except DraftdataError:
-            continue
-        board.update.remote(part.index, n, c, f, t)
 
     def report() -> None:
         try:
@@ -167,7 +162,7 @@ def run_partition(
             c, f, t = committed_by_writer(store, writer, seen)
         except DraftdataError:
             return  # the run may not exist yet; the engine reports real store errors
-        board.update.remote(part.index, attempt, c, f, t)
+        board.update.remote(part.index, writer, c, f, t)
 
     def reporter() -> None:
         while not stop.wait(opts.report_s):
@@ -183,20 +178,20 @@ def run_partition(
     except BaseException as exc:
         stop.set()
         report()
-        ray.get(board.crashed.remote(part.index, attempt, f"{type(exc).__name__}: {exc}"))
+        ray.get(board.crashed.remote(part.index, writer, f"{type(exc).__name__}: {exc}"))
         raise
     stop.set()
     thread.join(timeout=opts.report_s + 5)
     report()
-    summary = {**summary, "node": hostname, "writer": writer, "attempt": attempt}
+    summary = {**summary, "node": hostname, "writer": writer}
     left = summary.get("remaining")
     if summary.get("interrupted") or (isinstance(left, int) and left > 0):
         # The engine stopped early (SIGINT/SIGTERM on that node, or a cancel): committed work
         # stays, the partition is listed as unfinished and a rerun resumes it.
         why = f"stopped early with {left if left is not None else '?'} left"
-        ray.get(board.crashed.remote(part.index, attempt, why))
+        ray.get(board.crashed.remote(part.index, writer, why))
     else:
-        ray.get(board.finished.remote(part.index, attempt, summary))
+        ray.get(board.finished.remote(part.index, writer, summary))
     return summary
 
 
@@ -354,9 +349,13 @@ def run(
         total = None if any(t is None for t in known) else sum(t or 0 for t in known)
         tracker = Tracker(total)
         errors, interrupted = _monitor(
-            ray, refs, board, tracker, emit, on_progress, live, config.log_interval
+            ray, refs, board, tracker, emit, on_progress, live, config.log_interval, config.out
         )
         parts: list[PartitionState] = ray.get(board.snapshot.remote())
+        recounted: set[str] = set()
+        _recount_lost(parts, config.out, board, recounted)
+        if recounted:
+            parts = ray.get(board.snapshot.remote())
         tracker.observe(parts)
         outcomes = _outcomes(parts, errors)
         return RayGenerateResult(
@@ -403,6 +402,26 @@ def _reset_board(ray: Any, board: Any, totals: list[int | None]) -> Any:
         return board
 
 
+def _recount_lost(parts: list[PartitionState], out: str, board: Any, done: set[str]) -> None:
+    """Count once, from the store, what each lost attempt committed after its last report
+    (the board receives it before the driver's next snapshot: calls from one caller keep
+    their order). ``done`` holds the writers already recounted."""
+    from draftdata.distributed.progress import LOST, committed_by_writer
+    from draftdata.store.store import open_store
+
+    for p in parts:
+        for a in p.attempts:
+            if a.error != LOST or a.writer in done:
+                continue
+            done.add(a.writer)
+            try:
+                c, f, t = committed_by_writer(open_store(out), a.writer, {})
+            except DraftdataError:
+                continue  # the driver cannot read the store: the last report stands
+            if (c, f, t) != (a.committed, a.failed, a.tokens):
+                board.update.remote(p.index, a.writer, c, f, t)
+
+
 def _monitor(
     ray: Any,
     refs: dict[Any, int],
@@ -412,9 +431,11 @@ def _monitor(
     on_progress: Callable[[Tracker], None] | None,
     live: bool | None,
     log_interval: float,
+    out: str,
 ) -> tuple[dict[int, str], bool]:
     """Wait for the partition tasks, refreshing the display; returns (errors, interrupted)."""
     errors: dict[int, str] = {}
+    recounted: set[str] = set()
     pending = list(refs)
     use_live = sys.stderr.isatty() if live is None else live
     display = None
@@ -436,7 +457,16 @@ def _monitor(
                     except Exception as exc:  # the task's error, already on the board
                         errors[refs[ref]] = _error_line(exc)
                         emit(f"ray generate: partition {refs[ref]} failed: {errors[refs[ref]]}")
-                tracker.observe(ray.get(board.snapshot.remote()))
+                parts = ray.get(board.snapshot.remote())
+                _recount_lost(parts, out, board, recounted)
+                tracker.observe(parts)
+                if on_progress is not None:
+                    on_progress(tracker)
+                if display is not None:
+                    display.update(render(tracker))
+                elif time.monotonic() - last_line >= log_interval:
+                    emit(plain_line(tracker))
+                    last_line = time.monotonic()
             except KeyboardInterrupt:
                 if interrupted:
                     raise
@@ -445,16 +475,10 @@ def _monitor(
                     "ray generate: interrupted; stopping partitions (committed work is kept; "
                     "run the same command again to resume; Ctrl-C again to leave now)"
                 )
+                # A running engine gets KeyboardInterrupt (its graceful stop flushes what it
+                # has); queued partitions never start.
                 for ref in pending:
                     ray.cancel(ref)
-                continue
-            if on_progress is not None:
-                on_progress(tracker)
-            if display is not None:
-                display.update(render(tracker))
-            elif time.monotonic() - last_line >= log_interval:
-                emit(plain_line(tracker))
-                last_line = time.monotonic()
     finally:
         if display is not None:
             display.stop()

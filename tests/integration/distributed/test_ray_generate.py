@@ -153,3 +153,33 @@ def test_killed_partition_is_retried_without_duplicates(
     # prompt once, plus at most the killed attempt's unflushed buffer and its request in flight.
     assert N_PROMPTS <= served <= N_PROMPTS + config.flush_records + 2
     assert "after 2 attempt(s)" in "\n".join(summary_lines(result))
+
+
+def test_interrupted_driver_stops_partitions_and_the_rerun_resumes(
+    ray_local: Any, prompts: Path, tmp_path: Path
+) -> None:
+    out = str(tmp_path / "run")
+    pressed: list[int] = []
+    running: list[int] = []
+
+    def ctrl_c(tracker: Tracker) -> None:
+        running.append(tracker.counts()["running"])
+        if not pressed and tracker.committed >= 2:
+            pressed.append(tracker.committed)
+            raise KeyboardInterrupt
+
+    slow = SimConfig(mean_output_tokens=24, min_output_tokens=8, time_scale=0.5, reasoning="off")
+    with SimFleet(2, slow) as fleet:
+        config = _config(prompts, out, endpoints=fleet.urls, concurrency=1, hedge=False)
+        # 4 partitions, 2 at a time: two are running when Ctrl-C comes, two never start.
+        lines: list[str] = []
+        stopped = run(config, _opts(partitions=4), on_progress=ctrl_c, log=lines.append)
+        assert pressed and stopped.interrupted
+        assert max(running) <= 2  # --tasks-per-node 2: never more engines at once
+        assert any("interrupted; stopping partitions" in line for line in lines)
+        assert stopped.failed_partitions and stopped.committed < N_PROMPTS
+        assert "to resume: run the same command again" in "\n".join(summary_lines(stopped))
+        resumed = run(config, _opts(partitions=4))
+    assert not resumed.failed_partitions and not resumed.interrupted
+    assert stopped.committed <= N_PROMPTS - resumed.committed  # nothing committed twice
+    check_exactly_once(out, {f"q{i:04d}" for i in range(N_PROMPTS)})

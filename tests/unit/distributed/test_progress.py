@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftdata.distributed.progress import Board, Tracker, headline, plain_line
+from draftdata.distributed.progress import LOST, Board, Tracker, headline, plain_line
 
 
 class Clock:
@@ -16,37 +16,40 @@ class Clock:
 def test_board_counts_attempts_and_keeps_a_killed_attempts_commits() -> None:
     clock = Clock()
     board = Board([10, 10], clock=clock)
-    a1, lost = board.started(0, "node-a", 111, "w1")
-    assert lost == []
-    board.update(0, a1, committed=4, failed=1, tokens=400)
+    board.started(0, "node-a", 111, "w1")
+    board.update(0, "w1", committed=4, failed=1, tokens=400)
     # The worker was killed: Ray's retry reports a new attempt on another node.
-    a2, lost = board.started(0, "node-b", 222, "w2")
-    assert (a1, a2) == (1, 2)
-    assert lost == [(1, "w1")]  # the retry recounts the dead attempt's shards
-    board.update(0, a2, committed=6, failed=0, tokens=600)
+    board.started(0, "node-b", 222, "w2")
     part = board.snapshot()[0]
-    assert part.attempts[0].error == "worker lost"
+    assert part.attempts[0].error == LOST  # the driver recounts w1's shards once
+    board.update(0, "w1", committed=5, failed=1, tokens=500)  # that recount
+    board.update(0, "w2", committed=5, failed=0, tokens=500)
+    board.update(0, "nobody", committed=99, failed=0, tokens=0)  # unknown writer: ignored
+    part = board.snapshot()[0]
     assert part.committed == 10
     assert part.node == "node-b"
     assert board.pids(0) == [111, 222]
-    board.finished(0, a2, {"completed": 6})
+    board.finished(0, "w2", {"completed": 5})
     assert board.snapshot()[0].state == "done"
-    a, _ = board.started(1, "node-a", 333, "w3")
-    board.crashed(1, a, "fleet-x.yaml: not found")
+    board.started(1, "node-a", 333, "w3")
+    board.crashed(1, "w3", "fleet-x.yaml: not found")
     assert board.snapshot()[1].state == "failed"
+    assert board.snapshot()[1].attempts[0].error == "fleet-x.yaml: not found"
+    board.reset([5])
+    assert [p.state for p in board.snapshot()] == ["queued"]
 
 
 def test_tracker_rates_per_node_and_eta() -> None:
     clock = Clock()
     board = Board([100, 100], clock=clock)
     tracker = Tracker(total=200, window_s=30.0, clock=clock)
-    pa, _ = board.started(0, "node-a", 1, "w1")
-    pb, _ = board.started(1, "node-b", 2, "w2")
+    board.started(0, "node-a", 1, "w1")
+    board.started(1, "node-b", 2, "w2")
     tracker.observe(board.snapshot())
     for step in range(1, 4):
         clock.t += 10
-        board.update(0, pa, committed=20 * step, failed=0, tokens=2000 * step)
-        board.update(1, pb, committed=10 * step, failed=0, tokens=1000 * step)
+        board.update(0, "w1", committed=20 * step, failed=0, tokens=2000 * step)
+        board.update(1, "w2", committed=10 * step, failed=0, tokens=1000 * step)
         tracker.observe(board.snapshot())
     rows = {r.node: r for r in tracker.nodes()}
     assert rows["node-a"].rate == 2.0 and rows["node-b"].rate == 1.0
