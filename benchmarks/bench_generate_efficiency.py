@@ -25,7 +25,10 @@ last requests onto idle ones can beat it.
     python benchmarks/bench_generate_efficiency.py --quick   # 1.2K prompts (a smoke run)
 
 The run is sensitive to CPU starvation (the simulator, the engine and the baseline share the
-machine's cores; ~130 requests/s): the load average and the simulator's CPU share are printed.
+machine's cores; ~130 requests/s): the load average, the simulator's CPU share and the servers'
+mean running/waiting sequences mid-run are printed. Running below 64 with nothing waiting means
+the client left slots idle; running below 64 with requests waiting means the simulator itself
+is starved of CPU (its scheduler admits late) and the figure measures the machine.
 """
 
 from __future__ import annotations
@@ -268,10 +271,50 @@ class Result(msgspec.Struct, kw_only=True):
     ideal_tokens: float
     down: list[tuple[float, float]]
     sim_cpu: float  # the simulator's CPU seconds per wall second (1.0: one core saturated)
+    mid_run: tuple[float, float]  # mean (running, waiting) per server mid-run
 
     @property
     def efficiency(self) -> float:
         return self.tokens / self.ideal_tokens if self.ideal_tokens else 0.0
+
+
+class Loads:
+    """Polls every server's /v1/loads twice a second: (time, server, running, waiting)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = [u + "/v1/loads" for u in urls]
+        self.samples: list[tuple[float, int, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            for i, url in enumerate(self.urls):
+                try:
+                    with urllib.request.urlopen(url, timeout=2.0) as resp:
+                        agg = msgspec.json.decode(resp.read())["aggregate"]
+                except (OSError, ValueError, KeyError):
+                    continue
+                self.samples.append(
+                    (time.time(), i, agg["num_running_reqs"], agg["num_waiting_reqs"])
+                )
+
+    def __enter__(self) -> Loads:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def mid_run(self, start: float, last: float) -> tuple[float, float]:
+        """Mean running and waiting sequences per server (the restarting one left out) between
+        10% and 60% of the run, when there is always work queued."""
+        a, b = start + 0.1 * (last - start), start + 0.6 * (last - start)
+        got = [(r, w) for t, i, r, w in self.samples if a <= t <= b and i != RESTART]
+        if not got:
+            return 0.0, 0.0
+        return sum(r for r, _ in got) / len(got), sum(w for _, w in got) / len(got)
 
 
 def measure(
@@ -287,7 +330,7 @@ def measure(
     crash_n = max(10, int(shape.prompts / (SERVERS - 0.5) * 0.4))
     base = SimConfig(max_running=CAPACITY, time_scale=scale)
     with SimProcess(n=SERVERS, args=sim_args(shape, scale, crash_n)) as fleet:
-        with UpTime(fleet.urls[RESTART]) as watch:
+        with UpTime(fleet.urls[RESTART]) as watch, Loads(fleet.urls) as loads:
             cpu0 = cpu_seconds(fleet.pid)
             start = time.time()
             tokens, completed, last, failed = run(fleet.urls, prompts_path, prompts)
@@ -308,6 +351,7 @@ def measure(
         ideal_tokens=ideal,
         down=[(a - start, b - start) for a, b in watch.down_intervals(last)],
         sim_cpu=sim_cpu,
+        mid_run=loads.mid_run(start, last),
     )
 
 
@@ -448,7 +492,8 @@ def report(r: Result, rate: float) -> str:
         f"{r.name:<9} {r.efficiency:6.3f} of ideal  ({r.tokens / wall:,.0f} tok/s completed, "
         f"ideal {r.ideal_tokens / wall:,.0f}; {r.completed} done, {r.failed} failed, "
         f"{wall:.1f} s to the last completion; server {RESTART} down {down}; simulator "
-        f"CPU {r.sim_cpu:.0%})"
+        f"CPU {r.sim_cpu:.0%}; mid-run each server running {r.mid_run[0]:.1f}/{CAPACITY} with "
+        f"{r.mid_run[1]:.1f} waiting)"
     )
 
 
