@@ -18,11 +18,13 @@ It does not render or encode by itself (``batch.py``) and does not print (``cli/
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -129,12 +131,29 @@ def _check_out(config: TokenizeConfig) -> None:
         raise ConfigError(f"--out {config.out_url}: inside the run's completions/; choose another")
 
 
+def _fingerprint(paths: list[Path]) -> str | None:
+    # sha256 over the files that exist (a tokenizer folder's json files, a template file)
+    h = hashlib.sha256()
+    found = False
+    for path in paths:
+        if path.is_file():
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+            found = True
+    return h.hexdigest()[:16] if found else None
+
+
 def settings_of(config: TokenizeConfig, keep_reasoning_history: bool) -> dict[str, Any]:
-    """The settings recorded in summary.json (what changes the samples)."""
+    """The settings recorded in summary.json (what changes the samples), with fingerprints of
+    the tokenizer and template files, so a changed tokenizer at the same path is noticed."""
+    folder = Path(config.tokenizer)
+    files = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+    template = [Path(config.chat_template)] if config.chat_template else []
     return {
         "run": normalise_url(config.run),
         "tokenizer": config.tokenizer,
+        "tokenizer_sha256": _fingerprint([folder / f for f in files]),
         "chat_template": config.chat_template,
+        "chat_template_sha256": _fingerprint(template),
         "max_length": config.max_length,
         "long": config.long,
         "verify": config.verify,

@@ -24,7 +24,8 @@ def _convo(i: int) -> list[dict[str, object]]:
 
 def make_run(path: Path, n: int = 6, flush: int = 4) -> str:
     url = str(path)
-    with Run.open(url, settings={"keep_reasoning_history": False}, flush_records=flush) as run:
+    settings = {"keep_reasoning_history": False}
+    with Run.open(url, settings=settings, flush_records=flush, flush_seconds=3600) as run:
         for i in range(n):
             run.add_completion(completion(f"p{i}", _convo(i), domain=("math", "code")[i % 2]))
             if run.flush_due():
