@@ -215,7 +215,7 @@ class Dispatcher:
     def _place(self, now: float) -> None:
         held: list[Job] = []
         while self.ready:
-            free = [e for e in self.endpoints if e.accepting and e.free > 0]
+            free = [e for e in self.endpoints if e.state == "up" and e.limit > e.inflight]
             if not free:
                 break
             job = self.ready.popleft()
@@ -347,7 +347,9 @@ class Dispatcher:
             got = await ep.client.chat(body)
             self.requests_ok += 1
             ep.record_success(
-                sum(x.usage.completion_tokens for x in got),
+                got[0].usage.completion_tokens
+                if len(got) == 1
+                else sum(x.usage.completion_tokens for x in got),
                 got[0].usage.prompt_tokens,
                 latency=self.clock() - sent,
                 seqs=len(got),

@@ -167,12 +167,17 @@ def completions(
     sampling = {k: v for k, v in body.items() if k not in ("messages", "tools")}
     p = job.prompt
     out = []
+    now = time.time()
+    latency = round(latency, 4)
     for sample, turns in zip(job.samples, per_sample, strict=False):
-        usage = Usage(
-            prompt_tokens=sum(t.usage.prompt_tokens for t in turns),
-            completion_tokens=sum(t.usage.completion_tokens for t in turns),
-            cached_tokens=sum(t.usage.cached_tokens for t in turns),
-        )
+        if len(turns) == 1:
+            usage = turns[0].usage
+        else:
+            usage = Usage(
+                prompt_tokens=sum(t.usage.prompt_tokens for t in turns),
+                completion_tokens=sum(t.usage.completion_tokens for t in turns),
+                cached_tokens=sum(t.usage.cached_tokens for t in turns),
+            )
         out.append(
             Completion(
                 id=p.id,
@@ -186,9 +191,9 @@ def completions(
                 model=str(sampling.get("model") or ""),
                 sampling=sampling,
                 endpoint=endpoint,
-                latency_s=round(latency, 4),
+                latency_s=latency,
                 attempts=job.attempts,
-                created=time.time(),
+                created=now,
             )
         )
     return out
