@@ -115,8 +115,8 @@ def generate_on_ray(
     tasks_per_node: int = 1,
     forward_env: list[str] | None = None,
 ) -> int:
-    """Run ``config`` on Ray, print the summary to stdout and return the exit code (1 when a
-    partition did not finish or the run was interrupted)."""
+    """Run ``config`` on Ray, print the summary to stdout and return the exit code: 130 after
+    Ctrl-C (as the single-process command), 1 when a partition did not finish, else 0."""
     from draftdata.distributed.cluster import require_ray
 
     require_ray()  # first, so a missing Ray is the one line the user sees
@@ -133,7 +133,9 @@ def generate_on_ray(
     result = run(config, opts)
     for line in summary_lines(result):
         typer.echo(line)
-    return 1 if result.failed_partitions or result.interrupted else 0
+    if result.interrupted:
+        return 130
+    return 1 if result.failed_partitions else 0
 
 
 def tokenize_on_ray(
