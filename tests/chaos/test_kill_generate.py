@@ -21,7 +21,7 @@ from draftdata.fleet.sim import SimConfig, SimFleet
 from draftdata.store import iter_failures, open_store
 
 pytestmark = pytest.mark.chaos
-N = 300
+N = 200
 LONG = {f"q{i:04d}" for i in range(N) if i % 17 == 0}  # over the context: fatal failures
 CLI = [sys.executable, "-c", "from draftdata.cli import main; main()"]
 
