@@ -19,6 +19,13 @@ if [ -f "$STAMP" ]; then
   exit 0
 fi
 mkdir -p "$VENV"
+# One build at a time: a second caller (the test tier while `make test` builds in the
+# background) waits here, then finds the stamp.
+exec 9>"$VENV/.lock"
+flock 9
+if [ -f "$STAMP" ]; then
+  exit 0
+fi
 rm -f "$VENV/.failed"
 fail() {
   echo "$1" >"$VENV/.failed"
