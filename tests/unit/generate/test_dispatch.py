@@ -233,3 +233,28 @@ async def test_an_unmapped_transport_error_is_retried_not_lost(tmp_path: Path) -
     _, sink = await run_dispatch(cfg(), [endpoint(0, client)], prompts)
     assert sorted(c.id for c in sink.completions) == ["p0", "p1", "p2"]
     assert max(c.attempts for c in sink.completions) == 2
+
+
+async def test_shared_prefixes_are_steered_to_one_endpoint_with_room(tmp_path: Path) -> None:
+    rows = []
+    for i in range(12):
+        system = "You are a tool-using agent." if i % 2 else "You are a mathematician."
+        rows.append(
+            {
+                "id": f"p{i}",
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": f"q{i}"},
+                ],
+            }
+        )
+    prompts = write(tmp_path / "p.jsonl", rows)
+    eps = [endpoint(i, FakeClient(0.01), limit=16) for i in range(3)]
+    _, sink = await run_dispatch(cfg(), eps, prompts)
+    where: dict[str, set[str]] = {}
+    for c in sink.completions:
+        where.setdefault(c.messages[0].content or "", set()).add(c.endpoint)
+    assert len(sink.completions) == 12
+    assert all(len(urls) == 1 for urls in where.values()), where  # each prefix stayed put
+    _, sink = await run_dispatch(cfg(prefix_steering=False), eps, prompts)
+    assert len({c.endpoint for c in sink.completions}) == 3  # without it: spread by free slots
