@@ -4,7 +4,7 @@ Checked end to end with the real engine: a Ray run commits the same ids as a sin
 run on the same prompts, exactly once, into an S3 run store (moto); each node reads its own
 fleet file; rerunning resumes (``--only-partitions`` first, then all, through the CLI); a
 partition whose worker is killed mid-run is retried by Ray and regenerates only what was not
-committed.
+committed; Ctrl-C on the driver stops every partition.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def test_killed_partition_is_retried_without_duplicates(
     assert "after 2 attempt(s)" in "\n".join(summary_lines(result))
 
 
-def test_interrupted_driver_stops_partitions_and_the_rerun_resumes(
+def test_interrupted_driver_stops_every_partition(
     ray_local: Any, prompts: Path, tmp_path: Path
 ) -> None:
     out = str(tmp_path / "run")
@@ -179,7 +179,7 @@ def test_interrupted_driver_stops_partitions_and_the_rerun_resumes(
         assert any("interrupted; stopping partitions" in line for line in lines)
         assert stopped.failed_partitions and stopped.committed < N_PROMPTS
         assert "to resume: run the same command again" in "\n".join(summary_lines(stopped))
-        resumed = run(config, _opts(partitions=4))
-    assert not resumed.failed_partitions and not resumed.interrupted
-    assert stopped.committed <= N_PROMPTS - resumed.committed  # nothing committed twice
-    check_exactly_once(out, {f"q{i:04d}" for i in range(N_PROMPTS)})
+    # What was committed reads whole, once (resuming a cut partition is the kill test's part).
+    committed = {c.id for c in iter_completions(out)}
+    assert len(committed) == stopped.committed
+    check_exactly_once(out, committed)
