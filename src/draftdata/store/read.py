@@ -71,22 +71,31 @@ def shard_keys(store: Store, prefix: str) -> list[str]:
     return [k for k in store.list(prefix) if k.endswith(".parquet")]
 
 
-def _parquet_file(store: Store, key: str) -> pq.ParquetFile:
+def _parquet_file(
+    store: Store, key: str, read_dictionary: Sequence[str] | None = None
+) -> pq.ParquetFile:
     path = store.local_path(key)
+    dicts = list(read_dictionary) if read_dictionary else None
     try:
         if path is not None:
-            return pq.ParquetFile(path)
-        return pq.ParquetFile(store.open_input(key))
+            return pq.ParquetFile(path, read_dictionary=dicts)
+        return pq.ParquetFile(store.open_input(key), read_dictionary=dicts)
     except (OSError, pa.ArrowException) as exc:
         raise StoreError(f"{store.key_url(key)}: not a readable parquet file ({exc})") from exc
 
 
 def read_shard(
-    store: Store, key: str, expected: str, columns: Sequence[str] | None = None
+    store: Store,
+    key: str,
+    expected: str,
+    columns: Sequence[str] | None = None,
+    *,
+    read_dictionary: Sequence[str] | None = None,
 ) -> pa.Table:
     """Read one shard (only ``columns`` if given; on S3 only the footer and those column chunks
-    are fetched) after checking its format is ``expected``."""
-    pf = _parquet_file(store, key)
+    are fetched) after checking its format is ``expected``. Columns in ``read_dictionary``
+    stay dictionary-encoded (cheap for a column with few distinct values)."""
+    pf = _parquet_file(store, key, read_dictionary)
     check_format(pf.schema_arrow, expected, store.key_url(key))
     try:
         return pf.read(columns=list(columns) if columns is not None else None)

@@ -73,25 +73,39 @@ def entry_of_table(key: str, table: pa.Table) -> Entry:
 
 def read_rollups(
     store: Store, keys: Sequence[str], listed: Sequence[str], workers: int
-) -> tuple[pa.Table | None, set[str]]:
+) -> tuple[list[pa.Table], set[str]]:
     """The rows of every rollup whose shard is in ``listed``, and the set of shards covered.
 
     A rollup that cannot be read or has another format version is skipped: it only costs
-    speed, since its shards are then read one by one.
+    speed, since its shards are then read one by one. The shard column is read
+    dictionary-encoded and filtered through its (small) dictionary.
     """
     if not keys:
-        return None, set()
+        return [], set()
+    wanted = pa.array(sorted(set(listed)), pa.string())
 
-    def read(key: str) -> pa.Table | None:
+    def read(key: str) -> tuple[list[pa.Table], set[str]]:
         try:
-            return read_shard(store, key, ROLLUP_FORMAT, ROLLUP_SCHEMA.names)
+            table = read_shard(
+                store, key, ROLLUP_FORMAT, ROLLUP_SCHEMA.names, read_dictionary=["shard"]
+            )
         except DraftdataError:
-            return None
+            return [], set()
+        out, covered = [], set()
+        for batch in table.to_batches():
+            shard = batch.column(0)
+            if not isinstance(shard, pa.DictionaryArray):
+                shard = pc.dictionary_encode(shard)
+            ok = pc.is_in(shard.dictionary, value_set=wanted)  # per distinct shard key
+            covered.update(shard.dictionary.filter(ok).to_pylist())
+            rows = pa.Table.from_batches([batch]).filter(pc.take(ok, shard.indices))
+            out.append(rows.drop_columns(["shard"]))
+        return out, covered
 
+    tables: list[pa.Table] = []
+    covered: set[str] = set()
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys)))) as pool:
-        tables = [t for t in pool.map(read, keys) if t is not None]
-    if not tables:
-        return None, set()
-    rows = pa.concat_tables(tables)
-    rows = rows.filter(pc.is_in(rows.column("shard"), value_set=pa.array(listed, pa.string())))
-    return rows, set(pc.unique(rows.column("shard")).to_pylist())
+        for t, c in pool.map(read, keys):
+            tables.extend(t)
+            covered |= c
+    return tables, covered

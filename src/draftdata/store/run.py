@@ -80,6 +80,7 @@ from draftdata.store.rollup import (
 from draftdata.store.store import LocalStore, Store, open_store
 
 _Rows = tuple[list[str], list[int], list[str | None] | None]
+_FATAL = pa.array(sorted(FATAL_REASONS), pa.string())
 
 DEFAULT_FLUSH_RECORDS = 256
 DEFAULT_FLUSH_SECONDS = 5.0
@@ -436,15 +437,13 @@ def _rebuild(
         rolled, covered = read_rollups(store, roll_keys, comp_keys + fail_keys, workers)
     comp_chunks = []
     fatal_chunks = []
-    if rolled is not None:
-        is_fail = pc.starts_with(rolled.column("shard"), FAILURES_PREFIX)
-        done = rolled.filter(pc.invert(is_fail))
+    for rows in rolled:  # (id, sample, reason) of shards a rollup covers
+        reason = rows.column("reason")
+        done = rows.filter(pc.is_null(reason))
         comp_chunks.append(
             hash_pairs(done.column("id").to_pylist(), done.column("sample").to_pylist())
         )
-        fatal = rolled.filter(
-            pc.and_(is_fail, pc.is_in(rolled.column("reason"), pa.array(sorted(FATAL_REASONS))))
-        )
+        fatal = rows.filter(pc.fill_null(pc.is_in(reason, value_set=_FATAL), False))
         fatal_chunks.append(
             hash_pairs(fatal.column("id").to_pylist(), fatal.column("sample").to_pylist())
         )
