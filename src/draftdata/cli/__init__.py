@@ -10,6 +10,7 @@ Exit codes: 0 success; 1 a DraftdataError (one line on stderr, no traceback); 2 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
 
     Typer's standalone mode already turns usage errors into exit code 2 with a message.
     """
+    # transformers announces on import that PyTorch is absent; draftdata needs only its
+    # tokenizers, so that advice is noise in every command's output.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
         app(args=argv)
     except DraftdataError as exc:

@@ -12,8 +12,9 @@ def register(app: typer.Typer) -> None:
     def _cmd(
         dataset: list[str] = typer.Argument(
             ...,
-            help="Run dir, prompts dir, tokenized parquet, or conversations jsonl/json/parquet "
-            "(local path or s3://BUCKET/PREFIX). Several may be given.",
+            help="A run, prepare's output folder (or a prompts JSONL), tokenized parquet, a "
+            "merge output, or conversations jsonl/json/parquet (SpecForge, ShareGPT, OpenAI "
+            "messages); local path or s3://BUCKET/PREFIX. Several may be given.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     ) -> None:
