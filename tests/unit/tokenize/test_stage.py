@@ -127,3 +127,16 @@ def test_cli(tmp_path: Path, demo_tokenizer: Path) -> None:
     assert json.loads((tmp_path / "t" / "summary.json").read_text())["counts"]["samples"] == 3
     bad = runner.invoke(app, [*base, "--long", "shorten"])
     assert bad.exit_code == 1 and "--long: 'shorten'" in str(bad.exception)
+
+
+def test_killed_run_finishes_on_rerun(tmp_path: Path, demo_tokenizer: Path) -> None:
+    run = make_run(tmp_path / "run")
+    config = TokenizeConfig(run=run, tokenizer=str(demo_tokenizer), batch_rows=2)
+    tokenize(config)
+    out = tmp_path / "run" / "tokenized"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    # As if killed after the first shards: the summary and the last shard never landed.
+    (out / "summary.json").unlink()
+    (out / sorted(n for n in before if n.endswith(".parquet"))[-1]).unlink()
+    tokenize(config)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
