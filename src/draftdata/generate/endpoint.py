@@ -186,9 +186,10 @@ class Endpoint:
             return
         known = (cap.max_running if cap is not None else None) or fleet_max
         if known:
-            # the server cannot run more than it reports: a short queue on top, never a long one
+            # the server cannot run more than it reports: a short queue on top, never a long
+            # one; room to grow a little covers requests in transit (a busy client)
             self.limit = known + queue_target(known)
-            self.max_limit = known + 2 * queue_target(known)
+            self.max_limit = known + max(2 * queue_target(known), known // 4)
 
     def adapt(self, load: Load) -> int | None:
         """Follow the server's queue (auto only); returns the new limit if it changed.

@@ -40,7 +40,7 @@ def test_auto_concurrency_starts_from_capacity_and_follows_the_queue() -> None:
     ep.inflight = ep.limit
     assert ep.adapt(Load(running=64, waiting=0)) is None  # at its capacity: no point growing
     grown = ep.adapt(Load(running=50, waiting=0))  # below capacity, nothing waits: grow
-    assert grown == 72  # up to capacity + twice the queue target
+    assert grown == 80  # up to capacity + a quarter (requests in transit)
     unknown = endpoint(2, FakeClient(), concurrency="auto", limit=32)
     unknown.set_capacity(Capacity(engine="vllm"))
     unknown.inflight = 32
