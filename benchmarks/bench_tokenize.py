@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 for c in chunk
                 for s in plan_rendered(view_from_record(c), ctx.template).rendered
             ]
-            encs = raw.time(ctx.backend.encode_batch, texts, False)
+            encs = raw.time(lambda t: ctx.backend.encode_batch(t, add_special_tokens=False), texts)
             samples, _ = ours.time(tokenize_table, table, ctx)
             id_table = completions_table(with_token_ids(chunk, samples))
             by_ids, _ = ids_path.time(tokenize_table, id_table, fast)
