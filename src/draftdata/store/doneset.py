@@ -102,6 +102,18 @@ class DoneSet:
         """Whether (id, sample) is in the set."""
         return self.contains_hash(pair_hash(id_, sample))
 
+    def contains_many(self, hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        """Membership of many hashes at once (one vectorised search, no Python loop)."""
+        arr = self._sorted
+        found: npt.NDArray[np.bool_] = np.zeros(len(hashes), dtype=bool)
+        if len(arr):
+            pos = np.searchsorted(arr, hashes)
+            np.equal(arr[np.minimum(pos, len(arr) - 1)], hashes, out=found)
+        if self._new:
+            extra = np.fromiter(self._new, dtype=np.uint64, count=len(self._new))
+            found |= np.isin(hashes, extra)
+        return found
+
     def add_hash(self, h: int) -> bool:
         """Add ``h``; False if it was already there."""
         if self.contains_hash(h):

@@ -33,3 +33,18 @@ def test_samples_are_distinct_and_folding_keeps_members(monkeypatch: pytest.Monk
         ds.add(f"x{i}")
     assert all(ds.contains(f"x{i}") for i in range(20)) and ds.contains("a", 1)
     assert len(ds) == 22 and len(ds.hashes()) == 22
+
+
+@given(
+    done=st.sets(st.text(min_size=1, max_size=12), max_size=50),
+    added=st.sets(st.text(min_size=1, max_size=12), max_size=20),
+    queries=st.lists(st.text(min_size=1, max_size=12), max_size=50),
+)
+def test_contains_many_matches_contains(
+    done: set[str], added: set[str], queries: list[str]
+) -> None:
+    ds = DoneSet(hash_pairs(sorted(done)))
+    for x in added:
+        ds.add(x)
+    got = ds.contains_many(hash_pairs(queries + sorted(done)))
+    assert got.tolist() == [ds.contains(q) for q in queries + sorted(done)]

@@ -150,3 +150,23 @@ def test_two_writers_share_one_run(tmp_path: Path) -> None:
     assert ids == sorted(f"p{i}" for i in range(40))
     writers = {k.split("part-")[1].rsplit("-", 1)[0] for k in merged.store.list("completions/")}
     assert writers == {r.writer_id for r in runs}
+
+
+def test_done_mask_matches_is_done(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    run = Run.open(url, settings=SETTINGS, flush_records=2)
+    for i in range(5):
+        run.add_completion(completion(i))
+    run.add_completion(completion(1, sample=1))
+    run.add_failure(failure("bad"))
+    run.add_failure(failure("flaky", reason="exhausted_retries"))
+    run.close()
+    ids = ["p0", "p4", "p5", "bad", "flaky", "p1", "p1"]
+    samples = [0, 0, 0, 0, 0, 1, 2]
+    for r in (
+        Run.open(url, settings=SETTINGS),
+        Run.open(url, settings=SETTINGS, retry_failed=True),
+    ):
+        expected = [r.is_done(i, s) for i, s in zip(ids, samples, strict=True)]
+        assert r.done_mask(ids, samples).tolist() == expected
+    assert Run.open(url, settings=SETTINGS).done_mask(ids[:4]).tolist() == [True, True, False, True]
