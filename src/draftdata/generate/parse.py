@@ -312,10 +312,14 @@ def user_turn_slices(prompt: Prompt) -> list[list[Message]]:
 
 
 def assistant_message(turn: Turn, *, keep_reasoning: bool = False) -> Message:
-    """The target's turn as the assistant message that goes back into the history."""
+    """The target's turn as the assistant message that goes back into the history.
+
+    A tool-call turn without text goes back with ``content: ""``, not null: some chat templates
+    (Qwen3's among them) fail on a null content, which the server answers with a 400.
+    """
     return Message(
         role="assistant",
-        content=turn.content if turn.content is not None or turn.tool_calls else "",
+        content=turn.content if turn.content is not None else "",
         reasoning_content=turn.reasoning if keep_reasoning else None,
         tool_calls=turn.tool_calls,
     )

@@ -352,7 +352,7 @@ def test_next_history_drops_reasoning_by_default() -> None:
 def test_next_history_tool_call_turn_and_empty_turn() -> None:
     call = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     out = next_history([], Turn(tool_calls=call), keep_reasoning=False)
-    assert out == [Message(role="assistant", tool_calls=call)]
+    assert out == [Message(role="assistant", content="", tool_calls=call)]  # never null
     # a turn cut inside its reasoning has no content: the history gets an empty answer
     out = next_history([], Turn(reasoning="r", finish_reason="length"), keep_reasoning=False)
     assert out == [Message(role="assistant", content="")]
