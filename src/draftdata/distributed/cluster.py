@@ -227,6 +227,18 @@ def fleet_nodes(found: list[NodeFleet]) -> list[NodeFleet]:
     raise FleetError(f"--ray: no node has a reachable fleet ({reasons})")
 
 
+def node_labels(nodes: list[NodeInfo]) -> dict[str, str]:
+    """node id -> the name progress and summaries show: the hostname, or ``host/<id6>`` where
+    several nodes share one (several raylets on one machine)."""
+    counts: dict[str, int] = {}
+    for n in nodes:
+        counts[n.hostname] = counts.get(n.hostname, 0) + 1
+    return {
+        n.node_id: n.hostname if counts[n.hostname] == 1 else f"{n.hostname}/{n.node_id[:6]}"
+        for n in nodes
+    }
+
+
 class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     """A placement group holding one bundle per fleet node; ``strategy()`` for tasks."""
 

@@ -139,17 +139,20 @@ def run_partition(
     part: Partition,
     opts: RayOptions,
     board: Any,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The body of one partition task: resolve this node's fleet, run the engine on the
     partition with a fresh writer id, report committed counts to ``board``, return the
-    engine's summary. Raises the engine's DraftdataError (Ray does not retry those)."""
+    engine's summary. Raises the engine's DraftdataError (Ray does not retry those).
+    ``labels`` maps node ids to the names the driver shows (default: the hostname)."""
     import ray
 
     from draftdata.distributed.progress import committed_by_writer
     from draftdata.store.run import default_writer_id
     from draftdata.store.store import open_store
 
-    hostname, _ip, _node_id = cluster.here()
+    hostname, _ip, node_id = cluster.here()
+    hostname = (labels or {}).get(node_id, hostname)
     writer = f"p{part.index:04d}-{default_writer_id()}"
     # Never ray.get before the engine ends: a blocked task lends its CPU to the next partition.
     board.started.remote(part.index, hostname, os.getpid(), writer)
@@ -316,9 +319,10 @@ def run(
         found = cluster.discover(
             config.fleet, config.endpoints, opts.fleet_per_node, timeout=opts.probe_timeout_s
         )
+        labels = cluster.node_labels([f.node for f in found])
         for f in found:
             what = f.error or f"{len(f.reachable)}/{len(f.urls)} endpoints answer"
-            emit(f"ray node {f.node.hostname} ({f.node.ip}): {f.source}: {what}")
+            emit(f"ray node {labels[f.node.node_id]} ({f.node.ip}): {f.source}: {what}")
         nodes = cluster.fleet_nodes(found)
         count = opts.partitions or DEFAULT_PARTITIONS_PER_NODE * len(nodes)
         wanted = sorted(set(opts.only)) if opts.only else list(range(count))
@@ -342,7 +346,7 @@ def run(
                 scheduling_strategy=reservation.strategy(),
                 max_retries=opts.max_retries,
                 retry_exceptions=False,
-            ).remote(config, Partition(i, count), opts, board): i
+            ).remote(config, Partition(i, count), opts, board, labels): i
             for i in wanted
         }
         known = [t for i, t in enumerate(totals) if i in set(wanted)]
