@@ -75,3 +75,18 @@ def test_help_names_the_extra(command: str) -> None:
     result = CliRunner().invoke(app, [command, "--help"])
     assert result.exit_code == 0
     assert "'draftdata[ray]'" in result.output and "--ray-address" in result.output
+
+
+def test_node_labels_are_hostnames_unless_repeated() -> None:
+    from draftdata.distributed.cluster import NodeInfo, node_labels
+
+    nodes = [
+        NodeInfo(node_id="aaaaaa11", ip="10.0.0.1", hostname="gpu1"),
+        NodeInfo(node_id="bbbbbb22", ip="10.0.0.2", hostname="gpu2"),
+        NodeInfo(node_id="cccccc33", ip="10.0.0.2", hostname="gpu2"),
+    ]
+    assert node_labels(nodes) == {
+        "aaaaaa11": "gpu1",
+        "bbbbbb22": "gpu2/bbbbbb",
+        "cccccc33": "gpu2/cccccc",
+    }
