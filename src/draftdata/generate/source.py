@@ -97,8 +97,10 @@ class PromptReader:
         limit: int | None = None,
         partition: str | Partition | None = None,
         on_invalid: Callable[[str], None] | None = None,
+        on_reject: Callable[[str, bytes], None] | None = None,
     ) -> None:
         self.files = files
+        self.on_reject = on_reject
         self.limit = limit
         self.partition = parse_partition(partition) if isinstance(partition, str) else partition
         self.on_invalid = on_invalid
@@ -124,6 +126,8 @@ class PromptReader:
                         self.invalid += 1
                         if self.on_invalid is not None:
                             self.on_invalid(str(exc))
+                        if self.on_reject is not None:
+                            self.on_reject(str(exc), line)
                         continue
                     if self.partition is not None and not self.partition.contains(prompt.id):
                         continue

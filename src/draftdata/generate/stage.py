@@ -188,7 +188,10 @@ async def _run_stage(
         )
         await warm
         endpoints = _endpoints(config, urls, caps, fleet_caps, key, log)
-        reader = PromptReader(files, limit=config.limit, partition=part, on_invalid=log)
+        rejects = Rejects()
+        reader = PromptReader(
+            files, limit=config.limit, partition=part, on_invalid=log, on_reject=rejects.add
+        )
         if run.resumed_done or run.resumed_fatal:
             log(
                 f"generate: resuming {config.out}: {run.resumed_done} completed and "
@@ -214,12 +217,51 @@ async def _run_stage(
             if restore is not None:
                 restore()
             await asyncio.gather(*(e.client.close() for e in endpoints), return_exceptions=True)
+            key = await asyncio.to_thread(rejects.write, run)
+            if key is not None:
+                log(f"generate: {len(rejects.rows)} invalid prompt lines written to {key}")
     if summary.interrupted:
         log(
             f"generate: interrupted; {summary.remaining} left; "
             "to resume, run the same command again"
         )
     return summary
+
+
+class Rejects:
+    """Invalid prompt lines of one command, written to the run as ``rejects/<writer>.jsonl``.
+
+    Each line is ``{"location": "FILE:LINE", "reason": ..., "line": <the raw text>}``. The
+    object is written create-only when the command ends (one per command that met bad lines;
+    a resumed run reads the same files, so it writes its own, equal list).
+    """
+
+    MAX_LINE_CHARS = 4000
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, str]] = []
+
+    def add(self, message: str, raw: bytes) -> None:
+        """Record one bad line (``message`` starts with ``FILE:LINE:``)."""
+        location, _, reason = message.partition(": ")
+        text = raw.decode("utf-8", errors="replace").rstrip("\n")[: self.MAX_LINE_CHARS]
+        self.rows.append({"location": location, "reason": reason or message, "line": text})
+
+    def write(self, run: Any) -> str | None:
+        """Write the rows into ``run``'s store; return the object's URL (None when empty)."""
+        if not self.rows:
+            return None
+        import json
+
+        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.rows).encode()
+        taken = set(run.store.list("rejects/"))
+        key = f"rejects/{run.writer_id}.jsonl"
+        n = 1
+        while key in taken:  # the same --writer-id again: never replace the earlier list
+            n += 1
+            key = f"rejects/{run.writer_id}-{n}.jsonl"
+        run.store.put_new(key, body)
+        return str(run.store.key_url(key))
 
 
 def _endpoints(

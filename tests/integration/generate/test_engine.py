@@ -273,3 +273,26 @@ def test_endpoint_down_at_start_joins_when_it_comes_up(tmp_path: Path) -> None:
             timer.cancel()
     assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (150, 0)
     assert summary.endpoints[1].completed > 0 and summary.endpoints[0].completed > 0
+
+
+def test_bad_prompt_lines_are_skipped_counted_and_written_to_rejects(tmp_path: Path) -> None:
+    import json
+
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 4)
+    with prompts.open("a", encoding="utf-8") as f:
+        f.write('{"id": "no-messages"}\n')
+        f.write("{not json\n")
+    ids += write_prompts(prompts, 2, start=10)
+    with SimFleet(1, sim()) as fleet:
+        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
+        again = generate(fast_config(prompts, tmp_path / "run", fleet.urls))  # resume
+    assert summary.completed == 6 and summary.invalid_prompts == 2
+    assert again.completed == 0 and again.invalid_prompts == 2
+    check_exactly_once(str(tmp_path / "run"), set(ids))
+    lists = sorted((tmp_path / "run" / "rejects").glob("*.jsonl"))
+    assert len(lists) == 2  # one per command, never replaced
+    rows = [json.loads(line) for line in lists[0].read_text().splitlines()]
+    assert [r["location"] for r in rows] == [f"{prompts}:5", f"{prompts}:6"]
+    assert rows[1]["line"] == "{not json"
+    assert all(r["reason"] for r in rows)
