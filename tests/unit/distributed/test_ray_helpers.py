@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from draftdata.distributed.partition import Partition
+from draftdata.distributed.partition_task import _partition_config
 from draftdata.distributed.ray_generate import (
     PartitionOutcome,
     RayGenerateResult,
     RayOptions,
     _absolute,
-    _partition_config,
     summary_lines,
 )
 from draftdata.generate.config import GenerateConfig

@@ -1,0 +1,150 @@
+"""The partition task of ``generate --ray`` and the options it shares with the driver.
+
+``run_partition`` runs in a Ray worker on a fleet node: it resolves that node's fleet, opens
+the one shared run through the normal generate engine restricted to its partition, with a
+writer id of its own (``p0003-<host>-<pid>-<rnd>``), and reports what it has committed to the
+driver's progress board. Exactly-once comes from the store: every attempt re-opens the run and
+skips what is committed, so a task Ray retries after its worker was killed regenerates only the
+uncommitted tail.
+
+It does not schedule (``ray_generate`` submits the tasks) and generates nothing by itself.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from draftdata.distributed import cluster
+from draftdata.distributed.partition import Partition
+from draftdata.errors import ConfigError, DraftdataError
+from draftdata.generate.config import GenerateConfig
+
+
+class RayOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How ``generate --ray`` spreads the work (everything else is the GenerateConfig)."""
+
+    address: str | None = None  # None: $RAY_ADDRESS, this machine's cluster, or a local one
+    partitions: int | None = None  # None: DEFAULT_PARTITIONS_PER_NODE per fleet node
+    only: list[int] | None = None  # run just these partition indexes
+    fleet_per_node: str | None = None  # e.g. /shared/fleet-{node}.yaml
+    tasks_per_node: int = 1
+    cpus_per_task: float = 1.0
+    max_retries: int = 3  # Ray retries of a partition whose worker or node died
+    report_s: float = 5.0  # how often a partition reports its committed counts
+    probe_timeout_s: float = 5.0
+    forward_env: list[str] = msgspec.field(default_factory=list)
+    # The stage function each partition runs, as module:function (a seam for custom engines).
+    engine: str = "draftdata.generate.stage:generate"
+
+
+def _partition_config(
+    config: GenerateConfig, part: Partition, writer: str, fleet: str | None, urls: list[str]
+) -> tuple[GenerateConfig, dict[str, Any]]:
+    """The partition's config (this node's fleet, no live display) and the keyword arguments
+    that carry the partition and writer id when the config has no field for them."""
+    changes: dict[str, Any] = {"progress": "off"}
+    if fleet is not None:
+        changes.update(fleet=fleet, endpoints=[])
+    else:
+        changes.update(fleet=None, endpoints=urls)
+    extra = {"partition": str(part), "writer_id": writer}
+    fields = set(GenerateConfig.__struct_fields__)
+    changes.update({k: v for k, v in extra.items() if k in fields})
+    kwargs = {k: v for k, v in extra.items() if k not in fields}
+    return msgspec.structs.replace(config, **changes), kwargs
+
+
+def _load_engine(path: str) -> Callable[..., Any]:
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr or "generate")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--ray: cannot load the generate engine {path!r} ({exc})") from exc
+    if not callable(fn):
+        raise ConfigError(f"--ray: the generate engine {path!r} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def _summary(result: Any) -> dict[str, Any]:
+    for name in ("summary", "to_dict"):
+        fn = getattr(result, name, None)
+        if callable(fn):
+            value = fn()
+            if isinstance(value, dict):
+                return value
+    try:
+        value = msgspec.to_builtins(result)
+    except TypeError:
+        return {"result": repr(result)}
+    return value if isinstance(value, dict) else {"result": value}
+
+
+def run_partition(
+    config: GenerateConfig,
+    part: Partition,
+    opts: RayOptions,
+    board: Any,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The body of one partition task: resolve this node's fleet, run the engine on the
+    partition with a fresh writer id, report committed counts to ``board``, return the
+    engine's summary. Raises the engine's DraftdataError (Ray does not retry those).
+    ``labels`` maps node ids to the names the driver shows (default: the hostname)."""
+    import ray
+
+    from draftdata.distributed.progress import committed_by_writer
+    from draftdata.store.run import default_writer_id
+    from draftdata.store.store import open_store
+
+    hostname, _ip, node_id = cluster.here()
+    hostname = (labels or {}).get(node_id, hostname)
+    writer = f"p{part.index:04d}-{default_writer_id()}"
+    # Never ray.get before the engine ends: a blocked task lends its CPU to the next partition.
+    board.started.remote(part.index, hostname, os.getpid(), writer)
+    stop = threading.Event()
+    seen: dict[str, tuple[int, int]] = {}
+
+    def report() -> None:
+        try:
+            store = open_store(config.out)
+            c, f, t = committed_by_writer(store, writer, seen)
+        except DraftdataError:
+            return  # the run may not exist yet; the engine reports real store errors
+        board.update.remote(part.index, writer, c, f, t)
+
+    def reporter() -> None:
+        while not stop.wait(opts.report_s):
+            report()
+
+    thread = threading.Thread(target=reporter, name="draftdata-report", daemon=True)
+    thread.start()
+    try:
+        engine = _load_engine(opts.engine)
+        fleet, urls, _ = cluster.resolve_fleet(config.fleet, config.endpoints, opts.fleet_per_node)
+        part_config, kwargs = _partition_config(config, part, writer, fleet, urls)
+        summary = _summary(engine(part_config, **kwargs))
+    except BaseException as exc:
+        stop.set()
+        report()
+        ray.get(board.crashed.remote(part.index, writer, f"{type(exc).__name__}: {exc}"))
+        raise
+    stop.set()
+    thread.join(timeout=opts.report_s + 5)
+    report()
+    summary = {**summary, "node": hostname, "writer": writer}
+    left = summary.get("remaining")
+    if summary.get("interrupted") or (isinstance(left, int) and left > 0):
+        # The engine stopped early (SIGINT/SIGTERM on that node, or a cancel): committed work
+        # stays, the partition is listed as unfinished and a rerun resumes it.
+        why = f"stopped early with {left if left is not None else '?'} left"
+        ray.get(board.crashed.remote(part.index, writer, why))
+    else:
+        ray.get(board.finished.remote(part.index, writer, summary))
+    return summary
