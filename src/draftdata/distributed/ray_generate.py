@@ -98,13 +98,14 @@ def _absolute(config: GenerateConfig, opts: RayOptions) -> tuple[GenerateConfig,
             return path
         return os.path.abspath(os.path.expanduser(path))
 
-    config = msgspec.structs.replace(
-        config,
-        prompts=absolute(config.prompts) or config.prompts,
-        out=absolute(config.out) or config.out,
-        fleet=absolute(config.fleet),
-        rejects=absolute(config.rejects),
-    )
+    changes: dict[str, Any] = {
+        "prompts": absolute(config.prompts) or config.prompts,
+        "out": absolute(config.out) or config.out,
+        "fleet": absolute(config.fleet),
+    }
+    if "rejects" in GenerateConfig.__struct_fields__:
+        changes["rejects"] = absolute(getattr(config, "rejects", None))
+    config = msgspec.structs.replace(config, **changes)
     return config, msgspec.structs.replace(opts, fleet_per_node=absolute(opts.fleet_per_node))
 
 

@@ -66,3 +66,27 @@ def test_tracker_without_a_total_has_no_eta() -> None:
     tracker.observe([])
     assert tracker.eta_s() is None
     assert "ETA ?" in plain_line(tracker)
+
+
+def test_render_draws_one_row_per_node() -> None:
+    from rich.console import Console
+
+    from draftdata.distributed.progress import render
+
+    clock = Clock()
+    board = Board([10, 10], clock=clock)
+    tracker = Tracker(total=20, clock=clock)
+    board.started(0, "gpu-a", 1, "w1")
+    board.started(1, "gpu-b", 2, "w2")
+    tracker.observe(board.snapshot())
+    clock.t += 10
+    board.update(0, "w1", committed=10, failed=0, tokens=1500)
+    board.finished(0, "w1", {})
+    tracker.observe(board.snapshot())
+    console = Console(width=100, record=True)
+    console.print(render(tracker))
+    text = console.export_text()
+    assert text.splitlines()[0].startswith("ray generate: 10/20 committed, 1.0/s, 150 tok/s")
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[2:] if line.strip()}
+    assert rows["gpu-a"][1:5] == ["0", "1", "10", "1.0"]  # running, done, committed, req/s
+    assert rows["gpu-b"][1:4] == ["1", "0", "0"]
