@@ -191,7 +191,11 @@ async def start_servers(n: int, config: SimConfig, port_base: int = 0) -> list[S
 
 def fleet_spec(servers: list[SimServer], config: SimConfig) -> FleetSpec:
     """The fleet.yaml contents for running servers (engine "sim", this process's pid)."""
+    from draftdata.fleet.launch import process_start_time
+
     pid = os.getpid()
+    # the kernel's start time, which `fleet status/down` compare to tell a reused pid
+    started = process_start_time(pid) or time.time()
     return FleetSpec(
         engine="sim",
         model=config.model,
@@ -199,7 +203,7 @@ def fleet_spec(servers: list[SimServer], config: SimConfig) -> FleetSpec:
             EndpointSpec(
                 url=s.url,
                 pid=pid,
-                started=time.time(),
+                started=started,
                 model=config.model,
                 engine=config.flavor,
                 engine_version=config.version,

@@ -34,6 +34,7 @@ from draftdata.generate.endpoint import Endpoint, discover, queue_target
 from draftdata.generate.engine import Engine, Log, probe_session, stderr_log
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
+from draftdata.store.protect import check_not_protected
 from draftdata.store.run import Run
 
 
@@ -102,6 +103,8 @@ def generate(
     """
     changes = {k: v for k, v in (("partition", partition), ("writer_id", writer_id)) if v}
     config = validate(msgspec.structs.replace(config, **changes) if changes else config)
+    # refuse a protected output before any request (Run.open checks again, with a listing)
+    check_not_protected(config.out, config.protect, describe=True)
     files = prompt_files(config.prompts)
     urls, fleet_caps = endpoint_urls(config)
     key = api_key(config)
