@@ -54,6 +54,25 @@ def convert(data: Any, type_: type[T], where: str) -> T:
         raise explain(exc, where) from exc
 
 
+class _Yaml12BoolLoader(yaml.SafeLoader):
+    """SafeLoader whose booleans are YAML 1.2's (true/false only).
+
+    YAML 1.1 reads ``on``/``off``/``yes``/``no`` as booleans, so ``reasoning: on`` would be
+    ``True`` where draftdata expects the string "on"; here they stay strings.
+    """
+
+
+_Yaml12BoolLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12BoolLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
+
+
 def read_yaml(path: Path | str) -> dict[str, Any]:
     """Read a YAML mapping; errors name the file (and line, for syntax errors)."""
     p = Path(path)
@@ -62,7 +81,7 @@ def read_yaml(path: Path | str) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config ({exc.strerror})") from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Yaml12BoolLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

@@ -105,3 +105,13 @@ def test_config_errors_name_key_file_and_type(tmp_path: Path) -> None:
     f.write_text("model: big\n")
     assert load_config(f, _Cfg, model="small").model == "small"
     assert load_config(None, _Cfg).sampling.top_p == 0.95
+
+
+def test_yaml_on_off_stay_strings_true_false_are_booleans(tmp_path: Path) -> None:
+    from draftdata.generate.config import GenerateConfig
+
+    f = tmp_path / "gen.yaml"
+    f.write_text("reasoning: on\nhedge: false\noverrides:\n  - {domain: math, reasoning: off}\n")
+    cfg = load_config(f, GenerateConfig)
+    assert cfg.reasoning == "on" and cfg.hedge is False
+    assert cfg.overrides[0].reasoning == "off"
