@@ -35,7 +35,7 @@ from draftdata.metrics import StageStats
 from draftdata.records import Completion, Message, Turn
 from draftdata.store.doneset import DoneSet
 from draftdata.store.protect import check_not_protected
-from draftdata.store.read import iter_completion_tables
+from draftdata.store.read import iter_completion_tables, read_manifest
 from draftdata.store.store import open_store, split_s3_url
 
 ExportFormat = Literal["sharegpt", "openai", "parquet"]
@@ -232,6 +232,7 @@ def export_run(
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     stats = StageStats("export")
+    read_manifest(run)  # StoreError "no manifest.json; not a draftdata run" before any output
     dest = str(out)
     if dest.startswith("s3://"):
         _export_s3(run, fmt, dest, include_reasoning, stats, protect)

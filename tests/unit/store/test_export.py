@@ -129,3 +129,13 @@ def test_cli_export(run_dir: str, tmp_path: Path) -> None:
         check=False,
     )
     assert bad.returncode == 1 and "sharegpt, openai, parquet" in bad.stderr
+
+
+def test_export_of_a_missing_run_fails_and_writes_nothing(tmp_path: Path) -> None:
+    from draftdata.errors import StoreError
+    from draftdata.store.export import export_run
+
+    out = tmp_path / "x.jsonl"
+    with pytest.raises(StoreError, match="not a draftdata run"):
+        export_run(str(tmp_path / "nope"), "sharegpt", out)
+    assert not out.exists()
