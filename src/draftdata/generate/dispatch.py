@@ -103,7 +103,7 @@ class Dispatcher:
         self.tasks: set[asyncio.Task[None]] = set()  # every live copy's task
         self._unmapped = 0
         # counters read by progress and the summary
-        self.already_done = 0
+        self._planned_settled = 0
         self.duplicates = 0
         self.requests_ok = 0
         self.retries = 0
@@ -194,12 +194,17 @@ class Dispatcher:
         self.fed_all = not self.stopping
         self.wake.set()
 
+    @property
+    def already_done(self) -> int:
+        """(prompt, sample) pairs settled before this command: skipped by the reader or here."""
+        return self._planned_settled + int(getattr(self.reader, "settled_samples", 0))
+
     def _read(self, k: int) -> list[tuple[str, list[Job]]]:
         """(runs in a thread) the next prompts, planned, without the settled ones."""
         out = []
         for prompt in self.reader.take(k):
             jobs, settled = plan(prompt, self.cfg, self.is_done)
-            self.already_done += settled
+            self._planned_settled += settled
             if jobs:
                 out.append((prompt.id, jobs))
         return out

@@ -98,9 +98,15 @@ class PromptReader:
         partition: str | Partition | None = None,
         on_invalid: Callable[[str], None] | None = None,
         on_reject: Callable[[str, bytes], None] | None = None,
+        settled: Callable[[str], int] | None = None,
     ) -> None:
         self.files = files
         self.on_reject = on_reject
+        # ``settled(id)``: how many samples of the prompt are settled when ALL are (else 0).
+        # Such lines are skipped on an id-only decode, before the full parse: on resume most of
+        # a big file is settled, and the full parse is most of the cost of reading it.
+        self.settled = settled
+        self.settled_samples = 0
         self.limit = limit
         self.partition = parse_partition(partition) if isinstance(partition, str) else partition
         self.on_invalid = on_invalid
@@ -120,6 +126,16 @@ class PromptReader:
                     if self.limit is not None and n > self.limit:
                         return
                     self.read += 1
+                    if self.settled is not None:
+                        try:
+                            pid = _id_decoder.decode(line).id
+                        except (msgspec.DecodeError, msgspec.ValidationError):
+                            pid = ""  # the full parse below reports it
+                        if pid and (self.partition is None or self.partition.contains(pid)):
+                            done = self.settled(pid)
+                            if done:
+                                self.settled_samples += done
+                                continue
                     try:
                         prompt = parse_prompt(line, f"{f}:{lineno}")
                     except InputError as exc:

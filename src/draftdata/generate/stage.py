@@ -192,8 +192,18 @@ async def _run_stage(
         await warm
         endpoints = _endpoints(config, urls, caps, fleet_caps, key, log)
         rejects = Rejects()
+        n = config.n
+
+        def settled(pid: str) -> int:
+            return n if all(run.is_done(pid, s) for s in range(n)) else 0
+
         reader = PromptReader(
-            files, limit=config.limit, partition=part, on_invalid=log, on_reject=rejects.add
+            files,
+            limit=config.limit,
+            partition=part,
+            on_invalid=log,
+            on_reject=rejects.add,
+            settled=settled,
         )
         if run.resumed_done or run.resumed_fatal:
             log(

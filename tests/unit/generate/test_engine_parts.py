@@ -95,6 +95,23 @@ def test_reader_skips_bad_lines_with_their_location(tmp_path: Path) -> None:
     assert len(errors) == 1 and errors[0].startswith(f"{p}:2: not valid JSON")
 
 
+def test_reader_skips_settled_prompts_before_parsing_them(tmp_path: Path) -> None:
+    p = tmp_path / "p.jsonl"
+    p.write_text(
+        '{"id": "a", "messages": [{"role": "user", "content": "q"}]}\n'
+        '{"id": "b", "messages": "settled lines are not parsed"}\n'
+        '{"id": "c", "messages": [{"role": "user", "content": "q"}]}\n'
+        "not json\n"
+    )
+    errors: list[str] = []
+    reader = PromptReader(
+        [p], on_invalid=errors.append, settled=lambda pid: 2 if pid in ("b", "c") else 0
+    )
+    assert [x.id for x in reader.take(10)] == ["a"]
+    assert reader.settled_samples == 4
+    assert len(errors) == 1 and errors[0].startswith(f"{p}:4:")
+
+
 def test_prompt_files_takes_prepare_output_folders(tmp_path: Path) -> None:
     for name in ("prompts-00001.jsonl", "prompts-00000.jsonl", "rejects.jsonl"):
         (tmp_path / name).write_text("")
