@@ -104,10 +104,18 @@ def summary_lines(summary: TokenizeSummary) -> list[str]:
         f"tokenize: {c('samples')} samples from {c('completions')} completions "
         f"({c('path.token_ids')} with server token ids, {c('path.rendered')} rendered) "
         f"in {summary.wall_s:.1f} s -> {summary.out}",
-        f"verified {c('verified')}, mismatched {c('mismatched')}, unverifiable "
+        f"verified {c('verified')} (non-canonical tokenization of the same text "
+        f"{c('verified.noncanonical')}), mismatched {c('mismatched')}, unverifiable "
         f"{c('unverifiable')}; split into per-turn samples {c('split_turns')}; "
         f"truncated {c('truncated')}",
     ]
+    checked = c("verified") + c("mismatched")
+    if checked:
+        share = 100.0 * c("verified") / checked
+        lines.append(
+            f"server token ids: {share:.1f}% token-exact ({c('verified')} of {checked} "
+            "verified against the chat template)"
+        )
     dropped = summary.dropped
     if dropped:
         lines.append("dropped: " + ", ".join(f"{k} {v}" for k, v in dropped.items()))

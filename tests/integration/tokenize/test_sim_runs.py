@@ -130,6 +130,43 @@ def test_tampered_ids_are_reported(
     assert json.loads((tmp_path / "o" / "summary.json").read_text())["counts"]["mismatched"] == 1
 
 
+def test_a_noncanonical_tokenization_of_the_same_text_is_verified_and_kept(
+    runs: tuple[str, str], demo_tokenizer: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(demo_tokenizer))
+    served, _ = runs
+    respelled = str(tmp_path / "respelled")
+    new_ids: list[int] = []
+    with Run.open(respelled, settings={"copy": True}) as run:
+        for c in iter_completions(served):
+            if c.id == "p1" and not new_ids:
+                t = c.turns[0]
+                ids = list(t.output_token_ids or [])
+                # the first output token of 2+ characters, spelled as one token per character:
+                # the same text, a tokenization the BPE would never produce
+                at = next(i for i, x in enumerate(ids) if len(tok.decode([x])) >= 2)
+                chars = [tok.convert_tokens_to_ids(ch) for ch in tok.convert_ids_to_tokens(ids[at])]
+                assert all(isinstance(x, int) and x >= 0 for x in chars) and len(chars) >= 2
+                new_ids = ids[:at] + chars + ids[at + 1 :]
+                assert tok.decode(new_ids) == tok.decode(ids) and new_ids != ids
+                c = msgspec.structs.replace(
+                    c, turns=[msgspec.structs.replace(t, output_token_ids=new_ids)]
+                )
+            run.add_completion(c)
+    out = tmp_path / "o"
+    s = tokenize(TokenizeConfig(run=respelled, tokenizer=str(demo_tokenizer), out=str(out)))
+    assert s.count("mismatched") == 0 and s.count("verified.noncanonical") == 1
+    p1 = next(r for r in _samples(str(out)) if r["id"] == "p1")
+    assert _contains(list(p1["input_ids"]), new_ids)  # type: ignore[call-overload]
+
+
+def _contains(seq: list[int], part: list[int]) -> bool:
+    n = len(part)
+    return any(seq[i : i + n] == part for i in range(len(seq) - n + 1))
+
+
 def test_workers_give_identical_output(
     runs: tuple[str, str], demo_tokenizer: Path, tmp_path: Path
 ) -> None:

@@ -204,11 +204,12 @@ def test_generate_then_tokenize_is_token_exact(
     summary = json.loads((tok_out / "summary.json").read_text())
     counts = summary["counts"]
     assert counts["path.token_ids"] == 6 and counts["samples"] == 6
-    # Token-exact: each sample is the served prompt ids then the served output ids, with loss
-    # exactly on the output. A random-weight model often emits a non-canonical tokenization
-    # (e.g. "em"+"ory" where the BPE would encode "emory"), so re-encoding its text need not
-    # give its ids: those samples are reported as mismatched, with the first difference inside
-    # the output (the prompt rendering is exact), and the served ids are kept.
+    # 100% token-exact: each sample is the served prompt ids then the served output ids, with
+    # loss exactly on the output, and every one verifies against our template. A random-weight
+    # model often picks a non-canonical tokenization (e.g. "em"+"ory" where the BPE would encode
+    # "emory"): the text and its loss still match the rendering, so it verifies, is counted as
+    # `verified.noncanonical`, and keeps the served ids.
+    assert counts.get("verified", 0) == 6 and counts.get("mismatched", 0) == 0, summary
     by_id = {r["id"]: r["turns"][0] for r in rows_out}
     samples = pq.ParquetDataset(sorted(tok_out.glob("*.parquet"))).read().to_pylist()
     assert sorted(s["id"] for s in samples) == sorted(by_id)
@@ -219,8 +220,4 @@ def test_generate_then_tokenize_is_token_exact(
         assert ids[: len(p)] == p and ids[len(p) : len(p) + len(o)] == o
         assert not any(mask[: len(p)]) and all(mask[len(p) : len(p) + len(o)])
         assert not any(mask[len(p) + len(o) :])
-    assert counts.get("verified", 0) + counts.get("mismatched", 0) == 6, counts
-    prompt_len = {len(t["prompt_token_ids"]) for t in by_id.values()}
-    for line in summary["mismatches"]:
-        at = int(line.split(": token ", 1)[1].split(" ", 1)[0])
-        assert at >= min(prompt_len), line
+    assert "100.0% token-exact" in res.stdout, res.stdout
