@@ -57,5 +57,8 @@ def register(app: typer.Typer) -> None:
             log=lambda line: typer.echo(line, err=True),
         )
         console.print(summary_table(result))
+        for name, path in result.paths.items():
+            if name != "report":
+                typer.echo(f"{name + ':':11} {path}")
         typer.echo(f"report: {result.paths['report']}")
         typer.echo(f"outputs: {result.out}")

@@ -217,7 +217,7 @@ def run_demo(
 
 
 def summary_table(result: DemoResult) -> Any:
-    """A rich Table of the demo's figures and output paths."""
+    """A rich Table of the demo's figures (the CLI prints the output paths below it)."""
     from rich.table import Table
 
     table = Table(title=f"draftdata demo ({result.wall_s:.1f} s)", title_justify="left")
@@ -226,6 +226,4 @@ def summary_table(result: DemoResult) -> Any:
     table.add_column("value", overflow="fold")
     for stage, figure, value in result.rows:
         table.add_row(stage, figure, value)
-    for name, path in result.paths.items():
-        table.add_row("output", name, str(path))
     return table
