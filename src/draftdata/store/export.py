@@ -36,7 +36,7 @@ from draftdata.records import Completion, Message, Turn
 from draftdata.store.doneset import DoneSet
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
-from draftdata.store.store import open_store, split_s3_url
+from draftdata.store.store import Store, open_store, split_s3_url
 
 ExportFormat = Literal["sharegpt", "openai", "parquet"]
 FORMATS: tuple[str, ...] = ("sharegpt", "openai", "parquet")
@@ -139,7 +139,7 @@ def _parquet_row(c: Completion, include_reasoning: bool) -> dict[str, Any]:
     }
 
 
-def _unique_completions(run: str, stats: StageStats) -> Iterator[list[Completion]]:
+def _unique_completions(run: Store, stats: StageStats) -> Iterator[list[Completion]]:
     seen = DoneSet()
     for table in iter_completion_tables(run):
         stats.add("export.shards")
@@ -153,7 +153,7 @@ def _unique_completions(run: str, stats: StageStats) -> Iterator[list[Completion
 
 
 def _write_export(
-    run: str, fmt: str, tmp: Path, include_reasoning: bool, stats: StageStats
+    run: Store, fmt: str, tmp: Path, include_reasoning: bool, stats: StageStats
 ) -> None:
     if fmt == "parquet":
         with pq.ParquetWriter(tmp, EXPORT_SCHEMA, compression="zstd") as writer:
@@ -174,7 +174,7 @@ def _write_export(
 
 
 def _export_local(
-    run: str, fmt: str, path: Path, include_reasoning: bool, stats: StageStats
+    run: Store, fmt: str, path: Path, include_reasoning: bool, stats: StageStats
 ) -> None:
     if path.exists():
         raise AlreadyExistsError(f"{path}: already exists; choose a new --out (never overwritten)")
@@ -191,7 +191,7 @@ def _export_local(
 
 
 def _export_s3(
-    run: str,
+    run: Store,
     fmt: str,
     url: str,
     include_reasoning: bool,
@@ -232,11 +232,12 @@ def export_run(
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     stats = StageStats("export")
-    read_manifest(run)  # StoreError "no manifest.json; not a draftdata run" before any output
+    src = open_store(run)  # opened once: manifest check and every shard read
+    read_manifest(src)  # StoreError "no manifest.json; not a draftdata run" before any output
     dest = str(out)
     if dest.startswith("s3://"):
-        _export_s3(run, fmt, dest, include_reasoning, stats, protect)
+        _export_s3(src, fmt, dest, include_reasoning, stats, protect)
     else:
         check_not_protected(dest, protect, what="export destination")
-        _export_local(run, fmt, Path(dest), include_reasoning, stats)
+        _export_local(src, fmt, Path(dest), include_reasoning, stats)
     return stats
