@@ -50,6 +50,7 @@ from typing import Any
 
 import msgspec
 
+from draftdata.fleet.probe import parse_loads
 from draftdata.fleet.sim import SimProcess
 from draftdata.fleet.sim_config import SimConfig
 from draftdata.generate.client import EndpointClient, RequestError, build_body
@@ -293,12 +294,11 @@ class Loads:
             for i, url in enumerate(self.urls):
                 try:
                     with urllib.request.urlopen(url, timeout=2.0) as resp:
-                        agg = msgspec.json.decode(resp.read())["aggregate"]
-                except (OSError, ValueError, KeyError):
+                        load = parse_loads(msgspec.json.decode(resp.read()))
+                except (OSError, ValueError):
                     continue
-                self.samples.append(
-                    (time.time(), i, agg["num_running_reqs"], agg["num_waiting_reqs"])
-                )
+                if load is not None:
+                    self.samples.append((time.time(), i, load.running, load.waiting))
 
     def __enter__(self) -> Loads:
         self._thread.start()
