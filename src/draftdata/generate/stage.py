@@ -16,10 +16,11 @@ partitions, or first tried with ``--limit``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -144,30 +145,8 @@ async def _generate(
     signals: bool,
     on_engine: Callable[[Engine], None] | None,
 ) -> GenerateSummary:
-    warm = asyncio.ensure_future(asyncio.to_thread(_warm_up))  # beside probing and scanning
-    try:
-        return await _run_stage(
-            config, files, urls, fleet_caps, key, log, live, signals, on_engine, warm
-        )
-    finally:
-        if not warm.done():
-            warm.cancel()
-
-
-async def _run_stage(
-    config: GenerateConfig,
-    files: list[Any],
-    urls: list[str],
-    fleet_caps: list[int | None],
-    key: str | None,
-    log: Log,
-    live: bool,
-    signals: bool,
-    on_engine: Callable[[Engine], None] | None,
-    warm: asyncio.Future[None],
-) -> GenerateSummary:
     timeout = min(10.0, config.connect_timeout)
-    async with probe_session(key) as session:
+    async with _warming() as warm, probe_session(key) as session:
         caps = await asyncio.gather(*(discover(session, u, timeout) for u in urls))
         if all(c is None for c in caps):
             shown = ", ".join(urls[:4]) + (f" and {len(urls) - 4} more" if len(urls) > 4 else "")
@@ -324,6 +303,17 @@ def _endpoints(
             )
         out.append(ep)
     return out
+
+
+@contextlib.asynccontextmanager
+async def _warming() -> AsyncIterator[asyncio.Future[None]]:
+    """``_warm_up`` in a worker thread, beside probing and scanning (cancelled if unused)."""
+    warm = asyncio.ensure_future(asyncio.to_thread(_warm_up))
+    try:
+        yield warm
+    finally:
+        if not warm.done():
+            warm.cancel()
 
 
 def _warm_up() -> None:
