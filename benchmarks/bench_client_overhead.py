@@ -85,14 +85,11 @@ def bodies(prompts: list[Any]) -> list[dict[str, Any]]:
     return [
         build_body(
             p.messages,
-            tools=None,
             model=MODEL,
             max_tokens=256,
             sampling=Sampling(),
             reasoning="on",
-            n=1,
             token_ids=True,
-            extra_body={},
         )
         for p in prompts
     ]

@@ -448,14 +448,11 @@ async def _baseline(
     async def one(p: Prompt) -> None:
         body = build_body(
             p.messages,
-            tools=None,
             model="Qwen3.6-27B-sim",
             max_tokens=shape.max_tokens,
             sampling=sampling,
             reasoning="on",
-            n=1,
             token_ids=True,
-            extra_body={},
         )
         async with sem:
             for attempt in range(20):
