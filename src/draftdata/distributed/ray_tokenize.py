@@ -117,55 +117,27 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     the previous summary's settings); a finished output with the same settings is returned
     as it is. Raises the stage's DraftdataError of the first shard that fails.
     """
-    from draftdata.store.read import COMPLETIONS_PREFIX, shard_keys
-    from draftdata.store.store import open_store
     from draftdata.tokenize import stage
-    from draftdata.tokenize.batch import Counters
-    from draftdata.tokenize.config import SUMMARY_KEY, TokenizeSummary
 
     opts = opts or RayTokenizeOptions()
     ray = cluster.require_ray()
     started = time.perf_counter()
-    config.validate()
-    stage._check_out(config)
-    run_store = open_store(config.run)
-    keys = shard_keys(run_store, COMPLETIONS_PREFIX)
-    if not keys:
-        raise InputError(
-            f"{run_store.key_url(COMPLETIONS_PREFIX)}: no completion shards to tokenize"
-        )
-    keep = stage._history_policy(config, run_store)
-    config = msgspec.structs.replace(config, keep_reasoning_history=keep)
-    out = open_store(config.out_url)
-    settings = stage.settings_of(config, keep) | {"inputs": keys}
-    previous = stage._previous(out, settings)
-    if previous is not None:
-        previous.wall_s = time.perf_counter() - started
-        return RayTokenizeResult(summary=previous, inputs=len(keys), tasks=0, wall_s=0.0)
+    job = stage.plan(config)
+    keys = job.keys
+    if job.previous is not None:
+        job.previous.wall_s = time.perf_counter() - started
+        return RayTokenizeResult(summary=job.previous, inputs=len(keys), tasks=0, wall_s=0.0)
 
     forward = tuple(dict.fromkeys([*cluster.DEFAULT_FORWARD_ENV, *opts.forward_env]))
     started_ray = cluster.connect(opts.address, forward_env=forward)
     try:
-        results = _run_job(ray, _for_workers(config), keys, opts)
+        results = _run_job(ray, _for_workers(job.config), keys, opts)
     finally:
         if started_ray:
             ray.shutdown()
 
-    total = Counters()
-    written: list[str] = []
-    for index in range(len(keys)):  # shard order, as the single process merges them
-        counters_json, names = results[index]
-        total.merge(_counters(json.loads(counters_json)))
-        written.extend(names)
-    summary = TokenizeSummary(
-        out=out.url,
-        shards=len(written),
-        counts=dict(sorted(total.counts.items())),
-        domains=dict(sorted(total.domains.items())),
-        mismatches=total.mismatches,
-        settings=settings,
-    )
-    out.put_new(SUMMARY_KEY, stage.summary_bytes(summary, written))
+    ordered = (results[index] for index in range(len(keys)))  # shard order, as the stage's
+    summary = stage.finish(job, ((_counters(json.loads(c)), names) for c, names in ordered))
     summary.wall_s = time.perf_counter() - started
     return RayTokenizeResult(
         summary=summary, inputs=len(keys), tasks=len(keys), wall_s=summary.wall_s

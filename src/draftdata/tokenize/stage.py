@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -107,7 +107,8 @@ def _work(key: str) -> tuple[Counters, list[str]]:
 # -- the stage -------------------------------------------------------------------------------------
 
 
-def _history_policy(config: TokenizeConfig, run: Store) -> bool:
+def history_policy(config: TokenizeConfig, run: Store) -> bool:
+    """Whether to keep reasoning history: the config's choice, else the run manifest's."""
     if config.keep_reasoning_history is not None:
         return config.keep_reasoning_history
     if not run.exists("manifest.json"):
@@ -118,7 +119,8 @@ def _history_policy(config: TokenizeConfig, run: Store) -> bool:
     return bool(settings.get("keep_reasoning_history", False))
 
 
-def _check_out(config: TokenizeConfig) -> None:
+def check_out(config: TokenizeConfig) -> None:
+    """Refuse an output prefix that would write into the run's own files (ConfigError)."""
     run, out = normalise_url(config.run), normalise_url(config.out_url)
     completions = f"{run}/{COMPLETIONS_PREFIX.rstrip('/')}"
     for other in (run, completions):
@@ -188,7 +190,8 @@ def read_summary(out: str | Store) -> dict[str, Any]:
     return doc
 
 
-def _previous(out: Store, settings: dict[str, Any]) -> TokenizeSummary | None:
+def previous_summary(out: Store, settings: dict[str, Any]) -> TokenizeSummary | None:
+    """The finished output's summary if its settings match; ConfigError if they differ."""
     if not out.exists(SUMMARY_KEY):
         return None
     doc = read_summary(out)
@@ -219,44 +222,73 @@ def tokenize(config: TokenizeConfig) -> TokenizeSummary:
     other settings into the same output are refused (ConfigError) before any work.
     """
     started = time.perf_counter()
+    job = plan(config)
+    if job.previous is not None:
+        job.previous.wall_s = time.perf_counter() - started
+        return job.previous
+
+    config = job.config
+    if config.workers == 1:
+        ctx = TokenizeContext.from_config(config)
+        results: Iterable[tuple[Counters, list[str]]] = (
+            tokenize_shard(ctx, job.run, job.out, key, config.batch_rows) for key in job.keys
+        )
+    else:
+        results = _parallel(config, job.keys)
+    summary = finish(job, results)
+    summary.wall_s = time.perf_counter() - started
+    return summary
+
+
+class TokenizeJob(msgspec.Struct, kw_only=True):
+    """What ``plan`` settled before any work: the resolved config, stores, inputs, settings."""
+
+    config: TokenizeConfig  # keep_reasoning_history resolved
+    run: Store
+    out: Store
+    keys: list[str]
+    settings: dict[str, Any]
+    previous: TokenizeSummary | None  # a finished output with the same settings
+
+
+def plan(config: TokenizeConfig) -> TokenizeJob:
+    """The checks every tokenize driver makes first (config, --out, inputs, previous summary)."""
     config.validate()
-    _check_out(config)
+    check_out(config)
     run = open_store(config.run)
     keys = shard_keys(run, COMPLETIONS_PREFIX)
     if not keys:
         raise InputError(f"{run.key_url(COMPLETIONS_PREFIX)}: no completion shards to tokenize")
-    keep = _history_policy(config, run)
+    keep = history_policy(config, run)
     config = msgspec.structs.replace(config, keep_reasoning_history=keep)
     out = open_store(config.out_url)
     settings = settings_of(config, keep) | {"inputs": keys}
-    previous = _previous(out, settings)
-    if previous is not None:
-        previous.wall_s = time.perf_counter() - started
-        return previous
+    return TokenizeJob(
+        config=config,
+        run=run,
+        out=out,
+        keys=keys,
+        settings=settings,
+        previous=previous_summary(out, settings),
+    )
 
+
+def finish(job: TokenizeJob, results: Iterable[tuple[Counters, list[str]]]) -> TokenizeSummary:
+    """Merge per-shard (counters, written keys) in shard order and write ``summary.json``."""
     total = Counters()
     written: list[str] = []
-    if config.workers == 1:
-        ctx = TokenizeContext.from_config(config)
-        for key in keys:
-            c, names = tokenize_shard(ctx, run, out, key, config.batch_rows)
-            total.merge(c)
-            written.extend(names)
-    else:
-        for c, names in _parallel(config, keys):
-            total.merge(c)
-            written.extend(names)
-
+    for c, names in results:
+        total.merge(c)
+        written.extend(names)
     summary = TokenizeSummary(
-        out=out.url,
+        out=job.out.url,
         shards=len(written),
         counts=dict(sorted(total.counts.items())),
         domains=dict(sorted(total.domains.items())),
         mismatches=total.mismatches,
-        settings=settings,
+        settings=job.settings,
     )
-    out.put_new(SUMMARY_KEY, summary_bytes(summary, written))
-    summary.wall_s = time.perf_counter() - started
+    job.out.put_new(SUMMARY_KEY, summary_bytes(summary, written))
     return summary
 
 
