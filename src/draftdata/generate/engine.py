@@ -317,11 +317,14 @@ async def run_engine(
     log: Log = stderr_log,
     live: bool = False,
     api_key: str | None = None,
+    session: aiohttp.ClientSession | None = None,
     on_engine: Callable[[Engine], None] | None = None,
 ) -> GenerateSummary:
-    """Run the engine with a probe session of its own; ``on_engine`` sees the Engine first
-    (to wire signals or to interrupt it from a test)."""
-    async with probe_session(api_key) as session:
+    """Run the engine, with ``session`` for its probes (else one of its own, with ``api_key``);
+    ``on_engine`` sees the Engine first (to wire signals or to interrupt it from a test)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if session is None:
+            session = await stack.enter_async_context(probe_session(api_key))
         engine = Engine(
             config,
             run,

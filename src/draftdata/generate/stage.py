@@ -32,7 +32,7 @@ from draftdata.fleet.spec import read_fleet
 from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.endpoint import Endpoint, discover, queue_target
-from draftdata.generate.engine import Engine, Log, probe_session, stderr_log
+from draftdata.generate.engine import Engine, Log, probe_session, run_engine, stderr_log
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
 from draftdata.store.protect import check_not_protected
@@ -189,25 +189,30 @@ async def _generate(
                 f"generate: resuming {config.out}: {run.resumed_done} completed and "
                 f"{run.resumed_fatal} fatally failed records are skipped"
             )
-        engine = Engine(
-            config,
-            run,
-            endpoints,
-            reader,
-            model=model,
-            session=session,
-            total=found.in_scope * config.n,
-            log=log,
-            live=live,
-        )
-        if on_engine is not None:
-            on_engine(engine)
-        restore = _install_signals(engine) if signals else None
+        restore: list[Callable[[], None]] = []
+
+        def started(engine: Engine) -> None:
+            if on_engine is not None:
+                on_engine(engine)
+            if signals and (undo := _install_signals(engine)) is not None:
+                restore.append(undo)
+
         try:
-            summary = await engine.run()
+            summary = await run_engine(
+                config,
+                run,
+                endpoints,
+                reader,
+                model=model,
+                session=session,
+                total=found.in_scope * config.n,
+                log=log,
+                live=live,
+                on_engine=started,
+            )
         finally:
-            if restore is not None:
-                restore()
+            for undo in restore:
+                undo()
             await asyncio.gather(*(e.client.close() for e in endpoints), return_exceptions=True)
             key = await asyncio.to_thread(rejects.write, run)
             if key is not None:
@@ -328,7 +333,7 @@ def _warm_up() -> None:
     parquet_bytes(failures_table([Failure(id="w", reason="warm_up")]))
 
 
-def _install_signals(engine: Engine) -> Any:
+def _install_signals(engine: Engine) -> Callable[[], None] | None:
     if threading.current_thread() is not threading.main_thread():
         return None
     loop = asyncio.get_running_loop()
