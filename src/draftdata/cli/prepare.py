@@ -10,20 +10,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import typer
-
-
-def _table(title: str, header: list[str], rows: list[list[str]]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left")
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for r in rows:
-        table.add_row(*r)
-    return table
 
 
 class _Progress:
@@ -95,6 +83,7 @@ def register(app: typer.Typer) -> None:
         from draftdata.prepare.config import PrepareConfig, resolve_paths
         from draftdata.prepare.report import PLAN_HEADER, SOURCE_HEADER, plan_rows, source_rows
         from draftdata.prepare.stage import prepare
+        from draftdata.tables import table
 
         console = Console()
         if write_samples is not None:
@@ -114,9 +103,9 @@ def register(app: typer.Typer) -> None:
             cfg, plan_only=plan_only, force=force, progress=None if quiet else _Progress()
         )
         rep = result.report
-        console.print(_table("sources", SOURCE_HEADER, source_rows(rep)))
+        console.print(table("sources", SOURCE_HEADER, source_rows(rep)))
         title = "mix plan (existing + new)" if plan_only else "domain mix (existing + new)"
-        console.print(_table(title, PLAN_HEADER, plan_rows(result.plan)))
+        console.print(table(title, PLAN_HEADER, plan_rows(result.plan)))
         if result.plan.shortfall:
             console.print(
                 f"[yellow]the sources fall {result.plan.shortfall:,} prompts short of the budget[/]"

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+
+from draftdata.tables import table
 
 MIX_HEADER = ["domain", "before", "before %", "unique", "target", "train", "eval", "after %"]
 
@@ -64,15 +65,6 @@ def mix_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _table(title: str, header: list[str], rows: list[list[str]]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for r in rows:
-        table.add_row(*r)
-    return table
-
-
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     """Print the inputs table, the mix table, the drops and any cannot-reach warning."""
     console = console or Console()
@@ -80,8 +72,8 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
         [i["path"], i["role"], i["kind"], f"{i['rows']:,}", f"{i.get('bad_rows', 0):,}"]
         for i in report["inputs"]
     ]
-    console.print(_table("inputs", ["input", "role", "kind", "rows", "bad rows"], inputs))
-    console.print(_table("domain mix (before / target / after)", MIX_HEADER, mix_rows(report)))
+    console.print(table("inputs", ["input", "role", "kind", "rows", "bad rows"], inputs))
+    console.print(table("domain mix (before / target / after)", MIX_HEADER, mix_rows(report)))
     dropped = ", ".join(f"{k} {v:,}" for k, v in report["dropped"].items() if v) or "none"
     console.print(f"dropped: {dropped}")
     for i in report["inputs"]:
