@@ -180,15 +180,16 @@ def _classifier() -> Callable[..., str]:
     return classify_domain
 
 
+def _label(b: StatsBuilder, given: str) -> str:
+    """The row's own domain label, counted as given; empty ones count as to be classified."""
+    b.labels["given" if given else "classified"] += 1
+    return given
+
+
 def _stats_chat(b: StatsBuilder) -> None:
     classify = _classifier()
     for conv in iter_conversations(b.ds, b.rejects):
-        domain = conv.domain
-        if domain:
-            b.labels["given"] += 1
-        else:
-            domain = classify(conv.messages, conv.tools)
-            b.labels["classified"] += 1
+        domain = _label(b, conv.domain) or classify(conv.messages, conv.tools)
         chars, out_chars = conv.char_counts()
         measures: dict[str, float] = {"chars": chars}
         if any(m.role == "assistant" for m in conv.messages):
@@ -201,12 +202,7 @@ def _stats_run(b: StatsBuilder) -> None:
 
     classify = _classifier()
     for c in iter_run_completions(b.ds, b.rejects):
-        domain = c.domain
-        if domain:
-            b.labels["given"] += 1
-        else:
-            domain = classify(completion_to_conversation(c).messages, c.tools)
-            b.labels["classified"] += 1
+        domain = _label(b, c.domain) or classify(completion_to_conversation(c).messages, c.tools)
         out_chars = sum(len(t.content or "") + len(t.reasoning or "") for t in c.turns)
         out_tokens = c.usage.completion_tokens or sum(t.usage.completion_tokens for t in c.turns)
         measures: dict[str, float] = {"output_chars": out_chars}
