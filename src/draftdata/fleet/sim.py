@@ -374,6 +374,7 @@ class SimProcess:
     def start(self) -> SimProcess:
         """Start the subprocess and wait until fleet.yaml exists and every /health is 200."""
         self.fleet_yaml.unlink(missing_ok=True)
+        self.urls = []
         cmd = [
             sys.executable,
             "-c",
@@ -393,10 +394,10 @@ class SimProcess:
             if self.proc.poll() is not None:
                 text = self.log.read_text(errors="replace")[-2000:]
                 raise FleetError(f"fleet sim exited with {self.proc.returncode}: {text}")
-            if self.fleet_yaml.exists():
+            if not self.urls and self.fleet_yaml.exists():  # written once, when all listen
                 self.urls = [e.url for e in read_fleet(self.fleet_yaml).endpoints]
-                if all(_healthy(u) for u in self.urls):
-                    return self
+            if self.urls and all(_healthy(u) for u in self.urls):
+                return self
             time.sleep(0.05)
         self.stop()
         raise FleetError(f"fleet sim did not become ready within {self.timeout:.0f} s")
