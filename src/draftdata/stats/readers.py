@@ -427,6 +427,15 @@ def normalise_samples(batch: pa.RecordBatch | pa.Table) -> pa.Table:
     return pa.table([cols[f.name] for f in SAMPLE_SCHEMA], schema=SAMPLE_SCHEMA)
 
 
+def _sample_files(ds: Dataset) -> Iterator[tuple[str, pq.ParquetFile]]:
+    """(file url, opened parquet file) of each shard of a tokenized dataset, in file order."""
+    if ds.kind != "tokenized":
+        raise InputError(f"{ds.url}: holds {ds.kind}, not tokenized samples")
+    for key in ds.keys:
+        _check_same_kind(ds, key)
+        yield ds.where(key), _parquet(ds.store, key)
+
+
 def iter_sample_batches(
     ds: Dataset, columns: list[str] | None = None, batch_rows: int = 65536
 ) -> Iterator[tuple[str, pa.Table]]:
@@ -434,12 +443,7 @@ def iter_sample_batches(
 
     With ``columns`` only those columns are read (cheap on S3) and returned as read.
     """
-    if ds.kind != "tokenized":
-        raise InputError(f"{ds.url}: holds {ds.kind}, not tokenized samples")
-    for key in ds.keys:
-        _check_same_kind(ds, key)
-        pf = _parquet(ds.store, key)
-        where = ds.where(key)
+    for where, pf in _sample_files(ds):
         present = [c for c in (columns or pf.schema_arrow.names) if c in pf.schema_arrow.names]
         try:
             for batch in pf.iter_batches(batch_size=batch_rows, columns=present):
@@ -461,12 +465,7 @@ def iter_sample_summaries(ds: Dataset, batch_rows: int = 65536) -> Iterator[tupl
     file); otherwise the lists are read in small batches and the counts derived from them, so
     memory stays bounded either way.
     """
-    if ds.kind != "tokenized":
-        raise InputError(f"{ds.url}: holds {ds.kind}, not tokenized samples")
-    for key in ds.keys:
-        _check_same_kind(ds, key)
-        pf = _parquet(ds.store, key)
-        where = ds.where(key)
+    for where, pf in _sample_files(ds):
         names = set(pf.schema_arrow.names)
         have_counts = {"num_tokens", "num_loss_tokens"} <= names
         cols = [c for c in SUMMARY_COLUMNS if c in names]
