@@ -13,7 +13,7 @@ engine needs:
   default) and follows the server's waiting queue so that it stays short but non-empty;
 - the circuit breaker: ``breaker_failures`` retryable failures in a row open it.
 
-Probing the server over HTTP lives at the bottom (``check_alive``, ``discover``); it uses
+Probing the server over HTTP lives at the bottom (``check_alive``, ``load_of``); it uses
 ``fleet.probe`` and never raises for an unreachable server. This module does not pick
 endpoints or retry requests (``dispatch.py`` does).
 """
@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 
 import aiohttp
 
-from draftdata.fleet.probe import Capacity, Load, base_url, probe_capacity, probe_load
+from draftdata.fleet.probe import Capacity, Load, base_url, probe_load
 from draftdata.records import Turn
 
 State = Literal["up", "down", "starting"]
@@ -261,11 +261,6 @@ async def check_alive(session: aiohttp.ClientSession, url: str, timeout: float) 
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
     return False
-
-
-async def discover(session: aiohttp.ClientSession, url: str, timeout: float) -> Capacity | None:
-    """Engine, model and capacity of a server; None when it does not answer."""
-    return await probe_capacity(session, url, timeout=timeout)
 
 
 async def load_of(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) -> Load | None:

@@ -26,9 +26,10 @@ from typing import Any
 import aiohttp
 
 from draftdata.errors import StoreError
+from draftdata.fleet.probe import probe_capacity
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
-from draftdata.generate.endpoint import Endpoint, check_alive, discover, load_of
+from draftdata.generate.endpoint import Endpoint, check_alive, load_of
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
@@ -183,7 +184,7 @@ class Engine:
             await asyncio.sleep(self.cfg.probe_interval)
             if not await check_alive(self.session, ep.url, self._probe_timeout):
                 continue
-            cap = await discover(self.session, ep.url, self._probe_timeout)
+            cap = await probe_capacity(self.session, ep.url, timeout=self._probe_timeout)
             if cap is not None:
                 ep.set_capacity(cap)
             ep.mark_up(half_open=ep.downs > 0)

@@ -27,11 +27,11 @@ import msgspec
 
 from draftdata.distributed.partition import parse_partition
 from draftdata.errors import ConfigError, FleetError
-from draftdata.fleet.probe import base_url
+from draftdata.fleet.probe import base_url, probe_capacity
 from draftdata.fleet.spec import read_fleet
 from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
-from draftdata.generate.endpoint import Endpoint, discover, queue_target
+from draftdata.generate.endpoint import Endpoint, queue_target
 from draftdata.generate.engine import Engine, Log, probe_session, run_engine, stderr_log
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
@@ -147,7 +147,7 @@ async def _generate(
 ) -> GenerateSummary:
     timeout = min(10.0, config.connect_timeout)
     async with _warming() as warm, probe_session(key) as session:
-        caps = await asyncio.gather(*(discover(session, u, timeout) for u in urls))
+        caps = await asyncio.gather(*(probe_capacity(session, u, timeout=timeout) for u in urls))
         if all(c is None for c in caps):
             shown = ", ".join(urls[:4]) + (f" and {len(urls) - 4} more" if len(urls) > 4 else "")
             raise FleetError(
