@@ -71,9 +71,10 @@ def shard_keys(store: Store, prefix: str) -> list[str]:
     return [k for k in store.list(prefix) if k.endswith(".parquet")]
 
 
-def _parquet_file(
+def parquet_file(
     store: Store, key: str, read_dictionary: Sequence[str] | None = None
 ) -> pq.ParquetFile:
+    """Open one shard (a local path where the store has one; StoreError if unreadable)."""
     path = store.local_path(key)
     dicts = list(read_dictionary) if read_dictionary else None
     try:
@@ -95,7 +96,7 @@ def read_shard(
     """Read one shard (only ``columns`` if given; on S3 only the footer and those column chunks
     are fetched) after checking its format is ``expected``. Columns in ``read_dictionary``
     stay dictionary-encoded (cheap for a column with few distinct values)."""
-    pf = _parquet_file(store, key, read_dictionary)
+    pf = parquet_file(store, key, read_dictionary)
     check_format(pf.schema_arrow, expected, store.key_url(key))
     try:
         return pf.read(columns=list(columns) if columns is not None else None)

@@ -29,11 +29,15 @@ from typing import Any
 
 import msgspec
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError, StoreError
 from draftdata.formats import COMPLETION_FORMAT, check_format
-from draftdata.store.read import COMPLETIONS_PREFIX, shard_keys, write_parquet_shard
+from draftdata.store.read import (
+    COMPLETIONS_PREFIX,
+    parquet_file,
+    shard_keys,
+    write_parquet_shard,
+)
 from draftdata.store.store import Store, normalise_url, open_store
 from draftdata.tokenize.batch import COMPLETION_COLUMNS, Counters, TokenizeContext, tokenize_table
 from draftdata.tokenize.config import SUMMARY_FORMAT, SUMMARY_KEY, TokenizeConfig, TokenizeSummary
@@ -48,11 +52,7 @@ def output_key(shard_key: str, batch: int) -> str:
 def iter_shard_batches(store: Store, key: str, rows: int) -> Iterator[pa.Table]:
     """The completions of one shard in tables of at most ``rows`` rows (format checked)."""
     where = store.key_url(key)
-    try:
-        path = store.local_path(key)
-        pf = pq.ParquetFile(path if path is not None else store.open_input(key))
-    except (OSError, pa.ArrowException) as exc:
-        raise StoreError(f"{where}: not a readable parquet file ({exc})") from exc
+    pf = parquet_file(store, key)
     check_format(pf.schema_arrow, COMPLETION_FORMAT, where)
     columns = [c for c in COMPLETION_COLUMNS if c in pf.schema_arrow.names]
     try:
