@@ -312,10 +312,5 @@ def register(app: typer.Typer) -> None:
             import json
 
             json_out.write_text(json.dumps(summary.to_dict(), indent=1), encoding="utf-8")
-        if summary.interrupted:
-            typer.echo(
-                f"generate: interrupted with {summary.remaining} left; run the same command "
-                "again to resume (committed work is skipped)",
-                err=True,
-            )
+        if summary.interrupted:  # the stage has said how to resume
             raise typer.Exit(130)

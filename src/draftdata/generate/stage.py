@@ -219,8 +219,8 @@ async def _generate(
                 log(f"generate: {len(rejects.rows)} invalid prompt lines written to {key}")
     if summary.interrupted:
         log(
-            f"generate: interrupted; {summary.remaining} left; "
-            "to resume, run the same command again"
+            f"generate: interrupted with {summary.remaining} left; run the same command "
+            "again to resume (committed work is skipped)"
         )
     return summary
 
