@@ -174,32 +174,24 @@ def completion_to_conversation(c: Completion) -> Conversation:
     Each assistant message of the prompt is replaced, in order, by the regenerated turn; turns
     left over (the answer to a trailing user message) are appended.
     """
-    turns = list(c.turns)
+    turns = [
+        Message(
+            role="assistant",
+            content=t.content,
+            reasoning_content=t.reasoning,
+            tool_calls=t.tool_calls,
+        )
+        for t in c.turns
+    ]
     out: list[Message] = []
     k = 0
     for m in c.messages:
         if m.role == "assistant" and k < len(turns):
-            t = turns[k]
+            out.append(turns[k])
             k += 1
-            out.append(
-                Message(
-                    role="assistant",
-                    content=t.content,
-                    reasoning_content=t.reasoning,
-                    tool_calls=t.tool_calls,
-                )
-            )
         else:
             out.append(m)
-    for t in turns[k:]:
-        out.append(
-            Message(
-                role="assistant",
-                content=t.content,
-                reasoning_content=t.reasoning,
-                tool_calls=t.tool_calls,
-            )
-        )
+    out.extend(turns[k:])
     ident = c.id if c.sample == 0 else f"{c.id}~s{c.sample}"
     return Conversation(id=ident, messages=out, source=c.source, domain=c.domain, tools=c.tools)
 
