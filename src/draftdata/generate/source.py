@@ -21,7 +21,7 @@ import msgspec
 
 from draftdata.distributed.partition import Partition, parse_partition
 from draftdata.errors import InputError
-from draftdata.records import Prompt, parse_prompt
+from draftdata.records import Prompt, iter_prompt_lines, parse_prompt
 
 
 def prompt_files(path: str) -> list[Path]:
@@ -118,36 +118,33 @@ class PromptReader:
     def _iter(self) -> Iterator[Prompt]:
         n = 0
         for f in self.files:
-            with f.open("rb") as fh:
-                for lineno, line in enumerate(fh, start=1):
-                    if not line.strip():
-                        continue
-                    n += 1
-                    if self.limit is not None and n > self.limit:
-                        return
-                    self.read += 1
-                    if self.settled is not None:
-                        try:
-                            pid = _id_decoder.decode(line).id
-                        except (msgspec.DecodeError, msgspec.ValidationError):
-                            pid = ""  # the full parse below reports it
-                        if pid and (self.partition is None or self.partition.contains(pid)):
-                            done = self.settled(pid)
-                            if done:
-                                self.settled_samples += done
-                                continue
+            for lineno, line in iter_prompt_lines(f):
+                n += 1
+                if self.limit is not None and n > self.limit:
+                    return
+                self.read += 1
+                if self.settled is not None:
                     try:
-                        prompt = parse_prompt(line, f"{f}:{lineno}")
-                    except InputError as exc:
-                        self.invalid += 1
-                        if self.on_invalid is not None:
-                            self.on_invalid(str(exc))
-                        if self.on_reject is not None:
-                            self.on_reject(str(exc), line)
-                        continue
-                    if self.partition is not None and not self.partition.contains(prompt.id):
-                        continue
-                    yield prompt
+                        pid = _id_decoder.decode(line).id
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        pid = ""  # the full parse below reports it
+                    if pid and (self.partition is None or self.partition.contains(pid)):
+                        done = self.settled(pid)
+                        if done:
+                            self.settled_samples += done
+                            continue
+                try:
+                    prompt = parse_prompt(line, f"{f}:{lineno}")
+                except InputError as exc:
+                    self.invalid += 1
+                    if self.on_invalid is not None:
+                        self.on_invalid(str(exc))
+                    if self.on_reject is not None:
+                        self.on_reject(str(exc), line)
+                    continue
+                if self.partition is not None and not self.partition.contains(prompt.id):
+                    continue
+                yield prompt
 
     def take(self, k: int) -> list[Prompt]:
         """Up to ``k`` more prompts (fewer at the end; ``exhausted`` is then True)."""
