@@ -14,7 +14,8 @@ the network:
 7. ``stats`` before and after, and ``report`` everything into ``report.html``.
 
 Every step is the same stage function the CLI calls. The output folder is created; a folder that
-an earlier demo made (it holds ``.draftdata-demo``) is replaced; any other non-empty folder is
+an earlier demo made (it holds ``.draftdata-demo``) is replaced, but for its tokenizer cache
+``.cache``; any other non-empty folder is
 refused, so the demo never deletes a user's data.
 """
 
@@ -32,6 +33,7 @@ import msgspec
 from draftdata.errors import InputError
 
 MARKER = ".draftdata-demo"
+CACHE = ".cache"  # the default tokenizer cache, kept when a rerun replaces the folder
 
 #: The mix the demo merges to (the existing set is 77% code).
 DEMO_MIX = {"code": 0.35, "math": 0.25, "general": 0.25, "tool": 0.1, "agent": 0.05}
@@ -56,7 +58,13 @@ def _prepare_out(out: Path) -> None:
                 f"demo: {out} exists and is not empty (and was not made by the demo); "
                 "give another --out"
             )
-        shutil.rmtree(out)
+        for child in out.iterdir():  # everything but the tokenizer cache (OUT/.cache)
+            if child.name == CACHE:
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("made by `draftdata demo`; the next demo run replaces it\n")
 
@@ -118,7 +126,7 @@ def run_demo(
     rows.append(("existing set", "rows / mix", f"{before.rows} / {_share_line(result.before)}"))
 
     log("demo: 2/7 tokenizer (trained locally once, then cached)")
-    tokenizer = ensure_demo_tokenizer(cache_dir or out / ".cache")
+    tokenizer = ensure_demo_tokenizer(cache_dir or out / CACHE)
     paths["tokenizer"] = tokenizer
 
     log("demo: 3/7 prepare")
