@@ -70,7 +70,8 @@ def endpoint_urls(config: GenerateConfig) -> tuple[list[str], list[int | None]]:
     bad = [u for u in urls if not u.startswith(("http://", "https://"))]
     if bad:
         raise ConfigError(f"--endpoint {bad[0]}: give a URL such as http://127.0.0.1:30000")
-    return list(dict.fromkeys(urls)), [None] * len(dict.fromkeys(urls))
+    unique = list(dict.fromkeys(urls))
+    return unique, [None] * len(unique)
 
 
 def api_key(config: GenerateConfig) -> str | None:
