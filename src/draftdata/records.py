@@ -207,6 +207,22 @@ def encode_prompt(prompt: Prompt) -> bytes:
     return msgspec.json.encode(prompt)
 
 
+class _IdOnly(msgspec.Struct):
+    id: str = ""
+
+
+_id_decoder = msgspec.json.Decoder(_IdOnly)
+
+
+def prompt_id(line: bytes) -> str:
+    """The ``id`` of one prompts-JSONL line, decoding nothing else ("" when the line is not a
+    JSON object or has no string id; the full parse reports why)."""
+    try:
+        return _id_decoder.decode(line).id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""
+
+
 def iter_prompt_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """Yield (1-based line number, raw line) of a local JSONL file lazily, skipping blank lines."""
     try:

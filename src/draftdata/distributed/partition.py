@@ -19,7 +19,7 @@ from pathlib import Path
 import msgspec
 
 from draftdata.errors import ConfigError
-from draftdata.records import iter_prompt_lines
+from draftdata.records import iter_prompt_lines, prompt_id
 
 
 class Partition(msgspec.Struct, frozen=True):
@@ -71,13 +71,6 @@ def all_partitions(count: int) -> list[Partition]:
     return [Partition(i, count) for i in range(count)]
 
 
-class _IdOnly(msgspec.Struct):
-    id: str = ""
-
-
-_id_decoder = msgspec.json.Decoder(_IdOnly)
-
-
 def iter_prompt_ids(path: Path | str) -> Iterator[str]:
     """The ids of a prompts JSONL file, in order, decoding nothing but ``id`` (fast).
 
@@ -85,10 +78,7 @@ def iter_prompt_ids(path: Path | str) -> Iterator[str]:
     its file and line, this reader only counts.
     """
     for _lineno, raw in iter_prompt_lines(Path(path)):
-        try:
-            pid = _id_decoder.decode(raw).id
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            continue
+        pid = prompt_id(raw)
         if pid:
             yield pid
 

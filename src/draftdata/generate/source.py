@@ -21,7 +21,7 @@ import msgspec
 
 from draftdata.distributed.partition import Partition, parse_partition
 from draftdata.errors import InputError
-from draftdata.records import Prompt, iter_prompt_lines, parse_prompt
+from draftdata.records import Prompt, iter_prompt_lines, parse_prompt, prompt_id
 
 
 def prompt_files(path: str) -> list[Path]:
@@ -39,13 +39,6 @@ def prompt_files(path: str) -> list[Path]:
     if not p.is_file():
         raise InputError(f"--prompts {path}: no such file or directory")
     return [p]
-
-
-class _IdOnly(msgspec.Struct):
-    id: str = ""
-
-
-_id_decoder = msgspec.json.Decoder(_IdOnly)
 
 
 class Scan(msgspec.Struct, kw_only=True, frozen=True):
@@ -77,11 +70,8 @@ def scan(files: list[Path], *, limit: int | None, partition: Partition | None) -
                 if limit is not None and lines > limit:
                     continue
                 if partition is not None and partition.count > 1:
-                    try:
-                        pid = _id_decoder.decode(line).id
-                    except (msgspec.DecodeError, msgspec.ValidationError):
-                        continue
-                    if not partition.contains(pid):
+                    pid = prompt_id(line)
+                    if not pid or not partition.contains(pid):
                         continue
                 in_scope += 1
     return Scan(sha256=h.hexdigest(), bytes=size, prompts=lines, in_scope=in_scope)
@@ -124,10 +114,7 @@ class PromptReader:
                     return
                 self.read += 1
                 if self.settled is not None:
-                    try:
-                        pid = _id_decoder.decode(line).id
-                    except (msgspec.DecodeError, msgspec.ValidationError):
-                        pid = ""  # the full parse below reports it
+                    pid = prompt_id(line)  # "" when bad: the full parse below reports it
                     if pid and (self.partition is None or self.partition.contains(pid)):
                         done = self.settled(pid)
                         if done:
