@@ -103,8 +103,6 @@ def _absolute(config: GenerateConfig, opts: RayOptions) -> tuple[GenerateConfig,
         "out": absolute(config.out) or config.out,
         "fleet": absolute(config.fleet),
     }
-    if "rejects" in GenerateConfig.__struct_fields__:
-        changes["rejects"] = absolute(getattr(config, "rejects", None))
     config = msgspec.structs.replace(config, **changes)
     return config, msgspec.structs.replace(opts, fleet_per_node=absolute(opts.fleet_per_node))
 

@@ -106,7 +106,6 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     allow_config_change: bool = False
     flush_records: int = 256
     flush_seconds: float = 5.0
-    rejects: str | None = None  # default: <out>/../rejects next to a local run, else reported
     # retries and timeouts
     max_attempts: int = 6
     backoff_base: float = 0.5
