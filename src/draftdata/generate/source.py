@@ -14,7 +14,7 @@ A line that does not validate is reported (file:line: what is wrong) and skipped
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import msgspec
@@ -39,6 +39,9 @@ def prompt_files(path: str) -> list[Path]:
     if not p.is_file():
         raise InputError(f"--prompts {path}: no such file or directory")
     return [p]
+
+
+BLOCK = 4096  # lines read, and looked up in the done-set, at a time
 
 
 class Scan(msgspec.Struct, kw_only=True, frozen=True):
@@ -88,13 +91,14 @@ class PromptReader:
         partition: str | Partition | None = None,
         on_invalid: Callable[[str], None] | None = None,
         on_reject: Callable[[str, bytes], None] | None = None,
-        settled: Callable[[str], int] | None = None,
+        settled: Callable[[list[str]], Sequence[int]] | None = None,
     ) -> None:
         self.files = files
         self.on_reject = on_reject
-        # ``settled(id)``: how many samples of the prompt are settled when ALL are (else 0).
-        # Such lines are skipped on an id-only decode, before the full parse: on resume most of
-        # a big file is settled, and the full parse is most of the cost of reading it.
+        # ``settled(ids)``: for each id, how many samples of the prompt are settled when ALL are
+        # (else 0). Such lines are skipped on an id-only decode, before the full parse, and the
+        # done-set is asked a block of ids at a time: on resume most of a big file is settled,
+        # and a per-line lookup or the full parse would be most of the cost of reading it.
         self.settled = settled
         self.settled_samples = 0
         self.limit = limit
@@ -105,21 +109,47 @@ class PromptReader:
         self._it = self._iter()
         self.exhausted = False
 
-    def _iter(self) -> Iterator[Prompt]:
+    def _blocks(self) -> Iterator[list[tuple[Path, int, bytes]]]:
+        """The non-blank lines within ``limit`` as (file, line number, raw), BLOCK at a time."""
         n = 0
+        block: list[tuple[Path, int, bytes]] = []
         for f in self.files:
             for lineno, line in iter_prompt_lines(f):
                 n += 1
                 if self.limit is not None and n > self.limit:
-                    return
-                self.read += 1
-                if self.settled is not None:
-                    pid = prompt_id(line)  # "" when bad: the full parse below reports it
-                    if pid and (self.partition is None or self.partition.contains(pid)):
-                        done = self.settled(pid)
-                        if done:
-                            self.settled_samples += done
-                            continue
+                    break
+                block.append((f, lineno, line))
+                if len(block) >= BLOCK:
+                    yield block
+                    block = []
+            else:
+                continue
+            break
+        if block:
+            yield block
+
+    def _to_parse(self, block: list[tuple[Path, int, bytes]]) -> list[tuple[Path, int, bytes]]:
+        """``block`` without the lines that the id alone rules out: another partition's, and
+        settled prompts (a line without a readable id stays, for the parse to report)."""
+        part = self.partition if self.partition is not None and self.partition.count > 1 else None
+        if self.settled is None and part is None:
+            return block
+        pids = [prompt_id(line) for _, _, line in block]
+        skip: set[int] = set()
+        if part is not None:
+            skip = {i for i, pid in enumerate(pids) if pid and not part.contains(pid)}
+        if self.settled is not None:
+            asked = [i for i, pid in enumerate(pids) if pid and i not in skip]
+            for i, done in zip(asked, self.settled([pids[i] for i in asked]), strict=True):
+                if done:
+                    skip.add(i)
+                    self.settled_samples += int(done)
+        return [item for i, item in enumerate(block) if i not in skip] if skip else block
+
+    def _iter(self) -> Iterator[Prompt]:
+        for block in self._blocks():
+            self.read += len(block)
+            for f, lineno, line in self._to_parse(block):
                 try:
                     prompt = parse_prompt(line, f"{f}:{lineno}")
                 except InputError as exc:

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from draftdata.distributed.partition import parse_partition
 from draftdata.errors import ConfigError, FleetError
@@ -174,8 +175,14 @@ async def _generate(
         rejects = Rejects()
         n = config.n
 
-        def settled(pid: str) -> int:
-            return n if all(run.is_done(pid, s) for s in range(n)) else 0
+        def settled(ids: list[str]) -> list[int]:
+            # all n samples of a prompt must be settled for the reader to skip it
+            if n == 1:
+                done = run.done_mask(ids)
+            else:
+                pairs = run.done_mask([i for i in ids for _ in range(n)], list(range(n)) * len(ids))
+                done = np.asarray(pairs.reshape(-1, n).all(axis=1))
+            return [n if d else 0 for d in done.tolist()]
 
         reader = PromptReader(
             files,

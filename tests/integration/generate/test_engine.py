@@ -192,8 +192,11 @@ def test_hedged_tail_commits_once(tmp_path: Path) -> None:
     assert cancelled >= 1  # the slow server's copy was cancelled, not left running
 
 
-def test_interrupt_commits_what_finished_and_resumes(tmp_path: Path) -> None:
-    """The engine's graceful stop (what SIGINT calls): committed work is kept, the rest resumes."""
+@pytest.mark.parametrize("n", [1, 2])
+def test_interrupt_commits_what_finished_and_resumes(tmp_path: Path, n: int) -> None:
+    """The engine's graceful stop (what SIGINT calls): committed work is kept, the rest resumes.
+    With n=2 a prompt may stop with one sample settled: the reader skips only prompts whose
+    samples are all settled, and the resume answers exactly the missing samples."""
     prompts = tmp_path / "p.jsonl"
     ids = write_prompts(prompts, 200)
     stop = threading.Event()
@@ -211,17 +214,21 @@ def test_interrupt_commits_what_finished_and_resumes(tmp_path: Path) -> None:
         threading.Thread(target=watch, daemon=True).start()
 
     with SimFleet(2, sim(time_scale=0.05)) as fleet:
-        cfg = fast_config(prompts, tmp_path / "run", fleet.urls, grace_seconds=0.0)
+        cfg = fast_config(prompts, tmp_path / "run", fleet.urls, grace_seconds=0.0, n=n)
         try:
             first = generate(cfg, on_engine=on_engine)
         finally:
             stop.set()
-        assert first.interrupted and 0 < first.completed < 200
-        assert first.remaining == 200 - first.completed
+        assert first.interrupted and 0 < first.completed < 200 * n
+        assert first.remaining == 200 * n - first.completed
         second = generate(cfg)
     assert not second.interrupted
     assert second.already_done == first.completed
-    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (200, 0)
+    assert second.completed == 200 * n - first.completed
+    got = Counter((c.id, c.sample) for c in completions(tmp_path / "run"))
+    assert got == Counter((i, s) for i in ids for s in range(n))
+    if n == 1:
+        assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (200, 0)
 
 
 def test_partitions_and_limit_share_one_run(tmp_path: Path) -> None:

@@ -104,12 +104,48 @@ def test_reader_skips_settled_prompts_before_parsing_them(tmp_path: Path) -> Non
         "not json\n"
     )
     errors: list[str] = []
-    reader = PromptReader(
-        [p], on_invalid=errors.append, settled=lambda pid: 2 if pid in ("b", "c") else 0
-    )
+    asked: list[list[str]] = []
+
+    def settled(ids: list[str]) -> list[int]:
+        asked.append(ids)
+        return [2 if pid in ("b", "c") else 0 for pid in ids]
+
+    reader = PromptReader([p], on_invalid=errors.append, settled=settled)
     assert [x.id for x in reader.take(10)] == ["a"]
     assert reader.settled_samples == 4
     assert len(errors) == 1 and errors[0].startswith(f"{p}:4:")
+    assert asked == [["a", "b", "c"]]  # one done-set lookup per block, never the bad line
+
+
+def test_reader_asks_the_done_set_a_block_at_a_time(tmp_path: Path) -> None:
+    from draftdata.generate.source import BLOCK
+
+    a = _prompts(tmp_path / "a.jsonl", BLOCK + 10)
+    b = tmp_path / "b.jsonl"
+    b.write_text('{"id": "b1", "messages": [{"role": "user", "content": "q"}]}\n')
+    sizes: list[int] = []
+    new = {f"id{i}" for i in range(0, BLOCK + 10, 7)} | {"b1"}
+
+    def settled(ids: list[str]) -> list[int]:
+        sizes.append(len(ids))
+        return [0 if pid in new else 1 for pid in ids]
+
+    reader = PromptReader([a, b], limit=BLOCK + 11, settled=settled)
+    got = [x.id for x in reader.take(10 * BLOCK)]
+    assert sizes == [BLOCK, 11]  # blocks span files; the limit ends the last one
+    assert sorted(got) == sorted(new) and got[-1] == "b1" and reader.exhausted
+    assert reader.read == BLOCK + 11 and reader.settled_samples == BLOCK + 11 - len(new)
+
+
+def test_reader_leaves_other_partitions_lines_unparsed(tmp_path: Path) -> None:
+    from draftdata.distributed.partition import partition_of
+
+    lines = [f'{{"id": "p{i}", "messages": "bad"}}' for i in range(30)]
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    errors: list[str] = []
+    PromptReader([tmp_path / "p.jsonl"], partition="0/3", on_invalid=errors.append).take(100)
+    mine = sum(partition_of(f"p{i}", 3) == 0 for i in range(30))
+    assert 0 < len(errors) == mine < 30  # each bad line is reported by its own partition only
 
 
 def test_prompt_files_takes_prepare_output_folders(tmp_path: Path) -> None:
