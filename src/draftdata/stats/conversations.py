@@ -20,7 +20,15 @@ import msgspec
 import pyarrow as pa
 
 from draftdata.formats import FORMAT_KEY, MESSAGE_TYPE
-from draftdata.records import ROLES, Completion, JsonDict, Message, content_hash
+from draftdata.records import (
+    ROLES,
+    Completion,
+    JsonDict,
+    Message,
+    assemble_conversation,
+    content_hash,
+    sample_key,
+)
 
 CONVERSATION_FORMAT = "conversation/1"
 
@@ -169,31 +177,15 @@ def row_to_conversation(row: Any) -> Conversation:
 
 
 def completion_to_conversation(c: Completion) -> Conversation:
-    """The conversation a Completion stands for: its prompt with the target's own turns.
-
-    Each assistant message of the prompt is replaced, in order, by the regenerated turn; turns
-    left over (the answer to a trailing user message) are appended.
-    """
-    turns = [
-        Message(
-            role="assistant",
-            content=t.content,
-            reasoning_content=t.reasoning,
-            tool_calls=t.tool_calls,
-        )
-        for t in c.turns
-    ]
-    out: list[Message] = []
-    k = 0
-    for m in c.messages:
-        if m.role == "assistant" and k < len(turns):
-            out.append(turns[k])
-            k += 1
-        else:
-            out.append(m)
-    out.extend(turns[k:])
-    ident = c.id if c.sample == 0 else f"{c.id}~s{c.sample}"
-    return Conversation(id=ident, messages=out, source=c.source, domain=c.domain, tools=c.tools)
+    """The conversation a Completion stands for: its prompt with the target's own turns
+    (``records.assemble_conversation``, the rule export uses), under its sample id."""
+    return Conversation(
+        id=sample_key(c.id, c.sample),
+        messages=assemble_conversation(c),
+        source=c.source,
+        domain=c.domain,
+        tools=c.tools,
+    )
 
 
 def conversation_row(conv: Conversation, domain: str | None = None) -> dict[str, Any]:

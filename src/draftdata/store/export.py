@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from draftdata.errors import AlreadyExistsError, ConfigError
 from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
-from draftdata.records import Completion, Message, Turn
+from draftdata.records import Completion, Message, assemble_conversation, sample_key
 from draftdata.store.doneset import DoneSet
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
@@ -66,33 +66,6 @@ EXPORT_SCHEMA = pa.schema(
 )
 
 
-def _turn_message(t: Turn) -> Message:
-    return Message(
-        role="assistant", content=t.content, reasoning_content=t.reasoning, tool_calls=t.tool_calls
-    )
-
-
-def assemble_conversation(c: Completion) -> list[Message]:
-    """The full conversation of a completion, with the target's own assistant turns.
-
-    Assistant messages of the prompt are replaced by ``turns`` in order; a remaining turn is
-    appended. If there are fewer turns than assistant messages, the conversation stops after the
-    last regenerated turn (never mixing in a turn the target did not write).
-    """
-    out: list[Message] = []
-    turns = iter(c.turns)
-    for m in c.messages:
-        if m.role == "assistant":
-            t = next(turns, None)
-            if t is None:
-                return out
-            out.append(_turn_message(t))
-        else:
-            out.append(m)
-    out.extend(_turn_message(t) for t in turns)
-    return out
-
-
 def _message_dict(m: Message, include_reasoning: bool) -> dict[str, Any]:
     d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
     if m.role == "assistant" and include_reasoning and m.reasoning_content is not None:
@@ -109,7 +82,7 @@ def _message_dict(m: Message, include_reasoning: bool) -> dict[str, Any]:
 def export_record(c: Completion, fmt: str, include_reasoning: bool = True) -> dict[str, Any]:
     """The JSON object of one completion in ``fmt`` ('sharegpt' or 'openai')."""
     msgs = [_message_dict(m, include_reasoning) for m in assemble_conversation(c)]
-    rid = c.id if c.sample == 0 else f"{c.id}#s{c.sample}"
+    rid = sample_key(c.id, c.sample)
     rec: dict[str, Any] = {"id": rid, ("conversations" if fmt == "sharegpt" else "messages"): msgs}
     if c.tools:
         rec["tools"] = c.tools

@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from draftdata.errors import InputError
+from draftdata.records import sample_key
 from draftdata.tokenize.template import (
     ChatTemplate,
     JsonDict,
@@ -64,7 +65,7 @@ class CompletionView:
     @property
     def base_id(self) -> str:
         """The sample id of a completion that stays one sample."""
-        return self.id if self.sample == 0 else f"{self.id}#s{self.sample}"
+        return sample_key(self.id, self.sample)
 
 
 @dataclass(slots=True)

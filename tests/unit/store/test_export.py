@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from tests.unit.store.helpers import completion
 
@@ -40,6 +41,22 @@ def test_assemble_uses_the_targets_turns() -> None:
         ("assistant", "new a2"),
     ]
     assert conv[2].reasoning_content == "r1"
+
+
+def test_stats_and_merge_rebuild_conversations_by_the_same_rule() -> None:
+    """A completion with fewer turns than the prompt's assistant messages stops before the first
+    assistant message it has no turn for, in export and in stats/merge alike; both name sample 1
+    ``id#s1``."""
+    from draftdata.stats.conversations import completion_to_conversation
+
+    short = msgspec.structs.replace(_multi_turn(), turns=[Turn(content="new a1")], sample=1)
+    short = msgspec.structs.replace(
+        short, messages=[*short.messages, Message(role="assistant", content="original a2")]
+    )
+    conv = completion_to_conversation(short)
+    assert conv.messages == assemble_conversation(short)
+    assert [m.content for m in conv.messages] == ["be brief", "q1", "new a1", "q2"]
+    assert conv.id == "mt#s1" and conv.tools == short.tools
 
 
 @pytest.fixture
