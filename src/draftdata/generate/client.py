@@ -305,33 +305,3 @@ class EndpointClient:
         if any(t.finish_reason == "abort" for t in turns):
             raise RequestError(ErrorClass.server_error, "the server aborted the request")
         return turns
-
-    async def get_json(self, path: str, timeout: float = 10.0) -> Any:
-        """GET ``path`` (from the server root) and decode its JSON, mapping failures as chat."""
-        session = self._get_session()
-        url = f"{self.base_url}{path}"
-        try:
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                data = await resp.read()
-                status = resp.status
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise RequestError(ErrorClass.timeout, f"GET {url}: no answer in time") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise RequestError(ErrorClass.connection, f"GET {url}: {type(exc).__name__}") from exc
-        if status != 200:
-            text = data.decode("utf-8", "replace")
-            raise RequestError(
-                classify_http_error(status, text), error_message(text), status=status
-            )
-        try:
-            return msgspec.json.decode(data)
-        except msgspec.DecodeError as exc:
-            raise RequestError(ErrorClass.malformed, f"GET {url}: not JSON") from exc
-
-    async def models(self) -> list[str]:
-        """The model ids the server serves (``GET /v1/models``)."""
-        data = await self.get_json("/v1/models")
-        items = data.get("data") if isinstance(data, dict) else None
-        if not isinstance(items, list):
-            raise RequestError(ErrorClass.malformed, "/v1/models: no data list")
-        return [str(m["id"]) for m in items if isinstance(m, dict) and "id" in m]
