@@ -6,19 +6,20 @@ samples travel as parquet (see ``formats.py`` for the Arrow schemas and format v
 
 Validation lives here: ``parse_prompt`` turns one raw JSON line into a Prompt or raises an
 InputError located as ``file:line: field: what is wrong``. This module does no file I/O beyond the
-lazy JSONL reader at the bottom.
+lazy JSONL reader at the bottom (a local file or an s3:// object).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import msgspec
 
-from draftdata.errors import InputError
+from draftdata.errors import InputError, StoreError
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -255,13 +256,29 @@ def prompt_id(line: bytes) -> str:
         return ""
 
 
-def iter_prompt_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Yield (1-based line number, raw line) of a local JSONL file lazily, skipping blank lines."""
+def open_prompt_file(source: Path | str) -> BinaryIO:
+    """A binary reader of one prompts file: a local path or an ``s3://BUCKET/KEY`` object
+    (read in 8 MiB ranged GETs). InputError when it cannot be opened."""
+    text = str(source)
+    if text.startswith("s3://"):
+        from draftdata.store.store import open_store  # only S3 prompts need the store
+
+        parent, _, name = text.rstrip("/").rpartition("/")
+        try:
+            raw = open_store(parent).open_input(name)
+        except StoreError as exc:
+            raise InputError(f"{text}: cannot read prompts ({exc})") from exc
+        return io.BufferedReader(cast(io.RawIOBase, raw), buffer_size=8 << 20)
     try:
-        fh = path.open("rb")
+        return Path(source).open("rb")
     except OSError as exc:
-        raise InputError(f"{path}: cannot read prompts ({exc.strerror})") from exc
-    with fh:
+        raise InputError(f"{source}: cannot read prompts ({exc.strerror})") from exc
+
+
+def iter_prompt_lines(source: Path | str) -> Iterator[tuple[int, bytes]]:
+    """Yield (1-based line number, raw line) of a prompts JSONL file (a local path or an s3://
+    object) lazily, skipping blank lines."""
+    with open_prompt_file(source) as fh:
         for lineno, line in enumerate(fh, start=1):
             if line.strip():
                 yield lineno, line

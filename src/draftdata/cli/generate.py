@@ -53,7 +53,10 @@ def register(app: typer.Typer) -> None:
     @app.command("generate")
     def _cmd(
         prompts: str | None = typer.Option(
-            None, "--prompts", "-p", help="Prompts JSONL file, or prepare's output folder."
+            None,
+            "--prompts",
+            "-p",
+            help="Prompts JSONL file, or prepare's output folder; local or s3://.",
         ),
         endpoint: list[str] | None = typer.Option(
             None,

@@ -77,7 +77,7 @@ def iter_prompt_ids(path: Path | str) -> Iterator[str]:
     A line that is not JSON or has no id is skipped here: the generate stage rejects it with
     its file and line, this reader only counts.
     """
-    for _lineno, raw in iter_prompt_lines(Path(path)):
+    for _lineno, raw in iter_prompt_lines(path):
         pid = prompt_id(raw)
         if pid:
             yield pid

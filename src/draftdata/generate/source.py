@@ -1,7 +1,8 @@
 """The prompts a run answers: which files, their identity, and a lazy, filtered reader.
 
 ``--prompts`` names a JSONL file, or a directory (``prepare``'s output: its
-``prompts-*.jsonl`` shards, else every ``*.jsonl`` but ``rejects.jsonl``, in name order).
+``prompts-*.jsonl`` shards, else every ``*.jsonl`` but ``rejects.jsonl``, in name order), local
+or on S3 (``s3://BUCKET/KEY.jsonl`` or ``s3://BUCKET/PREFIX/``, read in ranged GETs).
 ``scan`` reads the files once without parsing prompts: a sha256 over their bytes (the prompts'
 identity in the run manifest, so a resumed run cannot silently answer other prompts) and the
 number of prompts in scope (``limit``, ``partition``) for the progress total. ``PromptReader``
@@ -15,32 +16,69 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
+from fnmatch import fnmatch
 from pathlib import Path
 
 import msgspec
 
 from draftdata.distributed.partition import Partition, parse_partition
-from draftdata.errors import InputError
-from draftdata.records import Prompt, iter_prompt_lines, parse_prompt, prompt_id
+from draftdata.errors import InputError, StoreError
+from draftdata.records import (
+    Prompt,
+    iter_prompt_lines,
+    open_prompt_file,
+    parse_prompt,
+    prompt_id,
+)
+
+PromptFile = Path | str  # a local file, or an s3://BUCKET/KEY object URL (kept a str)
 
 
-def prompt_files(path: str) -> list[Path]:
-    """The JSONL files behind ``--prompts`` (InputError when there are none)."""
-    if path.startswith(("s3://", "http://", "https://")):
-        raise InputError(f"--prompts {path}: read prompts from a local file or directory")
+def prompt_files(path: str) -> list[PromptFile]:
+    """The JSONL files behind ``--prompts`` (InputError when there are none): a file or a
+    directory, local or an s3:// object or prefix."""
+    if path.startswith(("http://", "https://")):
+        raise InputError(f"--prompts {path}: read prompts from a file, a directory or s3://")
+    if path.startswith("s3://"):
+        return _s3_prompt_files(path)
     p = Path(path)
     if p.is_dir():
-        files = sorted(p.glob("prompts-*.jsonl")) or sorted(
-            f for f in p.glob("*.jsonl") if f.name != "rejects.jsonl"
-        )
+        files = _pick([f.name for f in p.iterdir() if f.is_file()])
         if not files:
             raise InputError(f"--prompts {path}: the directory holds no *.jsonl file")
-        return files
+        return [p / f for f in files]
     if not p.is_file():
         raise InputError(f"--prompts {path}: no such file or directory")
     return [p]
 
 
+def _pick(names: list[str]) -> list[str]:
+    """prepare's ``prompts-*.jsonl`` shards, else every ``*.jsonl`` but ``rejects.jsonl``."""
+    shards = sorted(n for n in names if fnmatch(n, "prompts-*.jsonl"))
+    return shards or sorted(n for n in names if n.endswith(".jsonl") and n != "rejects.jsonl")
+
+
+def _s3_prompt_files(url: str) -> list[PromptFile]:
+    from draftdata.store.store import open_store
+
+    base = url.rstrip("/")
+    try:
+        names = [k for k in open_store(base).list("") if "/" not in k]
+        if files := _pick(names):
+            return [f"{base}/{f}" for f in files]
+        parent, _, name = base.rpartition("/")
+        if name and not url.endswith("/") and open_store(parent).exists(name):
+            return [base]
+    except StoreError as exc:
+        raise InputError(f"--prompts {url}: cannot list ({exc})") from exc
+    raise InputError(f"--prompts {url}: no such object, and no *.jsonl under that prefix")
+
+
+def _name(f: PromptFile) -> str:
+    return f.name if isinstance(f, Path) else f.rpartition("/")[2]
+
+
+Line = tuple[PromptFile, int, bytes]  # (file, 1-based line number, raw line)
 BLOCK = 4096  # lines read, and looked up in the done-set, at a time
 
 
@@ -53,17 +91,13 @@ class Scan(msgspec.Struct, kw_only=True, frozen=True):
     in_scope: int  # of those, within limit and partition
 
 
-def scan(files: list[Path], *, limit: int | None, partition: Partition | None) -> Scan:
+def scan(files: list[PromptFile], *, limit: int | None, partition: Partition | None) -> Scan:
     """Hash the files and count the prompts in scope (ids only; malformed lines count)."""
     h = hashlib.sha256()
     size = lines = in_scope = 0
     for f in files:
-        h.update(f.name.encode() + b"\x00")
-        try:
-            fh = f.open("rb")
-        except OSError as exc:
-            raise InputError(f"{f}: cannot read prompts ({exc.strerror})") from exc
-        with fh:
+        h.update(_name(f).encode() + b"\x00")  # the name, not the location: a copy is the same
+        with open_prompt_file(f) as fh:
             for line in fh:
                 h.update(line)
                 size += len(line)
@@ -85,7 +119,7 @@ class PromptReader:
 
     def __init__(
         self,
-        files: list[Path],
+        files: list[PromptFile],
         *,
         limit: int | None = None,
         partition: str | Partition | None = None,
@@ -109,10 +143,10 @@ class PromptReader:
         self._it = self._iter()
         self.exhausted = False
 
-    def _blocks(self) -> Iterator[list[tuple[Path, int, bytes]]]:
+    def _blocks(self) -> Iterator[list[Line]]:
         """The non-blank lines within ``limit`` as (file, line number, raw), BLOCK at a time."""
         n = 0
-        block: list[tuple[Path, int, bytes]] = []
+        block: list[Line] = []
         for f in self.files:
             for lineno, line in iter_prompt_lines(f):
                 n += 1
@@ -128,7 +162,7 @@ class PromptReader:
         if block:
             yield block
 
-    def _to_parse(self, block: list[tuple[Path, int, bytes]]) -> list[tuple[Path, int, bytes]]:
+    def _to_parse(self, block: list[Line]) -> list[Line]:
         """``block`` without the lines that the id alone rules out: another partition's, and
         settled prompts (a line without a readable id stays, for the parse to report)."""
         part = self.partition if self.partition is not None and self.partition.count > 1 else None
