@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from draftdata.distributed.cli_options import RayAddress, RayFlag
+from draftdata.distributed.cli_options import RayAddress, RayEnv, RayFlag, RayTasks
 
 if TYPE_CHECKING:
     from draftdata.tokenize.config import TokenizeSummary
@@ -66,6 +66,8 @@ def register(app: typer.Typer) -> None:
         ),
         ray: RayFlag = False,
         ray_address: RayAddress = None,
+        ray_tasks: RayTasks = None,
+        ray_env: RayEnv = None,
     ) -> None:
         """Tokenize a run's completions in the target's chat template: input_ids + loss_mask.
 
@@ -90,7 +92,11 @@ def register(app: typer.Typer) -> None:
         if ray:
             from draftdata.distributed.cli_options import tokenize_on_ray
 
-            raise typer.Exit(tokenize_on_ray(config, address=ray_address))
+            raise typer.Exit(
+                tokenize_on_ray(
+                    config, address=ray_address, concurrency=ray_tasks, forward_env=ray_env
+                )
+            )
         from draftdata.tokenize.stage import tokenize
 
         summary = tokenize(config)

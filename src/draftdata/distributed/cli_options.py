@@ -92,6 +92,17 @@ RayEnv = Annotated[
     ),
 ]
 
+RayTasks = Annotated[
+    int | None,
+    typer.Option(
+        "--ray-tasks",
+        min=1,
+        help="tokenize --ray: shards tokenized at the same time across the cluster (default: "
+        "as many as the cluster's CPUs allow, one CPU each).",
+        rich_help_panel=PANEL,
+    ),
+]
+
 
 def parse_only(value: str | None) -> list[int] | None:
     """``"1,3"`` -> [1, 3]; None stays None (ConfigError on anything else)."""

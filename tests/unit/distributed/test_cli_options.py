@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,3 +91,25 @@ def test_node_labels_are_hostnames_unless_repeated() -> None:
         "bbbbbb22": "gpu2/bbbbbb",
         "cccccc33": "gpu2/cccccc",
     }
+
+
+def test_tokenize_ray_options_reach_the_ray_job(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from draftdata.cli import app
+    from draftdata.distributed import cli_options
+
+    seen: dict[str, Any] = {}
+
+    def fake(config: Any, **kw: Any) -> int:
+        seen.update(kw, workers=config.workers)
+        return 0
+
+    monkeypatch.setattr(cli_options, "tokenize_on_ray", fake)
+    args = ["tokenize", str(tmp_path / "run"), "--tokenizer", str(tmp_path), "--ray"]
+    args += ["--ray-address", "auto", "--ray-tasks", "3", "--ray-env", "HF_TOKEN"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen == {"address": "auto", "concurrency": 3, "forward_env": ["HF_TOKEN"], "workers": 1}
