@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from fnmatch import fnmatch
+from itertools import islice
 from pathlib import Path
 
 import msgspec
@@ -145,21 +146,12 @@ class PromptReader:
 
     def _blocks(self) -> Iterator[list[Line]]:
         """The non-blank lines within ``limit`` as (file, line number, raw), BLOCK at a time."""
-        n = 0
-        block: list[Line] = []
-        for f in self.files:
-            for lineno, line in iter_prompt_lines(f):
-                n += 1
-                if self.limit is not None and n > self.limit:
-                    break
-                block.append((f, lineno, line))
-                if len(block) >= BLOCK:
-                    yield block
-                    block = []
-            else:
-                continue
-            break
-        if block:
+        lines: Iterator[Line] = (
+            (f, lineno, line) for f in self.files for lineno, line in iter_prompt_lines(f)
+        )
+        if self.limit is not None:
+            lines = islice(lines, self.limit)
+        while block := list(islice(lines, BLOCK)):
             yield block
 
     def _to_parse(self, block: list[Line]) -> list[Line]:
@@ -193,9 +185,7 @@ class PromptReader:
                     if self.on_reject is not None:
                         self.on_reject(str(exc), line)
                     continue
-                if self.partition is not None and not self.partition.contains(prompt.id):
-                    continue
-                yield prompt
+                yield prompt  # in the partition: _to_parse judged its id
 
     def take(self, k: int) -> list[Prompt]:
         """Up to ``k`` more prompts (fewer at the end; ``exhausted`` is then True)."""
