@@ -8,12 +8,12 @@
   (list of structs; tool calls as JSON strings), tools (JSON string), which Hugging Face
   ``datasets.load_dataset("parquet", ...)`` loads.
 
-The conversation is the prompt's messages with each assistant message replaced, in order, by
-the target's regenerated turn, and a final turn appended when the prompt ends on a user/tool
-message. Reading is shard by shard; memory holds one shard and a hash per exported pair (to
-drop duplicates). The output is created only if absent: a local file via temp file +
-no-replace link; an ``s3://`` object via a local temp file and one conditional upload
-(``If-None-Match: *``). Failures are not exported.
+The conversation is ``conversation.assemble``'s (the one rule generate sent the requests by):
+the prompt's messages in order, each target turn right after the message it answers, up to the
+turn where the conversation stopped. Reading is shard by shard; memory holds one shard and a
+hash per exported pair (to drop duplicates). The output is created only if absent: a local file
+via temp file + no-replace link; an ``s3://`` object via a local temp file and one conditional
+upload (``If-None-Match: *``). Failures are not exported.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from draftdata.conversation import assemble
 from draftdata.errors import AlreadyExistsError, ConfigError
 from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
-from draftdata.records import Completion, Message, assemble_conversation, sample_key
+from draftdata.records import Completion, Message, sample_key
 from draftdata.store.doneset import DoneSet
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
@@ -81,7 +82,7 @@ def _message_dict(m: Message, include_reasoning: bool) -> dict[str, Any]:
 
 def export_record(c: Completion, fmt: str, include_reasoning: bool = True) -> dict[str, Any]:
     """The JSON object of one completion in ``fmt`` ('sharegpt' or 'openai')."""
-    msgs = [_message_dict(m, include_reasoning) for m in assemble_conversation(c)]
+    msgs = [_message_dict(m, include_reasoning) for m in assemble(c)]
     rid = sample_key(c.id, c.sample)
     rec: dict[str, Any] = {"id": rid, ("conversations" if fmt == "sharegpt" else "messages"): msgs}
     if c.tools:
@@ -91,7 +92,7 @@ def export_record(c: Completion, fmt: str, include_reasoning: bool = True) -> di
 
 def _parquet_row(c: Completion, include_reasoning: bool) -> dict[str, Any]:
     conv = []
-    for m in assemble_conversation(c):
+    for m in assemble(c):
         conv.append(
             {
                 "role": m.role,
