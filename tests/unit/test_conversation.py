@@ -309,3 +309,42 @@ def test_old_export_rule_disagreed() -> None:
     )
     rec = export_record(c, "openai")
     assert [x["role"] for x in rec["messages"]] == ["system", "user", "assistant"]
+
+
+# -- completions written before the rule (completion/1) ------------------------------------------
+
+
+def test_completion_1_shards_keep_the_rule_they_were_generated_under() -> None:
+    """An old shard (no ``conversation_rule`` column) is read as rule 1: its one turn answered
+    ``[u1, u2]`` together, and export and tokenize rebuild exactly that request."""
+    import pyarrow as pa
+
+    from draftdata.errors import FormatVersionError
+    from draftdata.formats import (
+        COMPLETION_SCHEMA,
+        FORMAT_KEY,
+        check_format,
+        completion_row,
+        iter_completions,
+    )
+    from draftdata.tokenize.tables import views_from_table
+
+    c = Completion(id="old", messages=[m("user", "u1"), m("user", "u2")], turns=[answer("A")])
+    old_fields = [
+        f for f in COMPLETION_SCHEMA if f.name not in ("stop_reason", "conversation_rule")
+    ]
+    old_schema = pa.schema(old_fields, metadata={FORMAT_KEY: b"completion/1"})
+    row = {k: v for k, v in completion_row(c).items() if k in old_schema.names}
+    table = pa.Table.from_pylist([row], schema=old_schema)
+    check_format(table.schema, "completion/2", "old.parquet")  # still readable
+    with pytest.raises(FormatVersionError):
+        check_format(pa.schema([], metadata={FORMAT_KEY: b"completion/9"}), "completion/2", "x")
+    (read,) = iter_completions(table)
+    assert read.conversation_rule == RULE_LEGACY
+    assert [x.content for x in conv.assemble(read)] == ["u1", "u2", "A"]
+    (view,) = views_from_table(table)
+    assert contexts(view, False) == [
+        [conv.message_dict(m("user", "u1")), conv.message_dict(m("user", "u2"))]
+    ]
+    # the same completion written today follows the current rule: u1 is answered on its own
+    assert [x.content for x in conv.assemble(c)] == ["u1", "A"]
