@@ -348,3 +348,28 @@ def test_completion_1_shards_keep_the_rule_they_were_generated_under() -> None:
     ]
     # the same completion written today follows the current rule: u1 is answered on its own
     assert [x.content for x in conv.assemble(c)] == ["u1", "A"]
+
+
+def test_the_rule_has_one_home_and_tokenize_does_not_import_generate() -> None:
+    """tokenize reads the rule from ``draftdata.conversation`` (not from generate), and the
+    rule depends on nothing of the project but the records."""
+    import ast
+    from pathlib import Path
+
+    import draftdata
+
+    root = Path(draftdata.__file__).parent
+
+    def imports(path: Path) -> set[str]:
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                out.add(node.module)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+        return out
+
+    for path in (root / "tokenize").glob("*.py"):
+        assert not any(m.startswith("draftdata.generate") for m in imports(path)), path.name
+    own = {m for m in imports(root / "conversation.py") if m.startswith("draftdata")}
+    assert own == {"draftdata.records"}
