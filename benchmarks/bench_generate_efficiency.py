@@ -50,7 +50,7 @@ from typing import Any
 
 import msgspec
 
-from draftdata.fleet.probe import parse_loads
+from draftdata.endpoints import parse_loads
 from draftdata.fleet.sim import SimProcess
 from draftdata.fleet.sim_config import SimConfig
 from draftdata.generate.client import EndpointClient, RequestError, build_body

@@ -26,6 +26,7 @@ from pathlib import Path
 import msgspec
 
 from draftdata.errors import ConfigError, FleetError
+from draftdata.fleetspec import process_start_time
 
 ENGINES = ("sglang", "vllm", "sim", "command")
 
@@ -321,16 +322,6 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def process_start_time(pid: int) -> float | None:
-    """The kernel's start time of ``pid`` (seconds since the epoch), None if it is gone."""
-    import psutil
-
-    try:
-        return float(psutil.Process(pid).create_time())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
 
 
 def start_server(

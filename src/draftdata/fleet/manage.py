@@ -34,12 +34,17 @@ from draftdata.fleet.launch import (
     detect_gpus,
     plan_fleet,
     port_in_use,
-    process_start_time,
     start_server,
 )
 from draftdata.fleet.procs import Identity, describe_pid, stop_process
-from draftdata.fleet.spec import EndpointSpec, FleetSpec, read_fleet, write_fleet
 from draftdata.fleet.supervise import Backoff, Fate, fate_line, wait_ready, watch
+from draftdata.fleetspec import (
+    EndpointSpec,
+    FleetSpec,
+    process_start_time,
+    read_fleet,
+    write_fleet,
+)
 
 STATE_FORMAT = "draftdata.fleet-state/1"
 Echo = Callable[[str], None]
@@ -347,7 +352,7 @@ class ServerStatus(msgspec.Struct, kw_only=True, frozen=True):
 async def _status_all(spec: FleetSpec) -> list[ServerStatus]:
     import aiohttp
 
-    from draftdata.fleet import probe
+    from draftdata import endpoints
 
     async with aiohttp.ClientSession() as session:
 
@@ -358,8 +363,8 @@ async def _status_all(spec: FleetSpec) -> list[ServerStatus]:
             else:
                 state = describe_pid(ident)[0]
                 process = {"ours": "running", "gone": "exited"}.get(state, state)
-            healthy = await probe.probe_health(session, ep.url, timeout=5)
-            load = await probe.probe_load(session, ep.url, ep.engine or "unknown", timeout=5)
+            healthy = await endpoints.probe_health(session, ep.url, timeout=5)
+            load = await endpoints.probe_load(session, ep.url, ep.engine or "unknown", timeout=5)
             return ServerStatus(
                 index=i,
                 url=ep.url,

@@ -165,7 +165,7 @@ from draftdata.errors import FleetError
 from draftdata.fleet.sim_config import FaultConfig, SimConfig, validate
 from draftdata.fleet.sim_server import ServerStats, SimServer
 from draftdata.fleet.sim_tokens import load_tokenizer
-from draftdata.fleet.spec import EndpointSpec, FleetSpec, read_fleet, write_fleet
+from draftdata.fleetspec import EndpointSpec, FleetSpec, read_fleet, write_fleet
 
 __all__ = ["FaultConfig", "ServerStats", "SimConfig", "SimFleet", "SimProcess", "serve"]
 
@@ -191,7 +191,7 @@ async def start_servers(n: int, config: SimConfig, port_base: int = 0) -> list[S
 
 def fleet_spec(servers: list[SimServer], config: SimConfig) -> FleetSpec:
     """The fleet.yaml contents for running servers (engine "sim", this process's pid)."""
-    from draftdata.fleet.launch import process_start_time
+    from draftdata.fleetspec import process_start_time
 
     pid = os.getpid()
     # the kernel's start time, which `fleet status/down` compare to tell a reused pid

@@ -6,7 +6,7 @@ memory, address already in use, unsupported attention backend, unrecognized argu
 notices a process that exited, so a server that cannot start is reported in one line as soon as
 that is known, never after the timeout. A ready server is described by an ``EndpointSpec``
 (URL, pid, served model id, engine version, context length, capacity) through the probes of
-:mod:`draftdata.fleet.probe`. ``watch`` keeps a started fleet under observation and, when asked,
+:mod:`draftdata.endpoints`. ``watch`` keeps a started fleet under observation and, when asked,
 restarts a crashed server with exponential backoff.
 
 Starting processes is :mod:`draftdata.fleet.launch`; stopping them is :mod:`draftdata.fleet.procs`;
@@ -26,11 +26,11 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
+from draftdata import endpoints
 from draftdata.errors import FleetError
-from draftdata.fleet import probe
 from draftdata.fleet.launch import CAPACITY_FLAGS, CONTEXT_FLAGS, Started
 from draftdata.fleet.procs import Identity, describe_pid
-from draftdata.fleet.spec import EndpointSpec
+from draftdata.fleetspec import EndpointSpec
 
 # (pattern, what it means): matched against each new log line while a server starts.
 FATAL_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
@@ -162,7 +162,7 @@ async def describe(session: aiohttp.ClientSession, started: Started) -> Endpoint
     ``--max-running-requests``/``--max-num-seqs``).
     """
     plan = started.plan
-    cap = await probe.probe_capacity(session, plan.url)
+    cap = await endpoints.probe_capacity(session, plan.url)
     if cap is None or cap.model is None:
         return None
     version = cap.version or await _version(session, plan.url)
@@ -205,7 +205,7 @@ async def _wait_one(
             how = "process exited" if code == "gone" else f"process exited with code {code}"
             why = match_fatal(last) if last else None
             return failed(f"{how}{f' ({why})' if why else ''}: {last[:200]}" if last else how)
-        if await probe.probe_health(session, plan.url, timeout=5):
+        if await endpoints.probe_health(session, plan.url, timeout=5):
             endpoint = await describe(session, started)
             needs_generate = plan.engine == "sglang"
             if endpoint is not None and needs_generate:

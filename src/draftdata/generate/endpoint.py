@@ -14,7 +14,7 @@ engine needs:
 - the circuit breaker: ``breaker_failures`` retryable failures in a row open it.
 
 Probing the server over HTTP lives at the bottom (``check_alive``, ``load_of``); it uses
-``fleet.probe`` and never raises for an unreachable server. This module does not pick
+``draftdata.endpoints`` and never raises for an unreachable server. This module does not pick
 endpoints or retry requests (``dispatch.py`` does).
 """
 
@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 
 import aiohttp
 
-from draftdata.fleet.probe import Capacity, Load, base_url, probe_load
+from draftdata.endpoints import Capacity, Load, base_url, probe_load
 from draftdata.records import Turn
 
 State = Literal["up", "down", "starting"]

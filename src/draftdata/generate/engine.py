@@ -25,8 +25,8 @@ from typing import Any
 
 import aiohttp
 
+from draftdata.endpoints import probe_capacity
 from draftdata.errors import StoreError
-from draftdata.fleet.probe import probe_capacity
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.endpoint import Endpoint, check_alive, load_of

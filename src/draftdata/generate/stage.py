@@ -27,9 +27,9 @@ import msgspec
 import numpy as np
 
 from draftdata.distributed.partition import parse_partition
+from draftdata.endpoints import base_url, probe_capacity
 from draftdata.errors import ConfigError, FleetError
-from draftdata.fleet.probe import base_url, probe_capacity
-from draftdata.fleet.spec import read_fleet
+from draftdata.fleetspec import read_fleet
 from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.endpoint import Endpoint, queue_target

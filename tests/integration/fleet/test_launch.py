@@ -19,7 +19,7 @@ import psutil
 import pytest
 import yaml
 
-from draftdata.fleet.launch import process_start_time
+from draftdata.fleetspec import process_start_time
 
 pytestmark = pytest.mark.integration
 

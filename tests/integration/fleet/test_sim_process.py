@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from draftdata.fleet.sim import SimProcess
-from draftdata.fleet.spec import read_fleet
+from draftdata.fleetspec import read_fleet
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-c", "from draftdata.cli import main; main()"]

@@ -23,6 +23,7 @@ from draftdata.fleet.launch import (
 from draftdata.fleet.manage import format_uptime
 from draftdata.fleet.procs import Identity, describe_pid, stop_process
 from draftdata.fleet.supervise import Backoff, LogTail, match_fatal
+from draftdata.fleetspec import process_start_time
 
 
 @pytest.mark.parametrize(
@@ -237,7 +238,7 @@ def test_format_uptime() -> None:
 def test_identity_checks_the_start_time() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        started = launch.process_start_time(proc.pid)
+        started = process_start_time(proc.pid)
         assert started is not None
         assert describe_pid(Identity(pid=proc.pid, started=started))[0] == "ours"
         # A pid recorded with another start time is a reused pid: never signalled.
@@ -265,7 +266,7 @@ def test_stop_process_kills_what_ignores_sigterm() -> None:
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline()
-        started = launch.process_start_time(proc.pid)
+        started = process_start_time(proc.pid)
         what = stop_process(Identity(pid=proc.pid, pgid=proc.pid, started=started), grace_s=0.5)
         assert what.startswith("killed")
         proc.wait(timeout=10)  # (psutil may have reaped it already: no exit code to check)

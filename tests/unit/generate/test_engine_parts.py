@@ -9,8 +9,8 @@ import pytest
 from tests.unit.generate.fakes import FakeClient, endpoint
 
 from draftdata.distributed.partition import Partition, count_by_partition
+from draftdata.endpoints import Capacity, Load
 from draftdata.errors import ConfigError, InputError
-from draftdata.fleet.probe import Capacity, Load
 from draftdata.generate.config import GenerateConfig, Override, Sampling, validate
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader, prompt_files, scan

@@ -16,7 +16,8 @@ hand for servers they started themselves (only ``endpoints[].url`` is required):
         max_running_requests: 72
         log: fleet-logs/server-0.log
 
-This module reads and writes that file; it starts and probes nothing.
+This module reads and writes that file (the schema sits next to the records, below both
+``fleet`` and ``generate``, ARCHITECTURE.md); it starts and probes nothing.
 """
 
 from __future__ import annotations
@@ -55,6 +56,17 @@ class FleetSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     engine: str = "custom"
     model: str | None = None
     endpoints: list[EndpointSpec] = msgspec.field(default_factory=list)
+
+
+def process_start_time(pid: int) -> float | None:
+    """The kernel's start time of ``pid`` (seconds since the epoch), None if it is gone: the
+    ``started`` of an EndpointSpec, which ``fleet status/down`` compare to tell a reused pid."""
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
 
 
 def read_fleet(path: Path | str) -> FleetSpec:

@@ -1,10 +1,11 @@
-"""Probes of one inference server: health, served model, capacity and load.
+"""Probing one OpenAI-compatible inference server: health, served model, capacity and load.
 
 Pure parsers (``parse_server_info``, ``parse_vllm_metrics``, ``parse_loads``, ``parse_models``)
 turn the bodies of SGLang's ``/server_info`` (older ``/get_server_info``), ``/v1/loads`` (older
 ``/get_load``), vLLM's Prometheus ``/metrics`` and ``/v1/models`` into small typed values; the
 async ``probe_*`` functions fetch them over a shared aiohttp session. ``fleet up`` uses them for
-readiness, ``generate`` for capacity discovery and concurrency adaptation.
+readiness, ``generate`` for capacity discovery and concurrency adaptation; it sits below both
+(ARCHITECTURE.md) and imports nothing of draftdata.
 
 This module never raises for a missing or unexpected endpoint: a probe that cannot tell returns
 None (or a Capacity with ``None`` fields). It does not decide concurrency; the engine does.

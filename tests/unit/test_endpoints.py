@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftdata.fleet.probe import (
+from draftdata.endpoints import (
     Load,
     base_url,
     parse_loads,
