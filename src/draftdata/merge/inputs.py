@@ -8,7 +8,7 @@ so both count rows and domains the same way). Two families exist and one merge u
 - **chat**: prompts JSONL, SpecForge/ShareGPT/OpenAI rows, generate runs; the content key is a
   hash of the normalised conversation (roles, whitespace-collapsed case-folded contents and
   reasoning, tool calls, tools); a row without a domain label is classified with
-  ``prepare.domains.classify_domain``.
+  ``draftdata.domains.classify_domain``.
 
 Pass 1 keeps only fixed-size keys per row, in numpy chunks (about 30 bytes a row). Pass 2 reads
 the same files in the same order, so the n-th row of pass 2 is the n-th row of pass 1.
@@ -192,7 +192,7 @@ def _sample_chunk(table: pa.Table, keys: Keys) -> Counter[str]:
 
 
 def _classifier() -> Callable[..., str]:
-    from draftdata.prepare.domains import classify_domain
+    from draftdata.domains import classify_domain
 
     return classify_domain
 

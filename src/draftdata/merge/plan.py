@@ -9,7 +9,7 @@ exist with every share within ``tau`` of its target: ``(t_d - tau) N <= A_d`` fo
 ``sum_d min(A_d, (t_d + tau) N) >= N``. Both conditions are monotone in ``N`` (the second is a
 concave function that starts positive), so ``N`` is found in closed form plus one bisection;
 the counts are then the integers closest to ``t_d N`` within ``min(A_d, (t_d + tau) N)``
-(``prepare.mix.water_fill``). With ``tau = 0`` this is the exact mix, ``N = min_d A_d / t_d``.
+(``draftdata.mix.water_fill``). With ``tau = 0`` this is the exact mix, ``N = min_d A_d / t_d``.
 Upsampling raises the caps to ``A_d * max_repeat`` and aims for the ``N`` at which no domain
 needs to drop a row. A domain of the mix with no rows at all makes the mix unreachable: it is
 left out, the remaining targets keep their ratios, and the result says so.
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from draftdata.prepare.mix import largest_remainder, water_fill
+from draftdata.mix import largest_remainder, water_fill
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]

@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from draftdata.domains import classify_domain
 from draftdata.errors import InputError
 from draftdata.prepare.config import ExistingConfig
 from draftdata.prepare.dedup import EXCLUDED, EXISTING, Deduper, dedup_text
-from draftdata.prepare.domains import classify_domain
 from draftdata.prepare.load import iter_rows
 from draftdata.prepare.validate import RowError
 

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from draftdata.errors import FormatVersionError
-from draftdata.prepare.mix import Plan
+from draftdata.mix import Plan
 
 REPORT_FORMAT = "draftdata.prepare_report/1"
 

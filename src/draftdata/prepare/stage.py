@@ -25,14 +25,14 @@ from typing import Any, BinaryIO
 
 import msgspec
 
+from draftdata.domains import classify_domain
 from draftdata.errors import ConfigError
 from draftdata.metrics import StageStats
+from draftdata.mix import Plan, Supply, plan_mix
 from draftdata.prepare.adapters import adapt, to_prompt
 from draftdata.prepare.config import PrepareConfig, SourceConfig, check
 from draftdata.prepare.dedup import Deduper, dedup_text
-from draftdata.prepare.domains import classify_domain
 from draftdata.prepare.load import iter_rows
-from draftdata.prepare.mix import Plan, Supply, plan_mix
 from draftdata.prepare.reference import load_exclusions, load_existing
 from draftdata.prepare.report import REPORT_FORMAT, encode_report, to_markdown
 from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt

@@ -176,7 +176,7 @@ class StatsBuilder:
 
 
 def _classifier() -> Callable[..., str]:
-    from draftdata.prepare.domains import classify_domain
+    from draftdata.domains import classify_domain
 
     return classify_domain
 

@@ -1,4 +1,4 @@
-"""Mix planning: how many prompts to take per domain and per source.
+"""Mix planning: how many prompts to take per domain and per source (prepare and merge).
 
 Inputs: the existing dataset's domain counts ``E_d``, each source's usable prompts per domain
 (after validation and dedup), fixed ``take`` values and ``max_take`` caps, a target mix ``t_d``

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftdata.prepare.domains import DOMAINS, classify_domain, domain_scores
+from draftdata.domains import DOMAINS, classify_domain, domain_scores
 from draftdata.records import Message
 
 
