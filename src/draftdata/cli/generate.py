@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from draftdata.distributed import cli_options as ray_opts
+from draftdata.cli import ray_options as ray_opts
 
 PANEL_RUN = "Requests"
 PANEL_STORE = "Run store"

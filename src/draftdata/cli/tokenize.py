@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from draftdata.distributed.cli_options import RayAddress, RayEnv, RayFlag, RayTasks
+from draftdata.cli.ray_options import RayAddress, RayEnv, RayFlag, RayTasks
 
 if TYPE_CHECKING:
     from draftdata.tokenize.config import TokenizeSummary
@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
             batch_rows=batch_rows,
         ).validate()
         if ray:
-            from draftdata.distributed.cli_options import tokenize_on_ray
+            from draftdata.cli.ray_options import tokenize_on_ray
 
             raise typer.Exit(
                 tokenize_on_ray(

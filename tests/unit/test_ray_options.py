@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from draftdata.distributed.cli_options import generate_on_ray, parse_only
+from draftdata.cli.ray_options import generate_on_ray, parse_only
 from draftdata.distributed.cluster import fill_template, require_ray
 from draftdata.errors import ConfigError
 from draftdata.generate.config import GenerateConfig
@@ -98,8 +98,7 @@ def test_tokenize_ray_options_reach_the_ray_job(
 ) -> None:
     from typer.testing import CliRunner
 
-    from draftdata.cli import app
-    from draftdata.distributed import cli_options
+    from draftdata.cli import app, ray_options
 
     seen: dict[str, Any] = {}
 
@@ -107,7 +106,7 @@ def test_tokenize_ray_options_reach_the_ray_job(
         seen.update(kw, workers=config.workers)
         return 0
 
-    monkeypatch.setattr(cli_options, "tokenize_on_ray", fake)
+    monkeypatch.setattr(ray_options, "tokenize_on_ray", fake)
     args = ["tokenize", str(tmp_path / "run"), "--tokenizer", str(tmp_path), "--ray"]
     args += ["--ray-address", "auto", "--ray-tasks", "3", "--ray-env", "HF_TOKEN"]
     result = CliRunner().invoke(app, args)
