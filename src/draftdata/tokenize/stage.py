@@ -225,6 +225,7 @@ def tokenize(config: TokenizeConfig) -> TokenizeSummary:
     job = plan(config)
     if job.previous is not None:
         job.previous.wall_s = time.perf_counter() - started
+        check_verified(job.previous, config)
         return job.previous
 
     config = job.config
@@ -237,7 +238,26 @@ def tokenize(config: TokenizeConfig) -> TokenizeSummary:
         results = _parallel(config, job.keys)
     summary = finish(job, results)
     summary.wall_s = time.perf_counter() - started
+    check_verified(summary, config)
     return summary
+
+
+def check_verified(summary: TokenizeSummary, config: TokenizeConfig) -> None:
+    """InputError (one line) when most served-id samples of the run failed verification.
+
+    Such samples were dropped (``dropped.unverified_ids``), never written; when they are the
+    majority the cause is the run, not the samples: the servers tokenized with another
+    tokenizer (or template) than ``--tokenizer``. ``summary.json`` is written first.
+    """
+    bad = summary.count("mismatched")
+    checked = summary.count("verified") + bad
+    if checked and 2 * bad > checked:
+        raise InputError(
+            f"tokenize: {bad} of {checked} samples' server token ids do not match --tokenizer "
+            f"{config.tokenizer} and were dropped ({summary.out}/{SUMMARY_KEY}): the servers "
+            "most likely ran another tokenizer than this one; tokenize with the served "
+            "model's tokenizer into a new --out, or generate with --token-ids off"
+        )
 
 
 class TokenizeJob(msgspec.Struct, kw_only=True):
