@@ -387,7 +387,8 @@ class Dispatcher:
             self.active[job.prompt.id] += 1
             self.ready.appendleft(rest)
         latency = self.clock() - copy.started
-        for c in completions(job, per_sample, body, endpoint=ep.url, latency=latency):
+        done = completions(job, per_sample, body, endpoint=ep.url, latency=latency, model=ep.model)
+        for c in done:
             self.sink.completion(c)
             ep.completed += 1
         self._settle(job)

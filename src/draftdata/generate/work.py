@@ -160,10 +160,17 @@ def plan(
 
 
 def completions(
-    job: Job, per_sample: list[list[Turn]], body: dict[str, Any], *, endpoint: str, latency: float
+    job: Job,
+    per_sample: list[list[Turn]],
+    body: dict[str, Any],
+    *,
+    endpoint: str,
+    latency: float,
+    model: str | None = None,
 ) -> list[Completion]:
     """The records of a job's winning answer: one per sample, with the exact request
-    parameters (the last request body without messages and tools)."""
+    parameters (the last request body without messages and tools) and ``model``, the model
+    the endpoint reported (else the requested name)."""
     sampling = {k: v for k, v in body.items() if k not in ("messages", "tools")}
     p = job.prompt
     out = []
@@ -188,7 +195,7 @@ def completions(
                 tools=p.tools,
                 turns=turns,
                 usage=usage,
-                model=str(sampling.get("model") or ""),
+                model=model or str(sampling.get("model") or ""),
                 sampling=sampling,
                 endpoint=endpoint,
                 latency_s=latency,

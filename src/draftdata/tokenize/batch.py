@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from draftdata.errors import InputError
 from draftdata.tokenize.config import (
     MAX_MISMATCH_EXAMPLES,
     MIN_LOSS_RUN,
@@ -62,6 +63,7 @@ from draftdata.tokenize.plan import (
     IdArray,
     Plan,
     RenderedSample,
+    contexts,
     plan_rendered,
     plan_token_ids,
 )
@@ -122,6 +124,7 @@ class TokenizeContext:
         long: LongPolicy = "truncate",
         verify: bool = True,
         keep_reasoning_history: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.tokenizer_path = tokenizer_path
         self.chat_template_source = chat_template
@@ -129,6 +132,8 @@ class TokenizeContext:
         self.long = long
         self.verify = verify
         self.keep_reasoning_history = keep_reasoning_history
+        # the servers' default template kwargs; each completion's request kwargs win
+        self.template_kwargs = dict(template_kwargs or {})
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.backend = self.tokenizer.backend_tokenizer
         self.template = ChatTemplate.for_tokenizer(self.tokenizer, chat_template)
@@ -156,6 +161,7 @@ class TokenizeContext:
             long=config.long,
             verify=config.verify,
             keep_reasoning_history=bool(config.keep_reasoning_history),
+            template_kwargs=config.server_template_kwargs,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -169,6 +175,7 @@ class TokenizeContext:
             "long": self.long,
             "verify": self.verify,
             "keep_reasoning_history": self.keep_reasoning_history,
+            "template_kwargs": self.template_kwargs,
         }
 
     def decode(self, ids: IdArray | list[int]) -> str:
@@ -382,6 +389,34 @@ def _verify(
 # -- the batch function ----------------------------------------------------------------------------
 
 
+def _served_thinking_off(ctx: TokenizeContext, view: CompletionView) -> bool:
+    """Whether a completion whose requests left the thinking mode to the server (no
+    ``enable_thinking``) was served with thinking off: its first served prompt spells the
+    thinking-off rendering and not the default one (``generate/thinking.py``)."""
+    if view.token_ids is None or "enable_thinking" in view.template_kwargs:
+        return False
+    if "enable_thinking" not in ctx.template.source:
+        return False
+    first = contexts(view, ctx.keep_reasoning_history)
+    if not first:
+        return False
+    try:
+        default, _ = ctx.template.render(
+            first[0], view.tools, view.template_kwargs, add_generation_prompt=True
+        )
+        off, _ = ctx.template.render(
+            first[0],
+            view.tools,
+            {**view.template_kwargs, "enable_thinking": False},
+            add_generation_prompt=True,
+        )
+    except InputError:
+        return False
+    if off == default:
+        return False
+    return ctx.decode(view.token_ids[0][0]) == off
+
+
 def _has_loss_run(mask: npt.NDArray[np.int8]) -> bool:
     if len(mask) < MIN_LOSS_RUN:
         return False
@@ -395,6 +430,11 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
     to_encode: list[RenderedSample] = []
     for view in views:
         counters.add("completions")
+        if ctx.template_kwargs:
+            view.template_kwargs = {**ctx.template_kwargs, **view.template_kwargs}
+        if _served_thinking_off(ctx, view):
+            view.template_kwargs = {**view.template_kwargs, "enable_thinking": False}
+            counters.add("thinking_off_from_served_ids")
         if view.token_ids is not None:
             counters.add("path.token_ids")
             tokens = plan_token_ids(

@@ -36,6 +36,9 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     encodes completions that carry server token ids to check them (off: the token-id path needs
     no encoding at all). ``keep_reasoning_history`` says whether the engine sent earlier turns'
     reasoning back in the history (None: read it from the run's manifest, else False).
+    ``server_template_kwargs`` are the chat-template kwargs the servers applied by default
+    (the thinking mode of a ``reasoning: server`` run; None: read from the manifest, else
+    none); a completion's own request kwargs win over them.
     ``batch_rows`` completions are tokenized per batch and written per output shard.
     """
 
@@ -49,6 +52,7 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     verify: bool = True
     keep_reasoning_history: bool | None = None
     batch_rows: int = DEFAULT_BATCH_ROWS
+    server_template_kwargs: dict[str, Any] | None = None
 
     def validate(self) -> TokenizeConfig:
         """Check every value; ConfigError naming the option on the first bad one."""

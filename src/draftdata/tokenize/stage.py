@@ -107,6 +107,21 @@ def _work(key: str) -> tuple[Counters, list[str]]:
 # -- the stage -------------------------------------------------------------------------------------
 
 
+def server_template_kwargs(config: TokenizeConfig, run: Store) -> dict[str, Any]:
+    """The chat-template kwargs the servers applied by default: the config's, else what
+    generate recorded in the manifest (``generate/thinking.py``), else none."""
+    if config.server_template_kwargs is not None:
+        return dict(config.server_template_kwargs)
+    if not run.exists("manifest.json"):
+        return {}
+    from draftdata.generate.thinking import SETTINGS_KEY
+    from draftdata.store.manifest import load_manifest
+
+    settings = load_manifest(run).get("effective_settings") or {}
+    value = settings.get(SETTINGS_KEY)
+    return dict(value) if isinstance(value, dict) else {}
+
+
 def history_policy(config: TokenizeConfig, run: Store) -> bool:
     """Whether to keep reasoning history: the config's choice, else the run manifest's."""
     if config.keep_reasoning_history is not None:
@@ -280,9 +295,14 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     if not keys:
         raise InputError(f"{run.key_url(COMPLETIONS_PREFIX)}: no completion shards to tokenize")
     keep = history_policy(config, run)
-    config = msgspec.structs.replace(config, keep_reasoning_history=keep)
+    kwargs = server_template_kwargs(config, run)
+    config = msgspec.structs.replace(
+        config, keep_reasoning_history=keep, server_template_kwargs=kwargs
+    )
     out = open_store(config.out_url)
     settings = settings_of(config, keep) | {"inputs": keys}
+    if kwargs:  # recorded only when there are some, so older summaries still compare equal
+        settings["server_template_kwargs"] = kwargs
     return TokenizeJob(
         config=config,
         run=run,

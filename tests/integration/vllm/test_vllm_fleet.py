@@ -224,8 +224,9 @@ def test_generate_then_tokenize_is_token_exact(
 
 
 # Reasoning without "y", an answer that may hold the stop string "y": turns end with
-# <|im_end|> or <|endoftext|> (both end a turn in the model's generation config), at the stop
-# string (vLLM cuts the text before it and keeps its token), or at the token limit.
+# <|endoftext|> (both it and <|im_end|> end a turn in the model's generation config; this
+# random model picks <|endoftext|>), at the stop string (vLLM cuts the text before it and keeps
+# its token), or at the token limit.
 ODD_REGEX = "<think>\n[a-x ]{4,24}\n</think>\n\n[a-z ]{4,40}"
 
 
@@ -258,10 +259,7 @@ def test_loss_only_on_served_output_tokens_however_turns_end(
                     {"domain": "stop", "sampling": {"stop": ["y"]}},
                     {"domain": "cut", "max_tokens": 12},
                 ],
-                "extra_body": {
-                    "structured_outputs": {"regex": ODD_REGEX},
-                    "logit_bias": {str(eot): 3.0},  # some turns end with <|im_end|> too
-                },
+                "extra_body": {"structured_outputs": {"regex": ODD_REGEX}},
             }
         )
     )
