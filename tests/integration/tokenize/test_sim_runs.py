@@ -260,3 +260,60 @@ def test_made_up_ids_are_dropped_and_the_run_fails_in_one_line(
     assert res.returncode == 1
     (line,) = res.stderr.strip().splitlines()
     assert "do not match --tokenizer" in line and "another tokenizer" in line
+
+
+def test_stop_strings_on_the_simulator_put_loss_on_served_tokens_only(
+    demo_tokenizer: Path, tmp_path: Path
+) -> None:
+    """A user stop string: the ids end with its tokens and no end-of-turn; tokenize appends
+    nothing after them and puts loss on the served output only, and the sample verifies."""
+    from draftdata.generate.config import Sampling
+
+    sim = SimConfig(
+        tokenizer=str(demo_tokenizer),
+        time_scale=0,
+        mean_output_tokens=60,
+        tool_call_rate=0.0,
+        reasoning="off",  # the stop string falls in the answer (a cut reasoning never verifies)
+    )
+    run = str(tmp_path / "run")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"s{i}", "messages": [{"role": "user", "content": f"Q {i}?"}]}) + "\n"
+            for i in range(12)
+        )
+    )
+    with SimFleet(1, sim) as fleet:
+        generate(
+            GenerateConfig(
+                prompts=str(prompts),
+                endpoints=fleet.urls,
+                out=run,
+                progress="plain",
+                max_tokens=300,
+                sampling=Sampling(stop=["e"]),  # a letter every answer holds
+            ),
+            handle_signals=False,
+            log=lambda _line: None,
+        )
+    turns = {c.id: c.turns[0] for c in iter_completions(run)}
+    assert len(turns) == 12
+    tok = TokenizeConfig(run=run, tokenizer=str(demo_tokenizer), out=str(tmp_path / "o"))
+    s = tokenize(tok)
+    assert s.count("mismatched") == 0 and s.count("end.no_token") >= 1
+    from draftdata.tokenize.batch import TokenizeContext
+
+    ctx = TokenizeContext(str(demo_tokenizer))
+    stopped = 0
+    for row in _samples(str(tmp_path / "o")):
+        t = turns[str(row["id"])]
+        p, o = list(t.prompt_token_ids or []), list(t.output_token_ids or [])
+        ids, mask = list(row["input_ids"]), list(row["loss_mask"])  # type: ignore[call-overload]
+        assert ids[: len(p) + len(o)] == p + o
+        assert mask == [0] * len(p) + [1] * len(o) + [0] * (len(ids) - len(p) - len(o))
+        if o[-1] != ctx.eot_id:
+            stopped += 1
+            assert ids == p + o  # nothing appended after a stop string
+            assert "e" in ctx.decode(o[-1:])  # the token that completed the stop string
+    assert stopped >= 1
