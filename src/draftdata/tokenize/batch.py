@@ -63,7 +63,6 @@ from draftdata.tokenize.plan import (
     IdArray,
     Plan,
     RenderedSample,
-    contexts,
     plan_rendered,
     plan_token_ids,
 )
@@ -140,6 +139,10 @@ class TokenizeContext:
         eot_id = self.tokenizer.convert_tokens_to_ids(self.template.eot)
         self.eot_id: int | None = eot_id if isinstance(eot_id, int) else None
         self.end_ids = end_token_ids(self.tokenizer, tokenizer_path) - {self.eot_id}
+        self.thinking_off_tail = thinking_off_tail(self.template)
+        self.thinking_off_tail_tokens = len(
+            self.backend.encode(self.thinking_off_tail, add_special_tokens=False).ids
+        )
         suffix = self.template.turn_suffix()
         self.suffix_ids = np.asarray(
             self.backend.encode(suffix, add_special_tokens=False).ids if suffix else [],
@@ -389,32 +392,33 @@ def _verify(
 # -- the batch function ----------------------------------------------------------------------------
 
 
-def _served_thinking_off(ctx: TokenizeContext, view: CompletionView) -> bool:
-    """Whether a completion whose requests left the thinking mode to the server (no
-    ``enable_thinking``) was served with thinking off: its first served prompt spells the
-    thinking-off rendering and not the default one (``generate/thinking.py``)."""
-    if view.token_ids is None or "enable_thinking" in view.template_kwargs:
-        return False
-    if "enable_thinking" not in ctx.template.source:
-        return False
-    first = contexts(view, ctx.keep_reasoning_history)
-    if not first:
-        return False
+def thinking_off_tail(template: ChatTemplate) -> str:
+    """What ``enable_thinking: false`` adds after the template's generation prompt (Qwen3:
+    ``<think>\\n\\n</think>\\n\\n``); "" when the switch changes nothing at the end."""
+    if "enable_thinking" not in template.source:
+        return ""
+    probe = [{"role": "user", "content": "x"}]
     try:
-        default, _ = ctx.template.render(
-            first[0], view.tools, view.template_kwargs, add_generation_prompt=True
-        )
-        off, _ = ctx.template.render(
-            first[0],
-            view.tools,
-            {**view.template_kwargs, "enable_thinking": False},
-            add_generation_prompt=True,
+        default, _ = template.render(probe, None, {}, add_generation_prompt=True)
+        off, _ = template.render(
+            probe, None, {"enable_thinking": False}, add_generation_prompt=True
         )
     except InputError:
+        return ""
+    tail = off[len(default) :] if off.startswith(default) else ""
+    return "" if not tail or default.endswith(tail) else tail
+
+
+def _served_thinking_off(ctx: TokenizeContext, view: CompletionView) -> bool:
+    """Whether a completion whose requests left the thinking mode to the server (no
+    ``enable_thinking``) was served with thinking off: its first served prompt ends with what
+    thinking-off adds after the generation prompt (``generate/thinking.py``). Only the last
+    few prompt tokens are decoded."""
+    tail = ctx.thinking_off_tail
+    if not tail or view.token_ids is None or "enable_thinking" in view.template_kwargs:
         return False
-    if off == default:
-        return False
-    return ctx.decode(view.token_ids[0][0]) == off
+    prompt = view.token_ids[0][0]
+    return ctx.decode(prompt[-(ctx.thinking_off_tail_tokens + 2) :]).endswith(tail)
 
 
 def _has_loss_run(mask: npt.NDArray[np.int8]) -> bool:

@@ -168,3 +168,10 @@ def test_other_end_token_chains_with_the_end_of_turn_as_context() -> None:
     plan = plan_token_ids(view, eot_id=9, suffix=np.array([10], np.int32))
     assert [t.id for t in plan.tokens] == ["c#0", "c#1"]
     assert plan.tokens[0].ids.tolist() == [1, 2, 4, 5, 11]
+
+
+def test_thinking_off_tail_of_the_templates(ctx: TokenizeContext) -> None:
+    from draftdata.tokenize.batch import thinking_off_tail
+
+    expected = "<think>\n\n</think>\n\n" if ctx.template.has_generation_markers else ""
+    assert thinking_off_tail(ctx.template) == expected  # ChatML ignores enable_thinking
