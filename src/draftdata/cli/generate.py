@@ -184,6 +184,13 @@ def register(app: typer.Typer) -> None:
             help="Continue a run with changed settings (recorded).",
             rich_help_panel=PANEL_STORE,
         ),
+        allow_mixed_models: bool = typer.Option(
+            False,
+            "--allow-mixed-models",
+            help="Go on when the endpoints report different models (each completion "
+            "records its own).",
+            rich_help_panel=PANEL_STORE,
+        ),
         flush_records: int | None = typer.Option(
             None,
             "--flush-records",
@@ -279,6 +286,7 @@ def register(app: typer.Typer) -> None:
             "protect": protect,
             "retry_failed": retry_failed or None,
             "allow_config_change": allow_config_change or None,
+            "allow_mixed_models": allow_mixed_models or None,
             "flush_records": flush_records,
             "flush_seconds": flush_seconds,
             "writer_id": writer_id,

@@ -111,7 +111,8 @@ def summary_lines(summary: TokenizeSummary) -> list[str]:
         f"({c('path.token_ids')} with server token ids, {c('path.rendered')} rendered) "
         f"in {summary.wall_s:.1f} s -> {summary.out}",
         f"verified {c('verified')} (non-canonical tokenization of the same text "
-        f"{c('verified.noncanonical')}), mismatched {c('mismatched')}, unverifiable "
+        f"{c('verified.noncanonical')}, ended other than by the template's end of turn "
+        f"{c('verified.other_end')}), mismatched {c('mismatched')} (dropped), unverifiable "
         f"{c('unverifiable')}; split into per-turn samples {c('split_turns')}; "
         f"truncated {c('truncated')}",
     ]

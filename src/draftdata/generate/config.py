@@ -104,6 +104,7 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     protect: list[str] = msgspec.field(default_factory=list)
     retry_failed: bool = False
     allow_config_change: bool = False
+    allow_mixed_models: bool = False  # endpoints reporting different models (models.py)
     flush_records: int = 256
     flush_seconds: float = 5.0
     # retries and timeouts

@@ -398,7 +398,13 @@ class Dispatcher:
             self.ready.appendleft(rest)
         latency = self.clock() - copy.started
         done = completions(
-            job, per_sample, body, endpoint=ep.url, latency=latency, stop_reason=stop
+            job,
+            per_sample,
+            body,
+            endpoint=ep.url,
+            latency=latency,
+            stop_reason=stop,
+            model=ep.model,
         )
         for c in done:
             self.sink.completion(c)

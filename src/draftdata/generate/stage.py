@@ -34,8 +34,11 @@ from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.endpoint import Endpoint, queue_target
 from draftdata.generate.engine import Engine, Log, probe_session, run_engine, stderr_log
+from draftdata.generate.models import check_fleet_models, check_resume_model
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
+from draftdata.generate.thinking import SETTINGS_KEY as SERVER_KWARGS
+from draftdata.generate.thinking import server_kwargs
 from draftdata.store.protect import check_not_protected
 from draftdata.store.run import Run
 
@@ -156,13 +159,21 @@ async def _generate(
                 f"generate: no endpoint reachable ({shown}); start the fleet "
                 "(draftdata fleet up / fleet sim) or check --endpoint/--fleet"
             )
+        check_fleet_models(urls, [c.model if c else None for c in caps], config.allow_mixed_models)
         model = config.model or next((c.model for c in caps if c and c.model), None) or "default"
+        await asyncio.to_thread(check_resume_model, config.out, model, config.allow_config_change)
         part = parse_partition(config.partition) if config.partition else None
         found = await asyncio.to_thread(scan, files, limit=config.limit, partition=part)
+        settings = run_settings(config, found, model)
+        alive = next((u for u, c in zip(urls, caps, strict=True) if c is not None), None)
+        if kwargs := await server_kwargs(
+            config.reasoning, config.token_ids, config.out, session, alive, model
+        ):
+            settings[SERVER_KWARGS] = kwargs  # what tokenize renders with (thinking.py)
         run = await asyncio.to_thread(
             Run.open,
             config.out,
-            settings=run_settings(config, found, model),
+            settings=settings,
             protect=config.protect,
             allow_config_change=config.allow_config_change,
             retry_failed=config.retry_failed,

@@ -177,10 +177,12 @@ def completions(
     endpoint: str,
     latency: float,
     stop_reason: str | None = None,
+    model: str | None = None,
 ) -> list[Completion]:
     """The records of a job's winning answer: one per sample, with the exact request
-    parameters (the last request body without messages and tools) and, for a conversation
-    that stopped before its last request, why (``conversation.STOP_REASONS``)."""
+    parameters (the last request body without messages and tools), ``model`` (the model the
+    endpoint reported, else the requested name) and, for a conversation that stopped before its
+    last request, why (``conversation.STOP_REASONS``)."""
     sampling = {k: v for k, v in body.items() if k not in ("messages", "tools")}
     p = job.prompt
     out = []
@@ -205,7 +207,7 @@ def completions(
                 tools=p.tools,
                 turns=turns,
                 usage=usage,
-                model=str(sampling.get("model") or ""),
+                model=model or str(sampling.get("model") or ""),
                 sampling=sampling,
                 endpoint=endpoint,
                 latency_s=latency,
