@@ -113,6 +113,7 @@ class TokenizeContext:
         long: LongPolicy = "truncate",
         verify: bool = True,
         keep_reasoning_history: bool = False,
+        per_turn: bool = False,
     ) -> None:
         self.tokenizer_path = tokenizer_path
         self.chat_template_source = chat_template
@@ -120,6 +121,7 @@ class TokenizeContext:
         self.long = long
         self.verify = verify
         self.keep_reasoning_history = keep_reasoning_history
+        self.per_turn = per_turn  # one sample per generated turn (the trainer exports)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.backend = self.tokenizer.backend_tokenizer
         self.template = ChatTemplate.for_tokenizer(self.tokenizer, chat_template)
@@ -159,6 +161,7 @@ class TokenizeContext:
             "long": self.long,
             "verify": self.verify,
             "keep_reasoning_history": self.keep_reasoning_history,
+            "per_turn": self.per_turn,
         }
 
     def decode(self, ids: IdArray | list[int]) -> str:
@@ -310,9 +313,16 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
         counters.add("completions")
         if view.token_ids is not None:
             counters.add("path.token_ids")
-            tokens = plan_token_ids(view, eot_id=ctx.eot_id, suffix=ctx.suffix_ids)
+            tokens = plan_token_ids(
+                view, eot_id=ctx.eot_id, suffix=ctx.suffix_ids, per_turn=ctx.per_turn
+            )
             check = (
-                plan_rendered(view, ctx.template, keep_reasoning_history=ctx.keep_reasoning_history)
+                plan_rendered(
+                    view,
+                    ctx.template,
+                    keep_reasoning_history=ctx.keep_reasoning_history,
+                    per_turn=ctx.per_turn,
+                )
                 if ctx.verify
                 else None
             )
@@ -322,7 +332,10 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
         else:
             counters.add("path.rendered")
             rendered = plan_rendered(
-                view, ctx.template, keep_reasoning_history=ctx.keep_reasoning_history
+                view,
+                ctx.template,
+                keep_reasoning_history=ctx.keep_reasoning_history,
+                per_turn=ctx.per_turn,
             )
             plans.append((view, rendered, None))
             to_encode.extend(rendered.rendered)

@@ -10,6 +10,11 @@ breaks the chain, and the completion becomes one sample per chain, the sample na
 chain's last turn: ``<id>#<turn>`` (``turn`` indexes the completion's ``turns``). A completion
 that is one chain keeps its own id. Completions with ``sample`` > 0 are ``<id>#s<sample>``.
 
+With ``per_turn`` (the trainer exports: one row per generated turn, as SpecForge's
+last-turn-only training and speculators' regeneration rows expect) every usable turn is its own
+sample: its context ``P_k`` then its output ``A_k``, loss on ``A_k`` only, named ``<id>#<turn>``
+(a completion of one turn keeps its id).
+
 Two planners share that rule:
 
 - ``plan_rendered``: text and character spans of loss (``A_k`` of every turn in the chain,
@@ -114,6 +119,16 @@ def _sample_id(view: CompletionView, last_turn: int, n_chains: int) -> str:
     return view.base_id if n_chains == 1 else f"{view.base_id}#{last_turn}"
 
 
+def _group(
+    view: CompletionView, links: list[bool], usable: list[bool], per_turn: bool
+) -> tuple[list[list[int]], int]:
+    # (chains, the count that names them): per-turn chains are named by the completion's turns
+    if per_turn:
+        return [[k] for k, ok in enumerate(usable) if ok], len(view.turns)
+    chains = _chains(links, usable)
+    return chains, len(chains)
+
+
 def contexts(view: CompletionView, keep_reasoning_history: bool) -> list[list[JsonDict]] | None:
     """The message list the engine sent before each turn (None if slices and turns disagree)."""
     cut = slices(view.messages)
@@ -129,9 +144,14 @@ def contexts(view: CompletionView, keep_reasoning_history: bool) -> list[list[Js
 
 
 def plan_rendered(
-    view: CompletionView, template: ChatTemplate, *, keep_reasoning_history: bool = False
+    view: CompletionView,
+    template: ChatTemplate,
+    *,
+    keep_reasoning_history: bool = False,
+    per_turn: bool = False,
 ) -> Plan:
-    """Render every turn's context and output; group turns into chains (module docstring)."""
+    """Render every turn's context and output; group turns into chains (module docstring), or
+    with ``per_turn`` make each turn its own sample."""
     plan = Plan()
     ctxs = contexts(view, keep_reasoning_history)
     if ctxs is None:
@@ -170,7 +190,7 @@ def plan_rendered(
         usable[k] and not cut[k] and prompts[k + 1].startswith(texts[k][: ends[k]])
         for k in range(len(texts) - 1)
     ]
-    chains = _chains(links, usable)
+    chains, named = _group(view, links, usable, per_turn)
     plan.split = len(chains) > 1
     for chain in chains:
         last = chain[-1]
@@ -181,7 +201,7 @@ def plan_rendered(
         if cut[last]:
             text = text[: ends[last]]
         plan.rendered.append(
-            RenderedSample(id=_sample_id(view, last, len(chains)), text=text, spans=loss)
+            RenderedSample(id=_sample_id(view, last, named), text=text, spans=loss)
         )
     return plan
 
@@ -224,9 +244,14 @@ def _intersect(a: list[Span], b: list[Span]) -> list[Span]:
 
 
 def plan_token_ids(
-    view: CompletionView, *, eot_id: int | None = None, suffix: IdArray | None = None
+    view: CompletionView,
+    *,
+    eot_id: int | None = None,
+    suffix: IdArray | None = None,
+    per_turn: bool = False,
 ) -> Plan:
-    """Samples from the server's ids: chains by id prefix, loss on each chain turn's output.
+    """Samples from the server's ids: chains by id prefix, loss on each chain turn's output
+    (``per_turn``: one sample per turn, its prompt ids then its output ids).
 
     A sample whose last output ends with ``eot_id`` gets ``suffix`` appended with loss 0 (the
     template's text after a turn, so the sample equals the rendered one).
@@ -249,7 +274,7 @@ def plan_token_ids(
         links.append(len(nxt) >= n and bool(np.array_equal(nxt[:n], seqs[k])))
     usable = [len(o) > 0 for _, o in pairs]
     plan.dropped.extend("empty_output" for ok in usable if not ok)
-    chains = _chains(links, usable)
+    chains, named = _group(view, links, usable, per_turn)
     plan.split = len(chains) > 1
     for chain in chains:
         last = chain[-1]
@@ -261,7 +286,7 @@ def plan_token_ids(
         for k in chain:
             start = len(pairs[k][0])
             mask[start : start + len(pairs[k][1])] = 1
-        plan.tokens.append(TokenSample(id=_sample_id(view, last, len(chains)), ids=ids, mask=mask))
+        plan.tokens.append(TokenSample(id=_sample_id(view, last, named), ids=ids, mask=mask))
     return plan
 
 
