@@ -20,7 +20,10 @@ from draftdata.errors import FormatVersionError
 from draftdata.records import Completion, Failure, Message, Sample, Turn, Usage
 
 FORMAT_KEY = b"draftdata.format"
-COMPLETION_FORMAT = "completion/1"
+COMPLETION_FORMAT = "completion/2"
+# Older versions a reader of the current one accepts: completion/1 lacks ``stop_reason`` and
+# ``conversation_rule`` (its turns follow conversation rule 1).
+READABLE_FORMATS: dict[str, tuple[str, ...]] = {COMPLETION_FORMAT: ("completion/1",)}
 FAILURE_FORMAT = "failure/1"
 SAMPLE_FORMAT = "sample/1"
 
@@ -77,6 +80,8 @@ COMPLETION_SCHEMA = _schema(
         ("latency_s", pa.float64()),
         ("attempts", pa.int32()),
         ("created", pa.float64()),
+        ("stop_reason", pa.string()),
+        ("conversation_rule", pa.int32()),
     ],
     COMPLETION_FORMAT,
 )
@@ -113,10 +118,11 @@ SAMPLE_SCHEMA = _schema(
 
 
 def check_format(schema: pa.Schema, expected: str, where: str) -> None:
-    """Raise FormatVersionError unless ``schema`` carries the ``expected`` kind/version."""
+    """Raise FormatVersionError unless ``schema`` carries the ``expected`` kind/version (or an
+    older version the reader of ``expected`` still reads, ``READABLE_FORMATS``)."""
     meta = schema.metadata or {}
     found = meta.get(FORMAT_KEY, b"").decode() or None
-    if found != expected:
+    if found != expected and found not in READABLE_FORMATS.get(expected, ()):
         kind = expected.split("/")[0]
         if found and found.split("/")[0] == kind:
             raise FormatVersionError(
@@ -184,6 +190,8 @@ def completion_row(c: Completion) -> dict[str, Any]:
         "latency_s": c.latency_s,
         "attempts": c.attempts,
         "created": c.created,
+        "stop_reason": c.stop_reason,
+        "conversation_rule": c.conversation_rule,
     }
 
 
@@ -236,6 +244,9 @@ def completion_from_row(d: dict[str, Any]) -> Completion:
         latency_s=d.get("latency_s") or 0.0,
         attempts=d.get("attempts") or 1,
         created=d.get("created") or 0.0,
+        stop_reason=d.get("stop_reason"),
+        # a completion/1 row has no rule: its turns were generated under rule 1
+        conversation_rule=d.get("conversation_rule") or 1,
     )
 
 

@@ -85,38 +85,15 @@ class Completion(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     latency_s: float = 0.0
     attempts: int = 1
     created: float = 0.0
+    # why the conversation stopped before its last request (conversation.STOP_REASONS), or None
+    stop_reason: str | None = None
+    # the conversation rule the turns were generated under (conversation.RULE; 1 = before it)
+    conversation_rule: int = 2
 
 
 def sample_key(id_: str, sample: int) -> str:
     """The id of sample ``sample`` of prompt ``id_`` in exports and datasets (``id#sN``)."""
     return id_ if sample == 0 else f"{id_}#s{sample}"
-
-
-def assemble_conversation(c: Completion) -> list[Message]:
-    """The full conversation of a completion, with the target's own assistant turns.
-
-    Assistant messages of the prompt are replaced by ``turns`` in order; a remaining turn is
-    appended. If there are fewer turns than assistant messages, the conversation stops before the
-    first assistant message without a turn (never mixing in a turn the target did not write).
-    """
-    out: list[Message] = []
-    turns = iter(c.turns)
-    for m in c.messages:
-        if m.role == "assistant":
-            t = next(turns, None)
-            if t is None:
-                return out
-            out.append(_turn_message(t))
-        else:
-            out.append(m)
-    out.extend(_turn_message(t) for t in turns)
-    return out
-
-
-def _turn_message(t: Turn) -> Message:
-    return Message(
-        role="assistant", content=t.content, reasoning_content=t.reasoning, tool_calls=t.tool_calls
-    )
 
 
 FATAL_REASONS = frozenset({"context_length", "invalid_request"})

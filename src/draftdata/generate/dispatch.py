@@ -39,7 +39,6 @@ from typing import Any, Protocol
 from draftdata.generate.client import ErrorClass, RequestError, build_body
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
-from draftdata.generate.parse import next_history
 from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
 from draftdata.records import Completion, Failure, Turn
@@ -309,8 +308,9 @@ class Dispatcher:
         error: RequestError | None = None
         result: list[list[Turn]] = []
         body: dict[str, Any] = {}
+        stop: str | None = None
         try:
-            result, body = await self._converse(copy)
+            result, body, stop = await self._converse(copy)
         except RequestError as exc:
             error = exc
         except Exception as exc:  # a transport failure nobody mapped: retry it, say so once
@@ -325,24 +325,28 @@ class Dispatcher:
         if error is not None:
             self._failed(copy, error)
         else:
-            self._succeeded(copy, result, body)
+            self._succeeded(copy, result, body, stop)
 
-    async def _converse(self, copy: Copy) -> tuple[list[list[Turn]], dict[str, Any]]:
-        """The copy's requests, one per remaining turn: the turns of each sample, and the last
-        request body."""
+    async def _converse(
+        self, copy: Copy
+    ) -> tuple[list[list[Turn]], dict[str, Any], str | None]:
+        """The copy's requests, one per remaining turn (``conversation.TurnPlan``): the turns
+        of each sample, the last request body, and why the conversation stopped before its
+        last request (None when it did not)."""
         job, ep = copy.job, copy.endpoint
-        if not job.slices:
+        if not len(job.plan):
             raise RequestError(ErrorClass.invalid_request, "the prompt has no turn to answer")
-        turns, history = list(job.turns), list(job.history)
+        turns = list(job.turns)
+        keep = self.cfg.keep_reasoning_history
         body: dict[str, Any] = {}
-        for t in range(len(turns), len(job.slices)):
-            messages = [*history, *job.slices[t]]
+        for t in range(len(turns), len(job.plan)):
+            messages = job.plan.context(t, turns, keep_reasoning=keep)
             body = build_body(
                 messages,
                 tools=job.prompt.tools,
                 model=self.cfg.model or ep.model or self.model,
                 max_tokens=job.max_tokens,
-                sampling=job.sampling,
+                sampling=job.request_sampling,
                 reasoning=job.reasoning,
                 n=len(job.samples),
                 token_ids=self.cfg.token_ids != "off",
@@ -360,14 +364,22 @@ class Dispatcher:
                 seqs=len(got),
             )
             if not job.multi_turn:
-                return [[x] for x in got], body
+                return [[x] for x in got], body, None
             turns.append(got[0])
-            history = next_history(messages, got[0], keep_reasoning=self.cfg.keep_reasoning_history)
+            stop = job.plan.stop_reason(t, got[0])
+            if stop is not None:  # the turn broke the conversation: keep what we have
+                return [turns], body, stop
             if job.copies == [copy]:  # the only copy: checkpoint for a retry
-                job.turns, job.history = list(turns), history
-        return [turns], body
+                job.turns = list(turns)
+        return [turns], body, None
 
-    def _succeeded(self, copy: Copy, per_sample: list[list[Turn]], body: dict[str, Any]) -> None:
+    def _succeeded(
+        self,
+        copy: Copy,
+        per_sample: list[list[Turn]],
+        body: dict[str, Any],
+        stop: str | None = None,
+    ) -> None:
         job, ep = copy.job, copy.endpoint
         if job.done:
             return
@@ -387,7 +399,10 @@ class Dispatcher:
             self.active[job.prompt.id] += 1
             self.ready.appendleft(rest)
         latency = self.clock() - copy.started
-        for c in completions(job, per_sample, body, endpoint=ep.url, latency=latency):
+        done = completions(
+            job, per_sample, body, endpoint=ep.url, latency=latency, stop_reason=stop
+        )
+        for c in done:
             self.sink.completion(c)
             ep.completed += 1
         self._settle(job)

@@ -1,4 +1,4 @@
-"""Chat-completion bodies to Turns, and the conversation bookkeeping of multi-turn regeneration.
+"""Chat-completion bodies to Turns (the conversation rule lives in ``draftdata.conversation``).
 
 ``parse_chat_response`` normalises one non-streaming ``chat.completion`` body of SGLang, vLLM
 (``reasoning_content`` before 0.11, ``reasoning`` from 0.11 on) or a plain OpenAI server into one
@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from draftdata.records import JsonDict, Message, Prompt, Turn, Usage
+from draftdata.records import JsonDict, Turn, Usage
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -276,62 +276,3 @@ def _turns(body: _Body) -> list[Turn]:
             )
         )
     return turns
-
-
-# -- multi-turn --------------------------------------------------------------------------------
-
-
-def user_turn_slices(prompt: Prompt) -> list[list[Message]]:
-    """The messages to feed before each assistant turn that is regenerated, in order.
-
-    The prompt's own assistant messages are dropped (the target writes its own); every other
-    message (system, user, tool) is kept in place. Each slice ends where an assistant message
-    stood, or at the end of the conversation, and holds at least one user or tool message: a run
-    of messages without one (say ``[system, assistant, user]``) joins the next slice, and an
-    assistant message right after another regenerates nothing. So ``[system, user]`` and
-    ``[system, user, assistant]`` give one slice ``[[system, user]]``; ``[u1, a1, u2, a2]``
-    gives ``[[u1], [u2]]``; an agent trajectory ``[u, a(call), tool, a]`` gives
-    ``[[u], [tool]]``. The engine builds the conversation as ``slice 1``, the target's turn 1
-    (``next_history``), ``slice 2``, the target's turn 2, and so on.
-    """
-    slices: list[list[Message]] = []
-    pending: list[Message] = []
-    for m in prompt.messages:
-        if m.role == "assistant":
-            if any(p.role in ("user", "tool") for p in pending):
-                slices.append(pending)
-                pending = []
-            continue
-        pending.append(m)
-    if any(p.role in ("user", "tool") for p in pending):
-        slices.append(pending)
-    elif pending and slices:
-        # trailing system messages with nothing to answer: nothing more to regenerate
-        pass
-    return slices
-
-
-def assistant_message(turn: Turn, *, keep_reasoning: bool = False) -> Message:
-    """The target's turn as the assistant message that goes back into the history.
-
-    A tool-call turn without text goes back with ``content: ""``, not null: some chat templates
-    (Qwen3's among them) fail on a null content, which the server answers with a 400.
-    """
-    return Message(
-        role="assistant",
-        content=turn.content if turn.content is not None else "",
-        reasoning_content=turn.reasoning if keep_reasoning else None,
-        tool_calls=turn.tool_calls,
-    )
-
-
-def next_history(
-    history: list[Message], turn: Turn, *, keep_reasoning: bool = False
-) -> list[Message]:
-    """``history`` plus the target's own answer, ready for the next slice of the prompt.
-
-    The reasoning is dropped by default, as Qwen3's template drops the reasoning of turns before
-    the last user query anyway; ``keep_reasoning=True`` sends it back as ``reasoning_content``
-    for templates that keep it. The input list is not modified.
-    """
-    return [*history, assistant_message(turn, keep_reasoning=keep_reasoning)]

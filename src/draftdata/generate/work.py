@@ -2,10 +2,14 @@
 
 ``plan`` turns a Prompt into Jobs. A single-turn prompt with ``n`` samples is one Job whose
 request asks the server for ``n`` choices (split into one Job per sample on a server that
-answers fewer); a multi-turn prompt (several user turns, see ``parse.user_turn_slices``) is one
+answers fewer); a multi-turn prompt (several requests, see ``conversation.TurnPlan``) is one
 Job per sample, since each sample's later turns are conditioned on its own earlier answers.
 Samples the run already settled are left out. A Job keeps a checkpoint of the turns done so far
 (multi-turn), so a retry continues where the last attempt stopped.
+
+Seeds: with a sampling ``seed`` S, a request for samples ``[k, ...]`` sends ``seed`` S + k, so
+the samples of one prompt differ even when each is its own request (multi-turn jobs, servers
+that ignore ``n``); a request for all ``n`` samples at once sends S.
 
 ``Copy`` is one attempt of a Job running on one endpoint: the first attempt, a retry, or a
 hedge (a second copy of a tail request on an idle endpoint; the first to answer wins).
@@ -22,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from draftdata.conversation import TurnPlan
 from draftdata.generate.config import GenerateConfig, Reasoning, Sampling
-from draftdata.generate.parse import user_turn_slices
-from draftdata.records import Completion, Failure, Message, Prompt, Turn, Usage
+from draftdata.records import Completion, Failure, Prompt, Turn, Usage
 
 if TYPE_CHECKING:
     from draftdata.generate.client import RequestError
@@ -41,16 +45,15 @@ class Job:
         "cost",
         "done",
         "hedged",
-        "history",
         "last_error",
         "max_tokens",
+        "plan",
         "prefix",
         "prompt",
         "ready_since",
         "reasoning",
         "samples",
         "sampling",
-        "slices",
         "turns",
     )
 
@@ -58,7 +61,7 @@ class Job:
         self,
         prompt: Prompt,
         samples: list[int],
-        slices: list[list[Message]],
+        turn_plan: TurnPlan,
         *,
         sampling: Sampling,
         max_tokens: int,
@@ -68,14 +71,13 @@ class Job:
     ) -> None:
         self.prompt = prompt
         self.samples = samples
-        self.slices = slices
+        self.plan = turn_plan
         self.sampling = sampling
         self.max_tokens = max_tokens
         self.reasoning = reasoning
         self.prefix = prefix  # shared-prefix key (system prompt + tools) for cache steering
         self.cost = cost  # estimated tokens (prompt + max output), the dispatch tie-breaker
         self.turns: list[Turn] = []  # checkpoint: turns done (multi-turn, one sample)
-        self.history: list[Message] = []  # conversation before the next slice
         self.attempts = 0
         self.avoid: set[str] = set()  # endpoints to steer a retry away from
         self.copies: list[Copy] = []
@@ -87,7 +89,15 @@ class Job:
     @property
     def multi_turn(self) -> bool:
         """Whether the job regenerates more than one assistant turn."""
-        return len(self.slices) > 1
+        return len(self.plan) > 1
+
+    @property
+    def request_sampling(self) -> Sampling:
+        """The sampling of this job's requests: seed + first sample (module docstring)."""
+        seed = self.sampling.seed
+        if seed is None or not self.samples or self.samples[0] == 0:
+            return self.sampling
+        return msgspec.structs.replace(self.sampling, seed=seed + self.samples[0])
 
     def split(self) -> list[Job]:
         """One job per sample (for servers without a working ``n``)."""
@@ -98,7 +108,7 @@ class Job:
         return Job(
             self.prompt,
             samples,
-            self.slices,
+            self.plan,
             sampling=self.sampling,
             max_tokens=self.max_tokens,
             reasoning=self.reasoning,
@@ -141,18 +151,18 @@ def plan(
     settled = config.n - len(samples)
     if not samples:
         return [], settled
-    slices = user_turn_slices(prompt)
+    turn_plan = TurnPlan(prompt.messages)
     sampling, max_tokens, reasoning = config.settings_for(prompt.source, prompt.domain)
     chars = sum(len(m.content or "") for m in prompt.messages)
     job = Job(
         prompt,
         samples,
-        slices,
+        turn_plan,
         sampling=sampling,
         max_tokens=max_tokens,
         reasoning=reasoning,
         prefix=prefix_key(prompt) if config.prefix_steering else None,
-        cost=chars // 4 + max_tokens * len(slices),
+        cost=chars // 4 + max_tokens * len(turn_plan),
     )
     if job.multi_turn and len(samples) > 1:
         return job.split(), settled
@@ -160,10 +170,17 @@ def plan(
 
 
 def completions(
-    job: Job, per_sample: list[list[Turn]], body: dict[str, Any], *, endpoint: str, latency: float
+    job: Job,
+    per_sample: list[list[Turn]],
+    body: dict[str, Any],
+    *,
+    endpoint: str,
+    latency: float,
+    stop_reason: str | None = None,
 ) -> list[Completion]:
     """The records of a job's winning answer: one per sample, with the exact request
-    parameters (the last request body without messages and tools)."""
+    parameters (the last request body without messages and tools) and, for a conversation
+    that stopped before its last request, why (``conversation.STOP_REASONS``)."""
     sampling = {k: v for k, v in body.items() if k not in ("messages", "tools")}
     p = job.prompt
     out = []
@@ -194,6 +211,7 @@ def completions(
                 latency_s=latency,
                 attempts=job.attempts,
                 created=now,
+                stop_reason=stop_reason,
             )
         )
     return out

@@ -19,13 +19,13 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
+from draftdata.conversation import assemble
 from draftdata.formats import FORMAT_KEY, MESSAGE_TYPE
 from draftdata.records import (
     ROLES,
     Completion,
     JsonDict,
     Message,
-    assemble_conversation,
     content_hash,
     sample_key,
 )
@@ -178,10 +178,10 @@ def row_to_conversation(row: Any) -> Conversation:
 
 def completion_to_conversation(c: Completion) -> Conversation:
     """The conversation a Completion stands for: its prompt with the target's own turns
-    (``records.assemble_conversation``, the rule export uses), under its sample id."""
+    (``conversation.assemble``, the rule generate and export use), under its sample id."""
     return Conversation(
         id=sample_key(c.id, c.sample),
-        messages=assemble_conversation(c),
+        messages=assemble(c),
         source=c.source,
         domain=c.domain,
         tools=c.tools,

@@ -9,12 +9,12 @@ conversation); ``specforge`` / ``specforge-text`` / ``speculators`` one row per 
   (list of structs; tool calls as JSON strings), tools (JSON string), which Hugging Face
   ``datasets.load_dataset("parquet", ...)`` loads.
 
-The conversation is the prompt's messages with each assistant message replaced, in order, by
-the target's regenerated turn, and a final turn appended when the prompt ends on a user/tool
-message. Reading is shard by shard; memory holds one shard and a hash per exported pair (to
-drop duplicates). The output is created only if absent: a local file via temp file +
-no-replace link; an ``s3://`` object via a local temp file and one conditional upload
-(``If-None-Match: *``). Failures are not exported.
+The conversation is ``conversation.assemble``'s (the one rule generate sent the requests by):
+the prompt's messages in order, each target turn right after the message it answers, up to the
+turn where the conversation stopped. Reading is shard by shard; memory holds one shard and a
+hash per exported pair (to drop duplicates). The output is created only if absent: a local file
+via temp file + no-replace link; an ``s3://`` object via a local temp file and one conditional
+upload (``If-None-Match: *``). Failures are not exported.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from draftdata.conversation import assemble
 from draftdata.errors import AlreadyExistsError, ConfigError
 from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
-from draftdata.records import Completion, assemble_conversation, sample_key
+from draftdata.records import Completion, sample_key
 from draftdata.store.doneset import DoneSet
 from draftdata.store.export_turns import TurnRows
 from draftdata.store.protect import check_not_protected
@@ -94,7 +95,7 @@ def export_record(c: Completion, fmt: str, include_reasoning: bool = True) -> di
     return conversation_row(
         fmt,
         sample_key(c.id, c.sample),
-        assemble_conversation(c),
+        assemble(c),
         source=c.source,
         domain=c.domain,
         tools=c.tools,
@@ -104,7 +105,7 @@ def export_record(c: Completion, fmt: str, include_reasoning: bool = True) -> di
 
 def _parquet_row(c: Completion, include_reasoning: bool) -> dict[str, Any]:
     conv = []
-    for m in assemble_conversation(c):
+    for m in assemble(c):
         conv.append(
             {
                 "role": m.role,

@@ -5,8 +5,8 @@ A trainer that renders a whole multi-turn conversation with a template that rewr
 target never wrote. One row per generated turn, trained on its last turn only, avoids that for
 every template (``trainer_rows`` describes the formats):
 
-- ``specforge`` rows hold the messages the engine sent before the turn (tokenize's
-  ``plan.contexts``, the one rule of what the target saw) and the turn itself;
+- ``specforge`` rows hold the messages the engine sent before the turn and the turn itself
+  (``conversation.TurnPlan.expand``, the one rule of what the target saw);
 - ``specforge-text`` and ``speculators`` rows come from tokenize's per-turn samples
   (``TokenizeContext(per_turn=True)``): the served token ids where the server returned them,
   else the rendering with the target's chat template, so their tokens and loss mask are exactly
@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftdata.conversation import message_dict, plan_of
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, JsonDict, sample_key
 from draftdata.store.trainer_rows import (
+    clean_message,
     per_turn_id,
     specforge_row,
     speculators_row,
@@ -73,25 +75,17 @@ class TurnRows:
         return self._tokenized(batch, stats)
 
     def _specforge(self, c: Completion, stats: StageStats) -> list[JsonDict]:
-        from draftdata.tokenize.plan import contexts, view_from_record
-        from draftdata.tokenize.template import assistant_message
-
-        view = view_from_record(c)
-        ctxs = contexts(view, self.keep_reasoning_history)
-        if ctxs is None:
-            stats.add("export.turns_mismatch")
-            return []
         base = sample_key(c.id, c.sample)
         out = []
-        for k, (ctx, turn) in enumerate(zip(ctxs, view.turns, strict=True)):
-            if turn.finish_reason == "length":
+        for tc in plan_of(c).expand(c.turns, keep_reasoning=self.keep_reasoning_history):
+            if tc.turn.finish_reason == "length":
                 stats.add("export.cut_turns_skipped")
                 continue
             out.append(
                 specforge_row(
-                    per_turn_id(base, k, len(view.turns)),
-                    ctx,
-                    assistant_message(turn, with_reasoning=True),
+                    per_turn_id(base, tc.index, len(c.turns)),
+                    [message_dict(m) for m in tc.context],
+                    message_dict(tc.message),
                     source=c.source,
                     domain=c.domain,
                     tools=c.tools,
@@ -102,11 +96,9 @@ class TurnRows:
 
     def _tokenized(self, batch: list[Completion], stats: StageStats) -> list[JsonDict]:
         from draftdata.tokenize.batch import tokenize_views
-        from draftdata.tokenize.plan import contexts, view_from_record
-        from draftdata.tokenize.template import assistant_message
+        from draftdata.tokenize.plan import view_from_record
 
-        views = [view_from_record(c) for c in batch]
-        table, counters = tokenize_views(views, self.ctx)
+        table, counters = tokenize_views([view_from_record(c) for c in batch], self.ctx)
         for name, n in counters.counts.items():
             if name.startswith(("dropped.", "mismatched", "verified", "unverifiable")):
                 stats.add(f"export.tokenize.{name}", n)
@@ -120,31 +112,28 @@ class TurnRows:
             )
         }
         out: list[JsonDict] = []
-        for c, view in zip(batch, views, strict=True):
+        for c in batch:
             base = sample_key(c.id, c.sample)
-            ctxs = contexts(view, self.keep_reasoning_history) or []
-            for k, turn in enumerate(view.turns):
-                got = samples.get(per_turn_id(base, k, len(view.turns)))
-                if got is None:
+            for tc in plan_of(c).expand(c.turns, keep_reasoning=self.keep_reasoning_history):
+                rid = per_turn_id(base, tc.index, len(c.turns))
+                got = samples.get(rid)
+                if got is None:  # dropped by tokenize (counted above)
                     continue
                 ids, mask = got
                 text = self.ctx.decode(ids)
-                rid = per_turn_id(base, k, len(view.turns))
                 if self.fmt == "specforge-text":
                     out.append(text_row(rid, text, source=c.source, domain=c.domain))
                     continue
-                conv = [dict(m) for m in ctxs[k]] if k < len(ctxs) else []
-                conv.append(assistant_message(turn, with_reasoning=True))
-                conv = [{key: v for key, v in m.items() if v is not None} for m in conv]
+                conv = [clean_message(message_dict(m)) for m in [*tc.context, tc.message]]
                 out.append(
                     speculators_row(
                         base,
-                        k,
+                        tc.index,
                         input_ids=[int(i) for i in ids],
                         loss_mask=[int(x) for x in mask],
                         conversations=conv,
                         text=text,
-                        metadata=_metadata(c, k),
+                        metadata=_metadata(c, tc.index),
                         source=c.source,
                         domain=c.domain,
                     )

@@ -59,7 +59,17 @@ from draftdata.tokenize.plan import (
 from draftdata.tokenize.tables import samples_table, views_from_table
 from draftdata.tokenize.template import ChatTemplate, load_tokenizer, read_template_file
 
-COMPLETION_COLUMNS = ("id", "sample", "source", "domain", "messages", "tools", "turns", "sampling")
+COMPLETION_COLUMNS = (
+    "id",
+    "sample",
+    "source",
+    "domain",
+    "messages",
+    "tools",
+    "turns",
+    "sampling",
+    "conversation_rule",
+)
 
 
 @dataclass

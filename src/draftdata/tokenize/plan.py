@@ -1,14 +1,15 @@
 """Which samples one completion becomes, and where their loss goes (before any encoding).
 
 A completion of K regenerated turns is a chain of contexts: turn k was generated after prompt
-``P_k`` (the engine's slices and the target's earlier turns, rendered with the generation
-prompt). Turn k's output ``A_k`` is what the template renders after ``P_k`` for that turn, up to
-and including the end-of-turn token. Turn k can share a sample with turn k+1 only when ``P_{k+1}``
-starts with ``P_k + A_k``, i.e. the next context shows turn k exactly as the target wrote it. A
-template that rewrites history (Qwen3 drops the reasoning of turns before the last user query)
-breaks the chain, and the completion becomes one sample per chain, the sample named after the
-chain's last turn: ``<id>#<turn>`` (``turn`` indexes the completion's ``turns``). A completion
-that is one chain keeps its own id. Completions with ``sample`` > 0 are ``<id>#s<sample>``.
+``P_k`` (``conversation.TurnPlan``'s requests and the target's earlier turns, rendered with the
+generation prompt). Turn k's output ``A_k`` is what the template renders after ``P_k`` for that
+turn, up to and including the end-of-turn token. Turn k can share a sample with turn k+1 only
+when ``P_{k+1}`` starts with ``P_k + A_k``, i.e. the next context shows turn k exactly as the
+target wrote it. A template that rewrites history (Qwen3 drops the reasoning of turns before the
+last user query) breaks the chain, and the completion becomes one sample per chain, the sample
+named after the chain's last turn: ``<id>#<turn>`` (``turn`` indexes the completion's
+``turns``). A completion that is one chain keeps its own id. Completions with ``sample`` > 0 are
+``<id>#s<sample>``.
 
 With ``per_turn`` (the trainer exports: one row per generated turn, as SpecForge's
 last-turn-only training and speculators' regeneration rows expect) every usable turn is its own
@@ -38,16 +39,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from draftdata.conversation import RULE, TurnPlan, message_dict, message_from_dict, turn_message
 from draftdata.errors import InputError
 from draftdata.records import sample_key
-from draftdata.tokenize.template import (
-    ChatTemplate,
-    JsonDict,
-    Span,
-    TurnText,
-    assistant_message,
-    slices,
-)
+from draftdata.tokenize.template import ChatTemplate, JsonDict, Span, TurnText
 
 IdArray = npt.NDArray[np.int32]
 
@@ -64,6 +59,7 @@ class CompletionView:
     tools: list[JsonDict] | None
     turns: list[TurnText]
     template_kwargs: JsonDict = field(default_factory=dict)
+    rule: int = RULE  # the conversation rule the turns were generated under
     # per turn: (prompt ids, output ids), or None when the server did not return both
     token_ids: list[tuple[IdArray, IdArray]] | None = None
 
@@ -130,17 +126,15 @@ def _group(
 
 
 def contexts(view: CompletionView, keep_reasoning_history: bool) -> list[list[JsonDict]] | None:
-    """The message list the engine sent before each turn (None if slices and turns disagree)."""
-    cut = slices(view.messages)
-    if len(cut) != len(view.turns):
+    """The message list the engine sent before each turn (``conversation.TurnPlan.expand``);
+    None when the completion has more turns than the prompt has requests."""
+    turn_plan = TurnPlan([message_from_dict(m) for m in view.messages], rule=view.rule)
+    if len(view.turns) > len(turn_plan) or not view.turns:
+        return None if view.turns else []
+    expanded = turn_plan.expand(view.turns, keep_reasoning=keep_reasoning_history)
+    if len(expanded) != len(view.turns):  # turns past the one that broke the conversation
         return None
-    out: list[list[JsonDict]] = []
-    history: list[JsonDict] = []
-    for part, turn in zip(cut, view.turns, strict=True):
-        history = [*history, *part]
-        out.append(history)
-        history = [*history, assistant_message(turn, with_reasoning=keep_reasoning_history)]
-    return out
+    return [[message_dict(m) for m in tc.context] for tc in expanded]
 
 
 def plan_rendered(
@@ -170,7 +164,7 @@ def plan_rendered(
                 ctx, view.tools, view.template_kwargs, add_generation_prompt=True
             )
             full, spans = template.render(
-                [*ctx, assistant_message(turn, with_reasoning=True)],
+                [*ctx, message_dict(turn_message(turn, keep_reasoning=True))],
                 view.tools,
                 view.template_kwargs,
                 add_generation_prompt=False,
@@ -327,5 +321,6 @@ def view_from_record(record: Any) -> CompletionView:
         tools=record.tools,
         turns=turns,
         template_kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
+        rule=record.conversation_rule,
         token_ids=ids,
     )

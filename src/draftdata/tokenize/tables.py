@@ -48,6 +48,8 @@ def views_from_table(table: pa.Table) -> list[CompletionView]:
     messages = cols["messages"].to_pylist()
     tools = cols["tools"].to_pylist() if "tools" in cols else [None] * n
     sampling = cols["sampling"].to_pylist() if "sampling" in cols else [None] * n
+    # completion/1 shards have no rule column: their turns follow conversation rule 1
+    rules = cols["conversation_rule"].to_pylist() if "conversation_rule" in cols else [1] * n
     turns_col = cols["turns"].combine_chunks()
     turn_offsets = turns_col.offsets.to_numpy()
     structs = turns_col.values
@@ -98,6 +100,7 @@ def views_from_table(table: pa.Table) -> list[CompletionView]:
                 tools=_json_or_none(tools[i]),
                 turns=turns,
                 template_kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
+                rule=rules[i] or 1,
                 token_ids=token_ids,
             )
         )

@@ -7,9 +7,8 @@ tokenizer's special tokens as template variables), and, when the template has ``
 markers, also returns the character spans of the generation blocks (what transformers'
 ``return_assistant_tokens_mask`` is computed from).
 
-``conversation`` rebuilds the conversation the generate engine sent for each regenerated turn:
-the prompt's messages cut into the engine's slices (``generate.parse.user_turn_slices``, the one
-definition of that shape), each slice followed by the target's own turn.
+The conversation the target saw for each turn comes from ``draftdata.conversation`` (the one
+rule generate sends requests by); ``TurnText`` is the turn shape that rule takes here.
 
 This module renders text; it does not encode (``plan.py`` and ``batch.py`` do).
 """
@@ -154,7 +153,7 @@ def _end_of_turn(tokenizer: Any, template: str) -> str:
     raise ConfigError("cannot tell the chat template's end-of-turn token; the tokenizer has no eos")
 
 
-# -- the conversation the engine sent ------------------------------------------------------------
+# -- a generated turn ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,37 +164,3 @@ class TurnText:
     reasoning: str | None
     tool_calls: list[JsonDict] | None
     finish_reason: str | None
-
-
-def assistant_message(turn: TurnText, *, with_reasoning: bool) -> JsonDict:
-    """The chat message of a target turn; ``with_reasoning`` keeps its reasoning."""
-    # None (a tool-call-only turn) renders as "": templates do string tests on content
-    content = turn.content if turn.content is not None else ""
-    return {
-        "role": "assistant",
-        "content": content,
-        "reasoning_content": turn.reasoning if with_reasoning else None,
-        "tool_calls": turn.tool_calls,
-    }
-
-
-def slices(messages: list[JsonDict]) -> list[list[JsonDict]]:
-    """The prompt messages fed before each regenerated turn, as the generate engine cuts them."""
-    from draftdata.generate.parse import user_turn_slices
-    from draftdata.records import Message, Prompt
-
-    structs = [
-        Message(
-            role=m["role"],
-            content=m.get("content"),
-            reasoning_content=m.get("reasoning_content"),
-            tool_calls=m.get("tool_calls"),
-            tool_call_id=m.get("tool_call_id"),
-            name=m.get("name"),
-        )
-        for m in messages
-    ]
-    # Map back by position so each slice holds the original dicts.
-    index = {id(s): m for s, m in zip(structs, messages, strict=True)}
-    cut = user_turn_slices(Prompt(id="-", messages=structs))
-    return [[index[id(s)] for s in part] for part in cut]

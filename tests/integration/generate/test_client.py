@@ -13,10 +13,10 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from draftdata.conversation import TurnPlan
 from draftdata.fleet.sim import FaultConfig, SimConfig, SimFleet
 from draftdata.generate.client import EndpointClient, ErrorClass, RequestError, build_body
 from draftdata.generate.config import Reasoning, Sampling
-from draftdata.generate.parse import next_history
 from draftdata.records import Message
 
 pytestmark = pytest.mark.integration
@@ -132,8 +132,12 @@ async def test_n_samples_and_multi_turn_history(fleet: SimFleet) -> None:
             assert t.output_token_ids is not None
             assert t.usage.completion_tokens == len(t.output_token_ids)
         # feed the first answer back and ask a follow-up
-        history = next_history([Message(role="user", content="Explain sorting.")], turns[0])
-        history.append(Message(role="user", content="Shorter, please."))
+        prompt = [
+            Message(role="user", content="Explain sorting."),
+            Message(role="user", content="Shorter, please."),
+        ]
+        history = TurnPlan(prompt).context(1, turns[:1])
+        assert [m.role for m in history] == ["user", "assistant", "user"]
         body = build_body(
             history,
             tools=None,

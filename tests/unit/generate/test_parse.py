@@ -1,4 +1,4 @@
-"""parse_chat_response on hand-written SGLang / vLLM / OpenAI bodies; multi-turn bookkeeping."""
+"""parse_chat_response on hand-written SGLang / vLLM / OpenAI bodies."""
 
 from __future__ import annotations
 
@@ -12,12 +12,10 @@ from hypothesis import strategies as st
 from draftdata.generate.parse import (
     MalformedResponse,
     decode_chat_response,
-    next_history,
     parse_chat_response,
     split_think,
-    user_turn_slices,
 )
-from draftdata.records import Message, Prompt, Turn, Usage
+from draftdata.records import Turn, Usage
 
 
 def sglang_body(**choice_extra: Any) -> dict[str, Any]:
@@ -287,75 +285,6 @@ def test_split_think_round_trip(reasoning: str, content: str) -> None:
     assert split_think(f"<think>{reasoning}</think>{content}") == (reasoning, content)
     assert split_think(f"<think>{reasoning}") == (reasoning, "")
     assert split_think(content) == (None, content)
-
-
-# -- multi-turn --------------------------------------------------------------------------------
-
-
-def msg(role: str, content: str = "x", **kw: Any) -> Message:
-    return Message(role=role, content=content, **kw)
-
-
-def slices_of(*messages: Message) -> list[list[str]]:
-    prompt = Prompt(id="p", messages=list(messages))
-    return [[f"{m.role}:{m.content}" for m in s] for s in user_turn_slices(prompt)]
-
-
-def test_single_turn_prompts_give_one_slice() -> None:
-    assert slices_of(msg("system", "s"), msg("user", "u")) == [["system:s", "user:u"]]
-    assert slices_of(msg("user", "u"), msg("assistant", "a")) == [["user:u"]]
-
-
-def test_multi_turn_drops_original_answers() -> None:
-    got = slices_of(
-        msg("system", "s"),
-        msg("user", "u1"),
-        msg("assistant", "a1"),
-        msg("user", "u2"),
-        msg("assistant", "a2"),
-    )
-    assert got == [["system:s", "user:u1"], ["user:u2"]]
-    assert slices_of(msg("user", "u1"), msg("assistant", "a1"), msg("user", "u2")) == [
-        ["user:u1"],
-        ["user:u2"],
-    ]
-
-
-def test_tool_turns_are_kept() -> None:
-    call = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
-    got = slices_of(
-        msg("user", "u"),
-        Message(role="assistant", tool_calls=call),
-        msg("tool", "result", tool_call_id="c"),
-        msg("assistant", "final"),
-    )
-    assert got == [["user:u"], ["tool:result"]]
-
-
-def test_runs_without_user_or_tool_join_the_next_slice() -> None:
-    got = slices_of(msg("system", "s"), msg("assistant", "greeting"), msg("user", "u"))
-    assert got == [["system:s", "user:u"]]
-    got = slices_of(msg("user", "u"), msg("assistant", "a"), msg("assistant", "b"))
-    assert got == [["user:u"]]
-
-
-def test_next_history_drops_reasoning_by_default() -> None:
-    history = [msg("user", "u")]
-    turn = Turn(content="answer", reasoning="thoughts", finish_reason="stop")
-    out = next_history(history, turn, keep_reasoning=False)
-    assert out == [msg("user", "u"), Message(role="assistant", content="answer")]
-    assert history == [msg("user", "u")]  # not modified
-    kept = next_history(history, turn, keep_reasoning=True)
-    assert kept[-1] == Message(role="assistant", content="answer", reasoning_content="thoughts")
-
-
-def test_next_history_tool_call_turn_and_empty_turn() -> None:
-    call = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
-    out = next_history([], Turn(tool_calls=call), keep_reasoning=False)
-    assert out == [Message(role="assistant", content="", tool_calls=call)]  # never null
-    # a turn cut inside its reasoning has no content: the history gets an empty answer
-    out = next_history([], Turn(reasoning="r", finish_reason="length"), keep_reasoning=False)
-    assert out == [Message(role="assistant", content="")]
 
 
 # -- property: bodies shaped by the simulator's own response builders --------------------------

@@ -11,10 +11,11 @@ import msgspec
 import pytest
 from tests.unit.store.helpers import completion
 
+from draftdata.conversation import assemble as assemble_conversation
 from draftdata.errors import AlreadyExistsError
 from draftdata.records import Completion, Message, Turn
 from draftdata.store import Run
-from draftdata.store.export import assemble_conversation, export_run
+from draftdata.store.export import export_run
 
 
 def _multi_turn() -> Completion:
@@ -44,9 +45,8 @@ def test_assemble_uses_the_targets_turns() -> None:
 
 
 def test_stats_and_merge_rebuild_conversations_by_the_same_rule() -> None:
-    """A completion with fewer turns than the prompt's assistant messages stops before the first
-    assistant message it has no turn for, in export and in stats/merge alike; both name sample 1
-    ``id#s1``."""
+    """A completion with fewer turns than the prompt's requests ends after its last turn, in
+    export and in stats/merge alike; both name sample 1 ``id#s1``."""
     from draftdata.stats.conversations import completion_to_conversation
 
     short = msgspec.structs.replace(_multi_turn(), turns=[Turn(content="new a1")], sample=1)
@@ -55,7 +55,7 @@ def test_stats_and_merge_rebuild_conversations_by_the_same_rule() -> None:
     )
     conv = completion_to_conversation(short)
     assert conv.messages == assemble_conversation(short)
-    assert [m.content for m in conv.messages] == ["be brief", "q1", "new a1", "q2"]
+    assert [m.content for m in conv.messages] == ["be brief", "q1", "new a1"]
     assert conv.id == "mt#s1" and conv.tools == short.tools
 
 
