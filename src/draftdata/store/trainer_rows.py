@@ -18,7 +18,8 @@ so a trainer that trains only a row's last assistant turn trains exactly what th
 even where the chat template rewrites history):
 
 - ``specforge``: the ``sharegpt`` row shape, one row per turn (``<id>#<turn>`` when the
-  completion has several turns); train with SpecForge's ``train_only_last_turn``.
+  completion has several turns; ``tools`` and ``tool_calls`` as JSON strings, see
+  ``specforge_row``); train with SpecForge's ``train_only_last_turn``.
 - ``specforge-text``: ``{"id", "text"}``, the turn's context and output rendered with the
   target's chat template (SpecForge ``is_preformatted``).
 - ``speculators``: ``{"id": "<primary_id>_gen<k>", "primary_id", "input_ids", "loss_mask",
@@ -151,12 +152,21 @@ def specforge_row(
     tools: list[JsonDict] | None,
     include_reasoning: bool = True,
 ) -> JsonDict:
-    """One ``specforge`` row: the context the target saw (as sent), then its turn."""
-    msgs = [clean_message(m, include_reasoning) for m in context]
-    msgs.append(clean_message(turn, include_reasoning))
+    """One ``specforge`` row: the context the target saw (as sent), then its turn.
+
+    ``tools`` and each message's ``tool_calls`` are JSON strings, as SpecForge's own JSONL
+    reader writes them (``safe_conversations_generator``; its preprocessing parses them back):
+    a loader that gives the column one Arrow type unifies nested objects across rows (a key one
+    tool schema lacks becomes ``null`` in its rendering; arguments that are an object in one row
+    and a string in another do not load). ``datasets`` 5 reads such columns as Json; 4.x, which
+    speculators still accepts, does not."""
+    msgs = [clean_message(m, include_reasoning) for m in [*context, turn]]
+    for m in msgs:
+        if "tool_calls" in m:
+            m["tool_calls"] = json.dumps(m["tool_calls"], ensure_ascii=False)
     row: JsonDict = {"id": rid, "conversations": msgs}
     if tools:
-        row["tools"] = tools
+        row["tools"] = json.dumps(tools, ensure_ascii=False)
     row["source"] = source
     row["domain"] = domain
     return row

@@ -126,8 +126,9 @@ def test_specforge_one_row_per_turn_with_the_history_the_target_saw(tmp_path: Pa
     single = [r for r in rows if r["id"] == "single"]
     assert len(single) == 1 and single[0]["conversations"][-1]["content"] == "Hello!"
     tool = [r for r in rows if r["id"].startswith("tool")]
-    assert tool[0]["tools"] == [WEATHER_TOOL]
-    assert tool[1]["conversations"][1]["tool_calls"] == TOOL[1]["tool_calls"]
+    # JSON strings, as SpecForge's own reader writes them (one Arrow type across rows)
+    assert json.loads(tool[0]["tools"]) == [WEATHER_TOOL]
+    assert json.loads(tool[1]["conversations"][1]["tool_calls"]) == TOOL[1]["tool_calls"]
 
 
 def test_specforge_history_keeps_reasoning_when_the_engine_sent_it(tmp_path: Path) -> None:
