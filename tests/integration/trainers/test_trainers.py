@@ -438,8 +438,8 @@ def _whole(tier: dict[str, Any], name: str) -> tuple[Counter[str], list[str]]:
         elif len(c.turns) > 1 and any(m.role == "user" for m in c.messages[1:]):
             counts["history_rewritten"] += 1
             problems.append(f"{c.id}: {_where(ctx, got, want)} (documented: history_rewritten)")
-        elif not all(finished):
-            counts["cut_turn"] += 1
+        elif not all(finished) and got == [*want, ctx.eot_id, *newline]:
+            counts["cut_turn"] += 1  # trained as if it ended: <|im_end|>\n, never written
         else:
             counts["undocumented"] += 1
             problems.append(f"{c.id}: {_where(ctx, got, want)}")
