@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from draftdata.records import Completion, JsonDict, Message
+from draftdata.records import Completion, JsonDict, Message, Turn
 
 RULE_LEGACY = 1  # completion/1 shards: split at the prompt's assistant messages only
 RULE = 2  # the current rule (module docstring)
@@ -376,6 +376,12 @@ def _cut_legacy(messages: list[Message]) -> tuple[list[Request], tuple[int, ...]
 def plan_of(c: Completion) -> TurnPlan:
     """The TurnPlan a completion was generated under (its prompt messages and rule)."""
     return TurnPlan(c.messages, rule=c.conversation_rule)
+
+
+def expand(c: Completion, *, keep_reasoning: bool = False) -> list[TurnContext[Turn]]:
+    """Per generated turn of a completion: the context the target saw and the turn
+    (``TurnPlan.expand``; ``keep_reasoning`` is the run's ``keep_reasoning_history``)."""
+    return plan_of(c).expand(c.turns, keep_reasoning=keep_reasoning)
 
 
 def assemble(c: Completion) -> list[Message]:

@@ -309,3 +309,67 @@ def test_old_export_rule_disagreed() -> None:
     )
     rec = export_record(c, "openai")
     assert [x["role"] for x in rec["messages"]] == ["system", "user", "assistant"]
+
+
+# -- completions written before the rule (completion/1) ------------------------------------------
+
+
+def test_completion_1_shards_keep_the_rule_they_were_generated_under() -> None:
+    """An old shard (no ``conversation_rule`` column) is read as rule 1: its one turn answered
+    ``[u1, u2]`` together, and export and tokenize rebuild exactly that request."""
+    import pyarrow as pa
+
+    from draftdata.errors import FormatVersionError
+    from draftdata.formats import (
+        COMPLETION_SCHEMA,
+        FORMAT_KEY,
+        check_format,
+        completion_row,
+        iter_completions,
+    )
+    from draftdata.tokenize.tables import views_from_table
+
+    c = Completion(id="old", messages=[m("user", "u1"), m("user", "u2")], turns=[answer("A")])
+    old_fields = [
+        f for f in COMPLETION_SCHEMA if f.name not in ("stop_reason", "conversation_rule")
+    ]
+    old_schema = pa.schema(old_fields, metadata={FORMAT_KEY: b"completion/1"})
+    row = {k: v for k, v in completion_row(c).items() if k in old_schema.names}
+    table = pa.Table.from_pylist([row], schema=old_schema)
+    check_format(table.schema, "completion/2", "old.parquet")  # still readable
+    with pytest.raises(FormatVersionError):
+        check_format(pa.schema([], metadata={FORMAT_KEY: b"completion/9"}), "completion/2", "x")
+    (read,) = iter_completions(table)
+    assert read.conversation_rule == RULE_LEGACY
+    assert [x.content for x in conv.assemble(read)] == ["u1", "u2", "A"]
+    (view,) = views_from_table(table)
+    assert contexts(view, False) == [
+        [conv.message_dict(m("user", "u1")), conv.message_dict(m("user", "u2"))]
+    ]
+    # the same completion written today follows the current rule: u1 is answered on its own
+    assert [x.content for x in conv.assemble(c)] == ["u1", "A"]
+
+
+def test_the_rule_has_one_home_and_tokenize_does_not_import_generate() -> None:
+    """tokenize reads the rule from ``draftdata.conversation`` (not from generate), and the
+    rule depends on nothing of the project but the records."""
+    import ast
+    from pathlib import Path
+
+    import draftdata
+
+    root = Path(draftdata.__file__).parent
+
+    def imports(path: Path) -> set[str]:
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                out.add(node.module)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+        return out
+
+    for path in (root / "tokenize").glob("*.py"):
+        assert not any(m.startswith("draftdata.generate") for m in imports(path)), path.name
+    own = {m for m in imports(root / "conversation.py") if m.startswith("draftdata")}
+    assert own == {"draftdata.records"}

@@ -327,9 +327,7 @@ class Dispatcher:
         else:
             self._succeeded(copy, result, body, stop)
 
-    async def _converse(
-        self, copy: Copy
-    ) -> tuple[list[list[Turn]], dict[str, Any], str | None]:
+    async def _converse(self, copy: Copy) -> tuple[list[list[Turn]], dict[str, Any], str | None]:
         """The copy's requests, one per remaining turn (``conversation.TurnPlan``): the turns
         of each sample, the last request body, and why the conversation stopped before its
         last request (None when it did not)."""

@@ -1,7 +1,8 @@
 """What a generate run did: one ``Tally`` fed by the engine, frozen into a ``GenerateSummary``.
 
 The engine calls ``Tally.completion`` / ``Tally.failure`` for every record it hands the store;
-counts are by outcome, finish reason, failure reason and domain, with token sums. The summary
+counts are by outcome, finish reason, failure reason, stop reason (a conversation that stopped
+before its last request, ``conversation.STOP_REASONS``) and domain, with token sums. The summary
 adds wall time and each endpoint's share, and renders as a dict (``to_dict``/``summary``: the
 Ray driver and the metrics snapshot use it) or as the lines the CLI prints (``lines``).
 """
@@ -56,6 +57,8 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     failed: dict[str, int] = msgspec.field(default_factory=dict)
     finish_reasons: dict[str, int] = msgspec.field(default_factory=dict)
     truncated: int = 0  # completions with a turn cut by max tokens
+    # conversations that stopped before their last request, by reason (conversation.STOP_*)
+    stopped: dict[str, int] = msgspec.field(default_factory=dict)
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
@@ -94,6 +97,14 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             f"{head}: {self.completed} completions, {self.failures} failures ({fails}) in "
             f"{self.wall_s:.1f} s into {self.out}",
             f"  finish reasons: {finish}; cut by max tokens: {self.truncated}",
+            *(
+                [
+                    "  conversations stopped early: "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(self.stopped.items()))
+                ]
+                if self.stopped
+                else []
+            ),
             f"  tokens: {self.prompt_tokens} prompt ({self.cached_tokens} cached), "
             f"{self.output_tokens} output ({rate:.0f} output tok/s)",
             f"  requests: {self.requests}, retries: {self.retries}, hedged: {self.hedges} "
@@ -125,6 +136,7 @@ class Tally:
         self.failed: Counter[str] = Counter()
         self.finish: Counter[str] = Counter()
         self.truncated = 0
+        self.stopped: Counter[str] = Counter()
         self.prompt_tokens = 0
         self.output_tokens = 0
         self.cached_tokens = 0
@@ -148,6 +160,8 @@ class Tally:
             d.finish_reasons[reason] = d.finish_reasons.get(reason, 0) + 1
             cut = cut or reason == "length"
         self.truncated += cut
+        if c.stop_reason:
+            self.stopped[c.stop_reason] += 1
         self.prompt_tokens += c.usage.prompt_tokens
         self.output_tokens += c.usage.completion_tokens
         self.cached_tokens += c.usage.cached_tokens
@@ -172,6 +186,7 @@ class Tally:
             failed=dict(self.failed),
             finish_reasons=dict(self.finish),
             truncated=self.truncated,
+            stopped=dict(self.stopped),
             prompt_tokens=self.prompt_tokens,
             output_tokens=self.output_tokens,
             cached_tokens=self.cached_tokens,

@@ -305,10 +305,17 @@ def to_prompt(messages: list[Message], mode: str) -> list[Message]:
 
     ``last_assistant``: everything before the last assistant turn (the whole conversation when
     it has none). ``regenerate``: the system, user and tool turns, with every original assistant
-    answer dropped, for regenerating each assistant turn in order.
+    answer dropped but the structure kept: an assistant turn that called tools stays as its
+    ``tool_calls`` alone (no text, no reasoning), so generate knows which call each tool result
+    answers and stops a conversation where the target's own call differs
+    (``draftdata.conversation``). Generate answers each user turn and each tool result in turn.
     """
     if mode == "regenerate":
-        return [m for m in messages if m.role != "assistant"]
+        return [
+            Message(role="assistant", tool_calls=m.tool_calls) if m.role == "assistant" else m
+            for m in messages
+            if m.role != "assistant" or m.tool_calls
+        ]
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].role == "assistant":
             return messages[:i]

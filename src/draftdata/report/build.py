@@ -155,6 +155,11 @@ def _finish_section(data: ReportData) -> page.Section:
         turns = sum(counts.values())
         rows.append([d, turns, *(f"{100 * counts.get(k, 0) / turns:.1f}%" for k in reasons)])
     tables = [page.table(["domain", "turns", *reasons], rows)] if rows and reasons else []
+    stopped = data.stopped()
+    if stopped:  # conversations the stop rule ended before their last request
+        tables.append(
+            page.table(["conversation stopped early by", "conversations"], list(stopped.items()))
+        )
     return page.Section(title, [plot] if plot else [], "no completions", tables)
 
 

@@ -123,6 +123,13 @@ class ReportData:
             c.update(r.stats.get("finish_reasons") or {})
         return dict(c.most_common())
 
+    def stopped(self) -> dict[str, int]:
+        """Conversations that stopped before their last request, by reason, summed over runs."""
+        c: Counter[str] = Counter()
+        for r in self.runs:
+            c.update(r.stats.get("stopped") or {})
+        return dict(c.most_common())
+
     def finish_by_domain(self) -> dict[str, dict[str, int]]:
         """Finish reasons of every run's turns per domain, summed: {domain: {reason: turns}}."""
         out: dict[str, Counter[str]] = {}

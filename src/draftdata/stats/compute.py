@@ -128,6 +128,7 @@ class StatsBuilder:
         self.domains: dict[str, _Group] = {}
         self.sources: Counter[str] = Counter()
         self.labels: Counter[str] = Counter()
+        self.stopped: Counter[str] = Counter()  # run: conversations stopped early, by reason
         self.rejects = Rejects()
 
     def _domain(self, name: str) -> _Group:
@@ -210,6 +211,8 @@ def _stats_run(b: StatsBuilder) -> None:
             measures["output_tokens"] = out_tokens
         reasoning = any(t.reasoning or "<think>" in (t.content or "") for t in c.turns)
         reasons = Counter(t.finish_reason or "unknown" for t in c.turns)
+        if c.stop_reason:
+            b.stopped[c.stop_reason] += 1
         b.add_row(domain, c.source, measures, reasoning, reasons)
 
 
@@ -309,6 +312,7 @@ def compute_stats(url: str) -> DatasetStats:
         }
     if ds.kind == "run":
         out["finish_reasons"] = dict(b.all.finish.most_common())
+        out["stopped"] = dict(b.stopped.most_common())
         if ds.is_run:
             out["failures"] = _failures(ds)
             out["metrics"] = headline(run_metrics(ds))

@@ -108,11 +108,14 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
             src.add_row(f"... {len(sources) - 30} more", "", "")
         parts.append(src)
 
-    for key, title in (("finish_reasons", "finish reasons"),):
+    for key, title, unit in (
+        ("finish_reasons", "finish reasons", "turns"),
+        ("stopped", "conversations stopped early", "conversations"),
+    ):
         if stats.get(key):
             t = Table(title=title, title_justify="left")
             t.add_column("reason")
-            t.add_column("turns", justify="right")
+            t.add_column(unit, justify="right")
             for k, v in stats[key].items():
                 t.add_row(k, _n(v))
             parts.append(t)

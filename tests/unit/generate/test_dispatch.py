@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tests.unit.generate.fakes import FakeClient, endpoint, run_dispatch, user, write
 
+from draftdata.conversation import TurnPlan
 from draftdata.generate.client import ErrorClass
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.work import Job
@@ -31,7 +32,7 @@ def job(prefix: str | None = None, cost: int = 10) -> Job:
     return Job(
         p,
         [0],
-        [p.messages],
+        TurnPlan(p.messages),
         sampling=cfg().sampling,
         max_tokens=8,
         reasoning="server",
@@ -258,3 +259,30 @@ async def test_shared_prefixes_are_steered_to_one_endpoint_with_room(tmp_path: P
     assert all(len(urls) == 1 for urls in where.values()), where  # each prefix stayed put
     _, sink = await run_dispatch(cfg(prefix_steering=False), eps, prompts)
     assert len({c.endpoint for c in sink.completions}) == 3  # without it: spread by free slots
+
+
+def test_sample_k_sends_seed_plus_k() -> None:
+    """Multi-turn prompts are one job per sample, each with its own seed; a job for all samples
+    at once sends the seed itself; no seed stays no seed."""
+    from draftdata.generate.config import Sampling
+    from draftdata.generate.work import plan
+
+    multi = Prompt(
+        id="m",
+        messages=[Message(role="user", content="a"), Message(role="user", content="b")],
+    )
+    single = Prompt(id="s", messages=[Message(role="user", content="a")])
+    seeded = cfg(n=3, sampling=Sampling(seed=10))
+    jobs, _ = plan(multi, seeded, lambda _i, _s: False)
+    assert [(j.samples, j.request_sampling.seed) for j in jobs] == [
+        ([0], 10),
+        ([1], 11),
+        ([2], 12),
+    ]
+    (whole,), _ = plan(single, seeded, lambda _i, _s: False)
+    assert whole.request_sampling.seed == 10
+    assert [j.request_sampling.seed for j in whole.split()] == [10, 11, 12]
+    (rest,), _ = plan(single, seeded, lambda _i, s: s == 0)  # sample 0 already settled
+    assert rest.samples == [1, 2] and rest.request_sampling.seed == 11
+    (unseeded,), _ = plan(single, cfg(n=3), lambda _i, _s: False)
+    assert [j.request_sampling.seed for j in unseeded.split()] == [None, None, None]

@@ -202,3 +202,20 @@ def test_to_prompt_modes() -> None:
     assert to_prompt(msgs, "last_assistant") == msgs[:4]
     assert to_prompt(msgs, "regenerate") == [msgs[0], msgs[1], msgs[3]]
     assert to_prompt(msgs[:2], "last_assistant") == msgs[:2]
+
+
+def test_regenerate_keeps_the_calls_tool_results_answer() -> None:
+    """The original answers go, the structure stays: a tool-calling turn is kept as its calls
+    alone, so generate can check the target's own call against the one the result answers."""
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    msgs = [
+        Message(role="user", content="U"),
+        Message(role="assistant", content="Let me look.", reasoning_content="r", tool_calls=call),
+        Message(role="tool", content="T", tool_call_id="c1"),
+        Message(role="assistant", content="A"),
+    ]
+    assert to_prompt(msgs, "regenerate") == [
+        msgs[0],
+        Message(role="assistant", tool_calls=call),
+        msgs[2],
+    ]

@@ -147,3 +147,26 @@ def test_report_cli(tmp_path: Path) -> None:
     assert "a.jsonl" in both.read_text() and "c.jsonl" in both.read_text()
     bad = CliRunner().invoke(app, ["report", str(root), "--out", "s3://b/r.html"])
     assert bad.exit_code != 0 and isinstance(bad.exception, InputError)
+
+
+def test_conversations_stopped_early_are_counted(tmp_path: Path) -> None:
+    """Completions the stop rule ended early show up by reason in stats and the report."""
+    import msgspec
+
+    from draftdata.records import Message
+    from draftdata.stats.compute import compute_stats
+    from draftdata.store.run import Run
+
+    run = Run.open(str(tmp_path / "run"), settings={"model": "test"}, writer_id="w1")
+    with run:
+        for i, reason in enumerate(["length", "tool_mismatch", "length", None]):
+            c = b.completion(i, "math", finish="length" if reason == "length" else "stop")
+            two_turns = [*c.messages, Message(role="assistant", content="a"), *c.messages]
+            run.add_completion(msgspec.structs.replace(c, messages=two_turns, stop_reason=reason))
+        run.flush()
+    stats = compute_stats(str(tmp_path / "run"))
+    assert stats["stopped"] == {"length": 2, "tool_mismatch": 1}
+    assert collect([str(tmp_path / "run")]).stopped() == {"length": 2, "tool_mismatch": 1}
+    text = build_report(tmp_path / "run", out=tmp_path / "r.html").read_text()
+    assert "<th>conversation stopped early by</th>" in text
+    assert "<tr><td>length</td><td>2</td></tr>" in text

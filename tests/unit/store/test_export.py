@@ -156,3 +156,30 @@ def test_export_of_a_missing_run_fails_and_writes_nothing(tmp_path: Path) -> Non
     with pytest.raises(StoreError, match="not a draftdata run"):
         export_run(str(tmp_path / "nope"), "sharegpt", out)
     assert not out.exists()
+
+
+def test_a_run_with_completion_1_shards_exports_each_by_its_own_rule(tmp_path: Path) -> None:
+    """A run resumed across the format change holds completion/1 and completion/2 shards: each
+    row is rebuilt by the rule it was generated under."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from draftdata.formats import COMPLETION_SCHEMA, FORMAT_KEY, completion_row
+
+    two_users = [Message(role="user", content="u1"), Message(role="user", content="u2")]
+    url = str(tmp_path / "run")
+    with Run.open(url, settings={}) as run:
+        run.add_completion(Completion(id="new", messages=two_users, turns=[Turn(content="A")]))
+    old = Completion(id="old", messages=two_users, turns=[Turn(content="A")])
+    fields = [f for f in COMPLETION_SCHEMA if f.name not in ("stop_reason", "conversation_rule")]
+    schema = pa.schema(fields, metadata={FORMAT_KEY: b"completion/1"})
+    row = {k: v for k, v in completion_row(old).items() if k in schema.names}
+    pq.write_table(
+        pa.Table.from_pylist([row], schema=schema),
+        tmp_path / "run" / "completions" / "part-old-000000.parquet",
+    )
+    export_run(url, "openai", tmp_path / "o.jsonl")
+    rows = {r["id"]: r for r in map(json.loads, (tmp_path / "o.jsonl").read_text().splitlines())}
+    # the old engine sent [u1, u2] in one request; today's answers u1 first (and stopped there)
+    assert [m["content"] for m in rows["old"]["messages"]] == ["u1", "u2", "A"]
+    assert [m["content"] for m in rows["new"]["messages"]] == ["u1", "A"]
