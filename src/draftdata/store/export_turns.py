@@ -6,7 +6,7 @@ target never wrote. One row per generated turn, trained on its last turn only, a
 every template (``trainer_rows`` describes the formats):
 
 - ``specforge`` rows hold the messages the engine sent before the turn and the turn itself
-  (``conversation.TurnPlan.expand``, the one rule of what the target saw);
+  (``conversation.expand``, the one rule of what the target saw);
 - ``specforge-text`` and ``speculators`` rows come from tokenize's per-turn samples
   (``TokenizeContext(per_turn=True)``): the served token ids where the server returned them,
   else the rendering with the target's chat template, so their tokens and loss mask are exactly
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftdata.conversation import message_dict, plan_of
+from draftdata.conversation import expand, message_dict
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, JsonDict, sample_key
 from draftdata.store.trainer_rows import (
@@ -77,7 +77,7 @@ class TurnRows:
     def _specforge(self, c: Completion, stats: StageStats) -> list[JsonDict]:
         base = sample_key(c.id, c.sample)
         out = []
-        for tc in plan_of(c).expand(c.turns, keep_reasoning=self.keep_reasoning_history):
+        for tc in expand(c, keep_reasoning=self.keep_reasoning_history):
             if tc.turn.finish_reason == "length":
                 stats.add("export.cut_turns_skipped")
                 continue
@@ -114,7 +114,7 @@ class TurnRows:
         out: list[JsonDict] = []
         for c in batch:
             base = sample_key(c.id, c.sample)
-            for tc in plan_of(c).expand(c.turns, keep_reasoning=self.keep_reasoning_history):
+            for tc in expand(c, keep_reasoning=self.keep_reasoning_history):
                 rid = per_turn_id(base, tc.index, len(c.turns))
                 got = samples.get(rid)
                 if got is None:  # dropped by tokenize (counted above)
