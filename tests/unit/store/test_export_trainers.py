@@ -7,19 +7,27 @@ Qwen3 tokenizer where a format holds tokens.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.unit.test_conversation import prompts, turns_for
 from tests.unit.tokenize.helpers import WEATHER_TOOL, call, completion, context_upto, qwen3_dir
 
+from draftdata.conversation import TurnPlan, message_dict
 from draftdata.errors import ConfigError
+from draftdata.metrics import StageStats
 from draftdata.records import Completion, Turn
 from draftdata.stats.conversations import row_to_conversation
 from draftdata.store import Run
 from draftdata.store.export import FORMATS, export_run
+from draftdata.store.export_turns import TurnRows
+from draftdata.store.trainer_rows import clean_message
 from draftdata.tokenize.batch import TokenizeContext, tokenize_views
 from draftdata.tokenize.plan import view_from_record
 
@@ -221,3 +229,61 @@ def test_specforge_text_is_the_rendered_turn(tmp_path: Path) -> None:
 def test_token_formats_need_a_tokenizer(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--tokenizer"):
         export_run(_run(tmp_path, _records()), "speculators", tmp_path / "x.jsonl")
+
+
+@functools.cache
+def _turn_rows(fmt: str) -> TurnRows:
+    return TurnRows(fmt, tokenizer=str(QWEN3))
+
+
+@functools.cache
+def _chain_ctx() -> TokenizeContext:
+    return TokenizeContext(str(QWEN3))
+
+
+def _trained(ids: list[int], mask: list[int]) -> list[int]:
+    return [i for i, m in zip(ids, mask, strict=True) if m]
+
+
+@needs_qwen3
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), msgs=prompts())
+def test_per_turn_rows_train_what_tokenize_trains(data: st.DataObject, msgs: list[Any]) -> None:
+    """Random prompt shapes (system anywhere, consecutive and leading assistants, tool calls and
+    results, cut turns): the speculators rows of a completion train, turn after turn, exactly the
+    tokens of ``tokenize``'s own samples, and each specforge row is the context the target saw
+    followed by its turn."""
+    plan = TurnPlan(msgs)
+    drawn = data.draw(turns_for(len(plan)))
+    turns = drawn[: plan.usable_turns(drawn)]
+    c = Completion(id="c", messages=msgs, turns=turns)
+    stats = StageStats("t")
+    rows = _turn_rows("speculators").rows([c], stats)
+    table, _ = tokenize_views([view_from_record(c)], _chain_ctx())
+    ids_col, mask_col = table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()
+    chains = [_trained(ids, mask) for ids, mask in zip(ids_col, mask_col, strict=True)]
+    per_turn = [_trained(r["input_ids"], r["loss_mask"]) for r in rows]
+    assert [i for t in per_turn for i in t] == [i for t in chains for i in t]
+    sf = _turn_rows("specforge").rows([c], stats)
+    expanded = [tc for tc in plan.expand(turns) if tc.turn.finish_reason != "length"]
+    assert len(sf) == len(expanded)
+    for row, tc in zip(sf, expanded, strict=True):
+        want = [clean_message(message_dict(m)) for m in [*tc.context, tc.message]]
+        for m in want:
+            if "tool_calls" in m:
+                m["tool_calls"] = json.dumps(m["tool_calls"])
+        assert row["conversations"] == want
+
+
+def test_cli_export_per_turn_says_how_many_rows(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    run = _run(tmp_path, _records())
+    res = subprocess.run(
+        [sys.executable, "-c", "from draftdata.cli import main; main()", "export", run,
+         "--format", "specforge", "--out", str(tmp_path / "sf.jsonl")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "exported 3 completions as 5 rows" in res.stdout
