@@ -51,7 +51,8 @@ from draftdata.store.export import export_run
 from draftdata.tokenize.batch import TokenizeContext, tokenize_views
 from draftdata.tokenize.plan import view_from_record
 
-pytestmark = [pytest.mark.integration, pytest.mark.trainers]
+# The first test may wait for the environment's build (minutes on a fresh machine).
+pytestmark = [pytest.mark.integration, pytest.mark.trainers, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[3]
 VENV = Path(os.environ.get("DRAFTDATA_TRAINERS_VENV", ROOT / ".venv-trainers"))
