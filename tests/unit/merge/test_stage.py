@@ -437,3 +437,19 @@ def test_formats_refuse_the_other_kind_of_input(skewed: tuple[Path, Path], tmp_p
     src = write_jsonl(tmp_path / "in.jsonl", chat_rows({"code": 5}, prefix="c"))
     with pytest.raises(ConfigError, match="--format speculators"):
         merge(MergeConfig(existing=[str(src)], out=str(tmp_path / "b"), format="speculators"))
+
+
+def test_merge_specforge_rows_of_a_run_equal_exports(tmp_path: Path) -> None:
+    """Merging a run with --format specforge writes the rows export writes (one per turn, the
+    same history), whatever order the shuffle puts them in."""
+    from tests.unit.store.test_export_trainers import _records, _run
+
+    from draftdata.store.export import export_run
+
+    run = _run(tmp_path, _records())
+    export_run(run, "specforge", tmp_path / "sf.jsonl")
+    exported = [json.loads(x) for x in (tmp_path / "sf.jsonl").read_text().splitlines()]
+    merge(MergeConfig(existing=[run], out=str(tmp_path / "o"), format="specforge", eval_fraction=0))
+    merged = _jsonl(tmp_path / "o" / "specforge")
+    key = lambda r: r["id"]  # noqa: E731
+    assert sorted(merged, key=key) == sorted(exported, key=key)
