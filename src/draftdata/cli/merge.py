@@ -58,8 +58,9 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option(
             "parquet",
             "--format",
-            help="parquet, or sharegpt: parquet plus SpecForge-style conversations JSONL "
-            "(chat inputs only).",
+            help="parquet, or parquet plus a trainer's JSONL under FORMAT/: sharegpt, "
+            "specforge (one row per assistant turn), openai, modelopt, eagle (chat inputs), "
+            "speculators (tokenized inputs).",
         ),
         upsample: bool = typer.Option(
             False,

@@ -13,7 +13,9 @@ import msgspec
 
 from draftdata.errors import ConfigError
 
-FORMATS = ("parquet", "sharegpt")
+# parquet, plus the trainers' JSONL (merge/jsonl.py): chat formats for chat inputs, speculators
+# for tokenized ones
+FORMATS = ("parquet", "sharegpt", "specforge", "openai", "modelopt", "eagle", "speculators")
 # The pseudo-domain of a mix that pools every domain the mix does not name.
 OTHER = "other"
 

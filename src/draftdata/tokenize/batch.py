@@ -134,6 +134,7 @@ class TokenizeContext:
         verify: bool = True,
         keep_reasoning_history: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        per_turn: bool = False,
     ) -> None:
         self.tokenizer_path = tokenizer_path
         self.chat_template_source = chat_template
@@ -143,6 +144,7 @@ class TokenizeContext:
         self.keep_reasoning_history = keep_reasoning_history
         # the servers' default template kwargs; each completion's request kwargs win
         self.template_kwargs = dict(template_kwargs or {})
+        self.per_turn = per_turn  # one sample per generated turn (the trainer exports)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.backend = self.tokenizer.backend_tokenizer
         self.template = ChatTemplate.for_tokenizer(self.tokenizer, chat_template)
@@ -189,6 +191,7 @@ class TokenizeContext:
             "verify": self.verify,
             "keep_reasoning_history": self.keep_reasoning_history,
             "template_kwargs": self.template_kwargs,
+            "per_turn": self.per_turn,
         }
 
     def decode(self, ids: IdArray | list[int]) -> str:
@@ -452,7 +455,11 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
         if view.token_ids is not None:
             counters.add("path.token_ids")
             tokens = plan_token_ids(
-                view, eot_id=ctx.eot_id, suffix=ctx.suffix_ids, end_ids=ctx.end_ids
+                view,
+                eot_id=ctx.eot_id,
+                suffix=ctx.suffix_ids,
+                end_ids=ctx.end_ids,
+                per_turn=ctx.per_turn,
             )
             check = (
                 plan_rendered(
@@ -460,6 +467,7 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
                     ctx.template,
                     keep_reasoning_history=ctx.keep_reasoning_history,
                     breaks=frozenset(k for k, ok in enumerate(tokens.links) if not ok),
+                    per_turn=ctx.per_turn,
                 )
                 if ctx.verify
                 else None
@@ -470,7 +478,10 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
         else:
             counters.add("path.rendered")
             rendered = plan_rendered(
-                view, ctx.template, keep_reasoning_history=ctx.keep_reasoning_history
+                view,
+                ctx.template,
+                keep_reasoning_history=ctx.keep_reasoning_history,
+                per_turn=ctx.per_turn,
             )
             plans.append((view, rendered, None))
             to_encode.extend(rendered.rendered)

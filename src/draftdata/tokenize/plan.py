@@ -11,6 +11,11 @@ named after the chain's last turn: ``<id>#<turn>`` (``turn`` indexes the complet
 ``turns``). A completion that is one chain keeps its own id. Completions with ``sample`` > 0 are
 ``<id>#s<sample>``.
 
+With ``per_turn`` (the trainer exports: one row per generated turn, as SpecForge's
+last-turn-only training and speculators' regeneration rows expect) every usable turn is its own
+sample: its context ``P_k`` then its output ``A_k``, loss on ``A_k`` only, named ``<id>#<turn>``
+(a completion of one turn keeps its id).
+
 Two planners share that rule:
 
 - ``plan_rendered``: text and character spans of loss (``A_k`` of every turn in the chain,
@@ -120,6 +125,16 @@ def _sample_id(view: CompletionView, last_turn: int, n_chains: int) -> str:
     return view.base_id if n_chains == 1 else f"{view.base_id}#{last_turn}"
 
 
+def _group(
+    view: CompletionView, links: list[bool], usable: list[bool], per_turn: bool
+) -> tuple[list[list[int]], int]:
+    # (chains, the count that names them): per-turn chains are named by the completion's turns
+    if per_turn:
+        return [[k] for k, ok in enumerate(usable) if ok], len(view.turns)
+    chains = _chains(links, usable)
+    return chains, len(chains)
+
+
 def contexts(view: CompletionView, keep_reasoning_history: bool) -> list[list[JsonDict]] | None:
     """The message list the engine sent before each turn (``conversation.TurnPlan.expand``);
     None when the completion has more turns than the prompt has requests."""
@@ -138,8 +153,10 @@ def plan_rendered(
     *,
     keep_reasoning_history: bool = False,
     breaks: frozenset[int] = frozenset(),
+    per_turn: bool = False,
 ) -> Plan:
-    """Render every turn's context and output; group turns into chains (module docstring).
+    """Render every turn's context and output; group turns into chains (module docstring), or
+    with ``per_turn`` make each turn its own sample.
 
     ``breaks``: turns that must not chain into the next one (verification renders a token-id
     completion with the served ids' chain breaks, so both paths name the same samples).
@@ -186,7 +203,7 @@ def plan_rendered(
         for k in range(len(texts) - 1)
     ]
     plan.links = links
-    chains = _chains(links, usable)
+    chains, named = _group(view, links, usable, per_turn)
     plan.split = len(chains) > 1
     for chain in chains:
         last = chain[-1]
@@ -197,7 +214,7 @@ def plan_rendered(
         if cut[last]:
             text = text[: ends[last]]
         plan.rendered.append(
-            RenderedSample(id=_sample_id(view, last, len(chains)), text=text, spans=loss)
+            RenderedSample(id=_sample_id(view, last, named), text=text, spans=loss)
         )
     return plan
 
@@ -245,8 +262,10 @@ def plan_token_ids(
     eot_id: int | None = None,
     suffix: IdArray | None = None,
     end_ids: frozenset[int] = frozenset(),
+    per_turn: bool = False,
 ) -> Plan:
-    """Samples from the server's ids: chains by id prefix, loss on each chain turn's output.
+    """Samples from the server's ids: chains by id prefix, loss on each chain turn's output
+    (``per_turn``: one sample per turn, its prompt ids then its output ids).
 
     Loss is 1 only on served output tokens that stand where the target wrote them. A sample
     whose last output ends with ``eot_id`` gets ``suffix`` appended with loss 0 (the
@@ -268,7 +287,7 @@ def plan_token_ids(
     plan.links = links
     usable = [len(o) > 0 for _, o in pairs]
     plan.dropped.extend("empty_output" for ok in usable if not ok)
-    chains = _chains(links, usable)
+    chains, named = _group(view, links, usable, per_turn)
     plan.split = len(chains) > 1
     for chain in chains:
         last = chain[-1]
@@ -286,7 +305,7 @@ def plan_token_ids(
         if suffix is not None and len(suffix) and len(out) and int(out[-1]) == eot_id:
             ids = np.concatenate((ids, suffix.astype(np.int32, copy=False)))
             mask = np.concatenate((mask, np.zeros(len(suffix), dtype=np.int8)))
-        plan.tokens.append(TokenSample(id=_sample_id(view, last, len(chains)), ids=ids, mask=mask))
+        plan.tokens.append(TokenSample(id=_sample_id(view, last, named), ids=ids, mask=mask))
     return plan
 
 
