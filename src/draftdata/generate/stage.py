@@ -225,12 +225,25 @@ async def _generate(
             key = await asyncio.to_thread(rejects.write, run)
             if key is not None:
                 log(f"generate: {len(rejects.rows)} invalid prompt lines written to {key}")
+    summary.run = await asyncio.to_thread(_whole_run, run, log)
     if summary.interrupted:
         log(
             f"generate: interrupted with {summary.remaining} left; run the same command "
             "again to resume (committed work is skipped)"
         )
     return summary
+
+
+def _whole_run(run: Run, log: Log) -> Any:
+    """The whole run's figures (all segments, committed only), or None if unreadable now."""
+    from draftdata.errors import DraftdataError
+    from draftdata.stats.runfigures import run_figures
+
+    try:
+        return run_figures(run.store)
+    except DraftdataError as exc:
+        log(f"generate: could not count the whole run's figures: {exc}")
+        return None
 
 
 class Rejects:

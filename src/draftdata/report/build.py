@@ -147,14 +147,18 @@ def _finish_section(data: ReportData) -> page.Section:
     overall = data.finish_reasons()
     per = data.finish_by_domain()
     plot = plots.hbars(
-        "finish-reasons", title, overall, "assistant turns", "length = cut by max tokens"
+        "finish-reasons",
+        title,
+        overall,
+        "completions",
+        "per completion: length = a turn was cut by max tokens, else the last turn's reason",
     )
     reasons = list(overall)
     rows = []
     for d, counts in [("all", overall), *per.items()]:
-        turns = sum(counts.values())
-        rows.append([d, turns, *(f"{100 * counts.get(k, 0) / turns:.1f}%" for k in reasons)])
-    tables = [page.table(["domain", "turns", *reasons], rows)] if rows and reasons else []
+        n = sum(counts.values())
+        rows.append([d, n, *(f"{100 * counts.get(k, 0) / n:.1f}%" for k in reasons)])
+    tables = [page.table(["domain", "completions", *reasons], rows)] if rows and reasons else []
     return page.Section(title, [plot] if plot else [], "no completions", tables)
 
 
@@ -172,22 +176,61 @@ def _throughput_section(data: ReportData) -> page.Section:
     title = "Throughput over time per endpoint"
     if not data.runs:
         return page.Section(title, note="no generate run in the inputs")
+    gaps = data.runs[0].gaps() if len(data.runs) == 1 else []
     plot = plots.lines(
         "throughput",
         title,
         data.throughput(),
         "seconds since the run started",
         "output tokens/s",
-        "from the run's metrics snapshots (metrics/*.json)",
+        "from the run's metrics snapshots (metrics/*.json)"
+        + ("; shaded: gaps between the run's segments (not running)" if gaps else ""),
+        gaps=gaps,
     )
     note = "the run has no metrics snapshots with per-endpoint figures"
-    rows = []
+    tables = []
+    rows: list[list[Any]] = []
     for r in data.runs:
-        for url, e in ((r.metrics or {}).get("endpoints") or {}).items():
-            rows.append([url, e.get("completed", 0), e.get("output_tokens", 0), e.get("errors", 0)])
-    tables = (
-        [page.table(["endpoint", "completed", "output tokens", "errors"], rows)] if rows else []
-    )
+        f = r.figures
+        if f is None:  # no committed figures: the snapshots' own
+            for url, e in ((r.metrics or {}).get("endpoints") or {}).items():
+                rows.append([url, e.get("completed", 0), e.get("output_tokens", 0), ""])
+            continue
+        for e in f["endpoints"]:
+            rows.append([e["url"], e["completions"], e["output_tokens"], f"{e['share']:.1%}"])
+    if rows:
+        head = ["endpoint", "committed completions", "committed output tokens", "share"]
+        tables.append(page.table(head, rows))
+    wasted = [r.figures["wasted"] for r in data.runs if r.figures]
+    if wasted:
+        w = {k: sum(int(x[k]) for x in wasted) for k in ("output_tokens", "hedges", "hedges_won")}
+        errors: dict[str, int] = {}
+        for x in wasted:
+            for k, v in x["errors"].items():
+                errors[k] = errors.get(k, 0) + int(v)
+        retries = sum(int(x["retries"]) for x in wasted)
+        tables.append(
+            page.table(
+                ["wasted work (not committed)", "count"],
+                [
+                    ["output tokens returned but not committed", w["output_tokens"]],
+                    ["hedge copies lost", w["hedges"] - w["hedges_won"]],
+                    ["retried attempts", retries],
+                    *[[f"failed requests: {k}", v] for k, v in sorted(errors.items())],
+                ],
+            )
+        )
+    if any(len(r.figures["segments"]) > 1 for r in data.runs if r.figures):
+        seg_rows = []
+        for r in data.runs:
+            segs = (r.figures or {}).get("segments") or []
+            origin = min((float(s["start"]) for s in segs), default=0.0)
+            for s in segs:
+                a, b = float(s["start"]) - origin, float(s["end"]) - origin
+                seg_rows.append([r.url, s["writer"], f"{a:,.1f}", f"{b:,.1f}", f"{b - a:,.1f}"])
+        tables.append(
+            page.table(["run", "segment (writer)", "from s", "to s", "seconds"], seg_rows)
+        )
     return page.Section(title, [plot] if plot else [], note, tables)
 
 

@@ -35,6 +35,21 @@ class RunPart:
     throughput: dict[str, list[tuple[float, float]]]
     total: int | None = None
 
+    @property
+    def figures(self) -> dict[str, Any] | None:
+        """The whole run's committed figures (``stats.runfigures``), when readable."""
+        run = self.stats.get("run")
+        return run if isinstance(run, dict) else None
+
+    def gaps(self) -> list[tuple[float, float]]:
+        """The gaps between the run's segments, in seconds since its first segment started
+        (the throughput chart's time axis)."""
+        f = self.figures
+        if not f or not f["segments"]:
+            return []
+        origin = min(float(s["start"]) for s in f["segments"])
+        return [(float(a) - origin, float(b) - origin) for a, b in f["gaps"]]
+
 
 @dataclass
 class MergedPart:
@@ -71,7 +86,9 @@ class ReportData:
         """prompts, completions, failures, output tokens, wall time, tokens/s (runs summed);
         rows of merged sets and datasets. Keys absent when the inputs do not say."""
         out: dict[str, Any] = {}
-        if self.runs:
+        if self.runs and all(r.figures for r in self.runs):
+            out.update(self._run_headline())
+        elif self.runs:
             completions = sum(r.stats.rows for r in self.runs)
             failures = sum(int((r.stats.get("failures") or {}).get("total", 0)) for r in self.runs)
             tokens = 0
@@ -116,15 +133,38 @@ class ReportData:
             out["rows"] = out.get("rows", 0) + s.rows
         return out
 
+    def _run_headline(self) -> dict[str, Any]:
+        """The runs' committed figures over all their segments (``stats.runfigures``)."""
+        figs = [r.figures or {} for r in self.runs]
+        tokens = sum(int(f["output_tokens"]) for f in figs)
+        active = sum(float(f["active_s"]) for f in figs)
+        out: dict[str, Any] = {
+            "prompts": sum(int(f["prompts"]) for f in figs),
+            "completions": sum(int(f["completions"]) for f in figs),
+            "failures": sum(int(f["failures"]) for f in figs),
+            "output_tokens": tokens,
+        }
+        if active > 0:
+            out["wall_s"] = round(active, 1)
+            out["output_tokens_per_s"] = round(tokens / active, 1)
+        segments = sum(len(f["segments"]) for f in figs)
+        if segments > 1:
+            out["segments"] = segments
+        out["wasted_output_tokens"] = sum(int(f["wasted"]["output_tokens"]) for f in figs)
+        urls = {e["url"] for f in figs for e in f["endpoints"]}
+        if urls:
+            out["endpoints"] = len(urls)
+        return out
+
     def finish_reasons(self) -> dict[str, int]:
-        """Finish reasons of every run's turns, summed."""
+        """Finish reasons of every run's completions, summed."""
         c: Counter[str] = Counter()
         for r in self.runs:
             c.update(r.stats.get("finish_reasons") or {})
         return dict(c.most_common())
 
     def finish_by_domain(self) -> dict[str, dict[str, int]]:
-        """Finish reasons of every run's turns per domain, summed: {domain: {reason: turns}}."""
+        """Finish reasons of every run's completions per domain: {domain: {reason: count}}."""
         out: dict[str, Counter[str]] = {}
         for r in self.runs:
             for d, v in r.stats["domains"].items():
