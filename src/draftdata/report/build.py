@@ -46,6 +46,17 @@ def _mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
         if not r:
             continue
         series: dict[str, dict[str, float]] = {}
+        for url, st in data.compare:  # e.g. step 0's stats of the live set (before.json)
+            if st.kind != "run":
+                series[f"{_name(url)} ({st.kind})"] = st.domain_shares()
+        for role, label in (("existing", "existing set"), ("add", "added")):
+            ins = [i for i in r.get("inputs") or [] if i.get("role") == role]
+            counts: dict[str, float] = {}
+            for i in ins:
+                for d, n in (i.get("by_domain") or {}).items():
+                    counts[d] = counts.get(d, 0) + n
+            if counts:
+                series[f"{label} (merge input)"] = _shares(counts)
         if isinstance(r.get("before"), dict):
             series["before (merge inputs)"] = _shares(r["before"])
         if isinstance(r.get("target"), dict):

@@ -4,7 +4,9 @@
 streams it) and returns a ``ReportData`` holding only small summaries, so the report's memory
 does not grow with the data. The first input is the subject of the report; further inputs are
 compared with it (their domain mix is shown next to its, and when no merge report is found they
-stand for the "before" side of the mix).
+stand for the "before" side of the mix). A compared run or merge output joins the page as a
+part (its throughput, failures and merge report are shown, whichever order the inputs come in),
+and a saved ``draftdata stats --json`` output is compared as the dataset it measured.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from draftdata.errors import DraftdataError, InputError
 from draftdata.report.find import Parts, find_parts
 from draftdata.stats import DatasetStats, compute_stats
-from draftdata.stats.compute import run_metrics
+from draftdata.stats.compute import STATS_FORMAT, run_metrics
 from draftdata.stats.readers import MERGE_REPORT, read_json_object
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
 from draftdata.store.store import open_store
@@ -231,8 +233,60 @@ def collect(inputs: list[str]) -> ReportData:
     data.prompts = [(u, compute_stats(u)) for u in main.prompts]
     data.datasets = [(u, compute_stats(u)) for u in main.datasets]
     for other in inputs[1:]:
+        saved = stats_json(other)
+        if saved is not None:
+            data.compare += [(f"{other} ({s['dataset']})", s) for s in saved]
+            continue
         parts = find_parts(other)
         data.parts.append(parts)
-        urls = parts.merged or parts.datasets or parts.tokenized or parts.prompts or parts.runs
+        # a run or merge output named with --compare is part of the story: its throughput,
+        # failures and merge report (existing set, target, result) join the page
+        known = {r.url for r in data.runs} | {m.url for m in data.merged}
+        data.runs += [_run(u) for u in parts.runs if u not in known]
+        data.merged += [_merged(u) for u in parts.merged if u not in known]
+        if parts.runs or parts.merged:
+            continue
+        urls = parts.datasets or parts.tokenized or parts.prompts
         data.compare += [(u, compute_stats(u)) for u in urls]
+    for url, st in [(r.url, r.stats) for r in data.runs] + data.datasets + data.compare:
+        _check_readable(url, st)
     return data
+
+
+def stats_json(url: str) -> list[DatasetStats] | None:
+    """The datasets of a saved ``draftdata stats --json`` output (one object or a list), or
+    None when ``url`` is not one. A JSON file with another ``format`` is refused in one line."""
+    if not url.endswith(".json") or url.startswith("s3://"):
+        return None
+    import json
+    import os
+
+    path = os.path.expanduser(url)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{url}: not readable JSON ({exc})") from None
+    items = doc if isinstance(doc, list) else [doc]
+    if items and all(isinstance(d, dict) and d.get("format") == STATS_FORMAT for d in items):
+        return [DatasetStats(d) for d in items]
+    fmt = doc.get("format") if isinstance(doc, dict) else None
+    what = f"a {fmt} file" if isinstance(fmt, str) else "not a dataset"
+    raise InputError(
+        f"{url}: {what}; give a dataset, a run, a merge output or a `draftdata stats --json` "
+        f"output ({STATS_FORMAT})"
+    )
+
+
+def _check_readable(url: str, st: DatasetStats) -> None:
+    """Refuse an input of which nothing could be read (every row rejected), in one line."""
+    rejected = st["rejected"]
+    if st.rows == 0 and rejected["count"] > 0:
+        example = (rejected.get("examples") or [""])[0]
+        raise InputError(
+            f"{url}: no readable rows ({rejected['count']} rejected"
+            + (f", e.g. {example}" if example else "")
+            + "); give a dataset, a run, a merge output or a `draftdata stats --json` output"
+        )
