@@ -133,7 +133,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
         fails = ", ".join(f"{k} {v}" for k, v in sorted(run.failed.items())) or "none"
         out = [
             f"{head}: {run.completions} completions, {run.failures} failures ({fails}) "
-            f"in the whole run, into {self.out}",
+            f"in the whole run ({run.prompts} prompts; {run.when()}), into {self.out}",
             *run.lines()[1:],
             f"  this command: {self.completed} completions, {self.failures} failures in "
             f"{self.wall_s:.1f} s; already done before: {self.already_done}"

@@ -301,9 +301,13 @@ def build_report(
     target = str(out)
     if target.startswith("s3://"):
         raise InputError(f"{target}: --out is a local file (copy it to S3 afterwards)")
+    path = Path(target).expanduser()
+    if path.is_dir():
+        raise InputError(
+            f"--out {target}: is a folder; give a file name, e.g. --out {path / 'report.html'}"
+        )
     data = collect([str(i) for i in inputs])
     text = render_report(data, title)
-    path = Path(target).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

@@ -235,7 +235,9 @@ def collect(inputs: list[str]) -> ReportData:
     for other in inputs[1:]:
         saved = stats_json(other)
         if saved is not None:
-            data.compare += [(f"{other} ({s['dataset']})", s) for s in saved]
+            data.compare += [
+                (other if len(saved) == 1 else f"{other}#{i}", s) for i, s in enumerate(saved)
+            ]
             continue
         parts = find_parts(other)
         data.parts.append(parts)
@@ -273,10 +275,11 @@ def stats_json(url: str) -> list[DatasetStats] | None:
     if items and all(isinstance(d, dict) and d.get("format") == STATS_FORMAT for d in items):
         return [DatasetStats(d) for d in items]
     fmt = doc.get("format") if isinstance(doc, dict) else None
-    what = f"a {fmt} file" if isinstance(fmt, str) else "not a dataset"
+    if not isinstance(fmt, str):
+        return None  # e.g. a JSON array of conversations: read as a dataset
     raise InputError(
-        f"{url}: {what}; give a dataset, a run, a merge output or a `draftdata stats --json` "
-        f"output ({STATS_FORMAT})"
+        f"{url}: a {fmt} file, not a dataset; give a dataset, a run, a merge output or a "
+        f"`draftdata stats --json` output ({STATS_FORMAT})"
     )
 
 

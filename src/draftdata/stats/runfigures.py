@@ -129,19 +129,22 @@ class RunFigures(msgspec.Struct, kw_only=True):
         data["wasted"]["failed_requests"] = self.wasted.failed_requests
         return data
 
+    def when(self) -> str:
+        """``active S s`` plus, for several segments, how many and the span with the gaps."""
+        seg = len(self.segments)
+        return f"active {self.active_s:,.1f} s" + (
+            f" in {seg} segments ({self.span_s:,.1f} s with the gaps)" if seg > 1 else ""
+        )
+
     def lines(self) -> list[str]:
         """The figures as the CLI prints them (``stats`` and generate's end summary)."""
         fails = ", ".join(f"{k} {v}" for k, v in sorted(self.failed.items())) or "none"
         finish = ", ".join(f"{k} {v}" for k, v in sorted(self.finish_reasons.items())) or "-"
         rate = self.output_tokens_per_s
-        seg = len(self.segments)
-        when = f"active {self.active_s:,.1f} s" + (
-            f" in {seg} segments ({self.span_s:,.1f} s with the gaps)" if seg > 1 else ""
-        )
         w = self.wasted
         out = [
             f"whole run: {self.prompts:,} prompts, {self.completions:,} completions, "
-            f"{self.failures:,} failures ({fails}); {when}",
+            f"{self.failures:,} failures ({fails}); {self.when()}",
             f"  tokens: {self.prompt_tokens:,} prompt ({self.cached_tokens:,} cached), "
             f"{self.output_tokens:,} output"
             + (f" ({rate:,.0f} output tok/s over the active time)" if rate is not None else ""),
