@@ -63,6 +63,11 @@ def run_settings(config: GenerateConfig, prompts: Scan, model: str) -> dict[str,
 def endpoint_urls(config: GenerateConfig) -> tuple[list[str], list[int | None]]:
     """The endpoints' base URLs and the capacity fleet.yaml records for each (if any)."""
     if config.fleet is not None:
+        if not os.path.exists(config.fleet):
+            raise ConfigError(
+                f"--fleet {config.fleet}: {config.fleet} does not exist; start a fleet with "
+                "`draftdata fleet up` (it writes fleet.yaml) or give --endpoint URLs"
+            )
         spec = read_fleet(config.fleet)
         return [base_url(e.url) for e in spec.endpoints], [
             e.max_running_requests for e in spec.endpoints

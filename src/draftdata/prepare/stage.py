@@ -35,7 +35,7 @@ from draftdata.prepare.adapters import adapt, to_prompt
 from draftdata.prepare.config import PrepareConfig, SourceConfig, check
 from draftdata.prepare.dedup import Deduper, dedup_text
 from draftdata.prepare.domains import classify_domain
-from draftdata.prepare.load import iter_rows
+from draftdata.prepare.load import check_hub_reachable, iter_rows
 from draftdata.prepare.mix import Plan, Supply, plan_mix
 from draftdata.prepare.reference import load_exclusions, load_existing
 from draftdata.prepare.report import REPORT_FORMAT, encode_report, to_markdown
@@ -327,6 +327,7 @@ def prepare(
     read is an InputError naming it; bad rows are rejected and counted, never raised.
     """
     check(config)
+    check_hub_reachable(config.sources)
     stats = StageStats("prepare")
     out = Path(config.out)
     if not plan_only:

@@ -11,6 +11,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from draftdata import tables
+
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
@@ -155,4 +157,4 @@ def _run_lines(run: dict[str, Any]) -> list[str]:
 
 def print_stats(stats: dict[str, Any], console: Console | None = None) -> None:
     """Print the stats tables to the terminal (or ``console``)."""
-    (console or Console()).print(stats_renderable(stats))
+    (console or tables.console()).print(stats_renderable(stats))
