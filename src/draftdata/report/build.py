@@ -225,7 +225,8 @@ def _throughput_section(data: ReportData) -> page.Section:
                 ["wasted work (not committed)", "count"],
                 [
                     ["output tokens returned but not committed", w["output_tokens"]],
-                    ["hedge copies lost", w["hedges"] - w["hedges_won"]],
+                    ["hedged requests (one copy of each cancelled)", w["hedges"]],
+                    ["of which the hedge copy won", w["hedges_won"]],
                     ["retried attempts", retries],
                     *[[f"failed requests: {k}", v] for k, v in sorted(errors.items())],
                 ],

@@ -110,7 +110,7 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
             src.add_row(f"... {len(sources) - 30} more", "", "")
         parts.append(src)
 
-    for key, title in (("finish_reasons", "finish reasons"),):
+    for key, title in (("finish_reasons", "finish reasons per completion"),):
         if stats.get(key):
             t = Table(title=title, title_justify="left")
             t.add_column("reason")

@@ -18,8 +18,8 @@ an interrupt, retried attempts). ``run_figures(store)`` counts instead from what
   (from each segment's newest snapshot), hedged copies (and how many won), retried attempts and
   failed requests by class.
 
-It reads only small columns (on S3 only those column chunks), so it costs a second or so per
-hundred thousand completions; it never writes.
+It reads only small columns (on S3 only those column chunks): 1.1 s for 193,000 completions in
+97 local shards on the 2-core box. It never writes.
 """
 
 from __future__ import annotations
@@ -150,8 +150,8 @@ class RunFigures(msgspec.Struct, kw_only=True):
             + (f" ({rate:,.0f} output tok/s over the active time)" if rate is not None else ""),
             f"  finish reasons per completion: {finish}; cut by max tokens: {self.cut:,}",
             f"  wasted (not committed): {w.output_tokens:,} output tokens, "
-            f"{w.hedges - w.hedges_won if w.hedges else 0:,} hedge copies lost "
-            f"(of {w.hedges:,} hedged), {w.retries:,} retried attempts, "
+            f"{w.hedges:,} hedged requests (one copy of each cancelled; the hedge won "
+            f"{w.hedges_won:,}), {w.retries:,} retried attempts, "
             f"{w.failed_requests:,} failed requests"
             + (
                 " (" + ", ".join(f"{k} {v}" for k, v in sorted(w.errors.items())) + ")"
