@@ -225,13 +225,20 @@ def collect(inputs: list[str]) -> ReportData:
     """Find and read every input (the first is the subject; see the module docstring)."""
     if not inputs:
         raise InputError("report: give a run, a merged dataset or a demo output folder")
-    main = find_parts(inputs[0])
-    data = ReportData(inputs=list(inputs), parts=[main])
-    data.runs = [_run(u) for u in main.runs]
-    data.merged = [_merged(u) for u in main.merged]
-    data.tokenized = [(u, compute_stats(u)) for u in main.tokenized]
-    data.prompts = [(u, compute_stats(u)) for u in main.prompts]
-    data.datasets = [(u, compute_stats(u)) for u in main.datasets]
+    first = stats_json(inputs[0])
+    if first is not None:  # a saved `stats --json` as the subject: the datasets it measured
+        data = ReportData(inputs=list(inputs), parts=[Parts(root=inputs[0])])
+        data.datasets = [
+            (inputs[0] if len(first) == 1 else f"{inputs[0]}#{i}", s) for i, s in enumerate(first)
+        ]
+    else:
+        main = find_parts(inputs[0])
+        data = ReportData(inputs=list(inputs), parts=[main])
+        data.runs = [_run(u) for u in main.runs]
+        data.merged = [_merged(u) for u in main.merged]
+        data.tokenized = [(u, compute_stats(u)) for u in main.tokenized]
+        data.prompts = [(u, compute_stats(u)) for u in main.prompts]
+        data.datasets = [(u, compute_stats(u)) for u in main.datasets]
     for other in inputs[1:]:
         saved = stats_json(other)
         if saved is not None:

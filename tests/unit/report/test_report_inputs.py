@@ -52,6 +52,9 @@ def test_stats_json_is_a_valid_input_to_compare(tmp_path: Path) -> None:
         "after: eval",
     ]
     assert series["existing set (merge input)"]["code"] == pytest.approx(0.77)
+    # as the subject, too
+    alone = collect([str(saved)])
+    assert [u for u, _ in alone.datasets] == [str(saved)] and alone.headline()["rows"] > 0
     # several datasets saved by one `stats --json A B` come as a list
     saved.write_text(json.dumps([compute_stats(str(live)), compute_stats(str(live))]))
     assert len(collect([str(merged), str(saved)]).compare) == 2
