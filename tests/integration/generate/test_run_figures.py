@@ -137,6 +137,7 @@ def test_three_segments_figures_match_the_committed_shards(tmp_path: Path) -> No
     assert st["run"]["prompts"] == N
     assert st["run"]["active_s"] == run.active_s
     assert sum(st["finish_reasons"].values()) == run.completions
+    assert abs(st["metrics"]["wall_s"] - run.active_s) < 0.01  # the snapshots' headline too
     from rich.console import Console
 
     console = Console(width=200, record=True)
