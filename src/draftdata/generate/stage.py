@@ -230,7 +230,8 @@ async def _generate(
             key = await asyncio.to_thread(rejects.write, run)
             if key is not None:
                 log(f"generate: {len(rejects.rows)} invalid prompt lines written to {key}")
-    summary.run = await asyncio.to_thread(_whole_run, run, log)
+    if not config.partition:  # a partition (a Ray task) reports its own part; the driver sums
+        summary.run = await asyncio.to_thread(_whole_run, run, log)
     if summary.interrupted:
         log(
             f"generate: interrupted with {summary.remaining} left; run the same command "
