@@ -279,6 +279,7 @@ class Engine:
                     requests=e.requests,
                     completed=e.completed,
                     output_tokens=committed_tokens,
+                    generated_tokens=e.output_tokens,
                     share=round(self.tally.share(e.url), 4),
                     errors=dict(e.errors),
                     hedges_won=e.hedges_won,

@@ -43,8 +43,9 @@ class EndpointShare(msgspec.Struct, kw_only=True):
     concurrency: int = 0
     requests: int = 0
     completed: int = 0
-    output_tokens: int = 0
-    share: float = 0.0  # of the output tokens committed by this command (winning copies only)
+    output_tokens: int = 0  # committed by this command (winning copies only)
+    generated_tokens: int = 0  # every answer it returned, losing and uncommitted copies too
+    share: float = 0.0  # of the output tokens committed by this command
     errors: dict[str, int] = msgspec.field(default_factory=dict)
     hedges_won: int = 0
     downs: int = 0

@@ -258,7 +258,9 @@ def _wasted(snapshots: list[dict[str, Any]], segments: list[Segment], committed:
             if isinstance(v, int) and not isinstance(v, bool):
                 setattr(w, key, getattr(w, key) + v)
         for row in snapshot_endpoints(snap).values():
-            tokens = row.get("output_tokens")
+            # a summary row: generated_tokens (output_tokens is what it committed); a progress
+            # row: output_tokens is every answer returned
+            tokens = row.get("generated_tokens", row.get("output_tokens"))
             if isinstance(tokens, int) and not isinstance(tokens, bool):
                 generated += tokens
             errs = row.get("errors")

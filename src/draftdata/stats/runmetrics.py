@@ -160,7 +160,9 @@ def _samples(snap: dict[str, Any], x0: float) -> list[tuple[float, dict[str, flo
     elapsed = snapshot_elapsed(snap)
     rows = snapshot_endpoints(snap)
     if elapsed is not None and rows:
-        per = {u: _num(r.get("output_tokens")) for u, r in rows.items()}
+        # every answer the endpoint returned (a summary row's output_tokens is only the
+        # committed part), as the progress snapshots count it
+        per = {u: _num(r.get("generated_tokens", r.get("output_tokens"))) for u, r in rows.items()}
         tokens = {u: v for u, v in per.items() if v is not None}
         if tokens:
             out.append((x0 + elapsed, tokens))

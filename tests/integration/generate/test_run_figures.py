@@ -130,6 +130,9 @@ def test_three_segments_figures_match_the_committed_shards(tmp_path: Path) -> No
     assert last.wasted.retries == sum(s.retries for s in summaries)
     committed = sum(e.output_tokens for e in last.endpoints)
     assert committed == last.output_tokens
+    generated = sum(e.generated_tokens for s in summaries for e in s.endpoints)
+    assert generated >= committed
+    assert last.wasted.output_tokens == generated - committed
 
     # stats: the same figures, from the same shards
     st = compute_stats(str(out))
