@@ -203,7 +203,9 @@ def segments_of(snapshots: list[dict[str, Any]]) -> list[Segment]:
         start = t - (snapshot_elapsed(snap) or 0.0)
         mine = spans.setdefault(writer_of(snap), [])
         for s in mine:
-            if abs(s.start - start) < _SAME_START_S:
+            # the same process: the same start, or one inside its stretch (clock drift over a
+            # long run); a later command with the same --writer-id starts after it ended
+            if abs(s.start - start) < _SAME_START_S or s.start <= start < s.end:
                 s.start, s.end = min(s.start, start), max(s.end, t)
                 break
         else:
@@ -240,7 +242,9 @@ def _newest_per_segment(
         if t is not None:
             start = t - (snapshot_elapsed(snap) or 0.0)
             for i, s in enumerate(segments):
-                if s.writer == w and abs(s.start - start) < _SAME_START_S:
+                if s.writer == w and (
+                    abs(s.start - start) < _SAME_START_S or s.start <= start < s.end
+                ):
                     idx = i
                     break
         newest[(w, idx)] = snap  # key order is each writer's sequence
