@@ -178,3 +178,36 @@ def _no_columns() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+
+
+def test_hub_probe_answers_hangs_and_offline_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any HTTP answer is reachable; a server that never answers fails within the timeout;
+    HF_HUB_OFFLINE skips the probe (the local cache is used)."""
+    import http.server
+    import threading
+
+    from draftdata.errors import InputError
+    from draftdata.prepare.config import SourceConfig
+    from draftdata.prepare.load import check_hub_reachable
+
+    hub = [SourceConfig(name="m", schema="metamath", hub="meta-math/MetaMathQA")]
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:  # the stock handler answers HEAD with 501: an answer
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        check_hub_reachable(hub, timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as mute:  # listens, never answers
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{mute.getsockname()[1]}")
+        start = time.monotonic()
+        with pytest.raises(InputError, match="cannot be reached"):
+            check_hub_reachable(hub, timeout=0.5)
+        assert time.monotonic() - start < 2
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        check_hub_reachable(hub, timeout=0.5)  # skipped: no error

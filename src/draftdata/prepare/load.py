@@ -134,6 +134,7 @@ def check_hub_reachable(sources: list[SourceConfig], timeout: float = HUB_PROBE_
     downloaded. Skipped with ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` set (the local cache is
     then used)."""
     import os
+    import threading
     import urllib.error
     import urllib.request
 
@@ -143,12 +144,25 @@ def check_hub_reachable(sources: list[SourceConfig], timeout: float = HUB_PROBE_
     if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in _OFFLINE_VARS):
         return
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    try:
-        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout)
-    except urllib.error.HTTPError:
-        return  # it answered
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
+    # in a daemon thread: a name lookup has no timeout of its own and may hang offline
+    outcome: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            request = urllib.request.Request(endpoint, method="HEAD")
+            urllib.request.urlopen(request, timeout=timeout).close()
+            outcome.append(None)
+        except urllib.error.HTTPError:
+            outcome.append(None)  # it answered
+        except (OSError, ValueError) as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=probe, name="hub-probe", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    failure = outcome[0] if outcome else TimeoutError(f"no answer in {timeout:g} s")
+    if failure is not None:
+        reason = getattr(failure, "reason", None) or failure
         names = ", ".join(s.name for s in hub[:3]) + (" ..." if len(hub) > 3 else "")
         raise InputError(
             f"sources {names}: the Hugging Face hub ({endpoint}) cannot be reached ({reason}); "
