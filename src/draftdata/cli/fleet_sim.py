@@ -120,6 +120,10 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--flavor {flavor!r}: use sglang or vllm")
         if reasoning not in ("parsed", "inline", "off"):
             raise ConfigError(f"--reasoning {reasoning!r}: use parsed, inline or off")
+        if tokenizer is not None:
+            from draftdata.tokenize.template import check_tokenizer_folder
+
+            check_tokenizer_folder(str(tokenizer))
         faults = FaultConfig(
             error_500=fault_500,
             error_503=fault_503,

@@ -132,8 +132,9 @@ def summary_lines(summary: TokenizeSummary) -> list[str]:
 
 def print_summary(summary: TokenizeSummary) -> None:
     """Print the per-domain table and the summary lines."""
-    from rich.console import Console
     from rich.table import Table
+
+    from draftdata import tables
 
     table = Table(title="tokenized samples by domain")
     for name in ("domain", "samples", "tokens", "loss tokens", "loss %"):
@@ -147,7 +148,7 @@ def print_summary(summary: TokenizeSummary) -> None:
             f"{d.loss_tokens:,}",
             f"{share:.1f}",
         )
-    console = Console()
+    console = tables.console()
     console.print(table)
     for line in summary_lines(summary):
         console.print(line, markup=False, highlight=False)

@@ -266,10 +266,9 @@ class Engine:
 
     def _summary(self, wall: float) -> GenerateSummary:
         d = self.dispatcher
-        total_tokens = self.tally.output_tokens or 1
         shares = []
         for e in self.endpoints:
-            committed_tokens = e.output_tokens
+            committed_tokens = self.tally.endpoint_tokens[e.url]  # winning copies only
             shares.append(
                 EndpointShare(
                     url=e.url,
@@ -280,7 +279,8 @@ class Engine:
                     requests=e.requests,
                     completed=e.completed,
                     output_tokens=committed_tokens,
-                    share=round(min(1.0, committed_tokens / total_tokens), 4),
+                    generated_tokens=e.output_tokens,
+                    share=round(self.tally.share(e.url), 4),
                     errors=dict(e.errors),
                     hedges_won=e.hedges_won,
                     downs=e.downs,

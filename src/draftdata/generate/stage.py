@@ -66,6 +66,11 @@ def run_settings(config: GenerateConfig, prompts: Scan, model: str) -> dict[str,
 def endpoint_urls(config: GenerateConfig) -> tuple[list[str], list[int | None]]:
     """The endpoints' base URLs and the capacity fleet.yaml records for each (if any)."""
     if config.fleet is not None:
+        if not os.path.exists(config.fleet):
+            raise ConfigError(
+                f"--fleet {config.fleet}: {config.fleet} does not exist; start a fleet with "
+                "`draftdata fleet up` (it writes fleet.yaml) or give --endpoint URLs"
+            )
         spec = read_fleet(config.fleet)
         return [base_url(e.url) for e in spec.endpoints], [
             e.max_running_requests for e in spec.endpoints
@@ -236,12 +241,26 @@ async def _generate(
             key = await asyncio.to_thread(rejects.write, run)
             if key is not None:
                 log(f"generate: {len(rejects.rows)} invalid prompt lines written to {key}")
+    if not config.partition:  # a partition (a Ray task) reports its own part; the driver sums
+        summary.run = await asyncio.to_thread(_whole_run, run, log)
     if summary.interrupted:
         log(
             f"generate: interrupted with {summary.remaining} left; run the same command "
             "again to resume (committed work is skipped)"
         )
     return summary
+
+
+def _whole_run(run: Run, log: Log) -> Any:
+    """The whole run's figures (all segments, committed only), or None if unreadable now."""
+    from draftdata.errors import DraftdataError
+    from draftdata.stats.runfigures import run_figures
+
+    try:
+        return run_figures(run.store)
+    except DraftdataError as exc:
+        log(f"generate: could not count the whole run's figures: {exc}")
+        return None
 
 
 class Rejects:

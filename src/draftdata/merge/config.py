@@ -92,6 +92,15 @@ def parse_mix(text: str | None) -> dict[str, float]:
     return mix
 
 
+def mix_warning(mix: dict[str, float]) -> str | None:
+    """A one-line warning when the ``--mix`` shares do not sum to 1 (they are normalised)."""
+    total = sum(mix.values())
+    if not mix or abs(total - 1.0) <= 1e-6:
+        return None
+    shares = ",".join(f"{k}={v / total:.3g}" for k, v in sorted(mix.items()))
+    return f"warning: --mix shares sum to {total:g}, not 1; normalised to {shares}"
+
+
 def normalised_mix(mix: dict[str, float]) -> dict[str, float]:
     """The mix scaled to sum 1 (rounded to 12 digits), zero shares removed, keys sorted."""
     total = sum(mix.values())

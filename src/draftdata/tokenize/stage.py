@@ -289,6 +289,8 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     """The checks every tokenize driver makes first (config, --out, inputs, previous summary)."""
     config.validate()
     check_out(config)
+    if "://" not in config.run and not os.path.exists(config.run):
+        raise InputError(f"tokenize: {config.run} does not exist; give a run (generate's --out)")
     run = open_store(config.run)
     keys = shard_keys(run, COMPLETIONS_PREFIX)
     if not keys:
