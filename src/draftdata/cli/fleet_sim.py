@@ -105,6 +105,15 @@ def register(app: typer.Typer) -> None:
         restart_after: float | None = typer.Option(
             None, "--restart-after", help="A crashed server comes back after SECONDS."
         ),
+        refuse: list[str] = typer.Option(
+            [],
+            "--refuse",
+            help="I:STATUS: server I answers every chat request with HTTP STATUS (e.g. 401, "
+            "404, 501) while /health and /v1/models stay fine (repeatable).",
+        ),
+        refuse_after: int = typer.Option(
+            0, "--refuse-after", help="Refusing servers answer their first N chat requests."
+        ),
         starting_seconds: float = typer.Option(
             0.5, "--starting-seconds", help="/health 503 this long after a restart."
         ),
@@ -134,6 +143,8 @@ def register(app: typer.Typer) -> None:
             crash_after={i: int(n) for i, n in _pairs(crash_after, "--crash-after", int).items()},
             restart_after=restart_after,
             starting_s=starting_seconds,
+            refuse={i: int(c) for i, c in _pairs(refuse, "--refuse", int).items()},
+            refuse_after=refuse_after,
         )
         config = validate(
             SimConfig(

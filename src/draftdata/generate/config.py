@@ -106,6 +106,8 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     allow_config_change: bool = False
     flush_records: int = 256
     flush_seconds: float = 5.0
+    max_uncommitted: int = 4096  # dispatch pauses while more records wait for the store
+    store_retry_max: float = 30.0  # cap of the backoff between flush retries in an outage
     # retries and timeouts
     max_attempts: int = 6
     backoff_base: float = 0.5
@@ -114,6 +116,7 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     read_timeout: float = 3600.0
     breaker_failures: int = 5
     probe_interval: float = 2.0
+    unavailable_timeout: float = 300.0  # stop when no endpoint can serve for this long
     load_interval: float = 5.0
     # the tail
     hedge: bool = True
@@ -162,6 +165,9 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
         (cfg.breaker_failures >= 1, "breaker_failures: must be at least 1"),
         (cfg.log_interval > 0, "--log-interval: must be > 0"),
         (cfg.grace_seconds >= 0, "grace_seconds: must be >= 0"),
+        (cfg.max_uncommitted >= 1, "--max-uncommitted: must be at least 1"),
+        (cfg.store_retry_max > 0, "store_retry_max: must be > 0"),
+        (cfg.unavailable_timeout > 0, "--unavailable-timeout: must be > 0"),
     ]
     if cfg.partition is not None:
         from draftdata.distributed.partition import parse_partition

@@ -4,7 +4,20 @@
 it, a few small loops: the committer (``Run.flush`` in a worker thread whenever it is due), the
 load watcher (the server's running/waiting every ``load_interval`` s feeds each endpoint's
 concurrency controller), the reviver (a taken-out endpoint is probed every ``probe_interval`` s
-and re-admitted when healthy), the progress display or log line, and the metrics snapshots.
+and re-admitted when healthy; a refusing one gets a trial after a growing wait), the watch
+(below), the progress display or log line, and the metrics snapshots.
+
+Faults that stop or pause the run, each said in one log line per change of state:
+
+- **Store outage.** A flush that fails with a StoreError keeps its records and is retried with
+  a capped exponential backoff (``store_retry_max``); while more than ``max_uncommitted``
+  records wait, dispatch is paused; when the store accepts writes again, dispatch resumes.
+  Nothing is dropped: at the end the engine waits for the store before closing the run.
+- **No endpoint can serve.** When no endpoint is serving for ``unavailable_timeout`` s (or at
+  once, when every endpoint refuses chat requests and none has answered), the run stops with one
+  line per endpoint saying why and raises FleetUnavailableError; the same command resumes.
+- **A bug in the commit path.** Any other exception while committing stops the run at once
+  (RunAbortedError, one line; the same command resumes).
 
 Shutdown (``interrupt``): the first call stops dispatch and lets running requests finish for up
 to ``grace_seconds``; the second (or the end of the grace) cancels them. Either way whatever
@@ -25,7 +38,12 @@ from typing import Any
 
 import aiohttp
 
-from draftdata.errors import StoreError
+from draftdata.errors import (
+    DraftdataError,
+    FleetUnavailableError,
+    RunAbortedError,
+    StoreError,
+)
 from draftdata.fleet.probe import probe_capacity
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
@@ -110,6 +128,9 @@ class Engine:
         self.progress = Progress(endpoints, self._counters, total=total, clock=clock)
         self._stop_loops = asyncio.Event()
         self._grace_task: asyncio.Task[None] | None = None
+        self.fatal: DraftdataError | None = None  # what stopped the run (raised by ``run``)
+        self.store_down_since: float | None = None  # the store refuses writes since then
+        self.peak_uncommitted = 0
 
     def _counters(self) -> tuple[int, int, int, int]:
         t = self.tally
@@ -147,17 +168,123 @@ class Engine:
     # -- the loops ----------------------------------------------------------------------------
 
     async def _commit_loop(self) -> None:
-        while not self._stop_loops.is_set():
-            if self.run_.flush_due():
-                await self._flush()
+        delay = 0.0
+        next_try = 0.0
+        while not self._stop_loops.is_set() and self.fatal is None:
+            now = self.clock()
+            retry = self.store_down_since is not None and self.run_.buffered > 0
+            if now >= next_try and (retry or self.run_.flush_due()):
+                if await self._flush():
+                    delay = 0.0
+                    next_try = 0.0
+                else:  # capped exponential backoff, jittered by the dispatcher's generator
+                    delay = min(self.cfg.store_retry_max, max(1.0, delay * 2))
+                    next_try = self.clock() + delay * (0.75 + 0.5 * self.dispatcher.rng.random())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_loops.wait(), 0.1)
 
-    async def _flush(self) -> None:
+    async def _flush(self) -> bool:
+        """One flush; False when the store refused (its records are kept for the next)."""
+        waiting = self.run_.buffered
         try:
             await asyncio.to_thread(self.run_.flush)
-        except StoreError as exc:  # kept and retried by the next flush
-            self.log(f"generate: store write failed, will retry: {exc}")
+        except StoreError as exc:
+            if self.store_down_since is None:
+                self.store_down_since = self.clock()
+                self.log(
+                    f"generate: the store does not accept writes ({exc}); {waiting} records "
+                    f"wait, retried with backoff up to {self.cfg.store_retry_max:g} s"
+                )
+            return False
+        except Exception as exc:  # a bug, not an outage: stop now, keep what is committed
+            self._abort(
+                RunAbortedError(
+                    f"generate: committing to {self.cfg.out} failed: {type(exc).__name__}: "
+                    f"{exc}; stopped (committed work is kept; run the same command to resume)"
+                ),
+                exc,
+            )
+            return False
+        if self.store_down_since is not None:
+            down = self.clock() - self.store_down_since
+            self.store_down_since = None
+            self.log(
+                f"generate: the store accepts writes again after {down:.0f} s; "
+                f"{waiting} waiting records committed"
+            )
+        return True
+
+    def _abort(self, error: DraftdataError, cause: BaseException | None = None) -> None:
+        """Stop the run at once; ``run`` raises ``error`` after committing what it can."""
+        if self.fatal is not None:
+            return
+        if cause is not None:
+            error.__cause__ = cause
+        self.fatal = error
+        self.dispatcher.abort()
+
+    # -- the watch: pause on a full buffer, stop when no endpoint can serve --------------------
+
+    async def _watch_loop(self) -> None:
+        unserved_since: float | None = None
+        while not self._stop_loops.is_set() and self.fatal is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_loops.wait(), 0.25)
+            self._check_buffer()
+            for e in self.endpoints:
+                if e.recovered:
+                    e.recovered = False
+                    self.log(f"endpoint {e.url} answers chat requests again")
+            if self.dispatcher.stopping:
+                continue
+            now = self.clock()
+            if any(e.serving for e in self.endpoints):
+                unserved_since = None
+                continue
+            if all(e.refusal is not None for e in self.endpoints) and not any(
+                e.served for e in self.endpoints
+            ):
+                each = ", ".join(f"{e.url} ({e.refusal})" for e in self.endpoints)
+                self._abort(
+                    FleetUnavailableError(
+                        f"generate: every endpoint refuses chat requests: {each}; check the "
+                        "API key (--api-key-env), --model and the URLs, then run the same command"
+                    )
+                )
+                return
+            if unserved_since is None:
+                unserved_since = now
+            elif now - unserved_since >= self.cfg.unavailable_timeout:
+                for e in self.endpoints:
+                    why = e.fault or ("on trial, no answer yet" if e.state == "up" else e.state)
+                    self.log(f"endpoint {e.url}: out of service: {why}")
+                self._abort(
+                    FleetUnavailableError(
+                        f"generate: no endpoint could serve for {now - unserved_since:.0f} s "
+                        f"(--unavailable-timeout {self.cfg.unavailable_timeout:g}); stopped. "
+                        "Committed work is kept: fix the endpoints and run the same command "
+                        "to resume"
+                    )
+                )
+                return
+
+    def _check_buffer(self) -> None:
+        """Pause dispatch while more than ``max_uncommitted`` records wait for the store."""
+        waiting = self.run_.buffered
+        self.peak_uncommitted = max(self.peak_uncommitted, waiting)
+        over = waiting > self.cfg.max_uncommitted
+        d = self.dispatcher
+        if over == d.paused:
+            return
+        d.paused = over
+        if over:
+            self.log(
+                f"generate: dispatch paused: {waiting} records wait for the store "
+                f"(more than --max-uncommitted {self.cfg.max_uncommitted})"
+            )
+        else:
+            self.log(f"generate: dispatch resumed ({waiting} records uncommitted)")
+        d.wake.set()
 
     async def _load_loop(self) -> None:
         shown = {e: e.limit for e in self.endpoints}
@@ -182,13 +309,17 @@ class Engine:
     async def _revive(self, ep: Endpoint) -> None:
         while not self.dispatcher.stopping:
             await asyncio.sleep(self.cfg.probe_interval)
+            if ep.refusal is not None and self.clock() < ep.retry_refused_at:
+                continue  # a refusing endpoint passes /health: wait for its trial
             if not await check_alive(self.session, ep.url, self._probe_timeout):
                 continue
             cap = await probe_capacity(self.session, ep.url, timeout=self._probe_timeout)
             if cap is not None:
                 ep.set_capacity(cap)
+            trial = ep.refusal is not None
             ep.mark_up(half_open=ep.downs > 0)
-            self.log(f"endpoint {ep.url} is back; concurrency {ep.limit}")
+            if not trial:  # a trial is said only if it succeeds ("answers ... again")
+                self.log(f"endpoint {ep.url} is back; concurrency {ep.limit}")
             self.dispatcher.wake.set()
             return
 
@@ -224,6 +355,8 @@ class Engine:
                 display.stop()
 
     async def _write_metrics(self, data: dict[str, Any]) -> None:
+        if self.store_down_since is not None:
+            return  # said once already; the snapshot is not worth a retry
         try:
             await asyncio.to_thread(self.run_.write_metrics, data)
         except StoreError as exc:
@@ -241,9 +374,11 @@ class Engine:
             asyncio.create_task(self._commit_loop()),
             asyncio.create_task(self._load_loop()),
             asyncio.create_task(self._progress_loop()),
+            asyncio.create_task(self._watch_loop()),
         ]
         try:
             await self.dispatcher.run()
+            await self._drain()
         finally:
             self._stop_loops.set()
             if self._grace_task is not None:
@@ -251,7 +386,9 @@ class Engine:
             self.dispatcher.abort()
             await asyncio.gather(*self.dispatcher.tasks, return_exceptions=True)
             await asyncio.gather(*loops, return_exceptions=True)
-            await asyncio.to_thread(self.run_.close)
+            await self._close()
+        if self.fatal is not None:
+            raise self.fatal
         summary = self._summary(self.clock() - t0)
         await self._write_metrics(
             {
@@ -263,6 +400,42 @@ class Engine:
             }
         )
         return summary
+
+    async def _drain(self) -> None:
+        """Every prompt is settled but the store refuses writes: wait for it (the commit loop
+        retries) rather than end with uncommitted work; a second interrupt leaves."""
+        said = False
+        while (
+            self.store_down_since is not None
+            and self.run_.buffered
+            and self.fatal is None
+            and self._interrupts < 2
+        ):
+            if not said:
+                said = True
+                self.log(
+                    f"generate: waiting for the store to accept {self.run_.buffered} records "
+                    "(interrupt twice to leave; they are generated again on resume)"
+                )
+            await asyncio.sleep(0.2)
+
+    async def _close(self) -> None:
+        """Commit what is left and close the run."""
+        waiting = self.run_.buffered
+        try:
+            await asyncio.to_thread(self.run_.close)
+        except StoreError as exc:
+            if self.fatal is not None:
+                self.log(f"generate: could not commit {waiting} records: {exc}")
+                return
+            raise StoreError(
+                f"generate: the store refused the last {waiting} records ({exc}); they were not "
+                "committed and are generated again when you run the same command"
+            ) from exc
+        except Exception as exc:
+            if self.fatal is None:
+                raise
+            self.log(f"generate: could not commit {waiting} records: {type(exc).__name__}")
 
     def _summary(self, wall: float) -> GenerateSummary:
         d = self.dispatcher
@@ -303,6 +476,7 @@ class Engine:
             wall_s=round(wall, 3),
             interrupted=self.interrupted,
             remaining=max(0, total - settled) if total is not None else None,
+            peak_uncommitted=self.peak_uncommitted,
             endpoints=shares,
         )
 

@@ -305,6 +305,7 @@ def _endpoints(
         ep.set_capacity(cap, fleet_max)
         if cap is None:
             ep.state = "down"
+            ep.fault = "not reachable"
             log(f"endpoint {url}: not reachable now; probing every {config.probe_interval:g} s")
         else:
             ep.state = "up"

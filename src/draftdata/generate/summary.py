@@ -67,6 +67,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     wall_s: float = 0.0
     interrupted: bool = False
     remaining: int | None = None
+    peak_uncommitted: int = 0  # most records waiting for the store at once
     endpoints: list[EndpointShare] = msgspec.field(default_factory=list)
     domains: dict[str, DomainStats] = msgspec.field(default_factory=dict)
 
