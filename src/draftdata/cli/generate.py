@@ -87,7 +87,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--max-tokens",
             min=1,
-            help="Output token limit, reasoning included (default 4096).",
+            help="Output token limit, reasoning included (default: fill the endpoint's context, "
+            "i.e. its context length minus the prompt's tokens, per request).",
             rich_help_panel=PANEL_RUN,
         ),
         temperature: float | None = typer.Option(

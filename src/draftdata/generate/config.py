@@ -7,7 +7,7 @@ Example ``gen.yaml`` (every key optional; CLI flags win over the file)::
     out: s3://bucket/expansion_v1/
     protect: [s3://bucket/completions/]
     model: Qwen3.6-27B           # default: the id served at /v1/models
-    max_tokens: 8192
+    max_tokens: 8192             # default: fill each endpoint's context
     reasoning: on                # on | off | server
     sampling: {temperature: 0.6, top_p: 0.95, top_k: 20}
     overrides:                   # per source or domain; the first match wins
@@ -86,7 +86,7 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     fleet: str | None = None
     out: str = ""
     model: str | None = None
-    max_tokens: int = 4096
+    max_tokens: int | None = None  # None: fill the endpoint's context (generate/limits.py)
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     reasoning: Reasoning = "server"
     keep_reasoning_history: bool = False
@@ -128,7 +128,7 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     metrics_interval: float = 60.0
     grace_seconds: float = 60.0
 
-    def settings_for(self, source: str, domain: str) -> tuple[Sampling, int, Reasoning]:
+    def settings_for(self, source: str, domain: str) -> tuple[Sampling, int | None, Reasoning]:
         """Sampling, max tokens and reasoning mode for a prompt, after the first override that
         matches it."""
         for o in self.overrides:
@@ -151,7 +151,7 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
             "--endpoint or --fleet: give at least one server",
         ),
         (not (cfg.endpoints and cfg.fleet), "--endpoint and --fleet: give one or the other"),
-        (cfg.max_tokens >= 1, "--max-tokens: must be at least 1"),
+        (cfg.max_tokens is None or cfg.max_tokens >= 1, "--max-tokens: must be at least 1"),
         (cfg.n >= 1, "--n: must be at least 1"),
         (cfg.limit is None or cfg.limit >= 0, "--limit: must be >= 0"),
         (

@@ -43,6 +43,7 @@ from draftdata.errors import EndpointRefusedError
 from draftdata.generate.client import ErrorClass, RequestError, build_body
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
+from draftdata.generate.limits import OutputLimit
 from draftdata.generate.parse import next_history
 from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
@@ -265,9 +266,9 @@ class Dispatcher:
             if job.hedged or job.done or len(job.copies) != 1:
                 continue
             first = job.copies[0]
-            age = now - first.started
+            age = now - first.sent  # of the request running now, not of the conversation
             if age < min_age:
-                break  # the rest started later still
+                continue
             free = [
                 e for e in self.endpoints if e.accepting and e.free > 0 and e is not first.endpoint
             ]
@@ -340,21 +341,22 @@ class Dispatcher:
             raise RequestError(ErrorClass.invalid_request, "the prompt has no turn to answer")
         turns, history = list(job.turns), list(job.history)
         body: dict[str, Any] = {}
+        limit = OutputLimit(job.max_tokens, ep, job.prompt.tools)  # per request (limits.py)
         for t in range(len(turns), len(job.slices)):
             messages = [*history, *job.slices[t]]
             body = build_body(
                 messages,
                 tools=job.prompt.tools,
                 model=self.cfg.model or ep.model or self.model,
-                max_tokens=job.max_tokens,
+                max_tokens=limit.limit(messages),
                 sampling=job.sampling,
                 reasoning=job.reasoning,
                 n=len(job.samples),
                 token_ids=self.cfg.token_ids != "off",
                 extra_body=self.cfg.extra_body,
             )
-            sent = self.clock()
-            got = await ep.client.chat(body)
+            sent = copy.sent = self.clock()
+            got, body = await limit.send(body)
             self.requests_ok += 1
             ep.record_success(
                 got[0].usage.completion_tokens
@@ -364,10 +366,12 @@ class Dispatcher:
                 latency=self.clock() - sent,
                 seqs=len(got),
             )
+            limit.answered(messages, got[0])
             if not job.multi_turn:
                 return [[x] for x in got], body
             turns.append(got[0])
             history = next_history(messages, got[0], keep_reasoning=self.cfg.keep_reasoning_history)
+            limit.carried(len(history))
             if job.copies == [copy]:  # the only copy: checkpoint for a retry
                 job.turns, job.history = list(turns), history
         return [turns], body

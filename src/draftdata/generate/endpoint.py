@@ -85,6 +85,8 @@ class Endpoint:
         self.state: State = "starting"
         self.capacity: Capacity | None = None
         self.model: str | None = None
+        self.context_length: int | None = None  # tokens (server report, else the fleet file)
+        self.tokens_per_byte: float | None = None  # largest prompt tokens per byte seen here
         self.server_n: bool = True  # False once a request with n > 1 got fewer choices back
         self.inflight = 0  # sequences running here
         self.outstanding_tokens = 0
@@ -218,11 +220,17 @@ class Endpoint:
 
     # -- concurrency --------------------------------------------------------------------------
 
-    def set_capacity(self, cap: Capacity | None, fleet_max: int | None = None) -> None:
-        """Take the server's reported capacity; with ``auto`` it sets the starting limit."""
+    def set_capacity(
+        self, cap: Capacity | None, fleet_max: int | None = None, fleet_context: int | None = None
+    ) -> None:
+        """Take the server's reported capacity and context length (else the fleet file's);
+        with ``auto`` it sets the starting limit."""
         self.capacity = cap
         if cap is not None and cap.model:
             self.model = cap.model
+        context = (cap.context_length if cap is not None else None) or fleet_context
+        if context:
+            self.context_length = context
         if not self.auto:
             return
         known = (cap.max_running if cap is not None else None) or fleet_max

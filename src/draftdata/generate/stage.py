@@ -34,6 +34,7 @@ from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.endpoint import Endpoint, queue_target
 from draftdata.generate.engine import Engine, Log, probe_session, run_engine, stderr_log
+from draftdata.generate.limits import FALLBACK_MAX_TOKENS
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
 from draftdata.store.protect import check_not_protected
@@ -49,7 +50,7 @@ def run_settings(config: GenerateConfig, prompts: Scan, model: str) -> dict[str,
         "stage": "generate",
         "prompts": {"sha256": prompts.sha256, "lines": prompts.prompts, "bytes": prompts.bytes},
         "model": model,
-        "max_tokens": config.max_tokens,
+        "max_tokens": config.max_tokens if config.max_tokens is not None else "auto",
         "sampling": msgspec.to_builtins(config.sampling),
         "reasoning": config.reasoning,
         "chat_template_kwargs": kwargs,
@@ -73,6 +74,13 @@ def endpoint_urls(config: GenerateConfig) -> tuple[list[str], list[int | None]]:
         raise ConfigError(f"--endpoint {bad[0]}: give a URL such as http://127.0.0.1:30000")
     unique = list(dict.fromkeys(urls))
     return unique, [None] * len(unique)
+
+
+def fleet_contexts(config: GenerateConfig, n: int) -> list[int | None]:
+    """The context length fleet.yaml records for each endpoint (None where it has none)."""
+    if config.fleet is None:
+        return [None] * n
+    return [e.context_length for e in read_fleet(config.fleet).endpoints]
 
 
 def api_key(config: GenerateConfig) -> str | None:
@@ -110,6 +118,7 @@ def generate(
     check_not_protected(config.out, config.protect, describe=True)
     files = prompt_files(config.prompts)
     urls, fleet_caps = endpoint_urls(config)
+    contexts = fleet_contexts(config, len(urls))
     key = api_key(config)
     if live is None:
         import sys
@@ -128,6 +137,7 @@ def generate(
             fleet_caps,
             key,
             emit,
+            contexts=contexts,
             live=live,
             signals=handle_signals,
             on_engine=on_engine,
@@ -143,6 +153,7 @@ async def _generate(
     key: str | None,
     log: Log,
     *,
+    contexts: list[int | None],
     live: bool,
     signals: bool,
     on_engine: Callable[[Engine], None] | None,
@@ -171,7 +182,7 @@ async def _generate(
             writer_id=config.writer_id,
         )
         await warm
-        endpoints = _endpoints(config, urls, caps, fleet_caps, key, log)
+        endpoints = _endpoints(config, urls, caps, fleet_caps, key, log, contexts)
         rejects = Rejects()
         n = config.n
 
@@ -276,6 +287,7 @@ def _endpoints(
     fleet_caps: list[int | None],
     key: str | None,
     log: Log,
+    contexts: list[int | None],
 ) -> list[Endpoint]:
     out = []
     for i, (url, cap, fleet_max) in enumerate(zip(urls, caps, fleet_caps, strict=True)):
@@ -302,7 +314,7 @@ def _endpoints(
             default_concurrency=config.default_concurrency,
             breaker_failures=config.breaker_failures,
         )
-        ep.set_capacity(cap, fleet_max)
+        ep.set_capacity(cap, fleet_max, contexts[i])
         if cap is None:
             ep.state = "down"
             ep.fault = "not reachable"
@@ -311,9 +323,15 @@ def _endpoints(
             ep.state = "up"
             reported = cap.max_running if cap.max_running else "not reported"
             how = "auto" if ep.auto else "fixed"
+            if config.max_tokens is not None:
+                output = f"output limit {config.max_tokens}"
+            elif ep.context_length:
+                output = f"output fills the context of {ep.context_length}"
+            else:
+                output = f"context length unknown: output limit {FALLBACK_MAX_TOKENS}"
             log(
                 f"endpoint {url}: {cap.engine}, model {cap.model}, capacity {reported}, "
-                f"concurrency {ep.limit} ({how})"
+                f"concurrency {ep.limit} ({how}), {output}"
             )
         out.append(ep)
     return out

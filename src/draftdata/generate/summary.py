@@ -101,6 +101,13 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             f"(won {self.hedges_won}); already done before: {self.already_done}"
             + (f"; invalid prompt lines: {self.invalid_prompts}" if self.invalid_prompts else ""),
         ]
+        if self.completed and self.truncated > 0.05 * self.completed:
+            out.append(
+                f"  warning: {self.truncated / self.completed:.0%} of answers were cut by the "
+                f"output limit (finish_reason length, {self.truncated} of {self.completed}); "
+                "cut answers have no end of turn to learn: leave --max-tokens unset to fill the "
+                "context, or raise it"
+            )
         for e in self.endpoints:
             errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "no errors"
             out.append(

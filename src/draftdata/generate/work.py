@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from draftdata.generate.config import GenerateConfig, Reasoning, Sampling
+from draftdata.generate.limits import FALLBACK_MAX_TOKENS
 from draftdata.generate.parse import user_turn_slices
 from draftdata.records import Completion, Failure, Message, Prompt, Turn, Usage
 
@@ -61,7 +62,7 @@ class Job:
         slices: list[list[Message]],
         *,
         sampling: Sampling,
-        max_tokens: int,
+        max_tokens: int | None,
         reasoning: Reasoning,
         prefix: str | None,
         cost: int,
@@ -110,7 +111,7 @@ class Job:
 class Copy:
     """One running attempt of a job on one endpoint."""
 
-    __slots__ = ("detached", "endpoint", "hedge", "job", "seqs", "started", "task")
+    __slots__ = ("detached", "endpoint", "hedge", "job", "sent", "seqs", "started", "task")
 
     def __init__(self, job: Job, endpoint: Endpoint, *, hedge: bool, seqs: int, started: float):
         self.job = job
@@ -118,6 +119,7 @@ class Copy:
         self.hedge = hedge
         self.seqs = seqs
         self.started = started
+        self.sent = started  # when the request running now was sent (a later turn's is later)
         self.detached = False
         self.task: asyncio.Task[None] | None = None
 
@@ -152,7 +154,7 @@ def plan(
         max_tokens=max_tokens,
         reasoning=reasoning,
         prefix=prefix_key(prompt) if config.prefix_steering else None,
-        cost=chars // 4 + max_tokens * len(slices),
+        cost=chars // 4 + (max_tokens or FALLBACK_MAX_TOKENS) * len(slices),
     )
     if job.multi_turn and len(samples) > 1:
         return job.split(), settled
