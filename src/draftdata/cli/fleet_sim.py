@@ -105,6 +105,11 @@ def register(app: typer.Typer) -> None:
         restart_after: float | None = typer.Option(
             None, "--restart-after", help="A crashed server comes back after SECONDS."
         ),
+        no_token_ids: bool = typer.Option(
+            False,
+            "--no-token-ids",
+            help="Ignore return_token_ids (answer without ids, as an engine that cannot).",
+        ),
         refuse: list[str] = typer.Option(
             [],
             "--refuse",
@@ -161,6 +166,7 @@ def register(app: typer.Typer) -> None:
                 reasoning=reasoning,  # type: ignore[arg-type]
                 tool_call_rate=tool_call_rate,
                 startup_s=startup_seconds,
+                token_ids=not no_token_ids,
                 faults=faults,
             ),
             servers,

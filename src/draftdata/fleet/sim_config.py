@@ -89,6 +89,7 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     reasoning_share: float = 0.6
     tool_call_rate: float = 0.5
     cache_report: bool = True
+    token_ids: bool = True  # False: ignore return_token_ids (an engine that cannot return ids)
     time_scale: float = 1.0
     base_step_s: float = 0.020
     per_seq_step_s: float = 0.00016

@@ -253,6 +253,8 @@ def prepare(
         want_output = body.get("return_token_ids") is True
     else:
         want_prompt = want_output = body.get("return_token_ids") is True
+    if not config.token_ids:
+        want_prompt = want_output = False
     return Prepared(
         rid=rid,
         model=(model or "default") if flavor == "sglang" else config.model,

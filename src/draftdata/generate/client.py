@@ -195,6 +195,15 @@ def build_body(
     return body
 
 
+def token_ids_refusal(url: str) -> str:
+    """The one-line error of ``--token-ids on`` against a server that returns no ids."""
+    return (
+        f"generate: --token-ids on: {url} does not return token ids (SGLang and vLLM return "
+        "them with return_token_ids in recent versions); use --token-ids auto (ids where a "
+        "server returns them) or off"
+    )
+
+
 def _retry_after(value: str | None) -> float | None:
     if not value:
         return None

@@ -183,7 +183,46 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"generate: {message}")
+    _check_extra_body(cfg)
     return cfg
+
+
+# request fields the options own: --extra-body may not set them (it would win silently)
+_OWNED = {
+    "model": "--model",
+    "messages": "the prompts",
+    "tools": "the prompts' tools",
+    "n": "--n",
+    "max_tokens": "--max-tokens",
+    "max_completion_tokens": "--max-tokens",
+    "return_token_ids": "--token-ids",
+    "return_prompt_token_ids": "--token-ids",
+    "stream": "draftdata (it reads whole answers)",
+}
+
+
+def _check_extra_body(cfg: GenerateConfig) -> None:
+    """Refuse an ``extra_body`` field that an option also sets (one line naming both)."""
+    extra = cfg.extra_body
+    for key, owner in _OWNED.items():
+        if key in extra:
+            raise ConfigError(f"--extra-body: {key!r} is set by {owner}; set it there instead")
+    sampled = set(cfg.sampling.body())
+    for o in cfg.overrides:
+        if o.sampling is not None:
+            sampled |= set(o.sampling.body())
+    for key in sorted(sampled & set(extra)):
+        flag = "--" + key.replace("_", "-")
+        raise ConfigError(
+            f"--extra-body: {key!r} is also set by the sampling options ({flag} / "
+            f"sampling.{key}); set it in one place"
+        )
+    kwargs = extra.get("chat_template_kwargs")
+    if cfg.reasoning != "server" and isinstance(kwargs, dict) and "enable_thinking" in kwargs:
+        raise ConfigError(
+            "--extra-body: chat_template_kwargs.enable_thinking is also set by --reasoning "
+            f"{cfg.reasoning}; set it in one place"
+        )
 
 
 def parse_concurrency(value: str | None) -> int | str | None:

@@ -39,12 +39,14 @@ from typing import Any
 import aiohttp
 
 from draftdata.errors import (
+    ConfigError,
     DraftdataError,
     FleetUnavailableError,
     RunAbortedError,
     StoreError,
 )
 from draftdata.fleet.probe import probe_capacity
+from draftdata.generate.client import token_ids_refusal
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.endpoint import Endpoint, check_alive, load_of
@@ -231,6 +233,12 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_loops.wait(), 0.25)
             self._check_buffer()
+            if self.cfg.token_ids == "on":
+                # an endpoint that could not be asked before the run started
+                bad = [e for e in self.endpoints if e.client.token_ids_supported is False]
+                if bad:
+                    self._abort(ConfigError(token_ids_refusal(bad[0].url)))
+                    return
             for e in self.endpoints:
                 if e.recovered:
                     e.recovered = False

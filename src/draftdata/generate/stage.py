@@ -168,6 +168,8 @@ async def _generate(
                 "(draftdata fleet up / fleet sim) or check --endpoint/--fleet"
             )
         model = config.model or next((c.model for c in caps if c and c.model), None) or "default"
+        if config.token_ids == "on":
+            await _check_token_ids(config, urls, caps, key, model)
         part = parse_partition(config.partition) if config.partition else None
         found = await asyncio.to_thread(scan, files, limit=config.limit, partition=part)
         run = await asyncio.to_thread(
@@ -242,6 +244,38 @@ async def _generate(
             "again to resume (committed work is skipped)"
         )
     return summary
+
+
+async def _check_token_ids(
+    config: GenerateConfig, urls: list[str], caps: list[Any], key: str | None, model: str
+) -> None:
+    """``--token-ids on``: one 1-token request per reachable endpoint; refuse (one line) before
+    the run is opened when one answers without token ids. An endpoint that cannot be asked now
+    is checked by the engine when it first answers."""
+    from draftdata.generate.client import RequestError, build_body, token_ids_refusal
+    from draftdata.generate.config import Sampling
+    from draftdata.records import Message
+
+    async def ask(url: str, served: str | None) -> bool | None:
+        body = build_body(
+            [Message(role="user", content="Say OK.")],
+            model=config.model or served or model,
+            max_tokens=1,
+            sampling=Sampling(),
+            token_ids=True,
+        )
+        async with EndpointClient(url, api_key=key, connect_timeout=config.connect_timeout) as c:
+            try:
+                await c.chat(body)
+            except RequestError:
+                return None
+            return c.token_ids_supported
+
+    up = [(u, c) for u, c in zip(urls, caps, strict=True) if c is not None]
+    answers = await asyncio.gather(*(ask(u, c.model) for u, c in up))
+    for (url, _), ok in zip(up, answers, strict=True):
+        if ok is False:
+            raise ConfigError(token_ids_refusal(url))
 
 
 class Rejects:
