@@ -75,3 +75,26 @@ def test_later_turns_get_what_is_left_of_the_context(tmp_path: Path, flavor: str
         assert second.usage.prompt_tokens + last_limit <= CONTEXT
         assert last_limit < CONTEXT - first.usage.completion_tokens
     assert {f.reason for f in failures(tmp_path / "fixed")} == {"context_length"}
+
+
+@pytest.mark.parametrize("flavor", ["sglang", "vllm"])
+def test_a_prompt_longer_than_the_context_still_fails_context_length(
+    tmp_path: Path, flavor: str
+) -> None:
+    """The shrink-and-retry of a computed limit never turns a too-long prompt into a loop or a
+    different failure: it is the prompt's own context_length failure, one attempt."""
+    import json
+
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 3)
+    with prompts.open("a", encoding="utf-8") as f:
+        row = {"id": "long", "messages": [{"role": "user", "content": "word " * 400}]}
+        f.write(json.dumps(row) + "\n")
+    with SimFleet(1, sim(flavor=flavor, context_length=256, mean_output_tokens=20)) as fleet:
+        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
+        sent = fleet.stats(0).requests
+    assert summary.failed == {"context_length": 1} and summary.completed == 3
+    (failure,) = failures(tmp_path / "run")
+    assert failure.id == "long" and failure.attempts == 1
+    assert sent == 3 + 1  # its estimate leaves the minimum limit: nothing smaller to try
+    assert check_exactly_once(str(tmp_path / "run"), {*ids, "long"}) == (3, 1)
