@@ -72,7 +72,7 @@ def test_refusing_endpoints_never_fail_a_prompt(
     tmp = tmp_path_factory.mktemp("r")
     refusing = [endpoint(i, Refusing(s), limit=8) for i, s in enumerate(statuses)]
     good = endpoint(len(statuses), FakeClient(good_delay), limit=2)
-    d, sink, lines = asyncio.run(dispatch(tmp, [*refusing, good], 30))
+    _, sink, lines = asyncio.run(dispatch(tmp, [*refusing, good], 30))
     assert sorted(c.id for c in sink.completions) == sorted(f"p{i}" for i in range(30))
     assert sink.failures == []
     assert {c.attempts for c in sink.completions} == {1}
