@@ -371,7 +371,7 @@ class Dispatcher:
                 return [[x] for x in got], body
             turns.append(got[0])
             history = next_history(messages, got[0], keep_reasoning=self.cfg.keep_reasoning_history)
-            limit.carried(len(history))
+            limit.carried(history)
             if job.copies == [copy]:  # the only copy: checkpoint for a retry
                 job.turns, job.history = list(turns), history
         return [turns], body

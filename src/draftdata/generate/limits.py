@@ -7,9 +7,10 @@ endpoint (SGLang ``/server_info`` ``context_length``, vLLM ``/v1/models`` ``max_
 the fleet file. The prompt's tokens are counted per request, since later turns of a
 multi-turn prompt carry the earlier answers:
 
-- what the server already counted is exact: after a turn, the next request's prefix holds at
-  most ``usage.prompt_tokens + usage.completion_tokens`` of that turn (less when the history
-  drops the reasoning), so only the new messages are estimated;
+- what the server already counted is exact: after a turn, the next request's prefix holds that
+  turn's ``usage.prompt_tokens`` plus the answer as the history carries it (without its
+  reasoning unless kept: its share of ``usage.completion_tokens`` by bytes, plus 10%), so only
+  the new messages are estimated;
 - new messages are estimated from their UTF-8 bytes times the endpoint's tokens-per-byte, the
   largest ratio its answers have shown so far (``INITIAL_TOKENS_PER_BYTE`` before any), plus a
   few template tokens per message.
@@ -80,6 +81,9 @@ class OutputLimit:
         self.tools = tools
         self._known_messages = 0  # leading messages whose tokens the server counted
         self._known_tokens = 0
+        self._prompt_tokens = 0  # of the last answered request
+        self._answer_tokens = 0  # its output tokens (reasoning included)
+        self._answer_bytes = 0  # and their UTF-8 size
 
     @property
     def auto(self) -> bool:
@@ -113,12 +117,29 @@ class OutputLimit:
             if size > 0:
                 seen = max(0.05, (usage.prompt_tokens - overhead) / size)
                 self.ep.tokens_per_byte = max(self.ep.tokens_per_byte or 0.0, min(1.0, seen))
-        self._known_tokens = usage.prompt_tokens + usage.completion_tokens
+        self._prompt_tokens = usage.prompt_tokens
+        self._answer_tokens = usage.completion_tokens
+        self._answer_bytes = message_bytes(
+            [
+                Message(
+                    role="assistant",
+                    content=turn.content,
+                    reasoning_content=turn.reasoning,
+                    tool_calls=turn.tool_calls,
+                )
+            ]
+        )
 
-    def carried(self, history_len: int) -> None:
-        """The next request starts with ``history_len`` messages that hold at most the tokens
-        the last answer counted (prompt plus output)."""
-        self._known_messages = history_len
+    def carried(self, history: list[Message]) -> None:
+        """The next request starts with ``history``: the last request's messages (counted by
+        the server) plus the answer as the history carries it (without its reasoning unless
+        kept), estimated from the answer's own tokens per byte with a 10% margin."""
+        self._known_messages = len(history)
+        answer = self._answer_tokens
+        if self._answer_bytes > 0 and history:
+            kept = message_bytes(history[-1:])
+            answer = min(answer, math.ceil(answer * kept / self._answer_bytes * 1.1))
+        self._known_tokens = self._prompt_tokens + answer + PER_MESSAGE_TOKENS
 
     async def send(self, body: dict[str, Any]) -> tuple[list[Turn], dict[str, Any]]:
         """Send ``body``; a context-length answer to a computed limit is retried with a smaller

@@ -83,16 +83,30 @@ def test_learns_tokens_per_byte_from_the_first_answer() -> None:
 
 
 def test_later_turns_carry_the_earlier_answers() -> None:
-    """Turn 2's limit starts from what the server counted for turn 1 (prompt + answer)."""
+    """Turn 2's limit starts from what the server counted for turn 1: its prompt, plus the
+    answer as the history carries it (its reasoning dropped: only the content's share)."""
     ep = endpoint(8192)
-    lim = OutputLimit(None, ep, None)
     first = [user("question")]
-    lim.answered(first, Turn(content="x", usage=Usage(prompt_tokens=20, completion_tokens=5000)))
-    history = [*first, Message(role="assistant", content="x" * 100)]
-    lim.carried(len(history))
-    second = lim.limit([*history, user("and then?")])
-    assert second <= 8192 - 5020 - 1
-    assert second > 8192 - 5020 - 200
+    answer = Turn(
+        content="c" * 1000,
+        reasoning="r" * 3000,
+        usage=Usage(prompt_tokens=20, completion_tokens=4000),
+    )
+    with_reasoning = [
+        *first,
+        Message(role="assistant", content="c" * 1000, reasoning_content="r" * 3000),
+    ]
+    without = [*first, Message(role="assistant", content="c" * 1000)]
+    limits = []
+    for history in (with_reasoning, without):
+        lim = OutputLimit(None, ep, None)
+        lim.answered(first, answer)
+        lim.carried(history)
+        limits.append(lim.limit([*history, user("and then?")]))
+    kept, dropped = limits
+    assert kept <= 8192 - 4020 - 1 and kept > 8192 - 4020 - 200
+    # 1000 of 4000 bytes carried: about 1100 of the 4000 answer tokens
+    assert dropped <= 8192 - 20 - 1100 - 1 and dropped > 8192 - 20 - 1100 - 200
 
 
 async def test_context_length_answer_to_a_computed_limit_shrinks_and_retries() -> None:
