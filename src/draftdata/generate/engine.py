@@ -465,6 +465,7 @@ class Engine:
                     errors=dict(e.errors),
                     hedges_won=e.hedges_won,
                     downs=e.downs,
+                    fault=e.fault,
                 )
             )
         total = self.progress.total

@@ -41,6 +41,7 @@ class EndpointShare(msgspec.Struct, kw_only=True):
     errors: dict[str, int] = msgspec.field(default_factory=dict)
     hedges_won: int = 0
     downs: int = 0
+    fault: str | None = None  # why it was out of service at the end
 
 
 class GenerateSummary(msgspec.Struct, kw_only=True):
@@ -113,6 +114,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             out.append(
                 f"  {e.url}: {e.share:.0%} of output tokens, {e.completed} completions, "
                 f"concurrency {e.concurrency}, {errs}, {e.state}"
+                + (f" ({e.fault})" if e.fault and e.state == "down" else "")
             )
         if len(self.domains) > 1 or (self.domains and "" not in self.domains):
             for name, d in sorted(self.domains.items()):

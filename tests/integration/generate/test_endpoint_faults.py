@@ -54,6 +54,8 @@ def test_two_refusing_servers_of_four_fail_no_prompt(tmp_path: Path) -> None:
         mine = [line for line in taken if url + " " in line]
         assert len(mine) == 1 and status in mine[0] and "refuses chat requests" in mine[0]
     assert "generate: done: 300 completions, 0 failures" in res.stdout
+    (row,) = [line for line in res.stdout.splitlines() if line.startswith(f"  {urls[1]}:")]
+    assert "0 completions" in row and "down (it refuses chat requests (HTTP 401" in row
 
 
 def test_every_server_refusing_is_one_line_and_exit_1(tmp_path: Path) -> None:
