@@ -187,15 +187,16 @@ class Engine:
 
     async def _flush(self) -> bool:
         """One flush; False when the store refused (its records are kept for the next)."""
-        waiting = self.run_.buffered
+        started = self.clock()
         try:
             await asyncio.to_thread(self.run_.flush)
         except StoreError as exc:
             if self.store_down_since is None:
-                self.store_down_since = self.clock()
+                self.store_down_since = started  # the flush may have retried for a while
                 self.log(
-                    f"generate: the store does not accept writes ({exc}); {waiting} records "
-                    f"wait, retried with backoff up to {self.cfg.store_retry_max:g} s"
+                    f"generate: the store does not accept writes ({exc}); "
+                    f"{self.run_.buffered} records wait, retried with backoff up to "
+                    f"{self.cfg.store_retry_max:g} s"
                 )
             return False
         except Exception as exc:  # a bug, not an outage: stop now, keep what is committed
@@ -212,7 +213,7 @@ class Engine:
             self.store_down_since = None
             self.log(
                 f"generate: the store accepts writes again after {down:.0f} s; "
-                f"{waiting} waiting records committed"
+                "the waiting records are committed"
             )
         return True
 
