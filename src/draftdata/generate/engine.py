@@ -133,6 +133,7 @@ class Engine:
         self.fatal: DraftdataError | None = None  # what stopped the run (raised by ``run``)
         self.store_down_since: float | None = None  # the store refuses writes since then
         self.peak_uncommitted = 0
+        self._draining = False
 
     def _counters(self) -> tuple[int, int, int, int]:
         t = self.tally
@@ -172,7 +173,7 @@ class Engine:
     async def _commit_loop(self) -> None:
         delay = 0.0
         next_try = 0.0
-        while not self._stop_loops.is_set() and self.fatal is None:
+        while not self._stop_loops.is_set() and self.fatal is None and not self._draining:
             now = self.clock()
             retry = self.store_down_since is not None and self.run_.buffered > 0
             if now >= next_try and (retry or self.run_.flush_due()):
@@ -411,22 +412,25 @@ class Engine:
         return summary
 
     async def _drain(self) -> None:
-        """Every prompt is settled but the store refuses writes: wait for it (the commit loop
-        retries) rather than end with uncommitted work; a second interrupt leaves."""
+        """Every prompt is settled: commit what waits, and if the store refuses, keep retrying
+        (capped backoff) rather than end with uncommitted work; a second interrupt leaves."""
+        self._draining = True  # the commit loop stands aside
         said = False
-        while (
-            self.store_down_since is not None
-            and self.run_.buffered
-            and self.fatal is None
-            and self._interrupts < 2
-        ):
+        delay = 0.0
+        while self.run_.buffered and self.fatal is None and self._interrupts < 2:
+            if await self._flush():
+                continue
             if not said:
                 said = True
                 self.log(
-                    f"generate: waiting for the store to accept {self.run_.buffered} records "
-                    "(interrupt twice to leave; they are generated again on resume)"
+                    f"generate: every prompt is answered; waiting for the store to accept "
+                    f"{self.run_.buffered} records (interrupt twice to leave; they are generated "
+                    "again on resume)"
                 )
-            await asyncio.sleep(0.2)
+            delay = min(self.cfg.store_retry_max, max(1.0, delay * 2))
+            until = self.clock() + delay
+            while self.clock() < until and self._interrupts < 2:
+                await asyncio.sleep(0.1)
 
     async def _close(self) -> None:
         """Commit what is left and close the run."""

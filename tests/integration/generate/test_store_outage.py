@@ -101,4 +101,47 @@ def test_s3_outage_of_over_a_minute_pauses_dispatch_and_loses_nothing(
         assert sum(text in line for line in lines) == 1, (text, stderr[-3000:])
     assert len(lines) < 20, stderr
     # peak RSS of the generate process (KiB on Linux): no pile-up in memory
+    print(f"peak RSS {usage.ru_maxrss // 1024} MiB; peak uncommitted {summary['peak_uncommitted']}")
     assert usage.ru_maxrss < 700 * 1024, usage.ru_maxrss
+
+
+def test_store_down_when_every_prompt_is_answered_waits_and_commits(
+    tmp_path: Path, moto_s3: MotoS3
+) -> None:
+    """The outage outlasts the generation: the run does not close with uncommitted records; it
+    waits for the store, says so once, and commits them all when the store is back."""
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 120)
+    out = moto_s3.url("outage-end")
+    gen = tmp_path / "gen.yaml"
+    gen.write_text("store_retry_max: 1\n", encoding="utf-8")
+    config = SimConfig(time_scale=0.05, mean_output_tokens=40, output_sigma=0.3, max_running=16)
+    with SimFleet(2, config) as fleet, S3Outage(moto_s3.endpoint_url) as proxy:
+        cmd = [*CLI, "--prompts", str(prompts), "--out", out, "--config", str(gen)]
+        cmd += ["--progress", "off", "--flush-records", "8", "--flush-seconds", "0.2"]
+        for url in fleet.urls:
+            cmd += ["--endpoint", url]
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url, "DRAFTDATA_S3_MAX_ATTEMPTS": "1"}
+        with (tmp_path / "err.txt").open("w") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+            try:
+                deadline = time.monotonic() + 60
+                while _shards(moto_s3, out) == 0 and time.monotonic() < deadline:
+                    assert proc.poll() is None, (tmp_path / "err.txt").read_text()
+                    time.sleep(0.05)
+                proxy.mode = "403"
+                deadline = time.monotonic() + 60
+                while _served(fleet) < 120 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                time.sleep(3)
+                assert proc.poll() is None  # every prompt answered, still waiting for the store
+                assert "waiting for the store to accept" in (tmp_path / "err.txt").read_text()
+                proxy.mode = "ok"
+                assert proc.wait(timeout=60) == 0, (tmp_path / "err.txt").read_text()
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    stderr = (tmp_path / "err.txt").read_text()
+    assert sum("waiting for the store" in line for line in stderr.splitlines()) == 1, stderr
+    assert check_exactly_once(out, set(ids)) == (120, 0)
