@@ -1,23 +1,23 @@
 """The engine: dispatcher, commits, probes, progress and shutdown on one event loop.
 
 ``Engine.run`` drives a ``Dispatcher`` over ready ``Endpoint``s and an open ``Run`` and, beside
-it, a few small loops: the committer (``Run.flush`` in a worker thread whenever it is due), the
-load watcher (the server's running/waiting every ``load_interval`` s feeds each endpoint's
-concurrency controller), the reviver (a taken-out endpoint is probed every ``probe_interval`` s
-and re-admitted when healthy; a refusing one gets a trial after a growing wait), the watch
-(below), the progress display or log line, and the metrics snapshots.
+it, a few small loops: the committer (``committer.py``: ``Run.flush`` in a worker thread when it
+is due, through store outages), the load watcher (the server's running/waiting every
+``load_interval`` s feeds each endpoint's concurrency controller), the reviver (a taken-out
+endpoint is probed every ``probe_interval`` s and re-admitted when healthy; a refusing one gets a
+trial after a growing wait), the watch (below), the progress display or log line, and the
+metrics snapshots.
 
-Faults that stop or pause the run, each said in one log line per change of state:
+The watch, every 0.25 s, says each change of state in one line:
 
-- **Store outage.** A flush that fails with a StoreError keeps its records and is retried with
-  a capped exponential backoff (``store_retry_max``); while more than ``max_uncommitted``
-  records wait, dispatch is paused; when the store accepts writes again, dispatch resumes.
-  Nothing is dropped: at the end the engine waits for the store before closing the run.
+- **Store outage.** While more than ``max_uncommitted`` records wait for the store, dispatch is
+  paused; when they are committed, it resumes (the committer retries; nothing is dropped).
 - **No endpoint can serve.** When no endpoint is serving for ``unavailable_timeout`` s (or at
   once, when every endpoint refuses chat requests and none has answered), the run stops with one
   line per endpoint saying why and raises FleetUnavailableError; the same command resumes.
-- **A bug in the commit path.** Any other exception while committing stops the run at once
-  (RunAbortedError, one line; the same command resumes).
+- **``--token-ids on``** and an endpoint found (after start) to return no ids: ConfigError.
+
+A bug in the commit path stops the run at once (RunAbortedError, one line, resumable).
 
 Shutdown (``interrupt``): the first call stops dispatch and lets running requests finish for up
 to ``grace_seconds``; the second (or the end of the grace) cancels them. Either way whatever
@@ -38,15 +38,10 @@ from typing import Any
 
 import aiohttp
 
-from draftdata.errors import (
-    ConfigError,
-    DraftdataError,
-    FleetUnavailableError,
-    RunAbortedError,
-    StoreError,
-)
+from draftdata.errors import ConfigError, DraftdataError, FleetUnavailableError, StoreError
 from draftdata.fleet.probe import probe_capacity
 from draftdata.generate.client import token_ids_refusal
+from draftdata.generate.committer import Committer
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.endpoint import Endpoint, check_alive, load_of
@@ -131,9 +126,9 @@ class Engine:
         self._stop_loops = asyncio.Event()
         self._grace_task: asyncio.Task[None] | None = None
         self.fatal: DraftdataError | None = None  # what stopped the run (raised by ``run``)
-        self.store_down_since: float | None = None  # the store refuses writes since then
-        self.peak_uncommitted = 0
-        self._draining = False
+        self.committer = Committer(
+            run, config, log=log, clock=clock, abort=self._abort, rng=self.dispatcher.rng
+        )
 
     def _counters(self) -> tuple[int, int, int, int]:
         t = self.tally
@@ -169,54 +164,6 @@ class Engine:
         self.dispatcher.abort()
 
     # -- the loops ----------------------------------------------------------------------------
-
-    async def _commit_loop(self) -> None:
-        delay = 0.0
-        next_try = 0.0
-        while not self._stop_loops.is_set() and self.fatal is None and not self._draining:
-            now = self.clock()
-            retry = self.store_down_since is not None and self.run_.buffered > 0
-            if now >= next_try and (retry or self.run_.flush_due()):
-                if await self._flush():
-                    delay = 0.0
-                    next_try = 0.0
-                else:  # capped exponential backoff, jittered by the dispatcher's generator
-                    delay = min(self.cfg.store_retry_max, max(1.0, delay * 2))
-                    next_try = self.clock() + delay * (0.75 + 0.5 * self.dispatcher.rng.random())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_loops.wait(), 0.1)
-
-    async def _flush(self) -> bool:
-        """One flush; False when the store refused (its records are kept for the next)."""
-        started = self.clock()
-        try:
-            await asyncio.to_thread(self.run_.flush)
-        except StoreError as exc:
-            if self.store_down_since is None:
-                self.store_down_since = started  # the flush may have retried for a while
-                self.log(
-                    f"generate: the store does not accept writes ({exc}); "
-                    f"{self.run_.buffered} records wait, retried with backoff up to "
-                    f"{self.cfg.store_retry_max:g} s"
-                )
-            return False
-        except Exception as exc:  # a bug, not an outage: stop now, keep what is committed
-            self._abort(
-                RunAbortedError(
-                    f"generate: committing to {self.cfg.out} failed: {type(exc).__name__}: "
-                    f"{exc}; stopped (committed work is kept; run the same command to resume)"
-                ),
-                exc,
-            )
-            return False
-        if self.store_down_since is not None:
-            down = self.clock() - self.store_down_since
-            self.store_down_since = None
-            self.log(
-                f"generate: the store accepts writes again after {down:.0f} s; "
-                "the waiting records are committed"
-            )
-        return True
 
     def _abort(self, error: DraftdataError, cause: BaseException | None = None) -> None:
         """Stop the run at once; ``run`` raises ``error`` after committing what it can."""
@@ -280,21 +227,10 @@ class Engine:
 
     def _check_buffer(self) -> None:
         """Pause dispatch while more than ``max_uncommitted`` records wait for the store."""
-        waiting = self.run_.buffered
-        self.peak_uncommitted = max(self.peak_uncommitted, waiting)
-        over = waiting > self.cfg.max_uncommitted
-        d = self.dispatcher
-        if over == d.paused:
-            return
-        d.paused = over
-        if over:
-            self.log(
-                f"generate: dispatch paused: {waiting} records wait for the store "
-                f"(more than --max-uncommitted {self.cfg.max_uncommitted})"
-            )
-        else:
-            self.log(f"generate: dispatch resumed ({waiting} records uncommitted)")
-        d.wake.set()
+        paused = self.committer.over_bound()
+        if paused is not None:
+            self.dispatcher.paused = paused
+            self.dispatcher.wake.set()
 
     async def _load_loop(self) -> None:
         shown = {e: e.limit for e in self.endpoints}
@@ -365,7 +301,7 @@ class Engine:
                 display.stop()
 
     async def _write_metrics(self, data: dict[str, Any]) -> None:
-        if self.store_down_since is not None:
+        if self.committer.store_down:
             return  # said once already; the snapshot is not worth a retry
         try:
             await asyncio.to_thread(self.run_.write_metrics, data)
@@ -381,14 +317,15 @@ class Engine:
             if e.state != "up":
                 self.dispatcher.spawn(self._revive(e))
         loops = [
-            asyncio.create_task(self._commit_loop()),
+            asyncio.create_task(self.committer.loop(self._stop_loops)),
             asyncio.create_task(self._load_loop()),
             asyncio.create_task(self._progress_loop()),
             asyncio.create_task(self._watch_loop()),
         ]
         try:
             await self.dispatcher.run()
-            await self._drain()
+            if self.fatal is None:
+                await self.committer.drain(lambda: self._interrupts >= 2)
         finally:
             self._stop_loops.set()
             if self._grace_task is not None:
@@ -396,7 +333,7 @@ class Engine:
             self.dispatcher.abort()
             await asyncio.gather(*self.dispatcher.tasks, return_exceptions=True)
             await asyncio.gather(*loops, return_exceptions=True)
-            await self._close()
+            await self.committer.close(stopping=self.fatal is not None)
         if self.fatal is not None:
             raise self.fatal
         summary = self._summary(self.clock() - t0)
@@ -410,45 +347,6 @@ class Engine:
             }
         )
         return summary
-
-    async def _drain(self) -> None:
-        """Every prompt is settled: commit what waits, and if the store refuses, keep retrying
-        (capped backoff) rather than end with uncommitted work; a second interrupt leaves."""
-        self._draining = True  # the commit loop stands aside
-        said = False
-        delay = 0.0
-        while self.run_.buffered and self.fatal is None and self._interrupts < 2:
-            if await self._flush():
-                continue
-            if not said:
-                said = True
-                self.log(
-                    f"generate: every prompt is answered; waiting for the store to accept "
-                    f"{self.run_.buffered} records (interrupt twice to leave; they are generated "
-                    "again on resume)"
-                )
-            delay = min(self.cfg.store_retry_max, max(1.0, delay * 2))
-            until = self.clock() + delay
-            while self.clock() < until and self._interrupts < 2:
-                await asyncio.sleep(0.1)
-
-    async def _close(self) -> None:
-        """Commit what is left and close the run."""
-        waiting = self.run_.buffered
-        try:
-            await asyncio.to_thread(self.run_.close)
-        except StoreError as exc:
-            if self.fatal is not None:
-                self.log(f"generate: could not commit {waiting} records: {exc}")
-                return
-            raise StoreError(
-                f"generate: the store refused the last {waiting} records ({exc}); they were not "
-                "committed and are generated again when you run the same command"
-            ) from exc
-        except Exception as exc:
-            if self.fatal is None:
-                raise
-            self.log(f"generate: could not commit {waiting} records: {type(exc).__name__}")
 
     def _summary(self, wall: float) -> GenerateSummary:
         d = self.dispatcher
@@ -490,7 +388,7 @@ class Engine:
             wall_s=round(wall, 3),
             interrupted=self.interrupted,
             remaining=max(0, total - settled) if total is not None else None,
-            peak_uncommitted=self.peak_uncommitted,
+            peak_uncommitted=self.committer.peak_uncommitted,
             endpoints=shares,
         )
 
