@@ -11,11 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from tests.chaos.invariants import check_exactly_once
-from tests.integration.generate.helpers import completions, failures, write_prompts
+from tests.integration.generate.helpers import completions, failures, fast_config, write_prompts
 
-from draftdata.fleet.sim import SimProcess
+from draftdata.errors import FleetUnavailableError
+from draftdata.fleet.sim import FaultConfig, SimConfig, SimFleet, SimProcess
+from draftdata.generate.stage import generate
 
 pytestmark = pytest.mark.integration
 
@@ -109,3 +112,28 @@ def test_endpoint_that_stops_serving_is_a_bounded_stop_and_resumes(tmp_path: Pat
     assert again.returncode == 0, again.stderr[-3000:]
     assert "already done before: 10" in again.stdout
     assert check_exactly_once(str(out), set(ids)) == (60, 0)
+
+
+def test_a_fleet_that_dies_is_a_bounded_stop_naming_why(tmp_path: Path) -> None:
+    """The only server crashes for good mid-run: after --unavailable-timeout the run stops
+    (FleetUnavailableError, one line per endpoint), never waits forever, and resumes."""
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 80)
+    out = tmp_path / "run"
+    lines: list[str] = []
+    config = SimConfig(time_scale=0.05, mean_output_tokens=30, max_running=4)
+    dying = msgspec.structs.replace(config, faults=FaultConfig(crash_after={0: 20}))
+    with SimFleet(1, dying) as fleet:
+        cfg = fast_config(prompts, out, fleet.urls, unavailable_timeout=1.5, hedge=False)
+        t0 = time.monotonic()
+        with pytest.raises(FleetUnavailableError) as info:
+            generate(cfg, log=lines.append)
+        assert time.monotonic() - t0 < 30
+    assert "no endpoint could serve" in str(info.value) and "\n" not in str(info.value)
+    (why,) = [line for line in lines if "out of service" in line]
+    assert fleet.urls[0] in why and ("connection" in why or "health check" in why)
+    done = len(completions(out))
+    assert 0 < done < 80 and failures(out) == []
+    with SimFleet(1, config) as good:
+        generate(fast_config(prompts, out, good.urls))
+    assert check_exactly_once(str(out), set(ids)) == (80, 0)
