@@ -264,7 +264,10 @@ async def _check_token_ids(
             sampling=Sampling(),
             token_ids=True,
         )
-        async with EndpointClient(url, api_key=key, connect_timeout=config.connect_timeout) as c:
+        read = min(config.read_timeout, 120.0)  # one token: a server that hangs is not asked
+        async with EndpointClient(
+            url, api_key=key, connect_timeout=config.connect_timeout, read_timeout=read
+        ) as c:
             try:
                 await c.chat(body)
             except RequestError:
