@@ -105,6 +105,26 @@ def register(app: typer.Typer) -> None:
         restart_after: float | None = typer.Option(
             None, "--restart-after", help="A crashed server comes back after SECONDS."
         ),
+        no_token_ids: bool = typer.Option(
+            False,
+            "--no-token-ids",
+            help="Ignore return_token_ids (answer without ids, as an engine that cannot).",
+        ),
+        max_choices: int | None = typer.Option(
+            None,
+            "--max-choices",
+            min=1,
+            help="Answer at most N of a request's n choices (a server that ignores n).",
+        ),
+        refuse: list[str] = typer.Option(
+            [],
+            "--refuse",
+            help="I:STATUS: server I answers every chat request with HTTP STATUS (e.g. 401, "
+            "404, 501) while /health and /v1/models stay fine (repeatable).",
+        ),
+        refuse_after: int = typer.Option(
+            0, "--refuse-after", help="Refusing servers answer their first N chat requests."
+        ),
         starting_seconds: float = typer.Option(
             0.5, "--starting-seconds", help="/health 503 this long after a restart."
         ),
@@ -138,6 +158,8 @@ def register(app: typer.Typer) -> None:
             crash_after={i: int(n) for i, n in _pairs(crash_after, "--crash-after", int).items()},
             restart_after=restart_after,
             starting_s=starting_seconds,
+            refuse={i: int(c) for i, c in _pairs(refuse, "--refuse", int).items()},
+            refuse_after=refuse_after,
         )
         config = validate(
             SimConfig(
@@ -154,6 +176,8 @@ def register(app: typer.Typer) -> None:
                 reasoning=reasoning,  # type: ignore[arg-type]
                 tool_call_rate=tool_call_rate,
                 startup_s=startup_seconds,
+                token_ids=not no_token_ids,
+                max_choices=max_choices,
                 faults=faults,
             ),
             servers,

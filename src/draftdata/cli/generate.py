@@ -87,7 +87,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--max-tokens",
             min=1,
-            help="Output token limit, reasoning included (default 4096).",
+            help="Output token limit, reasoning included (default: fill the endpoint's context, "
+            "i.e. its context length minus the prompt's tokens, per request).",
             rich_help_panel=PANEL_RUN,
         ),
         temperature: float | None = typer.Option(
@@ -204,6 +205,13 @@ def register(app: typer.Typer) -> None:
             help="...or every S seconds (default 5).",
             rich_help_panel=PANEL_STORE,
         ),
+        max_uncommitted: int | None = typer.Option(
+            None,
+            "--max-uncommitted",
+            min=1,
+            help="Pause dispatch while more records than this wait for the store (default 4096).",
+            rich_help_panel=PANEL_STORE,
+        ),
         writer_id: str | None = typer.Option(
             None,
             "--writer-id",
@@ -227,6 +235,13 @@ def register(app: typer.Typer) -> None:
             None,
             "--connect-timeout",
             help="Seconds to connect (default 10).",
+            rich_help_panel=PANEL_ROBUST,
+        ),
+        unavailable_timeout: float | None = typer.Option(
+            None,
+            "--unavailable-timeout",
+            help="Stop (exit 1, resumable) when no endpoint can serve for this many seconds "
+            "(default 300).",
             rich_help_panel=PANEL_ROBUST,
         ),
         no_hedge: bool = typer.Option(
@@ -289,6 +304,8 @@ def register(app: typer.Typer) -> None:
             "allow_mixed_models": allow_mixed_models or None,
             "flush_records": flush_records,
             "flush_seconds": flush_seconds,
+            "max_uncommitted": max_uncommitted,
+            "unavailable_timeout": unavailable_timeout,
             "writer_id": writer_id,
             "max_attempts": max_attempts,
             "read_timeout": read_timeout,

@@ -32,7 +32,9 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     maps a server index to N: that server crashes (listening socket closed, every open
     connection dropped) when its N-th chat request arrives, once; it comes back on the same
     port after ``restart_after`` seconds (None: never) and then answers /health with 503 for
-    ``starting_s`` seconds.
+    ``starting_s`` seconds. ``refuse`` maps a server index to an HTTP status it answers every
+    chat request with, after answering its first ``refuse_after`` normally, while /health and
+    /v1/models stay fine (a rotated key: 401, a renamed model: 404, not OpenAI-compatible: 501).
     """
 
     error_500: float = 0.0
@@ -48,6 +50,8 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     crash_after: dict[int, int] = msgspec.field(default_factory=dict)
     restart_after: float | None = None
     starting_s: float = 0.5
+    refuse: dict[int, int] = msgspec.field(default_factory=dict)
+    refuse_after: int = 0
 
     def rates(self) -> list[tuple[str, float]]:
         """The rate-based faults in the order they are drawn (one uniform draw per request)."""
@@ -85,6 +89,8 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     reasoning_share: float = 0.6
     tool_call_rate: float = 0.5
     cache_report: bool = True
+    token_ids: bool = True  # False: ignore return_token_ids (an engine that cannot return ids)
+    max_choices: int | None = None  # answer at most this many of ``n`` choices (None: all)
     time_scale: float = 1.0
     base_step_s: float = 0.020
     per_seq_step_s: float = 0.00016
@@ -145,6 +151,10 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
     for index, n in f.crash_after.items():
         checks.append((0 <= index < servers, f"--crash-after: {index} is not a server index"))
         checks.append((n >= 1, f"--crash-after: N={n} must be at least 1"))
+    for index, status in f.refuse.items():
+        checks.append((0 <= index < servers, f"--refuse: {index} is not a server index"))
+        checks.append((400 <= status <= 599, f"--refuse: status {status} is not in 400-599"))
+    checks.append((f.refuse_after >= 0, "--refuse-after: must be >= 0"))
     if f.restart_after is not None:
         checks.append((f.restart_after >= 0, "--restart-after: must be >= 0"))
     for ok, message in checks:

@@ -170,6 +170,8 @@ def prepare(
     n = _int_field(body, "n") or 1
     if n < 1 or n > 128:
         raise RequestError(400, f"n: must be between 1 and 128, got {n}")
+    if config.max_choices is not None:  # a server that answers fewer choices than asked
+        n = min(n, config.max_choices)
     max_new = _int_field(body, "max_completion_tokens")
     if max_new is None:
         max_new = _int_field(body, "max_tokens")
@@ -285,6 +287,8 @@ def prepare(
         want_output = body.get("return_token_ids") is True
     else:
         want_prompt = want_output = body.get("return_token_ids") is True
+    if not config.token_ids:
+        want_prompt = want_output = False
     return Prepared(
         rid=rid,
         model=(model or "default") if flavor == "sglang" else config.model,

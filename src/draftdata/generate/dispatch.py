@@ -10,6 +10,9 @@ Policy, in the order the loop applies it:
   (or the server's Retry-After) and then prefer another endpoint; after ``max_attempts`` the
   job becomes a Failure ``exhausted_retries``. Context-length and invalid-request errors become
   a Failure of that class at once.
+- **Endpoint refusals.** A 401/403/404/405/501 answer (``EndpointRefusedError``) is the
+  endpoint's fault: it is taken out at once (one log line naming the status), its work is
+  requeued elsewhere, and the refused attempt does not count against the prompt.
 - **Endpoint loss.** A connection error triggers a health check; an endpoint that fails it, or
   fails ``breaker_failures`` requests in a row, is taken out, its in-flight copies are cancelled
   and their jobs requeued at once, and it is probed every ``probe_interval`` until it answers
@@ -36,9 +39,12 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from draftdata.conversation import turn_message
+from draftdata.errors import EndpointRefusedError
 from draftdata.generate.client import ErrorClass, RequestError, build_body
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
+from draftdata.generate.limits import OutputLimit
 from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
 from draftdata.records import Completion, Failure, Turn
@@ -95,6 +101,7 @@ class Dispatcher:
         self.wake = asyncio.Event()
         self.space = asyncio.Event()
         self.stopping = False
+        self.paused = False  # set by the engine while the store holds too many records
         self.fed_all = False
         self._seq = itertools.count()
         self._checking: set[Endpoint] = set()
@@ -128,7 +135,7 @@ class Dispatcher:
         try:
             while True:
                 now = self.clock()
-                if not self.stopping:
+                if not self.stopping and not self.paused:
                     self._promote(now)
                     self._place(now)
                     if self.cfg.hedge and self.fed_all and not self.ready:
@@ -259,9 +266,9 @@ class Dispatcher:
             if job.hedged or job.done or len(job.copies) != 1:
                 continue
             first = job.copies[0]
-            age = now - first.started
+            age = now - first.sent  # of the request running now, not of the conversation
             if age < min_age:
-                break  # the rest started later still
+                continue
             free = [
                 e for e in self.endpoints if e.accepting and e.free > 0 and e is not first.endpoint
             ]
@@ -337,21 +344,22 @@ class Dispatcher:
         turns = list(job.turns)
         keep = self.cfg.keep_reasoning_history
         body: dict[str, Any] = {}
+        limit = OutputLimit(job.max_tokens, ep, job.prompt.tools)  # per request (limits.py)
         for t in range(len(turns), len(job.plan)):
             messages = job.plan.context(t, turns, keep_reasoning=keep)
             body = build_body(
                 messages,
                 tools=job.prompt.tools,
                 model=self.cfg.model or ep.model or self.model,
-                max_tokens=job.max_tokens,
+                max_tokens=limit.limit(messages),
                 sampling=job.request_sampling,
                 reasoning=job.reasoning,
                 n=len(job.samples),
                 token_ids=self.cfg.token_ids != "off",
                 extra_body=self.cfg.extra_body,
             )
-            sent = self.clock()
-            got = await ep.client.chat(body)
+            sent = copy.sent = self.clock()
+            got, body = await limit.send(body)
             self.requests_ok += 1
             ep.record_success(
                 got[0].usage.completion_tokens
@@ -361,12 +369,14 @@ class Dispatcher:
                 latency=self.clock() - sent,
                 seqs=len(got),
             )
+            limit.answered(messages, got[0])
             if not job.multi_turn:
                 return [[x] for x in got], body, None
             turns.append(got[0])
             stop = job.plan.stop_reason(t, got[0])
             if stop is not None:  # the turn broke the conversation: keep what we have
                 return [turns], body, stop
+            limit.carried([*messages, turn_message(got[0], keep_reasoning=keep)])
             if job.copies == [copy]:  # the only copy: checkpoint for a retry
                 job.turns = list(turns)
         return [turns], body, None
@@ -413,6 +423,9 @@ class Dispatcher:
 
     def _failed(self, copy: Copy, err: RequestError) -> None:
         job, ep = copy.job, copy.endpoint
+        if isinstance(err, EndpointRefusedError):
+            self._refused(copy, err)
+            return
         retryable = not err.fatal
         if ep.record_failure(err.error_class.value, retryable=retryable):
             self.take_down(ep, f"{ep.consecutive_failures} failures in a row ({err})")
@@ -435,6 +448,21 @@ class Dispatcher:
             job.avoid = {ep.url}
             heapq.heappush(self.waiting, (self.clock() + delay, next(self._seq), job))
             self.wake.set()
+
+    def _refused(self, copy: Copy, err: RequestError) -> None:
+        """The endpoint refused: take it out and move the job on, free of charge."""
+        job, ep = copy.job, copy.endpoint
+        ep.errors[err.error_class.value] += 1
+        if not copy.hedge:
+            job.attempts -= 1  # the endpoint's fault, not an attempt of the prompt
+        requeued = 0
+        if not (job.done or job.copies or self.stopping):
+            job.avoid = {ep.url}
+            job.ready_since = self.clock()
+            self.ready.appendleft(job)
+            requeued = 1
+        where = f"HTTP {err.status}: " if err.status is not None else ""
+        self.take_down(ep, f"{where}{err.message}"[:200], dead=True, refusal=True, moved=requeued)
 
     def _fail(self, job: Job, reason: str, message: str, ep: Endpoint) -> None:
         for f in failures(job, reason, message, endpoint=ep.url):
@@ -471,12 +499,19 @@ class Dispatcher:
         if not alive:
             self.take_down(ep, "does not answer its health check", dead=True)
 
-    def take_down(self, ep: Endpoint, why: str, *, dead: bool = False) -> None:
+    def take_down(
+        self, ep: Endpoint, why: str, *, dead: bool = False, refusal: bool = False, moved: int = 0
+    ) -> None:
         """Open the circuit: no new work for ``ep``, probed until it is back. ``dead`` (its
         health check failed): its in-flight copies are cancelled and requeued at once; else
         they may finish (a server that fails new requests may still finish old ones) and a
-        health check decides."""
-        moved = 0
+        health check decides. ``refusal``: ``why`` is the refusal ("HTTP 401: ..."); said
+        once, not again when a trial re-admission is refused too (their requeued copies do
+        not count as attempts). ``moved``: jobs the caller already requeued."""
+        was_up = ep.state != "down"
+        news = ep.mark_refused(why) if refusal else True
+        if refusal:
+            why = f"it refuses chat requests ({why})"
         if dead:
             for copy in list(self.on_endpoint[ep]):
                 if copy.task is not None:
@@ -484,17 +519,20 @@ class Dispatcher:
                 self._detach(copy)
                 job = copy.job
                 if not job.done and not job.copies and not self.stopping:
+                    if refusal and not copy.hedge:
+                        job.attempts -= 1
                     job.avoid = {ep.url}
                     job.ready_since = self.clock()
                     self.ready.appendleft(job)
                     moved += 1
-        if ep.state != "down":
-            ep.mark_down()
+        if was_up:
+            ep.mark_down(why)
             if not self.stopping:
                 self.spawn(self._revive(ep))
             if not dead:
                 self.spawn(self._health_check(ep))
         elif not moved:
             return
-        self.log(f"endpoint {ep.url} taken out: {why}; {moved} request(s) requeued")
+        if news:
+            self.log(f"endpoint {ep.url} taken out: {why}; {moved} request(s) requeued")
         self.wake.set()

@@ -50,6 +50,7 @@ class EndpointShare(msgspec.Struct, kw_only=True):
     errors: dict[str, int] = msgspec.field(default_factory=dict)
     hedges_won: int = 0
     downs: int = 0
+    fault: str | None = None  # why it was out of service at the end
 
 
 class GenerateSummary(msgspec.Struct, kw_only=True):
@@ -78,6 +79,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     wall_s: float = 0.0
     interrupted: bool = False
     remaining: int | None = None
+    peak_uncommitted: int = 0  # most records waiting for the store at once
     endpoints: list[EndpointShare] = msgspec.field(default_factory=list)
     domains: dict[str, DomainStats] = msgspec.field(default_factory=dict)
     run: RunFigures | None = None  # the whole run (all segments), counted from its shards
@@ -122,11 +124,13 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             f"(won {self.hedges_won}); already done before: {self.already_done}"
             + (f"; invalid prompt lines: {self.invalid_prompts}" if self.invalid_prompts else ""),
         ]
+        out.extend(_cut_warning(self.truncated, self.completed))
         for e in self.endpoints:
             errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "no errors"
             out.append(
                 f"  {e.url}: {e.share:.0%} of output tokens, {e.completed} completions, "
                 f"concurrency {e.concurrency}, {errs}, {e.state}"
+                + (f" ({e.fault})" if e.fault and e.state == "down" else "")
             )
         if len(self.domains) > 1 or (self.domains and "" not in self.domains):
             for name, d in sorted(self.domains.items()):
@@ -150,14 +154,31 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             f"  this command: {self.completed} completions, {self.failures} failures in "
             f"{self.wall_s:.1f} s; already done before: {self.already_done}"
             + (f"; invalid prompt lines: {self.invalid_prompts}" if self.invalid_prompts else ""),
+            *_cut_warning(run.cut, run.completions),
         ]
         for e in self.endpoints:
             errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "no errors"
             out.append(
                 f"  {e.url} now: {e.state}, concurrency {e.concurrency}, "
                 f"{e.completed} completions this command, {errs}"
+                + (f" ({e.fault})" if e.fault and e.state == "down" else "")
             )
         return out
+
+
+CUT_WARNING_SHARE = 0.05  # warn when more answers than this were cut by the output limit
+
+
+def _cut_warning(cut: int, completed: int) -> list[str]:
+    """One warning line when more than 5% of ``completed`` answers were cut (none otherwise):
+    cut answers have no end of turn to learn."""
+    if not completed or cut <= CUT_WARNING_SHARE * completed:
+        return []
+    return [
+        f"  warning: {cut / completed:.0%} of answers were cut by the output limit "
+        f"(finish_reason length, {cut} of {completed}); cut answers have no end of turn to "
+        "learn: leave --max-tokens unset to fill the context, or raise it"
+    ]
 
 
 class Tally:

@@ -103,11 +103,13 @@ def test_retryable_faults_are_retried_and_committed(
 def test_context_length_is_a_failure_without_retry(tmp_path: Path, flavor: str) -> None:
     prompts = tmp_path / "p.jsonl"
     ids = write_prompts(prompts, 60)
+    # an explicit limit: a context-length answer to a computed (default) limit is first retried
+    # with a smaller one (test_output_limit.py)
     with SimFleet(1, sim(flavor, faults=FaultConfig(context_400=0.2))) as fleet:
-        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
+        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls, max_tokens=256))
         injected = fleet.stats(0).faults["context_400"]
         # resume: fatal failures are settled, nothing is sent again
-        again = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
+        again = generate(fast_config(prompts, tmp_path / "run", fleet.urls, max_tokens=256))
     assert again.requests == 0 and again.already_done == 60
     comp, fail = check_exactly_once(str(tmp_path / "run"), set(ids))
     assert fail == injected > 0 and comp == 60 - injected
