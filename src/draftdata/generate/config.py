@@ -33,6 +33,7 @@ from draftdata.errors import ConfigError
 Reasoning = Literal["on", "off", "server"]
 ProgressMode = Literal["auto", "rich", "plain", "off"]
 TokenIds = Literal["auto", "on", "off"]
+Order = Literal["length", "file"]
 
 
 class Sampling(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -115,7 +116,9 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     breaker_failures: int = 5
     probe_interval: float = 2.0
     load_interval: float = 5.0
-    # the tail
+    # scheduling and the tail
+    order: Order = "length"  # longest expected output first within the look-ahead; file: off
+    lookahead: int = 4096  # prompts read ahead of dispatch (the window ``order`` sorts)
     hedge: bool = True
     hedge_min_age: float = 2.0
     prefix_steering: bool = True
@@ -162,6 +165,8 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
         (cfg.breaker_failures >= 1, "breaker_failures: must be at least 1"),
         (cfg.log_interval > 0, "--log-interval: must be > 0"),
         (cfg.grace_seconds >= 0, "grace_seconds: must be >= 0"),
+        (cfg.order in ("length", "file"), f"--order: {cfg.order!r}; use length or file"),
+        (cfg.lookahead >= 0, "--lookahead: must be >= 0"),
     ]
     if cfg.partition is not None:
         from draftdata.distributed.partition import parse_partition

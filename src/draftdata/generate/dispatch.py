@@ -33,12 +33,13 @@ import itertools
 import random
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from draftdata.generate.client import ErrorClass, RequestError, build_body
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
+from draftdata.generate.length import LengthModel, LookAhead, prompt_tokens, token_cap
 from draftdata.generate.parse import next_history
 from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
@@ -75,6 +76,7 @@ class Dispatcher:
         log: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
+        history: Callable[[], Iterable[tuple[str, str, int]]] | None = None,
     ) -> None:
         self.cfg = config
         self.endpoints = endpoints
@@ -87,6 +89,11 @@ class Dispatcher:
         self.log = log
         self.clock = clock
         self.rng = random.Random(seed)
+        self._history = history
+        self.lengths = LengthModel()
+        # jobs read but never dispatched (longest expected first); ``ready`` holds the ones
+        # that come back (retries due, requeued, split) and goes before them
+        self.fresh = LookAhead(self.lengths, ordered=config.order == "length")
         self.ready: deque[Job] = deque()
         self.waiting: list[tuple[float, int, Job]] = []  # (ready at, seq, job): backoff heap
         self.running: dict[Job, None] = {}  # jobs with at least one live copy, oldest first
@@ -107,23 +114,33 @@ class Dispatcher:
         self.duplicates = 0
         self.requests_ok = 0
         self.retries = 0
-        self.hedges = 0
-        self.hedges_won = 0
+        self.hedges = 0  # hedge copies sent
+        self.hedges_won = 0  # ... whose answer was the one committed
+        self.hedges_wasted = 0  # ... thrown away (the original answered first, or it failed)
 
     # -- the loop -----------------------------------------------------------------------------
 
     @property
     def window(self) -> int:
-        """Jobs held in memory at most: twice the fleet's current limits."""
-        return max(64, 2 * sum(e.limit for e in self.endpoints if e.state != "down"))
+        """Jobs held in memory at most: twice the fleet's current limits, plus the look-ahead
+        when jobs are ordered by expected length."""
+        base = max(64, 2 * sum(e.limit for e in self.endpoints if e.state != "down"))
+        return base + (self.cfg.lookahead if self.fresh.ordered else 0)
 
     @property
     def pending(self) -> int:
         """Jobs queued, backing off or running."""
-        return len(self.ready) + len(self.waiting) + len(self.running)
+        return len(self.ready) + len(self.fresh) + len(self.waiting) + len(self.running)
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for an endpoint (not backing off, not running)."""
+        return len(self.ready) + len(self.fresh)
 
     async def run(self) -> None:
         """Dispatch until every job is settled (or, once stopped, until nothing runs)."""
+        if self._history is not None:
+            await asyncio.to_thread(self._seed, self._history)
         feeder = asyncio.create_task(self._feed())
         loop = asyncio.get_running_loop()
         try:
@@ -132,12 +149,12 @@ class Dispatcher:
                 if not self.stopping:
                     self._promote(now)
                     self._place(now)
-                    if self.cfg.hedge and self.fed_all and not self.ready:
+                    if self.cfg.hedge and self.fed_all and not self.queued:
                         self._hedge(now)
                 if feeder.done() and not feeder.cancelled() and feeder.exception():
                     raise feeder.exception()  # type: ignore[misc]
                 if not self.running and (
-                    self.stopping or (self.fed_all and not self.ready and not self.waiting)
+                    self.stopping or (self.fed_all and not self.queued and not self.waiting)
                 ):
                     return
                 self.wake.clear()
@@ -188,11 +205,23 @@ class Dispatcher:
                     continue
                 for job in jobs:
                     job.ready_since = now
-                    self.ready.append(job)
+                    self.fresh.push(job)
                     self.active[pid] += 1
             self.wake.set()
         self.fed_all = not self.stopping
         self.wake.set()
+
+    def _seed(self, history: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        """(runs in a thread, before dispatch) learn lengths from a resumed run's history."""
+        seen = 0
+        try:
+            for source, domain, tokens in history():
+                self.lengths.observe(source, domain, None, tokens)
+                seen += 1
+        except Exception as exc:  # the history only speeds the schedule up: never fatal
+            self.log(f"generate: could not read the run's earlier output lengths: {exc}")
+        if seen:
+            self.log(f"generate: output lengths seeded from {seen} earlier completions")
 
     @property
     def already_done(self) -> int:
@@ -219,12 +248,17 @@ class Dispatcher:
 
     def _place(self, now: float) -> None:
         held: list[Job] = []
-        while self.ready:
+        tail: TailPlan | None = None
+        if self.fed_all and self.queued:
+            tail = TailPlan.make(self, now)
+        while self.ready or self.fresh:
             free = [e for e in self.endpoints if e.state == "up" and e.limit > e.inflight]
             if not free:
                 break
-            job = self.ready.popleft()
+            job = self.ready.popleft() if self.ready else self.fresh.pop()
             ep = self._pick(job, free, now)
+            if ep is not None and tail is not None:
+                ep = tail.place(job, ep, self.lengths.expect_job(job))
             if ep is None:
                 held.append(job)
                 continue
@@ -255,6 +289,8 @@ class Dispatcher:
         return best
 
     def _hedge(self, now: float) -> None:
+        """Copy tail requests onto idle endpoints where the copy is expected to finish first
+        (``hedge_pays``); only asked when nothing is queued, so the copies take idle slots."""
         min_age = self.cfg.hedge_min_age
         for job in list(self.running):
             if job.hedged or job.done or len(job.copies) != 1:
@@ -269,7 +305,8 @@ class Dispatcher:
             if not free:
                 return
             ep = max(free, key=lambda e: (e.seq_rate or 0.0, e.free, -e.index))
-            if not first.endpoint.hedge_worthy(age, ep):
+            expected = self.lengths.expect_job(job)
+            if not hedge_pays(age, expected, token_cap(job), first.endpoint, ep):
                 continue
             job.hedged = True
             self.hedges += 1
@@ -375,10 +412,16 @@ class Dispatcher:
         for other in list(job.copies):
             if other.task is not None:
                 other.task.cancel()
+            if other.hedge:
+                self.hedges_wasted += 1
             self._detach(other)
         if copy.hedge:
             self.hedges_won += 1
             ep.hedges_won += 1
+        p, prompt_len = job.prompt, prompt_tokens(job)
+        for turns in per_sample:
+            out = sum(t.usage.completion_tokens for t in turns)
+            self.lengths.observe(p.source, p.domain, prompt_len, out)
         samples = job.samples
         if len(per_sample) < len(samples):  # the server ignored n: ask for the rest one by one
             ep.server_n = False
@@ -394,6 +437,8 @@ class Dispatcher:
 
     def _failed(self, copy: Copy, err: RequestError) -> None:
         job, ep = copy.job, copy.endpoint
+        if copy.hedge and not self.stopping:
+            self.hedges_wasted += 1
         retryable = not err.fatal
         if ep.record_failure(err.error_class.value, retryable=retryable):
             self.take_down(ep, f"{ep.consecutive_failures} failures in a row ({err})")
@@ -462,6 +507,8 @@ class Dispatcher:
             for copy in list(self.on_endpoint[ep]):
                 if copy.task is not None:
                     copy.task.cancel()
+                if copy.hedge and not copy.detached:
+                    self.hedges_wasted += 1
                 self._detach(copy)
                 job = copy.job
                 if not job.done and not job.copies and not self.stopping:
@@ -479,3 +526,93 @@ class Dispatcher:
             return
         self.log(f"endpoint {ep.url} taken out: {why}; {moved} request(s) requeued")
         self.wake.set()
+
+
+# -- placement by expected finish time -------------------------------------------------------
+
+_SPEED_GAP = 1.2  # per-sequence rates closer than this: greedy placement is as good
+
+
+def hedge_pays(age: float, expected: float, cap: int, origin: Endpoint, target: Endpoint) -> bool:
+    """Whether a copy on ``target`` of a request running on ``origin`` for ``age`` s is
+    expected to answer before the original.
+
+    The original has produced about ``age * rate`` tokens; what it has left is the expected
+    length minus that, but at least half of what it produced (the lengths are long-tailed: a
+    request already past its expected length is expected to run on) and at most what the token
+    cap allows. A request past its cap by half again is stuck (a hung request, a server that
+    slowed down): any copy beats it. The copy starts from nothing, so it pays only on a server
+    that decodes enough faster, with a 20% margin for the work it may waste.
+    """
+    r_o, r_t = origin.seq_rate, target.seq_rate
+    if r_o is None or r_o <= 0:
+        return origin.latency is not None and age > 3 * origin.latency
+    produced = age * r_o
+    if produced > 1.5 * cap:
+        return True
+    if r_t is None or r_t <= 0:
+        return False
+    left = min(cap - produced, max(expected - produced, 0.5 * produced))
+    if left <= 0:
+        return False
+    return (produced + left) / r_t < 0.8 * left / r_o
+
+
+class TailPlan:
+    """Placement when the queue runs low: each job (longest expected first) goes where it is
+    expected to finish first -- a free slot now, or a faster server's slot that frees soon.
+
+    Every endpoint's slots are a heap of the times (from now) they are expected to free: 0 for
+    a free slot, for a busy one what its copy has left (expected length over the endpoint's
+    per-sequence rate, minus its age; at least a tenth of it). A job takes the slot that
+    minimises free time + its expected length / that endpoint's rate; if that slot is free now
+    the job goes there, else it is held for it (and the slot counts as taken by it, so the next
+    job plans around it). With similar rates everywhere this is plain greedy placement, so the
+    plan is only made when the fleet's per-sequence rates differ by more than ``_SPEED_GAP``.
+    """
+
+    def __init__(self, slots: dict[Endpoint, list[float]], rates: dict[Endpoint, float]) -> None:
+        self.slots = slots
+        self.rates = rates
+
+    @classmethod
+    def make(cls, d: Dispatcher, now: float) -> TailPlan | None:
+        """The plan for ``d``'s fleet now, or None where greedy placement is as good."""
+        if d.queued > sum(e.limit for e in d.endpoints if e.accepting):
+            return None  # the queue is not low yet
+        up = [e for e in d.endpoints if e.accepting]
+        rates = {e: e.seq_rate for e in up}
+        if len(up) < 2 or any(r is None or r <= 0 for r in rates.values()):
+            return None
+        known: dict[Endpoint, float] = {e: r for e, r in rates.items() if r is not None}
+        if max(known.values()) < _SPEED_GAP * min(known.values()):
+            return None
+        slots: dict[Endpoint, list[float]] = {}
+        for e in up:
+            heap = [0.0] * max(0, e.free)
+            rate = known[e]
+            for copy in d.on_endpoint[e]:
+                total = d.lengths.expect_job(copy.job) / rate
+                left = max(0.1 * total, total - (now - copy.started))
+                heap.extend([left] * copy.seqs)
+            heapq.heapify(heap)
+            slots[e] = heap
+        return cls(slots, known)
+
+    def place(self, job: Job, pick: Endpoint, expected: float) -> Endpoint | None:
+        """Where ``job`` goes now: ``pick`` (greedy's choice) or another free endpoint, or None
+        to hold it for a faster server's next free slot."""
+        best: tuple[float, int, Endpoint] | None = None
+        for e, heap in self.slots.items():
+            if not heap or (e.url in job.avoid and e is not pick):
+                continue
+            finish = heap[0] + expected / self.rates[e]
+            if best is None or (finish, e is not pick) < best[:2]:
+                best = (finish, int(e is not pick), e)
+        if best is None:
+            return pick
+        finish, _, ep = best
+        start = heapq.heapreplace(self.slots[ep], finish)
+        if start > 0:
+            return None
+        return ep

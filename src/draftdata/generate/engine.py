@@ -30,6 +30,7 @@ from draftdata.fleet.probe import probe_capacity
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.endpoint import Endpoint, check_alive, load_of
+from draftdata.generate.length import run_history
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
@@ -106,6 +107,7 @@ class Engine:
             revive=self._revive,
             log=log,
             clock=clock,
+            history=(lambda: run_history(run.store)) if run.resumed_done else None,
         )
         self.progress = Progress(endpoints, self._counters, total=total, clock=clock)
         self._stop_loops = asyncio.Event()
@@ -299,6 +301,7 @@ class Engine:
             retries=d.retries,
             hedges=d.hedges,
             hedges_won=d.hedges_won,
+            hedges_wasted=d.hedges_wasted,
             invalid_prompts=d.reader.invalid,
             wall_s=round(wall, 3),
             interrupted=self.interrupted,

@@ -1,0 +1,172 @@
+"""Expected output lengths, learned while a run goes, and the longest-first look-ahead queue.
+
+``LengthModel`` estimates how many output tokens one sample of a prompt will take (all its
+turns together), from what the run has seen so far: a mean per source and domain, refined by
+the prompt's length (a power-of-two bucket of its estimated tokens), each level shrunk toward
+the one above it (prompt-length bucket -> source/domain -> the whole run -> a prior of a third
+of the job's own token cap) so that a key seen once does not swing the estimate. It learns from
+every completion the dispatcher settles and is seeded, on resume, from the run's committed
+completions (source/domain level only: their prompt lengths are not the same measure). The
+number of keys is bounded, so memory does not grow with the job.
+
+``LookAhead`` holds the jobs read ahead of dispatch (at most the look-ahead window) and hands
+out the longest expected first (ties: file order), or plain file order with ``ordered=False``.
+Long answers started early overlap with the rest of the job instead of running alone at its
+end, which is what a file-order dispatcher loses on mixed-domain jobs. Keys are refreshed as
+the model learns (at geometrically spaced observation counts, so the cost stays small).
+
+Its one read is ``run_history``: the newest committed completions of a resumed run (source,
+domain and output tokens only, at most ``HISTORY_ROWS``). It never decides where a job runs
+(``dispatch.py`` does).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from draftdata.generate.work import Job
+
+if TYPE_CHECKING:
+    from draftdata.store.store import Store
+
+_SHRINK = 4.0  # pseudo-observations of the level above that every level's mean starts from
+_PRIOR_SHARE = 1 / 3  # the prior of a job nothing is known about: this share of its token cap
+_MAX_KEYS = 4096
+_FIRST_REKEY = 16
+HISTORY_ROWS = 50_000  # a resumed run's newest completions that seed the model, at most
+
+Key = tuple[str, str, int]  # (source, domain, prompt-length bucket; -1: the source/domain level)
+
+
+def prompt_tokens(job: Job) -> int:
+    """A cheap estimate of a job's prompt tokens (characters / 4)."""
+    return sum(len(m.content or "") for m in job.prompt.messages) // 4
+
+
+def token_cap(job: Job) -> int:
+    """The most output tokens one sample of ``job`` can take (max tokens x turns)."""
+    return job.max_tokens * max(1, len(job.slices))
+
+
+def bucket(tokens: int) -> int:
+    """The prompt-length bucket: powers of two from 16 tokens (0: under 32)."""
+    return max(0, tokens.bit_length() - 5)
+
+
+class LengthModel:
+    """Online mean output tokens per sample by source/domain and prompt length (bounded)."""
+
+    def __init__(self, *, max_keys: int = _MAX_KEYS) -> None:
+        self.max_keys = max_keys
+        self._stats: dict[Key, list[float]] = {}  # key -> [count, sum of output tokens]
+        self._count = 0
+        self._sum = 0.0
+        self.observed = 0  # observations so far (the LookAhead refreshes on its growth)
+
+    def observe(self, source: str, domain: str, prompt: int | None, output: int) -> None:
+        """Learn one sample's output tokens (``prompt`` None: source/domain level only)."""
+        self.observed += 1
+        self._count += 1
+        self._sum += output
+        keys: Iterable[Key] = (
+            ((source, domain, -1),)
+            if prompt is None
+            else ((source, domain, -1), (source, domain, bucket(prompt)))
+        )
+        for key in keys:
+            s = self._stats.get(key)
+            if s is None:
+                if len(self._stats) >= self.max_keys:
+                    continue  # bounded: new keys fall back to the levels above
+                s = self._stats[key] = [0.0, 0.0]
+            s[0] += 1
+            s[1] += output
+
+    def expect(self, source: str, domain: str, prompt: int, cap: int) -> float:
+        """Expected output tokens of one sample (at most ``cap``)."""
+        prior = cap * _PRIOR_SHARE
+        mean = (self._sum + _SHRINK * prior) / (self._count + _SHRINK)
+        for key in ((source, domain, -1), (source, domain, bucket(prompt))):
+            s = self._stats.get(key)
+            if s is not None:
+                mean = (s[1] + _SHRINK * mean) / (s[0] + _SHRINK)
+        return min(float(cap), mean)
+
+    def expect_job(self, job: Job) -> float:
+        """Expected output tokens of one sample of ``job``."""
+        p = job.prompt
+        return self.expect(p.source, p.domain, prompt_tokens(job), token_cap(job))
+
+    @property
+    def keys(self) -> int:
+        """Keys held (bounded by ``max_keys``)."""
+        return len(self._stats)
+
+
+class LookAhead:
+    """Jobs not yet dispatched, longest expected first (``ordered``) or in file order."""
+
+    def __init__(self, model: LengthModel, *, ordered: bool) -> None:
+        self.model = model
+        self.ordered = ordered
+        self._heap: list[tuple[float, int, Job]] = []  # (-expected tokens, file position, job)
+        self._fifo: deque[Job] = deque()
+        self._seq = itertools.count()
+        self._next_rekey = _FIRST_REKEY
+
+    def __len__(self) -> int:
+        return len(self._heap) if self.ordered else len(self._fifo)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap) if self.ordered else bool(self._fifo)
+
+    def push(self, job: Job) -> None:
+        """Add a job read from the prompts."""
+        if self.ordered:
+            heapq.heappush(self._heap, (-self.model.expect_job(job), next(self._seq), job))
+        else:
+            self._fifo.append(job)
+
+    def pop(self) -> Job:
+        """The next job to dispatch (IndexError when empty)."""
+        if not self.ordered:
+            return self._fifo.popleft()
+        if self.model.observed >= self._next_rekey:
+            self.rekey()
+        return heapq.heappop(self._heap)[2]
+
+    def rekey(self) -> None:
+        """Recompute every held job's expected length with what the model knows now."""
+        self._next_rekey = max(_FIRST_REKEY, int(self.model.observed * 1.25) + 1)
+        expect = self.model.expect_job
+        self._heap = [(-expect(job), seq, job) for _, seq, job in self._heap]
+        heapq.heapify(self._heap)
+
+
+def run_history(store: Store, *, rows: int = HISTORY_ROWS) -> Iterator[tuple[str, str, int]]:
+    """(source, domain, output tokens) of a run's newest committed completions, at most
+    ``rows`` of them (newest shards first); a shard that cannot be read is skipped."""
+    from draftdata.errors import StoreError
+    from draftdata.formats import COMPLETION_FORMAT
+    from draftdata.store.read import COMPLETIONS_PREFIX, read_shard, shard_keys
+
+    left = rows
+    for key in reversed(shard_keys(store, COMPLETIONS_PREFIX)):
+        if left <= 0:
+            return
+        try:
+            table = read_shard(store, key, COMPLETION_FORMAT, ["source", "domain", "usage"])
+        except StoreError:
+            continue
+        table = table.slice(0, left)
+        left -= table.num_rows
+        usage = table.column("usage").combine_chunks()
+        tokens = usage.field("completion_tokens").to_pylist()
+        sources = table.column("source").to_pylist()
+        domains = table.column("domain").to_pylist()
+        for s, d, n in zip(sources, domains, tokens, strict=True):
+            yield s or "", d or "", int(n or 0)
