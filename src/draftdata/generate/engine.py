@@ -3,8 +3,9 @@
 ``Engine.run`` drives a ``Dispatcher`` over ready ``Endpoint``s and an open ``Run`` and, beside
 it, a few small loops: the committer (``Run.flush`` in a worker thread whenever it is due), the
 load watcher (the server's running/waiting every ``load_interval`` s feeds each endpoint's
-concurrency controller), the reviver (a taken-out endpoint is probed every ``probe_interval`` s
-and re-admitted when healthy), the progress display or log line, and the metrics snapshots.
+concurrency controller), the reviver (a taken-out endpoint is probed every 0.2 s for its first
+30 s out, then every ``probe_interval`` s, and re-admitted with its full probed capacity at
+once), the progress display or log line, and the metrics snapshots.
 
 Shutdown (``interrupt``): the first call stops dispatch and lets running requests finish for up
 to ``grace_seconds``; the second (or the end of the grace) cancels them. Either way whatever
@@ -38,6 +39,8 @@ from draftdata.records import Completion, Failure
 from draftdata.store.run import Run
 
 Log = Callable[[str], None]
+_FAST_PROBE_S = 30.0  # a taken-out endpoint is probed every _FAST_PROBE_INTERVAL s this long
+_FAST_PROBE_INTERVAL = 0.2
 
 
 def probe_session(api_key: str | None) -> aiohttp.ClientSession:
@@ -182,8 +185,12 @@ class Engine:
             self.dispatcher.wake.set()
 
     async def _revive(self, ep: Endpoint) -> None:
+        # probed often at first (most outages are restarts of seconds: every second late is a
+        # server's share lost), every probe_interval after _FAST_PROBE_S
+        since = self.clock()
         while not self.dispatcher.stopping:
-            await asyncio.sleep(self.cfg.probe_interval)
+            fast = self.clock() - since < _FAST_PROBE_S
+            await asyncio.sleep(min(self.cfg.probe_interval, _FAST_PROBE_INTERVAL if fast else 1e9))
             if not await check_alive(self.session, ep.url, self._probe_timeout):
                 continue
             cap = await probe_capacity(self.session, ep.url, timeout=self._probe_timeout)

@@ -303,3 +303,48 @@ def test_bad_prompt_lines_are_skipped_counted_and_written_to_rejects(tmp_path: P
     assert [r["location"] for r in rows] == [f"{prompts}:5", f"{prompts}:6"]
     assert rows[1]["line"] == "{not json"
     assert all(r["reason"] for r in rows)
+
+
+def test_recovered_server_gets_its_full_share_at_once(tmp_path: Path) -> None:
+    """A server down for an outage is re-admitted within a fraction of a second of answering
+    again (even with a long probe_interval), and at once runs its full probed capacity."""
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 500)
+    samples: list[tuple[float, str, int, int]] = []  # (time, state, inflight, limit) of server 1
+    back: list[float] = []
+    with SimFleet(2, sim(time_scale=0.05, max_running=16)) as fleet:
+
+        def watch(engine: Any) -> None:
+            ep = engine.endpoints[1]
+
+            async def sample() -> None:
+                while True:
+                    samples.append((time.monotonic(), ep.state, ep.inflight, ep.limit))
+                    await asyncio.sleep(0.01)
+
+            task = asyncio.get_running_loop().create_task(sample())
+            engine.dispatcher.spawn(task)
+
+        def outage() -> None:
+            fleet.crash(1)
+            time.sleep(0.5)
+            fleet.restart(1)
+            back.append(time.monotonic())
+
+        timer = threading.Timer(0.4, outage)
+        timer.start()
+        try:
+            cfg = fast_config(prompts, tmp_path / "run", fleet.urls, probe_interval=5.0)
+            summary = generate(cfg, on_engine=watch)
+        finally:
+            timer.cancel()
+    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (500, 0)
+    assert summary.endpoints[1].downs == 1
+    down = next(i for i, s in enumerate(samples) if s[1] == "down")
+    up = next((i for i in range(down, len(samples)) if samples[i][1] == "up"), None)
+    assert up is not None, "never re-admitted before the run ended"
+    t_up, limit = samples[up][0], samples[up][3]
+    assert back and t_up - back[0] < 1.0  # not the 5 s probe interval
+    assert limit >= 16  # its probed capacity, not a ramp
+    full = next(s[0] for s in samples[up:] if s[2] >= limit - 1)
+    assert full - t_up < 0.2  # the full share within one dispatch round

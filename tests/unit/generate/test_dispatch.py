@@ -6,7 +6,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from tests.unit.generate.fakes import FakeClient, endpoint, run_dispatch, user, write
 
 from draftdata.generate.client import ErrorClass

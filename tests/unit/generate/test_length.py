@@ -1,0 +1,293 @@
+"""Length-aware scheduling: the length model, the look-ahead order, tail placement, hedging."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.unit.generate.fakes import endpoint, run_dispatch, write
+
+from draftdata.generate.config import GenerateConfig
+from draftdata.generate.dispatch import TailPlan, hedge_pays
+from draftdata.generate.endpoint import Endpoint
+from draftdata.generate.length import LengthModel, LookAhead, run_history
+from draftdata.generate.work import Job
+from draftdata.records import Completion, Message, Prompt, Turn, Usage
+
+LENGTHS = {"math": 600, "code": 300, "general": 150, "tool": 30}
+
+
+def cfg(**kw: object) -> GenerateConfig:
+    base: dict[str, object] = {
+        "prompts": "p",
+        "out": "o",
+        "endpoints": ["x"],
+        "backoff_base": 0.001,
+        "backoff_max": 0.01,
+        "hedge": False,
+    }
+    base.update(kw)
+    return GenerateConfig(**base)
+
+
+def job(domain: str = "", text: str = "q", max_tokens: int = 1000, pid: str = "a") -> Job:
+    p = Prompt(id=pid, domain=domain, messages=[Message(role="user", content=text)])
+    return Job(
+        p,
+        [0],
+        [p.messages],
+        sampling=cfg().sampling,
+        max_tokens=max_tokens,
+        reasoning="server",
+        prefix=None,
+        cost=10,
+    )
+
+
+class DomainClient:
+    """Answers with the output length of the prompt's domain (named in its text), after
+    ``per_token`` s per output token; records the order prompts arrive in."""
+
+    def __init__(self, per_token: float = 0.0) -> None:
+        self.per_token = per_token
+        self.order: list[str] = []
+        self.token_ids_supported: bool | None = None
+
+    async def chat(self, body: dict[str, Any]) -> list[Turn]:
+        text = body["messages"][-1]["content"]
+        self.order.append(text)
+        tokens = LENGTHS[text.split()[0]]
+        await asyncio.sleep(self.per_token * tokens)
+        usage = Usage(prompt_tokens=5, completion_tokens=tokens)
+        return [Turn(content="a", finish_reason="stop", usage=usage)]
+
+    async def close(self) -> None:
+        pass
+
+
+def mixed_rows(n: int) -> list[dict[str, Any]]:
+    names = list(LENGTHS)
+    return [
+        {
+            "id": f"p{i}",
+            "domain": names[(i * 7) % len(names)],
+            "messages": [{"role": "user", "content": f"{names[(i * 7) % len(names)]} q{i}"}],
+        }
+        for i in range(n)
+    ]
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+def test_model_learns_each_domain_and_keeps_the_cap() -> None:
+    m = LengthModel()
+    prior = m.expect("s", "math", 10, 900)
+    assert prior == 300  # a third of the cap before anything is known
+    for _ in range(50):
+        m.observe("s", "math", 10, 800)
+        m.observe("s", "tool", 10, 20)
+    assert 700 < m.expect("s", "math", 10, 900) <= 800
+    assert m.expect("s", "tool", 10, 900) < 60
+    assert m.expect("s", "math", 10, 500) == 500  # never above the job's own cap
+    # an unseen domain starts from the run's mean, not from the prior
+    assert 300 < m.expect("s", "general", 10, 900) < 500
+
+
+def test_model_uses_prompt_length_within_a_domain() -> None:
+    m = LengthModel()
+    for _ in range(40):
+        m.observe("s", "d", 20, 100)
+        m.observe("s", "d", 2000, 900)
+    assert m.expect("s", "d", 2000, 4000) > 2 * m.expect("s", "d", 20, 4000)
+
+
+def test_model_memory_is_bounded() -> None:
+    m = LengthModel(max_keys=10)
+    for i in range(1000):
+        m.observe(f"s{i}", "d", i, 5)
+    assert m.keys == 10
+    assert m.expect("new", "d", 5, 100) < 33  # falls back to the run's mean
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 5000)), max_size=60))
+def test_model_estimate_stays_within_zero_and_cap(obs: list[tuple[str, int]]) -> None:
+    m = LengthModel()
+    for domain, n in obs:
+        m.observe("s", domain, n, n)
+    for domain in "abcd":
+        for cap in (1, 100, 9000):
+            assert 0 <= m.expect("s", domain, 100, cap) <= cap
+
+
+# -- the look-ahead ---------------------------------------------------------------------------
+
+
+def test_lookahead_longest_first_ties_in_file_order_and_off_switch() -> None:
+    m = LengthModel()
+    for _ in range(20):
+        m.observe("", "math", 0, 900)
+        m.observe("", "tool", 0, 10)
+    jobs = [job(d, pid=f"p{i}") for i, d in enumerate(["tool", "math", "tool", "math"])]
+    on, off = LookAhead(m, ordered=True), LookAhead(m, ordered=False)
+    for j in jobs:
+        on.push(j)
+        off.push(j)
+    assert [on.pop().prompt.id for _ in range(4)] == ["p1", "p3", "p0", "p2"]
+    assert [off.pop().prompt.id for _ in range(4)] == ["p0", "p1", "p2", "p3"]
+
+
+def test_lookahead_rekeys_as_the_model_learns() -> None:
+    m = LengthModel()
+    q = LookAhead(m, ordered=True)
+    jobs = [job(d, pid=f"p{i}") for i, d in enumerate(["tool", "math", "tool", "math"])]
+    for j in jobs:
+        q.push(j)  # all equal now: file order
+    for _ in range(40):  # learnt while they wait
+        m.observe("", "math", 0, 900)
+        m.observe("", "tool", 0, 10)
+    assert [q.pop().prompt.id for _ in range(4)] == ["p1", "p3", "p0", "p2"]
+
+
+# -- in the dispatcher ------------------------------------------------------------------------
+
+
+async def test_long_domains_go_first_once_learnt_and_order_is_deterministic(
+    tmp_path: Path,
+) -> None:
+    prompts = write(tmp_path / "p.jsonl", mixed_rows(120))
+    orders = []
+    for _ in range(2):
+        client = DomainClient()
+        _, sink = await run_dispatch(cfg(), [endpoint(0, client, limit=1)], prompts)
+        assert len(sink.completions) == 120
+        orders.append(client.order)
+    assert orders[0] == orders[1]  # same input, same seed: the same order
+    # after a learning phase the rest goes longest-domain first
+    later = [t.split()[0] for t in orders[0][40:]]
+    ranks = [list(LENGTHS).index(x) for x in later]
+    assert ranks == sorted(ranks)
+    # with the off switch: file order
+    client = DomainClient()
+    await run_dispatch(cfg(order="file"), [endpoint(0, client, limit=1)], prompts)
+    assert client.order == [r["messages"][0]["content"] for r in mixed_rows(120)]
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    ids=st.lists(st.integers(0, 40), min_size=1, max_size=80),
+    limits=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    lookahead=st.integers(0, 50),
+)
+def test_ordering_keeps_exactly_once(
+    tmp_path: Path, ids: list[int], limits: list[int], lookahead: int
+) -> None:
+    names = list(LENGTHS)
+    rows = [
+        {
+            "id": f"p{i}",
+            "domain": names[i % 4],
+            "messages": [{"role": "user", "content": f"{names[i % 4]} {i}"}],
+        }
+        for i in ids
+    ]
+    prompts = write(tmp_path / "p.jsonl", rows)
+    eps = [endpoint(k, DomainClient(0.00002 * (k + 1)), limit=n) for k, n in enumerate(limits)]
+    _, sink = asyncio.run(run_dispatch(cfg(lookahead=lookahead), eps, prompts))
+    assert Counter(c.id for c in sink.completions) == Counter(f"p{i}" for i in set(ids))
+
+
+def test_history_of_a_run_seeds_the_model(tmp_path: Path) -> None:
+    from draftdata.store.run import Run
+
+    with Run.open(str(tmp_path / "run"), settings={"stage": "generate"}) as run:
+        for i in range(30):
+            d = "math" if i % 2 else "tool"
+            run.add_completion(
+                Completion(
+                    id=f"p{i}",
+                    domain=d,
+                    messages=[Message(role="user", content="q")],
+                    turns=[Turn(content="a", finish_reason="stop")],
+                    usage=Usage(completion_tokens=LENGTHS[d]),
+                )
+            )
+        run.flush()
+        rows = list(run_history(run.store))
+        assert len(list(run_history(run.store, rows=7))) == 7
+    assert sorted(rows) == sorted(
+        ("", "math" if i % 2 else "tool", LENGTHS["math" if i % 2 else "tool"]) for i in range(30)
+    )
+    m = LengthModel()
+    for s, d, n in rows:
+        m.observe(s, d, None, n)
+    assert m.expect("", "math", 5, 4000) > 4 * m.expect("", "tool", 5, 4000)
+
+
+# -- tail placement and hedging ---------------------------------------------------------------
+
+
+class _D:
+    """The parts of a Dispatcher a TailPlan reads."""
+
+    def __init__(self, endpoints: list[Endpoint], queued: int) -> None:
+        self.endpoints = endpoints
+        self.queued = queued
+        self.lengths = LengthModel()
+        self.on_endpoint: dict[Endpoint, set[Any]] = {e: set() for e in endpoints}
+
+
+def test_tail_plan_holds_long_work_for_the_fast_server() -> None:
+    from draftdata.generate.work import Copy
+
+    fast, slow = endpoint(0, DomainClient(), limit=2), endpoint(1, DomainClient(), limit=2)
+    fast.seq_rate, slow.seq_rate = 100.0, 50.0
+    d = _D([fast, slow], queued=3)
+    # the fast server is full; its copies (expected 333 tokens: 3.3 s) are near their end
+    for k in range(2):
+        c = Copy(job(pid=f"r{k}"), fast, hedge=False, seqs=1, started=0.0)
+        d.on_endpoint[fast].add(c)
+        fast.acquire(1, 0)
+    plan = TailPlan.make(d, now=3.0)
+    assert plan is not None
+    # 1000 expected tokens: 10 s on fast after ~0.3 s, 20 s on slow: held for fast
+    assert plan.place(job(max_tokens=3000), slow, 1000.0) is None
+    assert plan.place(job(max_tokens=3000), slow, 1000.0) is None
+    # fast's two slots are now promised until ~10.3 s; a short job goes to slow at once
+    assert plan.place(job(), slow, 20.0) is slow
+    # with equal speeds there is no plan: greedy placement
+    slow.seq_rate = 95.0
+    assert TailPlan.make(d, now=3.0) is None
+
+
+def test_hedge_pays_only_when_the_copy_should_win() -> None:
+    slow, fast = endpoint(0, DomainClient()), endpoint(1, DomainClient())
+    slow.seq_rate, fast.seq_rate = 10.0, 20.0
+    # just started, 1000 expected: copy 50 s vs original ~100 s -> pays
+    assert hedge_pays(1.0, 1000, 4000, slow, fast)
+    # more than half done on a 2x slower server: the copy would finish later
+    assert not hedge_pays(70.0, 1000, 4000, slow, fast)
+    # never onto a server that is not faster
+    assert not hedge_pays(1.0, 1000, 4000, fast, slow)
+    assert not hedge_pays(1.0, 1000, 4000, slow, slow)
+    # past its cap by half again: stuck, any copy beats it
+    assert hedge_pays(700.0, 1000, 4000, slow, slow)
+    # nothing known about speeds: only a request far past the usual latency
+    a, b = endpoint(2, DomainClient()), endpoint(3, DomainClient())
+    assert not hedge_pays(5.0, 1000, 4000, a, b)
+    a.latency = 1.0
+    assert hedge_pays(5.0, 1000, 4000, a, b)
+
+
+async def test_no_hedges_between_equal_servers(tmp_path: Path) -> None:
+    prompts = write(tmp_path / "p.jsonl", mixed_rows(40))
+    eps = [endpoint(k, DomainClient(0.0002), limit=4) for k in range(2)]
+    d, sink = await run_dispatch(cfg(hedge=True, hedge_min_age=0.01), eps, prompts)
+    assert len(sink.completions) == 40
+    assert d.hedges == 0 == d.hedges_wasted
