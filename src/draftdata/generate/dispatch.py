@@ -6,6 +6,9 @@ Policy, in the order the loop applies it:
   with the most free slots, then the fewest outstanding tokens (a job that shares a system
   prompt / tools with recent ones goes where its prefix is cached when that endpoint has room).
   There are no shards and no round-robin, so a slow server simply frees slots less often.
+- **Longest expected first.** New jobs wait in a ``LookAhead`` (``length.py``): with
+  ``order: length`` the one expected to answer longest goes first (the estimate is learned
+  from the run's completions); retries and requeued jobs go before them.
 - **Retries** of 429/5xx/timeouts/resets/malformed bodies wait a jittered exponential backoff
   (or the server's Retry-After) and then prefer another endpoint; after ``max_attempts`` the
   job becomes a Failure ``exhausted_retries``. Context-length and invalid-request errors become
@@ -14,11 +17,14 @@ Policy, in the order the loop applies it:
   fails ``breaker_failures`` requests in a row, is taken out, its in-flight copies are cancelled
   and their jobs requeued at once, and it is probed every ``probe_interval`` until it answers
   (then re-admitted half-open: one more failure takes it out again).
-- **The tail.** When no new work is left, requests running for at least ``hedge_min_age`` are
-  copied onto endpoints with free slots; the first copy to answer wins, the others are
-  cancelled, and only the winner is committed.
+- **The tail.** Once every prompt is read and fewer jobs are queued than the fleet has slots,
+  a ``TailPlan`` places each job where it is expected to finish first (expected length over
+  the endpoint's per-sequence rate, after its next slot frees), holding a long job for a fast
+  server rather than starting it on a slow one. When nothing is queued, a request running for
+  at least ``hedge_min_age`` is copied onto a faster idle endpoint when ``hedge_pays``; the
+  first copy to answer wins, the others are cancelled, and only the winner is committed.
 - **Memory.** Prompts are read lazily (in a thread) only while fewer than ``window`` jobs are
-  queued or running.
+  queued or running (twice the fleet's limits, plus the look-ahead when ordering).
 
 Results go to a ``Sink`` (the engine buffers them in the Run). Endpoint probing and the
 concurrency controller live in ``endpoint.py``; this module holds no I/O but the chat calls.
@@ -116,7 +122,6 @@ class Dispatcher:
         self.retries = 0
         self.hedges = 0  # hedge copies sent
         self.hedges_won = 0  # ... whose answer was the one committed
-        self.hedges_wasted = 0  # ... thrown away (the original answered first, or it failed)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -131,6 +136,13 @@ class Dispatcher:
     def pending(self) -> int:
         """Jobs queued, backing off or running."""
         return len(self.ready) + len(self.fresh) + len(self.waiting) + len(self.running)
+
+    @property
+    def hedges_wasted(self) -> int:
+        """Hedge copies whose work was thrown away: the original answered first, the copy
+        failed, or it was cancelled (not the ones still running)."""
+        live = sum(1 for copies in self.on_endpoint.values() for c in copies if c.hedge)
+        return self.hedges - self.hedges_won - live
 
     @property
     def queued(self) -> int:
@@ -412,8 +424,6 @@ class Dispatcher:
         for other in list(job.copies):
             if other.task is not None:
                 other.task.cancel()
-            if other.hedge:
-                self.hedges_wasted += 1
             self._detach(other)
         if copy.hedge:
             self.hedges_won += 1
@@ -437,8 +447,6 @@ class Dispatcher:
 
     def _failed(self, copy: Copy, err: RequestError) -> None:
         job, ep = copy.job, copy.endpoint
-        if copy.hedge and not self.stopping:
-            self.hedges_wasted += 1
         retryable = not err.fatal
         if ep.record_failure(err.error_class.value, retryable=retryable):
             self.take_down(ep, f"{ep.consecutive_failures} failures in a row ({err})")
@@ -507,8 +515,6 @@ class Dispatcher:
             for copy in list(self.on_endpoint[ep]):
                 if copy.task is not None:
                     copy.task.cancel()
-                if copy.hedge and not copy.detached:
-                    self.hedges_wasted += 1
                 self._detach(copy)
                 job = copy.job
                 if not job.done and not job.copies and not self.stopping:
