@@ -259,18 +259,22 @@ class Dispatcher:
     # -- placing ------------------------------------------------------------------------------
 
     def _place(self, now: float) -> None:
+        rates = [e.seq_rate for e in self.endpoints if e.accepting and e.seq_rate]
+        self.lengths.now = now
+        self.lengths.rate = sum(rates) / len(rates) if rates else 0.0
         held: list[Job] = []
-        tail: TailPlan | None = None
-        if self.fed_all and self.queued:
-            tail = TailPlan.make(self, now)
+        plan = TailPlan.make(self, now) if self.queued else None
+        # with a plan, a job may be held for a faster server's next slot; look at no more jobs
+        # than the fleet has slots (by then every fast slot has one promised)
+        examine = sum(e.limit for e in self.endpoints) + 64
         while self.ready or self.fresh:
             free = [e for e in self.endpoints if e.state == "up" and e.limit > e.inflight]
-            if not free:
+            if not free or (plan is not None and len(held) >= examine):
                 break
             job = self.ready.popleft() if self.ready else self.fresh.pop()
             ep = self._pick(job, free, now)
-            if ep is not None and tail is not None:
-                ep = tail.place(job, ep, self.lengths.expect_job(job))
+            if ep is not None and plan is not None:
+                ep = plan.place(job, ep, self.lengths.expect_job(job))
             if ep is None:
                 held.append(job)
                 continue
@@ -318,7 +322,7 @@ class Dispatcher:
                 return
             ep = max(free, key=lambda e: (e.seq_rate or 0.0, e.free, -e.index))
             expected = self.lengths.expect_job(job)
-            if not hedge_pays(age, expected, token_cap(job), first.endpoint, ep):
+            if not hedge_pays(age, expected, token_cap(job), first.endpoint, ep, self.lengths):
                 continue
             job.hedged = True
             self.hedges += 1
@@ -332,6 +336,7 @@ class Dispatcher:
             if job.attempts > 1:
                 self.retries += 1
         copy = Copy(job, ep, hedge=hedge, seqs=seqs, started=now)
+        self.lengths.started(job.prompt.source, job.prompt.domain, now)
         job.copies.append(copy)
         self.on_endpoint[ep].add(copy)
         self.running[job] = None
@@ -343,6 +348,7 @@ class Dispatcher:
         if copy.detached:
             return
         copy.detached = True
+        self.lengths.stopped(copy.job.prompt.source, copy.job.prompt.domain, copy.started)
         copy.endpoint.release(copy.seqs, copy.job.cost)
         self.on_endpoint[copy.endpoint].discard(copy)
         job = copy.job
@@ -428,10 +434,10 @@ class Dispatcher:
         if copy.hedge:
             self.hedges_won += 1
             ep.hedges_won += 1
-        p, prompt_len = job.prompt, prompt_tokens(job)
+        p, prompt_len, cap = job.prompt, prompt_tokens(job), token_cap(job)
         for turns in per_sample:
             out = sum(t.usage.completion_tokens for t in turns)
-            self.lengths.observe(p.source, p.domain, prompt_len, out)
+            self.lengths.observe(p.source, p.domain, prompt_len, out, cap)
         samples = job.samples
         if len(per_sample) < len(samples):  # the server ignored n: ask for the rest one by one
             ep.server_n = False
@@ -539,16 +545,18 @@ class Dispatcher:
 _SPEED_GAP = 1.2  # per-sequence rates closer than this: greedy placement is as good
 
 
-def hedge_pays(age: float, expected: float, cap: int, origin: Endpoint, target: Endpoint) -> bool:
+def hedge_pays(
+    age: float, expected: float, cap: int, origin: Endpoint, target: Endpoint, lengths: LengthModel
+) -> bool:
     """Whether a copy on ``target`` of a request running on ``origin`` for ``age`` s is
     expected to answer before the original.
 
-    The original has produced about ``age * rate`` tokens; what it has left is the expected
-    length minus that, but at least half of what it produced (the lengths are long-tailed: a
-    request already past its expected length is expected to run on) and at most what the token
-    cap allows. A request past its cap by half again is stuck (a hung request, a server that
-    slowed down): any copy beats it. The copy starts from nothing, so it pays only on a server
-    that decodes enough faster, with a 20% margin for the work it may waste.
+    The original has produced about ``age * rate`` tokens; its expected total is the model's
+    ``expected_total`` given that (lengths are long-tailed: a request past its estimate is
+    expected to run on), at most the token cap. A request past its cap by half again is stuck
+    (a hung request, a server that slowed down): any copy beats it. The copy starts from
+    nothing, so it pays only on a server that decodes enough faster: the whole expected
+    length at the target's rate against what is left at the origin's.
     """
     r_o, r_t = origin.seq_rate, target.seq_rate
     if r_o is None or r_o <= 0:
@@ -558,23 +566,26 @@ def hedge_pays(age: float, expected: float, cap: int, origin: Endpoint, target: 
         return True
     if r_t is None or r_t <= 0:
         return False
-    left = min(cap - produced, max(expected - produced, 0.5 * produced))
+    total = lengths.expected_total(expected, produced, cap)
+    left = total - produced
     if left <= 0:
         return False
-    return (produced + left) / r_t < 0.8 * left / r_o
+    return total / r_t < left / r_o
 
 
 class TailPlan:
-    """Placement when the queue runs low: each job (longest expected first) goes where it is
-    expected to finish first -- a free slot now, or a faster server's slot that frees soon.
+    """Placement by expected finish time, made whenever a slower server has a free slot: each
+    job (longest expected first) goes where it is expected to finish first -- a free slot now,
+    or a faster server's slot that frees soon. Long answers go to fast servers, the slow ones
+    take the short answers, and no long answer starts on a slow server at the end of the job.
 
     Every endpoint's slots are a heap of the times (from now) they are expected to free: 0 for
-    a free slot, for a busy one what its copy has left (expected length over the endpoint's
-    per-sequence rate, minus its age; at least a tenth of it). A job takes the slot that
-    minimises free time + its expected length / that endpoint's rate; if that slot is free now
-    the job goes there, else it is held for it (and the slot counts as taken by it, so the next
-    job plans around it). With similar rates everywhere this is plain greedy placement, so the
-    plan is only made when the fleet's per-sequence rates differ by more than ``_SPEED_GAP``.
+    a free slot, for a busy one what its copy is expected to have left at the endpoint's
+    per-sequence rate (``LengthModel.expected_total``, given what it has produced). A job takes
+    the slot that minimises free time + its expected length / that endpoint's rate; if that
+    slot is free now the job goes there, else it is held for it (and the slot counts as taken
+    by it, so the next job plans around it). With similar rates everywhere this is plain greedy
+    placement, so the plan is only made when the per-sequence rates differ by ``_SPEED_GAP``.
     """
 
     def __init__(self, slots: dict[Endpoint, list[float]], rates: dict[Endpoint, float]) -> None:
@@ -583,23 +594,28 @@ class TailPlan:
 
     @classmethod
     def make(cls, d: Dispatcher, now: float) -> TailPlan | None:
-        """The plan for ``d``'s fleet now, or None where greedy placement is as good."""
-        if d.queued > sum(e.limit for e in d.endpoints if e.accepting):
-            return None  # the queue is not low yet
+        """The plan for ``d``'s fleet now, or None where greedy placement is as good: when all
+        rates are not known yet, or no endpoint slower than the fastest has a free slot (a
+        free slot on a fast server is always the place to go)."""
         up = [e for e in d.endpoints if e.accepting]
         rates = {e: e.seq_rate for e in up}
         if len(up) < 2 or any(r is None or r <= 0 for r in rates.values()):
             return None
         known: dict[Endpoint, float] = {e: r for e, r in rates.items() if r is not None}
-        if max(known.values()) < _SPEED_GAP * min(known.values()):
+        fastest = max(known.values())
+        if not any(e.free > 0 and _SPEED_GAP * r < fastest for e, r in known.items()):
             return None
         slots: dict[Endpoint, list[float]] = {}
         for e in up:
             heap = [0.0] * max(0, e.free)
             rate = known[e]
             for copy in d.on_endpoint[e]:
-                total = d.lengths.expect_job(copy.job) / rate
-                left = max(0.1 * total, total - (now - copy.started))
+                job = copy.job
+                produced = (now - copy.started) * rate
+                total = d.lengths.expected_total(
+                    d.lengths.expect_job(job), produced, token_cap(job)
+                )
+                left = max(0.0, total - produced) / rate
                 heap.extend([left] * copy.seqs)
             heapq.heapify(heap)
             slots[e] = heap

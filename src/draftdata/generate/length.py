@@ -7,7 +7,10 @@ the one above it (prompt-length bucket -> source/domain -> the whole run -> a pr
 of the job's own token cap) so that a key seen once does not swing the estimate. It learns from
 every completion the dispatcher settles and is seeded, on resume, from the run's committed
 completions (source/domain level only: their prompt lengths are not the same measure). The
-number of keys is bounded, so memory does not grow with the job.
+number of keys is bounded, so memory does not grow with the job. It also learns how lengths
+spread around their estimates (a histogram of actual / expected), so that ``expected_total``
+answers how long a request is expected to be *given* that it has already produced some tokens:
+with long-tailed lengths, a request past its estimate is expected to run on.
 
 ``LookAhead`` holds the jobs read ahead of dispatch (at most the look-ahead window) and hands
 out the longest expected first (ties: file order), or plain file order with ``ordered=False``.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -37,6 +41,13 @@ _SHRINK = 4.0  # pseudo-observations of the level above that every level's mean 
 _PRIOR_SHARE = 1 / 3  # the prior of a job nothing is known about: this share of its token cap
 _MAX_KEYS = 4096
 _FIRST_REKEY = 16
+_REKEY_S = 1.0  # ... and at least this often (what running requests produced moves on)
+# the spread of lengths around their estimate: ratio actual / expected in log2 bins of 1/4
+# from 1/64 to 64 (long tails: a request past its estimate is expected to run on)
+_BINS_PER_OCTAVE = 4
+_LOW_OCTAVE = -6
+_BINS = 12 * _BINS_PER_OCTAVE
+_MIN_SPREAD = 20  # observations before the learnt spread is used
 HISTORY_ROWS = 50_000  # a resumed run's newest completions that seed the model, at most
 
 Key = tuple[str, str, int]  # (source, domain, prompt-length bucket; -1: the source/domain level)
@@ -50,6 +61,13 @@ def prompt_tokens(job: Job) -> int:
 def token_cap(job: Job) -> int:
     """The most output tokens one sample of ``job`` can take (max tokens x turns)."""
     return job.max_tokens * max(1, len(job.slices))
+
+
+def _bin(ratio: float) -> int:
+    """The spread histogram's bin of ``ratio`` (actual / expected)."""
+    if ratio <= 0:
+        return 0
+    return min(_BINS - 1, max(0, int((math.log2(ratio) - _LOW_OCTAVE) * _BINS_PER_OCTAVE)))
 
 
 def bucket(tokens: int) -> int:
@@ -66,9 +84,24 @@ class LengthModel:
         self._count = 0
         self._sum = 0.0
         self.observed = 0  # observations so far (the LookAhead refreshes on its growth)
+        # ratio actual / expected: per log2 bin, [count, sum of ratios]
+        self._spread = [[0, 0.0] for _ in range(_BINS)]
+        self._spread_n = 0
+        # requests running now per (source, domain): [count, sum of start times]; with the
+        # fleet's per-sequence ``rate`` (tokens/s) at time ``now`` (set by the dispatcher)
+        self._running: dict[tuple[str, str], list[float]] = {}
+        self.rate = 0.0
+        self.now = 0.0
 
-    def observe(self, source: str, domain: str, prompt: int | None, output: int) -> None:
-        """Learn one sample's output tokens (``prompt`` None: source/domain level only)."""
+    def observe(
+        self, source: str, domain: str, prompt: int | None, output: int, cap: int | None = None
+    ) -> None:
+        """Learn one sample's output tokens (``prompt`` None: source/domain level only; with
+        the job's token ``cap`` also how far it was from its estimate)."""
+        if prompt is not None and cap is not None and self._count:
+            expected = self.expect(source, domain, prompt, cap)
+            if expected > 0:
+                self._add_spread(output / expected)
         self.observed += 1
         self._count += 1
         self._sum += output
@@ -90,11 +123,66 @@ class LengthModel:
         """Expected output tokens of one sample (at most ``cap``)."""
         prior = cap * _PRIOR_SHARE
         mean = (self._sum + _SHRINK * prior) / (self._count + _SHRINK)
-        for key in ((source, domain, -1), (source, domain, bucket(prompt))):
-            s = self._stats.get(key)
-            if s is not None:
-                mean = (s[1] + _SHRINK * mean) / (s[0] + _SHRINK)
+        above = mean
+        s = self._stats.get((source, domain, -1))
+        if s is not None:
+            mean = (s[1] + _SHRINK * above) / (s[0] + _SHRINK)
+        r = self._running.get((source, domain))
+        if r is not None and r[0] > 0 and self.rate > 0:
+            # what the running requests of this key have produced so far is a lower bound on
+            # their lengths: the short answers finish first, so completions alone would rank a
+            # long domain low until its first answers arrive
+            n = r[0] + (s[0] if s is not None else 0.0)
+            total = self.rate * (r[0] * self.now - r[1]) + (s[1] if s is not None else 0.0)
+            mean = max(mean, (total + _SHRINK * above) / (n + _SHRINK))
+        s = self._stats.get((source, domain, bucket(prompt)))
+        if s is not None:
+            mean = (s[1] + _SHRINK * mean) / (s[0] + _SHRINK)
         return min(float(cap), mean)
+
+    def started(self, source: str, domain: str, at: float) -> None:
+        """A request of this source/domain started at ``at`` (see ``rate``, ``now``)."""
+        r = self._running.get((source, domain))
+        if r is None:
+            if len(self._running) >= self.max_keys:
+                return
+            r = self._running[(source, domain)] = [0.0, 0.0]
+        r[0] += 1
+        r[1] += at
+
+    def stopped(self, source: str, domain: str, started: float) -> None:
+        """The request started at ``started`` ended (whatever the outcome)."""
+        r = self._running.get((source, domain))
+        if r is not None and r[0] > 0:
+            r[0] -= 1
+            r[1] = r[1] - started if r[0] else 0.0
+
+    def _add_spread(self, ratio: float) -> None:
+        b = self._spread[_bin(ratio)]
+        b[0] += 1
+        b[1] += ratio
+        self._spread_n += 1
+
+    def expected_total(self, expected: float, produced: float, cap: int) -> float:
+        """The expected length of a request expected at ``expected`` tokens that has produced
+        ``produced`` so far: E[L | L > produced], at most ``cap``. From the learnt spread of
+        lengths around their estimates; before enough is seen, the estimate or 1.5x what is
+        produced, whichever is more."""
+        if expected <= 0:
+            return float(min(cap, max(produced, 1.0)))
+        x = produced / expected
+        if self._spread_n < _MIN_SPREAD:
+            total = max(expected, 1.5 * produced)
+        else:
+            i = _bin(x)
+            count = 0.0
+            weighted = 0.0
+            for c, sr in self._spread[i:]:
+                if c:
+                    count += c
+                    weighted += max(sr, x * c)
+            total = expected * (weighted / count) if count else 1.5 * produced
+        return float(min(cap, max(total, produced)))
 
     def expect_job(self, job: Job) -> float:
         """Expected output tokens of one sample of ``job``."""
@@ -117,6 +205,7 @@ class LookAhead:
         self._fifo: deque[Job] = deque()
         self._seq = itertools.count()
         self._next_rekey = _FIRST_REKEY
+        self._rekeyed = 0.0
 
     def __len__(self) -> int:
         return len(self._heap) if self.ordered else len(self._fifo)
@@ -135,13 +224,15 @@ class LookAhead:
         """The next job to dispatch (IndexError when empty)."""
         if not self.ordered:
             return self._fifo.popleft()
-        if self.model.observed >= self._next_rekey:
+        m = self.model
+        if m.observed >= self._next_rekey or m.now - self._rekeyed >= _REKEY_S:
             self.rekey()
         return heapq.heappop(self._heap)[2]
 
     def rekey(self) -> None:
         """Recompute every held job's expected length with what the model knows now."""
         self._next_rekey = max(_FIRST_REKEY, int(self.model.observed * 1.25) + 1)
+        self._rekeyed = self.model.now
         expect = self.model.expect_job
         self._heap = [(-expect(job), seq, job) for _, seq, job in self._heap]
         heapq.heapify(self._heap)

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.unit.generate.fakes import endpoint, run_dispatch, write
@@ -243,7 +244,7 @@ class _D:
         self.on_endpoint: dict[Endpoint, set[Any]] = {e: set() for e in endpoints}
 
 
-def test_tail_plan_holds_long_work_for_the_fast_server() -> None:
+def test_speed_plan_holds_long_work_for_the_fast_server() -> None:
     from draftdata.generate.work import Copy
 
     fast, slow = endpoint(0, DomainClient(), limit=2), endpoint(1, DomainClient(), limit=2)
@@ -261,28 +262,52 @@ def test_tail_plan_holds_long_work_for_the_fast_server() -> None:
     assert plan.place(job(max_tokens=3000), slow, 1000.0) is None
     # fast's two slots are now promised until ~10.3 s; a short job goes to slow at once
     assert plan.place(job(), slow, 20.0) is slow
+    # no plan while the slow server has no free slot: a free fast slot is the place to go
+    slow.acquire(2, 0)
+    assert TailPlan.make(d, now=3.0) is None  # type: ignore[arg-type]
+    slow.release(2, 0)
     # with equal speeds there is no plan: greedy placement
     slow.seq_rate = 95.0
     assert TailPlan.make(d, now=3.0) is None
 
 
 def test_hedge_pays_only_when_the_copy_should_win() -> None:
+    m = LengthModel()
     slow, fast = endpoint(0, DomainClient()), endpoint(1, DomainClient())
     slow.seq_rate, fast.seq_rate = 10.0, 20.0
-    # just started, 1000 expected: copy 50 s vs original ~100 s -> pays
-    assert hedge_pays(1.0, 1000, 4000, slow, fast)
-    # more than half done on a 2x slower server: the copy would finish later
-    assert not hedge_pays(70.0, 1000, 4000, slow, fast)
+    # just started, 1000 expected: copy 50 s vs original ~99 s -> pays
+    assert hedge_pays(1.0, 1000, 4000, slow, fast, m)
+    # 700 of ~1050 done on a 2x slower server: the copy would finish later
+    assert not hedge_pays(70.0, 1000, 4000, slow, fast, m)
     # never onto a server that is not faster
-    assert not hedge_pays(1.0, 1000, 4000, fast, slow)
-    assert not hedge_pays(1.0, 1000, 4000, slow, slow)
+    assert not hedge_pays(1.0, 1000, 4000, fast, slow, m)
+    assert not hedge_pays(1.0, 1000, 4000, slow, slow, m)
     # past its cap by half again: stuck, any copy beats it
-    assert hedge_pays(700.0, 1000, 4000, slow, slow)
+    assert hedge_pays(700.0, 1000, 4000, slow, slow, m)
     # nothing known about speeds: only a request far past the usual latency
     a, b = endpoint(2, DomainClient()), endpoint(3, DomainClient())
-    assert not hedge_pays(5.0, 1000, 4000, a, b)
+    assert not hedge_pays(5.0, 1000, 4000, a, b, m)
     a.latency = 1.0
-    assert hedge_pays(5.0, 1000, 4000, a, b)
+    assert hedge_pays(5.0, 1000, 4000, a, b, m)
+
+
+def test_a_request_past_its_estimate_is_expected_to_run_on() -> None:
+    m = LengthModel()
+    for i in range(400):  # one key: half the answers 50 tokens, half 150
+        m.observe("s", "d", 10, 50 if i % 2 else 150, 10_000)
+    expected = m.expect("s", "d", 10, 10_000)
+    assert 90 < expected < 110
+    assert m.expected_total(expected, 0, 10_000) == pytest.approx(expected, rel=0.15)
+    # past 60 tokens only the long half is left: ~150 expected in all
+    assert m.expected_total(expected, 60, 10_000) == pytest.approx(150, rel=0.1)
+    assert m.expected_total(expected, 60, 120) == 120  # never past the cap
+    assert m.expected_total(expected, 400, 10_000) >= 400
+    # so a 2x faster server pays for a request 60 tokens in (copy 75 s vs ~90 s left)...
+    slow, fast = endpoint(0, DomainClient()), endpoint(1, DomainClient())
+    slow.seq_rate, fast.seq_rate = 1.0, 2.0
+    assert hedge_pays(60.0, expected, 10_000, slow, fast, m)
+    # ...but not for one 80 tokens in (copy 75 s vs ~70 s left)
+    assert not hedge_pays(80.0, expected, 10_000, slow, fast, m)
 
 
 async def test_no_hedges_between_equal_servers(tmp_path: Path) -> None:
