@@ -582,15 +582,20 @@ class TailPlan:
     Every endpoint's slots are a heap of the times (from now) they are expected to free: 0 for
     a free slot, for a busy one what its copy is expected to have left at the endpoint's
     per-sequence rate (``LengthModel.expected_total``, given what it has produced). A job takes
-    the slot that minimises free time + its expected length / that endpoint's rate; if that
+    the slot that minimises free time + its length / that endpoint's rate (a long draw: its
+    estimate times the 90th percentile of the learnt spread, since a long answer on a slow
+    server is what ends a job late); if that
     slot is free now the job goes there, else it is held for it (and the slot counts as taken
     by it, so the next job plans around it). With similar rates everywhere this is plain greedy
     placement, so the plan is only made when the per-sequence rates differ by ``_SPEED_GAP``.
     """
 
-    def __init__(self, slots: dict[Endpoint, list[float]], rates: dict[Endpoint, float]) -> None:
+    def __init__(
+        self, slots: dict[Endpoint, list[float]], rates: dict[Endpoint, float], high: float
+    ) -> None:
         self.slots = slots
         self.rates = rates
+        self.high = high
 
     @classmethod
     def make(cls, d: Dispatcher, now: float) -> TailPlan | None:
@@ -619,16 +624,19 @@ class TailPlan:
                 heap.extend([left] * copy.seqs)
             heapq.heapify(heap)
             slots[e] = heap
-        return cls(slots, known)
+        return cls(slots, known, d.lengths.high_ratio())
 
     def place(self, job: Job, pick: Endpoint, expected: float) -> Endpoint | None:
         """Where ``job`` goes now: ``pick`` (greedy's choice) or another free endpoint, or None
         to hold it for a faster server's next free slot."""
         best: tuple[float, int, Endpoint] | None = None
+        # plan for a long draw (the 90th percentile of the learnt spread): lengths are
+        # long-tailed, and a long answer on a slow server is what ends a job late
+        length = expected * self.high
         for e, heap in self.slots.items():
             if not heap or (e.url in job.avoid and e is not pick):
                 continue
-            finish = heap[0] + expected / self.rates[e]
+            finish = heap[0] + length / self.rates[e]
             if best is None or (finish, e is not pick) < best[:2]:
                 best = (finish, int(e is not pick), e)
         if best is None:

@@ -184,6 +184,19 @@ class LengthModel:
             total = expected * (weighted / count) if count else 1.5 * produced
         return float(min(cap, max(total, produced)))
 
+    def high_ratio(self, q: float = 0.9) -> float:
+        """The ``q`` quantile of actual / expected lengths (2.0 before enough is seen): how
+        much longer than its estimate an answer can well be."""
+        if self._spread_n < _MIN_SPREAD:
+            return 2.0
+        need = q * self._spread_n
+        seen = 0.0
+        for i, (c, _) in enumerate(self._spread):
+            seen += c
+            if seen >= need:
+                return float(2.0 ** (_LOW_OCTAVE + (i + 1) / _BINS_PER_OCTAVE))
+        return float(2.0 ** (_LOW_OCTAVE + _BINS / _BINS_PER_OCTAVE))
+
     def expect_job(self, job: Job) -> float:
         """Expected output tokens of one sample of ``job``."""
         p = job.prompt
