@@ -17,10 +17,11 @@ Policy, in the order the loop applies it:
   fails ``breaker_failures`` requests in a row, is taken out, its in-flight copies are cancelled
   and their jobs requeued at once, and it is probed every ``probe_interval`` until it answers
   (then re-admitted half-open: one more failure takes it out again).
-- **The tail.** Once every prompt is read and fewer jobs are queued than the fleet has slots,
-  a ``TailPlan`` places each job where it is expected to finish first (expected length over
-  the endpoint's per-sequence rate, after its next slot frees), holding a long job for a fast
-  server rather than starting it on a slow one. When nothing is queued, a request running for
+- **Speed.** Whenever a clearly slower endpoint has a free slot, a ``TailPlan`` places each
+  job where it is expected to finish first (a long draw of its length over the endpoint's
+  per-sequence rate, after its next slot frees), holding a long job for a fast server rather
+  than starting it on a slow one.
+- **The tail.** When nothing is queued, a request running for
   at least ``hedge_min_age`` is copied onto a faster idle endpoint when ``hedge_pays``; the
   first copy to answer wins, the others are cancelled, and only the winner is committed.
 - **Memory.** Prompts are read lazily (in a thread) only while fewer than ``window`` jobs are
@@ -260,8 +261,7 @@ class Dispatcher:
 
     def _place(self, now: float) -> None:
         rates = [e.seq_rate for e in self.endpoints if e.accepting and e.seq_rate]
-        self.lengths.now = now
-        self.lengths.rate = sum(rates) / len(rates) if rates else 0.0
+        self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0)
         held: list[Job] = []
         plan = TailPlan.make(self, now) if self.queued else None
         # with a plan, a job may be held for a faster server's next slot; look at no more jobs
@@ -542,7 +542,7 @@ class Dispatcher:
 
 # -- placement by expected finish time -------------------------------------------------------
 
-_SPEED_GAP = 1.2  # per-sequence rates closer than this: greedy placement is as good
+_SPEED_GAP = 1.5  # per-sequence rates closer than this: greedy placement is as good
 
 
 def hedge_pays(

@@ -54,8 +54,19 @@ Key = tuple[str, str, int]  # (source, domain, prompt-length bucket; -1: the sou
 
 
 def prompt_tokens(job: Job) -> int:
-    """A cheap estimate of a job's prompt tokens (characters / 4)."""
-    return sum(len(m.content or "") for m in job.prompt.messages) // 4
+    """A cheap estimate of a job's prompt tokens (characters / 4: ``work.plan`` put it in the
+    job's ``cost``, beside the token cap; read back in O(1))."""
+    return max(0, job.cost - job.max_tokens * len(job.slices))
+
+
+JobKey = tuple[str, str, int, int]  # (source, domain, prompt tokens rounded to its bucket, cap)
+
+
+def job_key(job: Job) -> JobKey:
+    """What a job's expected length depends on (jobs with the same key expect the same)."""
+    p = job.prompt
+    tokens = prompt_tokens(job)
+    return (p.source, p.domain, 1 << (bucket(tokens) + 4), token_cap(job))
 
 
 def token_cap(job: Job) -> int:
@@ -87,6 +98,9 @@ class LengthModel:
         # ratio actual / expected: per log2 bin, [count, sum of ratios]
         self._spread = [[0, 0.0] for _ in range(_BINS)]
         self._spread_n = 0
+        self._suffix: tuple[list[float], list[float]] | None = None  # (counts, sums) from bin i
+        # expect() per (source, domain, bucket, cap), valid until the model or the clock moves
+        self._memo: dict[tuple[str, str, int, int], float] = {}
         # requests running now per (source, domain): [count, sum of start times]; with the
         # fleet's per-sequence ``rate`` (tokens/s) at time ``now`` (set by the dispatcher)
         self._running: dict[tuple[str, str], list[float]] = {}
@@ -103,6 +117,7 @@ class LengthModel:
             if expected > 0:
                 self._add_spread(output / expected)
         self.observed += 1
+        self._memo.clear()
         self._count += 1
         self._sum += output
         keys: Iterable[Key] = (
@@ -142,6 +157,7 @@ class LengthModel:
 
     def started(self, source: str, domain: str, at: float) -> None:
         """A request of this source/domain started at ``at`` (see ``rate``, ``now``)."""
+        self._memo.clear()
         r = self._running.get((source, domain))
         if r is None:
             if len(self._running) >= self.max_keys:
@@ -152,12 +168,14 @@ class LengthModel:
 
     def stopped(self, source: str, domain: str, started: float) -> None:
         """The request started at ``started`` ended (whatever the outcome)."""
+        self._memo.clear()
         r = self._running.get((source, domain))
         if r is not None and r[0] > 0:
             r[0] -= 1
             r[1] = r[1] - started if r[0] else 0.0
 
     def _add_spread(self, ratio: float) -> None:
+        self._suffix = None
         b = self._spread[_bin(ratio)]
         b[0] += 1
         b[1] += ratio
@@ -174,15 +192,24 @@ class LengthModel:
         if self._spread_n < _MIN_SPREAD:
             total = max(expected, 1.5 * produced)
         else:
+            if self._suffix is None:
+                self._suffix = self._suffix_sums()
+            counts, sums = self._suffix
             i = _bin(x)
-            count = 0.0
-            weighted = 0.0
-            for c, sr in self._spread[i:]:
-                if c:
-                    count += c
-                    weighted += max(sr, x * c)
+            c, sr = self._spread[i]
+            # every ratio in the bins above x's is above x; in x's own bin at least x
+            count = counts[i]
+            weighted = max(sr, x * c) + sums[i + 1]
             total = expected * (weighted / count) if count else 1.5 * produced
         return float(min(cap, max(total, produced)))
+
+    def _suffix_sums(self) -> tuple[list[float], list[float]]:
+        counts = [0.0] * (_BINS + 1)
+        sums = [0.0] * (_BINS + 1)
+        for i in range(_BINS - 1, -1, -1):
+            counts[i] = counts[i + 1] + self._spread[i][0]
+            sums[i] = sums[i + 1] + self._spread[i][1]
+        return counts, sums
 
     def high_ratio(self, q: float = 0.9) -> float:
         """The ``q`` quantile of actual / expected lengths (2.0 before enough is seen): how
@@ -198,9 +225,22 @@ class LengthModel:
         return float(2.0 ** (_LOW_OCTAVE + _BINS / _BINS_PER_OCTAVE))
 
     def expect_job(self, job: Job) -> float:
-        """Expected output tokens of one sample of ``job``."""
-        p = job.prompt
-        return self.expect(p.source, p.domain, prompt_tokens(job), token_cap(job))
+        """Expected output tokens of one sample of ``job`` (memoised until the model, the
+        running set or the clock changes: a rekey or a plan asks for many alike jobs)."""
+        return self.expect_key(job_key(job))
+
+    def expect_key(self, key: JobKey) -> float:
+        """``expect`` for a ``job_key``."""
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = self.expect(key[0], key[1], key[2], key[3])
+        return got
+
+    def at(self, now: float, rate: float) -> None:
+        """The clock and the fleet's mean per-sequence rate (tokens/s), for running requests."""
+        if now != self.now or rate != self.rate:
+            self.now, self.rate = now, rate
+            self._memo.clear()
 
     @property
     def keys(self) -> int:
@@ -214,7 +254,8 @@ class LookAhead:
     def __init__(self, model: LengthModel, *, ordered: bool) -> None:
         self.model = model
         self.ordered = ordered
-        self._heap: list[tuple[float, int, Job]] = []  # (-expected tokens, file position, job)
+        # (-expected tokens, file position, what the estimate depends on, job)
+        self._heap: list[tuple[float, int, JobKey, Job]] = []
         self._fifo: deque[Job] = deque()
         self._seq = itertools.count()
         self._next_rekey = _FIRST_REKEY
@@ -229,7 +270,8 @@ class LookAhead:
     def push(self, job: Job) -> None:
         """Add a job read from the prompts."""
         if self.ordered:
-            heapq.heappush(self._heap, (-self.model.expect_job(job), next(self._seq), job))
+            key = job_key(job)
+            heapq.heappush(self._heap, (-self.model.expect_key(key), next(self._seq), key, job))
         else:
             self._fifo.append(job)
 
@@ -240,14 +282,14 @@ class LookAhead:
         m = self.model
         if m.observed >= self._next_rekey or m.now - self._rekeyed >= _REKEY_S:
             self.rekey()
-        return heapq.heappop(self._heap)[2]
+        return heapq.heappop(self._heap)[3]
 
     def rekey(self) -> None:
         """Recompute every held job's expected length with what the model knows now."""
         self._next_rekey = max(_FIRST_REKEY, int(self.model.observed * 1.25) + 1)
         self._rekeyed = self.model.now
-        expect = self.model.expect_job
-        self._heap = [(-expect(job), seq, job) for _, seq, job in self._heap]
+        expect = self.model.expect_key
+        self._heap = [(-expect(key), seq, key, job) for _, seq, key, job in self._heap]
         heapq.heapify(self._heap)
 
 
