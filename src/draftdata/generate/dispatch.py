@@ -607,8 +607,16 @@ class TailPlan:
         if len(up) < 2 or any(r is None or r <= 0 for r in rates.values()):
             return None
         known: dict[Endpoint, float] = {e: r for e, r in rates.items() if r is not None}
-        fastest = max(known.values())
+        fastest, slowest = max(known.values()), min(known.values())
         if not any(e.free > 0 and _SPEED_GAP * r < fastest for e, r in known.items()):
+            return None
+        # far from the end of the job a long answer on a slow server is harmless (it ends
+        # before the rest does): plan only once the queue drains sooner than the longest
+        # queued answer would take on the slowest server
+        high = d.lengths.high_ratio()
+        drain = d.queued * d.lengths.mean / sum(r * e.limit for e, r in known.items())
+        longest = max(d.fresh.longest(), d.lengths.mean) * high
+        if drain > longest / slowest:
             return None
         slots: dict[Endpoint, list[float]] = {}
         for e in up:
@@ -624,7 +632,7 @@ class TailPlan:
                 heap.extend([left] * copy.seqs)
             heapq.heapify(heap)
             slots[e] = heap
-        return cls(slots, known, d.lengths.high_ratio())
+        return cls(slots, known, high)
 
     def place(self, job: Job, pick: Endpoint, expected: float) -> Endpoint | None:
         """Where ``job`` goes now: ``pick`` (greedy's choice) or another free endpoint, or None

@@ -243,6 +243,11 @@ class LengthModel:
             self._memo.clear()
 
     @property
+    def mean(self) -> float:
+        """The run's mean output tokens per sample so far (0 before the first)."""
+        return self._sum / self._count if self._count else 0.0
+
+    @property
     def keys(self) -> int:
         """Keys held (bounded by ``max_keys``)."""
         return len(self._stats)
@@ -274,6 +279,10 @@ class LookAhead:
             heapq.heappush(self._heap, (-self.model.expect_key(key), next(self._seq), key, job))
         else:
             self._fifo.append(job)
+
+    def longest(self) -> float:
+        """The expected tokens of the job ``pop`` would hand out next (0: none, or unordered)."""
+        return -self._heap[0][0] if self.ordered and self._heap else 0.0
 
     def pop(self) -> Job:
         """The next job to dispatch (IndexError when empty)."""

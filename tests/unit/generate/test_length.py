@@ -241,6 +241,7 @@ class _D:
         self.endpoints = endpoints
         self.queued = queued
         self.lengths = LengthModel()
+        self.fresh = LookAhead(self.lengths, ordered=True)
         self.on_endpoint: dict[Endpoint, set[Any]] = {e: set() for e in endpoints}
 
 
@@ -266,6 +267,14 @@ def test_speed_plan_holds_long_work_for_the_fast_server() -> None:
     slow.acquire(2, 0)
     assert TailPlan.make(d, now=3.0) is None  # type: ignore[arg-type]
     slow.release(2, 0)
+    # far from the end of the job (the queue drains long after a long answer on the slow
+    # server would end) there is no plan either
+    for _ in range(10):
+        d.lengths.observe("", "", 10, 1000, 3000)
+    d.queued = 10_000
+    assert TailPlan.make(d, now=3.0) is None  # type: ignore[arg-type]
+    d.queued = 3
+    assert TailPlan.make(d, now=3.0) is not None  # type: ignore[arg-type]
     # with equal speeds there is no plan: greedy placement
     slow.seq_rate = 95.0
     assert TailPlan.make(d, now=3.0) is None
