@@ -54,9 +54,9 @@ Key = tuple[str, str, int]  # (source, domain, prompt-length bucket; -1: the sou
 
 
 def prompt_tokens(job: Job) -> int:
-    """A cheap estimate of a job's prompt tokens (characters / 4: ``work.plan`` put it in the
-    job's ``cost``, beside the token cap; read back in O(1))."""
-    return max(0, job.cost - job.max_tokens * len(job.slices))
+    """A cheap estimate of a job's prompt tokens: characters / 4, as ``work.plan`` counts them
+    in the job's ``cost``."""
+    return sum(len(m.content or "") for m in job.prompt.messages) // 4
 
 
 JobKey = tuple[str, str, int, int]  # (source, domain, prompt tokens rounded to its bucket, cap)
@@ -66,12 +66,13 @@ def job_key(job: Job) -> JobKey:
     """What a job's expected length depends on (jobs with the same key expect the same)."""
     p = job.prompt
     tokens = prompt_tokens(job)
-    return (p.source, p.domain, 1 << (bucket(tokens) + 4), token_cap(job))
+    return (p.source, p.domain, 1 << (bucket(tokens) + 4), max(1, job.cost - tokens))
 
 
 def token_cap(job: Job) -> int:
-    """The most output tokens one sample of ``job`` can take (max tokens x turns)."""
-    return job.max_tokens * max(1, len(job.slices))
+    """The most output tokens one sample of ``job`` can take: its ``cost`` (``work.plan``:
+    estimated prompt tokens + max tokens x turns) less the prompt."""
+    return max(1, job.cost - prompt_tokens(job))
 
 
 def _bin(ratio: float) -> int:

@@ -15,7 +15,13 @@ from tests.unit.generate.fakes import endpoint, run_dispatch, write
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import TailPlan, hedge_pays
 from draftdata.generate.endpoint import Endpoint
-from draftdata.generate.length import LengthModel, LookAhead, prompt_tokens, run_history
+from draftdata.generate.length import (
+    LengthModel,
+    LookAhead,
+    prompt_tokens,
+    run_history,
+    token_cap,
+)
 from draftdata.generate.work import Job
 from draftdata.records import Completion, Message, Prompt, Turn, Usage
 
@@ -45,7 +51,7 @@ def job(domain: str = "", text: str = "q", max_tokens: int = 1000, pid: str = "a
         max_tokens=max_tokens,
         reasoning="server",
         prefix=None,
-        cost=10,
+        cost=len(text) // 4 + max_tokens,  # as work.plan counts it
     )
 
 
@@ -327,14 +333,14 @@ async def test_no_hedges_between_equal_servers(tmp_path: Path) -> None:
     assert d.hedges == 0 == d.hedges_wasted
 
 
-@given(st.integers(0, 1 << 20), st.integers(1, 10_000))
+@given(st.integers(0, 1 << 16), st.integers(1, 10_000))
 def test_memoised_estimate_is_the_estimate(chars: int, max_tokens: int) -> None:
     m = LengthModel()
     for n in (20, 200, 2000, 20000):
         m.observe("s", "d", n, n // 10 + 1, 10_000)
-    j = job("d", max_tokens=max_tokens)
+    j = job("d", text="x" * (4 * chars), max_tokens=max_tokens)
     j.cost = chars + max_tokens  # what work.plan puts there: prompt tokens + the token cap
-    p = Prompt(id="a", source="s", domain="d", messages=j.prompt.messages)
-    j.prompt = p
+    j.prompt = Prompt(id="a", source="s", domain="d", messages=j.prompt.messages)
     assert prompt_tokens(j) == chars
+    assert token_cap(j) == max_tokens
     assert m.expect_job(j) == m.expect("s", "d", chars, max_tokens)
