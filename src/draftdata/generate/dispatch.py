@@ -153,7 +153,7 @@ class Dispatcher:
     async def run(self) -> None:
         """Dispatch until every job is settled (or, once stopped, until nothing runs)."""
         if self._history is not None:
-            await asyncio.to_thread(self._seed, self._history)
+            self.spawn(self._seed(self._history))  # read beside the first requests, not before
         feeder = asyncio.create_task(self._feed())
         loop = asyncio.get_running_loop()
         try:
@@ -224,17 +224,19 @@ class Dispatcher:
         self.fed_all = not self.stopping
         self.wake.set()
 
-    def _seed(self, history: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
-        """(runs in a thread, before dispatch) learn lengths from a resumed run's history."""
-        seen = 0
+    async def _seed(self, history: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        """Learn lengths from a resumed run's history: read in a thread, applied on the loop
+        (the model is the loop's alone)."""
         try:
-            for source, domain, tokens in history():
-                self.lengths.observe(source, domain, None, tokens)
-                seen += 1
+            rows = await asyncio.to_thread(lambda: list(history()))
         except Exception as exc:  # the history only speeds the schedule up: never fatal
             self.log(f"generate: could not read the run's earlier output lengths: {exc}")
-        if seen:
-            self.log(f"generate: output lengths seeded from {seen} earlier completions")
+            return
+        for source, domain, tokens in rows:
+            self.lengths.observe(source, domain, None, tokens)
+        if rows:
+            self.fresh.rekey()
+            self.log(f"generate: output lengths seeded from {len(rows)} earlier completions")
 
     @property
     def already_done(self) -> int:
