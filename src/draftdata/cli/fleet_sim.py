@@ -26,6 +26,21 @@ def _pairs(values: list[str], option: str, kind: type[int] | type[float]) -> dic
     return out
 
 
+def _means(values: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        prefix, sep, value = v.rpartition(":")
+        try:
+            if not sep or not prefix:
+                raise ValueError
+            out[prefix] = int(value)
+        except ValueError as exc:
+            raise ConfigError(
+                f"--mean-output-tokens-for {v!r}: expected PREFIX:N, e.g. math:6000"
+            ) from exc
+    return out
+
+
 def register(app: typer.Typer) -> None:
     """Add the `sim` command to the fleet sub-app."""
 
@@ -52,6 +67,12 @@ def register(app: typer.Typer) -> None:
         context_length: int = typer.Option(8192, "--context-length", help="Context in tokens."),
         mean_output_tokens: int = typer.Option(
             2700, "--mean-output-tokens", help="Mean of the lognormal output length."
+        ),
+        mean_output_tokens_for: list[str] = typer.Option(
+            [],
+            "--mean-output-tokens-for",
+            help="PREFIX:N: requests whose last user message starts with PREFIX draw around "
+            "mean N (repeatable; mixed-domain jobs).",
         ),
         time_scale: float = typer.Option(
             1.0,
@@ -170,6 +191,7 @@ def register(app: typer.Typer) -> None:
                 dp_size=dp_size,
                 context_length=context_length,
                 mean_output_tokens=mean_output_tokens,
+                mean_output_tokens_for=_means(mean_output_tokens_for),
                 time_scale=time_scale,
                 seed=seed,
                 tokenizer=str(tokenizer) if tokenizer else None,

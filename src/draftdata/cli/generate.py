@@ -244,10 +244,24 @@ def register(app: typer.Typer) -> None:
             "(default 300).",
             rich_help_panel=PANEL_ROBUST,
         ),
+        order: str | None = typer.Option(
+            None,
+            "--order",
+            help="length (longest expected answer first within the look-ahead; default) or "
+            "file (prompt file order).",
+            rich_help_panel=PANEL_ROBUST,
+        ),
+        lookahead: int | None = typer.Option(
+            None,
+            "--lookahead",
+            min=0,
+            help="Prompts read ahead of dispatch for --order length (default 4096).",
+            rich_help_panel=PANEL_ROBUST,
+        ),
         no_hedge: bool = typer.Option(
             False,
             "--no-hedge",
-            help="Do not hedge tail requests onto idle endpoints.",
+            help="Do not copy tail requests onto faster idle endpoints.",
             rich_help_panel=PANEL_ROBUST,
         ),
         grace_seconds: float | None = typer.Option(
@@ -310,6 +324,8 @@ def register(app: typer.Typer) -> None:
             "max_attempts": max_attempts,
             "read_timeout": read_timeout,
             "connect_timeout": connect_timeout,
+            "order": order,
+            "lookahead": lookahead,
             "no_hedge": no_hedge,
             "grace_seconds": grace_seconds,
             "progress": progress,

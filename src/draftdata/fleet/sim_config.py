@@ -83,6 +83,8 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     dp_size: int = 1
     context_length: int = 8192
     mean_output_tokens: int = 2700
+    # a request whose last user message starts with PREFIX draws around this mean instead
+    mean_output_tokens_for: dict[str, int] = msgspec.field(default_factory=dict)
     output_sigma: float = 0.8
     min_output_tokens: int = 8
     reasoning: ReasoningMode = "parsed"
@@ -128,6 +130,10 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         (config.dp_size >= 1, "--dp-size: must be at least 1"),
         (config.context_length >= 16, "--context-length: must be at least 16"),
         (config.mean_output_tokens >= 1, "--mean-output-tokens: must be at least 1"),
+        (
+            all(n >= 1 for n in config.mean_output_tokens_for.values()),
+            "--mean-output-tokens-for: every mean must be at least 1",
+        ),
         (config.time_scale >= 0, "--time-scale: must be >= 0 (0 answers without delay)"),
         (config.stream_interval >= 1, "stream_interval: must be at least 1"),
         (0 <= config.tool_call_rate <= 1, "--tool-call-rate: must be in [0, 1]"),

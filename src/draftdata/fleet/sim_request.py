@@ -211,12 +211,14 @@ def prepare(
     if isinstance(tool_choice, dict) and tools:
         name = (tool_choice.get("function") or {}).get("name")
         offered = [t for t in tools if (t.get("function") or {}).get("name") == name] or tools
+    mean = next(
+        (m for p, m in config.mean_output_tokens_for.items() if last_user.startswith(p)),
+        config.mean_output_tokens,
+    )
     choices = []
     for i in range(n):
         rng = random.Random(digest(config.seed, body.get("seed"), prompt_text, i))
-        target = draw_length(
-            rng, config.mean_output_tokens, config.output_sigma, config.min_output_tokens
-        )
+        target = draw_length(rng, mean, config.output_sigma, config.min_output_tokens)
         call = offered is not None and (forced or rng.random() < config.tool_call_rate)
         state = rng.getstate()
         target = min(target, limit + 16)  # no need to write what max_tokens cuts off

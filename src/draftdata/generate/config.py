@@ -33,6 +33,7 @@ from draftdata.errors import ConfigError
 Reasoning = Literal["on", "off", "server"]
 ProgressMode = Literal["auto", "rich", "plain", "off"]
 TokenIds = Literal["auto", "on", "off"]
+Order = Literal["length", "file"]
 
 
 class Sampling(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -119,7 +120,9 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     probe_interval: float = 2.0
     unavailable_timeout: float = 300.0  # stop when no endpoint can serve for this long
     load_interval: float = 5.0
-    # the tail
+    # scheduling and the tail
+    order: Order = "length"  # longest expected output first within the look-ahead; file: off
+    lookahead: int = 4096  # prompts read ahead of dispatch (the window ``order`` sorts)
     hedge: bool = True
     hedge_min_age: float = 2.0
     prefix_steering: bool = True
@@ -169,6 +172,8 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
         (cfg.max_uncommitted >= 1, "--max-uncommitted: must be at least 1"),
         (cfg.store_retry_max > 0, "store_retry_max: must be > 0"),
         (cfg.unavailable_timeout > 0, "--unavailable-timeout: must be > 0"),
+        (cfg.order in ("length", "file"), f"--order: {cfg.order!r}; use length or file"),
+        (cfg.lookahead >= 0, "--lookahead: must be >= 0"),
     ]
     if cfg.partition is not None:
         from draftdata.distributed.partition import parse_partition

@@ -164,17 +164,6 @@ class Endpoint:
             self.seq_rate = rate if self.seq_rate is None else (1 - a) * self.seq_rate + a * rate
             self.latency = latency if self.latency is None else (1 - a) * self.latency + a * latency
 
-    def hedge_worthy(self, age: float, target: Endpoint) -> bool:
-        """Whether a request running here for ``age`` s should get a copy on idle ``target``
-        (only asked at the tail, when idle slots have nothing else to do): ``target`` decodes a
-        sequence at least 1.5x as fast, or the request is a straggler (three times this
-        endpoint's typical latency: a hung request or a server that slowed down)."""
-        if self.latency is not None and age > 3 * self.latency:
-            return True
-        if self.seq_rate is None or target.seq_rate is None:
-            return False
-        return target.seq_rate >= 1.5 * self.seq_rate
-
     def record_failure(self, error_class: str, *, retryable: bool) -> bool:
         """Count a failed request; True when the breaker should open now."""
         self.errors[error_class] += 1

@@ -4,8 +4,9 @@
 it, a few small loops: the committer (``committer.py``: ``Run.flush`` in a worker thread when it
 is due, through store outages), the load watcher (the server's running/waiting every
 ``load_interval`` s feeds each endpoint's concurrency controller), the reviver (a taken-out
-endpoint is probed every ``probe_interval`` s and re-admitted when healthy; a refusing one gets a
-trial after a growing wait), the watch (below), the progress display or log line, and the
+endpoint is probed every 0.2 s for its first 30 s out, then every ``probe_interval`` s, and
+re-admitted with its full probed capacity at once; a refusing one gets a trial after a growing
+wait), the watch (below), the progress display or log line, and the
 metrics snapshots.
 
 The watch, every 0.25 s, says each change of state in one line:
@@ -45,6 +46,7 @@ from draftdata.generate.committer import Committer
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.endpoint import Endpoint, check_alive, load_of
+from draftdata.generate.length import run_history
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
@@ -52,6 +54,8 @@ from draftdata.records import Completion, Failure
 from draftdata.store.run import Run
 
 Log = Callable[[str], None]
+_FAST_PROBE_S = 30.0  # a taken-out endpoint is probed every _FAST_PROBE_INTERVAL s this long
+_FAST_PROBE_INTERVAL = 0.2
 
 
 def probe_session(api_key: str | None) -> aiohttp.ClientSession:
@@ -121,6 +125,7 @@ class Engine:
             revive=self._revive,
             log=log,
             clock=clock,
+            history=(lambda: run_history(run.store)) if run.resumed_done else None,
         )
         self.progress = Progress(endpoints, self._counters, total=total, clock=clock)
         self._stop_loops = asyncio.Event()
@@ -253,8 +258,12 @@ class Engine:
             self.dispatcher.wake.set()
 
     async def _revive(self, ep: Endpoint) -> None:
+        # probed often at first (most outages are restarts of seconds: every second late is a
+        # server's share lost), every probe_interval after _FAST_PROBE_S
+        since = self.clock()
         while not self.dispatcher.stopping:
-            await asyncio.sleep(self.cfg.probe_interval)
+            fast = self.clock() - since < _FAST_PROBE_S
+            await asyncio.sleep(min(self.cfg.probe_interval, _FAST_PROBE_INTERVAL if fast else 1e9))
             if ep.refusal is not None and self.clock() < ep.retry_refused_at:
                 continue  # a refusing endpoint passes /health: wait for its trial
             if not await check_alive(self.session, ep.url, self._probe_timeout):
@@ -384,6 +393,7 @@ class Engine:
             retries=d.retries,
             hedges=d.hedges,
             hedges_won=d.hedges_won,
+            hedges_wasted=d.hedges_wasted,
             invalid_prompts=d.reader.invalid,
             wall_s=round(wall, 3),
             interrupted=self.interrupted,

@@ -73,8 +73,9 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     cached_tokens: int = 0
     requests: int = 0
     retries: int = 0
-    hedges: int = 0
-    hedges_won: int = 0
+    hedges: int = 0  # hedge copies sent
+    hedges_won: int = 0  # ... whose answer was committed
+    hedges_wasted: int = 0  # ... thrown away (the original answered first, or the copy failed)
     invalid_prompts: int = 0
     wall_s: float = 0.0
     interrupted: bool = False
@@ -120,8 +121,9 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             ),
             f"  tokens: {self.prompt_tokens} prompt ({self.cached_tokens} cached), "
             f"{self.output_tokens} output ({rate:.0f} output tok/s)",
-            f"  requests: {self.requests}, retries: {self.retries}, hedged: {self.hedges} "
-            f"(won {self.hedges_won}); already done before: {self.already_done}"
+            f"  requests: {self.requests}, retries: {self.retries}, hedges sent: {self.hedges} "
+            f"(won {self.hedges_won}, wasted {self.hedges_wasted}); "
+            f"already done before: {self.already_done}"
             + (f"; invalid prompt lines: {self.invalid_prompts}" if self.invalid_prompts else ""),
         ]
         out.extend(_cut_warning(self.truncated, self.completed))
