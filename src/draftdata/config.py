@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import msgspec
 import yaml
@@ -46,12 +47,60 @@ def explain(err: msgspec.ValidationError, where: str) -> ConfigError:
     return ConfigError(f"{where}: {text}")
 
 
+def allowed_values(type_: Any, path: str) -> list[str] | None:
+    """The values a ``Literal`` field at dotted ``path`` of struct ``type_`` allows (None when
+    the field is not a Literal), e.g. ``reasoning`` -> ``["on", "off", "server"]``."""
+    t: Any = type_
+    for part in path.split(".") if path else []:
+        t = _unwrap(t)
+        if part.isdigit() or get_origin(t) in (list, dict):
+            args = get_args(t)
+            t = args[-1] if args else None
+            if part.isdigit():
+                continue
+            t = _unwrap(t)
+        try:
+            t = get_type_hints(t).get(part) if isinstance(t, type) else None
+        except (NameError, TypeError):
+            return None
+        if t is None:
+            return None
+    values = [a for a in _literal_args(t) if isinstance(a, str)]
+    return values or None
+
+
+def _unwrap(t: Any) -> Any:
+    """``X | None`` -> ``X``."""
+    args = [a for a in get_args(t) if a is not type(None)]
+    if get_origin(t) in (Union, UnionType) and len(args) == 1:
+        return args[0]
+    return t
+
+
+def _literal_args(t: Any) -> list[Any]:
+    if get_origin(t) is Literal:
+        return list(get_args(t))
+    if get_origin(t) in (Union, UnionType):
+        return [v for a in get_args(t) for v in _literal_args(a)]
+    return []
+
+
 def convert(data: Any, type_: type[T], where: str) -> T:
-    """Validate plain data (from YAML, CLI overrides, ...) into ``type_``."""
+    """Validate plain data (from YAML, CLI overrides, ...) into ``type_``; an invalid choice
+    lists the allowed values."""
     try:
         return msgspec.convert(data, type_, strict=False)
     except msgspec.ValidationError as exc:
-        raise explain(exc, where) from exc
+        err = explain(exc, where)
+        m = re.match(r"Invalid enum value (.*) - at `\$\.?([^`]*)`$", str(exc))
+        if m:
+            path = re.sub(r"\[(\d+)\]", r".\1", m.group(2)).strip(".")
+            allowed = allowed_values(type_, path)
+            if allowed:
+                raise ConfigError(
+                    f"{where}: {path}: {m.group(1)} is not one of {', '.join(allowed)}"
+                ) from exc
+        raise err from exc
 
 
 class _Yaml12BoolLoader(yaml.SafeLoader):
@@ -78,6 +127,8 @@ def read_yaml(path: Path | str) -> dict[str, Any]:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{p}: {p} does not exist") from exc
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config ({exc.strerror})") from exc
     try:

@@ -10,8 +10,13 @@
     │   ├── RunMismatchError            the run's manifest disagrees with this config
     │   └── TransientStoreError         worth retrying (throttling, 5xx, resets)
     ├── FleetError                      no endpoint reachable, a server failed to start
+    │   └── FleetUnavailableError       no endpoint could serve for a bounded time, or every
+    │                                   endpoint refuses chat requests (generate stops, resumable)
+    ├── RunAbortedError                 an unexpected error stopped a run (committed work kept)
     └── ServerError                     one request failed
         ├── RetryableServerError        429, 5xx, timeout, reset, malformed body
+        ├── EndpointRefusedError        401/403/404/405/501 for chat: the endpoint's fault,
+        │                               never the prompt's (it is taken out, work moves on)
         └── FatalRequestError           the request itself is bad: do not retry
             └── ContextLengthError      prompt (+ max tokens) exceeds the context
 
@@ -63,6 +68,15 @@ class FleetError(DraftdataError):
     """The inference fleet cannot be used: nothing reachable, or a server failed to start."""
 
 
+class FleetUnavailableError(FleetError):
+    """No endpoint could serve for the allowed time (or all refuse): the run stops, resumable."""
+
+
+class RunAbortedError(DraftdataError):
+    """An unexpected error (a bug, not a store outage) stopped a run; what was committed is
+    kept and the same command resumes."""
+
+
 class ServerError(DraftdataError):
     """One request to an inference server failed."""
 
@@ -77,6 +91,13 @@ class RetryableServerError(ServerError):
     """A failure that another attempt (perhaps on another endpoint) may not hit."""
 
     reason = "retryable"
+
+
+class EndpointRefusedError(ServerError):
+    """The endpoint answers but refuses chat requests (a rotated key, a renamed model, not an
+    OpenAI-compatible server): an endpoint fault that never fails the prompt."""
+
+    reason = "refused"
 
 
 class FatalRequestError(ServerError):

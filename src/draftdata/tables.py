@@ -1,8 +1,23 @@
-"""``table(title, header, rows)``: the rich summary table the CLIs print (first column left)."""
+"""``table(title, header, rows)``: the rich summary table the CLIs print (first column left),
+and ``console()``: the Console they print with."""
 
 from __future__ import annotations
 
+import os
+
+from rich.console import Console
 from rich.table import Table
+
+
+def console(stderr: bool = False) -> Console:
+    """A Console for CLI output. On a terminal: its width. Piped or redirected: lines are never
+    wrapped (a summary line stays one line for ``grep`` and logs) and tables get 200 columns
+    (``$COLUMNS`` when set), instead of rich's 80."""
+    out = Console(stderr=stderr)
+    if out.is_terminal:
+        return out
+    width = None if os.environ.get("COLUMNS") else 200
+    return Console(stderr=stderr, soft_wrap=True, width=width)
 
 
 def table(title: str, header: list[str], rows: list[list[str]]) -> Table:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import typer
 
@@ -28,6 +29,28 @@ from draftdata.cli import (
     tokenize,
 )
 from draftdata.errors import DraftdataError
+
+
+def _no_type_after_flags() -> None:
+    """``--help`` shows no ``<bool>`` after a flag (it takes no value). Typer 0.2x with Click 8.2+
+    labels every option with its Python type, flags included; a flag's label is dropped here,
+    once, for every command."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_draftdata", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        if getattr(self, "is_bool_flag", False):
+            return None
+        return shown(self, ctx)
+
+    display_type_rich._draftdata = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_no_type_after_flags()
 
 app = typer.Typer(
     name="draftdata",

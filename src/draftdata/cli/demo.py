@@ -41,11 +41,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run prepare → generate → tokenize → merge → stats → report on bundled samples and a
         local simulated fleet; print the figures and where the outputs and report are."""
-        from rich.console import Console
-
+        from draftdata import tables
         from draftdata.demo.pipeline import run_demo, summary_table
 
-        console = Console()
+        console = tables.console()
         result = run_demo(
             out,
             servers=servers,

@@ -1,4 +1,4 @@
-"""`draftdata export RUN --format sharegpt|openai|parquet --out PATH|s3://BUCKET/KEY`."""
+"""`draftdata export RUN --format FORMAT --out PATH|s3://BUCKET/KEY` (see store/trainer_rows)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ def register(app: typer.Typer) -> None:
             "sharegpt",
             "--format",
             "-f",
-            help="sharegpt (SpecForge `conversations` JSONL), openai (messages JSONL), "
-            "or parquet (Hugging Face datasets loadable).",
+            help="sharegpt (SpecForge `conversations` JSONL, whole conversations), specforge "
+            "(one row per generated turn; train with train_only_last_turn), specforge-text "
+            "(pre-formatted `text`, per turn), speculators (input_ids + loss_mask rows, per "
+            "turn), modelopt (TensorRT Model Optimizer), eagle (ShareGPT from/value), openai "
+            "(messages JSONL), or parquet (Hugging Face datasets loadable).",
         ),
         out: str = typer.Option(
             ...,
@@ -34,13 +37,34 @@ def register(app: typer.Typer) -> None:
             "--protect",
             help="A prefix the export may not write into (repeatable).",
         ),
+        tokenizer: str | None = typer.Option(
+            None,
+            "--tokenizer",
+            help="The target's Hugging Face tokenizer folder (specforge-text and speculators).",
+        ),
+        chat_template: str | None = typer.Option(
+            None,
+            "--chat-template",
+            help="A chat template file (Jinja or tokenizer_config.json) overriding the "
+            "tokenizer's (specforge-text and speculators).",
+        ),
     ) -> None:
         """Export a run's completions for training (streams shard by shard)."""
         from draftdata.store.export import export_run
 
-        stats = export_run(run, fmt, out, include_reasoning=reasoning, protect=protect)
+        stats = export_run(
+            run,
+            fmt,
+            out,
+            include_reasoning=reasoning,
+            protect=protect,
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+        )
+        rows = stats.get("export.rows")
+        per_turn = f" as {rows} rows" if rows != stats.get("export.records") else ""
         typer.echo(
-            f"exported {stats.get('export.records')} completions from "
+            f"exported {stats.get('export.records')} completions{per_turn} from "
             f"{stats.get('export.shards')} shards to {out} ({fmt}); "
             f"{stats.get('export.duplicates_dropped')} duplicates dropped"
         )

@@ -26,6 +26,21 @@ def _pairs(values: list[str], option: str, kind: type[int] | type[float]) -> dic
     return out
 
 
+def _means(values: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        prefix, sep, value = v.rpartition(":")
+        try:
+            if not sep or not prefix:
+                raise ValueError
+            out[prefix] = int(value)
+        except ValueError as exc:
+            raise ConfigError(
+                f"--mean-output-tokens-for {v!r}: expected PREFIX:N, e.g. math:6000"
+            ) from exc
+    return out
+
+
 def register(app: typer.Typer) -> None:
     """Add the `sim` command to the fleet sub-app."""
 
@@ -52,6 +67,12 @@ def register(app: typer.Typer) -> None:
         context_length: int = typer.Option(8192, "--context-length", help="Context in tokens."),
         mean_output_tokens: int = typer.Option(
             2700, "--mean-output-tokens", help="Mean of the lognormal output length."
+        ),
+        mean_output_tokens_for: list[str] = typer.Option(
+            [],
+            "--mean-output-tokens-for",
+            help="PREFIX:N: requests whose last user message starts with PREFIX draw around "
+            "mean N (repeatable; mixed-domain jobs).",
         ),
         time_scale: float = typer.Option(
             1.0,
@@ -105,6 +126,26 @@ def register(app: typer.Typer) -> None:
         restart_after: float | None = typer.Option(
             None, "--restart-after", help="A crashed server comes back after SECONDS."
         ),
+        no_token_ids: bool = typer.Option(
+            False,
+            "--no-token-ids",
+            help="Ignore return_token_ids (answer without ids, as an engine that cannot).",
+        ),
+        max_choices: int | None = typer.Option(
+            None,
+            "--max-choices",
+            min=1,
+            help="Answer at most N of a request's n choices (a server that ignores n).",
+        ),
+        refuse: list[str] = typer.Option(
+            [],
+            "--refuse",
+            help="I:STATUS: server I answers every chat request with HTTP STATUS (e.g. 401, "
+            "404, 501) while /health and /v1/models stay fine (repeatable).",
+        ),
+        refuse_after: int = typer.Option(
+            0, "--refuse-after", help="Refusing servers answer their first N chat requests."
+        ),
         starting_seconds: float = typer.Option(
             0.5, "--starting-seconds", help="/health 503 this long after a restart."
         ),
@@ -120,6 +161,10 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--flavor {flavor!r}: use sglang or vllm")
         if reasoning not in ("parsed", "inline", "off"):
             raise ConfigError(f"--reasoning {reasoning!r}: use parsed, inline or off")
+        if tokenizer is not None:
+            from draftdata.tokenize.template import check_tokenizer_folder
+
+            check_tokenizer_folder(str(tokenizer))
         faults = FaultConfig(
             error_500=fault_500,
             error_503=fault_503,
@@ -134,6 +179,8 @@ def register(app: typer.Typer) -> None:
             crash_after={i: int(n) for i, n in _pairs(crash_after, "--crash-after", int).items()},
             restart_after=restart_after,
             starting_s=starting_seconds,
+            refuse={i: int(c) for i, c in _pairs(refuse, "--refuse", int).items()},
+            refuse_after=refuse_after,
         )
         config = validate(
             SimConfig(
@@ -144,12 +191,15 @@ def register(app: typer.Typer) -> None:
                 dp_size=dp_size,
                 context_length=context_length,
                 mean_output_tokens=mean_output_tokens,
+                mean_output_tokens_for=_means(mean_output_tokens_for),
                 time_scale=time_scale,
                 seed=seed,
                 tokenizer=str(tokenizer) if tokenizer else None,
                 reasoning=reasoning,  # type: ignore[arg-type]
                 tool_call_rate=tool_call_rate,
                 startup_s=startup_seconds,
+                token_ids=not no_token_ids,
+                max_choices=max_choices,
                 faults=faults,
             ),
             servers,

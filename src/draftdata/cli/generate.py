@@ -87,7 +87,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--max-tokens",
             min=1,
-            help="Output token limit, reasoning included (default 4096).",
+            help="Output token limit, reasoning included (default: fill the endpoint's context, "
+            "i.e. its context length minus the prompt's tokens, per request).",
             rich_help_panel=PANEL_RUN,
         ),
         temperature: float | None = typer.Option(
@@ -184,6 +185,13 @@ def register(app: typer.Typer) -> None:
             help="Continue a run with changed settings (recorded).",
             rich_help_panel=PANEL_STORE,
         ),
+        allow_mixed_models: bool = typer.Option(
+            False,
+            "--allow-mixed-models",
+            help="Go on when the endpoints report different models (each completion "
+            "records its own).",
+            rich_help_panel=PANEL_STORE,
+        ),
         flush_records: int | None = typer.Option(
             None,
             "--flush-records",
@@ -195,6 +203,13 @@ def register(app: typer.Typer) -> None:
             None,
             "--flush-seconds",
             help="...or every S seconds (default 5).",
+            rich_help_panel=PANEL_STORE,
+        ),
+        max_uncommitted: int | None = typer.Option(
+            None,
+            "--max-uncommitted",
+            min=1,
+            help="Pause dispatch while more records than this wait for the store (default 4096).",
             rich_help_panel=PANEL_STORE,
         ),
         writer_id: str | None = typer.Option(
@@ -222,10 +237,31 @@ def register(app: typer.Typer) -> None:
             help="Seconds to connect (default 10).",
             rich_help_panel=PANEL_ROBUST,
         ),
+        unavailable_timeout: float | None = typer.Option(
+            None,
+            "--unavailable-timeout",
+            help="Stop (exit 1, resumable) when no endpoint can serve for this many seconds "
+            "(default 300).",
+            rich_help_panel=PANEL_ROBUST,
+        ),
+        order: str | None = typer.Option(
+            None,
+            "--order",
+            help="length (longest expected answer first within the look-ahead; default) or "
+            "file (prompt file order).",
+            rich_help_panel=PANEL_ROBUST,
+        ),
+        lookahead: int | None = typer.Option(
+            None,
+            "--lookahead",
+            min=0,
+            help="Prompts read ahead of dispatch for --order length (default 4096).",
+            rich_help_panel=PANEL_ROBUST,
+        ),
         no_hedge: bool = typer.Option(
             False,
             "--no-hedge",
-            help="Do not hedge tail requests onto idle endpoints.",
+            help="Do not copy tail requests onto faster idle endpoints.",
             rich_help_panel=PANEL_ROBUST,
         ),
         grace_seconds: float | None = typer.Option(
@@ -279,12 +315,17 @@ def register(app: typer.Typer) -> None:
             "protect": protect,
             "retry_failed": retry_failed or None,
             "allow_config_change": allow_config_change or None,
+            "allow_mixed_models": allow_mixed_models or None,
             "flush_records": flush_records,
             "flush_seconds": flush_seconds,
+            "max_uncommitted": max_uncommitted,
+            "unavailable_timeout": unavailable_timeout,
             "writer_id": writer_id,
             "max_attempts": max_attempts,
             "read_timeout": read_timeout,
             "connect_timeout": connect_timeout,
+            "order": order,
+            "lookahead": lookahead,
             "no_hedge": no_hedge,
             "grace_seconds": grace_seconds,
             "progress": progress,

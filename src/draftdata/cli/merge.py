@@ -58,8 +58,9 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option(
             "parquet",
             "--format",
-            help="parquet, or sharegpt: parquet plus SpecForge-style conversations JSONL "
-            "(chat inputs only).",
+            help="parquet, or parquet plus a trainer's JSONL under FORMAT/: sharegpt, "
+            "specforge (one row per assistant turn), openai, modelopt, eagle (chat inputs), "
+            "speculators (tokenized inputs).",
         ),
         upsample: bool = typer.Option(
             False,
@@ -102,9 +103,8 @@ def register(app: typer.Typer) -> None:
 
         Example: draftdata merge --existing old/ --add tokenized/ --mix code=0.5,math=0.5 --out ds/
         """
-        from rich.console import Console
-
-        from draftdata.merge.config import MergeConfig, parse_mix
+        from draftdata import tables
+        from draftdata.merge.config import MergeConfig, mix_warning, parse_mix
         from draftdata.merge.report import print_summary
         from draftdata.merge.stage import merge
 
@@ -124,8 +124,10 @@ def register(app: typer.Typer) -> None:
             shard_rows=shard_rows,
             tmp_dir=tmp_dir,
         )
+        if (warning := mix_warning(config.mix)) is not None:
+            typer.echo(warning, err=True)
         summary = merge(config, progress=None if quiet else _Progress())
-        console = Console()
+        console = tables.console()
         print_summary(summary.report, console)
         rows = summary.train_rows + summary.eval_rows
         console.print(

@@ -76,16 +76,15 @@ def register(app: typer.Typer) -> None:
 
         Example: draftdata prepare examples/quickstart.yaml --out prepare-out
         """
-        from rich.console import Console
-
+        from draftdata import tables
         from draftdata.config import load_config
         from draftdata.errors import ConfigError
-        from draftdata.prepare.config import PrepareConfig, resolve_paths
+        from draftdata.prepare.config import PrepareConfig, mix_warnings, resolve_paths
         from draftdata.prepare.report import PLAN_HEADER, SOURCE_HEADER, plan_rows, source_rows
         from draftdata.prepare.stage import prepare
         from draftdata.tables import table
 
-        console = Console()
+        console = tables.console()
         if write_samples is not None:
             from draftdata.prepare.samples import write_sample_sources
 
@@ -99,6 +98,8 @@ def register(app: typer.Typer) -> None:
             )
         cfg = load_config(config, PrepareConfig, out=out, seed=seed, budget=budget)
         cfg = resolve_paths(cfg, config.resolve().parent)
+        for warning in mix_warnings(cfg):
+            typer.echo(warning, err=True)
         result = prepare(
             cfg, plan_only=plan_only, force=force, progress=None if quiet else _Progress()
         )

@@ -5,8 +5,8 @@ annotated parameters to their signatures and, when ``--ray`` is given, hand thei
 config to ``generate_on_ray`` / ``tokenize_on_ray``, which print the summary and return the exit
 code. Help texts live here so both commands describe Ray the same way. It is part of the CLI
 (it parses options and prints); ``draftdata.distributed`` below it runs the job. Importing this
-module imports Typer only (``draftdata --help`` stays instant); Ray is imported when a run starts, and
-a missing Ray is a one-line error saying how to install it.
+module imports Typer only (``draftdata --help`` stays instant); Ray is imported when a run
+starts, and a missing Ray is a one-line error saying how to install it.
 """
 
 from __future__ import annotations

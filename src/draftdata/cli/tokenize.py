@@ -111,7 +111,8 @@ def summary_lines(summary: TokenizeSummary) -> list[str]:
         f"({c('path.token_ids')} with server token ids, {c('path.rendered')} rendered) "
         f"in {summary.wall_s:.1f} s -> {summary.out}",
         f"verified {c('verified')} (non-canonical tokenization of the same text "
-        f"{c('verified.noncanonical')}), mismatched {c('mismatched')}, unverifiable "
+        f"{c('verified.noncanonical')}, ended other than by the template's end of turn "
+        f"{c('verified.other_end')}), mismatched {c('mismatched')} (dropped), unverifiable "
         f"{c('unverifiable')}; split into per-turn samples {c('split_turns')}; "
         f"truncated {c('truncated')}",
     ]
@@ -131,8 +132,9 @@ def summary_lines(summary: TokenizeSummary) -> list[str]:
 
 def print_summary(summary: TokenizeSummary) -> None:
     """Print the per-domain table and the summary lines."""
-    from rich.console import Console
     from rich.table import Table
+
+    from draftdata import tables
 
     table = Table(title="tokenized samples by domain")
     for name in ("domain", "samples", "tokens", "loss tokens", "loss %"):
@@ -146,7 +148,7 @@ def print_summary(summary: TokenizeSummary) -> None:
             f"{d.loss_tokens:,}",
             f"{share:.1f}",
         )
-    console = Console()
+    console = tables.console()
     console.print(table)
     for line in summary_lines(summary):
         console.print(line, markup=False, highlight=False)

@@ -126,6 +126,7 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     keys = job.keys
     if job.previous is not None:
         job.previous.wall_s = time.perf_counter() - started
+        stage.check_verified(job.previous, config)
         return RayTokenizeResult(summary=job.previous, inputs=len(keys), tasks=0, wall_s=0.0)
 
     forward = tuple(dict.fromkeys([*cluster.DEFAULT_FORWARD_ENV, *opts.forward_env]))
@@ -139,6 +140,7 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     ordered = (results[index] for index in range(len(keys)))  # shard order, as the stage's
     summary = stage.finish(job, ((_counters(json.loads(c)), names) for c, names in ordered))
     summary.wall_s = time.perf_counter() - started
+    stage.check_verified(summary, config)
     return RayTokenizeResult(
         summary=summary, inputs=len(keys), tasks=len(keys), wall_s=summary.wall_s
     )

@@ -54,6 +54,21 @@ VLLM_PRESET: tuple[str, ...] = (
     "--gpu-memory-utilization",
     "0.85",
 )
+# The simulator standing in for a real fleet (the walkthrough's no-GPU tip): 100x a real 27B
+# model's decode speed, so a request takes about a second instead of a minute.
+SIM_PRESET: tuple[str, ...] = ("--time-scale", "0.01")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def sim_preset(model: str) -> tuple[str, ...]:
+    """``SIM_PRESET``, plus ``--tokenizer MODEL`` when ``--model`` is a local model folder with a
+    tokenizer (as a real engine would load it): real token ids in the target's template."""
+    path = Path(model).expanduser()
+    if path.is_dir() and any((path / f).is_file() for f in TOKENIZER_FILES):
+        return (*SIM_PRESET, "--tokenizer", str(path))
+    return SIM_PRESET
+
+
 # Flags whose value is the context length / capacity, per engine (read back from the argv when
 # a server does not report them itself).
 CONTEXT_FLAGS = ("--context-length", "--max-model-len")
@@ -271,7 +286,7 @@ def base_argv(cfg: LaunchConfig, port: int, gpu: str, index: int) -> list[str]:
         # real fleet (a crash takes down one server, down stops each by pid).
         argv = [py, "-c", "from draftdata.cli import main; main()", "fleet", "sim"]
         argv += ["--servers", "1", "--port-base", str(port), "--model", cfg.model]
-        preset = ()
+        preset = sim_preset(cfg.model)
     else:
         assert cfg.command is not None  # checked in LaunchConfig
         values = {"gpu": gpu, "port": str(port), "model": cfg.model, "host": cfg.host}

@@ -106,7 +106,9 @@ defaults to false). Empty reasoning is null on SGLang.
 
 Token ids: output ids are the tokenization of exactly the generated text, plus the EOS id
 (``<|im_end|>``, 151645 without a tokenizer) when the answer stopped (finish stop/tool_calls);
-``completion_tokens == len(output ids)``. With ``--tokenizer DIR`` prompt ids are the chat
+``completion_tokens == len(output ids)``. A request's ``stop`` strings cut the answer as vLLM
+does: the text ends before the first one, the ids keep the token that completes it, and no EOS
+follows (finish ``stop``). With ``--tokenizer DIR`` prompt ids are the chat
 template's rendering (messages + tools + add_generation_prompt + chat_template_kwargs) and the
 generated text is what the template renders for that assistant turn after the prompt, so
 ``prompt_ids + output_ids`` tokenizes the rendered conversation. Without one, ids are synthetic

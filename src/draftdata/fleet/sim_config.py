@@ -32,7 +32,9 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     maps a server index to N: that server crashes (listening socket closed, every open
     connection dropped) when its N-th chat request arrives, once; it comes back on the same
     port after ``restart_after`` seconds (None: never) and then answers /health with 503 for
-    ``starting_s`` seconds.
+    ``starting_s`` seconds. ``refuse`` maps a server index to an HTTP status it answers every
+    chat request with, after answering its first ``refuse_after`` normally, while /health and
+    /v1/models stay fine (a rotated key: 401, a renamed model: 404, not OpenAI-compatible: 501).
     """
 
     error_500: float = 0.0
@@ -48,6 +50,8 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     crash_after: dict[int, int] = msgspec.field(default_factory=dict)
     restart_after: float | None = None
     starting_s: float = 0.5
+    refuse: dict[int, int] = msgspec.field(default_factory=dict)
+    refuse_after: int = 0
 
     def rates(self) -> list[tuple[str, float]]:
         """The rate-based faults in the order they are drawn (one uniform draw per request)."""
@@ -79,12 +83,16 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     dp_size: int = 1
     context_length: int = 8192
     mean_output_tokens: int = 2700
+    # a request whose last user message starts with PREFIX draws around this mean instead
+    mean_output_tokens_for: dict[str, int] = msgspec.field(default_factory=dict)
     output_sigma: float = 0.8
     min_output_tokens: int = 8
     reasoning: ReasoningMode = "parsed"
     reasoning_share: float = 0.6
     tool_call_rate: float = 0.5
     cache_report: bool = True
+    token_ids: bool = True  # False: ignore return_token_ids (an engine that cannot return ids)
+    max_choices: int | None = None  # answer at most this many of ``n`` choices (None: all)
     time_scale: float = 1.0
     base_step_s: float = 0.020
     per_seq_step_s: float = 0.00016
@@ -122,6 +130,10 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         (config.dp_size >= 1, "--dp-size: must be at least 1"),
         (config.context_length >= 16, "--context-length: must be at least 16"),
         (config.mean_output_tokens >= 1, "--mean-output-tokens: must be at least 1"),
+        (
+            all(n >= 1 for n in config.mean_output_tokens_for.values()),
+            "--mean-output-tokens-for: every mean must be at least 1",
+        ),
         (config.time_scale >= 0, "--time-scale: must be >= 0 (0 answers without delay)"),
         (config.stream_interval >= 1, "stream_interval: must be at least 1"),
         (0 <= config.tool_call_rate <= 1, "--tool-call-rate: must be in [0, 1]"),
@@ -145,6 +157,10 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
     for index, n in f.crash_after.items():
         checks.append((0 <= index < servers, f"--crash-after: {index} is not a server index"))
         checks.append((n >= 1, f"--crash-after: N={n} must be at least 1"))
+    for index, status in f.refuse.items():
+        checks.append((0 <= index < servers, f"--refuse: {index} is not a server index"))
+        checks.append((400 <= status <= 599, f"--refuse: status {status} is not in 400-599"))
+    checks.append((f.refuse_after >= 0, "--refuse-after: must be >= 0"))
     if f.restart_after is not None:
         checks.append((f.restart_after >= 0, "--restart-after: must be >= 0"))
     for ok, message in checks:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from bisect import bisect_left
 from collections import OrderedDict
 from typing import Any
 
@@ -129,6 +130,29 @@ def _cap(
     return text[:cut], ids[:keep], ends[:keep], True
 
 
+def _stops(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+        raise RequestError(400, "stop: expected a string or a list of strings")
+    return [x for x in items if x]
+
+
+def _stop_at(
+    text: str, ids: list[int], ends: list[int], stops: list[str]
+) -> tuple[str, list[int], list[int]] | None:
+    """Cut at the first stop string as vLLM does: the text ends before it, the ids keep every
+    token up to the one that completes it (no end-of-turn token follows)."""
+    hits = [(at, len(s)) for s in stops if (at := text.find(s)) >= 0]
+    if not hits:
+        return None
+    at, size = min(hits)
+    keep = bisect_left(ends, at + size) + 1
+    return text[:at], ids[:keep], ends[:keep]
+
+
 def prepare(
     body: Any,
     config: SimConfig,
@@ -146,11 +170,14 @@ def prepare(
     n = _int_field(body, "n") or 1
     if n < 1 or n > 128:
         raise RequestError(400, f"n: must be between 1 and 128, got {n}")
+    if config.max_choices is not None:  # a server that answers fewer choices than asked
+        n = min(n, config.max_choices)
     max_new = _int_field(body, "max_completion_tokens")
     if max_new is None:
         max_new = _int_field(body, "max_tokens")
     if max_new is not None and max_new < 1:
         raise RequestError(400, f"max_tokens: must be at least 1, got {max_new}")
+    stops = _stops(body)
     tools = body.get("tools") or None
     if tools is not None and not isinstance(tools, list):
         raise RequestError(400, "tools: expected a list of tool specs")
@@ -184,12 +211,14 @@ def prepare(
     if isinstance(tool_choice, dict) and tools:
         name = (tool_choice.get("function") or {}).get("name")
         offered = [t for t in tools if (t.get("function") or {}).get("name") == name] or tools
+    mean = next(
+        (m for p, m in config.mean_output_tokens_for.items() if last_user.startswith(p)),
+        config.mean_output_tokens,
+    )
     choices = []
     for i in range(n):
         rng = random.Random(digest(config.seed, body.get("seed"), prompt_text, i))
-        target = draw_length(
-            rng, config.mean_output_tokens, config.output_sigma, config.min_output_tokens
-        )
+        target = draw_length(rng, mean, config.output_sigma, config.min_output_tokens)
         call = offered is not None and (forced or rng.random() < config.tool_call_rate)
         state = rng.getstate()
         target = min(target, limit + 16)  # no need to write what max_tokens cuts off
@@ -215,7 +244,12 @@ def prepare(
             if len(ids) <= target * 1.15 or words <= config.min_output_tokens:
                 break
             words = max(config.min_output_tokens, int(words * target / len(ids)))
-        text, out_ids, ends, hit = _cap(text, ids, ends, tokenizer.eos_id, limit)
+        stopped = _stop_at(text, ids, ends, stops) if stops else None
+        if stopped is not None and len(stopped[1]) <= limit:
+            (text, out_ids, ends), hit = stopped, False
+        else:
+            stopped = None
+            text, out_ids, ends, hit = _cap(text, ids, ends, tokenizer.eos_id, limit)
         parsed = parse_completion(
             text,
             flavor=flavor,
@@ -240,7 +274,9 @@ def prepare(
                 parsed=parsed,
                 calls=calls,
                 finish=finish,
-                matched_stop=tokenizer.eos_id if finish == "stop" and flavor == "sglang" else None,
+                matched_stop=tokenizer.eos_id
+                if finish == "stop" and flavor == "sglang" and stopped is None
+                else None,
                 reasoning_tokens=r_tokens,
             )
         )
@@ -253,6 +289,8 @@ def prepare(
         want_output = body.get("return_token_ids") is True
     else:
         want_prompt = want_output = body.get("return_token_ids") is True
+    if not config.token_ids:
+        want_prompt = want_output = False
     return Prepared(
         rid=rid,
         model=(model or "default") if flavor == "sglang" else config.model,

@@ -30,6 +30,14 @@ from draftdata.fleet.sim_tokens import Tokenizer
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
+_REFUSALS = {
+    401: "Invalid API key (simulated)",
+    403: "Forbidden: this key may not use the model (simulated)",
+    404: "The model does not exist (simulated)",
+    405: "Method Not Allowed (simulated)",
+    501: "Not Implemented (simulated)",
+}
+
 # Client disconnects are normal (hedged requests): keep aiohttp from logging them.
 logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
 
@@ -272,6 +280,10 @@ class SimServer:
             self._crash_pending = False
             self.crash()
             return await self._forever()
+        refuse = self.config.faults.refuse.get(self.index)
+        if refuse is not None and self.stats.requests > self.config.faults.refuse_after:
+            self.stats.faults["refuse"] = self.stats.faults.get("refuse", 0) + 1
+            return self._error(refuse, _REFUSALS.get(refuse, f"HTTP {refuse}: refused (simulated)"))
         try:
             body = _decode(await request.read())
         except msgspec.DecodeError as exc:

@@ -155,13 +155,17 @@ class HFTokenizer:
     """A Hugging Face tokenizer folder with a chat template (Qwen3-style expected)."""
 
     def __init__(self, path: str) -> None:
+        from draftdata.tokenize.template import check_tokenizer_folder, first_line
+
+        check_tokenizer_folder(path)
         try:
             from transformers import AutoTokenizer
 
-            self._tok = AutoTokenizer.from_pretrained(path)
+            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as exc:  # transformers raises many types for a bad folder
             raise ConfigError(
-                f"--tokenizer {path}: cannot load a Hugging Face tokenizer there ({exc})"
+                f"--tokenizer {path}: cannot load a Hugging Face tokenizer there "
+                f"({first_line(exc)})"
             ) from exc
         if not getattr(self._tok, "chat_template", None):
             raise ConfigError(f"--tokenizer {path}: the tokenizer has no chat_template")

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from draftdata.errors import ServerError
+from draftdata.errors import EndpointRefusedError, ServerError
 from draftdata.generate.config import Reasoning, Sampling
 from draftdata.generate.parse import MalformedResponse, decode_chat_response
 from draftdata.records import JsonDict, Message, Turn
@@ -32,10 +32,13 @@ TOKEN_ID_FIELDS = ("return_token_ids", "return_prompt_token_ids")
 
 
 class ErrorClass(StrEnum):
-    """Why a request failed; the first two are fatal for the prompt, the rest worth a retry."""
+    """Why a request failed. The first two are fatal for the prompt; ``refused`` is the
+    endpoint's fault (it answers but serves no chat request: 401/403/404/405/501), never the
+    prompt's; the rest are worth a retry."""
 
     context_length = "context_length"
     invalid_request = "invalid_request"
+    refused = "refused"
     rate_limited = "rate_limited"
     server_error = "server_error"
     timeout = "timeout"
@@ -44,6 +47,9 @@ class ErrorClass(StrEnum):
 
 
 FATAL_CLASSES = frozenset({ErrorClass.context_length, ErrorClass.invalid_request})
+# Answers that say "this endpoint serves nothing here" (a rotated key, a renamed served model, a
+# server that is not OpenAI-compatible), whatever the request: the endpoint's fault.
+REFUSAL_STATUSES = frozenset({401, 403, 404, 405, 407, 501})
 
 
 class RequestError(ServerError):
@@ -73,6 +79,22 @@ class RequestError(ServerError):
         return f"{self.error_class.value}: {where}{self.message}"
 
 
+class RefusedRequestError(RequestError, EndpointRefusedError):
+    """The endpoint refused a chat request (class ``refused``): its fault, not the prompt's."""
+
+
+def request_error(
+    error_class: ErrorClass,
+    message: str,
+    *,
+    status: int | None = None,
+    retry_after: float | None = None,
+) -> RequestError:
+    """The RequestError of ``error_class`` (a ``RefusedRequestError`` for refusals)."""
+    cls = RefusedRequestError if error_class is ErrorClass.refused else RequestError
+    return cls(error_class, message, status=status, retry_after=retry_after)
+
+
 # Too-long wording of SGLang ("longer than the model's context length", "exceeds the model's
 # maximum context length"), vLLM ("maximum context length is C tokens", "'max_tokens' or
 # 'max_completion_tokens' is too large") and OpenAI ("context_length_exceeded").
@@ -85,8 +107,11 @@ _CONTEXT_RE = re.compile(
 
 
 def classify_http_error(status: int, body_text: str) -> ErrorClass:
-    """The class of an HTTP error answer: 4xx are the request's fault (context-length wording
-    gives ``context_length``), 408 is a timeout, 429 rate limiting, 5xx the server's fault."""
+    """The class of an HTTP error answer: 401/403/404/405/407/501 are refusals (the endpoint's
+    fault), other 4xx the request's (context-length wording gives ``context_length``), 408 is a
+    timeout, 429 rate limiting, other 5xx the server's fault."""
+    if status in REFUSAL_STATUSES:
+        return ErrorClass.refused
     if status == 429:
         return ErrorClass.rate_limited
     if status == 408:
@@ -168,6 +193,15 @@ def build_body(
         body["chat_template_kwargs"] = kwargs
     body.update(extra)
     return body
+
+
+def token_ids_refusal(url: str) -> str:
+    """The one-line error of ``--token-ids on`` against a server that returns no ids."""
+    return (
+        f"generate: --token-ids on: {url} does not return token ids (SGLang and vLLM return "
+        "them with return_token_ids in recent versions); use --token-ids auto (ids where a "
+        "server returns them) or off"
+    )
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -290,7 +324,7 @@ class EndpointClient:
                 status, data, retry_after = await self._post(body)
         if status != 200:
             text = data.decode("utf-8", "replace")
-            raise RequestError(
+            raise request_error(
                 classify_http_error(status, text),
                 error_message(text) or f"HTTP {status}",
                 status=status,

@@ -7,7 +7,7 @@ Example ``gen.yaml`` (every key optional; CLI flags win over the file)::
     out: s3://bucket/expansion_v1/
     protect: [s3://bucket/completions/]
     model: Qwen3.6-27B           # default: the id served at /v1/models
-    max_tokens: 8192
+    max_tokens: 8192             # default: fill each endpoint's context
     reasoning: on                # on | off | server
     sampling: {temperature: 0.6, top_p: 0.95, top_k: 20}
     overrides:                   # per source or domain; the first match wins
@@ -33,6 +33,7 @@ from draftdata.errors import ConfigError
 Reasoning = Literal["on", "off", "server"]
 ProgressMode = Literal["auto", "rich", "plain", "off"]
 TokenIds = Literal["auto", "on", "off"]
+Order = Literal["length", "file"]
 
 
 class Sampling(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -86,7 +87,7 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     fleet: str | None = None
     out: str = ""
     model: str | None = None
-    max_tokens: int = 4096
+    max_tokens: int | None = None  # None: fill the endpoint's context (generate/limits.py)
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     reasoning: Reasoning = "server"
     keep_reasoning_history: bool = False
@@ -104,8 +105,11 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     protect: list[str] = msgspec.field(default_factory=list)
     retry_failed: bool = False
     allow_config_change: bool = False
+    allow_mixed_models: bool = False  # endpoints reporting different models (models.py)
     flush_records: int = 256
     flush_seconds: float = 5.0
+    max_uncommitted: int = 4096  # dispatch pauses while more records wait for the store
+    store_retry_max: float = 30.0  # cap of the backoff between flush retries in an outage
     # retries and timeouts
     max_attempts: int = 6
     backoff_base: float = 0.5
@@ -114,8 +118,11 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     read_timeout: float = 3600.0
     breaker_failures: int = 5
     probe_interval: float = 2.0
+    unavailable_timeout: float = 300.0  # stop when no endpoint can serve for this long
     load_interval: float = 5.0
-    # the tail
+    # scheduling and the tail
+    order: Order = "length"  # longest expected output first within the look-ahead; file: off
+    lookahead: int = 4096  # prompts read ahead of dispatch (the window ``order`` sorts)
     hedge: bool = True
     hedge_min_age: float = 2.0
     prefix_steering: bool = True
@@ -125,7 +132,7 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     metrics_interval: float = 60.0
     grace_seconds: float = 60.0
 
-    def settings_for(self, source: str, domain: str) -> tuple[Sampling, int, Reasoning]:
+    def settings_for(self, source: str, domain: str) -> tuple[Sampling, int | None, Reasoning]:
         """Sampling, max tokens and reasoning mode for a prompt, after the first override that
         matches it."""
         for o in self.overrides:
@@ -148,7 +155,7 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
             "--endpoint or --fleet: give at least one server",
         ),
         (not (cfg.endpoints and cfg.fleet), "--endpoint and --fleet: give one or the other"),
-        (cfg.max_tokens >= 1, "--max-tokens: must be at least 1"),
+        (cfg.max_tokens is None or cfg.max_tokens >= 1, "--max-tokens: must be at least 1"),
         (cfg.n >= 1, "--n: must be at least 1"),
         (cfg.limit is None or cfg.limit >= 0, "--limit: must be >= 0"),
         (
@@ -162,6 +169,11 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
         (cfg.breaker_failures >= 1, "breaker_failures: must be at least 1"),
         (cfg.log_interval > 0, "--log-interval: must be > 0"),
         (cfg.grace_seconds >= 0, "grace_seconds: must be >= 0"),
+        (cfg.max_uncommitted >= 1, "--max-uncommitted: must be at least 1"),
+        (cfg.store_retry_max > 0, "store_retry_max: must be > 0"),
+        (cfg.unavailable_timeout > 0, "--unavailable-timeout: must be > 0"),
+        (cfg.order in ("length", "file"), f"--order: {cfg.order!r}; use length or file"),
+        (cfg.lookahead >= 0, "--lookahead: must be >= 0"),
     ]
     if cfg.partition is not None:
         from draftdata.distributed.partition import parse_partition
@@ -177,7 +189,46 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"generate: {message}")
+    _check_extra_body(cfg)
     return cfg
+
+
+# request fields the options own: --extra-body may not set them (it would win silently)
+_OWNED = {
+    "model": "--model",
+    "messages": "the prompts",
+    "tools": "the prompts' tools",
+    "n": "--n",
+    "max_tokens": "--max-tokens",
+    "max_completion_tokens": "--max-tokens",
+    "return_token_ids": "--token-ids",
+    "return_prompt_token_ids": "--token-ids",
+    "stream": "draftdata (it reads whole answers)",
+}
+
+
+def _check_extra_body(cfg: GenerateConfig) -> None:
+    """Refuse an ``extra_body`` field that an option also sets (one line naming both)."""
+    extra = cfg.extra_body
+    for key, owner in _OWNED.items():
+        if key in extra:
+            raise ConfigError(f"--extra-body: {key!r} is set by {owner}; set it there instead")
+    sampled = set(cfg.sampling.body())
+    for o in cfg.overrides:
+        if o.sampling is not None:
+            sampled |= set(o.sampling.body())
+    for key in sorted(sampled & set(extra)):
+        flag = "--" + key.replace("_", "-")
+        raise ConfigError(
+            f"--extra-body: {key!r} is also set by the sampling options ({flag} / "
+            f"sampling.{key}); set it in one place"
+        )
+    kwargs = extra.get("chat_template_kwargs")
+    if cfg.reasoning != "server" and isinstance(kwargs, dict) and "enable_thinking" in kwargs:
+        raise ConfigError(
+            "--extra-body: chat_template_kwargs.enable_thinking is also set by --reasoning "
+            f"{cfg.reasoning}; set it in one place"
+        )
 
 
 def parse_concurrency(value: str | None) -> int | str | None:

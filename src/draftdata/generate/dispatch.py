@@ -6,19 +6,29 @@ Policy, in the order the loop applies it:
   with the most free slots, then the fewest outstanding tokens (a job that shares a system
   prompt / tools with recent ones goes where its prefix is cached when that endpoint has room).
   There are no shards and no round-robin, so a slow server simply frees slots less often.
+- **Longest expected first.** New jobs wait in a ``LookAhead`` (``length.py``): with
+  ``order: length`` the one expected to answer longest goes first (the estimate is learned
+  from the run's completions); retries and requeued jobs go before them.
 - **Retries** of 429/5xx/timeouts/resets/malformed bodies wait a jittered exponential backoff
   (or the server's Retry-After) and then prefer another endpoint; after ``max_attempts`` the
   job becomes a Failure ``exhausted_retries``. Context-length and invalid-request errors become
   a Failure of that class at once.
+- **Endpoint refusals.** A 401/403/404/405/501 answer (``EndpointRefusedError``) is the
+  endpoint's fault: it is taken out at once (one log line naming the status), its work is
+  requeued elsewhere, and the refused attempt does not count against the prompt.
 - **Endpoint loss.** A connection error triggers a health check; an endpoint that fails it, or
   fails ``breaker_failures`` requests in a row, is taken out, its in-flight copies are cancelled
   and their jobs requeued at once, and it is probed every ``probe_interval`` until it answers
   (then re-admitted half-open: one more failure takes it out again).
-- **The tail.** When no new work is left, requests running for at least ``hedge_min_age`` are
-  copied onto endpoints with free slots; the first copy to answer wins, the others are
-  cancelled, and only the winner is committed.
+- **Speed.** Whenever a clearly slower endpoint has a free slot, a ``TailPlan`` places each
+  job where it is expected to finish first (a long draw of its length over the endpoint's
+  per-sequence rate, after its next slot frees), holding a long job for a fast server rather
+  than starting it on a slow one.
+- **The tail.** When nothing is queued, a request running for
+  at least ``hedge_min_age`` is copied onto a faster idle endpoint when ``hedge_pays``; the
+  first copy to answer wins, the others are cancelled, and only the winner is committed.
 - **Memory.** Prompts are read lazily (in a thread) only while fewer than ``window`` jobs are
-  queued or running.
+  queued or running (twice the fleet's limits, plus the look-ahead when ordering).
 
 Results go to a ``Sink`` (the engine buffers them in the Run). Endpoint probing and the
 concurrency controller live in ``endpoint.py``; this module holds no I/O but the chat calls.
@@ -33,12 +43,16 @@ import itertools
 import random
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
+from draftdata.conversation import turn_message
+from draftdata.errors import EndpointRefusedError
 from draftdata.generate.client import ErrorClass, RequestError, build_body
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
+from draftdata.generate.length import LengthModel, LookAhead, prompt_tokens, token_cap
+from draftdata.generate.limits import OutputLimit
 from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
 from draftdata.records import Completion, Failure, Turn
@@ -74,6 +88,7 @@ class Dispatcher:
         log: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
+        history: Callable[[], Iterable[tuple[str, str, int]]] | None = None,
     ) -> None:
         self.cfg = config
         self.endpoints = endpoints
@@ -86,6 +101,11 @@ class Dispatcher:
         self.log = log
         self.clock = clock
         self.rng = random.Random(seed)
+        self._history = history
+        self.lengths = LengthModel()
+        # jobs read but never dispatched (longest expected first); ``ready`` holds the ones
+        # that come back (retries due, requeued, split) and goes before them
+        self.fresh = LookAhead(self.lengths, ordered=config.order == "length")
         self.ready: deque[Job] = deque()
         self.waiting: list[tuple[float, int, Job]] = []  # (ready at, seq, job): backoff heap
         self.running: dict[Job, None] = {}  # jobs with at least one live copy, oldest first
@@ -95,6 +115,7 @@ class Dispatcher:
         self.wake = asyncio.Event()
         self.space = asyncio.Event()
         self.stopping = False
+        self.paused = False  # set by the engine while the store holds too many records
         self.fed_all = False
         self._seq = itertools.count()
         self._checking: set[Endpoint] = set()
@@ -106,37 +127,53 @@ class Dispatcher:
         self.duplicates = 0
         self.requests_ok = 0
         self.retries = 0
-        self.hedges = 0
-        self.hedges_won = 0
+        self.hedges = 0  # hedge copies sent
+        self.hedges_won = 0  # ... whose answer was the one committed
 
     # -- the loop -----------------------------------------------------------------------------
 
     @property
     def window(self) -> int:
-        """Jobs held in memory at most: twice the fleet's current limits."""
-        return max(64, 2 * sum(e.limit for e in self.endpoints if e.state != "down"))
+        """Jobs held in memory at most: twice the fleet's current limits, plus the look-ahead
+        when jobs are ordered by expected length."""
+        base = max(64, 2 * sum(e.limit for e in self.endpoints if e.state != "down"))
+        return base + (self.cfg.lookahead if self.fresh.ordered else 0)
 
     @property
     def pending(self) -> int:
         """Jobs queued, backing off or running."""
-        return len(self.ready) + len(self.waiting) + len(self.running)
+        return len(self.ready) + len(self.fresh) + len(self.waiting) + len(self.running)
+
+    @property
+    def hedges_wasted(self) -> int:
+        """Hedge copies whose work was thrown away: the original answered first, the copy
+        failed, or it was cancelled (not the ones still running)."""
+        live = sum(1 for copies in self.on_endpoint.values() for c in copies if c.hedge)
+        return self.hedges - self.hedges_won - live
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for an endpoint (not backing off, not running)."""
+        return len(self.ready) + len(self.fresh)
 
     async def run(self) -> None:
         """Dispatch until every job is settled (or, once stopped, until nothing runs)."""
+        if self._history is not None:
+            self.spawn(self._seed(self._history))  # read beside the first requests, not before
         feeder = asyncio.create_task(self._feed())
         loop = asyncio.get_running_loop()
         try:
             while True:
                 now = self.clock()
-                if not self.stopping:
+                if not self.stopping and not self.paused:
                     self._promote(now)
                     self._place(now)
-                    if self.cfg.hedge and self.fed_all and not self.ready:
+                    if self.cfg.hedge and self.fed_all and not self.queued:
                         self._hedge(now)
                 if feeder.done() and not feeder.cancelled() and feeder.exception():
                     raise feeder.exception()  # type: ignore[misc]
                 if not self.running and (
-                    self.stopping or (self.fed_all and not self.ready and not self.waiting)
+                    self.stopping or (self.fed_all and not self.queued and not self.waiting)
                 ):
                     return
                 self.wake.clear()
@@ -187,11 +224,25 @@ class Dispatcher:
                     continue
                 for job in jobs:
                     job.ready_since = now
-                    self.ready.append(job)
+                    self.fresh.push(job)
                     self.active[pid] += 1
             self.wake.set()
         self.fed_all = not self.stopping
         self.wake.set()
+
+    async def _seed(self, history: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        """Learn lengths from a resumed run's history: read in a thread, applied on the loop
+        (the model is the loop's alone)."""
+        try:
+            rows = await asyncio.to_thread(lambda: list(history()))
+        except Exception as exc:  # the history only speeds the schedule up: never fatal
+            self.log(f"generate: could not read the run's earlier output lengths: {exc}")
+            return
+        for source, domain, tokens in rows:
+            self.lengths.observe(source, domain, None, tokens)
+        if rows:
+            self.fresh.rekey()
+            self.log(f"generate: output lengths seeded from {len(rows)} earlier completions")
 
     @property
     def already_done(self) -> int:
@@ -217,13 +268,21 @@ class Dispatcher:
     # -- placing ------------------------------------------------------------------------------
 
     def _place(self, now: float) -> None:
+        rates = [e.seq_rate for e in self.endpoints if e.accepting and e.seq_rate]
+        self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0)
         held: list[Job] = []
-        while self.ready:
+        plan = TailPlan.make(self, now) if self.queued else None
+        # with a plan, a job may be held for a faster server's next slot; look at no more jobs
+        # than the fleet has slots (by then every fast slot has one promised)
+        examine = sum(e.limit for e in self.endpoints) + 64
+        while self.ready or self.fresh:
             free = [e for e in self.endpoints if e.state == "up" and e.limit > e.inflight]
-            if not free:
+            if not free or (plan is not None and len(held) >= examine):
                 break
-            job = self.ready.popleft()
+            job = self.ready.popleft() if self.ready else self.fresh.pop()
             ep = self._pick(job, free, now)
+            if ep is not None and plan is not None:
+                ep = plan.place(job, ep, self.lengths.expect_job(job))
             if ep is None:
                 held.append(job)
                 continue
@@ -254,21 +313,24 @@ class Dispatcher:
         return best
 
     def _hedge(self, now: float) -> None:
+        """Copy tail requests onto idle endpoints where the copy is expected to finish first
+        (``hedge_pays``); only asked when nothing is queued, so the copies take idle slots."""
         min_age = self.cfg.hedge_min_age
         for job in list(self.running):
             if job.hedged or job.done or len(job.copies) != 1:
                 continue
             first = job.copies[0]
-            age = now - first.started
+            age = now - first.sent  # of the request running now, not of the conversation
             if age < min_age:
-                break  # the rest started later still
+                continue
             free = [
                 e for e in self.endpoints if e.accepting and e.free > 0 and e is not first.endpoint
             ]
             if not free:
                 return
             ep = max(free, key=lambda e: (e.seq_rate or 0.0, e.free, -e.index))
-            if not first.endpoint.hedge_worthy(age, ep):
+            expected = self.lengths.expect_job(job)
+            if not hedge_pays(age, expected, token_cap(job), first.endpoint, ep, self.lengths):
                 continue
             job.hedged = True
             self.hedges += 1
@@ -282,6 +344,7 @@ class Dispatcher:
             if job.attempts > 1:
                 self.retries += 1
         copy = Copy(job, ep, hedge=hedge, seqs=seqs, started=now)
+        self.lengths.started(job.prompt.source, job.prompt.domain, now)
         job.copies.append(copy)
         self.on_endpoint[ep].add(copy)
         self.running[job] = None
@@ -293,6 +356,7 @@ class Dispatcher:
         if copy.detached:
             return
         copy.detached = True
+        self.lengths.stopped(copy.job.prompt.source, copy.job.prompt.domain, copy.started)
         copy.endpoint.release(copy.seqs, copy.job.cost)
         self.on_endpoint[copy.endpoint].discard(copy)
         job = copy.job
@@ -337,21 +401,22 @@ class Dispatcher:
         turns = list(job.turns)
         keep = self.cfg.keep_reasoning_history
         body: dict[str, Any] = {}
+        limit = OutputLimit(job.max_tokens, ep, job.prompt.tools)  # per request (limits.py)
         for t in range(len(turns), len(job.plan)):
             messages = job.plan.context(t, turns, keep_reasoning=keep)
             body = build_body(
                 messages,
                 tools=job.prompt.tools,
                 model=self.cfg.model or ep.model or self.model,
-                max_tokens=job.max_tokens,
+                max_tokens=limit.limit(messages),
                 sampling=job.request_sampling,
                 reasoning=job.reasoning,
                 n=len(job.samples),
                 token_ids=self.cfg.token_ids != "off",
                 extra_body=self.cfg.extra_body,
             )
-            sent = self.clock()
-            got = await ep.client.chat(body)
+            sent = copy.sent = self.clock()
+            got, body = await limit.send(body)
             self.requests_ok += 1
             ep.record_success(
                 got[0].usage.completion_tokens
@@ -361,12 +426,14 @@ class Dispatcher:
                 latency=self.clock() - sent,
                 seqs=len(got),
             )
+            limit.answered(messages, got[0])
             if not job.multi_turn:
                 return [[x] for x in got], body, None
             turns.append(got[0])
             stop = job.plan.stop_reason(t, got[0])
             if stop is not None:  # the turn broke the conversation: keep what we have
                 return [turns], body, stop
+            limit.carried([*messages, turn_message(got[0], keep_reasoning=keep)])
             if job.copies == [copy]:  # the only copy: checkpoint for a retry
                 job.turns = list(turns)
         return [turns], body, None
@@ -389,6 +456,10 @@ class Dispatcher:
         if copy.hedge:
             self.hedges_won += 1
             ep.hedges_won += 1
+        p, prompt_len, cap = job.prompt, prompt_tokens(job), token_cap(job)
+        for turns in per_sample:
+            out = sum(t.usage.completion_tokens for t in turns)
+            self.lengths.observe(p.source, p.domain, prompt_len, out, cap)
         samples = job.samples
         if len(per_sample) < len(samples):  # the server ignored n: ask for the rest one by one
             ep.server_n = False
@@ -398,7 +469,13 @@ class Dispatcher:
             self.ready.appendleft(rest)
         latency = self.clock() - copy.started
         done = completions(
-            job, per_sample, body, endpoint=ep.url, latency=latency, stop_reason=stop
+            job,
+            per_sample,
+            body,
+            endpoint=ep.url,
+            latency=latency,
+            stop_reason=stop,
+            model=ep.model,
         )
         for c in done:
             self.sink.completion(c)
@@ -407,6 +484,9 @@ class Dispatcher:
 
     def _failed(self, copy: Copy, err: RequestError) -> None:
         job, ep = copy.job, copy.endpoint
+        if isinstance(err, EndpointRefusedError):
+            self._refused(copy, err)
+            return
         retryable = not err.fatal
         if ep.record_failure(err.error_class.value, retryable=retryable):
             self.take_down(ep, f"{ep.consecutive_failures} failures in a row ({err})")
@@ -429,6 +509,21 @@ class Dispatcher:
             job.avoid = {ep.url}
             heapq.heappush(self.waiting, (self.clock() + delay, next(self._seq), job))
             self.wake.set()
+
+    def _refused(self, copy: Copy, err: RequestError) -> None:
+        """The endpoint refused: take it out and move the job on, free of charge."""
+        job, ep = copy.job, copy.endpoint
+        ep.errors[err.error_class.value] += 1
+        if not copy.hedge:
+            job.attempts -= 1  # the endpoint's fault, not an attempt of the prompt
+        requeued = 0
+        if not (job.done or job.copies or self.stopping):
+            job.avoid = {ep.url}
+            job.ready_since = self.clock()
+            self.ready.appendleft(job)
+            requeued = 1
+        where = f"HTTP {err.status}: " if err.status is not None else ""
+        self.take_down(ep, f"{where}{err.message}"[:200], dead=True, refusal=True, moved=requeued)
 
     def _fail(self, job: Job, reason: str, message: str, ep: Endpoint) -> None:
         for f in failures(job, reason, message, endpoint=ep.url):
@@ -465,12 +560,19 @@ class Dispatcher:
         if not alive:
             self.take_down(ep, "does not answer its health check", dead=True)
 
-    def take_down(self, ep: Endpoint, why: str, *, dead: bool = False) -> None:
+    def take_down(
+        self, ep: Endpoint, why: str, *, dead: bool = False, refusal: bool = False, moved: int = 0
+    ) -> None:
         """Open the circuit: no new work for ``ep``, probed until it is back. ``dead`` (its
         health check failed): its in-flight copies are cancelled and requeued at once; else
         they may finish (a server that fails new requests may still finish old ones) and a
-        health check decides."""
-        moved = 0
+        health check decides. ``refusal``: ``why`` is the refusal ("HTTP 401: ..."); said
+        once, not again when a trial re-admission is refused too (their requeued copies do
+        not count as attempts). ``moved``: jobs the caller already requeued."""
+        was_up = ep.state != "down"
+        news = ep.mark_refused(why) if refusal else True
+        if refusal:
+            why = f"it refuses chat requests ({why})"
         if dead:
             for copy in list(self.on_endpoint[ep]):
                 if copy.task is not None:
@@ -478,17 +580,136 @@ class Dispatcher:
                 self._detach(copy)
                 job = copy.job
                 if not job.done and not job.copies and not self.stopping:
+                    if refusal and not copy.hedge:
+                        job.attempts -= 1
                     job.avoid = {ep.url}
                     job.ready_since = self.clock()
                     self.ready.appendleft(job)
                     moved += 1
-        if ep.state != "down":
-            ep.mark_down()
+        if was_up:
+            ep.mark_down(why)
             if not self.stopping:
                 self.spawn(self._revive(ep))
             if not dead:
                 self.spawn(self._health_check(ep))
         elif not moved:
             return
-        self.log(f"endpoint {ep.url} taken out: {why}; {moved} request(s) requeued")
+        if news:
+            self.log(f"endpoint {ep.url} taken out: {why}; {moved} request(s) requeued")
         self.wake.set()
+
+
+# -- placement by expected finish time -------------------------------------------------------
+
+_SPEED_GAP = 1.5  # per-sequence rates closer than this: greedy placement is as good
+
+
+def hedge_pays(
+    age: float, expected: float, cap: int, origin: Endpoint, target: Endpoint, lengths: LengthModel
+) -> bool:
+    """Whether a copy on ``target`` of a request running on ``origin`` for ``age`` s is
+    expected to answer before the original.
+
+    The original has produced about ``age * rate`` tokens; its expected total is the model's
+    ``expected_total`` given that (lengths are long-tailed: a request past its estimate is
+    expected to run on), at most the token cap. A request past its cap by half again is stuck
+    (a hung request, a server that slowed down): any copy beats it. The copy starts from
+    nothing, so it pays only on a server that decodes enough faster: the whole expected
+    length at the target's rate against what is left at the origin's.
+    """
+    r_o, r_t = origin.seq_rate, target.seq_rate
+    if r_o is None or r_o <= 0:
+        return origin.latency is not None and age > 3 * origin.latency
+    produced = age * r_o
+    if produced > 1.5 * cap:
+        return True
+    if r_t is None or r_t <= 0:
+        return False
+    total = lengths.expected_total(expected, produced, cap)
+    left = total - produced
+    if left <= 0:
+        return False
+    return total / r_t < left / r_o
+
+
+class TailPlan:
+    """Placement by expected finish time, made whenever a slower server has a free slot: each
+    job (longest expected first) goes where it is expected to finish first -- a free slot now,
+    or a faster server's slot that frees soon. Long answers go to fast servers, the slow ones
+    take the short answers, and no long answer starts on a slow server at the end of the job.
+
+    Every endpoint's slots are a heap of the times (from now) they are expected to free: 0 for
+    a free slot, for a busy one what its copy is expected to have left at the endpoint's
+    per-sequence rate (``LengthModel.expected_total``, given what it has produced). A job takes
+    the slot that minimises free time + its length / that endpoint's rate (a long draw: its
+    estimate times the 90th percentile of the learnt spread, since a long answer on a slow
+    server is what ends a job late); if that
+    slot is free now the job goes there, else it is held for it (and the slot counts as taken
+    by it, so the next job plans around it). With similar rates everywhere this is plain greedy
+    placement, so the plan is only made when the per-sequence rates differ by ``_SPEED_GAP``.
+    """
+
+    def __init__(
+        self, slots: dict[Endpoint, list[float]], rates: dict[Endpoint, float], high: float
+    ) -> None:
+        self.slots = slots
+        self.rates = rates
+        self.high = high
+
+    @classmethod
+    def make(cls, d: Dispatcher, now: float) -> TailPlan | None:
+        """The plan for ``d``'s fleet now, or None where greedy placement is as good: when all
+        rates are not known yet, or no endpoint slower than the fastest has a free slot (a
+        free slot on a fast server is always the place to go)."""
+        up = [e for e in d.endpoints if e.accepting]
+        rates = {e: e.seq_rate for e in up}
+        if len(up) < 2 or any(r is None or r <= 0 for r in rates.values()):
+            return None
+        known: dict[Endpoint, float] = {e: r for e, r in rates.items() if r is not None}
+        fastest, slowest = max(known.values()), min(known.values())
+        if not any(e.free > 0 and _SPEED_GAP * r < fastest for e, r in known.items()):
+            return None
+        # far from the end of the job a long answer on a slow server is harmless (it ends
+        # before the rest does): plan only once the queue drains sooner than the longest
+        # queued answer would take on the slowest server
+        high = d.lengths.high_ratio()
+        drain = d.queued * d.lengths.mean / sum(r * e.limit for e, r in known.items())
+        longest = max(d.fresh.longest(), d.lengths.mean) * high
+        if drain > longest / slowest:
+            return None
+        slots: dict[Endpoint, list[float]] = {}
+        for e in up:
+            heap = [0.0] * max(0, e.free)
+            rate = known[e]
+            for copy in d.on_endpoint[e]:
+                job = copy.job
+                produced = (now - copy.started) * rate
+                total = d.lengths.expected_total(
+                    d.lengths.expect_job(job), produced, token_cap(job)
+                )
+                left = max(0.0, total - produced) / rate
+                heap.extend([left] * copy.seqs)
+            heapq.heapify(heap)
+            slots[e] = heap
+        return cls(slots, known, high)
+
+    def place(self, job: Job, pick: Endpoint, expected: float) -> Endpoint | None:
+        """Where ``job`` goes now: ``pick`` (greedy's choice) or another free endpoint, or None
+        to hold it for a faster server's next free slot."""
+        best: tuple[float, int, Endpoint] | None = None
+        # plan for a long draw (the 90th percentile of the learnt spread): lengths are
+        # long-tailed, and a long answer on a slow server is what ends a job late
+        length = expected * self.high
+        for e, heap in self.slots.items():
+            if not heap or (e.url in job.avoid and e is not pick):
+                continue
+            finish = heap[0] + length / self.rates[e]
+            if best is None or (finish, e is not pick) < best[:2]:
+                best = (finish, int(e is not pick), e)
+        if best is None:
+            return pick
+        finish, _, ep = best
+        start = heapq.heapreplace(self.slots[ep], finish)
+        if start > 0:
+            return None
+        return ep

@@ -11,7 +11,12 @@ engine needs:
 - the concurrency controller (``adapt``): with ``concurrency: auto`` the limit starts from the
   server's capacity (SGLang ``max_running_requests`` plus a short queue; else the configured
   default) and follows the server's waiting queue so that it stays short but non-empty;
-- the circuit breaker: ``breaker_failures`` retryable failures in a row open it.
+- the circuit breaker: ``breaker_failures`` retryable failures in a row open it;
+- out of service: ``fault`` says why an endpoint is out (for the log and the stop lines);
+  ``refusal`` is set while it refuses chat requests (401/403/404/405/501: its fault, never a
+  prompt's), and such an endpoint is tried again with one trial admission after a growing wait
+  (``REFUSAL_RETRY_S`` doubling up to ``REFUSAL_RETRY_MAX_S``); ``serving`` is what the engine's
+  unavailability watch counts (up, and not on probation after a re-admission).
 
 Probing the server over HTTP lives at the bottom (``check_alive``, ``load_of``); it uses
 ``draftdata.endpoints`` and never raises for an unreachable server. This module does not pick
@@ -32,6 +37,8 @@ from draftdata.records import Turn
 
 State = Literal["up", "down", "starting"]
 _EWMA = 0.1
+REFUSAL_RETRY_S = 30.0  # first wait before a refusing endpoint gets a trial request
+REFUSAL_RETRY_MAX_S = 300.0
 
 
 class ChatClient(Protocol):
@@ -78,6 +85,8 @@ class Endpoint:
         self.state: State = "starting"
         self.capacity: Capacity | None = None
         self.model: str | None = None
+        self.context_length: int | None = None  # tokens (server report, else the fleet file)
+        self.tokens_per_byte: float | None = None  # largest prompt tokens per byte seen here
         self.server_n: bool = True  # False once a request with n > 1 got fewer choices back
         self.inflight = 0  # sequences running here
         self.outstanding_tokens = 0
@@ -92,6 +101,13 @@ class Endpoint:
         self.errors: Counter[str] = Counter()
         self.hedges_won = 0
         self.downs = 0
+        self.served = 0  # requests answered by this command
+        self.fault: str | None = None  # why it is out of service now
+        self.refusal: str | None = None  # "HTTP 401: ..." while it refuses chat requests
+        self.retry_refused_at = 0.0  # clock time of the next trial after a refusal
+        self._refusal_wait = REFUSAL_RETRY_S
+        self.probation = False  # re-admitted; not yet answered a request since
+        self.recovered = False  # answered after refusing (the engine logs it once)
         self.seq_rate: float | None = None  # EWMA output tokens/s of one sequence here
         self.latency: float | None = None  # EWMA seconds per request
         self._clock = clock
@@ -104,6 +120,11 @@ class Endpoint:
     def accepting(self) -> bool:
         """Whether the dispatcher may send work here now."""
         return self.state == "up"
+
+    @property
+    def serving(self) -> bool:
+        """Up and trusted: not out of service and not on trial after a re-admission."""
+        return self.state == "up" and not self.probation
 
     @property
     def free(self) -> int:
@@ -128,6 +149,12 @@ class Endpoint:
     ) -> None:
         """A request answered: reset the breaker, count tokens, learn the decode speed."""
         self.consecutive_failures = 0
+        self.served += 1
+        self.probation = False
+        if self.refusal is not None:
+            self.refusal = None
+            self.recovered = True
+            self._refusal_wait = REFUSAL_RETRY_S
         self.output_tokens += output_tokens
         self.prompt_tokens += prompt_tokens
         self.token_log.append((self._clock(), output_tokens))
@@ -137,17 +164,6 @@ class Endpoint:
             self.seq_rate = rate if self.seq_rate is None else (1 - a) * self.seq_rate + a * rate
             self.latency = latency if self.latency is None else (1 - a) * self.latency + a * latency
 
-    def hedge_worthy(self, age: float, target: Endpoint) -> bool:
-        """Whether a request running here for ``age`` s should get a copy on idle ``target``
-        (only asked at the tail, when idle slots have nothing else to do): ``target`` decodes a
-        sequence at least 1.5x as fast, or the request is a straggler (three times this
-        endpoint's typical latency: a hung request or a server that slowed down)."""
-        if self.latency is not None and age > 3 * self.latency:
-            return True
-        if self.seq_rate is None or target.seq_rate is None:
-            return False
-        return target.seq_rate >= 1.5 * self.seq_rate
-
     def record_failure(self, error_class: str, *, retryable: bool) -> bool:
         """Count a failed request; True when the breaker should open now."""
         self.errors[error_class] += 1
@@ -156,15 +172,31 @@ class Endpoint:
         self.consecutive_failures += 1
         return self.state == "up" and self.consecutive_failures >= self.breaker_failures
 
-    def mark_down(self) -> None:
-        """Take the endpoint out (breaker open or unreachable)."""
+    def mark_down(self, why: str | None = None) -> None:
+        """Take the endpoint out (breaker open, unreachable, refusing); ``why`` for the log."""
         if self.state != "down":
             self.downs += 1
         self.state = "down"
+        if why:
+            self.fault = why
+
+    def mark_refused(self, refusal: str) -> bool:
+        """It refused a chat request (``refusal``: "HTTP 401: ..."): out of service, with a
+        trial after a growing wait. True when this is news (not a failed trial)."""
+        news = self.refusal is None
+        if not news:  # a trial was refused too: wait longer before the next
+            self._refusal_wait = min(REFUSAL_RETRY_MAX_S, self._refusal_wait * 2)
+        self.refusal = refusal
+        self.retry_refused_at = self._clock() + self._refusal_wait
+        self.mark_down(f"refuses chat requests ({refusal})")
+        return news
 
     def mark_up(self, *, half_open: bool) -> None:
-        """Admit the endpoint; ``half_open``: one more failure takes it out again."""
+        """Admit the endpoint; ``half_open``: one more failure takes it out again, and it is
+        on probation (not counted as serving) until a request succeeds."""
         self.state = "up"
+        self.fault = None
+        self.probation = half_open or self.refusal is not None
         self.consecutive_failures = self.breaker_failures - 1 if half_open else 0
 
     def tokens_per_s(self, window: float) -> float:
@@ -177,11 +209,17 @@ class Endpoint:
 
     # -- concurrency --------------------------------------------------------------------------
 
-    def set_capacity(self, cap: Capacity | None, fleet_max: int | None = None) -> None:
-        """Take the server's reported capacity; with ``auto`` it sets the starting limit."""
+    def set_capacity(
+        self, cap: Capacity | None, fleet_max: int | None = None, fleet_context: int | None = None
+    ) -> None:
+        """Take the server's reported capacity and context length (else the fleet file's);
+        with ``auto`` it sets the starting limit."""
         self.capacity = cap
         if cap is not None and cap.model:
             self.model = cap.model
+        context = (cap.context_length if cap is not None else None) or fleet_context
+        if context:
+            self.context_length = context
         if not self.auto:
             return
         known = (cap.max_running if cap is not None else None) or fleet_max
@@ -241,6 +279,7 @@ class Endpoint:
             "tokens_per_s": round(self.tokens_per_s(window), 1),
             "errors": dict(self.errors),
             "waiting": self.last_load.waiting if self.last_load else None,
+            "fault": self.fault,
         }
 
 

@@ -1,10 +1,24 @@
 """The engine: dispatcher, commits, probes, progress and shutdown on one event loop.
 
 ``Engine.run`` drives a ``Dispatcher`` over ready ``Endpoint``s and an open ``Run`` and, beside
-it, a few small loops: the committer (``Run.flush`` in a worker thread whenever it is due), the
-load watcher (the server's running/waiting every ``load_interval`` s feeds each endpoint's
-concurrency controller), the reviver (a taken-out endpoint is probed every ``probe_interval`` s
-and re-admitted when healthy), the progress display or log line, and the metrics snapshots.
+it, a few small loops: the committer (``committer.py``: ``Run.flush`` in a worker thread when it
+is due, through store outages), the load watcher (the server's running/waiting every
+``load_interval`` s feeds each endpoint's concurrency controller), the reviver (a taken-out
+endpoint is probed every 0.2 s for its first 30 s out, then every ``probe_interval`` s, and
+re-admitted with its full probed capacity at once; a refusing one gets a trial after a growing
+wait), the watch (below), the progress display or log line, and the
+metrics snapshots.
+
+The watch, every 0.25 s, says each change of state in one line:
+
+- **Store outage.** While more than ``max_uncommitted`` records wait for the store, dispatch is
+  paused; when they are committed, it resumes (the committer retries; nothing is dropped).
+- **No endpoint can serve.** When no endpoint is serving for ``unavailable_timeout`` s (or at
+  once, when every endpoint refuses chat requests and none has answered), the run stops with one
+  line per endpoint saying why and raises FleetUnavailableError; the same command resumes.
+- **``--token-ids on``** and an endpoint found (after start) to return no ids: ConfigError.
+
+A bug in the commit path stops the run at once (RunAbortedError, one line, resumable).
 
 Shutdown (``interrupt``): the first call stops dispatch and lets running requests finish for up
 to ``grace_seconds``; the second (or the end of the grace) cancels them. Either way whatever
@@ -26,10 +40,13 @@ from typing import Any
 import aiohttp
 
 from draftdata.endpoints import probe_capacity
-from draftdata.errors import StoreError
+from draftdata.errors import ConfigError, DraftdataError, FleetUnavailableError, StoreError
+from draftdata.generate.client import token_ids_refusal
+from draftdata.generate.committer import Committer
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.endpoint import Endpoint, check_alive, load_of
+from draftdata.generate.length import run_history
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
@@ -37,6 +54,8 @@ from draftdata.records import Completion, Failure
 from draftdata.store.run import Run
 
 Log = Callable[[str], None]
+_FAST_PROBE_S = 30.0  # a taken-out endpoint is probed every _FAST_PROBE_INTERVAL s this long
+_FAST_PROBE_INTERVAL = 0.2
 
 
 def probe_session(api_key: str | None) -> aiohttp.ClientSession:
@@ -106,10 +125,15 @@ class Engine:
             revive=self._revive,
             log=log,
             clock=clock,
+            history=(lambda: run_history(run.store)) if run.resumed_done else None,
         )
         self.progress = Progress(endpoints, self._counters, total=total, clock=clock)
         self._stop_loops = asyncio.Event()
         self._grace_task: asyncio.Task[None] | None = None
+        self.fatal: DraftdataError | None = None  # what stopped the run (raised by ``run``)
+        self.committer = Committer(
+            run, config, log=log, clock=clock, abort=self._abort, rng=self.dispatcher.rng
+        )
 
     def _counters(self) -> tuple[int, int, int, int]:
         t = self.tally
@@ -146,18 +170,72 @@ class Engine:
 
     # -- the loops ----------------------------------------------------------------------------
 
-    async def _commit_loop(self) -> None:
-        while not self._stop_loops.is_set():
-            if self.run_.flush_due():
-                await self._flush()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_loops.wait(), 0.1)
+    def _abort(self, error: DraftdataError, cause: BaseException | None = None) -> None:
+        """Stop the run at once; ``run`` raises ``error`` after committing what it can."""
+        if self.fatal is not None:
+            return
+        if cause is not None:
+            error.__cause__ = cause
+        self.fatal = error
+        self.dispatcher.abort()
 
-    async def _flush(self) -> None:
-        try:
-            await asyncio.to_thread(self.run_.flush)
-        except StoreError as exc:  # kept and retried by the next flush
-            self.log(f"generate: store write failed, will retry: {exc}")
+    # -- the watch: pause on a full buffer, stop when no endpoint can serve --------------------
+
+    async def _watch_loop(self) -> None:
+        unserved_since: float | None = None
+        while not self._stop_loops.is_set() and self.fatal is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_loops.wait(), 0.25)
+            self._check_buffer()
+            if self.cfg.token_ids == "on":
+                # an endpoint that could not be asked before the run started
+                bad = [e for e in self.endpoints if e.client.token_ids_supported is False]
+                if bad:
+                    self._abort(ConfigError(token_ids_refusal(bad[0].url)))
+                    return
+            for e in self.endpoints:
+                if e.recovered:
+                    e.recovered = False
+                    self.log(f"endpoint {e.url} answers chat requests again")
+            if self.dispatcher.stopping:
+                continue
+            now = self.clock()
+            if any(e.serving for e in self.endpoints):
+                unserved_since = None
+                continue
+            if all(e.refusal is not None for e in self.endpoints) and not any(
+                e.served for e in self.endpoints
+            ):
+                each = ", ".join(f"{e.url} ({e.refusal})" for e in self.endpoints)
+                self._abort(
+                    FleetUnavailableError(
+                        f"generate: every endpoint refuses chat requests: {each}; check the "
+                        "API key (--api-key-env), --model and the URLs, then run the same command"
+                    )
+                )
+                return
+            if unserved_since is None:
+                unserved_since = now
+            elif now - unserved_since >= self.cfg.unavailable_timeout:
+                for e in self.endpoints:
+                    why = e.fault or ("on trial, no answer yet" if e.state == "up" else e.state)
+                    self.log(f"endpoint {e.url}: out of service: {why}")
+                self._abort(
+                    FleetUnavailableError(
+                        f"generate: no endpoint could serve for {now - unserved_since:.0f} s "
+                        f"(--unavailable-timeout {self.cfg.unavailable_timeout:g}); stopped. "
+                        "Committed work is kept: fix the endpoints and run the same command "
+                        "to resume"
+                    )
+                )
+                return
+
+    def _check_buffer(self) -> None:
+        """Pause dispatch while more than ``max_uncommitted`` records wait for the store."""
+        paused = self.committer.over_bound()
+        if paused is not None:
+            self.dispatcher.paused = paused
+            self.dispatcher.wake.set()
 
     async def _load_loop(self) -> None:
         shown = {e: e.limit for e in self.endpoints}
@@ -180,15 +258,23 @@ class Engine:
             self.dispatcher.wake.set()
 
     async def _revive(self, ep: Endpoint) -> None:
+        # probed often at first (most outages are restarts of seconds: every second late is a
+        # server's share lost), every probe_interval after _FAST_PROBE_S
+        since = self.clock()
         while not self.dispatcher.stopping:
-            await asyncio.sleep(self.cfg.probe_interval)
+            fast = self.clock() - since < _FAST_PROBE_S
+            await asyncio.sleep(min(self.cfg.probe_interval, _FAST_PROBE_INTERVAL if fast else 1e9))
+            if ep.refusal is not None and self.clock() < ep.retry_refused_at:
+                continue  # a refusing endpoint passes /health: wait for its trial
             if not await check_alive(self.session, ep.url, self._probe_timeout):
                 continue
             cap = await probe_capacity(self.session, ep.url, timeout=self._probe_timeout)
             if cap is not None:
                 ep.set_capacity(cap)
+            trial = ep.refusal is not None
             ep.mark_up(half_open=ep.downs > 0)
-            self.log(f"endpoint {ep.url} is back; concurrency {ep.limit}")
+            if not trial:  # a trial is said only if it succeeds ("answers ... again")
+                self.log(f"endpoint {ep.url} is back; concurrency {ep.limit}")
             self.dispatcher.wake.set()
             return
 
@@ -224,6 +310,8 @@ class Engine:
                 display.stop()
 
     async def _write_metrics(self, data: dict[str, Any]) -> None:
+        if self.committer.store_down:
+            return  # said once already; the snapshot is not worth a retry
         try:
             await asyncio.to_thread(self.run_.write_metrics, data)
         except StoreError as exc:
@@ -238,12 +326,15 @@ class Engine:
             if e.state != "up":
                 self.dispatcher.spawn(self._revive(e))
         loops = [
-            asyncio.create_task(self._commit_loop()),
+            asyncio.create_task(self.committer.loop(self._stop_loops)),
             asyncio.create_task(self._load_loop()),
             asyncio.create_task(self._progress_loop()),
+            asyncio.create_task(self._watch_loop()),
         ]
         try:
             await self.dispatcher.run()
+            if self.fatal is None:
+                await self.committer.drain(lambda: self._interrupts >= 2)
         finally:
             self._stop_loops.set()
             if self._grace_task is not None:
@@ -251,7 +342,9 @@ class Engine:
             self.dispatcher.abort()
             await asyncio.gather(*self.dispatcher.tasks, return_exceptions=True)
             await asyncio.gather(*loops, return_exceptions=True)
-            await asyncio.to_thread(self.run_.close)
+            await self.committer.close(stopping=self.fatal is not None)
+        if self.fatal is not None:
+            raise self.fatal
         summary = self._summary(self.clock() - t0)
         await self._write_metrics(
             {
@@ -266,10 +359,9 @@ class Engine:
 
     def _summary(self, wall: float) -> GenerateSummary:
         d = self.dispatcher
-        total_tokens = self.tally.output_tokens or 1
         shares = []
         for e in self.endpoints:
-            committed_tokens = e.output_tokens
+            committed_tokens = self.tally.endpoint_tokens[e.url]  # winning copies only
             shares.append(
                 EndpointShare(
                     url=e.url,
@@ -280,10 +372,12 @@ class Engine:
                     requests=e.requests,
                     completed=e.completed,
                     output_tokens=committed_tokens,
-                    share=round(min(1.0, committed_tokens / total_tokens), 4),
+                    generated_tokens=e.output_tokens,
+                    share=round(self.tally.share(e.url), 4),
                     errors=dict(e.errors),
                     hedges_won=e.hedges_won,
                     downs=e.downs,
+                    fault=e.fault,
                 )
             )
         total = self.progress.total
@@ -299,10 +393,12 @@ class Engine:
             retries=d.retries,
             hedges=d.hedges,
             hedges_won=d.hedges_won,
+            hedges_wasted=d.hedges_wasted,
             invalid_prompts=d.reader.invalid,
             wall_s=round(wall, 3),
             interrupted=self.interrupted,
             remaining=max(0, total - settled) if total is not None else None,
+            peak_uncommitted=self.committer.peak_uncommitted,
             endpoints=shares,
         )
 

@@ -34,8 +34,12 @@ from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.endpoint import Endpoint, queue_target
 from draftdata.generate.engine import Engine, Log, probe_session, run_engine, stderr_log
+from draftdata.generate.limits import FALLBACK_MAX_TOKENS
+from draftdata.generate.models import check_fleet_models, check_resume_model
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
+from draftdata.generate.thinking import SETTINGS_KEY as SERVER_KWARGS
+from draftdata.generate.thinking import server_kwargs
 from draftdata.store.protect import check_not_protected
 from draftdata.store.run import Run
 
@@ -49,7 +53,7 @@ def run_settings(config: GenerateConfig, prompts: Scan, model: str) -> dict[str,
         "stage": "generate",
         "prompts": {"sha256": prompts.sha256, "lines": prompts.prompts, "bytes": prompts.bytes},
         "model": model,
-        "max_tokens": config.max_tokens,
+        "max_tokens": config.max_tokens if config.max_tokens is not None else "auto",
         "sampling": msgspec.to_builtins(config.sampling),
         "reasoning": config.reasoning,
         "chat_template_kwargs": kwargs,
@@ -63,6 +67,11 @@ def run_settings(config: GenerateConfig, prompts: Scan, model: str) -> dict[str,
 def endpoint_urls(config: GenerateConfig) -> tuple[list[str], list[int | None]]:
     """The endpoints' base URLs and the capacity fleet.yaml records for each (if any)."""
     if config.fleet is not None:
+        if not os.path.exists(config.fleet):
+            raise ConfigError(
+                f"--fleet {config.fleet}: {config.fleet} does not exist; start a fleet with "
+                "`draftdata fleet up` (it writes fleet.yaml) or give --endpoint URLs"
+            )
         spec = read_fleet(config.fleet)
         return [base_url(e.url) for e in spec.endpoints], [
             e.max_running_requests for e in spec.endpoints
@@ -73,6 +82,13 @@ def endpoint_urls(config: GenerateConfig) -> tuple[list[str], list[int | None]]:
         raise ConfigError(f"--endpoint {bad[0]}: give a URL such as http://127.0.0.1:30000")
     unique = list(dict.fromkeys(urls))
     return unique, [None] * len(unique)
+
+
+def fleet_contexts(config: GenerateConfig, n: int) -> list[int | None]:
+    """The context length fleet.yaml records for each endpoint (None where it has none)."""
+    if config.fleet is None:
+        return [None] * n
+    return [e.context_length for e in read_fleet(config.fleet).endpoints]
 
 
 def api_key(config: GenerateConfig) -> str | None:
@@ -110,6 +126,7 @@ def generate(
     check_not_protected(config.out, config.protect, describe=True)
     files = prompt_files(config.prompts)
     urls, fleet_caps = endpoint_urls(config)
+    contexts = fleet_contexts(config, len(urls))
     key = api_key(config)
     if live is None:
         import sys
@@ -128,6 +145,7 @@ def generate(
             fleet_caps,
             key,
             emit,
+            contexts=contexts,
             live=live,
             signals=handle_signals,
             on_engine=on_engine,
@@ -143,6 +161,7 @@ async def _generate(
     key: str | None,
     log: Log,
     *,
+    contexts: list[int | None],
     live: bool,
     signals: bool,
     on_engine: Callable[[Engine], None] | None,
@@ -156,13 +175,23 @@ async def _generate(
                 f"generate: no endpoint reachable ({shown}); start the fleet "
                 "(draftdata fleet up / fleet sim) or check --endpoint/--fleet"
             )
+        check_fleet_models(urls, [c.model if c else None for c in caps], config.allow_mixed_models)
         model = config.model or next((c.model for c in caps if c and c.model), None) or "default"
+        await asyncio.to_thread(check_resume_model, config.out, model, config.allow_config_change)
+        if config.token_ids == "on":
+            await _check_token_ids(config, urls, caps, key, model)
         part = parse_partition(config.partition) if config.partition else None
         found = await asyncio.to_thread(scan, files, limit=config.limit, partition=part)
+        settings = run_settings(config, found, model)
+        alive = next((u for u, c in zip(urls, caps, strict=True) if c is not None), None)
+        if kwargs := await server_kwargs(
+            config.reasoning, config.token_ids, config.out, session, alive, model
+        ):
+            settings[SERVER_KWARGS] = kwargs  # what tokenize renders with (thinking.py)
         run = await asyncio.to_thread(
             Run.open,
             config.out,
-            settings=run_settings(config, found, model),
+            settings=settings,
             protect=config.protect,
             allow_config_change=config.allow_config_change,
             retry_failed=config.retry_failed,
@@ -171,7 +200,7 @@ async def _generate(
             writer_id=config.writer_id,
         )
         await warm
-        endpoints = _endpoints(config, urls, caps, fleet_caps, key, log)
+        endpoints = _endpoints(config, urls, caps, fleet_caps, key, log, contexts)
         rejects = Rejects()
         n = config.n
 
@@ -225,12 +254,61 @@ async def _generate(
             key = await asyncio.to_thread(rejects.write, run)
             if key is not None:
                 log(f"generate: {len(rejects.rows)} invalid prompt lines written to {key}")
+    if not config.partition:  # a partition (a Ray task) reports its own part; the driver sums
+        summary.run = await asyncio.to_thread(_whole_run, run, log)
     if summary.interrupted:
         log(
             f"generate: interrupted with {summary.remaining} left; run the same command "
             "again to resume (committed work is skipped)"
         )
     return summary
+
+
+def _whole_run(run: Run, log: Log) -> Any:
+    """The whole run's figures (all segments, committed only), or None if unreadable now."""
+    from draftdata.errors import DraftdataError
+    from draftdata.stats.runfigures import run_figures
+
+    try:
+        return run_figures(run.store)
+    except DraftdataError as exc:
+        log(f"generate: could not count the whole run's figures: {exc}")
+        return None
+
+
+async def _check_token_ids(
+    config: GenerateConfig, urls: list[str], caps: list[Any], key: str | None, model: str
+) -> None:
+    """``--token-ids on``: one 1-token request per reachable endpoint; refuse (one line) before
+    the run is opened when one answers without token ids. An endpoint that cannot be asked now
+    is checked by the engine when it first answers."""
+    from draftdata.generate.client import RequestError, build_body, token_ids_refusal
+    from draftdata.generate.config import Sampling
+    from draftdata.records import Message
+
+    async def ask(url: str, served: str | None) -> bool | None:
+        body = build_body(
+            [Message(role="user", content="Say OK.")],
+            model=config.model or served or model,
+            max_tokens=1,
+            sampling=Sampling(),
+            token_ids=True,
+        )
+        read = min(config.read_timeout, 120.0)  # one token: a server that hangs is not asked
+        async with EndpointClient(
+            url, api_key=key, connect_timeout=config.connect_timeout, read_timeout=read
+        ) as c:
+            try:
+                await c.chat(body)
+            except RequestError:
+                return None
+            return c.token_ids_supported
+
+    up = [(u, c) for u, c in zip(urls, caps, strict=True) if c is not None]
+    answers = await asyncio.gather(*(ask(u, c.model) for u, c in up))
+    for (url, _), ok in zip(up, answers, strict=True):
+        if ok is False:
+            raise ConfigError(token_ids_refusal(url))
 
 
 class Rejects:
@@ -276,6 +354,7 @@ def _endpoints(
     fleet_caps: list[int | None],
     key: str | None,
     log: Log,
+    contexts: list[int | None],
 ) -> list[Endpoint]:
     out = []
     for i, (url, cap, fleet_max) in enumerate(zip(urls, caps, fleet_caps, strict=True)):
@@ -302,17 +381,24 @@ def _endpoints(
             default_concurrency=config.default_concurrency,
             breaker_failures=config.breaker_failures,
         )
-        ep.set_capacity(cap, fleet_max)
+        ep.set_capacity(cap, fleet_max, contexts[i])
         if cap is None:
             ep.state = "down"
+            ep.fault = "not reachable"
             log(f"endpoint {url}: not reachable now; probing every {config.probe_interval:g} s")
         else:
             ep.state = "up"
             reported = cap.max_running if cap.max_running else "not reported"
             how = "auto" if ep.auto else "fixed"
+            if config.max_tokens is not None:
+                output = f"output limit {config.max_tokens}"
+            elif ep.context_length:
+                output = f"output fills the context of {ep.context_length}"
+            else:
+                output = f"context length unknown: output limit {FALLBACK_MAX_TOKENS}"
             log(
                 f"endpoint {url}: {cap.engine}, model {cap.model}, capacity {reported}, "
-                f"concurrency {ep.limit} ({how})"
+                f"concurrency {ep.limit} ({how}), {output}"
             )
         out.append(ep)
     return out

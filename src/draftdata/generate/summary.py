@@ -1,10 +1,16 @@
 """What a generate run did: one ``Tally`` fed by the engine, frozen into a ``GenerateSummary``.
 
 The engine calls ``Tally.completion`` / ``Tally.failure`` for every record it hands the store;
-counts are by outcome, finish reason, failure reason, stop reason (a conversation that stopped
-before its last request, ``conversation.STOP_REASONS``) and domain, with token sums. The summary
-adds wall time and each endpoint's share, and renders as a dict (``to_dict``/``summary``: the
-Ray driver and the metrics snapshot use it) or as the lines the CLI prints (``lines``).
+counts are by outcome, finish reason (per completion: ``length`` when a turn was cut, else its
+last turn's), failure reason, stop reason (a conversation that stopped before its last request,
+``conversation.STOP_REASONS``), domain and endpoint, with token sums. The summary adds wall time
+and each endpoint's share of the output tokens this command committed (the shares sum to 100%;
+0% for all when it committed nothing), and renders as a dict (``to_dict``/``summary``: the Ray
+driver and the metrics snapshot use it) or as the lines the CLI prints (``lines``).
+
+``run`` holds the whole run's figures (``stats.runfigures``: every segment, committed work only,
+wasted work apart) when the stage could count them; ``lines`` then leads with those, and this
+command's own counts follow as such.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 import msgspec
 
 from draftdata.records import Completion, Failure
+from draftdata.stats.runfigures import RunFigures, completion_reason
 
 
 class DomainStats(msgspec.Struct, kw_only=True):
@@ -37,11 +44,13 @@ class EndpointShare(msgspec.Struct, kw_only=True):
     concurrency: int = 0
     requests: int = 0
     completed: int = 0
-    output_tokens: int = 0
-    share: float = 0.0  # of all output tokens committed by this command
+    output_tokens: int = 0  # committed by this command (winning copies only)
+    generated_tokens: int = 0  # every answer it returned, losing and uncommitted copies too
+    share: float = 0.0  # of the output tokens committed by this command
     errors: dict[str, int] = msgspec.field(default_factory=dict)
     hedges_won: int = 0
     downs: int = 0
+    fault: str | None = None  # why it was out of service at the end
 
 
 class GenerateSummary(msgspec.Struct, kw_only=True):
@@ -55,7 +64,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     already_done: int = 0  # settled before this command started
     completed: int = 0
     failed: dict[str, int] = msgspec.field(default_factory=dict)
-    finish_reasons: dict[str, int] = msgspec.field(default_factory=dict)
+    finish_reasons: dict[str, int] = msgspec.field(default_factory=dict)  # per completion
     truncated: int = 0  # completions with a turn cut by max tokens
     # conversations that stopped before their last request, by reason (conversation.STOP_*)
     stopped: dict[str, int] = msgspec.field(default_factory=dict)
@@ -64,14 +73,17 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     cached_tokens: int = 0
     requests: int = 0
     retries: int = 0
-    hedges: int = 0
-    hedges_won: int = 0
+    hedges: int = 0  # hedge copies sent
+    hedges_won: int = 0  # ... whose answer was committed
+    hedges_wasted: int = 0  # ... thrown away (the original answered first, or the copy failed)
     invalid_prompts: int = 0
     wall_s: float = 0.0
     interrupted: bool = False
     remaining: int | None = None
+    peak_uncommitted: int = 0  # most records waiting for the store at once
     endpoints: list[EndpointShare] = msgspec.field(default_factory=list)
     domains: dict[str, DomainStats] = msgspec.field(default_factory=dict)
+    run: RunFigures | None = None  # the whole run (all segments), counted from its shards
 
     @property
     def failures(self) -> int:
@@ -89,14 +101,16 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
 
     def lines(self) -> list[str]:
         """The final summary as printed by the CLI."""
-        rate = self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
         head = "generate: interrupted" if self.interrupted else "generate: done"
         fails = ", ".join(f"{k} {v}" for k, v in sorted(self.failed.items())) or "none"
+        if self.run is not None:
+            return self._run_lines(head)
+        rate = self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
         finish = ", ".join(f"{k} {v}" for k, v in sorted(self.finish_reasons.items())) or "-"
         out = [
             f"{head}: {self.completed} completions, {self.failures} failures ({fails}) in "
             f"{self.wall_s:.1f} s into {self.out}",
-            f"  finish reasons: {finish}; cut by max tokens: {self.truncated}",
+            f"  finish reasons per completion: {finish}; cut by max tokens: {self.truncated}",
             *(
                 [
                     "  conversations stopped early: "
@@ -107,15 +121,18 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             ),
             f"  tokens: {self.prompt_tokens} prompt ({self.cached_tokens} cached), "
             f"{self.output_tokens} output ({rate:.0f} output tok/s)",
-            f"  requests: {self.requests}, retries: {self.retries}, hedged: {self.hedges} "
-            f"(won {self.hedges_won}); already done before: {self.already_done}"
+            f"  requests: {self.requests}, retries: {self.retries}, hedges sent: {self.hedges} "
+            f"(won {self.hedges_won}, wasted {self.hedges_wasted}); "
+            f"already done before: {self.already_done}"
             + (f"; invalid prompt lines: {self.invalid_prompts}" if self.invalid_prompts else ""),
         ]
+        out.extend(_cut_warning(self.truncated, self.completed))
         for e in self.endpoints:
             errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "no errors"
             out.append(
                 f"  {e.url}: {e.share:.0%} of output tokens, {e.completed} completions, "
                 f"concurrency {e.concurrency}, {errs}, {e.state}"
+                + (f" ({e.fault})" if e.fault and e.state == "down" else "")
             )
         if len(self.domains) > 1 or (self.domains and "" not in self.domains):
             for name, d in sorted(self.domains.items()):
@@ -126,6 +143,44 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
                     f"{d.output_tokens} output tokens, cut by max tokens {cut}"
                 )
         return out
+
+    def _run_lines(self, head: str) -> list[str]:
+        """Whole-run figures first; this command's own counts on one line; endpoint states."""
+        assert self.run is not None
+        run = self.run
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(run.failed.items())) or "none"
+        out = [
+            f"{head}: {run.completions} completions, {run.failures} failures ({fails}) "
+            f"in the whole run ({run.prompts} prompts; {run.when()}), into {self.out}",
+            *run.lines()[1:],
+            f"  this command: {self.completed} completions, {self.failures} failures in "
+            f"{self.wall_s:.1f} s; already done before: {self.already_done}"
+            + (f"; invalid prompt lines: {self.invalid_prompts}" if self.invalid_prompts else ""),
+            *_cut_warning(run.cut, run.completions),
+        ]
+        for e in self.endpoints:
+            errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "no errors"
+            out.append(
+                f"  {e.url} now: {e.state}, concurrency {e.concurrency}, "
+                f"{e.completed} completions this command, {errs}"
+                + (f" ({e.fault})" if e.fault and e.state == "down" else "")
+            )
+        return out
+
+
+CUT_WARNING_SHARE = 0.05  # warn when more answers than this were cut by the output limit
+
+
+def _cut_warning(cut: int, completed: int) -> list[str]:
+    """One warning line when more than 5% of ``completed`` answers were cut (none otherwise):
+    cut answers have no end of turn to learn."""
+    if not completed or cut <= CUT_WARNING_SHARE * completed:
+        return []
+    return [
+        f"  warning: {cut / completed:.0%} of answers were cut by the output limit "
+        f"(finish_reason length, {cut} of {completed}); cut answers have no end of turn to "
+        "learn: leave --max-tokens unset to fill the context, or raise it"
+    ]
 
 
 class Tally:
@@ -141,6 +196,7 @@ class Tally:
         self.output_tokens = 0
         self.cached_tokens = 0
         self.domains: dict[str, DomainStats] = {}
+        self.endpoint_tokens: Counter[str] = Counter()  # url -> committed output tokens
 
     def _domain(self, name: str) -> DomainStats:
         d = self.domains.get(name)
@@ -153,13 +209,12 @@ class Tally:
         self.completed += 1
         d = self._domain(c.domain)
         d.completions += 1
-        cut = False
-        for t in c.turns:
-            reason = t.finish_reason or "unknown"
-            self.finish[reason] += 1
-            d.finish_reasons[reason] = d.finish_reasons.get(reason, 0) + 1
-            cut = cut or reason == "length"
-        self.truncated += cut
+        reasons = [t.finish_reason for t in c.turns]
+        reason = completion_reason(reasons)
+        self.finish[reason] += 1
+        d.finish_reasons[reason] = d.finish_reasons.get(reason, 0) + 1
+        self.truncated += "length" in reasons
+        self.endpoint_tokens[c.endpoint] += c.usage.completion_tokens
         if c.stop_reason:
             self.stopped[c.stop_reason] += 1
         self.prompt_tokens += c.usage.prompt_tokens
@@ -173,6 +228,10 @@ class Tally:
         self.failed[f.reason] += 1
         d = self._domain(f.domain)
         d.failures[f.reason] = d.failures.get(f.reason, 0) + 1
+
+    def share(self, url: str) -> float:
+        """``url``'s share of the output tokens handed to the store (0 when there are none)."""
+        return self.endpoint_tokens[url] / self.output_tokens if self.output_tokens else 0.0
 
     @property
     def done(self) -> int:

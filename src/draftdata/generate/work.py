@@ -28,6 +28,7 @@ import msgspec
 
 from draftdata.conversation import TurnPlan
 from draftdata.generate.config import GenerateConfig, Reasoning, Sampling
+from draftdata.generate.limits import FALLBACK_MAX_TOKENS
 from draftdata.records import Completion, Failure, Prompt, Turn, Usage
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class Job:
         turn_plan: TurnPlan,
         *,
         sampling: Sampling,
-        max_tokens: int,
+        max_tokens: int | None,
         reasoning: Reasoning,
         prefix: str | None,
         cost: int,
@@ -120,7 +121,7 @@ class Job:
 class Copy:
     """One running attempt of a job on one endpoint."""
 
-    __slots__ = ("detached", "endpoint", "hedge", "job", "seqs", "started", "task")
+    __slots__ = ("detached", "endpoint", "hedge", "job", "sent", "seqs", "started", "task")
 
     def __init__(self, job: Job, endpoint: Endpoint, *, hedge: bool, seqs: int, started: float):
         self.job = job
@@ -128,6 +129,7 @@ class Copy:
         self.hedge = hedge
         self.seqs = seqs
         self.started = started
+        self.sent = started  # when the request running now was sent (a later turn's is later)
         self.detached = False
         self.task: asyncio.Task[None] | None = None
 
@@ -162,7 +164,7 @@ def plan(
         max_tokens=max_tokens,
         reasoning=reasoning,
         prefix=prefix_key(prompt) if config.prefix_steering else None,
-        cost=chars // 4 + max_tokens * len(turn_plan),
+        cost=chars // 4 + (max_tokens or FALLBACK_MAX_TOKENS) * len(turn_plan),
     )
     if job.multi_turn and len(samples) > 1:
         return job.split(), settled
@@ -177,10 +179,12 @@ def completions(
     endpoint: str,
     latency: float,
     stop_reason: str | None = None,
+    model: str | None = None,
 ) -> list[Completion]:
     """The records of a job's winning answer: one per sample, with the exact request
-    parameters (the last request body without messages and tools) and, for a conversation
-    that stopped before its last request, why (``conversation.STOP_REASONS``)."""
+    parameters (the last request body without messages and tools), ``model`` (the model the
+    endpoint reported, else the requested name) and, for a conversation that stopped before its
+    last request, why (``conversation.STOP_REASONS``)."""
     sampling = {k: v for k, v in body.items() if k not in ("messages", "tools")}
     p = job.prompt
     out = []
@@ -205,7 +209,7 @@ def completions(
                 tools=p.tools,
                 turns=turns,
                 usage=usage,
-                model=str(sampling.get("model") or ""),
+                model=model or str(sampling.get("model") or ""),
                 sampling=sampling,
                 endpoint=endpoint,
                 latency_s=latency,

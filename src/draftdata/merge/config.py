@@ -13,7 +13,9 @@ import msgspec
 
 from draftdata.errors import ConfigError
 
-FORMATS = ("parquet", "sharegpt")
+# parquet, plus the trainers' JSONL (merge/jsonl.py): chat formats for chat inputs, speculators
+# for tokenized ones
+FORMATS = ("parquet", "sharegpt", "specforge", "openai", "modelopt", "eagle", "speculators")
 # The pseudo-domain of a mix that pools every domain the mix does not name.
 OTHER = "other"
 
@@ -88,6 +90,15 @@ def parse_mix(text: str | None) -> dict[str, float]:
     if mix and sum(mix.values()) <= 0:
         raise ConfigError("--mix: the shares are all zero")
     return mix
+
+
+def mix_warning(mix: dict[str, float]) -> str | None:
+    """A one-line warning when the ``--mix`` shares do not sum to 1 (they are normalised)."""
+    total = sum(mix.values())
+    if not mix or abs(total - 1.0) <= 1e-6:
+        return None
+    shares = ",".join(f"{k}={v / total:.3g}" for k, v in sorted(mix.items()))
+    return f"warning: --mix shares sum to {total:g}, not 1; normalised to {shares}"
 
 
 def normalised_mix(mix: dict[str, float]) -> dict[str, float]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
+from draftdata import tables
 from draftdata.tables import table
 
 MIX_HEADER = ["domain", "before", "before %", "unique", "target", "train", "eval", "after %"]
@@ -67,7 +68,7 @@ def mix_rows(report: dict[str, Any]) -> list[list[str]]:
 
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     """Print the inputs table, the mix table, the drops and any cannot-reach warning."""
-    console = console or Console()
+    console = console or tables.console()
     inputs = [
         [i["path"], i["role"], i["kind"], f"{i['rows']:,}", f"{i.get('bad_rows', 0):,}"]
         for i in report["inputs"]

@@ -12,7 +12,8 @@ Output (create-only, local or ``s3://``; the location must be empty)::
 
     out/train/part-00000.parquet ...      sample/1 (tokenized) or conversation/1 (chat) rows
     out/eval/part-00000.parquet ...
-    out/sharegpt/{train,eval}set-*.jsonl  SpecForge-style JSONL (--format sharegpt, chat only)
+    out/<format>/{train,eval}set-*.jsonl  the trainers' JSONL (--format other than parquet;
+                                          merge/jsonl.py)
     out/README.md                         dataset card: ``load_dataset(out)`` -> train, eval
     out/merge_report.json                 written last: the run is complete when it exists
 
@@ -49,10 +50,12 @@ from draftdata.merge.inputs import (
     open_inputs,
     scan,
 )
+from draftdata.merge.jsonl import CHAT_FORMATS, SAMPLE_FORMATS, jsonl_key
+from draftdata.merge.jsonl import lines as jsonl_lines
 from draftdata.merge.plan import Allocation, Selection, bucket_of, dedup, select, solve_counts
 from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket_schema
 from draftdata.metrics import StageStats
-from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row, specforge_line
+from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
 from draftdata.store.store import Store, open_store
 
 REPORT_KEY = "merge_report.json"
@@ -330,18 +333,11 @@ def _route_chat(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
     flush_all()
 
 
-def jsonl_key(split: str, index: int) -> str:
-    """The key of a SpecForge JSONL shard. ``trainset``/``evalset``, not ``train``/``eval``:
-    Hugging Face ``datasets`` takes any file named ``train-*`` or under ``.../train/`` for the
-    train split, and JSONL there would break ``load_dataset("parquet", data_dir=out)``."""
-    return f"sharegpt/{split}set-{index:05d}.jsonl"
-
-
-def _specforge_writer(store: Store, keys: list[str]) -> Callable[[pa.Table, str, int], None]:
+def _jsonl_writer(store: Store, keys: list[str], fmt: str) -> Callable[[pa.Table, str, int], None]:
     def write(shard: pa.Table, split: str, index: int) -> None:
-        lines = [specforge_line(r) for r in shard.to_pylist()]
-        key = jsonl_key(split, index)
-        store.put_new(key, b"".join(line + b"\n" for line in lines))
+        out = [line for r in shard.to_pylist() for line in jsonl_lines(fmt, r)]
+        key = jsonl_key(fmt, split, index)
+        store.put_new(key, b"".join(line + b"\n" for line in out))
         keys.append(key)
 
     return write
@@ -392,10 +388,15 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
     store = open_store(config.out)
     _check_empty(store)
     infos, family = open_inputs(config.inputs)
-    if config.format == "sharegpt" and family == "samples":
+    if config.format in CHAT_FORMATS and family == "samples":
         raise ConfigError(
-            "--format sharegpt: the inputs are tokenized samples (token ids, no text); "
-            "use --format parquet, or merge the chat data before tokenizing"
+            f"--format {config.format}: the inputs are tokenized samples (token ids, no text); "
+            "use --format parquet or speculators, or merge the chat data before tokenizing"
+        )
+    if config.format in SAMPLE_FORMATS and family != "samples":
+        raise ConfigError(
+            f"--format {config.format}: the inputs are chat rows (no token ids); tokenize "
+            "them first, or use --format specforge"
         )
     bad_examples: list[str] = []
 
@@ -426,7 +427,9 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
                 buckets.close()
         with stats.timed("write"):
             jsonl: list[str] = []
-            extra = _specforge_writer(store, jsonl) if config.format == "sharegpt" else None
+            extra = None
+            if config.format != "parquet":
+                extra = _jsonl_writer(store, jsonl, config.format)
             for s, name in enumerate(SPLITS):
                 writer = ShardWriter(
                     store, name, schema, plan.rows_per_shard[s], extra, write_empty=s == 0
@@ -440,7 +443,7 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
                 stats.add(f"rows.{name}", writer.rows)
                 stats.add("bytes", writer.bytes)
         if jsonl:
-            shards["sharegpt"] = jsonl
+            shards[config.format] = jsonl
     report = build_report(config, family, infos, alloc, facts, shards, bad_examples)
     store.put_new(CARD_KEY, dataset_card(report).encode())
     store.put_new(REPORT_KEY, (json.dumps(report, indent=2) + "\n").encode())
@@ -452,7 +455,7 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
         files=[
             *shards["train"],
             *shards["eval"],
-            *shards.get("sharegpt", []),
+            *(key for k, v in shards.items() if k not in SPLITS for key in v),
             CARD_KEY,
             REPORT_KEY,
         ],

@@ -163,3 +163,26 @@ def resolve_paths(config: PrepareConfig, base: Path) -> PrepareConfig:
         config.dedup, exclude=[_resolve(p, base) or p for p in config.dedup.exclude]
     )
     return msgspec.structs.replace(config, sources=sources, existing=existing, dedup=dedup)
+
+
+def mix_warnings(config: PrepareConfig) -> list[str]:
+    """One line per doubtful ``mix`` entry, for the CLI to print before the work starts: a key
+    that is no domain (not one of the classifier's, a source's fixed domain or an existing
+    count, e.g. a typo like ``kode``: it would get no prompts), and shares that do not sum to 1
+    (they are normalised)."""
+    from draftdata.domains import DOMAINS
+
+    known = set(DOMAINS) | {s.domain for s in config.sources if s.domain != "auto"}
+    if config.existing is not None and config.existing.counts:
+        known |= set(config.existing.counts)
+    out = [
+        f"warning: mix: {key!r} is no domain of the sources or the existing set "
+        f"({', '.join(sorted(known))}); it gets no prompts"
+        for key in config.mix
+        if key not in known
+    ]
+    total = sum(config.mix.values())
+    if config.mix and abs(total - 1.0) > 1e-6:
+        shares = ", ".join(f"{k}={v / total:.3g}" for k, v in sorted(config.mix.items()))
+        out.append(f"warning: mix: shares sum to {total:g}, not 1; normalised to {shares}")
+    return out

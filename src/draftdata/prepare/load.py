@@ -124,6 +124,57 @@ def _hub(source: SourceConfig) -> Iterator[Any]:
         yield from _streamed(ds)
 
 
+HUB_PROBE_TIMEOUT_S = 5.0
+
+
+def check_hub_reachable(sources: list[SourceConfig], timeout: float = HUB_PROBE_TIMEOUT_S) -> None:
+    """InputError at once when some source is a hub id and the Hugging Face hub
+    (``$HF_ENDPOINT``, default https://huggingface.co) does not answer, instead of minutes of
+    ``datasets``' retries per source. Any HTTP answer counts as reachable; nothing is
+    downloaded. Skipped with ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` set (the local cache is
+    then used)."""
+    import os
+    import threading
+    import urllib.error
+    import urllib.request
+
+    hub = [s for s in sources if s.hub is not None]
+    if not hub:
+        return
+    if any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in _OFFLINE_VARS):
+        return
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    # in a daemon thread: a name lookup has no timeout of its own and may hang offline
+    outcome: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            request = urllib.request.Request(endpoint, method="HEAD")
+            urllib.request.urlopen(request, timeout=timeout).close()
+            outcome.append(None)
+        except urllib.error.HTTPError:
+            outcome.append(None)  # it answered
+        except (OSError, ValueError) as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=probe, name="hub-probe", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    failure = outcome[0] if outcome else TimeoutError(f"no answer in {timeout:g} s")
+    if failure is not None:
+        reason = getattr(failure, "reason", None) or failure
+        names = ", ".join(s.name for s in hub[:3]) + (" ..." if len(hub) > 3 else "")
+        raise InputError(
+            f"sources {names}: the Hugging Face hub ({endpoint}) cannot be reached ({reason}); "
+            "download the datasets where there is network and point each source at local files "
+            "with `path:` (jsonl, json or parquet; a glob or s3:// works) instead of `hub:`, or "
+            "set HF_HUB_OFFLINE=1 to read the local datasets cache"
+        ) from None
+
+
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
 def _rows(source: SourceConfig) -> Iterator[Any]:
     if source.hub is not None:
         yield from _hub(source)

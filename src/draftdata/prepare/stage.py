@@ -4,9 +4,12 @@
 adapt -> cut into a prompt -> validate -> tag a domain -> dedup; rejects go to
 ``rejects.jsonl``, usable prompts to a per-source spool file (encoded once) with their domain
 kept in memory as one byte each. Then ``mix.plan_mix`` turns the usable counts into per-source,
-per-domain quotas, and pass 2 streams the spools, keeping a seeded random sample of each
-(source, domain) group in spool order, into ``prompts-NNNNN.jsonl`` shards. Memory holds the
-dedup index and one byte per usable prompt, never the prompts.
+per-domain quotas, and pass 2 keeps a seeded random sample of each (source, domain) group and
+writes the chosen prompts into ``prompts-NNNNN.jsonl`` shards *interleaved*: sources and domains
+in a seeded order where every prefix of the prompt stream holds each (source, domain) group in
+its planned proportion (``interleave``), so ``generate --limit N`` or a run stopped half-way is
+a representative sample, not one source. Memory holds the dedup index, one byte per usable
+prompt and one offset per chosen prompt, never the prompts.
 
 Outputs in ``out``: ``prompts-00000.jsonl``... (one ``records.Prompt`` per line),
 ``rejects.jsonl`` (source, row, reason, detail), ``prepare_report.json`` and
@@ -16,10 +19,11 @@ planning and writes nothing.
 
 from __future__ import annotations
 
+import heapq
 import random
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -32,7 +36,7 @@ from draftdata.mix import Plan, Supply, plan_mix
 from draftdata.prepare.adapters import adapt, to_prompt
 from draftdata.prepare.config import PrepareConfig, SourceConfig, check
 from draftdata.prepare.dedup import Deduper, dedup_text
-from draftdata.prepare.load import iter_rows
+from draftdata.prepare.load import check_hub_reachable, iter_rows
 from draftdata.prepare.reference import load_exclusions, load_existing
 from draftdata.prepare.report import REPORT_FORMAT, encode_report, to_markdown
 from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt
@@ -184,28 +188,76 @@ class _ShardWriter:
 def _pass_two(
     config: PrepareConfig, runs: list[_SourceRun], plan: Plan, names: list[str], out: Path
 ) -> tuple[list[Path], dict[str, dict[str, int]]]:
-    writer = _ShardWriter(out, config.shard_size)
-    taken: dict[str, dict[str, int]] = {}
-    for run in runs:
+    """Write the chosen prompts, interleaved (``interleave``), into the shards."""
+    # (source index, domain) -> byte offsets of its chosen spool lines, in spool order
+    groups: dict[tuple[int, str], list[int]] = {}
+    for r, run in enumerate(runs):
         name = run.source.name
         quotas = plan.per_source.get(name, {})
         positions: dict[int, list[int]] = {}  # domain id -> spool line numbers
         for i, d in enumerate(run.domains):
             positions.setdefault(d, []).append(i)
-        keep: set[int] = set()
+        keep: dict[int, list[int]] = {}  # spool line -> its group's list (filled below)
         for d, lines in positions.items():
             chosen = _choose(config.seed, name, names[d], len(lines), quotas.get(names[d], 0))
-            keep.update(lines[j] for j in chosen)
-        taken[name] = {}
+            group = groups.setdefault((r, names[d]), [])
+            for j in chosen:
+                keep[lines[j]] = group
         assert run.spool is not None
+        offset = 0
         with run.spool.open("rb") as fh:
             for i, line in enumerate(fh):
                 if i in keep:
-                    writer.write(line)
-                    dom = names[run.domains[i]]
-                    taken[name][dom] = taken[name].get(dom, 0) + 1
-    writer.close()
+                    keep[i].append(offset)
+                offset += len(line)
+    writer = _ShardWriter(out, config.shard_size)
+    taken: dict[str, dict[str, int]] = {run.source.name: {} for run in runs}
+    handles = [run.spool.open("rb") for run in runs if run.spool is not None]
+    try:
+        for (r, domain), offset in interleave(config.seed, groups):
+            fh = handles[r]
+            fh.seek(offset)
+            writer.write(fh.readline())
+            counts = taken[runs[r].source.name]
+            counts[domain] = counts.get(domain, 0) + 1
+    finally:
+        for fh in handles:
+            fh.close()
+        writer.close()
     return writer.paths, taken
+
+
+def interleave(
+    seed: int, groups: Mapping[tuple[int, str], Sequence[int]]
+) -> Iterator[tuple[tuple[int, str], int]]:
+    """Every item of every group once, in an order where every prefix holds each group in
+    proportion to its size (within two items): group g's j-th item is due at position
+    ``(j + 0.5) * total / len(g)``, and items are taken by due position. The order within a
+    group and among groups due at once is seeded, so a prefix is a random sample of each group
+    (sources and domains mixed as planned from the first prompt, not one source after another).
+    Yields (group key, item)."""
+    total = sum(len(v) for v in groups.values())
+    heap: list[tuple[float, int, int]] = []  # (due position, seeded group rank, group index)
+    keys = sorted(groups)
+    rng = random.Random(f"{seed}:interleave")
+    ranks = list(range(len(keys)))
+    rng.shuffle(ranks)
+    order: list[list[int]] = []
+    for k, key in enumerate(keys):
+        items = list(groups[key])
+        random.Random(f"{seed}:interleave:{key[0]}:{key[1]}").shuffle(items)
+        order.append(items)
+        if items:
+            heap.append((0.5 * total / len(items), ranks[k], k))
+    heapq.heapify(heap)
+    taken = [0] * len(keys)
+    while heap:
+        _, rank, k = heapq.heappop(heap)
+        items = order[k]
+        yield keys[k], items[taken[k]]
+        taken[k] += 1
+        if taken[k] < len(items):
+            heapq.heappush(heap, ((taken[k] + 0.5) * total / len(items), rank, k))
 
 
 def _report(
@@ -275,6 +327,7 @@ def prepare(
     read is an InputError naming it; bad rows are rejected and counted, never raised.
     """
     check(config)
+    check_hub_reachable(config.sources)
     stats = StageStats("prepare")
     out = Path(config.out)
     if not plan_only:

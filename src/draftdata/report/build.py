@@ -46,6 +46,17 @@ def _mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
         if not r:
             continue
         series: dict[str, dict[str, float]] = {}
+        for url, st in data.compare:  # e.g. step 0's stats of the live set (before.json)
+            if st.kind != "run":
+                series[f"{_name(url)} ({st.kind})"] = st.domain_shares()
+        for role, label in (("existing", "existing set"), ("add", "added")):
+            ins = [i for i in r.get("inputs") or [] if i.get("role") == role]
+            counts: dict[str, float] = {}
+            for i in ins:
+                for d, n in (i.get("by_domain") or {}).items():
+                    counts[d] = counts.get(d, 0) + n
+            if counts:
+                series[f"{label} (merge input)"] = _shares(counts)
         if isinstance(r.get("before"), dict):
             series["before (merge inputs)"] = _shares(r["before"])
         if isinstance(r.get("target"), dict):
@@ -147,14 +158,18 @@ def _finish_section(data: ReportData) -> page.Section:
     overall = data.finish_reasons()
     per = data.finish_by_domain()
     plot = plots.hbars(
-        "finish-reasons", title, overall, "assistant turns", "length = cut by max tokens"
+        "finish-reasons",
+        title,
+        overall,
+        "completions",
+        "per completion: length = a turn was cut by max tokens, else the last turn's reason",
     )
     reasons = list(overall)
     rows = []
     for d, counts in [("all", overall), *per.items()]:
-        turns = sum(counts.values())
-        rows.append([d, turns, *(f"{100 * counts.get(k, 0) / turns:.1f}%" for k in reasons)])
-    tables = [page.table(["domain", "turns", *reasons], rows)] if rows and reasons else []
+        n = sum(counts.values())
+        rows.append([d, n, *(f"{100 * counts.get(k, 0) / n:.1f}%" for k in reasons)])
+    tables = [page.table(["domain", "completions", *reasons], rows)] if rows and reasons else []
     stopped = data.stopped()
     if stopped:  # conversations the stop rule ended before their last request
         tables.append(
@@ -177,22 +192,62 @@ def _throughput_section(data: ReportData) -> page.Section:
     title = "Throughput over time per endpoint"
     if not data.runs:
         return page.Section(title, note="no generate run in the inputs")
+    gaps = data.runs[0].gaps() if len(data.runs) == 1 else []
     plot = plots.lines(
         "throughput",
         title,
         data.throughput(),
         "seconds since the run started",
         "output tokens/s",
-        "from the run's metrics snapshots (metrics/*.json)",
+        "from the run's metrics snapshots (metrics/*.json)"
+        + ("; shaded: gaps between the run's segments (not running)" if gaps else ""),
+        gaps=gaps,
     )
     note = "the run has no metrics snapshots with per-endpoint figures"
-    rows = []
+    tables = []
+    rows: list[list[Any]] = []
     for r in data.runs:
-        for url, e in ((r.metrics or {}).get("endpoints") or {}).items():
-            rows.append([url, e.get("completed", 0), e.get("output_tokens", 0), e.get("errors", 0)])
-    tables = (
-        [page.table(["endpoint", "completed", "output tokens", "errors"], rows)] if rows else []
-    )
+        f = r.figures
+        if f is None:  # no committed figures: the snapshots' own
+            for url, e in ((r.metrics or {}).get("endpoints") or {}).items():
+                rows.append([url, e.get("completed", 0), e.get("output_tokens", 0), ""])
+            continue
+        for e in f["endpoints"]:
+            rows.append([e["url"], e["completions"], e["output_tokens"], f"{e['share']:.1%}"])
+    if rows:
+        head = ["endpoint", "committed completions", "committed output tokens", "share"]
+        tables.append(page.table(head, rows))
+    wasted = [r.figures["wasted"] for r in data.runs if r.figures]
+    if wasted:
+        w = {k: sum(int(x[k]) for x in wasted) for k in ("output_tokens", "hedges", "hedges_won")}
+        errors: dict[str, int] = {}
+        for x in wasted:
+            for k, v in x["errors"].items():
+                errors[k] = errors.get(k, 0) + int(v)
+        retries = sum(int(x["retries"]) for x in wasted)
+        tables.append(
+            page.table(
+                ["wasted work (not committed)", "count"],
+                [
+                    ["output tokens returned but not committed", w["output_tokens"]],
+                    ["hedged requests (one copy of each cancelled)", w["hedges"]],
+                    ["of which the hedge copy won", w["hedges_won"]],
+                    ["retried attempts", retries],
+                    *[[f"failed requests: {k}", v] for k, v in sorted(errors.items())],
+                ],
+            )
+        )
+    if any(len(r.figures["segments"]) > 1 for r in data.runs if r.figures):
+        seg_rows = []
+        for r in data.runs:
+            segs = (r.figures or {}).get("segments") or []
+            origin = min((float(s["start"]) for s in segs), default=0.0)
+            for s in segs:
+                a, b = float(s["start"]) - origin, float(s["end"]) - origin
+                seg_rows.append([r.url, s["writer"], f"{a:,.1f}", f"{b:,.1f}", f"{b - a:,.1f}"])
+        tables.append(
+            page.table(["run", "segment (writer)", "from s", "to s", "seconds"], seg_rows)
+        )
     return page.Section(title, [plot] if plot else [], note, tables)
 
 
@@ -252,9 +307,13 @@ def build_report(
     target = str(out)
     if target.startswith("s3://"):
         raise InputError(f"{target}: --out is a local file (copy it to S3 afterwards)")
+    path = Path(target).expanduser()
+    if path.is_dir():
+        raise InputError(
+            f"--out {target}: is a folder; give a file name, e.g. --out {path / 'report.html'}"
+        )
     data = collect([str(i) for i in inputs])
     text = render_report(data, title)
-    path = Path(target).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

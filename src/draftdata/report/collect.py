@@ -4,7 +4,9 @@
 streams it) and returns a ``ReportData`` holding only small summaries, so the report's memory
 does not grow with the data. The first input is the subject of the report; further inputs are
 compared with it (their domain mix is shown next to its, and when no merge report is found they
-stand for the "before" side of the mix).
+stand for the "before" side of the mix). A compared run or merge output joins the page as a
+part (its throughput, failures and merge report are shown, whichever order the inputs come in),
+and a saved ``draftdata stats --json`` output is compared as the dataset it measured.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from draftdata.errors import DraftdataError, InputError
 from draftdata.report.find import Parts, find_parts
 from draftdata.stats import DatasetStats, compute_stats
-from draftdata.stats.compute import run_metrics
+from draftdata.stats.compute import STATS_FORMAT, run_metrics
 from draftdata.stats.readers import MERGE_REPORT, read_json_object
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
 from draftdata.store.store import open_store
@@ -34,6 +36,21 @@ class RunPart:
     metrics: dict[str, Any] | None
     throughput: dict[str, list[tuple[float, float]]]
     total: int | None = None
+
+    @property
+    def figures(self) -> dict[str, Any] | None:
+        """The whole run's committed figures (``stats.runfigures``), when readable."""
+        run = self.stats.get("run")
+        return run if isinstance(run, dict) else None
+
+    def gaps(self) -> list[tuple[float, float]]:
+        """The gaps between the run's segments, in seconds since its first segment started
+        (the throughput chart's time axis)."""
+        f = self.figures
+        if not f or not f["segments"]:
+            return []
+        origin = min(float(s["start"]) for s in f["segments"])
+        return [(float(a) - origin, float(b) - origin) for a, b in f["gaps"]]
 
 
 @dataclass
@@ -71,7 +88,9 @@ class ReportData:
         """prompts, completions, failures, output tokens, wall time, tokens/s (runs summed);
         rows of merged sets and datasets. Keys absent when the inputs do not say."""
         out: dict[str, Any] = {}
-        if self.runs:
+        if self.runs and all(r.figures for r in self.runs):
+            out.update(self._run_headline())
+        elif self.runs:
             completions = sum(r.stats.rows for r in self.runs)
             failures = sum(int((r.stats.get("failures") or {}).get("total", 0)) for r in self.runs)
             tokens = 0
@@ -116,8 +135,31 @@ class ReportData:
             out["rows"] = out.get("rows", 0) + s.rows
         return out
 
+    def _run_headline(self) -> dict[str, Any]:
+        """The runs' committed figures over all their segments (``stats.runfigures``)."""
+        figs = [r.figures or {} for r in self.runs]
+        tokens = sum(int(f["output_tokens"]) for f in figs)
+        active = sum(float(f["active_s"]) for f in figs)
+        out: dict[str, Any] = {
+            "prompts": sum(int(f["prompts"]) for f in figs),
+            "completions": sum(int(f["completions"]) for f in figs),
+            "failures": sum(int(f["failures"]) for f in figs),
+            "output_tokens": tokens,
+        }
+        if active > 0:
+            out["wall_s"] = round(active, 1)
+            out["output_tokens_per_s"] = round(tokens / active, 1)
+        segments = sum(len(f["segments"]) for f in figs)
+        if segments > 1:
+            out["segments"] = segments
+        out["wasted_output_tokens"] = sum(int(f["wasted"]["output_tokens"]) for f in figs)
+        urls = {e["url"] for f in figs for e in f["endpoints"]}
+        if urls:
+            out["endpoints"] = len(urls)
+        return out
+
     def finish_reasons(self) -> dict[str, int]:
-        """Finish reasons of every run's turns, summed."""
+        """Finish reasons of every run's completions, summed."""
         c: Counter[str] = Counter()
         for r in self.runs:
             c.update(r.stats.get("finish_reasons") or {})
@@ -131,7 +173,7 @@ class ReportData:
         return dict(c.most_common())
 
     def finish_by_domain(self) -> dict[str, dict[str, int]]:
-        """Finish reasons of every run's turns per domain, summed: {domain: {reason: turns}}."""
+        """Finish reasons of every run's completions per domain: {domain: {reason: count}}."""
         out: dict[str, Counter[str]] = {}
         for r in self.runs:
             for d, v in r.stats["domains"].items():
@@ -190,16 +232,78 @@ def collect(inputs: list[str]) -> ReportData:
     """Find and read every input (the first is the subject; see the module docstring)."""
     if not inputs:
         raise InputError("report: give a run, a merged dataset or a demo output folder")
-    main = find_parts(inputs[0])
-    data = ReportData(inputs=list(inputs), parts=[main])
-    data.runs = [_run(u) for u in main.runs]
-    data.merged = [_merged(u) for u in main.merged]
-    data.tokenized = [(u, compute_stats(u)) for u in main.tokenized]
-    data.prompts = [(u, compute_stats(u)) for u in main.prompts]
-    data.datasets = [(u, compute_stats(u)) for u in main.datasets]
+    first = stats_json(inputs[0])
+    if first is not None:  # a saved `stats --json` as the subject: the datasets it measured
+        data = ReportData(inputs=list(inputs), parts=[Parts(root=inputs[0])])
+        data.datasets = [
+            (inputs[0] if len(first) == 1 else f"{inputs[0]}#{i}", s) for i, s in enumerate(first)
+        ]
+    else:
+        main = find_parts(inputs[0])
+        data = ReportData(inputs=list(inputs), parts=[main])
+        data.runs = [_run(u) for u in main.runs]
+        data.merged = [_merged(u) for u in main.merged]
+        data.tokenized = [(u, compute_stats(u)) for u in main.tokenized]
+        data.prompts = [(u, compute_stats(u)) for u in main.prompts]
+        data.datasets = [(u, compute_stats(u)) for u in main.datasets]
     for other in inputs[1:]:
+        saved = stats_json(other)
+        if saved is not None:
+            data.compare += [
+                (other if len(saved) == 1 else f"{other}#{i}", s) for i, s in enumerate(saved)
+            ]
+            continue
         parts = find_parts(other)
         data.parts.append(parts)
-        urls = parts.merged or parts.datasets or parts.tokenized or parts.prompts or parts.runs
+        # a run or merge output named with --compare is part of the story: its throughput,
+        # failures and merge report (existing set, target, result) join the page
+        known = {r.url for r in data.runs} | {m.url for m in data.merged}
+        data.runs += [_run(u) for u in parts.runs if u not in known]
+        data.merged += [_merged(u) for u in parts.merged if u not in known]
+        if parts.runs or parts.merged:
+            continue
+        urls = parts.datasets or parts.tokenized or parts.prompts
         data.compare += [(u, compute_stats(u)) for u in urls]
+    for url, st in [(r.url, r.stats) for r in data.runs] + data.datasets + data.compare:
+        _check_readable(url, st)
     return data
+
+
+def stats_json(url: str) -> list[DatasetStats] | None:
+    """The datasets of a saved ``draftdata stats --json`` output (one object or a list), or
+    None when ``url`` is not one. A JSON file with another ``format`` is refused in one line."""
+    if not url.endswith(".json") or url.startswith("s3://"):
+        return None
+    import json
+    import os
+
+    path = os.path.expanduser(url)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{url}: not readable JSON ({exc})") from None
+    items = doc if isinstance(doc, list) else [doc]
+    if items and all(isinstance(d, dict) and d.get("format") == STATS_FORMAT for d in items):
+        return [DatasetStats(d) for d in items]
+    fmt = doc.get("format") if isinstance(doc, dict) else None
+    if not isinstance(fmt, str):
+        return None  # e.g. a JSON array of conversations: read as a dataset
+    raise InputError(
+        f"{url}: a {fmt} file, not a dataset; give a dataset, a run, a merge output or a "
+        f"`draftdata stats --json` output ({STATS_FORMAT})"
+    )
+
+
+def _check_readable(url: str, st: DatasetStats) -> None:
+    """Refuse an input of which nothing could be read (every row rejected), in one line."""
+    rejected = st["rejected"]
+    if st.rows == 0 and rejected["count"] > 0:
+        example = (rejected.get("examples") or [""])[0]
+        raise InputError(
+            f"{url}: no readable rows ({rejected['count']} rejected"
+            + (f", e.g. {example}" if example else "")
+            + "); give a dataset, a run, a merge output or a `draftdata stats --json` output"
+        )

@@ -12,7 +12,8 @@
 
 So ``report`` works on a run, on a merge output, and on a demo output folder holding several
 (``prompts/``, ``run/``, ``tokenized/``, ``merged/`` ...). A folder inside a found run or merge
-output is not searched further (a run's shards are never mistaken for datasets).
+output is not searched further (a run's shards are never mistaken for datasets). Local symlinks
+(to files or folders) are followed.
 """
 
 from __future__ import annotations
@@ -51,6 +52,36 @@ def _url(store: Store, prefix: str) -> str:
     return store.key_url(prefix) if prefix else store.url
 
 
+def _local_keys(root: str) -> list[str]:
+    """The files under ``root`` down to ``MAX_DEPTH`` folders, following symlinked folders
+    (``latest -> runs/2024-06-01/``; each real folder once, so a link loop ends), hidden
+    names skipped. Sorted keys relative to ``root``."""
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def walk(path: str, rel: str, depth: int) -> None:
+        real = os.path.realpath(path)
+        if real in seen:
+            return
+        seen.add(real)
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError:
+            return
+        for e in entries:
+            if e.name.startswith("."):
+                continue
+            key = f"{rel}{e.name}"
+            if e.is_dir(follow_symlinks=True):
+                if depth < MAX_DEPTH:
+                    walk(e.path, key + "/", depth + 1)
+            elif e.is_file(follow_symlinks=True):
+                out.append(key)
+
+    walk(root, "", 0)
+    return sorted(out)
+
+
 def find_parts(url: str) -> Parts:
     """Locate the runs, merge outputs and tokenized sets at or under ``url`` (see module doc)."""
     if not url.startswith("s3://"):
@@ -63,7 +94,7 @@ def find_parts(url: str) -> Parts:
     elif url.rstrip("/").endswith(DATA_EXT):
         return Parts(root=url, datasets=(url,))  # one s3:// data file
     store = open_store(url)
-    keys = store.list("")
+    keys = _local_keys(url) if not url.startswith("s3://") else store.list("")
     if not keys:
         raise InputError(f"{url}: nothing there to report on")
     runs: set[str] = set()

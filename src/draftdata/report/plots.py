@@ -145,8 +145,9 @@ def lines(
     xlabel: str,
     ylabel: str,
     caption: str = "",
+    gaps: Sequence[tuple[float, float]] = (),
 ) -> Plot | None:
-    """One line per series of (x, y) points."""
+    """One line per series of (x, y) points; ``gaps`` (x0, x1) are shaded grey."""
     series = {k: v for k, v in series.items() if v}
     if not series:
         return None
@@ -156,6 +157,10 @@ def lines(
         xs = [p[0] for p in points]
         ys = [p[1] for p in points]
         ax.plot(xs, ys, marker="o", markersize=3, label=_short(name), color=_COLOURS[i % 7])
+    for k, (x0, x1) in enumerate(gaps):
+        ax.axvspan(
+            x0, x1, color="#999999", alpha=0.25, label="gap between segments" if not k else None
+        )
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -146,7 +146,7 @@ class StatsBuilder:
         finish: Counter[str] | None = None,
     ) -> None:
         """Count one row of ``domain``/``source`` with its length ``measures`` (and, for a
-        completion, its turns' finish reasons)."""
+        completion, its finish reason per completion)."""
         for g in (self.all, self._domain(domain)):
             g.rows += 1
             g.reasoning += reasoning
@@ -200,6 +200,7 @@ def _stats_chat(b: StatsBuilder) -> None:
 
 def _stats_run(b: StatsBuilder) -> None:
     from draftdata.stats.conversations import completion_to_conversation
+    from draftdata.stats.runfigures import completion_reason
 
     classify = _classifier()
     for c in iter_run_completions(b.ds, b.rejects):
@@ -210,7 +211,8 @@ def _stats_run(b: StatsBuilder) -> None:
         if out_tokens:
             measures["output_tokens"] = out_tokens
         reasoning = any(t.reasoning or "<think>" in (t.content or "") for t in c.turns)
-        reasons = Counter(t.finish_reason or "unknown" for t in c.turns)
+        # per completion (the reason its conversation ended), not per turn
+        reasons = Counter([completion_reason([t.finish_reason for t in c.turns])])
         if c.stop_reason:
             b.stopped[c.stop_reason] += 1
         b.add_row(domain, c.source, measures, reasoning, reasons)
@@ -235,6 +237,16 @@ def _failures(ds: Dataset) -> dict[str, Any]:
         "by_reason": dict(by_reason.most_common()),
         "by_domain": dict(sorted(by_domain.items())),
     }
+
+
+def _run_figures(ds: Dataset, snaps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The whole run's committed figures (``runfigures``), None when they cannot be read."""
+    from draftdata.stats.runfigures import run_figures
+
+    try:
+        return run_figures(ds.store, snaps).to_dict()
+    except DraftdataError:
+        return None
 
 
 def run_metrics(ds_or_store: Dataset | Store) -> list[dict[str, Any]]:
@@ -315,7 +327,9 @@ def compute_stats(url: str) -> DatasetStats:
         out["stopped"] = dict(b.stopped.most_common())
         if ds.is_run:
             out["failures"] = _failures(ds)
-            out["metrics"] = headline(run_metrics(ds))
+            snaps = run_metrics(ds)
+            out["metrics"] = headline(snaps)
+            out["run"] = _run_figures(ds, snaps)
     if ds.kind == "prompts":
         report = read_json_object(ds.store, PREPARE_REPORT)
         if report is not None:

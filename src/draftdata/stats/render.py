@@ -11,6 +11,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from draftdata import tables
+
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
@@ -58,7 +60,7 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
         dom.add_column("reasoning", justify="right")
     cut = bool(stats.get("finish_reasons"))
     if cut:
-        dom.add_column("cut", justify="right")  # turns ended by max tokens
+        dom.add_column("cut", justify="right")  # completions with a turn cut by max tokens
     for name, d in stats["domains"].items():
         ln = d["lengths"].get(primary, {})
         row = [name, _n(d["rows"]), _pct(d["share"])]
@@ -109,7 +111,7 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
         parts.append(src)
 
     for key, title, unit in (
-        ("finish_reasons", "finish reasons", "turns"),
+        ("finish_reasons", "finish reasons per completion", "completions"),
         ("stopped", "conversations stopped early", "conversations"),
     ):
         if stats.get(key):
@@ -127,8 +129,11 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
         for k, v in failures["by_reason"].items():
             t.add_row(k, _n(v))
         parts.append(t)
+    run = stats.get("run")
     metrics = stats.get("metrics")
-    if metrics:
+    if run:
+        parts.append(Text("\n".join(_run_lines(run))))
+    elif metrics:
         line = Text(
             f"run: completed {_n(metrics['completed'])}, failed {_n(metrics['failed'])}, "
             f"output tokens {_n(metrics['output_tokens'])}, wall {metrics['wall_s']:.0f} s"
@@ -141,6 +146,18 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
+def _run_lines(run: dict[str, Any]) -> list[str]:
+    """The whole run's figures (``RunFigures.lines``) from their JSON form."""
+    import msgspec
+
+    from draftdata.stats.runfigures import RunFigures
+
+    fields = set(RunFigures.__struct_fields__)
+    data = {k: v for k, v in run.items() if k in fields}
+    data["wasted"] = {k: v for k, v in run["wasted"].items() if k != "failed_requests"}
+    return msgspec.convert(data, RunFigures).lines()
+
+
 def print_stats(stats: dict[str, Any], console: Console | None = None) -> None:
     """Print the stats tables to the terminal (or ``console``)."""
-    (console or Console()).print(stats_renderable(stats))
+    (console or tables.console()).print(stats_renderable(stats))

@@ -108,8 +108,9 @@ def latest(snapshots: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def headline(snapshots: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Completed, failed, output tokens (summed over writers' newest snapshots), wall time (the
-    longest writer's: writers run side by side), output tokens/s and per-endpoint totals; None
-    when no snapshot carries a summary."""
+    union of the writers' active stretches when the snapshots carry clock times: resumed
+    commands add up, parallel writers overlap; else the longest writer's), output tokens/s and
+    per-endpoint totals; None when no snapshot carries a summary."""
     newest = latest(snapshots)
     if not newest:
         return None
@@ -130,6 +131,11 @@ def headline(snapshots: list[dict[str, Any]]) -> dict[str, Any] | None:
                 acc[k] += _count(e.get(k))
     if not useful:
         return None
+    from draftdata.stats.runfigures import segments_of, union
+
+    active, _ = union(segments_of(snapshots))
+    if active > 0:  # commands one after another add up; side by side they overlap
+        out["wall_s"] = active
     out["wall_s"] = round(out["wall_s"], 3)
     out["output_tokens_per_s"] = (
         round(out["output_tokens"] / out["wall_s"], 2) if out["wall_s"] else None
@@ -154,7 +160,9 @@ def _samples(snap: dict[str, Any], x0: float) -> list[tuple[float, dict[str, flo
     elapsed = snapshot_elapsed(snap)
     rows = snapshot_endpoints(snap)
     if elapsed is not None and rows:
-        per = {u: _num(r.get("output_tokens")) for u, r in rows.items()}
+        # every answer the endpoint returned (a summary row's output_tokens is only the
+        # committed part), as the progress snapshots count it
+        per = {u: _num(r.get("generated_tokens", r.get("output_tokens"))) for u, r in rows.items()}
         tokens = {u: v for u, v in per.items() if v is not None}
         if tokens:
             out.append((x0 + elapsed, tokens))

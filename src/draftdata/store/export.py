@@ -1,9 +1,10 @@
-"""Export a run's completions for training: SpecForge conversations, OpenAI messages, parquet.
+"""Export a run's completions for training: the drafter trainers' formats, OpenAI messages, parquet.
 
-- ``sharegpt``: JSONL of ``{"id", "conversations": [{"role", "content", "reasoning_content"?,
-  "tool_calls"?, "tool_call_id"?}], "tools"?}``, the input SpecForge trains on.
-- ``openai``: JSONL of ``{"id", "messages": [...], "tools"?}`` (OpenAI chat format; assistant
-  turns carry ``reasoning_content`` unless ``include_reasoning=False``).
+The JSONL formats and the trainer each one feeds are described in ``trainer_rows.py``:
+``sharegpt`` / ``openai`` / ``modelopt`` / ``eagle`` write one row per completion (its whole
+conversation); ``specforge`` / ``specforge-text`` / ``speculators`` one row per generated turn
+(``export_turns.py``; the last two need the target's tokenizer). Every row carries ``id``,
+``source`` and ``domain``.
 - ``parquet``: one parquet file with columns id, sample, source, domain, model, conversations
   (list of structs; tool calls as JSON strings), tools (JSON string), which Hugging Face
   ``datasets.load_dataset("parquet", ...)`` loads.
@@ -33,14 +34,35 @@ from draftdata.conversation import assemble
 from draftdata.errors import AlreadyExistsError, ConfigError
 from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
-from draftdata.records import Completion, Message, sample_key
+from draftdata.records import Completion, sample_key
 from draftdata.store.doneset import DoneSet
+from draftdata.store.export_turns import TurnRows
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
 from draftdata.store.store import Store, open_store, split_s3_url
+from draftdata.store.trainer_rows import (
+    CONVERSATION_FORMATS,
+    PER_TURN_FORMATS,
+    conversation_row,
+)
 
-ExportFormat = Literal["sharegpt", "openai", "parquet"]
-FORMATS: tuple[str, ...] = ("sharegpt", "openai", "parquet")
+ExportFormat = Literal[
+    "sharegpt",
+    "openai",
+    "parquet",
+    "specforge",
+    "specforge-text",
+    "speculators",
+    "modelopt",
+    "eagle",
+]
+FORMATS: tuple[str, ...] = (
+    "sharegpt",
+    "openai",
+    "parquet",
+    *PER_TURN_FORMATS,
+    *(f for f in CONVERSATION_FORMATS if f not in ("sharegpt", "openai")),
+)
 
 _CONV_TYPE = pa.list_(
     pa.struct(
@@ -67,27 +89,18 @@ EXPORT_SCHEMA = pa.schema(
 )
 
 
-def _message_dict(m: Message, include_reasoning: bool) -> dict[str, Any]:
-    d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
-    if m.role == "assistant" and include_reasoning and m.reasoning_content is not None:
-        d["reasoning_content"] = m.reasoning_content
-    if m.tool_calls:
-        d["tool_calls"] = m.tool_calls
-    if m.tool_call_id:
-        d["tool_call_id"] = m.tool_call_id
-    if m.name:
-        d["name"] = m.name
-    return d
-
-
 def export_record(c: Completion, fmt: str, include_reasoning: bool = True) -> dict[str, Any]:
-    """The JSON object of one completion in ``fmt`` ('sharegpt' or 'openai')."""
-    msgs = [_message_dict(m, include_reasoning) for m in assemble(c)]
-    rid = sample_key(c.id, c.sample)
-    rec: dict[str, Any] = {"id": rid, ("conversations" if fmt == "sharegpt" else "messages"): msgs}
-    if c.tools:
-        rec["tools"] = c.tools
-    return rec
+    """The JSON object of one completion in a whole-conversation format (``sharegpt``,
+    ``openai``, ``modelopt`` or ``eagle``)."""
+    return conversation_row(
+        fmt,
+        sample_key(c.id, c.sample),
+        assemble(c),
+        source=c.source,
+        domain=c.domain,
+        tools=c.tools,
+        include_reasoning=include_reasoning,
+    )
 
 
 def _parquet_row(c: Completion, include_reasoning: bool) -> dict[str, Any]:
@@ -127,7 +140,12 @@ def _unique_completions(run: Store, stats: StageStats) -> Iterator[list[Completi
 
 
 def _write_export(
-    run: Store, fmt: str, tmp: Path, include_reasoning: bool, stats: StageStats
+    run: Store,
+    fmt: str,
+    tmp: Path,
+    include_reasoning: bool,
+    stats: StageStats,
+    turns: TurnRows | None = None,
 ) -> None:
     if fmt == "parquet":
         with pq.ParquetWriter(tmp, EXPORT_SCHEMA, compression="zstd") as writer:
@@ -136,26 +154,37 @@ def _write_export(
                     rows = [_parquet_row(c, include_reasoning) for c in batch]
                     writer.write_table(pa.Table.from_pylist(rows, schema=EXPORT_SCHEMA))
                     stats.add("export.records", len(batch))
+                    stats.add("export.rows", len(rows))
         return
     with tmp.open("w", encoding="utf-8") as fh:
         for batch in _unique_completions(run, stats):
-            for c in batch:
-                fh.write(json.dumps(export_record(c, fmt, include_reasoning), ensure_ascii=False))
+            if turns is not None:
+                rows = turns.rows(batch, stats)
+            else:
+                rows = [export_record(c, fmt, include_reasoning) for c in batch]
+            for row in rows:
+                fh.write(json.dumps(row, ensure_ascii=False))
                 fh.write("\n")
             stats.add("export.records", len(batch))
+            stats.add("export.rows", len(rows))
         fh.flush()
         os.fsync(fh.fileno())
 
 
 def _export_local(
-    run: Store, fmt: str, path: Path, include_reasoning: bool, stats: StageStats
+    run: Store,
+    fmt: str,
+    path: Path,
+    include_reasoning: bool,
+    stats: StageStats,
+    turns: TurnRows | None,
 ) -> None:
     if path.exists():
         raise AlreadyExistsError(f"{path}: already exists; choose a new --out (never overwritten)")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
     try:
-        _write_export(run, fmt, tmp, include_reasoning, stats)
+        _write_export(run, fmt, tmp, include_reasoning, stats, turns)
         try:
             os.link(tmp, path)
         except FileExistsError as exc:
@@ -171,6 +200,7 @@ def _export_s3(
     include_reasoning: bool,
     stats: StageStats,
     protect: Sequence[str],
+    turns: TurnRows | None,
 ) -> None:
     bucket, key = split_s3_url(url)
     parent, _, name = key.rpartition("/")
@@ -184,7 +214,7 @@ def _export_s3(
     # whole export or nothing, and a key that appeared meanwhile is never replaced (412).
     with tempfile.TemporaryDirectory(prefix="draftdata-export-") as tmpdir:
         tmp = Path(tmpdir) / name
-        _write_export(run, fmt, tmp, include_reasoning, stats)
+        _write_export(run, fmt, tmp, include_reasoning, stats, turns)
         with stats.timed("export.upload"):
             store.put_new_file(name, tmp)
 
@@ -196,22 +226,37 @@ def export_run(
     *,
     include_reasoning: bool = True,
     protect: Sequence[str] = (),
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
 ) -> StageStats:
     """Write the run's completions to ``out`` (a local file or ``s3://bucket/key``) in ``fmt``.
 
     ``out`` must not exist (nothing is overwritten); it appears whole when the export ends. An
     S3 export is staged in a local temp file and uploaded create-only (``If-None-Match: *``).
-    ``out`` may not equal, contain or lie inside any of ``protect``. Returns the stats.
+    ``out`` may not equal, contain or lie inside any of ``protect``. ``tokenizer`` (a Hugging
+    Face tokenizer folder) and ``chat_template`` (a template file overriding its template) are
+    what ``specforge-text`` and ``speculators`` tokenize with. Stats: ``export.records``
+    (completions), ``export.rows`` (rows written). Returns the stats.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     stats = StageStats("export")
     src = open_store(run)  # opened once: manifest check and every shard read
-    read_manifest(src)  # StoreError "no manifest.json; not a draftdata run" before any output
+    manifest = read_manifest(src)  # StoreError "no manifest.json; not a draftdata run" first
+    turns = None
+    if fmt in PER_TURN_FORMATS:
+        settings = manifest.get("effective_settings") or {}
+        turns = TurnRows(
+            fmt,
+            include_reasoning=include_reasoning,
+            keep_reasoning_history=bool(settings.get("keep_reasoning_history", False)),
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+        )
     dest = str(out)
     if dest.startswith("s3://"):
-        _export_s3(src, fmt, dest, include_reasoning, stats, protect)
+        _export_s3(src, fmt, dest, include_reasoning, stats, protect, turns)
     else:
         check_not_protected(dest, protect, what="export destination")
-        _export_local(src, fmt, Path(dest), include_reasoning, stats)
+        _export_local(src, fmt, Path(dest), include_reasoning, stats, turns)
     return stats

@@ -29,6 +29,9 @@ from draftdata.store.store import Store
 RUN_FORMAT = "draftdata.run/1"
 MANIFEST_KEY = "manifest.json"
 HISTORY_PREFIX = "manifest-history/"
+# the effective-settings key where generate records the chat-template kwargs the servers applied
+# by default (generate/thinking.py writes it, tokenize renders with it)
+SERVER_TEMPLATE_KWARGS = "server_chat_template_kwargs"
 _MISSING = object()
 
 

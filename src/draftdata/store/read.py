@@ -92,26 +92,38 @@ def read_shard(
     columns: Sequence[str] | None = None,
     *,
     read_dictionary: Sequence[str] | None = None,
+    optional: Sequence[str] = (),
 ) -> pa.Table:
     """Read one shard (only ``columns`` if given; on S3 only the footer and those column chunks
     are fetched) after checking its format is ``expected``. Columns in ``read_dictionary``
-    stay dictionary-encoded (cheap for a column with few distinct values)."""
+    stay dictionary-encoded (cheap for a column with few distinct values); ``optional`` ones
+    are read where the shard has them (columns a newer format added)."""
     pf = parquet_file(store, key, read_dictionary)
     check_format(pf.schema_arrow, expected, store.key_url(key))
+    names = set(pf.schema_arrow.names)
+    wanted = None if columns is None else [*columns, *(c for c in optional if c in names)]
     try:
-        return pf.read(columns=list(columns) if columns is not None else None)
+        return pf.read(columns=wanted)
     except (OSError, pa.ArrowException) as exc:
         raise StoreError(f"{store.key_url(key)}: cannot read parquet ({exc})") from exc
 
 
 def read_shards_parallel(
-    store: Store, keys: Sequence[str], expected: str, columns: Sequence[str], workers: int = 8
+    store: Store,
+    keys: Sequence[str],
+    expected: str,
+    columns: Sequence[str],
+    workers: int = 8,
+    optional: Sequence[str] = (),
 ) -> Iterator[pa.Table]:
-    """Read the same columns of many shards with a thread pool, yielding tables in key order."""
+    """Read the same columns (and the ``optional`` ones a shard has) of many shards with a
+    thread pool, yielding tables in key order."""
     if not keys:
         return
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys)))) as pool:
-        yield from pool.map(lambda k: read_shard(store, k, expected, columns), keys)
+        yield from pool.map(
+            lambda k: read_shard(store, k, expected, columns, optional=optional), keys
+        )
 
 
 def read_manifest(url: StoreLike) -> dict[str, Any]:

@@ -18,10 +18,17 @@ How a batch is tokenized:
    runs it on all cores; no prefix is ever encoded twice). A loss span becomes token positions
    through the encoding's character offsets: every token that overlaps the span gets loss 1,
    the rule of transformers' ``return_assistant_tokens_mask``.
-3. Verification compares each token-id sample with the rendered sample of the same id: ids and
-   mask identical is ``verified``, anything else ``mismatched`` (the first few are described as
-   decoded text around the first differing token); a completion the renderer cannot reproduce
-   (a turn cut by max tokens where it cannot tell the cut) is ``unverifiable``.
+3. Verification compares each token-id sample with the rendered sample of the same id (the
+   rendered plan keeps the served ids' chain breaks): ids and mask identical is ``verified``;
+   the same text with loss on the same text in another tokenization is
+   ``verified.noncanonical``; an output that ended another way than the template's
+   end-of-turn token (``<|endoftext|>``, a stop string, an end token the server left out) and
+   spells the rendered text up to that token is ``verified.other_end``. Anything else is
+   ``mismatched`` (the first few are described as decoded text around the first differing
+   token) and the sample is dropped (``dropped.unverified_ids``): served ids our tokenizer and
+   template cannot reproduce may come from another tokenizer, and re-rendering them would train
+   on a context the server may not have shown. A completion the renderer cannot reproduce (a
+   turn cut by max tokens where it cannot tell the cut) is ``unverifiable`` and kept.
 4. Length policy: longer than ``max_length`` is cut (``truncated``) or dropped (``too_long``);
    a sample without two consecutive loss tokens is dropped (``too_few_loss_tokens``).
 
@@ -32,8 +39,10 @@ Ray actors, or rebuilt there with ``TokenizeContext.from_config(config)``.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -41,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from draftdata.errors import InputError
 from draftdata.tokenize.config import (
     MAX_MISMATCH_EXAMPLES,
     MIN_LOSS_RUN,
@@ -123,6 +133,8 @@ class TokenizeContext:
         long: LongPolicy = "truncate",
         verify: bool = True,
         keep_reasoning_history: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+        per_turn: bool = False,
     ) -> None:
         self.tokenizer_path = tokenizer_path
         self.chat_template_source = chat_template
@@ -130,11 +142,19 @@ class TokenizeContext:
         self.long = long
         self.verify = verify
         self.keep_reasoning_history = keep_reasoning_history
+        # the servers' default template kwargs; each completion's request kwargs win
+        self.template_kwargs = dict(template_kwargs or {})
+        self.per_turn = per_turn  # one sample per generated turn (the trainer exports)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.backend = self.tokenizer.backend_tokenizer
         self.template = ChatTemplate.for_tokenizer(self.tokenizer, chat_template)
         eot_id = self.tokenizer.convert_tokens_to_ids(self.template.eot)
         self.eot_id: int | None = eot_id if isinstance(eot_id, int) else None
+        self.end_ids = end_token_ids(self.tokenizer, tokenizer_path) - {self.eot_id}
+        self.thinking_off_tail = thinking_off_tail(self.template)
+        self.thinking_off_tail_tokens = len(
+            self.backend.encode(self.thinking_off_tail, add_special_tokens=False).ids
+        )
         suffix = self.template.turn_suffix()
         self.suffix_ids = np.asarray(
             self.backend.encode(suffix, add_special_tokens=False).ids if suffix else [],
@@ -156,6 +176,7 @@ class TokenizeContext:
             long=config.long,
             verify=config.verify,
             keep_reasoning_history=bool(config.keep_reasoning_history),
+            template_kwargs=config.server_template_kwargs,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -169,11 +190,47 @@ class TokenizeContext:
             "long": self.long,
             "verify": self.verify,
             "keep_reasoning_history": self.keep_reasoning_history,
+            "template_kwargs": self.template_kwargs,
+            "per_turn": self.per_turn,
         }
 
     def decode(self, ids: IdArray | list[int]) -> str:
         """Token ids back to text, special tokens shown."""
         return str(self.backend.decode([int(i) for i in ids], skip_special_tokens=False))
+
+
+# Tokens that end a generation in common chat vocabularies (Qwen's base eos <|endoftext|>,
+# Llama's <|eot_id|> / <|end_of_text|>, Gemma's <end_of_turn>, …), where the vocabulary has them.
+_END_TOKENS = (
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<eos>",
+    "</s>",
+)
+
+
+def end_token_ids(tokenizer: Any, path: str) -> frozenset[int]:
+    """Ids that may end a served output: the tokenizer's eos, the usual end tokens of its
+    vocabulary, and ``eos_token_id`` of a ``generation_config.json`` beside the tokenizer."""
+    ids: set[int] = set()
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in _END_TOKENS if t in vocab)
+    gen = Path(path) / "generation_config.json"
+    if gen.is_file():
+        try:
+            value = json.loads(gen.read_text("utf-8")).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            value = None
+        values = value if isinstance(value, list) else [value]
+        ids.update(v for v in values if isinstance(v, int))
+    return frozenset(ids)
 
 
 def _rebuild_context(settings: dict[str, Any]) -> TokenizeContext:
@@ -249,20 +306,64 @@ def describe_mismatch(
     )
 
 
-def _same_text(
+def _loss_text(
+    ctx: TokenizeContext, ids: IdArray, mask: npt.NDArray[np.int8], upto: int | None = None
+) -> str:
+    # The text under loss, end-of-turn tokens left out: a served sample never has loss on an
+    # end-of-turn token the target did not write (one shown in a later context), the rendered
+    # one always has, and both still have to agree on every other token.
+    ids, mask = ids[:upto], mask[:upto]
+    keep = mask.astype(bool)
+    if ctx.eot_id is not None:
+        keep &= ids != ctx.eot_id
+    return ctx.decode(ids[keep])
+
+
+def verdict(
     ctx: TokenizeContext,
     served: IdArray,
     served_mask: npt.NDArray[np.int8],
     rendered: IdArray,
     rendered_mask: npt.NDArray[np.int8],
-) -> bool:
-    """Whether two tokenizations decode to the same text, with loss on the same text."""
-    if ctx.decode(served) != ctx.decode(rendered):
-        return False
-    return bool(
-        ctx.decode(served[served_mask.astype(bool)])
-        == ctx.decode(rendered[rendered_mask.astype(bool)])
-    )
+) -> str | None:
+    """How a served sample matches the rendered one: ``verified`` (the same ids and loss),
+    ``verified.noncanonical`` (the same text and loss text, tokenized another way),
+    ``verified.other_end`` (the served output ended another way than the template's
+    end-of-turn token and spells the rendered text up to it; a stop string's text after it
+    carries loss), or None (mismatched)."""
+    same_ids = np.array_equal(served, rendered)
+    if same_ids and np.array_equal(served_mask, rendered_mask):
+        return "verified"
+    s_loss = _loss_text(ctx, served, served_mask)
+    if same_ids and s_loss == _loss_text(ctx, rendered, rendered_mask):
+        return "verified"  # loss differs only on end-of-turn tokens the target did not write
+    s_text = ctx.decode(served)
+    if s_text == ctx.decode(rendered) and s_loss == _loss_text(ctx, rendered, rendered_mask):
+        # The served ids spell exactly the rendered conversation, and the loss covers the same
+        # text, but the target chose another tokenization of it than a fresh encode would
+        # (e.g. "em" + "ory" where the BPE merges "emory"). The served ids are what the target
+        # produced, so the sample is token-exact; the count shows how often.
+        return "verified.noncanonical"
+    eot = ctx.eot_id
+    loss = np.flatnonzero(rendered_mask)
+    if eot is None or not len(loss) or int(rendered[loss[-1]]) != eot:
+        return None
+    if len(served) and int(served[-1]) == eot:
+        return None
+    if len(served) and int(served[-1]) in ctx.end_ids:
+        served, served_mask = served[:-1], served_mask[:-1]
+    upto = int(loss[-1])
+    body = ctx.decode(rendered[:upto])
+    s_body = ctx.decode(served)
+    if not s_body.startswith(body):
+        return None
+    extra = s_body[len(body) :]
+    if (
+        _loss_text(ctx, served, served_mask)
+        == _loss_text(ctx, rendered, rendered_mask, upto) + extra
+    ):
+        return "verified.other_end"
+    return None
 
 
 def _verify(
@@ -273,25 +374,23 @@ def _verify(
     counters: Counters,
     *,
     check_dropped_unfinished: bool,
-) -> None:
+) -> set[str]:
+    """Count each token-id sample's verdict; returns the ids of the mismatched ones."""
     if not rendered or check_dropped_unfinished:
         counters.add("unverifiable", len(plan.tokens))
-        return
+        return set()
     by_id = {r.id: (ids, mask) for r, ids, mask in rendered}
+    failed: set[str] = set()
     for t in plan.tokens:
         got = by_id.get(t.id)
-        if got is not None and np.array_equal(got[0], t.ids) and np.array_equal(got[1], t.mask):
+        found = verdict(ctx, t.ids, t.mask, *got) if got is not None else None
+        if found is not None:
             counters.add("verified")
-            continue
-        if got is not None and _same_text(ctx, t.ids, t.mask, got[0], got[1]):
-            # The served ids spell exactly the rendered conversation, and the loss covers the
-            # same text, but the target chose another tokenization of it than a fresh encode
-            # would (e.g. "em" + "ory" where the BPE merges "emory"). The served ids are what
-            # the target produced, so the sample is token-exact; the count shows how often.
-            counters.add("verified")
-            counters.add("verified.noncanonical")
+            if found != "verified":
+                counters.add(found)
             continue
         counters.add("mismatched")
+        failed.add(t.id)
         if len(counters.mismatches) < MAX_MISMATCH_EXAMPLES:
             if got is None:
                 line = f"{t.id}: the rendered conversation splits into other samples"
@@ -300,9 +399,39 @@ def _verify(
             else:
                 line = describe_mismatch(ctx, t.id, t.ids, got[0])
             counters.mismatches.append(line)
+    return failed
 
 
 # -- the batch function ----------------------------------------------------------------------------
+
+
+def thinking_off_tail(template: ChatTemplate) -> str:
+    """What ``enable_thinking: false`` adds after the template's generation prompt (Qwen3:
+    ``<think>\\n\\n</think>\\n\\n``); "" when the switch changes nothing at the end."""
+    if "enable_thinking" not in template.source:
+        return ""
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        default, _ = template.render(probe, None, {}, add_generation_prompt=True)
+        off, _ = template.render(
+            probe, None, {"enable_thinking": False}, add_generation_prompt=True
+        )
+    except InputError:
+        return ""
+    tail = off[len(default) :] if off.startswith(default) else ""
+    return "" if not tail or default.endswith(tail) else tail
+
+
+def _served_thinking_off(ctx: TokenizeContext, view: CompletionView) -> bool:
+    """Whether a completion whose requests left the thinking mode to the server (no
+    ``enable_thinking``) was served with thinking off: its first served prompt ends with what
+    thinking-off adds after the generation prompt (``generate/thinking.py``). Only the last
+    few prompt tokens are decoded."""
+    tail = ctx.thinking_off_tail
+    if not tail or view.token_ids is None or "enable_thinking" in view.template_kwargs:
+        return False
+    prompt = view.token_ids[0][0]
+    return ctx.decode(prompt[-(ctx.thinking_off_tail_tokens + 2) :]).endswith(tail)
 
 
 def _has_loss_run(mask: npt.NDArray[np.int8]) -> bool:
@@ -318,11 +447,28 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
     to_encode: list[RenderedSample] = []
     for view in views:
         counters.add("completions")
+        if ctx.template_kwargs:
+            view.template_kwargs = {**ctx.template_kwargs, **view.template_kwargs}
+        if _served_thinking_off(ctx, view):
+            view.template_kwargs = {**view.template_kwargs, "enable_thinking": False}
+            counters.add("thinking_off_from_served_ids")
         if view.token_ids is not None:
             counters.add("path.token_ids")
-            tokens = plan_token_ids(view, eot_id=ctx.eot_id, suffix=ctx.suffix_ids)
+            tokens = plan_token_ids(
+                view,
+                eot_id=ctx.eot_id,
+                suffix=ctx.suffix_ids,
+                end_ids=ctx.end_ids,
+                per_turn=ctx.per_turn,
+            )
             check = (
-                plan_rendered(view, ctx.template, keep_reasoning_history=ctx.keep_reasoning_history)
+                plan_rendered(
+                    view,
+                    ctx.template,
+                    keep_reasoning_history=ctx.keep_reasoning_history,
+                    breaks=frozenset(k for k, ok in enumerate(tokens.links) if not ok),
+                    per_turn=ctx.per_turn,
+                )
                 if ctx.verify
                 else None
             )
@@ -332,7 +478,10 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
         else:
             counters.add("path.rendered")
             rendered = plan_rendered(
-                view, ctx.template, keep_reasoning_history=ctx.keep_reasoning_history
+                view,
+                ctx.template,
+                keep_reasoning_history=ctx.keep_reasoning_history,
+                per_turn=ctx.per_turn,
             )
             plans.append((view, rendered, None))
             to_encode.extend(rendered.rendered)
@@ -353,7 +502,7 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
             candidates = [(t.id, t.ids, t.mask) for t in plan.tokens]
             if check is not None:
                 checked = [(r, *next(encoded)) for r in check.rendered]
-                _verify(
+                failed = _verify(
                     ctx,
                     view,
                     plan,
@@ -361,6 +510,9 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
                     counters,
                     check_dropped_unfinished="unfinished_turn" in check.dropped,
                 )
+                if failed:  # never written with ids that do not verify (module docstring)
+                    counters.add("dropped.unverified_ids", len(failed))
+                    candidates = [c for c in candidates if c[0] not in failed]
         else:
             candidates = [(r.id, *next(encoded)) for r in plan.rendered]
         for sample_id, ids, mask in candidates:

@@ -36,6 +36,9 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     encodes completions that carry server token ids to check them (off: the token-id path needs
     no encoding at all). ``keep_reasoning_history`` says whether the engine sent earlier turns'
     reasoning back in the history (None: read it from the run's manifest, else False).
+    ``server_template_kwargs`` are the chat-template kwargs the servers applied by default
+    (the thinking mode of a ``reasoning: server`` run; None: read from the manifest, else
+    none); a completion's own request kwargs win over them.
     ``batch_rows`` completions are tokenized per batch and written per output shard.
     """
 
@@ -49,6 +52,7 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     verify: bool = True
     keep_reasoning_history: bool | None = None
     batch_rows: int = DEFAULT_BATCH_ROWS
+    server_template_kwargs: dict[str, Any] | None = None
 
     def validate(self) -> TokenizeConfig:
         """Check every value; ConfigError naming the option on the first bad one."""
@@ -86,8 +90,11 @@ class TokenizeSummary(msgspec.Struct, kw_only=True):
     """What a tokenize run did; ``summary.json`` holds all of it except ``wall_s``.
 
     ``counts`` are the stage's counters: ``completions``, ``samples``, ``truncated``,
-    ``path.token_ids`` / ``path.rendered``, ``verified``, ``mismatched``, ``unverifiable``,
-    ``split_turns`` (completions emitted as per-turn samples) and ``dropped.<reason>``.
+    ``path.token_ids`` / ``path.rendered``, ``verified`` (of which ``verified.noncanonical`` and
+    ``verified.other_end``), ``mismatched`` (dropped as ``dropped.unverified_ids``),
+    ``unverifiable``, ``end.other_token`` / ``end.no_token`` (served outputs that stopped without
+    the template's end-of-turn token), ``thinking_off_from_served_ids``, ``split_turns``
+    (completions emitted as per-turn samples) and ``dropped.<reason>``.
     """
 
     out: str

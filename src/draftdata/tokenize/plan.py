@@ -11,6 +11,11 @@ named after the chain's last turn: ``<id>#<turn>`` (``turn`` indexes the complet
 ``turns``). A completion that is one chain keeps its own id. Completions with ``sample`` > 0 are
 ``<id>#s<sample>``.
 
+With ``per_turn`` (the trainer exports: one row per generated turn, as SpecForge's
+last-turn-only training and speculators' regeneration rows expect) every usable turn is its own
+sample: its context ``P_k`` then its output ``A_k``, loss on ``A_k`` only, named ``<id>#<turn>``
+(a completion of one turn keeps its id).
+
 Two planners share that rule:
 
 - ``plan_rendered``: text and character spans of loss (``A_k`` of every turn in the chain,
@@ -24,6 +29,15 @@ markers the template would add: the rendered planner ends such a sample at the e
 turn's last text (its content, else its reasoning) and lets no later turn chain onto it; when it
 cannot place that end it drops the turn (``unfinished_turn``). The token-id planner keeps the
 served ids as they are.
+
+In a sample built from served ids, loss is 1 on served output tokens only, each at the place
+the target wrote it. Nothing the target did not write gets loss: the template's text after a
+turn (``<|im_end|>`` then ``\n``) is appended, with loss 0, only after an output that ends with
+the template's own end-of-turn token; an output that ends another way (another end token such
+as ``<|endoftext|>``, a user stop string, a server that leaves the end token out, a cut) is
+the sample's end as served. A turn that ended with another end token still chains into the
+next turn's context when that context shows it closed by the template's end-of-turn token;
+that token is context there (loss 0), not the target's output.
 """
 
 from __future__ import annotations
@@ -89,8 +103,9 @@ class Plan:
     rendered: list[RenderedSample] = field(default_factory=list)
     tokens: list[TokenSample] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # counted, not drops (e.g. eot_appended)
+    notes: list[str] = field(default_factory=list)  # counted, not drops (e.g. end.other_token)
     split: bool = False
+    links: list[bool] = field(default_factory=list)  # links[k]: turn k chains into turn k+1
 
 
 def _chains(links: list[bool], usable: list[bool]) -> list[list[int]]:
@@ -110,6 +125,16 @@ def _sample_id(view: CompletionView, last_turn: int, n_chains: int) -> str:
     return view.base_id if n_chains == 1 else f"{view.base_id}#{last_turn}"
 
 
+def _group(
+    view: CompletionView, links: list[bool], usable: list[bool], per_turn: bool
+) -> tuple[list[list[int]], int]:
+    # (chains, the count that names them): per-turn chains are named by the completion's turns
+    if per_turn:
+        return [[k] for k, ok in enumerate(usable) if ok], len(view.turns)
+    chains = _chains(links, usable)
+    return chains, len(chains)
+
+
 def contexts(view: CompletionView, keep_reasoning_history: bool) -> list[list[JsonDict]] | None:
     """The message list the engine sent before each turn (``conversation.TurnPlan.expand``);
     None when the completion has more turns than the prompt has requests."""
@@ -123,9 +148,19 @@ def contexts(view: CompletionView, keep_reasoning_history: bool) -> list[list[Js
 
 
 def plan_rendered(
-    view: CompletionView, template: ChatTemplate, *, keep_reasoning_history: bool = False
+    view: CompletionView,
+    template: ChatTemplate,
+    *,
+    keep_reasoning_history: bool = False,
+    breaks: frozenset[int] = frozenset(),
+    per_turn: bool = False,
 ) -> Plan:
-    """Render every turn's context and output; group turns into chains (module docstring)."""
+    """Render every turn's context and output; group turns into chains (module docstring), or
+    with ``per_turn`` make each turn its own sample.
+
+    ``breaks``: turns that must not chain into the next one (verification renders a token-id
+    completion with the served ids' chain breaks, so both paths name the same samples).
+    """
     plan = Plan()
     ctxs = contexts(view, keep_reasoning_history)
     if ctxs is None:
@@ -161,10 +196,14 @@ def plan_rendered(
     cut = [t.finish_reason == "length" for t in view.turns]
     ends = [r[1] if r is not None else 0 for r in regions]
     links = [
-        usable[k] and not cut[k] and prompts[k + 1].startswith(texts[k][: ends[k]])
+        usable[k]
+        and not cut[k]
+        and k not in breaks
+        and prompts[k + 1].startswith(texts[k][: ends[k]])
         for k in range(len(texts) - 1)
     ]
-    chains = _chains(links, usable)
+    plan.links = links
+    chains, named = _group(view, links, usable, per_turn)
     plan.split = len(chains) > 1
     for chain in chains:
         last = chain[-1]
@@ -175,7 +214,7 @@ def plan_rendered(
         if cut[last]:
             text = text[: ends[last]]
         plan.rendered.append(
-            RenderedSample(id=_sample_id(view, last, len(chains)), text=text, spans=loss)
+            RenderedSample(id=_sample_id(view, last, named), text=text, spans=loss)
         )
     return plan
 
@@ -218,58 +257,83 @@ def _intersect(a: list[Span], b: list[Span]) -> list[Span]:
 
 
 def plan_token_ids(
-    view: CompletionView, *, eot_id: int | None = None, suffix: IdArray | None = None
+    view: CompletionView,
+    *,
+    eot_id: int | None = None,
+    suffix: IdArray | None = None,
+    end_ids: frozenset[int] = frozenset(),
+    per_turn: bool = False,
 ) -> Plan:
-    """Samples from the server's ids: chains by id prefix, loss on each chain turn's output.
+    """Samples from the server's ids: chains by id prefix, loss on each chain turn's output
+    (``per_turn``: one sample per turn, its prompt ids then its output ids).
 
-    A sample whose last output ends with ``eot_id`` gets ``suffix`` appended with loss 0 (the
-    template's text after a turn, so the sample equals the rendered one).
+    Loss is 1 only on served output tokens that stand where the target wrote them. A sample
+    whose last output ends with ``eot_id`` gets ``suffix`` appended with loss 0 (the
+    template's text after a turn, so the sample equals the rendered one); after any other
+    ending nothing is appended. ``end_ids`` are the tokens that end a generation besides
+    ``eot_id`` (``<|endoftext|>``): a turn ended by one chains into a next context that shows
+    it closed by ``eot_id`` instead (module docstring).
     """
     plan = Plan()
     pairs = view.token_ids
     if not pairs:
         plan.dropped.append("no_turns")
         return plan
-    if eot_id is not None:
-        pairs = [
-            _close(p, o, view.turns[k] if k < len(view.turns) else None, eot_id, plan)
-            for k, (p, o) in enumerate(pairs)
-        ]
     seqs = [np.concatenate((p, o)) if len(p) else o for p, o in pairs]
-    links = []
-    for k in range(len(pairs) - 1):
-        nxt = pairs[k + 1][0]
-        n = len(seqs[k])
-        links.append(len(nxt) >= n and bool(np.array_equal(nxt[:n], seqs[k])))
+    links = [
+        _continues(pairs[k][0], pairs[k][1], pairs[k + 1][0], eot_id, end_ids)
+        for k in range(len(pairs) - 1)
+    ]
+    plan.links = links
     usable = [len(o) > 0 for _, o in pairs]
     plan.dropped.extend("empty_output" for ok in usable if not ok)
-    chains = _chains(links, usable)
+    chains, named = _group(view, links, usable, per_turn)
     plan.split = len(chains) > 1
     for chain in chains:
         last = chain[-1]
         ids = seqs[last].astype(np.int32, copy=False)
-        out = pairs[last][1]
-        if suffix is not None and len(suffix) and len(out) and int(out[-1]) == eot_id:
-            ids = np.concatenate((ids, suffix))
         mask = np.zeros(len(ids), dtype=np.int8)
         for k in chain:
-            start = len(pairs[k][0])
-            mask[start : start + len(pairs[k][1])] = 1
-        plan.tokens.append(TokenSample(id=_sample_id(view, last, len(chains)), ids=ids, mask=mask))
+            start, out = len(pairs[k][0]), pairs[k][1]
+            # 1 where the sample holds the served token itself (a later context may show
+            # another end token in place of the target's own)
+            mask[start : start + len(out)] = ids[start : start + len(out)] == out
+        out = pairs[last][1]
+        ended = _ending(out, view.turns[last] if last < len(view.turns) else None, eot_id, end_ids)
+        if ended is not None:
+            plan.notes.append(ended)
+        if suffix is not None and len(suffix) and len(out) and int(out[-1]) == eot_id:
+            ids = np.concatenate((ids, suffix.astype(np.int32, copy=False)))
+            mask = np.concatenate((mask, np.zeros(len(suffix), dtype=np.int8)))
+        plan.tokens.append(TokenSample(id=_sample_id(view, last, named), ids=ids, mask=mask))
     return plan
 
 
-def _close(
-    prompt: IdArray, out: IdArray, turn: TurnText | None, eot_id: int, plan: Plan
-) -> tuple[IdArray, IdArray]:
-    # A turn that stopped (not cut) ended with the end-of-turn token even when the server
-    # leaves it out of the output ids (some versions do): put it back, and count it.
+def _continues(
+    prompt: IdArray, out: IdArray, nxt: IdArray, eot_id: int | None, end_ids: frozenset[int]
+) -> bool:
+    # Turn (prompt, out) chains into the next turn when the next context starts with it as
+    # served, or with its last token, another end token, shown as the template's end-of-turn.
+    n = len(prompt) + len(out)
+    if len(nxt) < n or not np.array_equal(nxt[: len(prompt)], prompt):
+        return False
+    if np.array_equal(nxt[len(prompt) : n], out):
+        return True
+    if eot_id is None or not len(out) or int(out[-1]) == eot_id or int(out[-1]) not in end_ids:
+        return False
+    return bool(np.array_equal(nxt[len(prompt) : n - 1], out[:-1]) and int(nxt[n - 1]) == eot_id)
+
+
+def _ending(
+    out: IdArray, turn: TurnText | None, eot_id: int | None, end_ids: frozenset[int]
+) -> str | None:
+    # How a stopped turn ended when not with the template's end-of-turn token (counted).
     if turn is None or turn.finish_reason not in ("stop", "tool_calls"):
-        return prompt, out
-    if len(out) and int(out[-1]) == eot_id:
-        return prompt, out
-    plan.notes.append("eot_appended")
-    return prompt, np.concatenate((out, np.array([eot_id], dtype=np.int32)))
+        return None
+    last = int(out[-1]) if len(out) else None
+    if last is not None and last == eot_id:
+        return None
+    return "end.other_token" if last in end_ids else "end.no_token"
 
 
 def view_from_record(record: Any) -> CompletionView:

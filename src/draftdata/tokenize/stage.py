@@ -107,6 +107,20 @@ def _work(key: str) -> tuple[Counters, list[str]]:
 # -- the stage -------------------------------------------------------------------------------------
 
 
+def server_template_kwargs(config: TokenizeConfig, run: Store) -> dict[str, Any]:
+    """The chat-template kwargs the servers applied by default: the config's, else what
+    generate recorded in the manifest (``generate/thinking.py``), else none."""
+    if config.server_template_kwargs is not None:
+        return dict(config.server_template_kwargs)
+    if not run.exists("manifest.json"):
+        return {}
+    from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS, load_manifest
+
+    settings = load_manifest(run).get("effective_settings") or {}
+    value = settings.get(SERVER_TEMPLATE_KWARGS)
+    return dict(value) if isinstance(value, dict) else {}
+
+
 def history_policy(config: TokenizeConfig, run: Store) -> bool:
     """Whether to keep reasoning history: the config's choice, else the run manifest's."""
     if config.keep_reasoning_history is not None:
@@ -225,6 +239,7 @@ def tokenize(config: TokenizeConfig) -> TokenizeSummary:
     job = plan(config)
     if job.previous is not None:
         job.previous.wall_s = time.perf_counter() - started
+        check_verified(job.previous, config)
         return job.previous
 
     config = job.config
@@ -237,7 +252,26 @@ def tokenize(config: TokenizeConfig) -> TokenizeSummary:
         results = _parallel(config, job.keys)
     summary = finish(job, results)
     summary.wall_s = time.perf_counter() - started
+    check_verified(summary, config)
     return summary
+
+
+def check_verified(summary: TokenizeSummary, config: TokenizeConfig) -> None:
+    """InputError (one line) when most served-id samples of the run failed verification.
+
+    Such samples were dropped (``dropped.unverified_ids``), never written; when they are the
+    majority the cause is the run, not the samples: the servers tokenized with another
+    tokenizer (or template) than ``--tokenizer``. ``summary.json`` is written first.
+    """
+    bad = summary.count("mismatched")
+    checked = summary.count("verified") + bad
+    if checked and 2 * bad > checked:
+        raise InputError(
+            f"tokenize: {bad} of {checked} samples' server token ids do not match --tokenizer "
+            f"{config.tokenizer} and were dropped ({summary.out}/{SUMMARY_KEY}): the servers "
+            "most likely ran another tokenizer than this one; tokenize with the served "
+            "model's tokenizer into a new --out, or generate with --token-ids off"
+        )
 
 
 class TokenizeJob(msgspec.Struct, kw_only=True):
@@ -255,14 +289,21 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     """The checks every tokenize driver makes first (config, --out, inputs, previous summary)."""
     config.validate()
     check_out(config)
+    if "://" not in config.run and not os.path.exists(config.run):
+        raise InputError(f"tokenize: {config.run} does not exist; give a run (generate's --out)")
     run = open_store(config.run)
     keys = shard_keys(run, COMPLETIONS_PREFIX)
     if not keys:
         raise InputError(f"{run.key_url(COMPLETIONS_PREFIX)}: no completion shards to tokenize")
     keep = history_policy(config, run)
-    config = msgspec.structs.replace(config, keep_reasoning_history=keep)
+    kwargs = server_template_kwargs(config, run)
+    config = msgspec.structs.replace(
+        config, keep_reasoning_history=keep, server_template_kwargs=kwargs
+    )
     out = open_store(config.out_url)
     settings = settings_of(config, keep) | {"inputs": keys}
+    if kwargs:  # recorded only when there are some, so older summaries still compare equal
+        settings["server_template_kwargs"] = kwargs
     return TokenizeJob(
         config=config,
         run=run,

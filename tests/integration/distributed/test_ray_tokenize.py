@@ -59,25 +59,32 @@ def _samples(url: str) -> dict[str, tuple[list[int], list[int], int, bool]]:
 
 
 def test_ray_data_tokenize_equals_single_process(
-    ray_local: Any, fleet: SimFleet, demo_tokenizer: Path, tmp_path: Path
+    ray_local: Any, demo_tokenizer: Path, tmp_path: Path
 ) -> None:
+    from draftdata.fleet.sim_config import SimConfig
     from draftdata.generate.stage import generate
 
     run_url = str(tmp_path / "run")
     prompts = _write_prompts(tmp_path / "prompts.jsonl", 40)
-    for part, ids in (("0/2", "on"), ("1/2", "off")):  # half the completions carry token ids
-        generate(
-            GenerateConfig(
-                prompts=str(prompts),
-                out=run_url,
-                endpoints=fleet.urls,
-                max_tokens=48,
-                partition=part,
-                token_ids=ids,  # type: ignore[arg-type]
-                flush_records=8,
-                progress="off",
+    # The simulator with the tokenizer tokenize uses: made-up ids would be dropped unverified.
+    config = SimConfig(
+        mean_output_tokens=24, min_output_tokens=8, time_scale=0.1, seed=3,
+        tokenizer=str(demo_tokenizer),
+    )  # fmt: skip
+    with SimFleet(2, config) as fleet:
+        for part, ids in (("0/2", "on"), ("1/2", "off")):  # half the completions carry ids
+            generate(
+                GenerateConfig(
+                    prompts=str(prompts),
+                    out=run_url,
+                    endpoints=fleet.urls,
+                    max_tokens=48,
+                    partition=part,
+                    token_ids=ids,  # type: ignore[arg-type]
+                    flush_records=8,
+                    progress="off",
+                )
             )
-        )
     base = TokenizeConfig(run=run_url, tokenizer=str(demo_tokenizer), batch_rows=5)
     single = tokenize(msgspec_replace(base, out=f"{run_url}-single"))
     result = run(msgspec_replace(base, out=f"{run_url}-ray"), RayTokenizeOptions(concurrency=2))

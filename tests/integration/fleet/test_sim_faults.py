@@ -229,3 +229,26 @@ async def test_cancelled_streams_print_no_traceback(capfd: pytest.CaptureFixture
         await wait_for(drained)
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Error handling request" not in err
+
+
+@pytest.mark.parametrize("status", [401, 404, 501])
+async def test_refuse_answers_every_chat_request_after_n_while_probes_pass(status: int) -> None:
+    with SimFleet(2, config(refuse={1: status}, refuse_after=2)) as fleet:
+        url = fleet.urls[1]
+        got = [(await post(url))[0] for _ in range(5)]
+        assert got == [200, 200, status, status, status]
+        assert await health(url) == 200
+        async with aiohttp.ClientSession() as s, s.get(url + "/v1/models") as r:
+            assert r.status == 200
+        assert [(await post(fleet.urls[0]))[0] for _ in range(3)] == [200] * 3  # only server 1
+        assert fleet.stats(1).faults["refuse"] == 3
+
+
+def test_sim_without_token_ids_ignores_the_request_for_them() -> None:
+    body = {"messages": USER, "return_token_ids": True, "return_prompt_token_ids": True}
+    for token_ids in (True, False):
+        cfg = SimConfig(time_scale=0.0, mean_output_tokens=10, token_ids=token_ids)
+        with SimFleet(1, cfg) as fleet:
+            status, _, raw = asyncio.run(post(fleet.urls[0], body))
+        choice = json.loads(raw)["choices"][0]
+        assert status == 200 and ("token_ids" in choice) == token_ids

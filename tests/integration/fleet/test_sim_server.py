@@ -308,3 +308,27 @@ async def test_prefix_cache_reports_cached_tokens(fleet: SimFleet) -> None:
     _, out = await chat(fleet.urls[1], {"messages": second})
     cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert 0 < cached < out["usage"]["prompt_tokens"]
+
+
+async def test_output_mean_per_prompt_prefix() -> None:
+    """``mean_output_tokens_for``: a prompt starting with a prefix draws around its own mean
+    (mixed-domain benchmarks); other prompts keep the default mean."""
+    config = SimConfig(
+        time_scale=0,
+        mean_output_tokens=100,
+        output_sigma=0.3,
+        mean_output_tokens_for={"math": 1200, "tool": 20},
+        context_length=65536,
+    )
+    with SimFleet(n=1, config=config) as f:
+        means = {}
+        for word in ("math", "tool", "other"):
+            got = []
+            for i in range(12):
+                msgs = [{"role": "user", "content": f"{word} question {i}"}]
+                _, out = await chat(f.urls[0], {"messages": msgs})
+                got.append(out["usage"]["completion_tokens"])
+            means[word] = sum(got) / len(got)
+    assert 700 < means["math"] < 2000
+    assert means["tool"] < 40
+    assert 50 < means["other"] < 200

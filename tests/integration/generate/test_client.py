@@ -202,13 +202,14 @@ async def test_real_context_overflow_is_fatal(flavor: str) -> None:
     assert info.value.error_class is ErrorClass.context_length and info.value.fatal
 
 
-async def test_invalid_request_is_fatal() -> None:
+async def test_unknown_model_is_a_refusal_not_the_prompts_fault() -> None:
     with sim("vllm") as f:
         async with EndpointClient(f.urls[0]) as client:
             body = {**chat_body(), "model": "no-such-model"}
             with pytest.raises(RequestError) as info:
                 await client.chat(body)
-    assert info.value.error_class is ErrorClass.invalid_request and info.value.status == 404
+    assert info.value.error_class is ErrorClass.refused and info.value.status == 404
+    assert not info.value.fatal
 
 
 async def test_crashed_and_restarted_server(flavor: str) -> None:

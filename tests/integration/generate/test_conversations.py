@@ -168,17 +168,8 @@ def test_a_server_that_ignores_n_gets_one_seed_per_sample(tmp_path: Path) -> Non
     rest go one request per sample, each with its own seed."""
     prompts = tmp_path / "p.jsonl"
     write_prompts(prompts, 4, kind="plain")
-    with SimFleet(1, sim()) as fleet:
-        generate(
-            fast_config(
-                prompts,
-                tmp_path / "run",
-                fleet.urls,
-                n=3,
-                sampling=Sampling(seed=5),
-                extra_body={"n": 1},  # what a server that ignores n answers: one choice
-            )
-        )
+    with SimFleet(1, sim(max_choices=1)) as fleet:  # a server that ignores n: one choice
+        generate(fast_config(prompts, tmp_path / "run", fleet.urls, n=3, sampling=Sampling(seed=5)))
     got = completions(tmp_path / "run")
     assert len(got) == 12
     for c in got:

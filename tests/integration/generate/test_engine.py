@@ -103,11 +103,13 @@ def test_retryable_faults_are_retried_and_committed(
 def test_context_length_is_a_failure_without_retry(tmp_path: Path, flavor: str) -> None:
     prompts = tmp_path / "p.jsonl"
     ids = write_prompts(prompts, 60)
+    # an explicit limit: a context-length answer to a computed (default) limit is first retried
+    # with a smaller one (test_output_limit.py)
     with SimFleet(1, sim(flavor, faults=FaultConfig(context_400=0.2))) as fleet:
-        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
+        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls, max_tokens=256))
         injected = fleet.stats(0).faults["context_400"]
         # resume: fatal failures are settled, nothing is sent again
-        again = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
+        again = generate(fast_config(prompts, tmp_path / "run", fleet.urls, max_tokens=256))
     assert again.requests == 0 and again.already_done == 60
     comp, fail = check_exactly_once(str(tmp_path / "run"), set(ids))
     assert fail == injected > 0 and comp == 60 - injected
@@ -173,9 +175,10 @@ def test_shapes_tools_multi_turn_and_samples(tmp_path: Path, flavor: str, reason
 
 
 def test_hedged_tail_commits_once(tmp_path: Path) -> None:
-    """A 10x slow endpoint holds the tail; idle ones copy its requests; one answer wins."""
+    """A 10x slow endpoint holds the tail (its first requests, sent before speeds were known,
+    are far from done when the rest is); idle ones copy them; one answer wins."""
     prompts = tmp_path / "p.jsonl"
-    ids = write_prompts(prompts, 80)
+    ids = write_prompts(prompts, 30)
     cfg = sim(
         time_scale=0.05,
         mean_output_tokens=30,
@@ -187,8 +190,9 @@ def test_hedged_tail_commits_once(tmp_path: Path) -> None:
         summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls, hedge_min_age=0.2))
         time.sleep(0.2)  # let the server see the losers' disconnects
         cancelled = fleet.stats(0).cancelled
-    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (80, 0)
+    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (30, 0)
     assert summary.hedges >= 1 and summary.hedges_won >= 1
+    assert summary.hedges == summary.hedges_won + summary.hedges_wasted
     assert cancelled >= 1  # the slow server's copy was cancelled, not left running
 
 
@@ -303,3 +307,88 @@ def test_bad_prompt_lines_are_skipped_counted_and_written_to_rejects(tmp_path: P
     assert [r["location"] for r in rows] == [f"{prompts}:5", f"{prompts}:6"]
     assert rows[1]["line"] == "{not json"
     assert all(r["reason"] for r in rows)
+
+
+def test_recovered_server_gets_its_full_share_at_once(tmp_path: Path) -> None:
+    """A server down for an outage is re-admitted within a fraction of a second of answering
+    again (even with a long probe_interval), and at once runs its full probed capacity."""
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 500)
+    samples: list[tuple[float, str, int, int]] = []  # (time, state, inflight, limit) of server 1
+    back: list[float] = []
+    with SimFleet(2, sim(time_scale=0.05, max_running=16)) as fleet:
+
+        def watch(engine: Any) -> None:
+            ep = engine.endpoints[1]
+
+            async def sample() -> None:
+                while True:
+                    samples.append((time.monotonic(), ep.state, ep.inflight, ep.limit))
+                    await asyncio.sleep(0.01)
+
+            task = asyncio.get_running_loop().create_task(sample())
+            engine.dispatcher.spawn(task)
+
+        def outage() -> None:
+            fleet.crash(1)
+            time.sleep(0.5)
+            fleet.restart(1)
+            back.append(time.monotonic())
+
+        timer = threading.Timer(0.4, outage)
+        timer.start()
+        try:
+            cfg = fast_config(prompts, tmp_path / "run", fleet.urls, probe_interval=5.0)
+            summary = generate(cfg, on_engine=watch)
+        finally:
+            timer.cancel()
+    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (500, 0)
+    assert summary.endpoints[1].downs == 1
+    down = next(i for i, s in enumerate(samples) if s[1] == "down")
+    up = next((i for i in range(down, len(samples)) if samples[i][1] == "up"), None)
+    assert up is not None, "never re-admitted before the run ended"
+    t_up, limit = samples[up][0], samples[up][3]
+    assert back and t_up - back[0] < 1.0  # not the 5 s probe interval
+    assert limit >= 16  # its probed capacity, not a ramp
+    full = next(s[0] for s in samples[up:] if s[2] >= limit - 1)
+    assert full - t_up < 0.2  # the full share within one dispatch round
+
+
+def _mixed_prompts(path: Path, n: int) -> None:
+    import json
+
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(n):
+            d = ("math", "tool")[(i * 7 // 3) % 2]
+            row = {
+                "id": f"m{i}",
+                "domain": d,
+                "messages": [{"role": "user", "content": f"{d} q{i}"}],
+            }
+            f.write(json.dumps(row) + "\n")
+
+
+@pytest.mark.parametrize("order", ["length", "file"])
+def test_long_domain_goes_first_and_resume_seeds_the_estimate(tmp_path: Path, order: str) -> None:
+    """Against the simulator with per-domain lengths: once learnt, the long domain is sent
+    first (file order with the off switch); a resumed run starts from its own history."""
+    prompts = tmp_path / "p.jsonl"
+    _mixed_prompts(prompts, 160)
+    cfg = sim(time_scale=0.0005, max_running=4, mean_output_tokens_for={"math": 400, "tool": 10})
+    lines: list[str] = []
+    with SimFleet(1, cfg) as fleet:
+        first = fast_config(prompts, tmp_path / "run", fleet.urls, order=order, limit=40)
+        generate(first, log=lines.append)
+        summary = generate(
+            fast_config(prompts, tmp_path / "run", fleet.urls, order=order, concurrency=2),
+            log=lines.append,
+        )
+    assert summary.completed == 120
+    assert any("seeded from 40 earlier completions" in line for line in lines)
+    got = sorted(completions(tmp_path / "run"), key=lambda c: c.created - c.latency_s)
+    resumed = [c.domain for c in got if int(c.id[1:]) >= 40]
+    k = resumed.count("math")
+    if order == "length":
+        assert resumed[:k].count("math") >= 0.9 * k  # math first, from the start (seeded)
+    else:
+        assert resumed[:k].count("math") < 0.7 * k

@@ -40,7 +40,14 @@ def test_export_to_s3_matches_local_and_is_create_only(
     moto_s3: MotoS3, run_url: str, tmp_path: Path
 ) -> None:
     client: Any = moto_s3.client()
-    for fmt, name in (("sharegpt", "sg.jsonl"), ("openai", "oa.jsonl"), ("parquet", "x.parquet")):
+    formats = (
+        ("sharegpt", "sg.jsonl"),
+        ("openai", "oa.jsonl"),
+        ("parquet", "x.parquet"),
+        ("specforge", "sf.jsonl"),
+        ("eagle", "eagle.jsonl"),
+    )
+    for fmt, name in formats:
         dest = moto_s3.url("exports") + f"/{name}"
         stats = export_run(run_url, fmt, dest)
         assert stats.get("export.records") == 8

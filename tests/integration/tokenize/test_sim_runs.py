@@ -219,3 +219,106 @@ def test_real_qwen3_served_ids_verify(tmp_path: Path) -> None:
     s = tokenize(TokenizeConfig(run=served, tokenizer=qwen3, out=str(tmp_path / "t")))
     assert s.count("path.token_ids") == completed and s.count("mismatched") == 0, s.mismatches
     assert s.count("verified") == s.count("samples") > completed  # per-turn splits
+
+
+def test_made_up_ids_are_dropped_and_the_run_fails_in_one_line(
+    demo_tokenizer: Path, tmp_path: Path
+) -> None:
+    """The simulator without --tokenizer makes ids up: none is written, exit 1, one line."""
+    import subprocess
+    import sys
+
+    from draftdata.errors import InputError
+
+    sim = SimConfig(time_scale=0, mean_output_tokens=40, tool_call_rate=0.0)  # no tokenizer
+    run = str(tmp_path / "run")
+    with SimFleet(1, sim) as fleet:
+        summary = generate(
+            GenerateConfig(
+                prompts=str(_prompts(tmp_path / "prompts.jsonl", 9)),
+                endpoints=fleet.urls,
+                out=run,
+                progress="plain",
+                max_tokens=200,
+            ),
+            handle_signals=False,
+            log=lambda _line: None,
+        )
+    assert summary.completed == 9
+    out = tmp_path / "tok"
+    with pytest.raises(InputError, match="another tokenizer") as err:
+        tokenize(TokenizeConfig(run=run, tokenizer=str(demo_tokenizer), out=str(out)))
+    assert "\n" not in str(err.value)
+    doc = read_summary(str(out))  # written before the refusal, for a look at the mismatches
+    counts = doc["counts"]
+    assert counts["mismatched"] == counts["dropped.unverified_ids"] > 0
+    assert counts.get("verified", 0) == 0 and counts.get("samples", 0) == 0
+    assert not list(out.glob("*.parquet"))  # no made-up id was written
+    # The CLI: exit 1 and one line, also when rerun into the finished output.
+    cli = [sys.executable, "-c", "from draftdata.cli import main; main()"]
+    res = subprocess.run(
+        [*cli, "tokenize", run, "--tokenizer", str(demo_tokenizer), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 1
+    (line,) = res.stderr.strip().splitlines()
+    assert "do not match --tokenizer" in line and "another tokenizer" in line
+
+
+def test_stop_strings_on_the_simulator_put_loss_on_served_tokens_only(
+    demo_tokenizer: Path, tmp_path: Path
+) -> None:
+    """A user stop string: the ids end with its tokens and no end-of-turn; tokenize appends
+    nothing after them and puts loss on the served output only, and the sample verifies."""
+    from draftdata.generate.config import Sampling
+
+    sim = SimConfig(
+        tokenizer=str(demo_tokenizer),
+        time_scale=0,
+        mean_output_tokens=60,
+        tool_call_rate=0.0,
+        reasoning="off",  # the stop string falls in the answer (a cut reasoning never verifies)
+    )
+    run = str(tmp_path / "run")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"s{i}", "messages": [{"role": "user", "content": f"Q {i}?"}]}) + "\n"
+            for i in range(12)
+        )
+    )
+    with SimFleet(1, sim) as fleet:
+        generate(
+            GenerateConfig(
+                prompts=str(prompts),
+                endpoints=fleet.urls,
+                out=run,
+                progress="plain",
+                max_tokens=300,
+                sampling=Sampling(stop=["e"]),  # a letter every answer holds
+            ),
+            handle_signals=False,
+            log=lambda _line: None,
+        )
+    turns = {c.id: c.turns[0] for c in iter_completions(run)}
+    assert len(turns) == 12
+    tok = TokenizeConfig(run=run, tokenizer=str(demo_tokenizer), out=str(tmp_path / "o"))
+    s = tokenize(tok)
+    assert s.count("mismatched") == 0 and s.count("end.no_token") >= 1
+    from draftdata.tokenize.batch import TokenizeContext
+
+    ctx = TokenizeContext(str(demo_tokenizer))
+    stopped = 0
+    for row in _samples(str(tmp_path / "o")):
+        t = turns[str(row["id"])]
+        p, o = list(t.prompt_token_ids or []), list(t.output_token_ids or [])
+        ids, mask = list(row["input_ids"]), list(row["loss_mask"])  # type: ignore[call-overload]
+        assert ids[: len(p) + len(o)] == p + o
+        assert mask == [0] * len(p) + [1] * len(o) + [0] * (len(ids) - len(p) - len(o))
+        if o[-1] != ctx.eot_id:
+            stopped += 1
+            assert ids == p + o  # nothing appended after a stop string
+            assert "e" in ctx.decode(o[-1:])  # the token that completed the stop string
+    assert stopped >= 1

@@ -221,3 +221,94 @@ def test_generate_then_tokenize_is_token_exact(
         assert not any(mask[: len(p)]) and all(mask[len(p) : len(p) + len(o)])
         assert not any(mask[len(p) + len(o) :])
     assert "100.0% token-exact" in res.stdout, res.stdout
+
+
+# Reasoning without "y", an answer that may hold the stop string "y": turns end with
+# <|endoftext|> (both it and <|im_end|> end a turn in the model's generation config; this
+# random model picks <|endoftext|>), at the stop string (vLLM cuts the text before it and keeps
+# its token), or at the token limit.
+ODD_REGEX = "<think>\n[a-x ]{4,24}\n</think>\n\n[a-z ]{4,40}"
+
+
+@pytest.mark.timeout(900)
+def test_loss_only_on_served_output_tokens_however_turns_end(
+    vllm_fleet: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    """48 prompts on the random model: every token under loss is a served output token."""
+    fleet, model, _ = vllm_fleet
+    prompts = tmp_path / "prompts.jsonl"
+    kinds = ("stop", "eos", "eos", "cut")  # per-domain settings below
+    rows = [
+        {
+            "id": f"q{i}",
+            "domain": kinds[i % 4],
+            "messages": [{"role": "user", "content": f"Tell me about item {i}."}],
+        }
+        for i in range(48)
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    config = tmp_path / "gen.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "overrides": [
+                    {"domain": "stop", "sampling": {"stop": ["y"]}},
+                    {"domain": "cut", "max_tokens": 12},
+                ],
+                "extra_body": {"structured_outputs": {"regex": ODD_REGEX}},
+            }
+        )
+    )
+    run = tmp_path / "run"
+    gen = _run(
+        "generate", "--prompts", str(prompts), "--fleet", str(fleet), "--out", str(run),
+        "--max-tokens", "30", "--config", str(config), "--progress", "plain", "--seed", "7",
+    )  # fmt: skip
+    assert gen.returncode == 0, gen.stdout + gen.stderr
+    import pyarrow.parquet as pq
+
+    endoftext = tok.convert_tokens_to_ids("<|endoftext|>")
+    suffix = tok.encode("\n", add_special_tokens=False)
+    completions = pq.ParquetDataset(sorted((run / "completions").glob("*.parquet"))).read()
+    turns = {r["id"]: r["turns"][0] for r in completions.to_pylist()}
+    assert len(turns) == 48
+    endings: dict[str, int] = {}
+    for t in turns.values():
+        o = t["output_token_ids"]
+        kind = (
+            "length"
+            if t["finish_reason"] == "length"
+            else "im_end"
+            if o[-1] == eot
+            else "endoftext"
+            if o[-1] == endoftext
+            else "stop_string"
+        )
+        endings[kind] = endings.get(kind, 0) + 1
+    print("endings:", endings)
+    tok_out = tmp_path / "tokenized"
+    res = _run("tokenize", str(run), "--tokenizer", str(model), "--out", str(tok_out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    print(res.stdout)
+    counts = json.loads((tok_out / "summary.json").read_text())["counts"]
+    assert counts.get("mismatched", 0) == 0, counts
+    samples = pq.ParquetDataset(sorted(tok_out.glob("*.parquet"))).read().to_pylist()
+    assert samples and len(samples) + counts.get("dropped.too_few_loss_tokens", 0) == 48
+    for s in samples:
+        turn = turns[s["id"]]
+        p, o = turn["prompt_token_ids"], turn["output_token_ids"]
+        ids, mask = s["input_ids"], s["loss_mask"]
+        # Loss exactly on the served output; after it, only the template's suffix, and only
+        # after the template's own end-of-turn token, never under loss.
+        assert ids[: len(p) + len(o)] == p + o, s["id"]
+        assert not any(mask[: len(p)]) and all(mask[len(p) : len(p) + len(o)]), s["id"]
+        tail = ids[len(p) + len(o) :]
+        assert not any(mask[len(p) + len(o) :]), s["id"]
+        assert tail == (suffix if o[-1] == eot else []), (s["id"], tail)
+    # The random model did end turns in the odd ways this test is about.
+    assert endings.get("endoftext", 0) > 0 and endings.get("stop_string", 0) > 0, endings
+    assert endings.get("length", 0) > 0, endings

@@ -46,6 +46,13 @@ def main(model_dir: Path) -> None:
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(str(model_dir))
+    # As the real Qwen3's generation config: both <|im_end|> and <|endoftext|> end a turn, so
+    # the random model ends turns both ways (tokenize must not append after <|endoftext|>).
+    gen_path = model_dir / "generation_config.json"
+    gen = json.loads(gen_path.read_text("utf-8"))
+    endoftext = by_content.get("<|endoftext|>")
+    gen["eos_token_id"] = [eos] + ([endoftext] if endoftext not in (None, eos) else [])
+    gen_path.write_text(json.dumps(gen, indent=2))
     print(f"tiny qwen3 written to {model_dir} (vocab {vocab})")
 
 

@@ -288,3 +288,19 @@ def test_log_tail_starts_after_the_latest_start_header(tmp_path: Path) -> None:
     assert tail.new_lines() == ["loading"]
     log.write_text("# draftdata: serve 'CUDA out of memory'\n")
     assert LogTail(log).new_lines() == []
+
+
+def test_sim_engine_defaults_fit_the_no_gpu_tip(tmp_path: Path) -> None:
+    """`fleet up --engine sim --model DIR`: fast answers, and the folder's tokenizer when it
+    has one (real token ids); --extra-args still override."""
+    model = tmp_path / "Qwen3.6-27B"
+    model.mkdir()
+    (model / "tokenizer_config.json").write_text("{}")
+    argv = plan_fleet(LaunchConfig(engine="sim", model=str(model)), ["0"])[0].argv
+    assert argv[argv.index("--time-scale") + 1] == "0.01"
+    assert argv[argv.index("--tokenizer") + 1] == str(model)
+    plain = plan_fleet(LaunchConfig(engine="sim", model="Qwen3.6-27B"), ["0"])[0].argv
+    assert "--tokenizer" not in plain and "--time-scale" in plain
+    cfg = LaunchConfig(engine="sim", model=str(model), extra_args=("--time-scale", "0"))
+    over = plan_fleet(cfg, ["0"])[0].argv
+    assert over.count("--time-scale") == 1 and over[over.index("--time-scale") + 1] == "0"

@@ -10,7 +10,7 @@ from typing import Any
 from draftdata.generate.client import ErrorClass, RequestError
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
-from draftdata.generate.endpoint import Endpoint
+from draftdata.generate.endpoint import ChatClient, Endpoint
 from draftdata.generate.source import PromptReader
 from draftdata.records import Completion, Failure, Turn, Usage
 
@@ -90,7 +90,7 @@ def user(i: int, text: str | None = None) -> dict[str, Any]:
     return {"id": f"p{i}", "messages": [{"role": "user", "content": text or f"q{i}"}]}
 
 
-def endpoint(i: int, client: FakeClient, limit: int = 4, **kw: Any) -> Endpoint:
+def endpoint(i: int, client: ChatClient, limit: int = 4, **kw: Any) -> Endpoint:
     ep = Endpoint(
         f"http://fake-{i}:8000",
         client,

@@ -139,14 +139,19 @@ def test_other_context_texts(text: str) -> None:
         (
             404,
             '{"error": {"message": "The model `x` does not exist.", "code": 404}}',
-            "invalid_request",
+            "refused",
         ),
         (
             422,
             '{"detail": [{"loc": ["body", "messages"], "msg": "field required"}]}',
             "invalid_request",
         ),
-        (401, "Unauthorized", "invalid_request"),
+        (401, "Unauthorized", "refused"),
+        (403, "Forbidden", "refused"),
+        (405, "Method Not Allowed", "refused"),
+        (501, "Not Implemented", "refused"),
+        # a refusal's wording never makes it the prompt's fault
+        (404, "maximum context length is 8192 tokens", "refused"),
         (408, "", "timeout"),
         (429, '{"error": {"message": "Too many requests: simulated"}}', "rate_limited"),
         (500, "Internal server error: simulated failure", "server_error"),
@@ -158,6 +163,18 @@ def test_other_context_texts(text: str) -> None:
 )
 def test_classify_statuses(status: int, text: str, expected: str) -> None:
     assert classify_http_error(status, text) == ErrorClass(expected)
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 405, 407, 501])
+def test_refusals_are_endpoint_refused_errors_by_type(status: int) -> None:
+    from draftdata.errors import EndpointRefusedError, FatalRequestError
+    from draftdata.generate.client import request_error
+
+    err = request_error(classify_http_error(status, ""), "no", status=status)
+    assert isinstance(err, EndpointRefusedError) and isinstance(err, RequestError)
+    assert not isinstance(err, FatalRequestError) and not err.fatal
+    other = request_error(classify_http_error(400, ""), "bad", status=400)
+    assert not isinstance(other, EndpointRefusedError)
 
 
 def test_error_message_shapes() -> None:

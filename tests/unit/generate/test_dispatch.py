@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from tests.unit.generate.fakes import FakeClient, endpoint, run_dispatch, user, write
 
 from draftdata.conversation import TurnPlan
@@ -70,7 +71,13 @@ async def test_every_prompt_once_and_slots_never_exceeded(tmp_path: Path) -> Non
     assert all(e.inflight == 0 and e.outstanding_tokens == 0 for e in eps)
 
 
-async def test_memory_window_bounds_what_is_read(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("settings", "bound"),
+    [({"order": "file"}, 64), ({"lookahead": 100}, 64 + 100), ({"lookahead": 0}, 64)],
+)
+async def test_memory_window_bounds_what_is_read(
+    tmp_path: Path, settings: dict[str, object], bound: int
+) -> None:
     prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(600)])
     seen: list[int] = []
     client = FakeClient(0.002)
@@ -93,11 +100,12 @@ async def test_memory_window_bounds_what_is_read(tmp_path: Path) -> None:
 
     dispatch_mod.Dispatcher.__init__ = capture  # type: ignore[method-assign]
     try:
-        _, sink = await run_dispatch(cfg(), [ep], prompts)
+        _, sink = await run_dispatch(cfg(**settings), [ep], prompts)
     finally:
         dispatch_mod.Dispatcher.__init__ = init  # type: ignore[method-assign]
     assert len(sink.completions) == 600
-    assert max(seen) <= 64 + 128  # window (64) plus at most one read batch
+    # the window (64, plus the look-ahead when ordering) plus at most one read batch
+    assert bound <= max(seen) <= bound + 128
 
 
 async def test_retry_moves_to_another_endpoint_then_exhausts(tmp_path: Path) -> None:
@@ -210,11 +218,19 @@ async def test_hedging_commits_one_answer(tmp_path: Path) -> None:
     slow = FakeClient(2.0)
     fast = FakeClient(0.01)
     eps = [endpoint(0, slow, limit=6), endpoint(1, fast, limit=1)]
-    # the fast one has learned it is much faster per sequence
-    eps[0].seq_rate, eps[1].seq_rate = 1.0, 100.0
+    # speeds unknown at first (greedy placement sends most to the slow one); once the fast
+    # one answers, the slow one is known to decode 1 token/s: copies there pay
+    original = fast.chat
+
+    async def chat(body: dict[str, object]) -> list[object]:
+        eps[0].seq_rate = 1.0
+        return await original(body)  # type: ignore[arg-type]
+
+    fast.chat = chat  # type: ignore[method-assign,assignment]
     d, sink = await run_dispatch(cfg(hedge=True, hedge_min_age=0.05), eps, prompts)
     assert Counter(c.id for c in sink.completions) == Counter(f"p{i}" for i in range(6))
     assert d.hedges >= 1 and d.hedges_won >= 1
+    assert d.hedges == d.hedges_won + d.hedges_wasted
     assert all(e.inflight == 0 for e in eps)
 
 

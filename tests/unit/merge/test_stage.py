@@ -364,3 +364,92 @@ def test_nothing_to_keep_still_writes_a_loadable_empty_train_split(tmp_path: Pat
     s = merge(MergeConfig(existing=[str(src)], mix={"math": 1}, out=str(tmp_path / "o")))
     assert s.train_rows == 0 and s.report["message"].startswith("cannot reach the mix")
     assert pq.read_table(tmp_path / "o" / "train" / "part-00000.parquet").num_rows == 0
+
+
+def _jsonl(folder: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads(line)
+        for p in sorted(folder.glob("*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "openai", "modelopt", "eagle"])
+def test_trainer_formats_of_chat_inputs(fmt: str, tmp_path: Path) -> None:
+    """Every trainer format keeps id, source and domain; specforge writes one row per assistant
+    turn, the history before it without earlier turns' reasoning."""
+    multi = {
+        "id": "mt",
+        "source": "chat",
+        "domain": "math",
+        "conversations": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4", "reasoning_content": "Add."},
+            {"role": "user", "content": "3+3?"},
+            {"role": "assistant", "content": "6", "reasoning_content": "Add again."},
+        ],
+    }
+    lead = {
+        "id": "lead",
+        "domain": "general",
+        "conversations": [
+            {"role": "assistant", "content": "Welcome."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+        ],
+    }
+    src = write_jsonl(tmp_path / "in.jsonl", [multi, lead, *chat_rows({"code": 5}, prefix="c")])
+    merge(MergeConfig(existing=[str(src)], out=str(tmp_path / "o"), format=fmt, eval_fraction=0))
+    lines = _jsonl(tmp_path / "o" / fmt)
+    by_id = {ln["id"]: ln for ln in lines}
+    assert all(ln["domain"] for ln in lines)
+    if fmt != "specforge":
+        assert len(lines) == 7 and by_id["mt"]["domain"] == "math"
+        assert by_id["mt"]["source"] == "chat"
+        return
+    assert len(lines) == 8  # mt: 2 turns; lead: its leading assistant answers nothing
+    assert by_id["mt#0"]["conversations"] == multi["conversations"][:2]
+    assert by_id["mt#1"]["conversations"] == [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        *multi["conversations"][2:],
+    ]
+    # a leading assistant message answers nothing: not a turn, not context (SpecForge's
+    # parser drops it as well)
+    assert [m["content"] for m in by_id["lead"]["conversations"]] == ["Hi", "Hello!"]
+    assert by_id["mt#1"]["domain"] == "math"
+
+
+def test_speculators_format_of_tokenized_inputs(skewed: tuple[Path, Path], tmp_path: Path) -> None:
+    s = merge(_config(*skewed, tmp_path / "o", format="speculators"))
+    rows = _rows(tmp_path / "o" / "train")
+    lines = _jsonl(tmp_path / "o" / "speculators")
+    assert len(lines) == s.train_rows + s.eval_rows
+    first = {ln["id"]: ln for ln in lines}[rows[0]["id"]]
+    assert first["input_ids"] == rows[0]["input_ids"]
+    assert first["loss_mask"] == rows[0]["loss_mask"]
+    assert (first["primary_id"], first["domain"]) == (rows[0]["id"], rows[0]["domain"])
+
+
+def test_formats_refuse_the_other_kind_of_input(skewed: tuple[Path, Path], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--format specforge"):
+        merge(_config(*skewed, tmp_path / "a", format="specforge"))
+    src = write_jsonl(tmp_path / "in.jsonl", chat_rows({"code": 5}, prefix="c"))
+    with pytest.raises(ConfigError, match="--format speculators"):
+        merge(MergeConfig(existing=[str(src)], out=str(tmp_path / "b"), format="speculators"))
+
+
+def test_merge_specforge_rows_of_a_run_equal_exports(tmp_path: Path) -> None:
+    """Merging a run with --format specforge writes the rows export writes (one per turn, the
+    same history), whatever order the shuffle puts them in."""
+    from tests.unit.store.test_export_trainers import _records, _run
+
+    from draftdata.store.export import export_run
+
+    run = _run(tmp_path, _records())
+    export_run(run, "specforge", tmp_path / "sf.jsonl")
+    exported = [json.loads(x) for x in (tmp_path / "sf.jsonl").read_text().splitlines()]
+    merge(MergeConfig(existing=[run], out=str(tmp_path / "o"), format="specforge", eval_fraction=0))
+    merged = _jsonl(tmp_path / "o" / "specforge")
+    key = lambda r: r["id"]  # noqa: E731
+    assert sorted(merged, key=key) == sorted(exported, key=key)

@@ -92,9 +92,8 @@ def test_mismatch_is_reported_with_decoded_context(ctx: TokenizeContext) -> None
     assert counters.counts["mismatched"] == 1 and "verified" not in counters.counts
     (line,) = counters.mismatches
     assert line.startswith("a: token ") and "five" in line
-    # The served ids are still the sample: they are what the target produced.
-    row = samples.to_pylist()[0]
-    assert row["input_ids"][: len(wrong.prompt_token_ids or [])] == wrong.prompt_token_ids
+    # Ids that do not verify are never written: the sample is dropped, and counted.
+    assert samples.num_rows == 0 and counters.counts["dropped.unverified_ids"] == 1
 
 
 def test_no_verify_skips_rendering(demo_tokenizer: Path) -> None:
@@ -218,16 +217,20 @@ def test_span_mask_equals_full_offset_scan(
     assert loss_mask(enc, [(start, end)]).tolist() == expected.tolist()
 
 
-def test_missing_end_of_turn_id_is_put_back(ctx: TokenizeContext) -> None:
+def test_end_of_turn_left_out_by_the_server_gets_no_loss(ctx: TokenizeContext) -> None:
     served = _with_ids(ctx, _simple("a", "It is 4."))
     t = served.turns[0]
     assert t.output_token_ids and t.output_token_ids[-1] == ctx.eot_id
     short = msgspec.structs.replace(t, output_token_ids=t.output_token_ids[:-1])
     bad = msgspec.structs.replace(served, turns=[short])
     samples, counters = tokenize_table(completions_table([bad]), ctx)
-    assert counters.counts["eot_appended"] == 1 and counters.counts["verified"] == 1
-    full, _ = tokenize_table(completions_table([served]), ctx)
-    assert samples.equals(full)
+    assert counters.counts["end.no_token"] == 1 and counters.counts["verified.other_end"] == 1
+    row = samples.to_pylist()[0]
+    # The sample is the served ids as they are: no end-of-turn token the server did not return.
+    assert row["input_ids"] == [*(short.prompt_token_ids or []), *short.output_token_ids]
+    assert row["loss_mask"] == [0] * len(short.prompt_token_ids or []) + [1] * len(
+        short.output_token_ids
+    )
 
 
 def test_chat_template_override_from_file(demo_tokenizer: Path, tmp_path: Path) -> None:

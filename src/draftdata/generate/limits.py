@@ -1,0 +1,163 @@
+"""The output limit of one request: an explicit ``max_tokens``, or (the default) what fills the
+endpoint's context.
+
+With no ``--max-tokens`` a request may write up to ``context length - prompt tokens`` (SGLang
+refuses ``prompt + max_new >= context``, so one token less). The context length comes from the
+endpoint (SGLang ``/server_info`` ``context_length``, vLLM ``/v1/models`` ``max_model_len``) or
+the fleet file. The prompt's tokens are counted per request, since later turns of a
+multi-turn prompt carry the earlier answers:
+
+- what the server already counted is exact: after a turn, the next request's prefix holds that
+  turn's ``usage.prompt_tokens`` plus the answer as the history carries it (without its
+  reasoning unless kept: its share of ``usage.completion_tokens`` by bytes, plus 10%), so only
+  the new messages are estimated;
+- new messages are estimated from their UTF-8 bytes times the endpoint's tokens-per-byte, the
+  largest ratio its answers have shown so far (``INITIAL_TOKENS_PER_BYTE`` before any), plus a
+  few template tokens per message.
+
+An estimate can be short for an unusual prompt: a context-length answer to a request whose limit
+was computed here (decided by the error's type) is retried at once with a quarter of the limit,
+up to ``SHRINK_TRIES`` times; then it is the prompt's own failure. With an unknown context
+length the limit is ``FALLBACK_MAX_TOKENS``. This module holds no I/O but the chat call it
+wraps; ``dispatch.py`` uses it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from draftdata.generate.client import ErrorClass, RequestError
+from draftdata.records import JsonDict, Message, Turn
+
+if TYPE_CHECKING:
+    from draftdata.generate.endpoint import Endpoint
+
+INITIAL_TOKENS_PER_BYTE = 0.5  # pessimistic for English and code (~0.25-0.3), fine for CJK
+PER_MESSAGE_TOKENS = 8  # role markers and separators of a chat template
+FIXED_TOKENS = 32  # generation prompt, an empty think block, BOS
+FALLBACK_MAX_TOKENS = 4096  # the context length is unknown
+MIN_LIMIT = 16
+SHRINK_TRIES = 2
+
+
+def message_bytes(messages: list[Message], tools: list[JsonDict] | None = None) -> int:
+    """UTF-8 size of what a template renders from ``messages`` and ``tools`` (content, reasoning,
+    tool calls and specs)."""
+    n = 0
+    for m in messages:
+        n += len((m.content or "").encode("utf-8"))
+        if m.reasoning_content:
+            n += len(m.reasoning_content.encode("utf-8"))
+        if m.tool_calls:
+            n += len(msgspec.json.encode(m.tool_calls))
+    if tools:
+        n += len(msgspec.json.encode(tools))
+    return n
+
+
+def estimate_tokens(
+    messages: list[Message], tools: list[JsonDict] | None, tokens_per_byte: float
+) -> int:
+    """An upper-leaning estimate of the prompt tokens of ``messages`` (and ``tools``)."""
+    size = message_bytes(messages, tools)
+    return math.ceil(size * tokens_per_byte) + PER_MESSAGE_TOKENS * len(messages) + FIXED_TOKENS
+
+
+class OutputLimit:
+    """The limit for the requests of one conversation on one endpoint (see the module doc).
+
+    ``explicit``: the configured ``max_tokens`` (None: fill the context). ``limit(messages)``
+    gives the next request's limit; ``answered(messages, turn)`` records what the server
+    counted, so the next turn's estimate starts from it; ``send`` runs one request with the
+    shrink-on-context-length retry.
+    """
+
+    def __init__(self, explicit: int | None, ep: Endpoint, tools: list[JsonDict] | None) -> None:
+        self.explicit = explicit
+        self.ep = ep
+        self.tools = tools
+        self._known_messages = 0  # leading messages whose tokens the server counted
+        self._known_tokens = 0
+        self._prompt_tokens = 0  # of the last answered request
+        self._answer_tokens = 0  # its output tokens (reasoning included)
+        self._answer_bytes = 0  # and their UTF-8 size
+
+    @property
+    def auto(self) -> bool:
+        """Whether the limit is computed here (no explicit max_tokens, known context)."""
+        return self.explicit is None and self.ep.context_length is not None
+
+    def limit(self, messages: list[Message]) -> int:
+        """``max_tokens`` for a request of ``messages``."""
+        if self.explicit is not None:
+            return self.explicit
+        context = self.ep.context_length
+        if context is None:
+            return FALLBACK_MAX_TOKENS
+        rate = self.ep.tokens_per_byte or INITIAL_TOKENS_PER_BYTE
+        if self._known_messages and self._known_messages <= len(messages):
+            new = messages[self._known_messages :]
+            prompt = self._known_tokens + estimate_tokens(new, None, rate)
+        else:
+            prompt = estimate_tokens(messages, self.tools, rate)
+        return max(MIN_LIMIT, context - prompt - 1)
+
+    def answered(self, messages: list[Message], turn: Turn) -> None:
+        """The server answered ``messages`` with ``turn``: learn the endpoint's tokens per byte
+        (from a first request) and keep what it counted for the next turn."""
+        usage = turn.usage
+        if usage.prompt_tokens <= 0:
+            return
+        if not self._known_messages:
+            size = message_bytes(messages, self.tools)
+            overhead = PER_MESSAGE_TOKENS * len(messages) + FIXED_TOKENS
+            if size > 0:
+                seen = max(0.05, (usage.prompt_tokens - overhead) / size)
+                self.ep.tokens_per_byte = max(self.ep.tokens_per_byte or 0.0, min(1.0, seen))
+        self._prompt_tokens = usage.prompt_tokens
+        self._answer_tokens = usage.completion_tokens
+        self._answer_bytes = message_bytes(
+            [
+                Message(
+                    role="assistant",
+                    content=turn.content,
+                    reasoning_content=turn.reasoning,
+                    tool_calls=turn.tool_calls,
+                )
+            ]
+        )
+
+    def carried(self, history: list[Message]) -> None:
+        """The next request starts with ``history``: the last request's messages (counted by
+        the server) plus the answer as the history carries it (without its reasoning unless
+        kept), estimated from the answer's own tokens per byte with a 10% margin."""
+        self._known_messages = len(history)
+        answer = self._answer_tokens
+        if self._answer_bytes > 0 and history:
+            kept = message_bytes(history[-1:])
+            answer = min(answer, math.ceil(answer * kept / self._answer_bytes * 1.1))
+        self._known_tokens = self._prompt_tokens + answer + PER_MESSAGE_TOKENS
+
+    async def send(self, body: dict[str, Any]) -> tuple[list[Turn], dict[str, Any]]:
+        """Send ``body``; a context-length answer to a computed limit is retried with a smaller
+        one (the returned body is the one that was answered)."""
+        tries = 0
+        while True:
+            try:
+                return await self.ep.client.chat(body), body
+            except RequestError as exc:
+                limit = int(body.get("max_tokens") or 0)
+                retry = (
+                    self.auto
+                    and exc.error_class is ErrorClass.context_length
+                    and tries < SHRINK_TRIES
+                    and limit > MIN_LIMIT
+                )
+                if not retry:
+                    raise
+            tries += 1
+            smaller = max(MIN_LIMIT, limit // 4)
+            body = {**body, "max_tokens": smaller, "max_completion_tokens": smaller}

@@ -1,0 +1,364 @@
+"""The figures of a whole generate run, however many commands (segments) it took.
+
+A run is usually written by several commands: one is interrupted, the next resumes it. Each
+command's own counters (its metrics snapshots, its end summary) cover only its segment, and they
+count work that was never committed (the losing copy of a hedged request, requests cancelled at
+an interrupt, retried attempts). ``run_figures(store)`` counts instead from what the run holds:
+
+- the committed completions shards (one row per committed (id, sample)): completions, distinct
+  prompts, tokens, finish reasons *per completion* (the reason its conversation ended: ``length``
+  when any turn was cut by max tokens, else its last turn's reason), and each endpoint's committed
+  completions and output tokens, so the endpoint shares sum to 100%;
+- the standing failures (one per (id, sample) not later completed), by class;
+- the metrics snapshots for time only: each segment is one writer process (a writer id plus its
+  start time), spanning from its start to its last snapshot; the run's active time is the union
+  of the segments (parallel writers overlap, sequential commands add up) and the gaps between
+  them are listed; tokens/s is committed output tokens over active time;
+- wasted work, as its own figure: output tokens the endpoints returned beyond those committed
+  (from each segment's newest snapshot), hedged copies (and how many won), retried attempts and
+  failed requests by class.
+
+It reads only small columns (on S3 only those column chunks): 1.1 s for 193,000 completions in
+97 local shards on the 2-core box. It never writes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import msgspec
+import pyarrow.compute as pc
+
+from draftdata.formats import COMPLETION_FORMAT
+from draftdata.stats.runmetrics import (
+    snapshot_elapsed,
+    snapshot_endpoints,
+    snapshot_time,
+    summary_of,
+    writer_of,
+)
+from draftdata.store.store import Store
+
+_COLUMNS = ["id", "sample", "domain", "endpoint", "usage", "turns.list.element.finish_reason"]
+_SAME_START_S = 2.0  # two snapshots of one writer whose start times differ less are one process
+
+
+class Segment(msgspec.Struct, kw_only=True):
+    """One command's stretch of the run (epoch seconds)."""
+
+    writer: str
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        """The segment's length."""
+        return max(0.0, self.end - self.start)
+
+
+class EndpointFigures(msgspec.Struct, kw_only=True):
+    """One endpoint's committed part of the run."""
+
+    url: str
+    completions: int = 0
+    output_tokens: int = 0
+    share: float = 0.0  # of the run's committed output tokens; the shares sum to 1
+
+
+class DomainFigures(msgspec.Struct, kw_only=True):
+    """One domain's committed part of the run."""
+
+    completions: int = 0
+    failures: int = 0
+    output_tokens: int = 0
+    cut: int = 0
+
+
+class Wasted(msgspec.Struct, kw_only=True):
+    """Work the endpoints did that is not in the run (summed over segments)."""
+
+    output_tokens: int = 0  # returned by the endpoints beyond the committed ones
+    hedges: int = 0  # duplicate copies sent at the tail (each hedged prompt wastes one copy)
+    hedges_won: int = 0
+    retries: int = 0  # attempts after the first
+    errors: dict[str, int] = msgspec.field(default_factory=dict)  # failed requests by class
+
+    @property
+    def failed_requests(self) -> int:
+        """Requests that ended in an error (retried or not)."""
+        return sum(self.errors.values())
+
+
+class RunFigures(msgspec.Struct, kw_only=True):
+    """Committed figures of the whole run (module docstring)."""
+
+    completions: int = 0  # committed (id, sample) pairs
+    prompts: int = 0  # distinct prompt ids completed or standing failed
+    failed: dict[str, int] = msgspec.field(default_factory=dict)  # standing failures by class
+    finish_reasons: dict[str, int] = msgspec.field(default_factory=dict)  # per completion
+    turns: int = 0
+    cut: int = 0  # completions with a turn cut by max tokens
+    # conversations that stopped before their last request, by reason (conversation.STOP_*)
+    stopped: dict[str, int] = msgspec.field(default_factory=dict)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    endpoints: list[EndpointFigures] = msgspec.field(default_factory=list)
+    domains: dict[str, DomainFigures] = msgspec.field(default_factory=dict)
+    segments: list[Segment] = msgspec.field(default_factory=list)
+    gaps: list[tuple[float, float]] = msgspec.field(default_factory=list)  # (start, end), epoch
+    active_s: float = 0.0  # union of the segments
+    span_s: float = 0.0  # first start to last end, gaps included
+    wasted: Wasted = msgspec.field(default_factory=Wasted)
+
+    @property
+    def failures(self) -> int:
+        """Standing failures."""
+        return sum(self.failed.values())
+
+    @property
+    def output_tokens_per_s(self) -> float | None:
+        """Committed output tokens per second of active time (None without time)."""
+        return self.output_tokens / self.active_s if self.active_s > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data, with the derived figures."""
+        data: dict[str, Any] = msgspec.to_builtins(self)
+        data["failures"] = self.failures
+        rate = self.output_tokens_per_s
+        data["output_tokens_per_s"] = round(rate, 2) if rate is not None else None
+        data["wasted"]["failed_requests"] = self.wasted.failed_requests
+        return data
+
+    def when(self) -> str:
+        """``active S s`` plus, for several segments, how many and the span with the gaps."""
+        seg = len(self.segments)
+        return f"active {self.active_s:,.1f} s" + (
+            f" in {seg} segments ({self.span_s:,.1f} s with the gaps)" if seg > 1 else ""
+        )
+
+    def lines(self) -> list[str]:
+        """The figures as the CLI prints them (``stats`` and generate's end summary)."""
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(self.failed.items())) or "none"
+        finish = ", ".join(f"{k} {v}" for k, v in sorted(self.finish_reasons.items())) or "-"
+        rate = self.output_tokens_per_s
+        w = self.wasted
+        out = [
+            f"whole run: {self.prompts:,} prompts, {self.completions:,} completions, "
+            f"{self.failures:,} failures ({fails}); {self.when()}",
+            f"  tokens: {self.prompt_tokens:,} prompt ({self.cached_tokens:,} cached), "
+            f"{self.output_tokens:,} output"
+            + (f" ({rate:,.0f} output tok/s over the active time)" if rate is not None else ""),
+            f"  finish reasons per completion: {finish}; cut by max tokens: {self.cut:,}",
+            *(
+                [
+                    "  conversations stopped early: "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(self.stopped.items()))
+                ]
+                if self.stopped
+                else []
+            ),
+            f"  wasted (not committed): {w.output_tokens:,} output tokens, "
+            f"{w.hedges:,} hedged requests (one copy of each cancelled; the hedge won "
+            f"{w.hedges_won:,}), {w.retries:,} retried attempts, "
+            f"{w.failed_requests:,} failed requests"
+            + (
+                " (" + ", ".join(f"{k} {v}" for k, v in sorted(w.errors.items())) + ")"
+                if w.errors
+                else ""
+            ),
+        ]
+        for e in self.endpoints:
+            out.append(
+                f"  {e.url}: {e.share:.1%} of committed output tokens, "
+                f"{e.completions:,} completions"
+            )
+        if len(self.domains) > 1 or (self.domains and "" not in self.domains):
+            for name, d in self.domains.items():
+                out.append(
+                    f"  domain {name or '(none)'}: {d.completions:,} completions, "
+                    f"{d.failures:,} failures, {d.output_tokens:,} output tokens, "
+                    f"cut by max tokens {d.cut:,}"
+                )
+        return out
+
+
+def _domain(fig: RunFigures, name: str | None) -> DomainFigures:
+    key = name or ""
+    d = fig.domains.get(key)
+    if d is None:
+        d = fig.domains[key] = DomainFigures()
+    return d
+
+
+def completion_reason(reasons: list[str | None]) -> str:
+    """The finish reason of one completion: ``length`` when a turn was cut, else the last
+    turn's reason (``unknown`` when none is recorded)."""
+    if not reasons:
+        return "unknown"
+    if "length" in reasons:
+        return "length"
+    return reasons[-1] or "unknown"
+
+
+def segments_of(snapshots: list[dict[str, Any]]) -> list[Segment]:
+    """One Segment per writer process, from its snapshots' clock times and elapsed seconds;
+    snapshots without a clock time are skipped. Sorted by start."""
+    spans: dict[str, list[Segment]] = {}
+    for snap in snapshots:
+        t = snapshot_time(snap)
+        if t is None:
+            continue
+        start = t - (snapshot_elapsed(snap) or 0.0)
+        mine = spans.setdefault(writer_of(snap), [])
+        for s in mine:
+            # the same process: the same start, or one inside its stretch (clock drift over a
+            # long run); a later command with the same --writer-id starts after it ended
+            if abs(s.start - start) < _SAME_START_S or s.start <= start < s.end:
+                s.start, s.end = min(s.start, start), max(s.end, t)
+                break
+        else:
+            mine.append(Segment(writer=writer_of(snap), start=start, end=t))
+    return sorted((s for segs in spans.values() for s in segs), key=lambda s: s.start)
+
+
+def union(segments: list[Segment]) -> tuple[float, list[tuple[float, float]]]:
+    """Seconds covered by ``segments`` and the gaps between them (start, end)."""
+    covered = 0.0
+    gaps: list[tuple[float, float]] = []
+    end: float | None = None
+    for s in sorted(segments, key=lambda s: s.start):
+        if end is None or s.start > end:
+            if end is not None:
+                gaps.append((end, s.start))
+            covered += s.seconds
+            end = s.end
+        elif s.end > end:
+            covered += s.end - end
+            end = s.end
+    return covered, gaps
+
+
+def _newest_per_segment(
+    snapshots: list[dict[str, Any]], segments: list[Segment]
+) -> list[dict[str, Any]]:
+    """The last snapshot of each segment (snapshots without a time: the last of each writer)."""
+    newest: dict[tuple[str, int], dict[str, Any]] = {}
+    for snap in snapshots:
+        w = writer_of(snap)
+        t = snapshot_time(snap)
+        idx = -1
+        if t is not None:
+            start = t - (snapshot_elapsed(snap) or 0.0)
+            for i, s in enumerate(segments):
+                if s.writer == w and (
+                    abs(s.start - start) < _SAME_START_S or s.start <= start < s.end
+                ):
+                    idx = i
+                    break
+        newest[(w, idx)] = snap  # key order is each writer's sequence
+    return list(newest.values())
+
+
+def _wasted(snapshots: list[dict[str, Any]], segments: list[Segment], committed: int) -> Wasted:
+    w = Wasted()
+    generated = 0
+    errors: Counter[str] = Counter()
+    for snap in _newest_per_segment(snapshots, segments):
+        s = summary_of(snap)
+        for key in ("hedges", "hedges_won", "retries"):
+            v = s.get(key, snap.get(key))
+            if isinstance(v, int) and not isinstance(v, bool):
+                setattr(w, key, getattr(w, key) + v)
+        for row in snapshot_endpoints(snap).values():
+            # a summary row: generated_tokens (output_tokens is what it committed); a progress
+            # row: output_tokens is every answer returned
+            tokens = row.get("generated_tokens", row.get("output_tokens"))
+            if isinstance(tokens, int) and not isinstance(tokens, bool):
+                generated += tokens
+            errs = row.get("errors")
+            if isinstance(errs, dict):
+                errors.update({str(k): int(v) for k, v in errs.items() if isinstance(v, int)})
+    w.output_tokens = max(0, generated - committed)
+    w.errors = dict(sorted(errors.items()))
+    return w
+
+
+def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> RunFigures:
+    """The whole run's figures (module docstring); ``snapshots`` default to the run's
+    ``metrics/*.json``."""
+    from draftdata.store.read import (
+        COMPLETIONS_PREFIX,
+        iter_failures,
+        read_metrics,
+        read_shards_parallel,
+        shard_keys,
+    )
+
+    fig = RunFigures()
+    ids: set[str] = set()
+    finish: Counter[str] = Counter()
+    stopped: Counter[str] = Counter()
+    per_ep: dict[str, list[int]] = {}  # url -> [completions, output tokens]
+    keys = shard_keys(store, COMPLETIONS_PREFIX)
+    for table in read_shards_parallel(
+        store, keys, COMPLETION_FORMAT, _COLUMNS, optional=["stop_reason"]
+    ):
+        ids.update(table.column("id").to_pylist())
+        if "stop_reason" in table.column_names:
+            stopped.update(r for r in table.column("stop_reason").to_pylist() if r)
+        usage = table.column("usage")
+
+        def field(name: str, usage: Any = usage) -> list[int]:
+            return [int(x or 0) for x in pc.struct_field(usage, name).to_pylist()]
+
+        out_tokens = field("completion_tokens")
+        fig.completions += table.num_rows
+        domains = table.column("domain").to_pylist()
+        fig.output_tokens += sum(out_tokens)
+        fig.prompt_tokens += sum(field("prompt_tokens"))
+        fig.cached_tokens += sum(field("cached_tokens"))
+        rows = zip(table.column("turns").to_pylist(), domains, out_tokens, strict=True)
+        for turns, domain, tokens in rows:
+            reasons = [t.get("finish_reason") for t in turns or []]
+            fig.turns += len(reasons)
+            finish[completion_reason(reasons)] += 1
+            cut = "length" in reasons
+            fig.cut += cut
+            d = _domain(fig, domain)
+            d.completions += 1
+            d.output_tokens += tokens
+            d.cut += cut
+        for url, tokens in zip(table.column("endpoint").to_pylist(), out_tokens, strict=True):
+            acc = per_ep.setdefault(url or "(unknown)", [0, 0])
+            acc[0] += 1
+            acc[1] += tokens
+    failed: Counter[str] = Counter()
+    for f in iter_failures(store):
+        failed[f.reason] += 1
+        ids.add(f.id)
+        _domain(fig, f.domain).failures += 1
+    fig.prompts = len(ids)
+    fig.failed = dict(sorted(failed.items()))
+    fig.finish_reasons = dict(finish.most_common())
+    fig.stopped = dict(sorted(stopped.items()))
+    fig.domains = dict(sorted(fig.domains.items()))
+    total = fig.output_tokens
+    fig.endpoints = [
+        EndpointFigures(
+            url=url,
+            completions=n,
+            output_tokens=t,
+            share=round(t / total, 6) if total else (n / fig.completions if fig.completions else 0),
+        )
+        for url, (n, t) in sorted(per_ep.items())
+    ]
+    snaps = read_metrics(store) if snapshots is None else snapshots
+    fig.segments = segments_of(snaps)
+    fig.active_s, fig.gaps = union(fig.segments)
+    fig.active_s = round(fig.active_s, 3)
+    if fig.segments:
+        fig.span_s = round(max(s.end for s in fig.segments) - fig.segments[0].start, 3)
+    fig.wasted = _wasted(snaps, fig.segments, fig.output_tokens)
+    return fig

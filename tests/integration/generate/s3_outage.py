@@ -1,0 +1,109 @@
+"""An HTTP proxy in front of the moto S3 server that can fail every request on demand.
+
+``S3Outage(moto_endpoint)`` listens on 127.0.0.1 (ephemeral port) and forwards each request to
+moto unchanged; while ``mode`` is ``"503"`` it answers every request with 503 SlowDown (an
+overloaded or unreachable service), while ``"403"`` with 403 AccessDenied (expired credentials,
+a changed bucket policy). Point a client at ``url`` with AWS_ENDPOINT_URL. Counts of forwarded and
+failed requests are kept for the test's assertions.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Literal
+from urllib.parse import urlsplit
+
+Mode = Literal["ok", "503", "403"]
+_ERRORS = {
+    "503": (503, "SlowDown", "Please reduce your request rate (simulated outage)."),
+    "403": (403, "AccessDenied", "Access Denied (simulated expired credentials)."),
+}
+_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
+
+
+class S3Outage:
+    """A switchable proxy to ``target`` (``http://host:port``); use as a context manager."""
+
+    def __init__(self, target: str) -> None:
+        parts = urlsplit(target)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.mode: Mode = "ok"
+        self.forwarded = 0
+        self.failed = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:  # quiet
+                return
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    chunks = []
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass
+                            return b"".join(chunks)
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _handle(self) -> None:
+                body = self._body()
+                mode = outer.mode
+                if mode != "ok":
+                    outer.failed += 1
+                    status, code, message = _ERRORS[mode]
+                    data = (
+                        '<?xml version="1.0" encoding="UTF-8"?>\n'
+                        f"<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+                    ).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                    return
+                outer.forwarded += 1
+                conn = http.client.HTTPConnection(*outer.target, timeout=60)
+                try:
+                    headers = {
+                        k: v
+                        for k, v in self.headers.items()
+                        if k.lower() not in _HOP and k.lower() != "content-length"
+                    }
+                    headers["Content-Length"] = str(len(body))
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    self.send_response(resp.status)
+                    for k, v in resp.getheaders():
+                        if k.lower() not in _HOP and k.lower() != "content-length":
+                            self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                finally:
+                    conn.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> S3Outage:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,147 @@
+"""A store outage of more than a minute under a real `draftdata generate` on S3 (moto's server
+behind a switchable proxy): dispatch pauses while too many records wait, one log line per change
+of state, memory stays bounded, and every prompt is committed exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.chaos.invariants import check_exactly_once
+from tests.conftest import MotoS3
+from tests.integration.generate.helpers import write_prompts
+from tests.integration.generate.s3_outage import S3Outage
+
+from draftdata.fleet.sim import SimConfig, SimFleet
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+CLI = [sys.executable, "-c", "from draftdata.cli import main; main()", "generate"]
+BOUND = 100
+
+
+def _served(fleet: SimFleet) -> int:
+    return sum(fleet.stats(i).served for i in range(2))
+
+
+def _shards(moto_s3: MotoS3, out: str) -> int:
+    client: Any = moto_s3.client()
+    prefix = out.split("/", 3)[3] + "/completions/"
+    return int(client.list_objects_v2(Bucket=moto_s3.bucket, Prefix=prefix).get("KeyCount", 0))
+
+
+def test_s3_outage_of_over_a_minute_pauses_dispatch_and_loses_nothing(
+    tmp_path: Path, moto_s3: MotoS3
+) -> None:
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 400)
+    out = moto_s3.url("outage")
+    gen = tmp_path / "gen.yaml"
+    gen.write_text("store_retry_max: 3\n", encoding="utf-8")
+    summary_json = tmp_path / "summary.json"
+    config = SimConfig(time_scale=0.3, mean_output_tokens=60, output_sigma=0.3, max_running=8)
+    with SimFleet(2, config) as fleet, S3Outage(moto_s3.endpoint_url) as proxy:
+        cmd = [*CLI, "--prompts", str(prompts), "--out", out, "--config", str(gen)]
+        cmd += ["--progress", "off", "--flush-records", "16", "--flush-seconds", "0.5"]
+        cmd += ["--max-uncommitted", str(BOUND), "--summary-json", str(summary_json)]
+        for url in fleet.urls:
+            cmd += ["--endpoint", url]
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url, "DRAFTDATA_S3_MAX_ATTEMPTS": "2"}
+        with (tmp_path / "err.txt").open("w") as err, (tmp_path / "out.txt").open("w") as std:
+            proc = subprocess.Popen(cmd, stdout=std, stderr=err, env=env)
+            try:
+                deadline = time.monotonic() + 60
+                while _shards(moto_s3, out) == 0 and time.monotonic() < deadline:
+                    assert proc.poll() is None, (tmp_path / "err.txt").read_text()
+                    time.sleep(0.05)
+                served_before = _served(fleet)
+                proxy.mode = "503"  # S3 overloaded / unreachable ...
+                time.sleep(35)
+                proxy.mode = "403"  # ... then the credentials expire
+                time.sleep(30)
+                served_during = _served(fleet) - served_before
+                proxy.mode = "ok"
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                    if pid:
+                        break
+                    time.sleep(0.1)
+                else:
+                    raise AssertionError("generate did not finish after the outage")
+                proc.returncode = os.waitstatus_to_exitcode(status)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    proc.wait()
+    stderr = (tmp_path / "err.txt").read_text()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert proxy.failed > 0
+    # every prompt committed exactly once, nothing failed
+    assert check_exactly_once(out, set(ids)) == (400, 0)
+    # dispatch paused: what the fleet answered during the outage is bounded by the buffer
+    assert served_during <= BOUND + 16 + 64, served_during
+    summary = json.loads(summary_json.read_text())
+    assert summary["completed"] == 400
+    assert BOUND < summary["peak_uncommitted"] <= BOUND + 64
+    # one line per change of state, not one per retry
+    lines = stderr.splitlines()
+    for text in (
+        "the store does not accept writes",
+        "the store accepts writes again",
+        "dispatch paused",
+        "dispatch resumed",
+    ):
+        assert sum(text in line for line in lines) == 1, (text, stderr[-3000:])
+    assert len(lines) < 20, stderr
+    # peak RSS of the generate process (KiB on Linux): no pile-up in memory
+    print(f"peak RSS {usage.ru_maxrss // 1024} MiB; peak uncommitted {summary['peak_uncommitted']}")
+    assert usage.ru_maxrss < 700 * 1024, usage.ru_maxrss
+
+
+def test_store_down_when_every_prompt_is_answered_waits_and_commits(
+    tmp_path: Path, moto_s3: MotoS3
+) -> None:
+    """The outage outlasts the generation: the run does not close with uncommitted records; it
+    waits for the store, says so once, and commits them all when the store is back."""
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 120)
+    out = moto_s3.url("outage-end")
+    gen = tmp_path / "gen.yaml"
+    gen.write_text("store_retry_max: 1\n", encoding="utf-8")
+    config = SimConfig(time_scale=0.05, mean_output_tokens=40, output_sigma=0.3, max_running=16)
+    with SimFleet(2, config) as fleet, S3Outage(moto_s3.endpoint_url) as proxy:
+        cmd = [*CLI, "--prompts", str(prompts), "--out", out, "--config", str(gen)]
+        cmd += ["--progress", "off", "--flush-records", "8", "--flush-seconds", "0.2"]
+        for url in fleet.urls:
+            cmd += ["--endpoint", url]
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url, "DRAFTDATA_S3_MAX_ATTEMPTS": "1"}
+        with (tmp_path / "err.txt").open("w") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+            try:
+                deadline = time.monotonic() + 60
+                while _shards(moto_s3, out) == 0 and time.monotonic() < deadline:
+                    assert proc.poll() is None, (tmp_path / "err.txt").read_text()
+                    time.sleep(0.05)
+                proxy.mode = "403"
+                deadline = time.monotonic() + 60
+                while _served(fleet) < 120 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                time.sleep(3)
+                assert proc.poll() is None  # every prompt answered, still waiting for the store
+                assert "waiting for the store to accept" in (tmp_path / "err.txt").read_text()
+                proxy.mode = "ok"
+                assert proc.wait(timeout=60) == 0, (tmp_path / "err.txt").read_text()
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    stderr = (tmp_path / "err.txt").read_text()
+    assert sum("waiting for the store" in line for line in stderr.splitlines()) == 1, stderr
+    assert check_exactly_once(out, set(ids)) == (120, 0)
