@@ -162,7 +162,7 @@ def register(app: typer.Typer) -> None:
         if reasoning not in ("parsed", "inline", "off"):
             raise ConfigError(f"--reasoning {reasoning!r}: use parsed, inline or off")
         if tokenizer is not None:
-            from draftdata.tokenize.template import check_tokenizer_folder
+            from draftdata.tokenizer_folder import check_tokenizer_folder
 
             check_tokenizer_folder(str(tokenizer))
         faults = FaultConfig(

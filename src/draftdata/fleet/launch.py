@@ -27,6 +27,7 @@ import msgspec
 
 from draftdata.errors import ConfigError, FleetError
 from draftdata.fleetspec import process_start_time
+from draftdata.tokenizer_folder import TOKENIZER_FILES
 
 ENGINES = ("sglang", "vllm", "sim", "command")
 
@@ -57,7 +58,6 @@ VLLM_PRESET: tuple[str, ...] = (
 # The simulator standing in for a real fleet (the walkthrough's no-GPU tip): 100x a real 27B
 # model's decode speed, so a request takes about a second instead of a minute.
 SIM_PRESET: tuple[str, ...] = ("--time-scale", "0.01")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def sim_preset(model: str) -> tuple[str, ...]:

@@ -155,7 +155,7 @@ class HFTokenizer:
     """A Hugging Face tokenizer folder with a chat template (Qwen3-style expected)."""
 
     def __init__(self, path: str) -> None:
-        from draftdata.tokenize.template import check_tokenizer_folder, first_line
+        from draftdata.tokenizer_folder import check_tokenizer_folder, first_line
 
         check_tokenizer_folder(path)
         try:
