@@ -241,7 +241,7 @@ def main() -> None:
     args.repeat = args.repeat or (1 if args.quick else 2)
     pinned = pin(0, CORE_CLIENT)
 
-    from draftdata.fleet.sim import SimProcess
+    from draftdata.sim.run import SimProcess
 
     load0 = os.getloadavg()[0]
     sim_args = ["--time-scale", "0", "--mean-output-tokens", "32", "--seed", "5"]

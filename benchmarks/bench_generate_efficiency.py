@@ -61,11 +61,11 @@ from typing import Any
 import msgspec
 
 from draftdata.endpoints import parse_loads
-from draftdata.fleet.sim import SimProcess
-from draftdata.fleet.sim_config import SimConfig
 from draftdata.generate.client import EndpointClient, RequestError, build_body
 from draftdata.generate.config import Sampling
 from draftdata.records import Message, Prompt
+from draftdata.sim.config import SimConfig
+from draftdata.sim.run import SimProcess
 
 SERVERS = 8
 SLOW = 0  # server index at half speed

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftdata.fleet.sim import SimConfig, SimFleet
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
 from draftdata.records import Turn
+from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.store.read import iter_completions, iter_failures
 
 CONTEXT = 8192

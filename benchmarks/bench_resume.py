@@ -320,7 +320,7 @@ def main() -> None:
     n = args.prompts or (100_000 if args.quick else 1_000_000)
     n_done = n * 99 // 100
 
-    from draftdata.fleet.sim import SimConfig, SimFleet
+    from draftdata.sim.run import SimConfig, SimFleet
 
     with (
         tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp,

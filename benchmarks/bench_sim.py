@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from draftdata.fleet.sim import SimConfig, SimFleet
+from draftdata.sim.run import SimConfig, SimFleet
 
 USER = [{"role": "user", "content": "Explain the idea briefly."}]
 

@@ -17,7 +17,7 @@ import pytest
 from tests.chaos.invariants import check_exactly_once
 from tests.conftest import MotoS3
 
-from draftdata.fleet.sim import SimConfig, SimFleet
+from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.store import iter_failures, open_store
 
 pytestmark = pytest.mark.chaos

@@ -1,7 +1,7 @@
 """`draftdata fleet sim`: run N simulated SGLang/vLLM servers in the foreground.
 
-Parses options into a SimConfig (``draftdata.fleet.sim_config``), runs
-``draftdata.fleet.sim.serve`` until SIGINT/SIGTERM and prints each URL.
+Parses options into a SimConfig (``draftdata.sim.config``), runs
+``draftdata.sim.run.serve`` until SIGINT/SIGTERM and prints each URL.
 """
 
 from __future__ import annotations
@@ -153,9 +153,9 @@ def register(app: typer.Typer) -> None:
         """Run N OpenAI-compatible simulated servers (SGLang or vLLM shaped) until Ctrl-C."""
         import asyncio
 
-        from draftdata.fleet.sim import serve
-        from draftdata.fleet.sim_config import FaultConfig, SimConfig, validate
-        from draftdata.fleet.sim_server import SimServer
+        from draftdata.sim.config import FaultConfig, SimConfig, validate
+        from draftdata.sim.run import serve
+        from draftdata.sim.server import SimServer
 
         if flavor not in ("sglang", "vllm"):
             raise ConfigError(f"--flavor {flavor!r}: use sglang or vllm")

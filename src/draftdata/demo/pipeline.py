@@ -88,8 +88,6 @@ def run_demo(
 ) -> DemoResult:
     """Run every stage on the embedded defaults into ``out``; return paths and figures."""
     from draftdata.demo.existing import write_existing_set
-    from draftdata.fleet.sim import SimFleet
-    from draftdata.fleet.sim_config import SimConfig
     from draftdata.generate.config import GenerateConfig, Sampling
     from draftdata.generate.stage import generate
     from draftdata.merge.config import MergeConfig
@@ -98,6 +96,8 @@ def run_demo(
     from draftdata.prepare.samples import sample_config, write_sample_sources
     from draftdata.prepare.stage import prepare
     from draftdata.report.build import build_report
+    from draftdata.sim.config import SimConfig
+    from draftdata.sim.run import SimFleet
     from draftdata.stats.compute import compute_stats
     from draftdata.tokenize.config import TokenizeConfig
     from draftdata.tokenize.stage import tokenize

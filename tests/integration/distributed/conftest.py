@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from tests.conftest import MotoS3
 
-from draftdata.fleet.sim import SimConfig, SimFleet
+from draftdata.sim.run import SimConfig, SimFleet
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,8 @@ def main(workdir: Path) -> None:
     from ray.cluster_utils import Cluster
 
     from draftdata.distributed.ray_generate import RayOptions, run
-    from draftdata.fleet.sim import SimConfig, SimFleet
     from draftdata.generate.config import GenerateConfig
+    from draftdata.sim.run import SimConfig, SimFleet
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     for _ in range(2):

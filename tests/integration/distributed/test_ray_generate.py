@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 from draftdata.cli import app
 from draftdata.distributed.progress import Tracker
 from draftdata.distributed.ray_generate import RayOptions, run, summary_lines
-from draftdata.fleet.sim import SimConfig, SimFleet
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
+from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.store import iter_completions
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from draftdata.cli import app
 from draftdata.distributed.ray_tokenize import RayTokenizeOptions, run
-from draftdata.fleet.sim import SimFleet
 from draftdata.formats import SAMPLE_FORMAT
 from draftdata.generate.config import GenerateConfig
+from draftdata.sim.run import SimFleet
 from draftdata.store import open_store
 from draftdata.store.read import read_shard, shard_keys
 from draftdata.tokenize.config import SUMMARY_KEY, TokenizeConfig
@@ -61,8 +61,8 @@ def _samples(url: str) -> dict[str, tuple[list[int], list[int], int, bool]]:
 def test_ray_data_tokenize_equals_single_process(
     ray_local: Any, demo_tokenizer: Path, tmp_path: Path
 ) -> None:
-    from draftdata.fleet.sim_config import SimConfig
     from draftdata.generate.stage import generate
+    from draftdata.sim.config import SimConfig
 
     run_url = str(tmp_path / "run")
     prompts = _write_prompts(tmp_path / "prompts.jsonl", 40)

@@ -13,7 +13,7 @@ import pytest
 from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import completions, write_prompts
 
-from draftdata.fleet.sim import SimProcess
+from draftdata.sim.run import SimProcess
 
 pytestmark = pytest.mark.integration
 

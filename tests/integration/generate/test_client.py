@@ -14,10 +14,10 @@ import pytest
 from aiohttp import web
 
 from draftdata.conversation import TurnPlan
-from draftdata.fleet.sim import FaultConfig, SimConfig, SimFleet
 from draftdata.generate.client import EndpointClient, ErrorClass, RequestError, build_body
 from draftdata.generate.config import Reasoning, Sampling
 from draftdata.records import Message
+from draftdata.sim.run import FaultConfig, SimConfig, SimFleet
 
 pytestmark = pytest.mark.integration
 

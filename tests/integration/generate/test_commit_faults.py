@@ -11,7 +11,7 @@ from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import write_prompts
 
 from draftdata.cli import main
-from draftdata.fleet.sim import SimConfig, SimFleet
+from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.store.run import Run
 
 pytestmark = pytest.mark.integration

@@ -25,11 +25,11 @@ from draftdata.conversation import (
     STOP_TOOL_MISMATCH,
     expand,
 )
-from draftdata.fleet.sim import SimConfig, SimFleet
 from draftdata.generate.config import Sampling
 from draftdata.generate.stage import generate
 from draftdata.prepare.config import DedupConfig, PrepareConfig, SourceConfig
 from draftdata.prepare.stage import prepare
+from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.stats.compute import compute_stats
 
 pytestmark = pytest.mark.integration

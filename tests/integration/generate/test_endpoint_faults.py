@@ -17,8 +17,8 @@ from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import completions, failures, fast_config, write_prompts
 
 from draftdata.errors import FleetUnavailableError
-from draftdata.fleet.sim import FaultConfig, SimConfig, SimFleet, SimProcess
 from draftdata.generate.stage import generate
+from draftdata.sim.run import FaultConfig, SimConfig, SimFleet, SimProcess
 
 pytestmark = pytest.mark.integration
 

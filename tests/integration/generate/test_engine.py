@@ -14,8 +14,8 @@ import pytest
 from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import completions, failures, fast_config, write_prompts
 
-from draftdata.fleet.sim import FaultConfig, SimConfig, SimFleet
 from draftdata.generate.stage import generate
+from draftdata.sim.run import FaultConfig, SimConfig, SimFleet
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from draftdata.errors import ConfigError, RunMismatchError
-from draftdata.fleet.sim import SimFleet
-from draftdata.fleet.sim_config import SimConfig
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
 from draftdata.generate.summary import GenerateSummary
+from draftdata.sim.config import SimConfig
+from draftdata.sim.run import SimFleet
 from draftdata.store.read import iter_completions
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ import pytest
 from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import completions, failures, fast_config, write_prompts
 
-from draftdata.fleet.sim import SimConfig, SimFleet
 from draftdata.generate.stage import generate
+from draftdata.sim.run import SimConfig, SimFleet
 
 pytestmark = pytest.mark.integration
 CONTEXT = 8192

@@ -16,11 +16,11 @@ import pytest
 from tests.integration.generate.helpers import completions, failures, fast_config, write_prompts
 from tests.integration.generate.test_engine import sim
 
-from draftdata.fleet.sim import FaultConfig, SimFleet
 from draftdata.generate.stage import generate
 from draftdata.generate.summary import GenerateSummary
 from draftdata.report import build_report
 from draftdata.report.collect import collect
+from draftdata.sim.run import FaultConfig, SimFleet
 from draftdata.stats import compute_stats
 from draftdata.stats.render import stats_renderable
 from draftdata.stats.runfigures import completion_reason

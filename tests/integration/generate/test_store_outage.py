@@ -18,7 +18,7 @@ from tests.conftest import MotoS3
 from tests.integration.generate.helpers import write_prompts
 from tests.integration.generate.s3_outage import S3Outage
 
-from draftdata.fleet.sim import SimConfig, SimFleet
+from draftdata.sim.run import SimConfig, SimFleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -8,7 +8,7 @@ import pytest
 from tests.integration.generate.helpers import completions, write_prompts
 
 from draftdata.cli import main
-from draftdata.fleet.sim import SimConfig, SimFleet
+from draftdata.sim.run import SimConfig, SimFleet
 
 pytestmark = pytest.mark.integration
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from tests.integration.generate.helpers import fast_config, write_prompts
 
-from draftdata.fleet.sim import FaultConfig, SimConfig, SimFleet
 from draftdata.generate.stage import generate
 from draftdata.report import build_report
 from draftdata.report.collect import collect
+from draftdata.sim.run import FaultConfig, SimConfig, SimFleet
 from draftdata.stats import compute_stats
 
 pytestmark = pytest.mark.integration

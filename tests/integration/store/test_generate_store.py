@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from tests.conftest import MotoS3
 
-from draftdata.fleet.sim import SimConfig, SimFleet
+from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.store import iter_completions, iter_failures, read_manifest
 
 pytestmark = pytest.mark.integration

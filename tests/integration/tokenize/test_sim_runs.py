@@ -17,10 +17,10 @@ import pytest
 from tests.conftest import MotoS3
 from tests.unit.tokenize.helpers import WEATHER_TOOL, qwen3_dir
 
-from draftdata.fleet.sim import SimFleet
-from draftdata.fleet.sim_config import SimConfig
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
+from draftdata.sim.config import SimConfig
+from draftdata.sim.run import SimFleet
 from draftdata.store.read import iter_completions
 from draftdata.store.run import Run
 from draftdata.tokenize.config import TokenizeConfig

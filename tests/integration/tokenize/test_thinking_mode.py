@@ -16,10 +16,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from draftdata.fleet.sim import SimFleet
-from draftdata.fleet.sim_config import SimConfig
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
+from draftdata.sim.config import SimConfig
+from draftdata.sim.run import SimFleet
 from draftdata.tokenize.batch import TokenizeContext
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.stage import tokenize

@@ -5,7 +5,6 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from draftdata.fleet.sim_shapes import context_message, error_body
 from draftdata.generate.client import (
     EndpointClient,
     ErrorClass,
@@ -16,6 +15,7 @@ from draftdata.generate.client import (
 )
 from draftdata.generate.config import Sampling
 from draftdata.records import Message
+from draftdata.sim.shapes import context_message, error_body
 
 MSGS = [Message(role="system", content="s"), Message(role="user", content="u")]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

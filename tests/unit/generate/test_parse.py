@@ -305,8 +305,8 @@ _text = st.text(alphabet=st.characters(blacklist_characters="<>", codec="utf-8")
 def test_simulator_shaped_bodies_round_trip(
     flavor: str, inline: bool, answers: list[tuple[str, str, list[tuple[str, str]]]], ids: bool
 ) -> None:
-    from draftdata.fleet import sim_shapes
-    from draftdata.fleet.sim_answers import Parsed
+    from draftdata.sim import shapes as sim_shapes
+    from draftdata.sim.answers import Parsed
 
     choices = []
     for i, (reasoning, content, calls) in enumerate(answers):

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from draftdata.fleet.sim import SimConfig, SimFleet
+from draftdata.sim.run import SimConfig, SimFleet
 
 pytestmark = pytest.mark.integration
 TOOLS = [

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from draftdata.fleet.sim_answers import (
+from draftdata.sim.answers import (
     Parsed,
     digest,
     draw_length,
@@ -27,9 +27,9 @@ from draftdata.fleet.sim_answers import (
     parse_completion,
     plan_answer,
 )
-from draftdata.fleet.sim_config import SimConfig
-from draftdata.fleet.sim_shapes import context_message, tool_call
-from draftdata.fleet.sim_tokens import Tokenizer, text_of
+from draftdata.sim.config import SimConfig
+from draftdata.sim.shapes import context_message, tool_call
+from draftdata.sim.tokens import Tokenizer, text_of
 
 
 class RequestError(Exception):

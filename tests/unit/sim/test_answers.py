@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from draftdata.fleet.sim_answers import (
+from draftdata.sim.answers import (
     digest,
     draw_length,
     looks_like_code,
@@ -13,7 +13,7 @@ from draftdata.fleet.sim_answers import (
     plan_answer,
     split_chunk,
 )
-from draftdata.fleet.sim_tokens import ApproxTokenizer, manual_completion
+from draftdata.sim.tokens import ApproxTokenizer, manual_completion
 
 TEXT = (
     "<think>\nwhy not\n</think>\n\nThe answer.\n"

@@ -4,7 +4,7 @@
 client that gives up cancels its handler and frees its batch slot), a ``Batcher`` and per-server
 counters. ``crash()`` closes the listening socket, aborts every open connection and drops the
 batch; ``restart()`` rebinds the same port and reports /health 503 while "starting".
-Response shapes live in ``sim_shapes.py``, answers in ``sim_request.py``.
+Response shapes live in ``shapes.py``, answers in ``request.py``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from draftdata.fleet import sim_shapes as shapes
-from draftdata.fleet.sim_answers import digest, split_chunk
-from draftdata.fleet.sim_batch import Batcher, Seq
-from draftdata.fleet.sim_config import SimConfig
-from draftdata.fleet.sim_request import ChoiceOut, PrefixCache, Prepared, RequestError, prepare
-from draftdata.fleet.sim_tokens import Tokenizer
+from draftdata.sim import shapes
+from draftdata.sim.answers import digest, split_chunk
+from draftdata.sim.batch import Batcher, Seq
+from draftdata.sim.config import SimConfig
+from draftdata.sim.request import ChoiceOut, PrefixCache, Prepared, RequestError, prepare
+from draftdata.sim.tokens import Tokenizer
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode

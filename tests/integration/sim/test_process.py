@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from draftdata.fleet.sim import SimProcess
 from draftdata.fleetspec import read_fleet
+from draftdata.sim.run import SimProcess
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-c", "from draftdata.cli import main; main()"]

@@ -14,7 +14,7 @@ chunks and return token ids:
   assistant turn after the generation prompt (``render_completion``), so prompt ids + output
   ids can be verified token-exactly against the same tokenizer downstream.
 
-It does not decide what an answer says (``sim_answers.py``) or how it is parsed.
+It does not decide what an answer says (``answers.py``) or how it is parsed.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import collections
 import contextlib
 import time
 
-from draftdata.fleet.sim_config import SimConfig
+from draftdata.sim.config import SimConfig
 
 TICK_S = 0.2
 

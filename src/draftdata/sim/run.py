@@ -1,10 +1,10 @@
 """The inference-server simulator: N OpenAI-compatible SGLang- or vLLM-shaped servers.
 
 Used by tests, benchmarks and the demo, and by users who want to dry-run a job before booking
-GPUs. Real aiohttp servers on 127.0.0.1 that model continuous batching (``sim_batch``), answer
-with deterministic seeded text (``sim_answers``), count tokens approximately or with a real
-Hugging Face tokenizer (``sim_tokens``) and inject faults (``sim_server``). Settings:
-``sim_config.SimConfig`` / ``FaultConfig``. It does not run a model and does not launch real
+GPUs. Real aiohttp servers on 127.0.0.1 that model continuous batching (``batch``), answer
+with deterministic seeded text (``answers``), count tokens approximately or with a real
+Hugging Face tokenizer (``tokens``) and inject faults (``server``). Settings:
+``config.SimConfig`` / ``FaultConfig``. It does not run a model and does not launch real
 servers (``fleet up`` does that).
 
 Python API
@@ -164,10 +164,10 @@ from typing import Any, TypeVar
 import msgspec
 
 from draftdata.errors import FleetError
-from draftdata.fleet.sim_config import FaultConfig, SimConfig, validate
-from draftdata.fleet.sim_server import ServerStats, SimServer
-from draftdata.fleet.sim_tokens import load_tokenizer
 from draftdata.fleetspec import EndpointSpec, FleetSpec, read_fleet, write_fleet
+from draftdata.sim.config import FaultConfig, SimConfig, validate
+from draftdata.sim.server import ServerStats, SimServer
+from draftdata.sim.tokens import load_tokenizer
 
 __all__ = ["FaultConfig", "ServerStats", "SimConfig", "SimFleet", "SimProcess", "serve"]
 

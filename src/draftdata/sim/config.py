@@ -9,7 +9,7 @@ about 20 ms at batch 1 and 30 ms at batch 64 (~2,100 output tokens/s per server 
 and a prefill costs ``prefill_per_token_s`` per prompt token (~50K prompt tokens/s), stalling the
 batch while it runs, as a non-chunked prefill does.
 
-This module holds values only; the simulator itself lives in ``sim_*.py``.
+This module holds values only; the simulator itself is the rest of ``draftdata.sim``.
 """
 
 from __future__ import annotations

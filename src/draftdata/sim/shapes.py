@@ -4,7 +4,7 @@ Pure functions from already-decided values to the dicts/text the server sends; t
 and null conventions follow the engines' pydantic models (SGLang ``ChatCompletionResponse`` with
 per-choice ``prompt_token_ids``/``token_ids`` and ``matched_stop``; vLLM's with top-level
 ``prompt_token_ids`` and per-choice ``token_ids``/``stop_reason``). The exact shapes are listed
-in ``draftdata.fleet.sim``'s docstring. This module decides nothing and does no I/O.
+in ``draftdata.sim.run``'s docstring. This module decides nothing and does no I/O.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from draftdata.fleet.sim_answers import Parsed
-from draftdata.fleet.sim_config import SimConfig
+from draftdata.sim.answers import Parsed
+from draftdata.sim.config import SimConfig
 
 ERROR_TYPES = {
     400: "BadRequestError",
