@@ -23,9 +23,9 @@ from draftdata.conversation import (
     STOP_UNANSWERED_CALL,
     TurnPlan,
 )
+from draftdata.export.stage import export_record
 from draftdata.records import Completion, Message, Turn
 from draftdata.stats.conversations import completion_to_conversation
-from draftdata.store.export import export_record
 from draftdata.tokenize.plan import contexts, view_from_record
 
 

@@ -1,4 +1,4 @@
-"""`draftdata export RUN --format FORMAT --out PATH|s3://BUCKET/KEY` (see store/trainer_rows)."""
+"""`draftdata export RUN --format FORMAT --out PATH|s3://BUCKET/KEY` (formats: trainer_rows.py)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Export a run's completions for training (streams shard by shard)."""
-        from draftdata.store.export import export_run
+        from draftdata.export.stage import export_run
 
         stats = export_run(
             run,

@@ -45,9 +45,9 @@ import msgspec
 import pytest
 from tests.unit.tokenize.helpers import WEATHER_TOOL, call, completion, qwen3_dir
 
+from draftdata.export.stage import export_run
 from draftdata.records import Completion, Turn
 from draftdata.store import Run
-from draftdata.store.export import export_run
 from draftdata.tokenize.batch import TokenizeContext, tokenize_views
 from draftdata.tokenize.plan import view_from_record
 

@@ -442,9 +442,9 @@ def test_formats_refuse_the_other_kind_of_input(skewed: tuple[Path, Path], tmp_p
 def test_merge_specforge_rows_of_a_run_equal_exports(tmp_path: Path) -> None:
     """Merging a run with --format specforge writes the rows export writes (one per turn, the
     same history), whatever order the shuffle puts them in."""
-    from tests.unit.store.test_export_trainers import _records, _run
+    from tests.unit.export.test_trainers import _records, _run
 
-    from draftdata.store.export import export_run
+    from draftdata.export.stage import export_run
 
     run = _run(tmp_path, _records())
     export_run(run, "specforge", tmp_path / "sf.jsonl")

@@ -1,9 +1,9 @@
 """Export a run's completions for training: the drafter trainers' formats, OpenAI messages, parquet.
 
-The JSONL formats and the trainer each one feeds are described in ``trainer_rows.py``:
+The JSONL formats and the trainer each one feeds are described in ``draftdata.trainer_rows``:
 ``sharegpt`` / ``openai`` / ``modelopt`` / ``eagle`` write one row per completion (its whole
 conversation); ``specforge`` / ``specforge-text`` / ``speculators`` one row per generated turn
-(``export_turns.py``; the last two need the target's tokenizer). Every row carries ``id``,
+(``turns.py``; the last two need the target's tokenizer). Every row carries ``id``,
 ``source`` and ``domain``.
 - ``parquet``: one parquet file with columns id, sample, source, domain, model, conversations
   (list of structs; tool calls as JSON strings), tools (JSON string), which Hugging Face
@@ -32,15 +32,15 @@ import pyarrow.parquet as pq
 
 from draftdata.conversation import assemble
 from draftdata.errors import AlreadyExistsError, ConfigError
+from draftdata.export.turns import TurnRows
 from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, sample_key
 from draftdata.store.doneset import DoneSet
-from draftdata.store.export_turns import TurnRows
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
 from draftdata.store.store import Store, open_store, split_s3_url
-from draftdata.store.trainer_rows import (
+from draftdata.trainer_rows import (
     CONVERSATION_FORMATS,
     PER_TURN_FORMATS,
     conversation_row,

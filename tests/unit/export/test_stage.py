@@ -13,9 +13,9 @@ from tests.unit.store.helpers import completion
 
 from draftdata.conversation import assemble as assemble_conversation
 from draftdata.errors import AlreadyExistsError
+from draftdata.export.stage import export_run
 from draftdata.records import Completion, Message, Turn
 from draftdata.store import Run
-from draftdata.store.export import export_run
 
 
 def _multi_turn() -> Completion:
@@ -150,7 +150,7 @@ def test_cli_export(run_dir: str, tmp_path: Path) -> None:
 
 def test_export_of_a_missing_run_fails_and_writes_nothing(tmp_path: Path) -> None:
     from draftdata.errors import StoreError
-    from draftdata.store.export import export_run
+    from draftdata.export.stage import export_run
 
     out = tmp_path / "x.jsonl"
     with pytest.raises(StoreError, match="not a draftdata run"):

@@ -14,8 +14,8 @@ from tests.conftest import MotoS3
 from tests.unit.store.helpers import completion
 
 from draftdata.errors import AlreadyExistsError, ProtectedPrefixError
+from draftdata.export.stage import export_run
 from draftdata.store import Run, open_store
-from draftdata.store.export import export_run
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from typing import Any
 from draftdata.conversation import expand, message_dict
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, JsonDict, sample_key
-from draftdata.store.trainer_rows import (
+from draftdata.trainer_rows import (
     clean_message,
     per_turn_id,
     specforge_row,

@@ -1,0 +1,1 @@
+"""export stage: a run's completions -> the drafter trainers' formats, OpenAI messages, parquet."""
