@@ -1,0 +1,186 @@
+"""Imports only point down: the layers of ARCHITECTURE.md, checked over the real import graph.
+
+The layer table in ARCHITECTURE.md is the one source: every package and top-level module under
+``src/draftdata`` has a row, and every import between two of them (module level, inside a
+function or under ``TYPE_CHECKING``; found with ``ast``, nothing is imported) must go to a
+strictly lower layer. Imports inside one package are free.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "draftdata"
+DOC = ROOT / "ARCHITECTURE.md"
+
+# (importer, imported) -> why it is still there. Each entry must still occur (a stale entry
+# fails), so the list only shrinks. Both wait for the prompt-parsing branch (issue 13) to land.
+PENDING: dict[tuple[str, str], str] = {
+    ("records", "store"): "records.open_prompt_file reads s3:// prompt files through the store",
+    ("generate", "distributed"): "the partition rule (distributed/partition.py) moves to generate",
+}
+
+_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*`([\w.]+/?)`\s*\|", re.MULTILINE)
+
+
+def layers(doc: str) -> dict[str, int]:
+    """``unit -> layer`` from the table rows (``cli/`` -> ``cli``, ``records.py`` -> ``records``,
+    ``__init__.py`` -> ``draftdata``)."""
+    table: dict[str, int] = {}
+    for number, name in _ROW.findall(doc):
+        unit = name.removesuffix("/").removesuffix(".py")
+        table["draftdata" if unit == "__init__" else unit] = int(number)
+    return table
+
+
+def tree_units() -> set[str]:
+    """The packages and top-level modules under src/draftdata, named as in ``layers``."""
+    units = {"draftdata"}
+    for path in SRC.iterdir():
+        if path.is_dir() and (path / "__init__.py").is_file():
+            units.add(path.name)
+        elif path.suffix == ".py" and path.name != "__init__.py":
+            units.add(path.stem)
+    return units
+
+
+def unit_of(module: str) -> str:
+    """``draftdata.generate.stage`` -> ``generate``; ``draftdata`` -> ``draftdata``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "draftdata"
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, absolute module) of every draftdata import in ``source`` of ``module``;
+    ``from draftdata import x`` counts as importing ``draftdata.x`` when x is a module."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            if target == "draftdata":  # `from draftdata import x`: a submodule, or a name
+                found += [(node.lineno, _submodule(a.name)) for a in node.names]
+            else:
+                found.append((node.lineno, target))
+    return [(line, m) for line, m in found if m == "draftdata" or m.startswith("draftdata.")]
+
+
+def _submodule(name: str) -> str:
+    is_module = (SRC / name / "__init__.py").is_file() or (SRC / f"{name}.py").is_file()
+    return f"draftdata.{name}" if is_module else "draftdata"
+
+
+@dataclass(frozen=True)
+class Violation:
+    where: str  # path:line
+    importer: str
+    imported: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.importer} imports {self.imported} ({self.why})"
+
+
+def check(
+    module: str, source: str, table: dict[str, int], *, where: str, is_package: bool = False
+) -> list[Violation]:
+    """The imports of one module that do not point down."""
+    out: list[Violation] = []
+    src_unit = unit_of(module)
+    for line, target in imported_modules(source, module, is_package):
+        dst_unit = unit_of(target)
+        if dst_unit == src_unit:
+            continue
+        if src_unit not in table or dst_unit not in table:
+            out.append(Violation(f"{where}:{line}", src_unit, dst_unit, "not in the layer table"))
+            continue
+        a, b = table[src_unit], table[dst_unit]
+        if b < a:
+            why = f"layer {a} -> layer {b}: up"
+        elif b == a:
+            why = f"layer {a}: siblings"
+        else:
+            continue
+        out.append(Violation(f"{where}:{line}", src_unit, dst_unit, why))
+    return out
+
+
+def all_violations(table: dict[str, int]) -> list[Violation]:
+    out: list[Violation] = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        is_package = rel.name == "__init__"
+        module = ".".join(rel.parts[:-1] if is_package else rel.parts)
+        where = str(path.relative_to(ROOT))
+        out += check(module, path.read_text(encoding="utf-8"), table, where=where,
+                     is_package=is_package)  # fmt: skip
+    return out
+
+
+def test_the_layer_table_matches_the_tree() -> None:
+    table = layers(DOC.read_text(encoding="utf-8"))
+    assert sorted(tree_units() - table.keys()) == [], "in src/draftdata but not ARCHITECTURE.md"
+    assert sorted(table.keys() - tree_units()) == [], "in ARCHITECTURE.md but not src/draftdata"
+
+
+def test_imports_only_point_down() -> None:
+    table = layers(DOC.read_text(encoding="utf-8"))
+    found = all_violations(table)
+    new = [str(v) for v in found if (v.importer, v.imported) not in PENDING]
+    assert new == []
+    stale = PENDING.keys() - {(v.importer, v.imported) for v in found}
+    assert sorted(stale) == [], "PENDING entries that no longer occur: remove them"
+
+
+def test_the_check_catches_up_sibling_and_unknown_imports() -> None:
+    table = {"cli": 1, "generate": 2, "tokenize": 2, "store": 3, "records": 4, "draftdata": 5}
+    table["errors"] = 6
+
+    def units(module: str, source: str, is_package: bool = False) -> list[tuple[str, str]]:
+        found = check(module, source, table, where="x.py", is_package=is_package)
+        return [(v.importer, v.imported) for v in found]
+
+    # up, both absolute and lazily inside a function, and by `from draftdata import ...`
+    assert units("draftdata.records", "from draftdata.store.store import open_store") == [
+        ("records", "store")
+    ]
+    assert units("draftdata.store.run", "def f():\n    import draftdata.cli\n") == [
+        ("store", "cli")
+    ]
+    assert units("draftdata.records", "from draftdata import generate") == [("records", "generate")]
+    # siblings, also by a relative import from a package's __init__
+    assert units("draftdata.generate.stage", "from draftdata.tokenize import plan") == [
+        ("generate", "tokenize")
+    ]
+    assert units("draftdata.generate", "from ..tokenize.plan import x", is_package=True) == [
+        ("generate", "tokenize")
+    ]
+    # not in the table
+    assert units("draftdata.cli.app", "from draftdata.newthing import x") == [("cli", "newthing")]
+    # down, inside one package, the package's own version, and third-party imports are fine
+    ok = (
+        "from draftdata.store.read import x\nfrom draftdata.generate import work\n"
+        "from . import config\nfrom draftdata import __version__\nimport msgspec\n"
+    )
+    assert units("draftdata.generate.stage", ok) == []
+    # the package's __init__ (its version) sits low, so a higher layer may read it
+    assert units("draftdata.records", "from draftdata import __version__") == []
+    assert units("draftdata.errors", "from draftdata import __version__") == [
+        ("errors", "draftdata")
+    ]
+
+
+def test_the_table_parser_reads_packages_and_modules() -> None:
+    doc = "| layer | module | owns |\n|--:|--|--|\n| 1 | `cli/` | a |\n| 12 | `errors.py` | b |\n"
+    doc += "| 11 | `__init__.py` | c |\n"
+    assert layers(doc) == {"cli": 1, "errors": 12, "draftdata": 11}
