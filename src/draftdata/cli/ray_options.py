@@ -162,8 +162,8 @@ def tokenize_on_ray(
     from draftdata.distributed.cluster import require_ray
 
     require_ray()
-    from draftdata.cli.tokenize import print_summary
     from draftdata.distributed.ray_tokenize import RayTokenizeOptions, run, summary_lines
+    from draftdata.tokenize.summary import print_summary
 
     opts = RayTokenizeOptions(
         address=address, concurrency=concurrency, forward_env=list(forward_env or [])

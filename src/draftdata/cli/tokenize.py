@@ -1,19 +1,14 @@
 """`draftdata tokenize RUN_URL --tokenizer PATH ...`: a run's completions -> training samples.
 
 Parses the options into a ``TokenizeConfig``, calls ``draftdata.tokenize.stage.tokenize`` (or the
-Ray Data job with ``--ray``) and prints the summary table.
+Ray Data job with ``--ray``) and prints the summary table (``tokenize/summary.py``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import typer
 
 from draftdata.cli.ray_options import RayAddress, RayEnv, RayFlag, RayTasks
-
-if TYPE_CHECKING:
-    from draftdata.tokenize.config import TokenizeSummary
 
 
 def register(app: typer.Typer) -> None:
@@ -98,57 +93,7 @@ def register(app: typer.Typer) -> None:
                 )
             )
         from draftdata.tokenize.stage import tokenize
+        from draftdata.tokenize.summary import print_summary
 
         summary = tokenize(config)
         print_summary(summary)
-
-
-def summary_lines(summary: TokenizeSummary) -> list[str]:
-    """The plain-text lines of the final summary (also used by the demo)."""
-    c = summary.count
-    lines = [
-        f"tokenize: {c('samples')} samples from {c('completions')} completions "
-        f"({c('path.token_ids')} with server token ids, {c('path.rendered')} rendered) "
-        f"in {summary.wall_s:.1f} s -> {summary.out}",
-        f"verified {c('verified')} (non-canonical tokenization of the same text "
-        f"{c('verified.noncanonical')}, ended other than by the template's end of turn "
-        f"{c('verified.other_end')}), mismatched {c('mismatched')} (dropped), unverifiable "
-        f"{c('unverifiable')}; split into per-turn samples {c('split_turns')}; "
-        f"truncated {c('truncated')}",
-    ]
-    checked = c("verified") + c("mismatched")
-    if checked:
-        share = 100.0 * c("verified") / checked
-        lines.append(
-            f"server token ids: {share:.1f}% token-exact ({c('verified')} of {checked} "
-            "verified against the chat template)"
-        )
-    dropped = summary.dropped
-    if dropped:
-        lines.append("dropped: " + ", ".join(f"{k} {v}" for k, v in dropped.items()))
-    lines.extend(f"mismatch: {m}" for m in summary.mismatches)
-    return lines
-
-
-def print_summary(summary: TokenizeSummary) -> None:
-    """Print the per-domain table and the summary lines."""
-    from rich.table import Table
-
-    from draftdata import tables
-
-    table = Table(title="tokenized samples by domain")
-    for name in ("domain", "samples", "tokens", "loss tokens", "loss %"):
-        table.add_column(name, justify="left" if name == "domain" else "right")
-    for domain, d in summary.domains.items():
-        share = 100.0 * d.loss_tokens / d.tokens if d.tokens else 0.0
-        table.add_row(
-            domain or "(none)",
-            f"{d.samples:,}",
-            f"{d.tokens:,}",
-            f"{d.loss_tokens:,}",
-            f"{share:.1f}",
-        )
-    console = tables.console()
-    console.print(table)
-    for line in summary_lines(summary):
-        console.print(line, markup=False, highlight=False)

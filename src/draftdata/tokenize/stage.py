@@ -13,7 +13,7 @@ once; the Rust tokenizer's threads are shared out between them); with 1 the toke
 threads do the parallel part. The summary (token totals per domain, drop reasons, verified /
 mismatched counts and the first mismatches) is written last as ``<out>/summary.json``.
 
-It does not render or encode by itself (``batch.py``) and does not print (``cli/tokenize.py``).
+It does not render or encode by itself (``batch.py``) and does not print (``summary.py``).
 """
 
 from __future__ import annotations
