@@ -9,7 +9,9 @@ number of prompts in scope (``limit``, ``partition``) for the progress total. ``
 then yields validated prompts lazily, in file order; memory does not grow with the file.
 
 A line that does not validate is reported (file:line: what is wrong) and skipped, never fatal:
-``prepare`` already validated its output, and one bad line must not stop a day-long run.
+``prepare`` already validated its output, and one bad line must not stop a day-long run. No
+line can end the reader: invalid JSON or UTF-8, any shape, nesting of any depth (a reject past
+``records.MAX_JSON_DEPTH``); a byte-order mark at the start of a file is skipped.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import msgspec
 from draftdata.distributed.partition import Partition, parse_partition
 from draftdata.errors import InputError, StoreError
 from draftdata.records import (
+    BOM,
     Prompt,
     iter_prompt_lines,
     open_prompt_file,
@@ -99,10 +102,10 @@ def scan(files: list[PromptFile], *, limit: int | None, partition: Partition | N
     for f in files:
         h.update(_name(f).encode() + b"\x00")  # the name, not the location: a copy is the same
         with open_prompt_file(f) as fh:
-            for line in fh:
+            for lineno, line in enumerate(fh, start=1):
                 h.update(line)
                 size += len(line)
-                if not line.strip():
+                if not (line[3:] if lineno == 1 and line.startswith(BOM) else line).strip():
                     continue
                 lines += 1
                 if limit is not None and lines > limit:
