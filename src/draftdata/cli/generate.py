@@ -197,6 +197,20 @@ def register(app: typer.Typer) -> None:
             help="...or every S seconds (default 5).",
             rich_help_panel=PANEL_STORE,
         ),
+        lease_ttl: float | None = typer.Option(
+            None,
+            "--lease-ttl",
+            help="Seconds of heartbeat silence after which a dead writer's run lease expires "
+            "(default 30).",
+            rich_help_panel=PANEL_STORE,
+        ),
+        lease_wait: float | None = typer.Option(
+            None,
+            "--lease-wait",
+            help="Wait up to S seconds for another live writer of the run to finish "
+            "(default 0: refuse at once).",
+            rich_help_panel=PANEL_STORE,
+        ),
         writer_id: str | None = typer.Option(
             None,
             "--writer-id",
@@ -282,6 +296,8 @@ def register(app: typer.Typer) -> None:
             "flush_records": flush_records,
             "flush_seconds": flush_seconds,
             "writer_id": writer_id,
+            "lease_ttl": lease_ttl,
+            "lease_wait": lease_wait,
             "max_attempts": max_attempts,
             "read_timeout": read_timeout,
             "connect_timeout": connect_timeout,

@@ -106,6 +106,8 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     allow_config_change: bool = False
     flush_records: int = 256
     flush_seconds: float = 5.0
+    lease_ttl: float = 30.0  # a dead holder's run lease expires after this heartbeat silence
+    lease_wait: float = 0.0  # wait this long for a live holder to finish (0: refuse at once)
     # retries and timeouts
     max_attempts: int = 6
     backoff_base: float = 0.5
@@ -162,6 +164,8 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
         (cfg.breaker_failures >= 1, "breaker_failures: must be at least 1"),
         (cfg.log_interval > 0, "--log-interval: must be > 0"),
         (cfg.grace_seconds >= 0, "grace_seconds: must be >= 0"),
+        (cfg.lease_ttl > 0, "--lease-ttl: must be > 0"),
+        (cfg.lease_wait >= 0, "--lease-wait: must be >= 0"),
     ]
     if cfg.partition is not None:
         from draftdata.distributed.partition import parse_partition

@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 
 from draftdata.distributed.partition import parse_partition
-from draftdata.errors import ConfigError, FleetError
+from draftdata.errors import ConfigError, FleetError, LeaseLostError
 from draftdata.fleet.probe import base_url, probe_capacity
 from draftdata.fleet.spec import read_fleet
 from draftdata.generate.client import EndpointClient
@@ -36,6 +36,7 @@ from draftdata.generate.endpoint import Endpoint, queue_target
 from draftdata.generate.engine import Engine, Log, probe_session, run_engine, stderr_log
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
+from draftdata.store.lease import LeaseOptions, scope_of
 from draftdata.store.protect import check_not_protected
 from draftdata.store.run import Run
 
@@ -159,6 +160,14 @@ async def _generate(
         model = config.model or next((c.model for c in caps if c and c.model), None) or "default"
         part = parse_partition(config.partition) if config.partition else None
         found = await asyncio.to_thread(scan, files, limit=config.limit, partition=part)
+        stop_engine: list[Callable[[], object]] = []  # set once the engine runs
+
+        def lease_lost(message: str) -> None:  # from the heartbeat or the commit thread
+            log(f"generate: {message}")
+            for stop in stop_engine:
+                stop()
+
+        lease = LeaseOptions(scope_of(part), config.lease_ttl, config.lease_wait, lease_lost)
         run = await asyncio.to_thread(
             Run.open,
             config.out,
@@ -169,6 +178,8 @@ async def _generate(
             flush_records=config.flush_records,
             flush_seconds=config.flush_seconds,
             writer_id=config.writer_id,
+            lease=lease,
+            log=log,
         )
         await warm
         endpoints = _endpoints(config, urls, caps, fleet_caps, key, log)
@@ -200,6 +211,8 @@ async def _generate(
         restore: list[Callable[[], None]] = []
 
         def started(engine: Engine) -> None:
+            loop = asyncio.get_running_loop()
+            stop_engine.append(lambda: loop.call_soon_threadsafe(engine.dispatcher.abort))
             if on_engine is not None:
                 on_engine(engine)
             if signals and (undo := _install_signals(engine)) is not None:
@@ -225,6 +238,9 @@ async def _generate(
             key = await asyncio.to_thread(rejects.write, run)
             if key is not None:
                 log(f"generate: {len(rejects.rows)} invalid prompt lines written to {key}")
+            await asyncio.to_thread(run.release_lease)
+    if run.lease is not None and run.lease.lost:  # taken over: what we did not commit is theirs
+        raise LeaseLostError(run.lease.lost)
     if summary.interrupted:
         log(
             f"generate: interrupted with {summary.remaining} left; run the same command "
