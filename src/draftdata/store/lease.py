@@ -385,6 +385,7 @@ def acquire(
                 alive = _watch(store, [g], ttl=ttl, clock=clock, sleep=sleep)
             if alive is not None:
                 if clock() < deadline:
+                    sleep(min(1.0, ttl / 4))  # alive: look again soon, not in a busy loop
                     continue
                 raise _held(store, alive)
         gen = (g.gen if g is not None else 0) + 1
