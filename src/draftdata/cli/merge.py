@@ -95,6 +95,12 @@ def register(app: typer.Typer) -> None:
         tmp_dir: str | None = typer.Option(
             None, "--tmp-dir", help="Local folder for the shuffle's buckets (default: system)."
         ),
+        protect: list[str] = typer.Option(
+            [],
+            "--protect",
+            metavar="PREFIX",
+            help="A prefix the output may not equal, contain or lie inside (repeatable).",
+        ),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     ) -> None:
         """Combine datasets, dedup them (ids and content), sample to a target domain mix,
@@ -123,6 +129,7 @@ def register(app: typer.Typer) -> None:
             workers=workers,
             shard_rows=shard_rows,
             tmp_dir=tmp_dir,
+            protect=list(protect),
         )
         summary = merge(config, progress=None if quiet else _Progress())
         console = Console()

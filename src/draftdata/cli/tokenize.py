@@ -64,6 +64,12 @@ def register(app: typer.Typer) -> None:
         batch_rows: int = typer.Option(
             256, "--batch-rows", min=1, help="Completions per batch (and per output shard)."
         ),
+        protect: list[str] = typer.Option(
+            [],
+            "--protect",
+            metavar="PREFIX",
+            help="A prefix the output may not equal, contain or lie inside (repeatable).",
+        ),
         ray: RayFlag = False,
         ray_address: RayAddress = None,
         ray_tasks: RayTasks = None,
@@ -88,6 +94,7 @@ def register(app: typer.Typer) -> None:
             workers=workers,
             verify=verify,
             batch_rows=batch_rows,
+            protect=list(protect),
         ).validate()
         if ray:
             from draftdata.distributed.cli_options import tokenize_on_ray

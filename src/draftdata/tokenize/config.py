@@ -37,6 +37,7 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     no encoding at all). ``keep_reasoning_history`` says whether the engine sent earlier turns'
     reasoning back in the history (None: read it from the run's manifest, else False).
     ``batch_rows`` completions are tokenized per batch and written per output shard.
+    ``protect``: prefixes the output may not equal, contain or lie inside (like generate's).
     """
 
     run: str
@@ -49,6 +50,7 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     verify: bool = True
     keep_reasoning_history: bool | None = None
     batch_rows: int = DEFAULT_BATCH_ROWS
+    protect: list[str] = msgspec.field(default_factory=list)  # prefixes never to write into
 
     def validate(self) -> TokenizeConfig:
         """Check every value; ConfigError naming the option on the first bad one."""

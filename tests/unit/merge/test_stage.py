@@ -364,3 +364,22 @@ def test_nothing_to_keep_still_writes_a_loadable_empty_train_split(tmp_path: Pat
     s = merge(MergeConfig(existing=[str(src)], mix={"math": 1}, out=str(tmp_path / "o")))
     assert s.train_rows == 0 and s.report["message"].startswith("cannot reach the mix")
     assert pq.read_table(tmp_path / "o" / "train" / "part-00000.parquet").num_rows == 0
+
+
+def test_protect_refuses_an_overlapping_output_before_any_write(tmp_path: Path) -> None:
+    from draftdata.cli import main
+    from draftdata.errors import ProtectedPrefixError
+
+    chat = write_jsonl(tmp_path / "c.jsonl", chat_rows({"code": 3, "math": 2}, prefix="c"))
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "keep.txt").write_text("live data")
+    for out, how in ((live, "equals"), (live / "v2", "lies inside"), (tmp_path, "contains")):
+        with pytest.raises(ProtectedPrefixError, match=how):
+            merge(MergeConfig(add=[str(chat)], out=str(out), protect=[str(live)]))
+    assert [p.name for p in live.iterdir()] == ["keep.txt"]
+    with pytest.raises(SystemExit) as info:
+        main(["merge", "--add", str(chat), "--out", str(live / "m"), "--protect", str(live)])
+    assert info.value.code == 1
+    done = merge(MergeConfig(add=[str(chat)], out=str(tmp_path / "live_v2"), protect=[str(live)]))
+    assert done.train_rows + done.eval_rows == 5
