@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
 from draftdata.distributed import cli_options as ray_opts
 
 PANEL_RUN = "Requests"
@@ -51,6 +52,7 @@ def register(app: typer.Typer) -> None:
     """Add the `generate` command to `app`."""
 
     @app.command("generate")
+    @quietable
     def _cmd(
         prompts: str | None = typer.Option(
             None,
@@ -266,6 +268,7 @@ def register(app: typer.Typer) -> None:
         fleet_per_node: ray_opts.FleetPerNode = None,
         tasks_per_node: ray_opts.TasksPerNode = 1,
         ray_env: ray_opts.RayEnv = None,
+        quiet: bool = QUIET,
     ) -> None:
         """Answer every prompt on the fleet and store each completion exactly once.
 

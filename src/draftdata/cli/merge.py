@@ -101,7 +101,9 @@ def register(app: typer.Typer) -> None:
             metavar="PREFIX",
             help="A prefix the output may not equal, contain or lie inside (repeatable).",
         ),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+        quiet: bool = typer.Option(
+            False, "--quiet", "-q", help="Print nothing but errors and the tables."
+        ),
     ) -> None:
         """Combine datasets, dedup them (ids and content), sample to a target domain mix,
         shuffle with a seed, split train/eval and write HF-loadable parquet shards.
@@ -110,6 +112,7 @@ def register(app: typer.Typer) -> None:
         """
         from rich.console import Console
 
+        from draftdata.cli.quiet import quiet_output
         from draftdata.merge.config import MergeConfig, parse_mix
         from draftdata.merge.report import print_summary
         from draftdata.merge.stage import merge
@@ -131,7 +134,8 @@ def register(app: typer.Typer) -> None:
             tmp_dir=tmp_dir,
             protect=list(protect),
         )
-        summary = merge(config, progress=None if quiet else _Progress())
+        with quiet_output(quiet):  # progress lines and library noise; the tables still print
+            summary = merge(config, progress=None if quiet else _Progress())
         console = Console()
         print_summary(summary.report, console)
         rows = summary.train_rows + summary.eval_rows

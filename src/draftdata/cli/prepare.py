@@ -64,7 +64,9 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(
             False, "--force", help="Replace earlier prepare outputs in the output folder."
         ),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+        quiet: bool = typer.Option(
+            False, "--quiet", "-q", help="Print nothing but errors and the tables."
+        ),
         write_samples: Path | None = typer.Option(
             None,
             "--write-samples",
@@ -78,6 +80,7 @@ def register(app: typer.Typer) -> None:
         """
         from rich.console import Console
 
+        from draftdata.cli.quiet import quiet_output
         from draftdata.config import load_config
         from draftdata.errors import ConfigError
         from draftdata.prepare.config import PrepareConfig, resolve_paths
@@ -99,9 +102,10 @@ def register(app: typer.Typer) -> None:
             )
         cfg = load_config(config, PrepareConfig, out=out, seed=seed, budget=budget)
         cfg = resolve_paths(cfg, config.resolve().parent)
-        result = prepare(
-            cfg, plan_only=plan_only, force=force, progress=None if quiet else _Progress()
-        )
+        with quiet_output(quiet):  # progress lines and library noise; the tables still print
+            result = prepare(
+                cfg, plan_only=plan_only, force=force, progress=None if quiet else _Progress()
+            )
         rep = result.report
         console.print(table("sources", SOURCE_HEADER, source_rows(rep)))
         title = "mix plan (existing + new)" if plan_only else "domain mix (existing + new)"

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
 from draftdata.distributed.cli_options import RayAddress, RayEnv, RayFlag, RayTasks
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ def register(app: typer.Typer) -> None:
     """Add the `tokenize` command to `app`."""
 
     @app.command("tokenize")
+    @quietable
     def _cmd(
         run: str = typer.Argument(
             ..., metavar="RUN_URL", help="The generate run: a folder or s3://BUCKET/PREFIX."
@@ -74,6 +76,7 @@ def register(app: typer.Typer) -> None:
         ray_address: RayAddress = None,
         ray_tasks: RayTasks = None,
         ray_env: RayEnv = None,
+        quiet: bool = QUIET,
     ) -> None:
         """Tokenize a run's completions in the target's chat template: input_ids + loss_mask.
 
