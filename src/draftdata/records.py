@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
@@ -234,6 +234,7 @@ _prompt_decoder = msgspec.json.Decoder(Prompt)
 
 BOM = b"\xef\xbb\xbf"  # the UTF-8 byte-order mark many Windows tools write first
 MAX_JSON_DEPTH = 100  # nesting levels a record may have; deeper is a reject, not a crash
+MAX_LINE_BYTES = 64 << 20  # a longer prompt line is a reject, read in bounded memory
 _DEEP = f"nesting deeper than {MAX_JSON_DEPTH} levels"
 
 
@@ -307,6 +308,8 @@ def parse_prompt(raw: bytes | str, where: str = "<input>") -> Prompt:
     than MAX_JSON_DEPTH (a leading byte-order mark is skipped)."""
     raw = raw[1:] if isinstance(raw, str) and raw.startswith("\ufeff") else raw
     raw = raw[3:] if isinstance(raw, bytes) and raw.startswith(BOM) else raw
+    if len(raw) > MAX_LINE_BYTES:
+        raise InputError(f"{where}: line longer than {MAX_LINE_BYTES >> 20} MiB")
     try:
         prompt = _prompt_decoder.decode(raw)
     except msgspec.ValidationError as exc:
@@ -370,8 +373,25 @@ def iter_prompt_lines(source: Path | str) -> Iterator[tuple[int, bytes]]:
     """Yield (1-based line number, raw line) of a prompts JSONL file (a local path or an s3://
     object) lazily, skipping blank lines and a byte-order mark at the start of the file."""
     with open_prompt_file(source) as fh:
-        for lineno, line in enumerate(fh, start=1):
+        for lineno, line in enumerate(read_lines(fh), start=1):
             if lineno == 1 and line.startswith(BOM):
                 line = line[3:]
             if line.strip():
                 yield lineno, line
+
+
+def read_lines(fh: BinaryIO, on_bytes: Callable[[bytes], object] | None = None) -> Iterator[bytes]:
+    """The lines of ``fh``, each read in at most MAX_LINE_BYTES + 1 bytes: a longer line yields
+    only its first MAX_LINE_BYTES + 1 bytes (without its newline; ``parse_prompt`` rejects it)
+    and the rest is skipped, so one huge line cannot exhaust memory. ``on_bytes`` sees every
+    byte read, in order (to hash a file while reading it)."""
+    while line := fh.readline(MAX_LINE_BYTES + 1):
+        if on_bytes is not None:
+            on_bytes(line)
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while rest := fh.readline(1 << 20):
+                if on_bytes is not None:
+                    on_bytes(rest)
+                if rest.endswith(b"\n"):
+                    break
+        yield line

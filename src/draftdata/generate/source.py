@@ -33,6 +33,7 @@ from draftdata.records import (
     open_prompt_file,
     parse_prompt,
     prompt_id,
+    read_lines,
 )
 
 PromptFile = Path | str  # a local file, or an s3://BUCKET/KEY object URL (kept a str)
@@ -99,12 +100,16 @@ def scan(files: list[PromptFile], *, limit: int | None, partition: Partition | N
     """Hash the files and count the prompts in scope (ids only; malformed lines count)."""
     h = hashlib.sha256()
     size = lines = in_scope = 0
+
+    def feed(chunk: bytes) -> None:  # every byte read, a huge line's skipped rest included
+        nonlocal size
+        h.update(chunk)
+        size += len(chunk)
+
     for f in files:
         h.update(_name(f).encode() + b"\x00")  # the name, not the location: a copy is the same
         with open_prompt_file(f) as fh:
-            for lineno, line in enumerate(fh, start=1):
-                h.update(line)
-                size += len(line)
+            for lineno, line in enumerate(read_lines(fh, on_bytes=feed), start=1):
                 if not (line[3:] if lineno == 1 and line.startswith(BOM) else line).strip():
                     continue
                 lines += 1

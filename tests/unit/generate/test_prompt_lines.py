@@ -184,3 +184,25 @@ def test_orphan_tool_is_rejected_by_generate_and_prepare() -> None:
     with pytest.raises(RowError) as info:
         check_prompt(_conv("user", "tool"), 10_000)
     assert info.value.reason == ORPHAN_TOOL
+
+
+def test_a_huge_line_is_a_reject_read_in_bounded_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+
+    from draftdata import records
+
+    monkeypatch.setattr(records, "MAX_LINE_BYTES", 1000)
+    f = tmp_path / "p.jsonl"
+    huge = _valid(1, "x" * 5000)  # valid JSON, but over the (lowered) limit
+    body = _valid(0, "a") + b"\n" + huge + b"\n" + _valid(2, "b") + b"\n"
+    f.write_bytes(body)
+    rejects: list[str] = []
+    got = PromptReader([f], on_invalid=rejects.append).take(10)
+    assert [p.id for p in got] == ["ok-0", "ok-2"]
+    assert rejects == [f"{f}:2: line longer than 0 MiB"]
+    found = scan([f], limit=None, partition=None)
+    # the identity still covers every byte, the skipped rest of the long line included
+    assert found.sha256 == hashlib.sha256(b"p.jsonl\x00" + body).hexdigest()
+    assert (found.bytes, found.prompts) == (len(body), 3)
