@@ -290,3 +290,17 @@ def test_bom_deep_nesting_and_orphan_tool_rows_are_rejects_not_fatal(tmp_path: P
     arr.write_bytes(b"\xef\xbb\xbf[" + json.dumps(ok).encode() + b", " + medium + b"]")
     s = compute_stats(str(arr))
     assert s.rows == 1 and s["rejected"]["count"] == 1
+
+
+def test_a_deep_json_string_field_is_a_reject(tmp_path: Path) -> None:
+    conv = [{"from": "human", "value": "what is 2 + 2?"}, {"from": "gpt", "value": "4"}]
+    rows = [
+        {"conversations": conv, "tools": "[" * 5000 + "]" * 5000},  # a JSON string, nested
+        {"conversations": conv, "tools": "[" * 150 + "]" * 150},
+        {"conversations": conv},
+    ]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = compute_stats(str(path))
+    assert s.rows == 1 and s["rejected"]["count"] == 2
+    assert all("tools" in e for e in s["rejected"]["examples"])
