@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
 from draftdata.distributed.cli_options import RayAddress, RayEnv, RayFlag, RayTasks
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ def register(app: typer.Typer) -> None:
     """Add the `tokenize` command to `app`."""
 
     @app.command("tokenize")
+    @quietable
     def _cmd(
         run: str = typer.Argument(
             ..., metavar="RUN_URL", help="The generate run: a folder or s3://BUCKET/PREFIX."
@@ -64,10 +66,17 @@ def register(app: typer.Typer) -> None:
         batch_rows: int = typer.Option(
             256, "--batch-rows", min=1, help="Completions per batch (and per output shard)."
         ),
+        protect: list[str] = typer.Option(
+            [],
+            "--protect",
+            metavar="PREFIX",
+            help="A prefix the output may not equal, contain or lie inside (repeatable).",
+        ),
         ray: RayFlag = False,
         ray_address: RayAddress = None,
         ray_tasks: RayTasks = None,
         ray_env: RayEnv = None,
+        quiet: bool = QUIET,
     ) -> None:
         """Tokenize a run's completions in the target's chat template: input_ids + loss_mask.
 
@@ -88,6 +97,7 @@ def register(app: typer.Typer) -> None:
             workers=workers,
             verify=verify,
             batch_rows=batch_rows,
+            protect=list(protect),
         ).validate()
         if ray:
             from draftdata.distributed.cli_options import tokenize_on_ray
