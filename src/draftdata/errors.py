@@ -9,6 +9,9 @@
     │   ├── ProtectedPrefixError        the output overlaps a protected prefix
     │   ├── RunMismatchError            the run's manifest disagrees with this config
     │   └── TransientStoreError         worth retrying (throttling, 5xx, resets)
+    ├── RunLeaseError                   the run lease (one writer per run, store/lease.py)
+    │   ├── LeaseHeldError              another live process writes this run
+    │   └── LeaseLostError              another process took over: stop committing
     ├── FleetError                      no endpoint reachable, a server failed to start
     │   └── FleetUnavailableError       no endpoint could serve for a bounded time, or every
     │                                   endpoint refuses chat requests (generate stops, resumable)
@@ -48,6 +51,11 @@ class StoreError(DraftdataError):
     """The run store refused an operation or failed to perform it."""
 
 
+class LeaseUnconfirmedError(StoreError):
+    """The run lease could not be renewed (the store does not answer): no commit until it is;
+    a store outage like any other, retried (a takeover would be LeaseLostError)."""
+
+
 class AlreadyExistsError(StoreError):
     """A create-only write found an object already at that key."""
 
@@ -62,6 +70,18 @@ class RunMismatchError(StoreError):
 
 class TransientStoreError(StoreError):
     """A store failure worth retrying (throttling, 5xx, connection reset)."""
+
+
+class RunLeaseError(DraftdataError):
+    """The run lease forbids this process to write (not a store outage: never retried)."""
+
+
+class LeaseHeldError(RunLeaseError):
+    """Another live process holds the lease of this run (or of an overlapping partition)."""
+
+
+class LeaseLostError(RunLeaseError):
+    """This process lost the run lease (presumed dead, taken over); it must stop committing."""
 
 
 class FleetError(DraftdataError):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, TypeVar, cast
 
 import msgspec
 
@@ -181,9 +181,92 @@ def validate_messages(messages: list[Message], *, prompt: bool = True) -> None:
             raise ValueError(f"{where}.content: tool message without content")
     if prompt and not has_user:
         raise ValueError("messages: no user turn")
+    if (fault := tool_order_fault(messages)) is not None:
+        raise ValueError(fault)
+
+
+def tool_order_fault(messages: list[Message]) -> str | None:
+    """Why a ``tool`` message answers no tool call (``messages[i]: ...``), else None.
+
+    A tool message must follow an assistant message with ``tool_calls`` (other tool messages
+    may stand between: one answer per call); when both the message's ``tool_call_id`` and the
+    calls' ids are given, the id must be one of those calls'. The OpenAI API refuses other
+    conversations, and a chat template renders them as nonsense. Shared by ``parse_prompt``
+    (generate, stats, merge) and prepare's ``check_prompt``.
+    """
+    calls: list[JsonDict] | None = None  # the tool calls the current run of tool messages answers
+    for i, m in enumerate(messages):
+        if m.role != "tool":
+            calls = m.tool_calls if m.role == "assistant" else None
+            continue
+        if not calls:
+            return f"messages[{i}]: tool message without a preceding assistant tool call"
+        ids = {c.get("id") for c in calls if isinstance(c, dict) and c.get("id")}
+        if m.tool_call_id and ids and m.tool_call_id not in ids:
+            return f"messages[{i}].tool_call_id: {m.tool_call_id!r} answers no preceding tool call"
+    return None
 
 
 _prompt_decoder = msgspec.json.Decoder(Prompt)
+
+BOM = b"\xef\xbb\xbf"  # the UTF-8 byte-order mark many Windows tools write first
+MAX_JSON_DEPTH = 100  # nesting levels a record may have; deeper is a reject, not a crash
+MAX_LINE_BYTES = 64 << 20  # a longer prompt line is a reject, read in bounded memory
+_DEEP = f"nesting deeper than {MAX_JSON_DEPTH} levels"
+
+
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether decoded JSON ``value`` nests deeper than ``limit`` (walked without recursion,
+    so the check itself cannot overflow the stack)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        elif isinstance(v, msgspec.Struct):
+            v = [getattr(v, f) for f in v.__struct_fields__]
+        elif not isinstance(v, list | tuple):
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((x, depth + 1) for x in v)
+    return False
+
+
+def may_be_deep(raw: bytes | str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """A cheap pre-check: only a line with more than ``limit`` brackets can nest that deep."""
+    if isinstance(raw, str):
+        return raw.count("[") + raw.count("{") > limit
+    return raw.count(b"[") + raw.count(b"{") > limit
+
+
+def decode_json_line(raw: bytes | str) -> Any:
+    """One JSON value of a user's JSONL line, any leading BOM skipped; ValueError (with what is
+    wrong) for invalid JSON, invalid UTF-8 or nesting deeper than MAX_JSON_DEPTH."""
+    raw = raw[1:] if isinstance(raw, str) and raw.startswith("\ufeff") else raw
+    raw = raw[3:] if isinstance(raw, bytes) and raw.startswith(BOM) else raw
+    try:
+        value = _any_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise ValueError(_DEEP) from exc
+    if may_be_deep(raw) and too_deep(value):
+        raise ValueError(_DEEP)
+    return value
+
+
+_Text = TypeVar("_Text", bytes, str)
+
+
+def strip_bom(raw: _Text) -> _Text:
+    """``raw`` without a leading UTF-8 byte-order mark."""
+    if isinstance(raw, str):
+        return raw[1:] if raw.startswith("\ufeff") else raw
+    return raw[3:] if raw.startswith(BOM) else raw
+
+
+_any_decoder = msgspec.json.Decoder()
 
 
 def _msgspec_field(err: msgspec.ValidationError) -> str:
@@ -196,13 +279,24 @@ def _msgspec_field(err: msgspec.ValidationError) -> str:
 
 
 def parse_prompt(raw: bytes | str, where: str = "<input>") -> Prompt:
-    """Decode and validate one prompt JSON object; errors read ``where: field: what is wrong``."""
+    """Decode and validate one prompt JSON object; errors read ``where: field: what is wrong``.
+
+    Any line raises InputError or returns: invalid JSON or UTF-8, a wrong shape, nesting deeper
+    than MAX_JSON_DEPTH (a leading byte-order mark is skipped)."""
+    raw = raw[1:] if isinstance(raw, str) and raw.startswith("\ufeff") else raw
+    raw = raw[3:] if isinstance(raw, bytes) and raw.startswith(BOM) else raw
+    if len(raw) > MAX_LINE_BYTES:
+        raise InputError(f"{where}: line longer than {MAX_LINE_BYTES >> 20} MiB")
     try:
         prompt = _prompt_decoder.decode(raw)
     except msgspec.ValidationError as exc:
         raise InputError(f"{where}: {_msgspec_field(exc)}") from exc
     except msgspec.DecodeError as exc:
         raise InputError(f"{where}: not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise InputError(f"{where}: {_DEEP}") from exc
+    if may_be_deep(raw) and too_deep(prompt):
+        raise InputError(f"{where}: {_DEEP}")
     if not prompt.id:
         raise InputError(f"{where}: id: empty id")
     try:
@@ -228,8 +322,8 @@ def prompt_id(line: bytes) -> str:
     """The ``id`` of one prompts-JSONL line, decoding nothing else ("" when the line is not a
     JSON object or has no string id; the full parse reports why)."""
     try:
-        return _id_decoder.decode(line).id
-    except (msgspec.DecodeError, msgspec.ValidationError):
+        return _id_decoder.decode(strip_bom(line)).id
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return ""
 
 
@@ -254,8 +348,27 @@ def open_prompt_file(source: Path | str) -> BinaryIO:
 
 def iter_prompt_lines(source: Path | str) -> Iterator[tuple[int, bytes]]:
     """Yield (1-based line number, raw line) of a prompts JSONL file (a local path or an s3://
-    object) lazily, skipping blank lines."""
+    object) lazily, skipping blank lines and a byte-order mark at the start of the file."""
     with open_prompt_file(source) as fh:
-        for lineno, line in enumerate(fh, start=1):
+        for lineno, line in enumerate(read_lines(fh), start=1):
+            if lineno == 1 and line.startswith(BOM):
+                line = line[3:]
             if line.strip():
                 yield lineno, line
+
+
+def read_lines(fh: BinaryIO, on_bytes: Callable[[bytes], object] | None = None) -> Iterator[bytes]:
+    """The lines of ``fh``, each read in at most MAX_LINE_BYTES + 1 bytes: a longer line yields
+    only its first MAX_LINE_BYTES + 1 bytes (without its newline; ``parse_prompt`` rejects it)
+    and the rest is skipped, so one huge line cannot exhaust memory. ``on_bytes`` sees every
+    byte read, in order (to hash a file while reading it)."""
+    while line := fh.readline(MAX_LINE_BYTES + 1):
+        if on_bytes is not None:
+            on_bytes(line)
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while rest := fh.readline(1 << 20):
+                if on_bytes is not None:
+                    on_bytes(rest)
+                if rest.endswith(b"\n"):
+                    break
+        yield line

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
+
 
 def register(app: typer.Typer) -> None:
     """Add the `demo` command to `app`."""
 
     @app.command("demo")
+    @quietable
     def _cmd(
         out: Path = typer.Option(
             Path("demo-out"),
@@ -38,6 +41,7 @@ def register(app: typer.Typer) -> None:
             "--cache-dir",
             help="Where the demo tokenizer is trained once and reused (default: OUT/.cache).",
         ),
+        quiet: bool = QUIET,
     ) -> None:
         """Run prepare → generate → tokenize → merge → stats → report on bundled samples and a
         local simulated fleet; print the figures and where the outputs and report are."""

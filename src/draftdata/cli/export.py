@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
+
 
 def register(app: typer.Typer) -> None:
     """Add the `export` command to `app`."""
 
     @app.command("export")
+    @quietable
     def _cmd(
         run: str = typer.Argument(..., help="The run: a local directory or s3://BUCKET/PREFIX."),
         fmt: str = typer.Option(
@@ -48,6 +51,7 @@ def register(app: typer.Typer) -> None:
             help="A chat template file (Jinja or tokenizer_config.json) overriding the "
             "tokenizer's (specforge-text and speculators).",
         ),
+        quiet: bool = QUIET,
     ) -> None:
         """Export a run's completions for training (streams shard by shard)."""
         from draftdata.export.stage import export_run

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
 from draftdata.errors import ConfigError
 
 
@@ -18,6 +19,7 @@ def register(app: typer.Typer) -> None:
     """Add `up`, `status` and `down` to the fleet sub-app."""
 
     @app.command("up")
+    @quietable
     def up(
         engine: str = typer.Option(
             ..., "--engine", help="sglang, vllm, sim (draftdata's simulator) or command."
@@ -94,6 +96,7 @@ def register(app: typer.Typer) -> None:
             "--allow-partial",
             help="Keep the servers that started when some failed (default: stop them all).",
         ),
+        quiet: bool = QUIET,
     ) -> None:
         """Start one inference server per GPU, wait until each serves, write fleet.yaml."""
         from draftdata.fleet.launch import LaunchConfig, parse_env, parse_gpus
@@ -129,8 +132,10 @@ def register(app: typer.Typer) -> None:
         )
 
     @app.command("status")
+    @quietable
     def status(
         fleet: Path = typer.Argument(Path("fleet.yaml"), help="fleet.yaml of the fleet."),
+        quiet: bool = QUIET,
     ) -> None:
         """Show each server's process, health, running/waiting requests and uptime.
 
@@ -156,9 +161,11 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
 
     @app.command("down")
+    @quietable
     def down(
         fleet: Path = typer.Argument(Path("fleet.yaml"), help="fleet.yaml written by fleet up."),
         grace: float = typer.Option(30.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
+        quiet: bool = QUIET,
     ) -> None:
         """Stop exactly the servers `fleet up` started (pid + start time checked)."""
         from draftdata.fleet.manage import fleet_down

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
 from draftdata.errors import ConfigError
 
 
@@ -45,6 +46,7 @@ def register(app: typer.Typer) -> None:
     """Add the `sim` command to the fleet sub-app."""
 
     @app.command("sim")
+    @quietable
     def sim(
         servers: int = typer.Option(2, "--servers", "-n", help="How many servers to run."),
         port_base: int = typer.Option(
@@ -149,6 +151,7 @@ def register(app: typer.Typer) -> None:
         starting_seconds: float = typer.Option(
             0.5, "--starting-seconds", help="/health 503 this long after a restart."
         ),
+        quiet: bool = QUIET,
     ) -> None:
         """Run N OpenAI-compatible simulated servers (SGLang or vLLM shaped) until Ctrl-C."""
         import asyncio

@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from draftdata.cli import ray_options as ray_opts
+from draftdata.cli.quiet import QUIET, quietable
 
 PANEL_RUN = "Requests"
 PANEL_STORE = "Run store"
@@ -51,6 +52,7 @@ def register(app: typer.Typer) -> None:
     """Add the `generate` command to `app`."""
 
     @app.command("generate")
+    @quietable
     def _cmd(
         prompts: str | None = typer.Option(
             None,
@@ -212,6 +214,20 @@ def register(app: typer.Typer) -> None:
             help="Pause dispatch while more records than this wait for the store (default 4096).",
             rich_help_panel=PANEL_STORE,
         ),
+        lease_ttl: float | None = typer.Option(
+            None,
+            "--lease-ttl",
+            help="Seconds of heartbeat silence after which a dead writer's run lease expires "
+            "(default 30).",
+            rich_help_panel=PANEL_STORE,
+        ),
+        lease_wait: float | None = typer.Option(
+            None,
+            "--lease-wait",
+            help="Wait up to S seconds for another live writer of the run to finish "
+            "(default 0: refuse at once).",
+            rich_help_panel=PANEL_STORE,
+        ),
         writer_id: str | None = typer.Option(
             None,
             "--writer-id",
@@ -288,6 +304,7 @@ def register(app: typer.Typer) -> None:
         fleet_per_node: ray_opts.FleetPerNode = None,
         tasks_per_node: ray_opts.TasksPerNode = 1,
         ray_env: ray_opts.RayEnv = None,
+        quiet: bool = QUIET,
     ) -> None:
         """Answer every prompt on the fleet and store each completion exactly once.
 
@@ -321,6 +338,8 @@ def register(app: typer.Typer) -> None:
             "max_uncommitted": max_uncommitted,
             "unavailable_timeout": unavailable_timeout,
             "writer_id": writer_id,
+            "lease_ttl": lease_ttl,
+            "lease_wait": lease_wait,
             "max_attempts": max_attempts,
             "read_timeout": read_timeout,
             "connect_timeout": connect_timeout,

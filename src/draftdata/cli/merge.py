@@ -10,6 +10,8 @@ import time
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
+
 
 class _Progress:
     """``merge: PATH: N rows (R rows/s)`` lines on stderr, at most every 2 seconds."""
@@ -31,6 +33,7 @@ def register(app: typer.Typer) -> None:
     """Add the `merge` command to `app`."""
 
     @app.command("merge")
+    @quietable
     def _cmd(
         existing: list[str] = typer.Option(
             [],
@@ -96,7 +99,13 @@ def register(app: typer.Typer) -> None:
         tmp_dir: str | None = typer.Option(
             None, "--tmp-dir", help="Local folder for the shuffle's buckets (default: system)."
         ),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+        protect: list[str] = typer.Option(
+            [],
+            "--protect",
+            metavar="PREFIX",
+            help="A prefix the output may not equal, contain or lie inside (repeatable).",
+        ),
+        quiet: bool = QUIET,
     ) -> None:
         """Combine datasets, dedup them (ids and content), sample to a target domain mix,
         shuffle with a seed, split train/eval and write HF-loadable parquet shards.
@@ -123,6 +132,7 @@ def register(app: typer.Typer) -> None:
             workers=workers,
             shard_rows=shard_rows,
             tmp_dir=tmp_dir,
+            protect=list(protect),
         )
         if (warning := mix_warning(config.mix)) is not None:
             typer.echo(warning, err=True)

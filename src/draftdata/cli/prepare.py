@@ -13,6 +13,8 @@ from pathlib import Path
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
+
 
 class _Progress:
     """Prints ``source: N rows (R rows/s)`` lines to stderr, at most every 2 seconds."""
@@ -42,6 +44,7 @@ def register(app: typer.Typer) -> None:
     """Add the `prepare` command to `app`."""
 
     @app.command("prepare")
+    @quietable
     def _cmd(
         config: Path | None = typer.Argument(
             None,
@@ -64,7 +67,7 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(
             False, "--force", help="Replace earlier prepare outputs in the output folder."
         ),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+        quiet: bool = QUIET,
         write_samples: Path | None = typer.Option(
             None,
             "--write-samples",

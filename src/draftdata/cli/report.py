@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
+
 
 def register(app: typer.Typer) -> None:
     """Add the `report` command to `app`."""
 
     @app.command("report")
+    @quietable
     def _cmd(
         target: str = typer.Argument(
             ...,
@@ -32,6 +35,7 @@ def register(app: typer.Typer) -> None:
             "merge_report.json these stand for the 'before' side.",
         ),
         title: str = typer.Option("", "--title", help="Page title (default: from the input)."),
+        quiet: bool = QUIET,
     ) -> None:
         """Domain mix before/after merge, output length and tokens per domain, finish reasons,
         failures by class, throughput per endpoint and the headline numbers, as one HTML file

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
+
 
 def register(app: typer.Typer) -> None:
     """Add the `stats` command to `app`."""
 
     @app.command("stats")
+    @quietable
     def _cmd(
         dataset: list[str] = typer.Argument(
             ...,
@@ -17,6 +20,7 @@ def register(app: typer.Typer) -> None:
             "messages); local path or s3://BUCKET/PREFIX. Several may be given.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+        quiet: bool = QUIET,
     ) -> None:
         """Counts and shares per domain and source, length percentiles, reasoning share,
         finish reasons and failures (for runs). Format is auto-detected."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+from draftdata.cli.quiet import QUIET, quietable
 from draftdata.cli.ray_options import RayAddress, RayEnv, RayFlag, RayTasks
 
 
@@ -15,6 +16,7 @@ def register(app: typer.Typer) -> None:
     """Add the `tokenize` command to `app`."""
 
     @app.command("tokenize")
+    @quietable
     def _cmd(
         run: str = typer.Argument(
             ..., metavar="RUN_URL", help="The generate run: a folder or s3://BUCKET/PREFIX."
@@ -59,10 +61,17 @@ def register(app: typer.Typer) -> None:
         batch_rows: int = typer.Option(
             256, "--batch-rows", min=1, help="Completions per batch (and per output shard)."
         ),
+        protect: list[str] = typer.Option(
+            [],
+            "--protect",
+            metavar="PREFIX",
+            help="A prefix the output may not equal, contain or lie inside (repeatable).",
+        ),
         ray: RayFlag = False,
         ray_address: RayAddress = None,
         ray_tasks: RayTasks = None,
         ray_env: RayEnv = None,
+        quiet: bool = QUIET,
     ) -> None:
         """Tokenize a run's completions in the target's chat template: input_ids + loss_mask.
 
@@ -83,6 +92,7 @@ def register(app: typer.Typer) -> None:
             workers=workers,
             verify=verify,
             batch_rows=batch_rows,
+            protect=list(protect),
         ).validate()
         if ray:
             from draftdata.cli.ray_options import tokenize_on_ray

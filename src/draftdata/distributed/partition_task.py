@@ -5,7 +5,8 @@ the one shared run through the normal generate engine restricted to its partitio
 writer id of its own (``p0003-<host>-<pid>-<rnd>``), and reports what it has committed to the
 driver's progress board. Exactly-once comes from the store: every attempt re-opens the run and
 skips what is committed, so a task Ray retries after its worker was killed regenerates only the
-uncommitted tail.
+uncommitted tail. Each partition holds its own run lease (``store/lease.py``); a retry waits
+(up to 10 lease TTLs) for a zombie of the previous attempt to finish or expire.
 
 It does not schedule (``ray_generate`` submits the tasks) and generates nothing by itself.
 """
@@ -47,7 +48,10 @@ def _partition_config(
 ) -> tuple[GenerateConfig, dict[str, Any]]:
     """The partition's config (this node's fleet, no live display) and the keyword arguments
     that carry the partition and writer id when the config has no field for them."""
-    changes: dict[str, Any] = {"progress": "off"}
+    # a Ray retry may start beside a zombie of the partition's last attempt that still holds
+    # the partition's run lease: wait for it to finish or expire instead of failing at once
+    wait = max(config.lease_wait, 10 * config.lease_ttl)
+    changes: dict[str, Any] = {"progress": "off", "lease_wait": wait}
     if fleet is not None:
         changes.update(fleet=fleet, endpoints=[])
     else:

@@ -63,7 +63,8 @@ def _worker_state(config_json: str) -> tuple[Any, Any, Any]:
 
         config = msgspec.json.decode(config_json, type=TokenizeConfig)
         ctx = TokenizeContext.from_config(config)
-        state = (ctx, open_store(config.run), open_store(config.out_url))
+        out = open_store(config.out_url, protect=config.protect)
+        state = (ctx, open_store(config.run), out)
         _WORKER_STATE.clear()  # one run at a time per worker: drop the previous tokenizer
         _WORKER_STATE[config_json] = state
     return state

@@ -110,6 +110,8 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     flush_seconds: float = 5.0
     max_uncommitted: int = 4096  # dispatch pauses while more records wait for the store
     store_retry_max: float = 30.0  # cap of the backoff between flush retries in an outage
+    lease_ttl: float = 30.0  # a dead holder's run lease expires after this heartbeat silence
+    lease_wait: float = 0.0  # wait this long for a live holder to finish (0: refuse at once)
     # retries and timeouts
     max_attempts: int = 6
     backoff_base: float = 0.5
@@ -174,6 +176,8 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
         (cfg.unavailable_timeout > 0, "--unavailable-timeout: must be > 0"),
         (cfg.order in ("length", "file"), f"--order: {cfg.order!r}; use length or file"),
         (cfg.lookahead >= 0, "--lookahead: must be >= 0"),
+        (cfg.lease_ttl > 0, "--lease-ttl: must be > 0"),
+        (cfg.lease_wait >= 0, "--lease-wait: must be >= 0"),
     ]
     if cfg.partition is not None:
         from draftdata.distributed.partition import parse_partition

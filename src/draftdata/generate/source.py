@@ -9,7 +9,9 @@ number of prompts in scope (``limit``, ``partition``) for the progress total. ``
 then yields validated prompts lazily, in file order; memory does not grow with the file.
 
 A line that does not validate is reported (file:line: what is wrong) and skipped, never fatal:
-``prepare`` already validated its output, and one bad line must not stop a day-long run.
+``prepare`` already validated its output, and one bad line must not stop a day-long run. No
+line can end the reader: invalid JSON or UTF-8, any shape, nesting of any depth (a reject past
+``records.MAX_JSON_DEPTH``); a byte-order mark at the start of a file is skipped.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ import msgspec
 from draftdata.distributed.partition import Partition, parse_partition
 from draftdata.errors import InputError, StoreError
 from draftdata.records import (
+    BOM,
     Prompt,
     iter_prompt_lines,
     open_prompt_file,
     parse_prompt,
     prompt_id,
+    read_lines,
 )
 
 PromptFile = Path | str  # a local file, or an s3://BUCKET/KEY object URL (kept a str)
@@ -96,13 +100,17 @@ def scan(files: list[PromptFile], *, limit: int | None, partition: Partition | N
     """Hash the files and count the prompts in scope (ids only; malformed lines count)."""
     h = hashlib.sha256()
     size = lines = in_scope = 0
+
+    def feed(chunk: bytes) -> None:  # every byte read, a huge line's skipped rest included
+        nonlocal size
+        h.update(chunk)
+        size += len(chunk)
+
     for f in files:
         h.update(_name(f).encode() + b"\x00")  # the name, not the location: a copy is the same
         with open_prompt_file(f) as fh:
-            for line in fh:
-                h.update(line)
-                size += len(line)
-                if not line.strip():
+            for lineno, line in enumerate(read_lines(fh, on_bytes=feed), start=1):
+                if not (line[3:] if lineno == 1 and line.startswith(BOM) else line).strip():
                     continue
                 lines += 1
                 if limit is not None and lines > limit:

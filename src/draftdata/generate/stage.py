@@ -28,7 +28,7 @@ import numpy as np
 
 from draftdata.distributed.partition import parse_partition
 from draftdata.endpoints import base_url, probe_capacity
-from draftdata.errors import ConfigError, FleetError
+from draftdata.errors import ConfigError, FleetError, LeaseLostError
 from draftdata.fleetspec import read_fleet
 from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
@@ -40,6 +40,7 @@ from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
 from draftdata.generate.thinking import SETTINGS_KEY as SERVER_KWARGS
 from draftdata.generate.thinking import server_kwargs
+from draftdata.store.lease import LeaseOptions, scope_of
 from draftdata.store.protect import check_not_protected
 from draftdata.store.run import Run
 
@@ -188,6 +189,15 @@ async def _generate(
             config.reasoning, config.token_ids, config.out, session, alive, model
         ):
             settings[SERVER_KWARGS] = kwargs  # what tokenize renders with (thinking.py)
+
+        stop_engine: list[Callable[[], object]] = []  # set once the engine runs
+
+        def lease_lost(message: str) -> None:  # from the heartbeat or the commit thread
+            log(f"generate: {message}")
+            for stop in stop_engine:
+                stop()
+
+        lease = LeaseOptions(scope_of(part), config.lease_ttl, config.lease_wait, lease_lost)
         run = await asyncio.to_thread(
             Run.open,
             config.out,
@@ -198,6 +208,8 @@ async def _generate(
             flush_records=config.flush_records,
             flush_seconds=config.flush_seconds,
             writer_id=config.writer_id,
+            lease=lease,
+            log=log,
         )
         await warm
         endpoints = _endpoints(config, urls, caps, fleet_caps, key, log, contexts)
@@ -229,6 +241,8 @@ async def _generate(
         restore: list[Callable[[], None]] = []
 
         def started(engine: Engine) -> None:
+            loop = asyncio.get_running_loop()
+            stop_engine.append(lambda: loop.call_soon_threadsafe(engine.dispatcher.abort))
             if on_engine is not None:
                 on_engine(engine)
             if signals and (undo := _install_signals(engine)) is not None:
@@ -254,6 +268,9 @@ async def _generate(
             key = await asyncio.to_thread(rejects.write, run)
             if key is not None:
                 log(f"generate: {len(rejects.rows)} invalid prompt lines written to {key}")
+            await asyncio.to_thread(run.release_lease)
+    if run.lease is not None and run.lease.lost:  # taken over: what we did not commit is theirs
+        raise LeaseLostError(run.lease.lost)
     if not config.partition:  # a partition (a Ray task) reports its own part; the driver sums
         summary.run = await asyncio.to_thread(_whole_run, run, log)
     if summary.interrupted:

@@ -37,6 +37,7 @@ class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     ``workers`` processes classify and hash chat rows in pass 1 (1: in this process; 0: one
     per core, at most 8, when the chat inputs exceed 32 MiB). Workers are spawned, so a script
     that asks for them needs the ``if __name__ == "__main__":`` guard; the CLI uses 0.
+    ``protect``: prefixes the output may not equal, contain or lie inside (like generate's).
     """
 
     existing: list[str] = msgspec.field(default_factory=list)
@@ -55,6 +56,7 @@ class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     shard_bytes: int = 128 << 20
     bucket_bytes: int = 64 << 20
     tmp_dir: str | None = None
+    protect: list[str] = msgspec.field(default_factory=list)  # prefixes never to write into
 
     @property
     def inputs(self) -> list[tuple[str, str]]:

@@ -56,6 +56,7 @@ from draftdata.merge.plan import Allocation, Selection, bucket_of, dedup, select
 from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket_schema
 from draftdata.metrics import StageStats
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
+from draftdata.store.protect import check_not_protected
 from draftdata.store.store import Store, open_store
 
 REPORT_KEY = "merge_report.json"
@@ -381,11 +382,13 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
     carries the report that is also written as ``merge_report.json``.
 
     Raises ConfigError for bad settings, InputError for unreadable or mixed inputs,
-    AlreadyExistsError when the output location is not empty.
+    AlreadyExistsError when the output location is not empty, ProtectedPrefixError when it
+    equals, contains or lies inside a ``protect`` prefix (before anything is read or written).
     """
     check_config(config)
+    check_not_protected(config.out, config.protect, what="merge output", describe=True)
     stats = StageStats("merge")
-    store = open_store(config.out)
+    store = open_store(config.out, protect=config.protect)  # every write re-checked
     _check_empty(store)
     infos, family = open_inputs(config.inputs)
     if config.format in CHAT_FORMATS and family == "samples":

@@ -1,8 +1,9 @@
 """Reading source rows lazily: local files and globs, s3:// URLs and Hugging Face hub ids.
 
 ``iter_rows(source)`` yields ``(row_index, row)`` where ``row`` is a decoded dict (or whatever
-the line held) or a ``RowError`` for a line that is not JSON / not text, so one bad line never
-stops a run. Memory stays bounded:
+the line held) or a ``RowError`` (located ``file:line``) for a line that is not JSON / not text /
+nested deeper than ``records.MAX_JSON_DEPTH``, so one bad line never stops a run; a UTF-8
+byte-order mark at the start of a file is skipped. Memory stays bounded:
 
 - JSONL (local or s3://) is read line by line, each line decoded on its own. We do this rather
   than hand JSONL to ``datasets``' json builder because that builder casts a whole chunk to one
@@ -27,8 +28,8 @@ import msgspec
 from draftdata.errors import InputError
 from draftdata.prepare.config import SourceConfig
 from draftdata.prepare.validate import BAD_JSON, UNDECODABLE_TEXT, RowError
+from draftdata.records import BOM, decode_json_line, strip_bom
 
-_decoder = msgspec.json.Decoder()
 _raw_list = msgspec.json.Decoder(list[msgspec.Raw])
 
 
@@ -79,30 +80,35 @@ def _open(path: str) -> Any:
     return Path(path).open("rb")
 
 
+def _row(raw: bytes | msgspec.Raw, where: str) -> Any:
+    """One decoded row, or a RowError saying where and why (no line can raise)."""
+    try:
+        return decode_json_line(bytes(raw))
+    except ValueError as exc:
+        reason = UNDECODABLE_TEXT if "UTF-8" in str(exc) else BAD_JSON
+        return RowError(reason, f"{where}: {exc}")
+
+
 def _jsonl(path: str) -> Iterator[Any]:
     with _open(path) as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                yield _decoder.decode(line)
-            except msgspec.DecodeError as exc:
-                reason = UNDECODABLE_TEXT if "UTF-8" in str(exc) else BAD_JSON
-                yield RowError(reason, f"{path}: {exc}")
+        for lineno, line in enumerate(fh, start=1):
+            if lineno == 1 and line.startswith(BOM):
+                line = line[len(BOM) :]
+            if line.strip():
+                yield _row(line, f"{path}:{lineno}")
 
 
 def _json_array(path: str) -> Iterator[Any]:
     with _open(path) as fh:
-        data = fh.read()
+        data = strip_bom(fh.read())
     try:
         items = _raw_list.decode(data)
     except msgspec.DecodeError as exc:
         raise InputError(f"{path}: not a JSON array of rows ({exc})") from exc
-    for raw in items:
-        try:
-            yield _decoder.decode(raw)
-        except msgspec.DecodeError as exc:  # pragma: no cover - raw items are valid JSON
-            yield RowError(BAD_JSON, f"{path}: {exc}")
+    except RecursionError as exc:
+        raise InputError(f"{path}: not a JSON array of rows (nested too deeply)") from exc
+    for i, raw in enumerate(items):
+        yield _row(raw, f"{path}: element {i}")
 
 
 def _streamed(dataset: Any) -> Iterator[Any]:

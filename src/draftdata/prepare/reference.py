@@ -87,7 +87,7 @@ def load_exclusions(files: list[str], deduper: Deduper) -> int:
     for path in files:
         if path.endswith(".txt"):
             try:
-                lines = Path(path).read_text(encoding="utf-8").splitlines()
+                lines = Path(path).read_text(encoding="utf-8-sig").splitlines()  # BOM skipped
             except (OSError, UnicodeDecodeError) as exc:
                 raise InputError(f"exclusion list {path}: cannot read ({exc})") from exc
             for line in lines:

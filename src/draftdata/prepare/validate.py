@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftdata.records import ROLES, Message
+from draftdata.records import ROLES, Message, tool_order_fault
 
 BAD_JSON = "bad_json"
 WRONG_TYPE = "wrong_type"
@@ -23,6 +23,7 @@ TOO_LONG = "too_long"
 BAD_TOOL_SPEC = "bad_tool_spec"
 UNDECODABLE_TEXT = "undecodable_text"
 DUPLICATE_ID = "duplicate_id"
+ORPHAN_TOOL = "orphan_tool"
 
 REASONS = (
     BAD_JSON,
@@ -36,6 +37,7 @@ REASONS = (
     BAD_TOOL_SPEC,
     UNDECODABLE_TEXT,
     DUPLICATE_ID,
+    ORPHAN_TOOL,
 )
 
 
@@ -74,7 +76,8 @@ def check_prompt(messages: list[Message], max_chars: int) -> None:
     """Raise RowError if ``messages`` is not a usable prompt.
 
     A prompt has known roles, string contents, non-empty user/system text, assistant turns with
-    content or tool calls, at least one user turn, ends with a user or tool turn, holds only
+    content or tool calls, at least one user turn, ends with a user or tool turn, answers only
+    preceding assistant tool calls with tool messages (``records.tool_order_fault``), holds only
     encodable text (no U+FFFD replacement characters or lone surrogates), and has at most
     ``max_chars`` characters of content in total.
     """
@@ -104,5 +107,7 @@ def check_prompt(messages: list[Message], max_chars: int) -> None:
         raise RowError(NO_USER_TURN, "messages: no user turn")
     if messages[-1].role not in ("user", "tool"):
         raise RowError(NO_USER_TURN, f"messages: ends with a {messages[-1].role} turn")
+    if (fault := tool_order_fault(messages)) is not None:
+        raise RowError(ORPHAN_TOOL, fault)
     if total > max_chars:
         raise RowError(TOO_LONG, f"messages: {total} characters > max_chars {max_chars}")

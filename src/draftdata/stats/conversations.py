@@ -22,12 +22,14 @@ import pyarrow as pa
 from draftdata.conversation import assemble
 from draftdata.formats import FORMAT_KEY, MESSAGE_TYPE
 from draftdata.records import (
+    MAX_JSON_DEPTH,
     ROLES,
     Completion,
     JsonDict,
     Message,
     content_hash,
     sample_key,
+    too_deep,
 )
 
 CONVERSATION_FORMAT = "conversation/1"
@@ -108,9 +110,11 @@ def _text(value: Any) -> str | None:
 def _json_field(value: Any, where: str) -> Any:
     if isinstance(value, str):
         try:
-            return json.loads(value)
-        except ValueError as exc:
+            value = json.loads(value)
+        except (ValueError, RecursionError) as exc:
             raise ValueError(f"{where}: not valid JSON") from exc
+    if too_deep(value):  # any depth in a user's string field is a bad row, not a crash
+        raise ValueError(f"{where}: nesting deeper than {MAX_JSON_DEPTH} levels")
     return value
 
 

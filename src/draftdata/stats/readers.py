@@ -14,7 +14,8 @@ returns a ``Dataset``: its kind and the data files to read, in a fixed order. Ki
 
 Readers are lazy: JSONL line by line, JSON arrays element by element, parquet batch by batch.
 A malformed row goes to ``on_bad(where, reason)`` (``file:line: what``) and is skipped; it never
-stops the read. This module computes nothing; ``compute.py`` and ``merge/`` do.
+stops the read (invalid JSON or UTF-8, any shape, any nesting depth; a leading byte-order mark
+is skipped). This module computes nothing; ``compute.py`` and ``merge/`` do.
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ from draftdata.formats import (
     check_format,
     completion_from_row,
 )
-from draftdata.records import Completion, parse_prompt
+from draftdata.records import (
+    MAX_JSON_DEPTH,
+    Completion,
+    decode_json_line,
+    parse_prompt,
+    strip_bom,
+    too_deep,
+)
 from draftdata.stats.conversations import (
     Conversation,
     completion_to_conversation,
@@ -58,6 +66,7 @@ DATA_EXT = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
 # JSON files that describe a dataset rather than hold its rows.
 _NOT_DATA = ("report", "summary", "manifest", "stats", "metrics", "config")
 _MAX_JSON_ELEMENT = 256 << 20
+_DEEP = f"nesting deeper than {MAX_JSON_DEPTH} levels"
 MERGE_REPORT = "merge_report.json"
 PREPARE_REPORT = "prepare_report.json"
 
@@ -154,15 +163,17 @@ def _parquet_kind(store: Store, key: str) -> Kind:
 
 def _json_kind(store: Store, key: str) -> Kind:
     for where, raw in _iter_json_raw(store, key, _ignore):
+        if not isinstance(raw, bytes) and too_deep(raw):
+            continue
         try:
             parse_prompt(raw if isinstance(raw, bytes) else msgspec.json.encode(raw), where)
             return "prompts"
         except InputError:
             pass
         try:
-            row_to_conversation(_dec.decode(raw) if isinstance(raw, bytes) else raw)
+            row_to_conversation(decode_json_line(raw) if isinstance(raw, bytes) else raw)
             return "conversations"
-        except (ValueError, msgspec.DecodeError):
+        except ValueError:
             continue
     return "conversations"
 
@@ -239,7 +250,7 @@ def _open(store: Store, key: str) -> IO[bytes]:
 def _iter_json_array(fh: IO[bytes], where: str, on_bad: OnBad) -> Iterator[tuple[str, Any]]:
     """Elements of a top-level JSON array, decoded one at a time from a growing text buffer."""
     decoder = json.JSONDecoder()
-    text = codecs.getincrementaldecoder("utf-8")("replace")
+    text = codecs.getincrementaldecoder("utf-8-sig")("replace")  # a leading BOM is skipped
     buf = ""
     pos = 0
     eof = False
@@ -275,6 +286,9 @@ def _iter_json_array(fh: IO[bytes], where: str, on_bad: OnBad) -> Iterator[tuple
             break
         try:
             value, end = decoder.raw_decode(buf, pos)
+        except RecursionError:
+            on_bad(f"{where}: element {index}", f"not valid JSON ({_DEEP})")
+            break
         except ValueError as exc:
             if not eof and len(buf) - pos < _MAX_JSON_ELEMENT:
                 more()
@@ -294,7 +308,7 @@ def _iter_json_raw(store: Store, key: str, on_bad: OnBad) -> Iterator[tuple[str,
     """(where, raw line bytes or decoded element) for each record of a JSONL/JSON file."""
     where = store.key_url(key)
     with _open(store, key) as fh:
-        head = fh.peek(64)[:64]  # type: ignore[attr-defined]
+        head = strip_bom(fh.peek(64)[:64])  # type: ignore[attr-defined]
         if head.lstrip().startswith(b"["):
             yield from _iter_json_array(fh, where, on_bad)
             return
@@ -303,28 +317,25 @@ def _iter_json_raw(store: Store, key: str, on_bad: OnBad) -> Iterator[tuple[str,
                 yield f"{where}:{lineno}", line
 
 
-_dec = msgspec.json.Decoder()
-
-
 def _conversations_of_json(
     store: Store, key: str, prompts: bool, on_bad: OnBad
 ) -> Iterator[Conversation]:
     for where, raw in _iter_json_raw(store, key, on_bad):
         try:
+            if not isinstance(raw, bytes) and too_deep(raw):
+                raise ValueError(_DEEP)
             if prompts:
                 p = parse_prompt(raw if isinstance(raw, bytes) else msgspec.json.encode(raw), where)
                 yield Conversation(
                     id=p.id, messages=p.messages, source=p.source, domain=p.domain, tools=p.tools
                 )
                 continue
-            row = _dec.decode(raw) if isinstance(raw, bytes) else raw
+            row = decode_json_line(raw) if isinstance(raw, bytes) else raw
             yield row_to_conversation(row)
         except InputError as exc:
             reason = str(exc)
             on_bad(where, reason[len(where) + 2 :] if reason.startswith(where) else reason)
-        except msgspec.DecodeError as exc:
-            on_bad(where, f"not valid JSON ({exc})")
-        except ValueError as exc:
+        except ValueError as exc:  # decode_json_line's and row_to_conversation's
             on_bad(where, str(exc))
 
 

@@ -23,6 +23,10 @@ change is allowed and recorded). It then rebuilds the done-set from the rollups 
 footer and id chunks), and rolls those up when there are many. Writer ids are
 unique per process (host-pid-random), so several processes or nodes can write one run as long
 as they work on disjoint prompts (e.g. partitioned by id hash).
+
+One writer per scope: with ``lease=`` (generate always passes one), ``Run.open`` takes the run
+lease of the whole run or of its partition (``lease.py``) before it reads the done-set, and
+every shard write first checks that the lease is still held; ``close`` releases it.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT, completions_tab
 from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS, Completion, Failure
 from draftdata.store.doneset import DoneSet, hash_pairs, pair_hash
+from draftdata.store.lease import LEASE_PREFIX, Lease, LeaseOptions, acquire
 from draftdata.store.manifest import (
     MANIFEST_KEY,
     diff_settings,
@@ -139,6 +144,7 @@ class Run:
         self._closed = False
         self._seq = _next_seq(keys, writer_id)
         self._metrics_seq = 0
+        self.lease: Lease | None = None
         with stats.timed("store.done_set_rebuild"):
             self._completed, self._fatal, uncovered = _rebuild(store, keys, stats)
         self.resumed_done = len(self._completed)
@@ -166,6 +172,8 @@ class Run:
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         writer_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        lease: LeaseOptions | None = None,
+        log: Callable[[str], None] | None = None,
     ) -> Run:
         """Create or resume the run at ``url``; every safety check happens here, before any
         request is sent.
@@ -173,7 +181,8 @@ class Run:
         Refuses (ProtectedPrefixError) an output overlapping a protected prefix; refuses
         (RunMismatchError) a non-empty prefix without a manifest, and a manifest whose settings
         hash differs unless ``allow_config_change`` (then the change is recorded). Committed
-        (id, sample) pairs, and fatal failures unless ``retry_failed``, count as done.
+        (id, sample) pairs, and fatal failures unless ``retry_failed``, count as done. With
+        ``lease``, takes the run lease first (LeaseHeldError when a live process holds it).
         """
         if flush_records < 1:
             raise ConfigError(f"flush_records: {flush_records}; must be at least 1")
@@ -183,20 +192,40 @@ class Run:
         check_not_protected(url, protect, what="output prefix", describe=True)
         store = open_store(url, protect=protect)
         stats = StageStats("store")
-        with stats.timed("store.list"):
-            keys = store.list()
-        manifest = _open_manifest(store, keys, settings, allow_config_change)
-        return cls(
-            store,
-            manifest,
-            writer_id=wid,
-            retry_failed=retry_failed,
-            flush_records=flush_records,
-            flush_seconds=flush_seconds,
-            clock=clock,
-            keys=keys,
-            stats=stats,
-        )
+        held = None
+        if lease is not None:
+            if not store.exists(MANIFEST_KEY):  # never write a lease into a foreign prefix
+                _check_empty(store, store.list())
+            held = acquire(
+                store,
+                lease.scope,
+                ttl=lease.ttl,
+                wait=lease.wait,
+                on_lost=lease.on_lost,
+                log=log,
+                writer_id=wid,
+            )
+        try:
+            with stats.timed("store.list"):
+                keys = store.list()
+            manifest = _open_manifest(store, keys, settings, allow_config_change)
+            run = cls(
+                store,
+                manifest,
+                writer_id=wid,
+                retry_failed=retry_failed,
+                flush_records=flush_records,
+                flush_seconds=flush_seconds,
+                clock=clock,
+                keys=keys,
+                stats=stats,
+            )
+        except BaseException:
+            if held is not None:
+                held.release()
+            raise
+        run.lease = held
+        return run
 
     # -- the done-set -------------------------------------------------------------------------
 
@@ -293,6 +322,8 @@ class Run:
             committed = 0
             while self._pending:
                 kind, data, n, rows = self._pending[0]
+                if self.lease is not None:
+                    self.lease.check()  # LeaseLostError: another process took the run over
                 key = self._write_shard(kind, data)
                 with self._lock:
                     self._pending.pop(0)
@@ -372,6 +403,12 @@ class Run:
                 self._write_rollup()
         with self._lock:
             self._closed = True
+        self.release_lease()
+
+    def release_lease(self) -> None:
+        """Release the run lease, if held (idempotent; ``close`` does it)."""
+        if self.lease is not None:
+            self.lease.release()
 
     def __enter__(self) -> Run:
         return self
@@ -388,16 +425,22 @@ class Run:
 # -- helpers ------------------------------------------------------------------------------------
 
 
+def _check_empty(store: Store, keys: list[str]) -> None:
+    """Refuse a prefix without a manifest that holds anything but a run lease."""
+    keys = [k for k in keys if not k.startswith(LEASE_PREFIX)]
+    if keys:
+        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        raise RunMismatchError(
+            f"{store.url}: output prefix is not empty and holds no draftdata manifest "
+            f"(found {shown}); give an empty prefix or an existing run's prefix"
+        )
+
+
 def _open_manifest(
     store: Store, keys: list[str], settings: dict[str, Any], allow_config_change: bool
 ) -> dict[str, Any]:
     if MANIFEST_KEY not in keys:
-        if keys:
-            shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
-            raise RunMismatchError(
-                f"{store.url}: output prefix is not empty and holds no draftdata manifest "
-                f"(found {shown}); give an empty prefix or an existing run's prefix"
-            )
+        _check_empty(store, keys)
         manifest = new_manifest(settings)
         try:
             store.put_new(MANIFEST_KEY, manifest_bytes(manifest))

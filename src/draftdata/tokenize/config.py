@@ -40,6 +40,7 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     (the thinking mode of a ``reasoning: server`` run; None: read from the manifest, else
     none); a completion's own request kwargs win over them.
     ``batch_rows`` completions are tokenized per batch and written per output shard.
+    ``protect``: prefixes the output may not equal, contain or lie inside (like generate's).
     """
 
     run: str
@@ -53,6 +54,7 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     keep_reasoning_history: bool | None = None
     batch_rows: int = DEFAULT_BATCH_ROWS
     server_template_kwargs: dict[str, Any] | None = None
+    protect: list[str] = msgspec.field(default_factory=list)  # prefixes never to write into
 
     def validate(self) -> TokenizeConfig:
         """Check every value; ConfigError naming the option on the first bad one."""

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError, StoreError
 from draftdata.formats import COMPLETION_FORMAT, check_format
+from draftdata.store.protect import check_not_protected
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
     parquet_file,
@@ -96,7 +97,7 @@ def _init_worker(config: TokenizeConfig, threads: int) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     _worker["ctx"] = TokenizeContext.from_config(config)
     _worker["run"] = open_store(config.run)
-    _worker["out"] = open_store(config.out_url)
+    _worker["out"] = open_store(config.out_url, protect=config.protect)
     _worker["rows"] = config.batch_rows
 
 
@@ -134,7 +135,9 @@ def history_policy(config: TokenizeConfig, run: Store) -> bool:
 
 
 def check_out(config: TokenizeConfig) -> None:
-    """Refuse an output prefix that would write into the run's own files (ConfigError)."""
+    """Refuse an output prefix that would write into the run's own files (ConfigError) or
+    overlaps a ``--protect`` prefix (ProtectedPrefixError)."""
+    check_not_protected(config.out_url, config.protect, what="tokenize output", describe=True)
     run, out = normalise_url(config.run), normalise_url(config.out_url)
     completions = f"{run}/{COMPLETIONS_PREFIX.rstrip('/')}"
     for other in (run, completions):
@@ -300,7 +303,7 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     config = msgspec.structs.replace(
         config, keep_reasoning_history=keep, server_template_kwargs=kwargs
     )
-    out = open_store(config.out_url)
+    out = open_store(config.out_url, protect=config.protect)  # every write re-checked
     settings = settings_of(config, keep) | {"inputs": keys}
     if kwargs:  # recorded only when there are some, so older summaries still compare equal
         settings["server_template_kwargs"] = kwargs

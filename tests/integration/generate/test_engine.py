@@ -392,3 +392,39 @@ def test_long_domain_goes_first_and_resume_seeds_the_estimate(tmp_path: Path, or
         assert resumed[:k].count("math") >= 0.9 * k  # math first, from the start (seeded)
     else:
         assert resumed[:k].count("math") < 0.7 * k
+
+
+def test_hostile_prompt_lines_are_rejects_and_every_valid_line_is_generated(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 24)
+    body = prompts.read_bytes().splitlines(keepends=True)
+    hostile = [
+        b'{"id": "deep", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}\n",
+        b"[" * 5000 + b"\n",
+        b'{"id": "orphan", "messages": [{"role": "user", "content": "q"}, '
+        b'{"role": "tool", "content": "r"}]}\n',
+        b'{"id": "meta-deep", "messages": [{"role": "user", "content": "q"}], "meta": {"x": '
+        + b"[" * 300
+        + b"]" * 300
+        + b"}}\n",
+        b"\xff\xfe\x00garbage\n",
+    ]
+    mixed = [body[0], *hostile[:2], *body[1:12], *hostile[2:], *body[12:]]
+    prompts.write_bytes(b"\xef\xbb\xbf" + b"".join(mixed))  # the mark many Windows tools write
+    with SimFleet(1, sim()) as fleet:
+        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls))
+    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (24, 0)
+    assert summary.completed == 24 and summary.invalid_prompts == len(hostile)
+    rows = [
+        json.loads(line)
+        for f in (tmp_path / "run" / "rejects").glob("*.jsonl")
+        for line in f.read_text().splitlines()
+    ]
+    linenos = [int(r["location"].rpartition(":")[2]) for r in rows]
+    assert linenos == [2, 3, 15, 16, 17]
+    reasons = [r["reason"] for r in rows]
+    assert "nesting deeper than" in reasons[0] and "tool message without" in reasons[2]

@@ -28,6 +28,8 @@ def test_partition_config_carries_partition_writer_and_node_fleet() -> None:
     cfg, _ = _partition_config(base, Partition(0, 2), "w", "/n/fleet-a.yaml", [])
     assert (cfg.fleet, cfg.endpoints) == ("/n/fleet-a.yaml", [])
     assert cfg.out == base.out and cfg.prompts == base.prompts
+    # a Ray retry waits for a zombie of the last attempt that still holds the partition's lease
+    assert cfg.lease_wait == 10 * base.lease_ttl and cfg.lease_ttl == base.lease_ttl
 
 
 def test_local_paths_become_absolute_for_the_workers(

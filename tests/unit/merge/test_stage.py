@@ -453,3 +453,22 @@ def test_merge_specforge_rows_of_a_run_equal_exports(tmp_path: Path) -> None:
     merged = _jsonl(tmp_path / "o" / "specforge")
     key = lambda r: r["id"]  # noqa: E731
     assert sorted(merged, key=key) == sorted(exported, key=key)
+
+
+def test_protect_refuses_an_overlapping_output_before_any_write(tmp_path: Path) -> None:
+    from draftdata.cli import main
+    from draftdata.errors import ProtectedPrefixError
+
+    chat = write_jsonl(tmp_path / "c.jsonl", chat_rows({"code": 3, "math": 2}, prefix="c"))
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "keep.txt").write_text("live data")
+    for out, how in ((live, "equals"), (live / "v2", "lies inside"), (tmp_path, "contains")):
+        with pytest.raises(ProtectedPrefixError, match=how):
+            merge(MergeConfig(add=[str(chat)], out=str(out), protect=[str(live)]))
+    assert [p.name for p in live.iterdir()] == ["keep.txt"]
+    with pytest.raises(SystemExit) as info:
+        main(["merge", "--add", str(chat), "--out", str(live / "m"), "--protect", str(live)])
+    assert info.value.code == 1
+    done = merge(MergeConfig(add=[str(chat)], out=str(tmp_path / "live_v2"), protect=[str(live)]))
+    assert done.train_rows + done.eval_rows == 5

@@ -98,3 +98,45 @@ def test_hub_source_streams_config_and_splits(
     missing = SourceConfig(name="gone", schema="query_response", hub=str(tmp_path / "none"))
     with pytest.raises(InputError, match="source gone: cannot read"):
         list(iter_rows(missing))
+
+
+def test_bom_deep_nesting_and_arbitrary_lines_are_located_rows(tmp_path: Path) -> None:
+    p = tmp_path / "a.jsonl"
+    deep = b'{"query": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    medium = b'{"query": "q", "x": ' + b"[" * 150 + b"]" * 150 + b"}"
+    p.write_bytes(
+        b'\xef\xbb\xbf{"query": "a"}\n' + deep + b"\n" + medium + b"\n" + b'{"query": "b"}\n'
+    )
+    rows = [r for _, r in iter_rows(_src(p))]
+    assert rows[0] == {"query": "a"} and rows[3] == {"query": "b"}
+    for lineno, row in ((2, rows[1]), (3, rows[2])):
+        assert isinstance(row, RowError) and row.reason == "bad_json"
+        assert row.detail.startswith(f"{p}:{lineno}: nesting deeper than")
+    arr = tmp_path / "b.json"
+    arr.write_bytes(b'\xef\xbb\xbf[{"query": "a"}, ' + medium + b"]")
+    got = [r for _, r in iter_rows(_src(arr))]
+    assert got[0] == {"query": "a"} and isinstance(got[1], RowError)
+    assert got[1].detail.startswith(f"{arr}: element 1: nesting deeper than")
+
+
+def test_prepare_rejects_orphan_tool_and_keeps_going(tmp_path: Path) -> None:
+    from draftdata.prepare.config import PrepareConfig
+    from draftdata.prepare.stage import prepare
+
+    src = tmp_path / "m.jsonl"
+    rows = [
+        {"messages": [{"role": "user", "content": "q1"}, {"role": "tool", "content": "r"}]},
+        {"messages": [{"role": "user", "content": "q2"}]},
+    ]
+    src.write_bytes(b"\xef\xbb\xbf" + b"".join(json.dumps(r).encode() + b"\n" for r in rows))
+    cfg = PrepareConfig(
+        sources=[SourceConfig(name="m", schema="openai", path=str(src))],
+        out=str(tmp_path / "out"),
+        seed=1,
+    )
+    result = prepare(cfg)
+    assert result.rejects is not None
+    rejects = [json.loads(x) for x in result.rejects.read_text().splitlines()]
+    assert [(r["row"], r["reason"]) for r in rejects] == [(0, "orphan_tool")]
+    kept = [json.loads(x) for f in result.shards for x in Path(f).read_text().splitlines()]
+    assert [r["messages"][0]["content"] for r in kept] == ["q2"]

@@ -243,3 +243,64 @@ def test_cli_user_error_is_one_line(tmp_path: Path) -> None:
     r = _cli("stats", str(tmp_path / "nope"))
     assert r.returncode == 1
     assert "no such file or directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bom_deep_nesting_and_orphan_tool_rows_are_rejects_not_fatal(tmp_path: Path) -> None:
+    # the readers stats and merge share: prompts JSONL and conversation JSONL/JSON arrays
+    ok = {"id": "a", "messages": [{"role": "user", "content": "what is 2 + 2?"}]}
+    orphan = {
+        "id": "o",
+        "messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}],
+    }
+    deep = b'{"id": "d", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    medium = b'{"id": "m", "messages": [{"role": "user", "content": "q"}], "meta": {"x": ' + (
+        b"[" * 150 + b"]" * 150 + b"}}"
+    )
+    for name in ("prompts.jsonl", "conv.jsonl"):
+        path = tmp_path / name
+        first = json.dumps(
+            ok
+            if name == "prompts.jsonl"
+            else {
+                "conversations": [
+                    {"from": "human", "value": "what is 2 + 2?"},
+                    {"from": "gpt", "value": "4"},
+                ]
+            }
+        )
+        path.write_bytes(
+            b"\xef\xbb\xbf"
+            + first.encode()
+            + b"\n"
+            + deep
+            + b"\n"
+            + medium
+            + b"\n"
+            + json.dumps(orphan).encode()
+            + b"\n"
+        )
+        s = compute_stats(str(path))
+        # prompts are validated as generate does (an orphan tool message is a reject);
+        # answered conversations keep their own shape rules
+        bad = (2, 3, 4) if name == "prompts.jsonl" else (2, 3)
+        assert s.rows == 4 - len(bad), name
+        assert s["rejected"]["count"] == len(bad), (name, s["rejected"])
+        assert [e.split(": ")[0] for e in s["rejected"]["examples"]] == [f"{path}:{n}" for n in bad]
+    arr = tmp_path / "arr.json"
+    arr.write_bytes(b"\xef\xbb\xbf[" + json.dumps(ok).encode() + b", " + medium + b"]")
+    s = compute_stats(str(arr))
+    assert s.rows == 1 and s["rejected"]["count"] == 1
+
+
+def test_a_deep_json_string_field_is_a_reject(tmp_path: Path) -> None:
+    conv = [{"from": "human", "value": "what is 2 + 2?"}, {"from": "gpt", "value": "4"}]
+    rows = [
+        {"conversations": conv, "tools": "[" * 5000 + "]" * 5000},  # a JSON string, nested
+        {"conversations": conv, "tools": "[" * 150 + "]" * 150},
+        {"conversations": conv},
+    ]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = compute_stats(str(path))
+    assert s.rows == 1 and s["rejected"]["count"] == 2
+    assert all("tools" in e for e in s["rejected"]["examples"])

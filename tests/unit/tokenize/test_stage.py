@@ -140,3 +140,29 @@ def test_killed_run_finishes_on_rerun(tmp_path: Path, demo_tokenizer: Path) -> N
     (out / sorted(n for n in before if n.endswith(".parquet"))[-1]).unlink()
     tokenize(config)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_protect_refuses_an_overlapping_output_and_allows_a_sibling(
+    tmp_path: Path, demo_tokenizer: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from draftdata.cli import app
+    from draftdata.errors import ProtectedPrefixError
+
+    run = make_run(tmp_path / "run", n=3)
+    live = tmp_path / "live"
+    (live / "sub").mkdir(parents=True)
+    (live / "sub" / "keep.parquet").write_bytes(b"x")
+    tok = str(demo_tokenizer)
+    for out, how in ((live, "equals"), (live / "sub", "lies inside"), (tmp_path, "contains")):
+        with pytest.raises(ProtectedPrefixError, match=how):
+            tokenize(TokenizeConfig(run=run, tokenizer=tok, out=str(out), protect=[str(live)]))
+    assert sorted(p.name for p in live.rglob("*")) == ["keep.parquet", "sub"]  # nothing written
+    runner = CliRunner()
+    base = ["tokenize", run, "--tokenizer", tok, "--protect", str(live)]
+    bad = runner.invoke(app, [*base, "--out", str(live / "tok")])
+    assert bad.exit_code == 1 and "protected prefix" in str(bad.exception)
+    ok = runner.invoke(app, [*base, "--out", str(tmp_path / "live_v2")])  # a sibling, not inside
+    assert ok.exit_code == 0, ok.output
+    assert (tmp_path / "live_v2" / "summary.json").exists()
