@@ -21,7 +21,6 @@ DOC = ROOT / "ARCHITECTURE.md"
 # fails), so the list only shrinks. Both wait for the prompt-parsing branch (issue 13) to land.
 PENDING: dict[tuple[str, str], str] = {
     ("records", "store"): "records.open_prompt_file reads s3:// prompt files through the store",
-    ("generate", "distributed"): "the partition rule (distributed/partition.py) moves to generate",
 }
 
 _ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*`([\w.]+/?)`\s*\|", re.MULTILINE)

@@ -21,9 +21,9 @@ from typing import Any
 import msgspec
 
 from draftdata.distributed import cluster
-from draftdata.distributed.partition import Partition
 from draftdata.errors import ConfigError, DraftdataError
 from draftdata.generate.config import GenerateConfig
+from draftdata.generate.partition import Partition
 
 
 class RayOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

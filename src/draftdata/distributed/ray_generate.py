@@ -30,12 +30,12 @@ from typing import Any
 import msgspec
 
 from draftdata.distributed import cluster
-from draftdata.distributed.partition import Partition, count_by_partition
 from draftdata.distributed.partition_task import RayOptions as RayOptions
 from draftdata.distributed.partition_task import run_partition
 from draftdata.distributed.progress import Board, PartitionState, Tracker, plain_line, render
 from draftdata.errors import ConfigError, DraftdataError
 from draftdata.generate.config import GenerateConfig
+from draftdata.generate.partition import Partition, count_by_partition
 
 DEFAULT_PARTITIONS_PER_NODE = 4
 

@@ -180,7 +180,7 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
         (cfg.lease_wait >= 0, "--lease-wait: must be >= 0"),
     ]
     if cfg.partition is not None:
-        from draftdata.distributed.partition import parse_partition
+        from draftdata.generate.partition import parse_partition
 
         parse_partition(cfg.partition)
     for i, o in enumerate(cfg.overrides):

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import msgspec
 
-from draftdata.distributed.partition import Partition, parse_partition
 from draftdata.errors import InputError, StoreError
+from draftdata.generate.partition import Partition, parse_partition
 from draftdata.records import (
     BOM,
     Prompt,

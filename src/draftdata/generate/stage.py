@@ -26,7 +26,6 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from draftdata.distributed.partition import parse_partition
 from draftdata.endpoints import base_url, probe_capacity
 from draftdata.errors import ConfigError, FleetError, LeaseLostError
 from draftdata.fleetspec import read_fleet
@@ -36,6 +35,7 @@ from draftdata.generate.endpoint import Endpoint, queue_target
 from draftdata.generate.engine import Engine, Log, probe_session, run_engine, stderr_log
 from draftdata.generate.limits import FALLBACK_MAX_TOKENS
 from draftdata.generate.models import check_fleet_models, check_resume_model
+from draftdata.generate.partition import parse_partition
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
 from draftdata.generate.thinking import SETTINGS_KEY as SERVER_KWARGS

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from draftdata.distributed.partition import Partition
 from draftdata.distributed.partition_task import _partition_config
 from draftdata.distributed.ray_generate import (
     PartitionOutcome,
@@ -17,6 +16,7 @@ from draftdata.distributed.ray_generate import (
     summary_lines,
 )
 from draftdata.generate.config import GenerateConfig
+from draftdata.generate.partition import Partition
 
 
 def test_partition_config_carries_partition_writer_and_node_fleet() -> None:

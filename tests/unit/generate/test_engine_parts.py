@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from tests.unit.generate.fakes import FakeClient, endpoint
 
-from draftdata.distributed.partition import Partition, count_by_partition
 from draftdata.endpoints import Capacity, Load
 from draftdata.errors import ConfigError, InputError
 from draftdata.generate.config import GenerateConfig, Override, Sampling, validate
+from draftdata.generate.partition import Partition, count_by_partition
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader, prompt_files, scan
 from draftdata.generate.stage import endpoint_urls, run_settings
@@ -138,7 +138,7 @@ def test_reader_asks_the_done_set_a_block_at_a_time(tmp_path: Path) -> None:
 
 
 def test_reader_leaves_other_partitions_lines_unparsed(tmp_path: Path) -> None:
-    from draftdata.distributed.partition import partition_of
+    from draftdata.generate.partition import partition_of
 
     lines = [f'{{"id": "p{i}", "messages": "bad"}}' for i in range(30)]
     (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")

@@ -93,7 +93,7 @@ def test_no_line_ends_the_reader(
     )
     got = reader.take(10_000)
     assert reader.exhausted
-    from draftdata.distributed.partition import parse_partition
+    from draftdata.generate.partition import parse_partition
 
     part = parse_partition(partition) if partition else None
     want = [

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from draftdata.distributed.partition import (
+from draftdata.errors import ConfigError
+from draftdata.generate.partition import (
     Partition,
     all_partitions,
     count_by_partition,
@@ -19,7 +21,6 @@ from draftdata.distributed.partition import (
     parse_partition,
     partition_of,
 )
-from draftdata.errors import ConfigError
 
 
 def test_partition_is_blake2b_64_big_endian_mod_count() -> None:
@@ -67,3 +68,20 @@ def test_count_by_partition_skips_bad_lines_and_duplicates(tmp_path: Path) -> No
     counts = count_by_partition(path, 3)
     assert sum(counts) == 50
     assert counts == [sum(partition_of(f"p{i}", 3) == k for i in range(50)) for k in range(3)]
+
+
+@given(
+    st.lists(st.text(min_size=1, max_size=12), min_size=0, max_size=40),
+    st.integers(1, 9),
+)
+def test_count_by_partition_counts_by_the_same_rule_as_partition_of(
+    ids: list[str], count: int
+) -> None:
+    # the driver's per-partition totals come from the one hash the prompt reader filters by
+    expected = [0] * count
+    for pid in set(ids):
+        expected[partition_of(pid, count)] += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.jsonl"
+        path.write_text("".join(json.dumps({"id": i}) + "\n" for i in ids), encoding="utf-8")
+        assert count_by_partition(path, count) == expected
