@@ -149,8 +149,9 @@ def child(url: str, prompts: str, endpoint: str) -> None:
     t_start = time.time()
     import urllib.request
 
-    from draftdata.records import iter_prompt_lines, parse_prompt
+    from draftdata.records import parse_prompt
     from draftdata.store import Run, read_manifest
+    from draftdata.store.prompts import iter_prompt_lines
 
     t_imports = time.time()
     run = Run.open(url, settings=read_manifest(url)["effective_settings"])

@@ -5,21 +5,19 @@ one object per line, where only ``id`` and ``messages`` are required; completion
 samples travel as parquet (see ``formats.py`` for the Arrow schemas and format versions).
 
 Validation lives here: ``parse_prompt`` turns one raw JSON line into a Prompt or raises an
-InputError located as ``file:line: field: what is wrong``. This module does no file I/O beyond the
-lazy JSONL reader at the bottom (a local file or an s3:// object).
+InputError located as ``file:line: field: what is wrong``. This module does no file I/O (reading
+a prompts file, local or s3://, is ``store/prompts.py``) and imports nothing of the project but
+errors: it is the contract every layer above shares.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, BinaryIO, TypeVar, cast
+from typing import Any, TypeVar
 
 import msgspec
 
-from draftdata.errors import InputError, StoreError
+from draftdata.errors import InputError
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -325,50 +323,3 @@ def prompt_id(line: bytes) -> str:
         return _id_decoder.decode(strip_bom(line)).id
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return ""
-
-
-def open_prompt_file(source: Path | str) -> BinaryIO:
-    """A binary reader of one prompts file: a local path or an ``s3://BUCKET/KEY`` object
-    (read in 8 MiB ranged GETs). InputError when it cannot be opened."""
-    text = str(source)
-    if text.startswith("s3://"):
-        from draftdata.store.store import open_store  # only S3 prompts need the store
-
-        parent, _, name = text.rstrip("/").rpartition("/")
-        try:
-            raw = open_store(parent).open_input(name)
-        except StoreError as exc:
-            raise InputError(f"{text}: cannot read prompts ({exc})") from exc
-        return io.BufferedReader(cast(io.RawIOBase, raw), buffer_size=8 << 20)
-    try:
-        return Path(source).open("rb")
-    except OSError as exc:
-        raise InputError(f"{source}: cannot read prompts ({exc.strerror})") from exc
-
-
-def iter_prompt_lines(source: Path | str) -> Iterator[tuple[int, bytes]]:
-    """Yield (1-based line number, raw line) of a prompts JSONL file (a local path or an s3://
-    object) lazily, skipping blank lines and a byte-order mark at the start of the file."""
-    with open_prompt_file(source) as fh:
-        for lineno, line in enumerate(read_lines(fh), start=1):
-            if lineno == 1 and line.startswith(BOM):
-                line = line[3:]
-            if line.strip():
-                yield lineno, line
-
-
-def read_lines(fh: BinaryIO, on_bytes: Callable[[bytes], object] | None = None) -> Iterator[bytes]:
-    """The lines of ``fh``, each read in at most MAX_LINE_BYTES + 1 bytes: a longer line yields
-    only its first MAX_LINE_BYTES + 1 bytes (without its newline; ``parse_prompt`` rejects it)
-    and the rest is skipped, so one huge line cannot exhaust memory. ``on_bytes`` sees every
-    byte read, in order (to hash a file while reading it)."""
-    while line := fh.readline(MAX_LINE_BYTES + 1):
-        if on_bytes is not None:
-            on_bytes(line)
-        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-            while rest := fh.readline(1 << 20):
-                if on_bytes is not None:
-                    on_bytes(rest)
-                if rest.endswith(b"\n"):
-                    break
-        yield line

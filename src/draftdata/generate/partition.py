@@ -20,7 +20,8 @@ from pathlib import Path
 import msgspec
 
 from draftdata.errors import ConfigError
-from draftdata.records import iter_prompt_lines, prompt_id
+from draftdata.records import prompt_id
+from draftdata.store.prompts import iter_prompt_lines
 
 
 class Partition(msgspec.Struct, frozen=True):

@@ -26,15 +26,8 @@ import msgspec
 
 from draftdata.errors import InputError, StoreError
 from draftdata.generate.partition import Partition, parse_partition
-from draftdata.records import (
-    BOM,
-    Prompt,
-    iter_prompt_lines,
-    open_prompt_file,
-    parse_prompt,
-    prompt_id,
-    read_lines,
-)
+from draftdata.records import BOM, Prompt, parse_prompt, prompt_id
+from draftdata.store.prompts import iter_prompt_lines, open_prompt_file, read_lines
 
 PromptFile = Path | str  # a local file, or an s3://BUCKET/KEY object URL (kept a str)
 

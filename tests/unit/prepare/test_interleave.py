@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from draftdata.prepare.config import PrepareConfig, SourceConfig
 from draftdata.prepare.dedup import DedupConfig
 from draftdata.prepare.stage import interleave, prepare
-from draftdata.records import iter_prompt_lines, parse_prompt
+from draftdata.records import parse_prompt
+from draftdata.store.prompts import iter_prompt_lines
 
 SOURCES = {"code_src": ("code", 3000), "math_src": ("math", 2000), "chat_src": ("general", 2000)}
 

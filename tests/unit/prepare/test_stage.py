@@ -17,7 +17,8 @@ from draftdata.prepare.dedup import DedupConfig
 from draftdata.prepare.report import REPORT_FORMAT, read_report
 from draftdata.prepare.samples import sample_config, write_sample_sources
 from draftdata.prepare.stage import prepare
-from draftdata.records import iter_prompt_lines, parse_prompt
+from draftdata.records import parse_prompt
+from draftdata.store.prompts import iter_prompt_lines
 
 ROOT = Path(__file__).resolve().parents[3]
 
