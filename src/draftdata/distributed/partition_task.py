@@ -104,7 +104,7 @@ def run_partition(
     import ray
 
     from draftdata.distributed.progress import committed_by_writer
-    from draftdata.store.run import default_writer_id
+    from draftdata.store.shards import default_writer_id
     from draftdata.store.store import open_store
 
     hostname, _ip, node_id = cluster.here()

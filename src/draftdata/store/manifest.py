@@ -11,7 +11,9 @@ The store has no overwrite, so an allowed config change is recorded as a new cre
 ``manifest-history/<n>.json`` (n = 1, 2, ...) holding the new settings, their hash and the list
 of changed settings; the run's effective settings are those of the newest history entry.
 
-This module builds, reads and compares manifests; ``run.py`` decides when to write them.
+This module builds, reads and compares manifests, and opens a run's (``open_manifest``: create
+it in an empty prefix, or check the settings against it and record an allowed change);
+``run.py`` decides when.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from draftdata import __version__
-from draftdata.errors import FormatVersionError, StoreError
+from draftdata.errors import AlreadyExistsError, FormatVersionError, RunMismatchError, StoreError
+from draftdata.store.lease import LEASE_PREFIX
 from draftdata.store.store import Store
 
 RUN_FORMAT = "draftdata.run/1"
@@ -147,3 +150,53 @@ def history_entry(
 def manifest_bytes(manifest: dict[str, Any]) -> bytes:
     """The bytes of ``manifest.json`` (pretty JSON; the hash does not depend on layout)."""
     return json.dumps(manifest, indent=1, ensure_ascii=False).encode()
+
+
+def check_empty(store: Store, keys: list[str]) -> None:
+    """Refuse a prefix without a manifest that holds anything but a run lease."""
+    keys = [k for k in keys if not k.startswith(LEASE_PREFIX)]
+    if keys:
+        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        raise RunMismatchError(
+            f"{store.url}: output prefix is not empty and holds no draftdata manifest "
+            f"(found {shown}); give an empty prefix or an existing run's prefix"
+        )
+
+
+def open_manifest(
+    store: Store, keys: list[str], settings: dict[str, Any], allow_config_change: bool
+) -> dict[str, Any]:
+    """The run's manifest (with ``history``, ``effective_settings``, ``effective_hash``):
+    created when ``keys`` hold none, else checked against ``settings`` (RunMismatchError on a
+    change unless ``allow_config_change``, which records it in manifest-history/)."""
+    if MANIFEST_KEY not in keys:
+        check_empty(store, keys)
+        manifest = new_manifest(settings)
+        try:
+            store.put_new(MANIFEST_KEY, manifest_bytes(manifest))
+        except AlreadyExistsError:
+            pass  # another writer created the run at the same moment: validate against it
+        else:
+            manifest["history"] = []
+            manifest["effective_settings"] = settings
+            manifest["effective_hash"] = manifest["settings_hash"]
+            return manifest
+    for _ in range(5):
+        manifest = load_manifest(store)
+        if manifest["effective_hash"] == settings_hash(settings):
+            return manifest
+        changes = diff_settings(manifest["effective_settings"], settings)
+        if not allow_config_change:
+            raise RunMismatchError(
+                f"{store.url}: this run was started with other settings; changed: "
+                + "; ".join(changes)
+                + ". Use the same config, a new --out, or --allow-config-change "
+                "to continue with the new settings (recorded in manifest-history/)"
+            )
+        key, raw = history_entry(manifest, settings, changes)
+        try:
+            store.put_new(key, raw)
+        except AlreadyExistsError:
+            continue  # a concurrent change landed first: re-read and compare again
+        return load_manifest(store)
+    raise RunMismatchError(f"{store.url}: the run's settings keep changing under us; retry")

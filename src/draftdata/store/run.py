@@ -1,5 +1,10 @@
 """The Run writer: open or resume a run, buffer results, commit them as create-only shards.
 
+``Run`` holds the buffers and the done-sets and decides when to commit; its parts live beside
+it: the manifest (``manifest.py``: create or check, record a change), the done-set rebuild on
+resume (``resume.py``), naming and writing shards, rollups and metrics (``shards.py``), the
+rollup format (``rollup.py``) and the run lease (``lease.py``).
+
 Layout under the output prefix::
 
     manifest.json                         written once (manifest.py)
@@ -31,11 +36,6 @@ every shard write first checks that the lease is still held; ``close`` releases 
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,68 +44,32 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from draftdata.errors import (
-    AlreadyExistsError,
     ConfigError,
-    RunMismatchError,
-    StoreError,
-    TransientStoreError,
 )
-from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT, completions_table, failures_table
+from draftdata.formats import completions_table, failures_table
 from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS, Completion, Failure
-from draftdata.store.doneset import DoneSet, hash_pairs, pair_hash
-from draftdata.store.lease import LEASE_PREFIX, Lease, LeaseOptions, acquire
-from draftdata.store.manifest import (
-    MANIFEST_KEY,
-    diff_settings,
-    history_entry,
-    load_manifest,
-    manifest_bytes,
-    new_manifest,
-    settings_hash,
-)
+from draftdata.store.doneset import hash_pairs, pair_hash
+from draftdata.store.lease import Lease, LeaseOptions, acquire
+from draftdata.store.manifest import MANIFEST_KEY, check_empty, open_manifest
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import (
-    COMPLETIONS_PREFIX,
-    FAILURES_PREFIX,
-    METRICS_PREFIX,
     parquet_bytes,
-    read_shards_parallel,
 )
+from draftdata.store.resume import rebuild_done_sets
 from draftdata.store.rollup import (
     ROLLUP_EVERY,
-    ROLLUP_PREFIX,
     Entry,
-    entry_of_table,
-    read_rollups,
-    rollup_table,
 )
-from draftdata.store.store import LocalStore, Store, open_store
+from draftdata.store.shards import ShardWriter, check_writer_id, default_writer_id
+from draftdata.store.store import Store, open_store
 
 _Rows = tuple[list[str], list[int], list[str | None] | None]
-_FATAL = pa.array(sorted(FATAL_REASONS), pa.string())
 
 DEFAULT_FLUSH_RECORDS = 256
 DEFAULT_FLUSH_SECONDS = 5.0
-_WRITE_ATTEMPTS = 6
-_SHARD_RE = re.compile(r"part-(?P<writer>.+)-(?P<seq>\d{6,})\.parquet$")
-_ROLLUP_RE = re.compile(r"^index/rollup-(?P<writer>.+)-(?P<seq>\d{6,})\.parquet$")
-
-
-def default_writer_id() -> str:
-    """A writer id unique per process: ``<host>-<pid>-<random>``, safe in object names."""
-    host = re.sub(r"[^A-Za-z0-9_.]+", "_", socket.gethostname())[:40] or "host"
-    return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-def _check_writer_id(writer_id: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,99}", writer_id):
-        raise ConfigError(f"writer id {writer_id!r}: use 1-100 characters of A-Z a-z 0-9 _ . -")
-    return writer_id
 
 
 class Run:
@@ -139,14 +103,12 @@ class Run:
         # (kind, parquet bytes, records, (ids, samples, reasons or None)) waiting to be written
         self._pending: list[tuple[str, bytes, int, _Rows]] = []
         self._recent: list[Entry] = []  # committed shards not yet in a rollup of ours
-        self._rollup_seq = _next_seq(keys, writer_id, _ROLLUP_RE)
         self._last_flush = clock()
         self._closed = False
-        self._seq = _next_seq(keys, writer_id)
-        self._metrics_seq = 0
+        self._writer = ShardWriter(store, writer_id, keys, stats)
         self.lease: Lease | None = None
         with stats.timed("store.done_set_rebuild"):
-            self._completed, self._fatal, uncovered = _rebuild(store, keys, stats)
+            self._completed, self._fatal, uncovered = rebuild_done_sets(store, keys, stats)
         self.resumed_done = len(self._completed)
         self.resumed_fatal = len(self._fatal)
         if len(uncovered) >= ROLLUP_EVERY:
@@ -188,14 +150,14 @@ class Run:
             raise ConfigError(f"flush_records: {flush_records}; must be at least 1")
         if not flush_seconds > 0:
             raise ConfigError(f"flush_seconds: {flush_seconds}; must be greater than 0")
-        wid = _check_writer_id(writer_id or default_writer_id())
+        wid = check_writer_id(writer_id or default_writer_id())
         check_not_protected(url, protect, what="output prefix", describe=True)
         store = open_store(url, protect=protect)
         stats = StageStats("store")
         held = None
         if lease is not None:
             if not store.exists(MANIFEST_KEY):  # never write a lease into a foreign prefix
-                _check_empty(store, store.list())
+                check_empty(store, store.list())
             held = acquire(
                 store,
                 lease.scope,
@@ -208,7 +170,7 @@ class Run:
         try:
             with stats.timed("store.list"):
                 keys = store.list()
-            manifest = _open_manifest(store, keys, settings, allow_config_change)
+            manifest = open_manifest(store, keys, settings, allow_config_change)
             run = cls(
                 store,
                 manifest,
@@ -324,7 +286,7 @@ class Run:
                 kind, data, n, rows = self._pending[0]
                 if self.lease is not None:
                     self.lease.check()  # LeaseLostError: another process took the run over
-                key = self._write_shard(kind, data)
+                key = self._writer.write_shard(kind, data)
                 with self._lock:
                     self._pending.pop(0)
                 self._recent.append((key, *rows))
@@ -338,60 +300,14 @@ class Run:
             return committed
 
     def _write_rollup(self) -> None:
-        """Write our recent shards' ids as one rollup (best effort: it only speeds resume)."""
-        if not self._recent:
-            return
-        data = parquet_bytes(rollup_table(self._recent))
-        for _ in range(100):
-            key = f"{ROLLUP_PREFIX}rollup-{self.writer_id}-{self._rollup_seq:06d}.parquet"
-            self._rollup_seq += 1
-            try:
-                self.store.put_new(key, data)
-            except AlreadyExistsError:
-                self.stats.add("store.name_collisions")
-                continue
-            except StoreError:
-                self.stats.add("store.rollup_errors")
-                return  # keep the entries: the next attempt covers them
+        """Roll our recent shards up into one object (best effort: it only speeds resume)."""
+        if self._recent and self._writer.write_rollup(self._recent):
             self._recent = []
-            self.stats.add("store.rollups")
-            return
-
-    def _write_shard(self, kind: str, data: bytes) -> str:
-        delay = 0.5
-        for attempt in range(1, _WRITE_ATTEMPTS + 1):
-            key = f"{kind}/part-{self.writer_id}-{self._seq:06d}.parquet"
-            try:
-                with self.stats.timed("store.write"):
-                    self.store.put_new(key, data)
-            except AlreadyExistsError:
-                # Someone else's object holds this name: never touch it, take the next one.
-                self.stats.add("store.name_collisions")
-                self._seq += 1
-                continue
-            except TransientStoreError:
-                self.stats.add("store.transient_errors")
-                if attempt == _WRITE_ATTEMPTS:
-                    raise
-                time.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
-                delay = min(delay * 2, 8.0)
-                continue
-            self._seq += 1
-            return key
-        raise TransientStoreError(f"{self.store.url}: could not write a {kind} shard")
 
     def write_metrics(self, data: dict[str, Any]) -> str:
         """Write a create-only ``metrics/<writer>-<seq>.json`` object; returns its key."""
-        body = {"writer": self.writer_id, "run_id": self.manifest.get("run_id"), **data}
-        raw = json.dumps(body, indent=1, default=str).encode()
-        while True:
-            key = f"{METRICS_PREFIX}{self.writer_id}-{self._metrics_seq:06d}.json"
-            self._metrics_seq += 1
-            try:
-                self.store.put_new(key, raw)
-            except AlreadyExistsError:
-                continue
-            return key
+        run_id = self.manifest.get("run_id")
+        return self._writer.write_metrics({"writer": self.writer_id, "run_id": run_id, **data})
 
     def close(self) -> None:
         """Flush what is buffered and close the run (further adds raise)."""
@@ -420,115 +336,3 @@ class Run:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-# -- helpers ------------------------------------------------------------------------------------
-
-
-def _check_empty(store: Store, keys: list[str]) -> None:
-    """Refuse a prefix without a manifest that holds anything but a run lease."""
-    keys = [k for k in keys if not k.startswith(LEASE_PREFIX)]
-    if keys:
-        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
-        raise RunMismatchError(
-            f"{store.url}: output prefix is not empty and holds no draftdata manifest "
-            f"(found {shown}); give an empty prefix or an existing run's prefix"
-        )
-
-
-def _open_manifest(
-    store: Store, keys: list[str], settings: dict[str, Any], allow_config_change: bool
-) -> dict[str, Any]:
-    if MANIFEST_KEY not in keys:
-        _check_empty(store, keys)
-        manifest = new_manifest(settings)
-        try:
-            store.put_new(MANIFEST_KEY, manifest_bytes(manifest))
-        except AlreadyExistsError:
-            pass  # another writer created the run at the same moment: validate against it
-        else:
-            manifest["history"] = []
-            manifest["effective_settings"] = settings
-            manifest["effective_hash"] = manifest["settings_hash"]
-            return manifest
-    for _ in range(5):
-        manifest = load_manifest(store)
-        if manifest["effective_hash"] == settings_hash(settings):
-            return manifest
-        changes = diff_settings(manifest["effective_settings"], settings)
-        if not allow_config_change:
-            raise RunMismatchError(
-                f"{store.url}: this run was started with other settings; changed: "
-                + "; ".join(changes)
-                + ". Use the same config, a new --out, or --allow-config-change "
-                "to continue with the new settings (recorded in manifest-history/)"
-            )
-        key, raw = history_entry(manifest, settings, changes)
-        try:
-            store.put_new(key, raw)
-        except AlreadyExistsError:
-            continue  # a concurrent change landed first: re-read and compare again
-        return load_manifest(store)
-    raise RunMismatchError(f"{store.url}: the run's settings keep changing under us; retry")
-
-
-def _next_seq(keys: list[str], writer_id: str, pattern: re.Pattern[str] | None = None) -> int:
-    seq = 0
-    for key in keys:
-        m = (pattern or _SHARD_RE).search(key)
-        if m and m.group("writer") == writer_id:
-            seq = max(seq, int(m.group("seq")) + 1)
-    return seq
-
-
-def _rebuild(
-    store: Store, keys: list[str], stats: StageStats
-) -> tuple[DoneSet, DoneSet, list[Entry]]:
-    """The completed and fatal done-sets from the rollups plus the shards they do not cover;
-    also the entries of those uncovered shards (for a new rollup)."""
-    comp_keys = [k for k in keys if k.startswith(COMPLETIONS_PREFIX) and k.endswith(".parquet")]
-    fail_keys = [k for k in keys if k.startswith(FAILURES_PREFIX) and k.endswith(".parquet")]
-    roll_keys = [k for k in keys if k.startswith(ROLLUP_PREFIX) and k.endswith(".parquet")]
-    workers = 4 if isinstance(store, LocalStore) else 16
-    with stats.timed("store.read_rollups"):
-        rolled, covered = read_rollups(store, roll_keys, comp_keys + fail_keys, workers)
-    comp_chunks = []
-    fatal_chunks = []
-    for rows in rolled:  # (id, sample, reason) of shards a rollup covers
-        reason = rows.column("reason")
-        done = rows.filter(pc.is_null(reason))
-        comp_chunks.append(
-            hash_pairs(done.column("id").to_pylist(), done.column("sample").to_pylist())
-        )
-        fatal = rows.filter(pc.fill_null(pc.is_in(reason, value_set=_FATAL), False))
-        fatal_chunks.append(
-            hash_pairs(fatal.column("id").to_pylist(), fatal.column("sample").to_pylist())
-        )
-    uncovered: list[Entry] = []
-    comp_left = [k for k in comp_keys if k not in covered]
-    fail_left = [k for k in fail_keys if k not in covered]
-    tables = read_shards_parallel(store, comp_left, COMPLETION_FORMAT, ["id", "sample"], workers)
-    for key, t in zip(comp_left, tables, strict=True):
-        entry = entry_of_table(key, t)
-        uncovered.append(entry)
-        comp_chunks.append(hash_pairs(entry[1], entry[2]))
-    cols = ["id", "sample", "reason"]
-    tables = read_shards_parallel(store, fail_left, FAILURE_FORMAT, cols, workers)
-    for key, t in zip(fail_left, tables, strict=True):
-        entry = entry_of_table(key, t)
-        uncovered.append(entry)
-        reasons = entry[3] or []
-        rows = [
-            (i, s)
-            for i, s, r in zip(entry[1], entry[2], reasons, strict=True)
-            if r in FATAL_REASONS
-        ]
-        fatal_chunks.append(hash_pairs([i for i, _ in rows], [s for _, s in rows]))
-    completed = DoneSet.from_chunks(comp_chunks)
-    # A pair completed after a retried failure is completed, not failed.
-    fatal = DoneSet.from_chunks(fatal_chunks).minus(completed)
-    stats.add("store.resumed_shards", len(comp_keys) + len(fail_keys))
-    stats.add("store.resumed_rolled_up_shards", len(covered))
-    stats.add("store.resumed_completed", len(completed))
-    stats.add("store.resumed_fatal", len(fatal))
-    return completed, fatal, uncovered

@@ -111,7 +111,7 @@ def test_failed_write_is_kept_and_retried_with_same_bytes(
         real(self, key, data)  # the write lands ...
         raise TransientStoreError("response lost")  # ... but the caller never hears back
 
-    monkeypatch.setattr("draftdata.store.run._WRITE_ATTEMPTS", 1)
+    monkeypatch.setattr("draftdata.store.shards.WRITE_ATTEMPTS", 1)
     monkeypatch.setattr(LocalStore, "_put_new", flaky)
     run.add_completion(completion(1))
     with pytest.raises(TransientStoreError):
