@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from draftdata.cli.ray_options import generate_on_ray, parse_only
+from draftdata.cli.ray_options import generate_on_ray, parse_only, resolve_partitions
 from draftdata.distributed.cluster import fill_template, require_ray
 from draftdata.errors import ConfigError
 from draftdata.generate.config import GenerateConfig
@@ -29,7 +29,7 @@ def test_missing_ray_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> 
 def test_parse_only() -> None:
     assert parse_only(None) is None
     assert parse_only("3, 1,") == [3, 1]
-    with pytest.raises(ConfigError, match="--only-partitions: 'a,b'"):
+    with pytest.raises(ConfigError, match="--partition: 'a,b'"):
         parse_only("a,b")
 
 
@@ -112,3 +112,63 @@ def test_tokenize_ray_options_reach_the_ray_job(
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert seen == {"address": "auto", "concurrency": 3, "forward_env": ["HF_TOKEN"], "workers": 1}
+
+
+@pytest.mark.parametrize(
+    ("partition", "partitions", "only", "ray", "expected"),
+    [
+        # one process: --partition I with --partitions P, or the I/P shorthand
+        ("2", 8, None, False, ("2/8", None, None)),
+        ("2/8", None, None, False, ("2/8", None, None)),
+        ("2/8", 8, None, False, ("2/8", None, None)),
+        (None, None, None, False, (None, None, None)),
+        # Ray: --partitions P tasks, --partition I,J the ones to run; the old spelling still works
+        (None, 6, None, True, (None, 6, None)),
+        ("1,4", 6, None, True, (None, 6, "1,4")),
+        (None, 6, "1,4", True, (None, 6, "1,4")),
+        ("3/8", None, None, True, (None, 8, "3")),
+        (None, None, None, True, (None, None, None)),
+    ],
+)
+def test_one_spelling_of_partitions(
+    partition: str | None,
+    partitions: int | None,
+    only: str | None,
+    ray: bool,
+    expected: tuple[str | None, int | None, str | None],
+) -> None:
+    assert resolve_partitions(partition, partitions, only, ray=ray) == expected
+
+
+@pytest.mark.parametrize(
+    ("partition", "partitions", "only", "ray", "message"),
+    [
+        ("2", None, None, False, "--partition 2: say how many with --partitions P"),
+        ("1,2", 4, None, False, "one process runs one partition; use --ray"),
+        (None, 4, None, False, "--partitions 4 without --ray"),
+        ("2/8", 4, None, False, "--partition 2/8 and --partitions 4 disagree"),
+        ("1", None, "1", True, "--only-partitions is the old spelling of --partition"),
+    ],
+)
+def test_partition_spellings_that_do_not_fit_are_one_line_errors(
+    partition: str | None, partitions: int | None, only: str | None, ray: bool, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        resolve_partitions(partition, partitions, only, ray=ray)
+    assert "\n" not in str(info.value)
+
+
+def test_every_generate_option_is_named_once_as_its_config_key() -> None:
+    # the command builds its config from its own parameter names (no second list of flags), so
+    # every parameter is either a GenerateConfig field, a sampling field, or the command's own
+    import typer.main
+
+    from draftdata.cli import app
+    from draftdata.cli.generate import CLI_ONLY
+
+    command = typer.main.get_command(app).commands["generate"]  # type: ignore[attr-defined]
+    names = {p.name for p in command.params}
+    fields = set(GenerateConfig.__struct_fields__) | {"temperature", "top_p", "top_k", "seed"}
+    assert sorted(names - CLI_ONLY - fields - {"no_hedge"}) == []
+    assert names >= CLI_ONLY
+    assert "endpoints" in names and "endpoint" not in names

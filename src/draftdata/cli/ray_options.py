@@ -46,9 +46,11 @@ Partitions = Annotated[
     int | None,
     typer.Option(
         "--partitions",
+        metavar="P",
         min=1,
-        help="Number of id-hash partitions (default: 4 per fleet node; any value resumes any "
-        "earlier run, since the run's done-set is shared).",
+        help="Number of id-hash partitions: with --ray, one Ray task each (default: 4 per fleet "
+        "node; any value resumes any earlier run, since the run's done-set is shared); without, "
+        "the P of --partition I.",
         rich_help_panel=PANEL,
     ),
 ]
@@ -57,7 +59,8 @@ OnlyPartitions = Annotated[
     typer.Option(
         "--only-partitions",
         metavar="I,J,...",
-        help="Run only these partition indexes (e.g. the ones a summary listed as unfinished).",
+        help="Old spelling of --partition I,J,... with --ray.",
+        hidden=True,
         rich_help_panel=PANEL,
     ),
 ]
@@ -114,7 +117,52 @@ def parse_only(value: str | None) -> list[int] | None:
     try:
         return [int(x) for x in value.split(",") if x.strip()]
     except ValueError:
-        raise ConfigError(f"--only-partitions: {value!r}; use indexes like 0,3,5") from None
+        raise ConfigError(f"--partition: {value!r}; use indexes like 0,3,5") from None
+
+
+def resolve_partitions(
+    partition: str | None, partitions: int | None, only_partitions: str | None, *, ray: bool
+) -> tuple[str | None, int | None, str | None]:
+    """The one spelling ``--partition I[,J...]`` + ``--partitions P`` (``--partition I/P`` and
+    ``--only-partitions I,J`` still accepted) -> (the one process's ``I/P`` or None, the Ray
+    partition count or None, the Ray partitions to run ``"I,J"`` or None). ConfigError naming
+    the option on anything that does not fit the mode."""
+    from draftdata.errors import ConfigError
+
+    if only_partitions is not None:
+        if partition is not None:
+            raise ConfigError("--only-partitions is the old spelling of --partition; give one")
+        partition = only_partitions
+    if partition is None:
+        if partitions is not None and not ray:
+            raise ConfigError(
+                f"--partitions {partitions} without --ray: also say which one, --partition I"
+            )
+        return None, partitions if ray else None, None
+    text = partition.strip()
+    index, sep, count = text.partition("/")
+    if sep:  # I/P names the count too
+        if partitions is not None and count.strip() != str(partitions):
+            raise ConfigError(
+                f"--partition {partition} and --partitions {partitions} disagree; give one count"
+            )
+        if not ray:
+            return text, None, None
+        try:
+            n = int(count)
+        except ValueError:
+            raise ConfigError(f"--partition: {partition!r}; use I/P, e.g. 0/4") from None
+        return None, n, index
+    if ray:
+        return None, partitions, text
+    if "," in text:
+        raise ConfigError(
+            f"--partition {partition}: one process runs one partition; use --ray to run "
+            "several, or one command per partition"
+        )
+    if partitions is None:
+        raise ConfigError(f"--partition {partition}: say how many with --partitions P (or I/P)")
+    return f"{text}/{partitions}", None, None
 
 
 def generate_on_ray(

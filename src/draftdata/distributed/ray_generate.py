@@ -200,7 +200,7 @@ def run(
         count = opts.partitions or DEFAULT_PARTITIONS_PER_NODE * len(nodes)
         wanted = sorted(set(opts.only)) if opts.only else list(range(count))
         if any(not 0 <= i < count for i in wanted):
-            raise ConfigError(f"--only-partitions: indexes must lie in 0..{count - 1}")
+            raise ConfigError(f"--partition: indexes must lie in 0..{count - 1}")
         totals = _totals(config, count)
         board = _reset_board(ray, board, totals)
         reservation = cluster.reserve(
