@@ -1,1 +1,1 @@
-"""distributed stage."""
+"""Generate and tokenize on a Ray cluster (above generate and tokenize; see ARCHITECTURE.md)."""

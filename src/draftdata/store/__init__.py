@@ -2,11 +2,13 @@
 
 - ``store.py`` / ``s3.py``: ``Store`` with ``put_new`` (create-only) and reads; ``open_store(url)``.
 - ``protect.py``: protected-prefix checks.
-- ``manifest.py``: manifest.json, settings hash, allowed-change history.
-- ``doneset.py``: the compact done-set.
-- ``run.py``: ``Run``, the buffered shard writer that other stages (generate) drive.
+- ``manifest.py``: manifest.json, settings hash, allowed-change history, opening a run's.
+- ``doneset.py``: the compact done-set; ``resume.py``: rebuilding it when a run resumes.
+- ``run.py``: ``Run``, the buffered writer that other stages (generate) drive; ``shards.py``
+  names and writes its shards, rollups and metrics; ``rollup.py``, ``lease.py`` beside it.
 - ``read.py``: readers of a run used by tokenize, merge, stats, report and export.
-- ``export.py``: ``export_run`` (sharegpt / openai JSONL, parquet).
+- ``prompts.py``: reading a prompts JSONL file, local or s3://.
+(Exporting a run for training is the ``export`` package, above the store.)
 """
 
 from draftdata.store.read import (
