@@ -50,6 +50,9 @@ def test_bad_option_values_are_one_line_errors(
     for extra, expected in [
         (["--concurrency", "lots"], "--concurrency: 'lots'"),
         (["--partition", "3/2"], "--partition: '3/2'"),
+        (["--partition", "3", "--partitions", "2"], "--partition: '3/2'"),
+        (["--partition", "1"], "--partition 1: say how many with --partitions P"),
+        (["--only-partitions", "1"], "--partitions P"),
         (["--api-key-env", "DRAFTDATA_TEST_NO_SUCH_VAR"], "$DRAFTDATA_TEST_NO_SUCH_VAR is not set"),
         (["--reasoning", "maybe"], "reasoning"),
         (["--prompts", str(tmp_path / "missing.jsonl")], "no such file or directory"),
