@@ -43,13 +43,14 @@ def fleet() -> Iterator[SimFleet]:
 
 @pytest.fixture(scope="module")
 def run(fleet: SimFleet, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished run of 12 prompts (made quietly: the generate test checks that)."""
+    """A finished run of 12 prompts (made quietly: the generate test checks that), without token
+    ids: the simulator has no real tokenizer, so tokenize renders the text."""
     root = tmp_path_factory.mktemp("quiet")
     prompts = root / "p.jsonl"
     write_prompts(prompts, 12, kind="mixed")
     out = root / "run"
     args = ["generate", "--prompts", str(prompts), "--endpoint", fleet.urls[0], "--out", str(out)]
-    assert _run(*args, "--flush-seconds", "0.2", "-q") == 0
+    assert _run(*args, "--flush-seconds", "0.2", "--token-ids", "off", "-q") == 0
     return out
 
 

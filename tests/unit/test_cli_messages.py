@@ -55,7 +55,7 @@ def test_prepare_mix_key_that_is_no_domain_is_one_warning(
 ) -> None:
     mix = {"kode": 0.4, "math": 0.3, "general": 0.3}
     cfg = _prepare_config(tmp_path, mix=mix)
-    _ok(["prepare", str(cfg), "--plan-only", "-q"])
+    _ok(["prepare", str(cfg), "--plan-only"])
     err = capsys.readouterr().err
     warnings = [x for x in err.splitlines() if x.startswith("warning:")]
     assert len(warnings) == 1, err
@@ -66,7 +66,7 @@ def test_merge_mix_not_summing_to_one_is_one_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = b.write_jsonl(tmp_path / "a.jsonl", b.specforge_rows())
-    args = ["merge", "--existing", str(data), "-q"]
+    args = ["merge", "--existing", str(data)]
     _ok([*args, "--out", str(tmp_path / "m"), "--mix", "code=0.5,math=0.45"])
     err = capsys.readouterr().err
     warnings = [x for x in err.splitlines() if x.startswith("warning:")]
@@ -151,7 +151,7 @@ def test_piped_output_keeps_summary_lines_whole(tmp_path: Path) -> None:
     data = b.write_jsonl(tmp_path / "a.jsonl", b.specforge_rows())
     dest = tmp_path / ("another-long-output-folder-" * 3)
     merged = subprocess.run(
-        [*CLI, "merge", "--existing", str(data), "--out", str(dest), "-q"],
+        [*CLI, "merge", "--existing", str(data), "--out", str(dest)],
         capture_output=True,
         text=True,
         check=True,

@@ -23,7 +23,7 @@ from tests.unit.test_conversation import prompts, turns_for
 
 from draftdata.conversation import TurnPlan, expand
 from draftdata.generate.config import GenerateConfig
-from draftdata.records import Message, Turn
+from draftdata.records import Message, Turn, tool_order_fault
 
 
 class ScriptedClient(FakeClient):
@@ -40,11 +40,27 @@ class ScriptedClient(FakeClient):
         return [self.script[k]]
 
 
+def valid_prompt(msgs: list[Message]) -> list[Message]:
+    """``msgs`` as generate accepts them (``records.tool_order_fault``): a tool message without
+    an assistant tool call before it is dropped, and one answers the first id of that call."""
+    out: list[Message] = []
+    calls: list[Any] | None = None
+    for m in msgs:
+        if m.role != "tool":
+            calls = m.tool_calls if m.role == "assistant" else None
+            out.append(m)
+        elif calls:
+            out.append(msgspec.structs.replace(m, tool_call_id=calls[0]["id"]))
+    return out
+
+
 @settings(max_examples=40, deadline=None)
-@given(data=st.data(), msgs=prompts(), keep=st.booleans())
+@given(data=st.data(), shape=prompts(), keep=st.booleans())
 def test_what_generate_sends_is_what_tokenize_and_export_see(
-    data: st.DataObject, msgs: list[Message], keep: bool
+    data: st.DataObject, shape: list[Message], keep: bool
 ) -> None:
+    msgs = valid_prompt(shape)
+    assert tool_order_fault(msgs) is None
     turn_plan = TurnPlan(msgs)
     script = data.draw(turns_for(len(turn_plan)))
     client = ScriptedClient(script)

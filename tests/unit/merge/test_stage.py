@@ -345,7 +345,6 @@ def test_cli_prints_the_mix_table_and_the_warning(
                 str(out),
                 "--seed",
                 "3",
-                "-q",
             ]
         )
     assert ok.value.code == 0
