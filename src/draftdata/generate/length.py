@@ -299,7 +299,9 @@ class LookAhead:
         self._next_rekey = max(_FIRST_REKEY, int(self.model.observed * 1.25) + 1)
         self._rekeyed = self.model.now
         expect = self.model.expect_key
-        self._heap = [(-expect(key), seq, key, job) for _, seq, key, job in self._heap]
+        # one estimate per distinct key (few), then a dict look-up per held job (many)
+        value = {key: -expect(key) for key in {entry[2] for entry in self._heap}}
+        self._heap = [(value[key], seq, key, job) for _, seq, key, job in self._heap]
         heapq.heapify(self._heap)
 
 

@@ -10,6 +10,7 @@ chosen dictionary columns must read back to the same completions.
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -110,3 +111,33 @@ def test_dictionary_columns_are_columns_of_the_completion_file() -> None:
     assert "RLE_DICTIONARY" in paths["model"].encodings
     assert "RLE_DICTIONARY" not in paths["id"].encodings
     assert dictionary_columns(pa.schema([("x", pa.int32())])) is True
+
+
+_reasons = st.lists(
+    st.none() | st.lists(st.none() | st.sampled_from(["stop", "length", "tool_calls"]), max_size=4),
+    max_size=8,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_reasons, min_size=1, max_size=3))
+def test_finish_reasons_read_without_converting_turns(chunks: list[list[Any]]) -> None:
+    from draftdata.formats import TURN_TYPE
+    from draftdata.stats.runfigures import _finish_reasons
+
+    kind = pa.list_(TURN_TYPE)
+    rows = [
+        [
+            [None if r is None else {"finish_reason": r, "output_token_ids": [1, 2]} for r in turns]
+            if turns is not None
+            else None
+            for turns in chunk
+        ]
+        for chunk in chunks
+    ]
+    col = pa.chunked_array([pa.array(chunk, kind) for chunk in rows], kind)
+    expected = [
+        [t.get("finish_reason") if t is not None else None for t in turns or []]
+        for turns in col.to_pylist()
+    ]
+    assert _finish_reasons(col) == expected
