@@ -331,7 +331,11 @@ class _Cutter:
 
 def _cut(messages: list[Message]) -> tuple[list[Request], tuple[int, ...]]:
     n = len(messages)
-    if n and messages[-1].role == "user" and all(messages[i].role == "system" for i in range(n - 1)):
+    if (
+        n
+        and messages[-1].role == "user"
+        and all(messages[i].role == "system" for i in range(n - 1))
+    ):
         # system messages then one user message (most prompts): one request of them all, as
         # ``_cut_general`` cuts it, without its bookkeeping
         return [Request(new=tuple(range(n)), results=(), calls=(), replaces=None)], ()

@@ -331,6 +331,9 @@ def _usage_array(usages: list[Usage]) -> pa.StructArray:
     )
 
 
+_ID_LIST = pa.list_(pa.int32())
+
+
 def _id_lists(lists: list[list[int] | None]) -> pa.Array:
     """A list<int32> array of token-id lists (None allowed), built from one flat value array
     (much cheaper than converting nested Python lists)."""
@@ -345,12 +348,7 @@ def _id_lists(lists: list[list[int] | None]) -> pa.Array:
         offsets.append(len(flat))
     values = pa.array(flat, pa.int32())
     mask = pa.array([ids is None for ids in lists], pa.bool_()) if nulls else None
-    return pa.ListArray.from_arrays(
-        pa.array(offsets, pa.int32()), values, type=_ID_LIST, mask=mask
-    )
-
-
-_ID_LIST = pa.list_(pa.int32())
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, type=_ID_LIST, mask=mask)
 
 
 def _column(values: list[Any], kind: pa.DataType) -> pa.Array:

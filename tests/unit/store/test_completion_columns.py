@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draftdata.formats import (
+    COMPLETION_FORMAT,
     COMPLETION_SCHEMA,
     DICTIONARY_COLUMNS,
-    COMPLETION_FORMAT,
     completion_row,
     completions_table,
     dictionary_columns,
@@ -68,10 +68,12 @@ _completion = st.builds(
     turns=st.lists(_turn, max_size=3),
     usage=_usage,
     model=_text,
-    sampling=st.dictionaries(_text, st.floats(allow_nan=False, allow_infinity=False) | st.integers(0, 9), max_size=3),
+    sampling=st.dictionaries(
+        _text, st.floats(allow_nan=False, allow_infinity=False) | st.integers(0, 9), max_size=3
+    ),
     endpoint=_text,
     latency_s=st.floats(allow_nan=False),
-    attempts=st.integers(1, 99),  # a stored 0 reads back as 1 (format rule),
+    attempts=st.integers(1, 99),  # a stored 0 reads back as 1 (format rule)
     created=st.floats(allow_nan=False),
     stop_reason=_opt_text,
     conversation_rule=st.integers(1, 3),
