@@ -55,8 +55,11 @@ Key = tuple[str, str, int]  # (source, domain, prompt-length bucket; -1: the sou
 
 def prompt_tokens(job: Job) -> int:
     """A cheap estimate of a job's prompt tokens: characters / 4, as ``work.plan`` counts them
-    in the job's ``cost``."""
-    return sum(len(m.content or "") for m in job.prompt.messages) // 4
+    in the job's ``cost``. Counted once per job (asked for on every placement and answer)."""
+    chars = job.prompt_chars
+    if chars < 0:
+        chars = job.prompt_chars = sum(len(m.content or "") for m in job.prompt.messages)
+    return chars // 4
 
 
 JobKey = tuple[str, str, int, int]  # (source, domain, prompt tokens rounded to its bucket, cap)
