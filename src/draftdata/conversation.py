@@ -330,6 +330,19 @@ class _Cutter:
 
 
 def _cut(messages: list[Message]) -> tuple[list[Request], tuple[int, ...]]:
+    n = len(messages)
+    if (
+        n
+        and messages[-1].role == "user"
+        and all(messages[i].role == "system" for i in range(n - 1))
+    ):
+        # system messages then one user message (most prompts): one request of them all, as
+        # ``_cut_general`` cuts it, without its bookkeeping
+        return [Request(new=tuple(range(n)), results=(), calls=(), replaces=None)], ()
+    return _cut_general(messages)
+
+
+def _cut_general(messages: list[Message]) -> tuple[list[Request], tuple[int, ...]]:
     cut = _Cutter(messages)
     for i, m in enumerate(messages):
         last = cut.last_answered()

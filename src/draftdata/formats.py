@@ -117,6 +117,30 @@ SAMPLE_SCHEMA = _schema(
 )
 
 
+# Columns worth a parquet dictionary (few distinct values per shard). The others (ids, texts,
+# token ids, timings) are written plain: dictionary-encoding them costs more CPU than the whole
+# rest of the write and makes the zstd-compressed file larger, not smaller.
+DICTIONARY_COLUMNS: dict[str, list[str]] = {
+    COMPLETION_FORMAT: [
+        "source",
+        "domain",
+        "messages.list.element.role",
+        "turns.list.element.finish_reason",
+        "model",
+        "sampling",
+        "endpoint",
+        "stop_reason",
+    ],
+}
+
+
+def dictionary_columns(schema: pa.Schema) -> list[str] | bool:
+    """Parquet ``use_dictionary`` for a table of ``schema``: the listed columns of its format,
+    else every column (the parquet writer's default)."""
+    meta = schema.metadata or {}
+    return DICTIONARY_COLUMNS.get(meta.get(FORMAT_KEY, b"").decode(), True)
+
+
 def check_format(schema: pa.Schema, expected: str, where: str) -> None:
     """Raise FormatVersionError unless ``schema`` carries the ``expected`` kind/version (or an
     older version the reader of ``expected`` still reads, ``READABLE_FORMATS``)."""
@@ -287,9 +311,106 @@ def sample_row(s: Sample) -> dict[str, Any]:
     return msgspec.structs.asdict(s)
 
 
+def _offsets(lengths: Iterable[int]) -> pa.Array:
+    out = [0]
+    total = 0
+    for n in lengths:
+        total += n
+        out.append(total)
+    return pa.array(out, pa.int32())
+
+
+def _usage_array(usages: list[Usage]) -> pa.StructArray:
+    return pa.StructArray.from_arrays(
+        [
+            pa.array([u.prompt_tokens for u in usages], pa.int64()),
+            pa.array([u.completion_tokens for u in usages], pa.int64()),
+            pa.array([u.cached_tokens for u in usages], pa.int64()),
+        ],
+        fields=list(USAGE_TYPE),
+    )
+
+
+_ID_LIST = pa.list_(pa.int32())
+
+
+def _id_lists(lists: list[list[int] | None]) -> pa.Array:
+    """A list<int32> array of token-id lists (None allowed), built from one flat value array
+    (much cheaper than converting nested Python lists)."""
+    flat: list[int] = []
+    offsets = [0]
+    nulls = False
+    for ids in lists:
+        if ids is None:
+            nulls = True
+        else:
+            flat.extend(ids)
+        offsets.append(len(flat))
+    values = pa.array(flat, pa.int32())
+    mask = pa.array([ids is None for ids in lists], pa.bool_()) if nulls else None
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, type=_ID_LIST, mask=mask)
+
+
+def _column(values: list[Any], kind: pa.DataType) -> pa.Array:
+    return pa.array(values, kind)
+
+
 def completions_table(items: Iterable[Completion]) -> pa.Table:
-    """An Arrow table (with format metadata) of completions."""
-    return pa.Table.from_pylist([completion_row(c) for c in items], schema=COMPLETION_SCHEMA)
+    """An Arrow table (with format metadata) of completions.
+
+    Built column by column (the same table as ``pa.Table.from_pylist`` of ``completion_row``
+    rows, at a fraction of the cost: no per-row dicts, token ids converted as one flat array).
+    """
+    comps = list(items)
+    msgs = [m for c in comps for m in c.messages]
+    turns = [t for c in comps for t in c.turns]
+    string = pa.string()
+    messages = pa.StructArray.from_arrays(
+        [
+            _column([m.role for m in msgs], string),
+            _column([m.content for m in msgs], string),
+            _column([m.reasoning_content for m in msgs], string),
+            _column([_j(m.tool_calls) for m in msgs], string),
+            _column([m.tool_call_id for m in msgs], string),
+            _column([m.name for m in msgs], string),
+        ],
+        fields=list(MESSAGE_TYPE),
+    )
+    turn_values = pa.StructArray.from_arrays(
+        [
+            _column([t.content for t in turns], string),
+            _column([t.reasoning for t in turns], string),
+            _column([_j(t.tool_calls) for t in turns], string),
+            _column([t.finish_reason for t in turns], string),
+            _id_lists([t.prompt_token_ids for t in turns]),
+            _id_lists([t.output_token_ids for t in turns]),
+            _usage_array([t.usage for t in turns]),
+        ],
+        fields=list(TURN_TYPE),
+    )
+    columns = [
+        _column([c.id for c in comps], string),
+        _column([c.sample for c in comps], pa.int32()),
+        _column([c.source for c in comps], string),
+        _column([c.domain for c in comps], string),
+        pa.ListArray.from_arrays(
+            _offsets(len(c.messages) for c in comps), messages, type=pa.list_(MESSAGE_TYPE)
+        ),
+        _column([_j(c.tools) for c in comps], string),
+        pa.ListArray.from_arrays(
+            _offsets(len(c.turns) for c in comps), turn_values, type=pa.list_(TURN_TYPE)
+        ),
+        _usage_array([c.usage for c in comps]),
+        _column([c.model for c in comps], string),
+        _column([_j(c.sampling) for c in comps], string),
+        _column([c.endpoint for c in comps], string),
+        _column([c.latency_s for c in comps], pa.float64()),
+        _column([c.attempts for c in comps], pa.int32()),
+        _column([c.created for c in comps], pa.float64()),
+        _column([c.stop_reason for c in comps], string),
+        _column([c.conversation_rule for c in comps], pa.int32()),
+    ]
+    return pa.Table.from_arrays(columns, schema=COMPLETION_SCHEMA)
 
 
 def failures_table(items: Iterable[Failure]) -> pa.Table:

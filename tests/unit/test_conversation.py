@@ -373,3 +373,27 @@ def test_the_rule_has_one_home_and_tokenize_does_not_import_generate() -> None:
         assert not any(m.startswith("draftdata.generate") for m in imports(path)), path.name
     own = {m for m in imports(root / "conversation.py") if m.startswith("draftdata")}
     assert own == {"draftdata.records"}
+
+
+_PLAIN_ROLES = st.sampled_from(["system", "user", "system", "assistant", "tool", "developer"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    roles=st.one_of(
+        st.lists(_PLAIN_ROLES, max_size=6),
+        st.lists(st.just("system"), max_size=4).map(lambda r: [*r, "user"]),
+    ),
+    shared=st.booleans(),
+)
+def test_the_single_request_fast_path_cuts_as_the_general_rule(
+    roles: list[str], shared: bool
+) -> None:
+    # ``_cut`` answers system+user prompts without the general cutter: the same requests and
+    # tail for every role sequence (also when one Message object appears several times)
+    pool: dict[str, Message] = {}
+    msgs = [
+        pool.setdefault(r, Message(role=r, content=r)) if shared else Message(role=r, content=r)
+        for r in roles
+    ]
+    assert conv._cut(msgs) == conv._cut_general(msgs)

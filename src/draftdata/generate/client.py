@@ -28,7 +28,7 @@ from draftdata.generate.config import Reasoning, Sampling
 from draftdata.generate.parse import MalformedResponse, decode_chat_response
 from draftdata.records import JsonDict, Message, Turn
 
-TOKEN_ID_FIELDS = ("return_token_ids", "return_prompt_token_ids")
+TOKEN_ID_FIELDS = ("return_token_ids", "return_prompt_token_ids")  # ``chat`` reads them by name
 
 
 class ErrorClass(StrEnum):
@@ -310,7 +310,7 @@ class EndpointClient:
 
         A choice that the server aborted (``finish_reason: abort``) raises ``server_error``.
         """
-        asked = any(body.get(f) for f in TOKEN_ID_FIELDS)
+        asked = bool(body.get("return_token_ids") or body.get("return_prompt_token_ids"))
         if asked and self.token_ids_supported is False:
             body = _strip_token_ids(body)
             asked = False

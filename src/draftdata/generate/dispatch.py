@@ -162,6 +162,7 @@ class Dispatcher:
             self.spawn(self._seed(self._history))  # read beside the first requests, not before
         feeder = asyncio.create_task(self._feed())
         loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
         try:
             while True:
                 now = self.clock()
@@ -180,11 +181,18 @@ class Dispatcher:
                 timeout = 0.25
                 if self.waiting:
                     timeout = min(timeout, max(0.0, self.waiting[0][0] - now))
-                # a timer instead of wait_for: no task per wake-up (this loop wakes per answer)
-                timer = loop.call_later(timeout, self.wake.set)
+                # a timer instead of wait_for: no task per wake-up (this loop wakes per answer);
+                # one that is still due before the deadline is kept (waking early is harmless),
+                # so answers arriving in a burst do not each create and cancel one
+                deadline = loop.time() + timeout
+                if timer is None or timer.cancelled() or not loop.time() < timer.when() <= deadline:
+                    if timer is not None:
+                        timer.cancel()
+                    timer = loop.call_at(deadline, self.wake.set)
                 await self.wake.wait()
-                timer.cancel()
         finally:
+            if timer is not None:
+                timer.cancel()
             feeder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await feeder

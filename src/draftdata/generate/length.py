@@ -55,8 +55,11 @@ Key = tuple[str, str, int]  # (source, domain, prompt-length bucket; -1: the sou
 
 def prompt_tokens(job: Job) -> int:
     """A cheap estimate of a job's prompt tokens: characters / 4, as ``work.plan`` counts them
-    in the job's ``cost``."""
-    return sum(len(m.content or "") for m in job.prompt.messages) // 4
+    in the job's ``cost``. Counted once per job (asked for on every placement and answer)."""
+    chars = job.prompt_chars
+    if chars < 0:
+        chars = job.prompt_chars = sum(len(m.content or "") for m in job.prompt.messages)
+    return chars // 4
 
 
 JobKey = tuple[str, str, int, int]  # (source, domain, prompt tokens rounded to its bucket, cap)
@@ -299,7 +302,9 @@ class LookAhead:
         self._next_rekey = max(_FIRST_REKEY, int(self.model.observed * 1.25) + 1)
         self._rekeyed = self.model.now
         expect = self.model.expect_key
-        self._heap = [(-expect(key), seq, key, job) for _, seq, key, job in self._heap]
+        # one estimate per distinct key (few), then a dict look-up per held job (many)
+        value = {key: -expect(key) for key in {entry[2] for entry in self._heap}}
+        self._heap = [(value[key], seq, key, job) for _, seq, key, job in self._heap]
         heapq.heapify(self._heap)
 
 

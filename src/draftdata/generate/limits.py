@@ -83,7 +83,7 @@ class OutputLimit:
         self._known_tokens = 0
         self._prompt_tokens = 0  # of the last answered request
         self._answer_tokens = 0  # its output tokens (reasoning included)
-        self._answer_bytes = 0  # and their UTF-8 size
+        self._answer: Turn | None = None  # the last answer (its UTF-8 size: ``carried``)
 
     @property
     def auto(self) -> bool:
@@ -119,16 +119,7 @@ class OutputLimit:
                 self.ep.tokens_per_byte = max(self.ep.tokens_per_byte or 0.0, min(1.0, seen))
         self._prompt_tokens = usage.prompt_tokens
         self._answer_tokens = usage.completion_tokens
-        self._answer_bytes = message_bytes(
-            [
-                Message(
-                    role="assistant",
-                    content=turn.content,
-                    reasoning_content=turn.reasoning,
-                    tool_calls=turn.tool_calls,
-                )
-            ]
-        )
+        self._answer = turn  # sized by ``carried`` only (a single-turn job never asks)
 
     def carried(self, history: list[Message]) -> None:
         """The next request starts with ``history``: the last request's messages (counted by
@@ -136,9 +127,22 @@ class OutputLimit:
         kept), estimated from the answer's own tokens per byte with a 10% margin."""
         self._known_messages = len(history)
         answer = self._answer_tokens
-        if self._answer_bytes > 0 and history:
+        turn = self._answer
+        answer_bytes = 0
+        if turn is not None:
+            answer_bytes = message_bytes(
+                [
+                    Message(
+                        role="assistant",
+                        content=turn.content,
+                        reasoning_content=turn.reasoning,
+                        tool_calls=turn.tool_calls,
+                    )
+                ]
+            )
+        if answer_bytes > 0 and history:
             kept = message_bytes(history[-1:])
-            answer = min(answer, math.ceil(answer * kept / self._answer_bytes * 1.1))
+            answer = min(answer, math.ceil(answer * kept / answer_bytes * 1.1))
         self._known_tokens = self._prompt_tokens + answer + PER_MESSAGE_TOKENS
 
     async def send(self, body: dict[str, Any]) -> tuple[list[Turn], dict[str, Any]]:

@@ -51,6 +51,7 @@ class Job:
         "plan",
         "prefix",
         "prompt",
+        "prompt_chars",
         "ready_since",
         "reasoning",
         "samples",
@@ -84,6 +85,7 @@ class Job:
         self.copies: list[Copy] = []
         self.done = False
         self.hedged = False
+        self.prompt_chars = -1  # characters of the prompt's contents (length.prompt_tokens)
         self.last_error: RequestError | None = None
         self.ready_since = 0.0
 
@@ -166,6 +168,7 @@ def plan(
         prefix=prefix_key(prompt) if config.prefix_steering else None,
         cost=chars // 4 + (max_tokens or FALLBACK_MAX_TOKENS) * len(turn_plan),
     )
+    job.prompt_chars = chars
     if job.multi_turn and len(samples) > 1:
         return job.split(), settled
     return [job], settled
@@ -185,7 +188,9 @@ def completions(
     parameters (the last request body without messages and tools), ``model`` (the model the
     endpoint reported, else the requested name) and, for a conversation that stopped before its
     last request, why (``conversation.STOP_REASONS``)."""
-    sampling = {k: v for k, v in body.items() if k not in ("messages", "tools")}
+    sampling = dict(body)  # the body less messages and tools, in the body's order
+    sampling.pop("messages", None)
+    sampling.pop("tools", None)
     p = job.prompt
     out = []
     now = time.time()

@@ -28,6 +28,7 @@ from collections import Counter
 from typing import Any
 
 import msgspec
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftdata.formats import COMPLETION_FORMAT
@@ -285,6 +286,20 @@ def _wasted(snapshots: list[dict[str, Any]], segments: list[Segment], committed:
     return w
 
 
+def _finish_reasons(turns: Any) -> list[list[str | None]]:
+    """Each row's turn finish reasons, read from the ``turns`` column without converting the
+    rest of the turns (texts, token ids) to Python."""
+    col = turns.combine_chunks() if isinstance(turns, pa.ChunkedArray) else turns
+    counts = [n or 0 for n in pc.list_value_length(col).to_pylist()]
+    flat = pc.struct_field(pc.list_flatten(col), "finish_reason").to_pylist()
+    out: list[list[str | None]] = []
+    at = 0
+    for n in counts:
+        out.append(flat[at : at + n])
+        at += n
+    return out
+
+
 def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> RunFigures:
     """The whole run's figures (module docstring); ``snapshots`` default to the run's
     ``metrics/*.json``."""
@@ -319,9 +334,8 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
         fig.output_tokens += sum(out_tokens)
         fig.prompt_tokens += sum(field("prompt_tokens"))
         fig.cached_tokens += sum(field("cached_tokens"))
-        rows = zip(table.column("turns").to_pylist(), domains, out_tokens, strict=True)
-        for turns, domain, tokens in rows:
-            reasons = [t.get("finish_reason") for t in turns or []]
+        rows = zip(_finish_reasons(table.column("turns")), domains, out_tokens, strict=True)
+        for reasons, domain, tokens in rows:
             fig.turns += len(reasons)
             finish[completion_reason(reasons)] += 1
             cut = "length" in reasons

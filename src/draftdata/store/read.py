@@ -28,6 +28,7 @@ from draftdata.formats import (
     COMPLETION_FORMAT,
     FAILURE_FORMAT,
     check_format,
+    dictionary_columns,
 )
 from draftdata.formats import iter_completions as _rows_to_completions
 from draftdata.formats import iter_failures as _rows_to_failures
@@ -50,7 +51,13 @@ def as_store(where: StoreLike) -> Store:
 def parquet_bytes(table: pa.Table, *, compression: str = "zstd") -> bytes:
     """Serialise ``table`` (schema metadata included) to parquet bytes, one row group."""
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression=compression, row_group_size=max(1, table.num_rows))
+    pq.write_table(
+        table,
+        sink,
+        compression=compression,
+        row_group_size=max(1, table.num_rows),
+        use_dictionary=dictionary_columns(table.schema),
+    )
     return sink.getvalue()
 
 
