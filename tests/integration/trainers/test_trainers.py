@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from tests.integration.envs import cached_env_python
 from tests.unit.tokenize.helpers import WEATHER_TOOL, call, completion, qwen3_dir
 
 from draftdata.export.stage import export_run
@@ -199,20 +199,7 @@ def _with_served_ids(records: list[Completion], ctx: TokenizeContext) -> list[Co
 
 
 def _trainers_python() -> Path:
-    """Build (or reuse) the trainers' environment; skip with the reason when it cannot be."""
-    res = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "trainers_env.sh"), str(VENV)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    if res.returncode != 0:
-        failed = VENV / ".failed"
-        why = failed.read_text().strip() if failed.exists() else res.stderr.strip()[-500:]
-        print(f"trainer tier skipped: {why}", file=sys.stderr)
-        pytest.skip(f"trainers' environment unavailable: {why}")
-    return VENV / "bin" / "python"
+    return cached_env_python("trainers_env.sh", VENV, "trainers")
 
 
 Rows = dict[str, tuple[list[int], list[int]]]  # row id -> (input_ids, loss_mask)

