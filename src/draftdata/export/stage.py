@@ -37,6 +37,7 @@ from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, sample_key
 from draftdata.store.doneset import DoneSet
+from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
 from draftdata.store.store import Store, open_store, split_s3_url
@@ -252,6 +253,7 @@ def export_run(
             keep_reasoning_history=bool(settings.get("keep_reasoning_history", False)),
             tokenizer=tokenizer,
             chat_template=chat_template,
+            template_kwargs=settings.get(SERVER_TEMPLATE_KWARGS) or None,
         )
     dest = str(out)
     if dest.startswith("s3://"):

@@ -26,11 +26,11 @@ import contextlib
 import random
 from collections.abc import Callable
 
-from draftdata.errors import DraftdataError, RunAbortedError, StoreError
+from draftdata.errors import DraftdataError, RunAbortedError, RunLeaseError, StoreError
 from draftdata.generate.config import GenerateConfig
 from draftdata.store.run import Run
 
-Abort = Callable[[DraftdataError, BaseException], None]
+Abort = Callable[[DraftdataError, BaseException | None], None]
 
 
 class Committer:
@@ -97,6 +97,10 @@ class Committer:
                     f"{self.run.buffered} records wait, retried with backoff up to "
                     f"{self.cfg.store_retry_max:g} s"
                 )
+            return False
+        except RunLeaseError as exc:  # taken over: the other writer continues the run
+            self.failed = True
+            self._abort(exc, None)
             return False
         except Exception as exc:  # a bug, not an outage: stop now, keep what is committed
             self.failed = True

@@ -179,7 +179,7 @@ class Dispatcher:
                     return
                 self.wake.clear()
                 timeout = 0.25
-                if self.waiting:
+                if self.waiting and not (self.stopping or self.paused):  # else nothing promotes
                     timeout = min(timeout, max(0.0, self.waiting[0][0] - now))
                 # a timer instead of wait_for: no task per wake-up (this loop wakes per answer);
                 # one that is still due before the deadline is kept (waking early is harmless),
@@ -320,6 +320,14 @@ class Dispatcher:
                 self.affinity.popitem(last=False)
         return best
 
+    def cap(self, job: Job) -> int:
+        """The most output tokens one sample of ``job`` may take: its ``--max-tokens``, or with
+        the context-filling default (``limits.py``) the largest context in the fleet."""
+        cap = token_cap(job)
+        if job.max_tokens is None:
+            cap = max(cap, max((e.context_length or 0 for e in self.endpoints), default=0))
+        return cap
+
     def _hedge(self, now: float) -> None:
         """Copy tail requests onto idle endpoints where the copy is expected to finish first
         (``hedge_pays``); only asked when nothing is queued, so the copies take idle slots."""
@@ -338,7 +346,7 @@ class Dispatcher:
                 return
             ep = max(free, key=lambda e: (e.seq_rate or 0.0, e.free, -e.index))
             expected = self.lengths.expect_job(job)
-            if not hedge_pays(age, expected, token_cap(job), first.endpoint, ep, self.lengths):
+            if not hedge_pays(age, expected, self.cap(job), first.endpoint, ep, self.lengths):
                 continue
             job.hedged = True
             self.hedges += 1
@@ -464,7 +472,7 @@ class Dispatcher:
         if copy.hedge:
             self.hedges_won += 1
             ep.hedges_won += 1
-        p, prompt_len, cap = job.prompt, prompt_tokens(job), token_cap(job)
+        p, prompt_len, cap = job.prompt, prompt_tokens(job), self.cap(job)
         for turns in per_sample:
             out = sum(t.usage.completion_tokens for t in turns)
             self.lengths.observe(p.source, p.domain, prompt_len, out, cap)
@@ -610,6 +618,7 @@ class Dispatcher:
 # -- placement by expected finish time -------------------------------------------------------
 
 _SPEED_GAP = 1.5  # per-sequence rates closer than this: greedy placement is as good
+_BUSY_S = 1e-3  # the least time a busy slot is expected to stay busy
 
 
 def hedge_pays(
@@ -692,10 +701,9 @@ class TailPlan:
             for copy in d.on_endpoint[e]:
                 job = copy.job
                 produced = (now - copy.started) * rate
-                total = d.lengths.expected_total(
-                    d.lengths.expect_job(job), produced, token_cap(job)
-                )
-                left = max(0.0, total - produced) / rate
+                total = d.lengths.expected_total(d.lengths.expect_job(job), produced, d.cap(job))
+                # a busy slot is never free now, even for a copy past its expected length
+                left = max(_BUSY_S, (total - produced) / rate)
                 heap.extend([left] * copy.seqs)
             heapq.heapify(heap)
             slots[e] = heap

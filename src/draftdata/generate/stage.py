@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 
 from draftdata.endpoints import base_url, probe_capacity
-from draftdata.errors import ConfigError, FleetError, LeaseLostError
+from draftdata.errors import ConfigError, FleetError, LeaseLostError, StoreError
 from draftdata.fleetspec import read_fleet
 from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
@@ -265,10 +265,15 @@ async def _generate(
             for undo in restore:
                 undo()
             await asyncio.gather(*(e.client.close() for e in endpoints), return_exceptions=True)
-            key = await asyncio.to_thread(rejects.write, run)
-            if key is not None:
-                log(f"generate: {len(rejects.rows)} invalid prompt lines written to {key}")
-            await asyncio.to_thread(run.release_lease)
+            try:
+                if run.lease is None or not run.lease.lost:  # a taken-over run is not ours
+                    key = await asyncio.to_thread(rejects.write, run)
+                    if key is not None:
+                        log(f"generate: {len(rejects.rows)} invalid prompt lines written to {key}")
+            except StoreError as exc:
+                log(f"generate: could not write the invalid prompt lines: {exc}")
+            finally:
+                await asyncio.to_thread(run.release_lease)
     if run.lease is not None and run.lease.lost:  # taken over: what we did not commit is theirs
         raise LeaseLostError(run.lease.lost)
     if not config.partition:  # a partition (a Ray task) reports its own part; the driver sums
@@ -283,13 +288,12 @@ async def _generate(
 
 def _whole_run(run: Run, log: Log) -> Any:
     """The whole run's figures (all segments, committed only), or None if unreadable now."""
-    from draftdata.errors import DraftdataError
     from draftdata.stats.runfigures import run_figures
 
     try:
         return run_figures(run.store)
-    except DraftdataError as exc:
-        log(f"generate: could not count the whole run's figures: {exc}")
+    except Exception as exc:  # the figures are informational: a finished run stays finished
+        log(f"generate: could not count the whole run's figures: {type(exc).__name__}: {exc}")
         return None
 
 

@@ -407,10 +407,10 @@ def acquire(
         except AlreadyExistsError:
             continue  # another contender won this generation: judge it as the holder
         lease = Lease(store, scope, gen, ttl=ttl, clock=clock, on_lost=on_lost)
-        lease._beat()
         try:
+            lease._beat()
             _check_overlaps(store, scope, ttl=ttl, clock=clock, sleep=sleep, lease=lease)
-        except LeaseHeldError:
+        except BaseException:  # refused, or the store failed: leave no claim behind
             lease.release()
             raise
         lease.start()

@@ -313,13 +313,15 @@ class Run:
         """Flush what is buffered and close the run (further adds raise)."""
         if self._closed:
             return
-        self.flush()
-        if len(self._recent) >= 2:  # a rollup of one shard would save nothing
-            with self._flush_lock:
-                self._write_rollup()
-        with self._lock:
-            self._closed = True
-        self.release_lease()
+        try:
+            self.flush()
+            if len(self._recent) >= 2:  # a rollup of one shard would save nothing
+                with self._flush_lock:
+                    self._write_rollup()
+            with self._lock:
+                self._closed = True
+        finally:  # a flush that failed (the store is down) must not leave the lease held
+            self.release_lease()
 
     def release_lease(self) -> None:
         """Release the run lease, if held (idempotent; ``close`` does it)."""

@@ -171,6 +171,10 @@ def test_frozen_holder_is_taken_over_after_ttl_and_stops_committing(
         assert first.stderr is not None
         err = first.stderr.read()
         assert "lost the run lease" in err and "Traceback" not in err, err
+        # the lease's own error, not a commit bug's "run the same command to resume" (the other
+        # process is running the run), and no rejects written into a run it no longer holds
+        (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+        assert "lost the run lease" in line and "run the same command" not in line, err
     finally:
         with_kill(first)
     # the woken holder committed nothing after the takeover: every prompt exactly once

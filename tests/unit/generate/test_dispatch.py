@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 
@@ -302,3 +303,63 @@ def test_sample_k_sends_seed_plus_k() -> None:
     assert rest.samples == [1, 2] and rest.request_sampling.seed == 11
     (unseeded,), _ = plan(single, cfg(n=3), lambda _i, _s: False)
     assert [j.request_sampling.seed for j in unseeded.split()] == [None, None, None]
+
+
+class _CountingEvent(asyncio.Event):
+    """An asyncio.Event that counts the dispatcher's loop passes (one ``clear`` each)."""
+
+    passes = 0
+
+    def clear(self) -> None:
+        type(self).passes += 1
+        super().clear()
+
+
+async def test_a_paused_dispatcher_does_not_spin_on_a_due_retry(tmp_path: Path) -> None:
+    """While the engine pauses dispatch (the store holds too many records), a retry that is due
+    cannot be promoted: the loop must wait for a wake-up, not pass with a zero timeout (the old
+    code ran ~125,000 passes a second for as long as a store outage lasted)."""
+    from tests.unit.generate.fakes import ListSink
+
+    from draftdata.generate.dispatch import Dispatcher
+    from draftdata.generate.source import PromptReader
+
+    prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(2)])
+    # request 1 fails after 0.2 s and is retried after a short backoff, once dispatch resumes
+    client = FakeClient(delay=0.2, fail={1: ErrorClass.server_error})
+    config = GenerateConfig(prompts="x", endpoints=["x"], out="x", hedge=False, backoff_base=0.01)
+    ep = endpoint(0, client, limit=1)
+
+    async def alive(ep: object) -> bool:
+        return True
+
+    async def revive(ep: object) -> None:
+        return None
+
+    sink = ListSink()
+    d = Dispatcher(
+        config,
+        [ep],
+        PromptReader([prompts]),
+        sink,
+        model="m",
+        is_done=lambda i, s: (i, s) in sink.done,
+        check_alive=alive,
+        revive=revive,
+        log=lambda line: None,
+        seed=0,
+    )
+    d.wake = _CountingEvent()
+    task = asyncio.create_task(d.run())
+    await asyncio.sleep(0.1)
+    d.paused = True  # the engine's state while the store is down
+    await asyncio.sleep(0.2)  # request 1 has failed: its retry is due, and cannot be sent
+    assert d.waiting and not d.running
+    before = _CountingEvent.passes
+    await asyncio.sleep(0.5)
+    paused_passes = _CountingEvent.passes - before
+    d.paused = False
+    d.wake.set()
+    await asyncio.wait_for(task, 10)
+    assert paused_passes < 50, paused_passes
+    assert {c.id for c in sink.completions} == {"p0", "p1"}

@@ -250,6 +250,11 @@ class _D:
         self.fresh = LookAhead(self.lengths, ordered=True)
         self.on_endpoint: dict[Endpoint, set[Any]] = {e: set() for e in endpoints}
 
+    def cap(self, job: Job) -> int:
+        from draftdata.generate.dispatch import Dispatcher
+
+        return Dispatcher.cap(self, job)  # type: ignore[arg-type]
+
 
 def test_speed_plan_holds_long_work_for_the_fast_server() -> None:
     from draftdata.generate.work import Copy
@@ -284,6 +289,35 @@ def test_speed_plan_holds_long_work_for_the_fast_server() -> None:
     # with equal speeds there is no plan: greedy placement
     slow.seq_rate = 95.0
     assert TailPlan.make(d, now=3.0) is None
+
+
+def test_a_busy_slot_past_its_expected_length_is_never_a_free_one() -> None:
+    """A copy that has run past its expected length (and its cap) still holds its slot: the
+    plan must not send a job to a full endpoint (the old plan counted such a slot as free now
+    and pushed the endpoint past its concurrency limit)."""
+    from draftdata.generate.work import Copy
+
+    fast, slow = endpoint(0, DomainClient(), limit=1), endpoint(1, DomainClient(), limit=1)
+    fast.seq_rate, slow.seq_rate = 100.0, 50.0
+    d = _D([fast, slow], queued=1)
+    c = Copy(job(pid="long"), fast, hedge=False, seqs=1, started=0.0)
+    d.on_endpoint[fast].add(c)
+    fast.acquire(1, 0)
+    plan = TailPlan.make(d, now=100.0)  # 10,000 tokens produced, cap 1,000
+    assert plan is not None and fast.free == 0
+    assert plan.place(job(pid="next"), slow, 100.0) is not fast
+
+
+def test_the_context_filling_default_caps_a_job_at_the_fleet_context() -> None:
+    """With no --max-tokens a request may fill the endpoint's context: the hedge and placement
+    rules must not take the 4096 fallback in the job's cost for its cap."""
+    a, b = endpoint(0, DomainClient()), endpoint(1, DomainClient())
+    a.context_length, b.context_length = 8192, 32768
+    d = _D([a, b], queued=1)
+    auto = job(max_tokens=4096)
+    auto.max_tokens = None  # as work.plan builds it without --max-tokens
+    assert d.cap(auto) == 32768
+    assert d.cap(job(max_tokens=1000)) == 1000
 
 
 def test_hedge_pays_only_when_the_copy_should_win() -> None:
