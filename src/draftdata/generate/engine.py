@@ -390,6 +390,7 @@ class Engine:
             partition=self.cfg.partition,
             total=total,
             already_done=d.already_done,
+            max_tokens=self.cfg.max_tokens,
             requests=d.requests_ok,
             retries=d.retries,
             hedges=d.hedges,

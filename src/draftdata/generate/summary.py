@@ -66,6 +66,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     failed: dict[str, int] = msgspec.field(default_factory=dict)
     finish_reasons: dict[str, int] = msgspec.field(default_factory=dict)  # per completion
     truncated: int = 0  # completions with a turn cut by max tokens
+    max_tokens: int | None = None  # the --max-tokens this command ran with (None: fill the context)
     # conversations that stopped before their last request, by reason (conversation.STOP_*)
     stopped: dict[str, int] = msgspec.field(default_factory=dict)
     prompt_tokens: int = 0
@@ -126,7 +127,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             f"already done before: {self.already_done}"
             + (f"; invalid prompt lines: {self.invalid_prompts}" if self.invalid_prompts else ""),
         ]
-        out.extend(_cut_warning(self.truncated, self.completed))
+        out.extend(_cut_warning(self.truncated, self.completed, self.max_tokens))
         for e in self.endpoints:
             errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "no errors"
             out.append(
@@ -156,7 +157,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             f"  this command: {self.completed} completions, {self.failures} failures in "
             f"{self.wall_s:.1f} s; already done before: {self.already_done}"
             + (f"; invalid prompt lines: {self.invalid_prompts}" if self.invalid_prompts else ""),
-            *_cut_warning(run.cut, run.completions),
+            *_cut_warning(run.cut, run.completions, self.max_tokens),
         ]
         for e in self.endpoints:
             errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "no errors"
@@ -171,15 +172,22 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
 CUT_WARNING_SHARE = 0.05  # warn when more answers than this were cut by the output limit
 
 
-def _cut_warning(cut: int, completed: int) -> list[str]:
+def _cut_warning(cut: int, completed: int, max_tokens: int | None) -> list[str]:
     """One warning line when more than 5% of ``completed`` answers were cut (none otherwise):
-    cut answers have no end of turn to learn."""
+    cut answers have no end of turn to learn. The advice depends on whether ``--max-tokens``
+    was set (raise it or unset it) or the limit already filled the context (a longer context)."""
     if not completed or cut <= CUT_WARNING_SHARE * completed:
         return []
+    advice = (
+        f"leave --max-tokens unset to fill the context, or raise it (now {max_tokens})"
+        if max_tokens is not None
+        else "the limit already fills each endpoint's context: serve the model with a longer "
+        "context length, or shorten the prompts"
+    )
     return [
         f"  warning: {cut / completed:.0%} of answers were cut by the output limit "
         f"(finish_reason length, {cut} of {completed}); cut answers have no end of turn to "
-        "learn: leave --max-tokens unset to fill the context, or raise it"
+        f"learn: {advice}"
     ]
 
 

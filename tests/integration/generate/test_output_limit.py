@@ -56,6 +56,7 @@ def test_default_fills_the_context_and_an_explicit_limit_still_rules(tmp_path: P
     assert not any("warning" in line for line in auto.lines())
     (warning,) = [line for line in fixed.lines() if "warning" in line]
     assert "cut by the output limit" in warning and f"{fixed.truncated} of 150" in warning
+    assert "raise it (now 4096)" in warning
 
 
 @pytest.mark.parametrize("flavor", ["sglang", "vllm"])
