@@ -12,8 +12,8 @@ multi-turn prompt carry the earlier answers:
   reasoning unless kept: its share of ``usage.completion_tokens`` by bytes, plus 10%), so only
   the new messages are estimated;
 - new messages are estimated from their UTF-8 bytes times the endpoint's tokens-per-byte, the
-  largest ratio its answers have shown so far (``INITIAL_TOKENS_PER_BYTE`` before any), plus a
-  few template tokens per message.
+  largest ratio its answers to requests of ``LEARN_MIN_BYTES`` or more have shown so far
+  (``INITIAL_TOKENS_PER_BYTE`` before any), plus a few template tokens per message.
 
 An estimate can be short for an unusual prompt: a context-length answer to a request whose limit
 was computed here (decided by the error's type) is retried at once with a quarter of the limit,
@@ -39,6 +39,10 @@ INITIAL_TOKENS_PER_BYTE = 0.5  # pessimistic for English and code (~0.25-0.3), f
 PER_MESSAGE_TOKENS = 8  # role markers and separators of a chat template
 FIXED_TOKENS = 32  # generation prompt, an empty think block, BOS
 FALLBACK_MAX_TOKENS = 4096  # the context length is unknown
+# the least request size (bytes) the tokens-per-byte ratio is learnt from: in a shorter one the
+# template's own text (a tool preamble, a default system prompt) would pass for prompt tokens
+# and raise the ratio for the rest of the run
+LEARN_MIN_BYTES = 1024
 MIN_LIMIT = 16
 SHRINK_TRIES = 2
 
@@ -114,7 +118,7 @@ class OutputLimit:
         if not self._known_messages:
             size = message_bytes(messages, self.tools)
             overhead = PER_MESSAGE_TOKENS * len(messages) + FIXED_TOKENS
-            if size > 0:
+            if size >= LEARN_MIN_BYTES:
                 seen = max(0.05, (usage.prompt_tokens - overhead) / size)
                 self.ep.tokens_per_byte = max(self.ep.tokens_per_byte or 0.0, min(1.0, seen))
         self._prompt_tokens = usage.prompt_tokens

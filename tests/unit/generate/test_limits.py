@@ -82,6 +82,24 @@ def test_learns_tokens_per_byte_from_the_first_answer() -> None:
     assert OutputLimit(None, ep, None).limit(msgs) > before + 900
 
 
+def test_a_short_prompt_with_template_overhead_does_not_shrink_later_limits() -> None:
+    """A short prompt whose template adds much text of its own (a tool preamble) would pass for
+    a high tokens-per-byte ratio; learnt only from requests of LEARN_MIN_BYTES or more, the
+    ratio of a later long prompt is its own (the old rule kept the short prompt's 0.7 for the
+    rest of the run and cut a long prompt's limit by thousands of tokens)."""
+    ep = endpoint(8192)
+    tools = [{"type": "function", "function": {"name": "f", "description": "d" * 150}}]
+    short = [user("Hi")]
+    lim = OutputLimit(None, ep, tools)
+    lim.answered(short, Turn(content="ok", usage=Usage(prompt_tokens=190, completion_tokens=2)))
+    assert ep.tokens_per_byte is None  # too short to learn from
+    long = [user("word " * 1600)]  # 8,000 bytes of English: ~2,000 tokens
+    lim = OutputLimit(None, ep, None)
+    lim.answered(long, Turn(content="ok", usage=Usage(prompt_tokens=2040, completion_tokens=2)))
+    assert ep.tokens_per_byte == pytest.approx(0.25, abs=0.01)
+    assert OutputLimit(None, ep, None).limit(long) > 8192 - 2040 - 400
+
+
 def test_later_turns_carry_the_earlier_answers() -> None:
     """Turn 2's limit starts from what the server counted for turn 1: its prompt, plus the
     answer as the history carries it (its reasoning dropped: only the content's share)."""
