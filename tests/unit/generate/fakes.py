@@ -135,3 +135,17 @@ async def run_dispatch(
     )
     await asyncio.wait_for(d.run(), 20)
     return d, sink
+
+
+def cfg(**kw: Any) -> GenerateConfig:
+    """A config for in-process dispatcher tests: fast backoff, no hedging, ``kw`` on top."""
+    base: dict[str, Any] = {
+        "prompts": "p",
+        "out": "o",
+        "endpoints": ["x"],
+        "backoff_base": 0.001,
+        "backoff_max": 0.01,
+        "hedge": False,
+    }
+    base.update(kw)
+    return GenerateConfig(**base)

@@ -7,26 +7,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from tests.unit.generate.fakes import FakeClient, endpoint, run_dispatch, user, write
+from tests.unit.generate.fakes import FakeClient, cfg, endpoint, run_dispatch, user, write
 
 from draftdata.conversation import TurnPlan
 from draftdata.generate.client import ErrorClass
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.work import Job
 from draftdata.records import Message, Prompt
-
-
-def cfg(**kw: object) -> GenerateConfig:
-    base: dict[str, object] = {
-        "prompts": "p",
-        "out": "o",
-        "endpoints": ["x"],
-        "backoff_base": 0.001,
-        "backoff_max": 0.01,
-        "hedge": False,
-    }
-    base.update(kw)
-    return GenerateConfig(**base)  # type: ignore[arg-type]
 
 
 def job(prefix: str | None = None, cost: int = 10) -> Job:

@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.unit.generate.fakes import endpoint, run_dispatch, write
+from tests.unit.generate.fakes import cfg, endpoint, run_dispatch, write
 
-from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import TailPlan, hedge_pays
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.length import (
@@ -26,19 +25,6 @@ from draftdata.generate.work import Job
 from draftdata.records import Completion, Message, Prompt, Turn, Usage
 
 LENGTHS = {"math": 600, "code": 300, "general": 150, "tool": 30}
-
-
-def cfg(**kw: object) -> GenerateConfig:
-    base: dict[str, object] = {
-        "prompts": "p",
-        "out": "o",
-        "endpoints": ["x"],
-        "backoff_base": 0.001,
-        "backoff_max": 0.01,
-        "hedge": False,
-    }
-    base.update(kw)
-    return GenerateConfig(**base)
 
 
 def job(domain: str = "", text: str = "q", max_tokens: int = 1000, pid: str = "a") -> Job:
