@@ -38,9 +38,9 @@ from draftdata.generate.models import check_fleet_models, check_resume_model
 from draftdata.generate.partition import parse_partition
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
-from draftdata.generate.thinking import SETTINGS_KEY as SERVER_KWARGS
 from draftdata.generate.thinking import server_kwargs
 from draftdata.store.lease import LeaseOptions, scope_of
+from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS
 from draftdata.store.protect import check_not_protected
 from draftdata.store.run import Run
 
@@ -188,7 +188,7 @@ async def _generate(
         if kwargs := await server_kwargs(
             config.reasoning, config.token_ids, config.out, session, alive, model
         ):
-            settings[SERVER_KWARGS] = kwargs  # what tokenize renders with (thinking.py)
+            settings[SERVER_TEMPLATE_KWARGS] = kwargs  # what tokenize renders with (thinking.py)
 
         stop_engine: list[Callable[[], object]] = []  # set once the engine runs
 

@@ -27,8 +27,6 @@ from draftdata.errors import DraftdataError
 from draftdata.store.manifest import MANIFEST_KEY, SERVER_TEMPLATE_KWARGS, load_manifest
 from draftdata.store.store import open_store
 
-SETTINGS_KEY = SERVER_TEMPLATE_KWARGS
-
 
 def recorded(out: str) -> dict[str, Any] | None:
     """What the run at ``out`` recorded (``{}`` when it recorded nothing), None for a new run."""
@@ -39,7 +37,7 @@ def recorded(out: str) -> dict[str, Any] | None:
         settings = load_manifest(store).get("effective_settings") or {}
     except DraftdataError:
         return None  # Run.open reports the problem with the prefix
-    value = settings.get(SETTINGS_KEY)
+    value = settings.get(SERVER_TEMPLATE_KWARGS)
     return dict(value) if isinstance(value, dict) else {}
 
 

@@ -104,7 +104,7 @@ def endpoint(i: int, client: ChatClient, limit: int = 4, **kw: Any) -> Endpoint:
     return ep
 
 
-async def run_dispatch(
+def dispatcher(
     config: GenerateConfig,
     endpoints: list[Endpoint],
     prompts: Path,
@@ -112,6 +112,7 @@ async def run_dispatch(
     alive: bool = True,
     done: set[tuple[str, int]] | None = None,
 ) -> tuple[Dispatcher, ListSink]:
+    """A Dispatcher over ``prompts`` and ``endpoints`` into a ListSink, not yet running."""
     sink = ListSink()
     settled = done or set()
 
@@ -133,6 +134,18 @@ async def run_dispatch(
         log=lambda line: None,
         seed=0,
     )
+    return d, sink
+
+
+async def run_dispatch(
+    config: GenerateConfig,
+    endpoints: list[Endpoint],
+    prompts: Path,
+    *,
+    alive: bool = True,
+    done: set[tuple[str, int]] | None = None,
+) -> tuple[Dispatcher, ListSink]:
+    d, sink = dispatcher(config, endpoints, prompts, alive=alive, done=done)
     await asyncio.wait_for(d.run(), 20)
     return d, sink
 

@@ -306,36 +306,13 @@ async def test_a_paused_dispatcher_does_not_spin_on_a_due_retry(tmp_path: Path) 
     """While the engine pauses dispatch (the store holds too many records), a retry that is due
     cannot be promoted: the loop must wait for a wake-up, not pass with a zero timeout (the old
     code ran ~125,000 passes a second for as long as a store outage lasted)."""
-    from tests.unit.generate.fakes import ListSink
-
-    from draftdata.generate.dispatch import Dispatcher
-    from draftdata.generate.source import PromptReader
+    from tests.unit.generate.fakes import dispatcher
 
     prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(2)])
     # request 1 fails after 0.2 s and is retried after a short backoff, once dispatch resumes
     client = FakeClient(delay=0.2, fail={1: ErrorClass.server_error})
     config = GenerateConfig(prompts="x", endpoints=["x"], out="x", hedge=False, backoff_base=0.01)
-    ep = endpoint(0, client, limit=1)
-
-    async def alive(ep: object) -> bool:
-        return True
-
-    async def revive(ep: object) -> None:
-        return None
-
-    sink = ListSink()
-    d = Dispatcher(
-        config,
-        [ep],
-        PromptReader([prompts]),
-        sink,
-        model="m",
-        is_done=lambda i, s: (i, s) in sink.done,
-        check_alive=alive,
-        revive=revive,
-        log=lambda line: None,
-        seed=0,
-    )
+    d, sink = dispatcher(config, [endpoint(0, client, limit=1)], prompts)
     d.wake = _CountingEvent()
     task = asyncio.create_task(d.run())
     await asyncio.sleep(0.1)
