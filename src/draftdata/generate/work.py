@@ -103,8 +103,12 @@ class Job:
         return msgspec.structs.replace(self.sampling, seed=seed + self.samples[0])
 
     def split(self) -> list[Job]:
-        """One job per sample (for servers without a working ``n``)."""
-        return [self.with_samples([s]) for s in self.samples]
+        """One job per sample (for servers without a working ``n``); each keeps the attempts
+        made so far, so a split retries the prompt rather than restarting its count."""
+        jobs = [self.with_samples([s]) for s in self.samples]
+        for j in jobs:
+            j.attempts = self.attempts
+        return jobs
 
     def with_samples(self, samples: list[int]) -> Job:
         """A fresh job for the same prompt and settings with other samples."""

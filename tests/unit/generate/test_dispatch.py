@@ -30,6 +30,15 @@ def job(prefix: str | None = None, cost: int = 10) -> Job:
     )
 
 
+def test_a_split_job_keeps_its_attempts() -> None:
+    """A retried n-sample job split for a server without ``n`` must not start its samples'
+    attempt count from zero (they could then exceed max_attempts in all)."""
+    j = job().with_samples([0, 1, 2])
+    j.attempts = 3
+    assert [x.attempts for x in j.split()] == [3, 3, 3]
+    assert [x.samples for x in j.split()] == [[0], [1], [2]]
+
+
 async def test_pick_prefers_most_free_then_fewest_outstanding_tokens(tmp_path: Path) -> None:
     from draftdata.generate.dispatch import Dispatcher
 
