@@ -102,6 +102,7 @@ class Run:
         self._failures: list[Failure] = []
         # (kind, parquet bytes, records, (ids, samples, reasons or None)) waiting to be written
         self._pending: list[tuple[str, bytes, int, _Rows]] = []
+        self._encoding = 0  # records taken from the buffers, not yet in _pending (a flush)
         self._recent: list[Entry] = []  # committed shards not yet in a rollup of ours
         self._last_flush = clock()
         self._closed = False
@@ -221,7 +222,12 @@ class Run:
     def buffered(self) -> int:
         """Records added but not yet committed (including shards waiting for a retry)."""
         with self._lock:
-            return len(self._completions) + len(self._failures) + sum(p[2] for p in self._pending)
+            return (
+                len(self._completions)
+                + len(self._failures)
+                + self._encoding
+                + sum(p[2] for p in self._pending)
+            )
 
     # -- buffering ----------------------------------------------------------------------------
 
@@ -272,15 +278,23 @@ class Run:
             with self._lock:
                 comps, self._completions = self._completions, []
                 fails, self._failures = self._failures, []
+                self._encoding = len(comps) + len(fails)  # still counted by ``buffered``
                 self._last_flush = self._clock()
-            if comps:
-                table = completions_table(comps)
-                rows: _Rows = ([c.id for c in comps], [c.sample for c in comps], None)
-                self._pending.append(("completions", parquet_bytes(table), len(comps), rows))
-            if fails:
-                table = failures_table(fails)
-                rows = ([f.id for f in fails], [f.sample for f in fails], [f.reason for f in fails])
-                self._pending.append(("failures", parquet_bytes(table), len(fails), rows))
+            shards: list[tuple[str, bytes, int, _Rows]] = []
+            try:
+                if comps:
+                    table = completions_table(comps)
+                    rows: _Rows = ([c.id for c in comps], [c.sample for c in comps], None)
+                    shards.append(("completions", parquet_bytes(table), len(comps), rows))
+                if fails:
+                    table = failures_table(fails)
+                    ids = [f.id for f in fails]
+                    rows = (ids, [f.sample for f in fails], [f.reason for f in fails])
+                    shards.append(("failures", parquet_bytes(table), len(fails), rows))
+            finally:
+                with self._lock:
+                    self._pending.extend(shards)
+                    self._encoding = 0
             committed = 0
             while self._pending:
                 kind, data, n, rows = self._pending[0]

@@ -3,8 +3,9 @@
 ``S3Outage(moto_endpoint)`` listens on 127.0.0.1 (ephemeral port) and forwards each request to
 moto unchanged; while ``mode`` is ``"503"`` it answers every request with 503 SlowDown (an
 overloaded or unreachable service), while ``"403"`` with 403 AccessDenied (expired credentials,
-a changed bucket policy). Point a client at ``url`` with AWS_ENDPOINT_URL. Counts of forwarded and
-failed requests are kept for the test's assertions.
+a changed bucket policy). A request whose body ends early is dropped, as S3 drops it. Point a
+client at ``url`` with AWS_ENDPOINT_URL. Counts of forwarded, failed and dropped requests are
+kept for the test's assertions.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class S3Outage:
         self.mode: Mode = "ok"
         self.forwarded = 0
         self.failed = 0
+        self.truncated = 0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -40,7 +42,7 @@ class S3Outage:
             def log_message(self, format: str, *args: object) -> None:  # quiet
                 return
 
-            def _body(self) -> bytes:
+            def _body(self) -> bytes | None:
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
                     chunks = []
                     while True:
@@ -49,12 +51,23 @@ class S3Outage:
                             while self.rfile.readline() not in (b"\r\n", b"\n", b""):
                                 pass
                             return b"".join(chunks)
-                        chunks.append(self.rfile.read(size))
+                        chunk = self.rfile.read(size)
+                        if len(chunk) < size:
+                            return None
+                        chunks.append(chunk)
                         self.rfile.readline()
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                size = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(size)
+                return body if len(body) == size else None
 
             def _handle(self) -> None:
                 body = self._body()
+                if body is None:
+                    # the client went away mid-body: like S3, store nothing (never forward a
+                    # truncated body, which moto would keep as a short object)
+                    outer.truncated += 1
+                    self.close_connection = True
+                    return
                 mode = outer.mode
                 if mode != "ok":
                     outer.failed += 1

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,47 @@ BOUND = 100
 
 def _served(fleet: SimFleet) -> int:
     return sum(fleet.stats(i).served for i in range(2))
+
+
+class _RssSampler:
+    """Samples a process's resident set (VmRSS, KiB) from /proc while the test runs, so the
+    check is on growth during the outage, not on the absolute size of an interpreter whose
+    imports and thread pools differ between machines."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[tuple[float, str, int]] = []  # (seconds into the phase, phase, KiB)
+        self.phase = "start"
+        self._phase_start = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def enter(self, phase: str) -> None:
+        self._phase_start = time.monotonic()
+        self.phase = phase
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                text = Path(f"/proc/{self.pid}/status").read_text(encoding="ascii")
+            except OSError:
+                return
+            for line in text.splitlines():
+                if line.startswith("VmRSS:"):
+                    kib = int(line.split()[1])
+                    self.samples.append((time.monotonic() - self._phase_start, self.phase, kib))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak(self, phase: str, until: float = float("inf")) -> int:
+        """The largest sample of ``phase`` taken within ``until`` seconds of its start."""
+        return max((kib for t, p, kib in self.samples if p == phase and t <= until), default=0)
+
+    def timeline(self) -> str:
+        return ", ".join(f"{t:.0f}s {p} {kib // 1024}" for t, p, kib in self.samples[::10])
 
 
 def _shards(moto_s3: MotoS3, out: str) -> int:
@@ -55,18 +97,21 @@ def test_s3_outage_of_over_a_minute_pauses_dispatch_and_loses_nothing(
         env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url, "DRAFTDATA_S3_MAX_ATTEMPTS": "2"}
         with (tmp_path / "err.txt").open("w") as err, (tmp_path / "out.txt").open("w") as std:
             proc = subprocess.Popen(cmd, stdout=std, stderr=err, env=env)
+            rss = _RssSampler(proc.pid)
             try:
                 deadline = time.monotonic() + 60
                 while _shards(moto_s3, out) == 0 and time.monotonic() < deadline:
                     assert proc.poll() is None, (tmp_path / "err.txt").read_text()
                     time.sleep(0.05)
                 served_before = _served(fleet)
+                rss.enter("outage")
                 proxy.mode = "503"  # S3 overloaded / unreachable ...
                 time.sleep(35)
                 proxy.mode = "403"  # ... then the credentials expire
                 time.sleep(30)
                 served_during = _served(fleet) - served_before
                 proxy.mode = "ok"
+                rss.enter("after")
                 deadline = time.monotonic() + 120
                 while time.monotonic() < deadline:
                     pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -77,6 +122,7 @@ def test_s3_outage_of_over_a_minute_pauses_dispatch_and_loses_nothing(
                     raise AssertionError("generate did not finish after the outage")
                 proc.returncode = os.waitstatus_to_exitcode(status)
             finally:
+                rss.stop()
                 if proc.returncode is None:
                     proc.kill()
                     proc.wait()
@@ -100,9 +146,17 @@ def test_s3_outage_of_over_a_minute_pauses_dispatch_and_loses_nothing(
     ):
         assert sum(text in line for line in lines) == 1, (text, stderr[-3000:])
     assert len(lines) < 20, stderr
-    # peak RSS of the generate process (KiB on Linux): no pile-up in memory
-    print(f"peak RSS {usage.ru_maxrss // 1024} MiB; peak uncommitted {summary['peak_uncommitted']}")
-    assert usage.ru_maxrss < 700 * 1024, usage.ru_maxrss
+    # no pile-up in memory: the resident set stays within a small margin of what it was in the
+    # outage's first seconds (the absolute size is the interpreter's and its imports', which
+    # differ between machines; a pile-up grows with the outage's length)
+    early, during = rss.peak("outage", until=5.0), rss.peak("outage")
+    print(
+        f"peak RSS in the outage's first 5 s {early // 1024} MiB, whole outage {during // 1024} MiB"
+    )
+    print(f"process peak {usage.ru_maxrss // 1024} MiB; timeline (MiB): {rss.timeline()}")
+    print(f"proxy: {proxy.forwarded} forwarded, {proxy.failed} failed, {proxy.truncated} dropped")
+    assert early > 0, rss.samples
+    assert during - early < 64 * 1024, rss.timeline()
 
 
 def test_store_down_when_every_prompt_is_answered_waits_and_commits(

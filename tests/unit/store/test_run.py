@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.unit.store.helpers import completion, failure
 
 from draftdata.errors import ProtectedPrefixError, RunMismatchError, TransientStoreError
@@ -170,3 +173,51 @@ def test_done_mask_matches_is_done(tmp_path: Path) -> None:
         expected = [r.is_done(i, s) for i, s in zip(ids, samples, strict=True)]
         assert r.done_mask(ids, samples).tolist() == expected
     assert Run.open(url, settings=SETTINGS).done_mask(ids[:4]).tolist() == [True, True, False, True]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    completions=st.integers(min_value=0, max_value=20),
+    failures=st.integers(min_value=0, max_value=5),
+    outage_flushes=st.integers(min_value=1, max_value=3),
+)
+def test_buffered_never_dips_while_a_flush_encodes(
+    completions: int, failures: int, outage_flushes: int
+) -> None:
+    """``buffered`` (what the engine's --max-uncommitted pause reads from another thread) counts
+    the records a flush is encoding: it never dips below what waits, so dispatch does not resume
+    for a moment in the middle of a store outage (found as a second 'dispatch paused' line)."""
+    import draftdata.store.run as run_module
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Run.open(tmp, settings={}, writer_id="w")
+        seen: list[int] = []
+        real_bytes = run_module.parquet_bytes
+
+        def observing(table: object) -> bytes:
+            seen.append(run.buffered)  # read mid-flush, as the engine's thread would
+            return real_bytes(table)
+
+        def down(self: LocalStore, key: str, data: bytes) -> None:
+            raise TransientStoreError("store down")
+
+        added = 0
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(run_module, "parquet_bytes", observing)
+            mp.setattr("draftdata.store.shards.WRITE_ATTEMPTS", 1)
+            mp.setattr(LocalStore, "_put_new", down)
+            for k in range(outage_flushes):
+                for i in range(completions):
+                    run.add_completion(completion(f"{k}-{i}"))
+                for i in range(failures):
+                    run.add_failure(failure(f"f{k}-{i}"))
+                added += completions + failures
+                if added:
+                    with pytest.raises(TransientStoreError):
+                        run.flush()
+                assert run.buffered == added
+                assert all(n == added for n in seen[-2:]), seen
+                seen.clear()
+        assert run.flush() == added  # the store is back: everything commits once
+        assert run.buffered == 0
+        run.close()
