@@ -211,44 +211,47 @@ async def _generate(
             lease=lease,
             log=log,
         )
-        await warm
-        endpoints = _endpoints(config, urls, caps, fleet_caps, key, log, contexts)
+        endpoints: list[Endpoint] = []
         rejects = Rejects()
-        n = config.n
-
-        def settled(ids: list[str]) -> list[int]:
-            # all n samples of a prompt must be settled for the reader to skip it
-            if n == 1:
-                done = run.done_mask(ids)
-            else:
-                pairs = run.done_mask([i for i in ids for _ in range(n)], list(range(n)) * len(ids))
-                done = np.asarray(pairs.reshape(-1, n).all(axis=1))
-            return [n if d else 0 for d in done.tolist()]
-
-        reader = PromptReader(
-            files,
-            limit=config.limit,
-            partition=part,
-            on_invalid=log,
-            on_reject=rejects.add,
-            settled=settled,
-        )
-        if run.resumed_done or run.resumed_fatal:
-            log(
-                f"generate: resuming {config.out}: {run.resumed_done} completed and "
-                f"{run.resumed_fatal} fatally failed records are skipped"
-            )
         restore: list[Callable[[], None]] = []
+        try:  # from here on the lease is released whatever happens
+            await warm
+            endpoints = _endpoints(config, urls, caps, fleet_caps, key, log, contexts)
+            n = config.n
 
-        def started(engine: Engine) -> None:
-            loop = asyncio.get_running_loop()
-            stop_engine.append(lambda: loop.call_soon_threadsafe(engine.dispatcher.abort))
-            if on_engine is not None:
-                on_engine(engine)
-            if signals and (undo := _install_signals(engine)) is not None:
-                restore.append(undo)
+            def settled(ids: list[str]) -> list[int]:
+                # all n samples of a prompt must be settled for the reader to skip it
+                if n == 1:
+                    done = run.done_mask(ids)
+                else:
+                    pairs = run.done_mask(
+                        [i for i in ids for _ in range(n)], list(range(n)) * len(ids)
+                    )
+                    done = np.asarray(pairs.reshape(-1, n).all(axis=1))
+                return [n if d else 0 for d in done.tolist()]
 
-        try:
+            reader = PromptReader(
+                files,
+                limit=config.limit,
+                partition=part,
+                on_invalid=log,
+                on_reject=rejects.add,
+                settled=settled,
+            )
+            if run.resumed_done or run.resumed_fatal:
+                log(
+                    f"generate: resuming {config.out}: {run.resumed_done} completed and "
+                    f"{run.resumed_fatal} fatally failed records are skipped"
+                )
+
+            def started(engine: Engine) -> None:
+                loop = asyncio.get_running_loop()
+                stop_engine.append(lambda: loop.call_soon_threadsafe(engine.dispatcher.abort))
+                if on_engine is not None:
+                    on_engine(engine)
+                if signals and (undo := _install_signals(engine)) is not None:
+                    restore.append(undo)
+
             summary = await run_engine(
                 config,
                 run,
