@@ -619,20 +619,23 @@ class Dispatcher:
 
 _SPEED_GAP = 1.5  # per-sequence rates closer than this: greedy placement is as good
 _BUSY_S = 1e-3  # the least time a busy slot is expected to stay busy
+_HEDGE_Q = 0.9  # hedges are judged on this quantile of the length (a long draw)
 
 
 def hedge_pays(
     age: float, expected: float, cap: int, origin: Endpoint, target: Endpoint, lengths: LengthModel
 ) -> bool:
     """Whether a copy on ``target`` of a request running on ``origin`` for ``age`` s is
-    expected to answer before the original.
+    expected to answer before the original, for a long draw of its length.
 
-    The original has produced about ``age * rate`` tokens; its expected total is the model's
-    ``expected_total`` given that (lengths are long-tailed: a request past its estimate is
-    expected to run on), at most the token cap. A request past its cap by half again is stuck
-    (a hung request, a server that slowed down): any copy beats it. The copy starts from
-    nothing, so it pays only on a server that decodes enough faster: the whole expected
-    length at the target's rate against what is left at the origin's.
+    The original has produced about ``age * rate`` tokens. Hedges are only sent when nothing
+    is queued, so what ends the job is the requests that turn out long: the copy must win
+    when the length is a long draw given what is produced (the 90th percentile of the learnt
+    spread above it, ``LengthModel.long_total``, at most the token cap), the draw the
+    ``TailPlan`` places by too. A request past its cap by half again is stuck (a hung request,
+    a server that slowed down): any copy beats it. The copy starts from nothing, so it pays
+    only on a server that decodes enough faster: the whole length at the target's rate
+    against what is left at the origin's.
     """
     r_o, r_t = origin.seq_rate, target.seq_rate
     if r_o is None or r_o <= 0:
@@ -640,9 +643,12 @@ def hedge_pays(
     produced = age * r_o
     if produced > 1.5 * cap:
         return True
-    if r_t is None or r_t <= 0:
+    if r_t is None or r_t <= r_o:
         return False
-    total = lengths.expected_total(expected, produced, cap)
+    total = max(
+        lengths.expected_total(expected, produced, cap),
+        lengths.long_total(expected, produced, cap, _HEDGE_Q),
+    )
     left = total - produced
     if left <= 0:
         return False

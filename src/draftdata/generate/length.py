@@ -207,6 +207,25 @@ class LengthModel:
             total = expected * (weighted / count) if count else 1.5 * produced
         return float(min(cap, max(total, produced)))
 
+    def long_total(self, expected: float, produced: float, cap: int, q: float = 0.9) -> float:
+        """A long draw of the total length of a request expected at ``expected`` tokens that
+        has produced ``produced``: the ``q`` quantile of L given L > produced (the mean ratio
+        of the learnt spread's bin that holds it), at most ``cap``; before enough is seen,
+        ``expected_total``."""
+        if expected <= 0 or self._spread_n < _MIN_SPREAD:
+            return self.expected_total(expected, produced, cap)
+        x = produced / expected
+        i = _bin(x)
+        above = sum(c for c, _ in self._spread[i:])
+        if not above:
+            return self.expected_total(expected, produced, cap)
+        need, seen = q * above, 0.0
+        for c, sr in self._spread[i:]:
+            seen += c
+            if c and seen >= need:
+                return float(min(cap, max(expected * sr / c, produced)))
+        return self.expected_total(expected, produced, cap)  # not reached
+
     def _suffix_sums(self) -> tuple[list[float], list[float]]:
         counts = [0.0] * (_BINS + 1)
         sums = [0.0] * (_BINS + 1)

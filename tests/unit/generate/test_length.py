@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -364,3 +366,42 @@ def test_memoised_estimate_is_the_estimate(chars: int, max_tokens: int) -> None:
     assert prompt_tokens(j) == chars
     assert token_cap(j) == max_tokens
     assert m.expect_job(j) == m.expect("s", "d", chars, max_tokens)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 1000), sigma=st.floats(0.3, 1.2), cap=st.integers(200, 4000))
+def test_long_draw_lies_between_the_expectation_and_the_cap(
+    seed: int, sigma: float, cap: int
+) -> None:
+    m = LengthModel()
+    rng = random.Random(seed)
+    mu = math.log(192) - sigma * sigma / 2
+    for _ in range(500):
+        m.observe("s", "d", 10, min(cap, max(1, round(rng.lognormvariate(mu, sigma)))), cap)
+    e = m.expect("s", "d", 10, cap)
+    for produced in (min(cap, f * e) for f in (0.0, 0.5, 1.0, 2.0, 4.0)):
+        low = m.long_total(e, produced, cap, 0.5)
+        high = m.long_total(e, produced, cap, 0.9)
+        assert produced <= low <= high <= cap
+        assert high >= min(cap, m.expected_total(e, produced, cap)) * 0.8
+
+
+def test_hedges_are_judged_on_a_long_draw() -> None:
+    """Long-tailed lengths (the job's shape): a request 200 tokens into a 2x slower server is
+    expected to end at ~310 tokens, where the copy would lose, but the requests that end a job
+    late are the long draws (~550), where the copy wins: it is hedged. Past half the long
+    draw it is not."""
+    m = LengthModel()
+    rng = random.Random(3)
+    mu = math.log(192) - 0.32
+    for _ in range(2000):
+        m.observe("s", "d", 10, min(580, round(rng.lognormvariate(mu, 0.8))), 580)
+    e = m.expect("s", "d", 10, 580)
+    slow, fast = endpoint(0, DomainClient()), endpoint(1, DomainClient())
+    slow.seq_rate, fast.seq_rate = 1.0, 2.0
+    total = m.expected_total(e, 200, 580)
+    assert total / 2 > total - 200  # on the expectation alone the copy would lose
+    assert m.long_total(e, 200, 580) > 400
+    assert hedge_pays(200.0, e, 580, slow, fast, m)
+    assert not hedge_pays(300.0, e, 580, slow, fast, m)
+    assert not hedge_pays(200.0, e, 580, fast, slow, m)  # never onto a slower server
