@@ -147,8 +147,9 @@ def test_s3_outage_of_over_a_minute_pauses_dispatch_and_loses_nothing(
         assert sum(text in line for line in lines) == 1, (text, stderr[-3000:])
     assert len(lines) < 20, stderr
     # no pile-up in memory: the resident set stays within a small margin of what it was in the
-    # outage's first seconds (the absolute size is the interpreter's and its imports', which
-    # differ between machines; a pile-up grows with the outage's length)
+    # outage's first seconds (a pile-up grows with the outage's length). Not wait4's ru_maxrss:
+    # on Linux a spawned child's ru_maxrss starts from the *parent's* high-water mark (exec
+    # keeps the old mm's peak), so after a long suite it reports the pytest process's size
     early, during = rss.peak("outage", until=5.0), rss.peak("outage")
     print(
         f"peak RSS in the outage's first 5 s {early // 1024} MiB, whole outage {during // 1024} MiB"
