@@ -21,7 +21,6 @@ A source that cannot be opened at all raises InputError naming it. Nothing here 
 from __future__ import annotations
 
 import glob as globlib
-import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import msgspec
 from draftdata.errors import InputError
 from draftdata.prepare.config import SourceConfig
 from draftdata.prepare.validate import BAD_JSON, UNDECODABLE_TEXT, RowError
-from draftdata.records import BOM, decode_json_line, strip_bom
+from draftdata.records import BOM, JsonArraySplitter, decode_json_line, strip_bom
 
 _raw_list = msgspec.json.Decoder(list[msgspec.Raw])
 
@@ -101,45 +100,6 @@ def _jsonl(path: str) -> Iterator[Any]:
                 yield _row(line, f"{path}:{lineno}")
 
 
-_STRUCTURE = re.compile(rb'["\[\]{},]')  # what moves the splitter outside strings
-_IN_STRING = re.compile(rb'["\\]')  # what moves it inside one
-
-
-def _array_elements(data: bytes, start: int) -> Iterator[bytes]:
-    """The raw bytes of each top-level element of the JSON array opening at ``data[start]``,
-    found by tracking strings and bracket depth only (nothing is decoded), so an element that
-    is bad JSON, bad UTF-8 or nested too deeply is still one element: the caller makes it one
-    reject. A truncated array yields what it holds, its cut last element included."""
-    depth = 0
-    in_string = False
-    pos = element = start + 1
-    while True:
-        m = (_IN_STRING if in_string else _STRUCTURE).search(data, pos)
-        if m is None:  # the array is not closed: the file was cut
-            if data[element:].strip():
-                yield data[element:].strip()
-            return
-        c, pos = data[m.start()], m.end()
-        if in_string:
-            if c == ord("\\"):
-                pos += 1  # the escaped character, a quote included
-            else:
-                in_string = False
-        elif c == ord('"'):
-            in_string = True
-        elif c in b"[{":
-            depth += 1
-        elif c in b"]}" and depth > 0:
-            depth -= 1
-        elif c in b"]}" or (c == ord(",") and depth == 0):
-            raw = data[element : m.start()].strip()
-            if raw or c == ord(","):
-                yield raw
-            if c != ord(","):
-                return
-            element = pos
-
-
 def _json_array(path: str) -> Iterator[Any]:
     with _open(path) as fh:
         data = strip_bom(fh.read())
@@ -148,13 +108,14 @@ def _json_array(path: str) -> Iterator[Any]:
     except (msgspec.DecodeError, RecursionError) as exc:
         # Not one clean array: when it opens like one, one bad element (bad JSON or UTF-8,
         # a lone surrogate escape, too deep for the decoder) is one reject, not the file.
-        start = len(data) - len(data.lstrip())
-        if data[start : start + 1] != b"[":
+        splitter = JsonArraySplitter(max_element=len(data))
+        try:
+            items = [*splitter.feed(data), *splitter.close()]
+        except ValueError:
             what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
             raise InputError(f"{path}: not a JSON array of rows ({what})") from exc
-        items = _array_elements(data, start)
     for i, raw in enumerate(items):
-        yield _row(raw, f"{path}: element {i}")
+        yield _row(b"" if raw is None else raw, f"{path}: element {i}")
 
 
 def _streamed(dataset: Any) -> Iterator[Any]:
