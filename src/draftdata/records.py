@@ -13,6 +13,7 @@ errors: it is the contract every layer above shares.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any, TypeVar
 
 import msgspec
@@ -252,6 +253,96 @@ def decode_json_line(raw: bytes | str) -> Any:
     if may_be_deep(raw) and too_deep(value):
         raise ValueError(_DEEP)
     return value
+
+
+_STRUCTURE = re.compile(rb'["\[\]{},]')  # what moves the splitter outside strings
+_IN_STRING = re.compile(rb'["\\]')  # what moves it inside one
+_BACKSLASH, _QUOTE, _COMMA = b"\\"[0], b'"'[0], b","[0]
+
+
+class JsonArraySplitter:
+    """Cuts a top-level JSON array, fed in chunks, into the raw bytes of its elements.
+
+    Only strings and bracket depth are tracked, nothing is decoded, so an element that is bad
+    JSON, bad UTF-8, a lone surrogate escape or nested beyond any decoder's depth is still one
+    element: the caller decodes each with ``decode_json_line`` and rejects the bad one alone,
+    instead of losing the rest of the array. ``feed`` returns the elements a chunk completed;
+    ``close`` the cut last one of a truncated array. An element longer than ``max_element``
+    bytes comes out as None (its bytes are dropped as they are scanned, so memory stays
+    bounded). Two commas in a row make an empty element (bad JSON); a trailing comma does not.
+    """
+
+    def __init__(self, max_element: int = MAX_LINE_BYTES) -> None:
+        self.max_element = max_element
+        self._buf = b""
+        self._start = 0  # where the current element begins in _buf
+        self._pos = 0  # where scanning resumes in _buf
+        self._depth = 0
+        self._in_string = False
+        self._oversize = False
+        self._opened = False
+        self.closed = False  # the array's closing bracket was seen
+        self.rest = b""  # what followed the closing bracket in its chunk
+
+    def feed(self, chunk: bytes) -> list[bytes | None]:
+        """The elements ``chunk`` completes; ValueError when the data does not open an array."""
+        if self.closed:
+            return []
+        self._buf = self._buf[self._start :] + chunk
+        self._pos -= self._start
+        self._start = 0
+        if not self._opened:
+            body = self._buf.lstrip()
+            if not body:
+                self._buf, self._pos = b"", 0
+                return []
+            if body[0] != b"["[0]:
+                raise ValueError("not a JSON array")
+            self._opened = True
+            self._buf = body[1:]
+        out: list[bytes | None] = []
+        while True:
+            m = (_IN_STRING if self._in_string else _STRUCTURE).search(self._buf, self._pos)
+            if m is None:
+                self._pos = max(self._pos, len(self._buf))  # past an escape cut at the end
+                if len(self._buf) - self._start > self.max_element:
+                    self._oversize = True
+                    drop = min(self._pos, len(self._buf))
+                    self._buf, self._pos, self._start = self._buf[drop:], self._pos - drop, 0
+                return out
+            c, self._pos = self._buf[m.start()], m.end()
+            if self._in_string:
+                if c == _BACKSLASH:
+                    self._pos += 1  # the escaped character, a quote included
+                else:
+                    self._in_string = False
+            elif c == _QUOTE:
+                self._in_string = True
+            elif c in b"[{":
+                self._depth += 1
+            elif c in b"]}" and self._depth > 0:
+                self._depth -= 1
+            elif c in b"]}" or (c == _COMMA and self._depth == 0):
+                raw = self._buf[self._start : m.start()].strip()
+                if self._oversize:
+                    out.append(None)
+                elif raw or c == _COMMA:
+                    out.append(raw)
+                self._oversize = False
+                self._start = self._pos
+                if c != _COMMA:
+                    self.closed = True
+                    self.rest = self._buf[self._pos :]
+                    self._buf = b""
+                    return out
+
+    def close(self) -> list[bytes | None]:
+        """The cut last element of an array the data ended inside (none when it was closed)."""
+        if self.closed or not self._opened:
+            return []
+        self.closed = True
+        raw = self._buf[self._start :].strip()
+        return [None] if self._oversize else [raw] if raw else []
 
 
 _Text = TypeVar("_Text", bytes, str)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from draftdata.config import load_config
 from draftdata.errors import ConfigError, FormatVersionError, InputError
@@ -17,7 +21,16 @@ from draftdata.formats import (
     completions_table,
     iter_completions,
 )
-from draftdata.records import Completion, Message, Turn, Usage, content_hash, parse_prompt
+from draftdata.records import (
+    Completion,
+    JsonArraySplitter,
+    Message,
+    Turn,
+    Usage,
+    content_hash,
+    decode_json_line,
+    parse_prompt,
+)
 
 
 def test_parse_prompt_minimal() -> None:
@@ -115,3 +128,56 @@ def test_yaml_on_off_stay_strings_true_false_are_booleans(tmp_path: Path) -> Non
     cfg = load_config(f, GenerateConfig)
     assert cfg.reasoning == "on" and cfg.hedge is False
     assert cfg.overrides[0].reasoning == "off"
+
+
+_element_ok = st.builds(
+    lambda q: {"q": q, "n": [1, {"a": "]},["}]}, st.text(alphabet='ab"\\,[]{} é\n', max_size=12)
+)
+_element_bad = st.sampled_from(
+    [
+        b'{"q": "lone \\ud800"}',
+        b'{"q": "bad \xff"}',
+        b'{"q": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+        b'{"q": NaN}',
+        b'{"q": tru}',
+        b"1 2",
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    items=st.lists(_element_ok.map(lambda r: (True, r)) | _element_bad.map(lambda x: (False, x))),
+    cuts=st.lists(st.integers(min_value=0, max_value=1 << 16), max_size=6),
+    tail=st.sampled_from([b"]", b" ] \n", b"", b", "]),
+)
+def test_json_array_splitter_finds_every_element(
+    items: list[tuple[bool, Any]], cuts: list[int], tail: bytes
+) -> None:
+    """Every element of an array, bad ones included, comes out once and whole, however the
+    bytes are chunked; a cut array gives its cut last element."""
+    raws = [json.dumps(x).encode() if ok else x for ok, x in items]
+    data = b" [" + b",\n ".join(raws) + (tail if raws else b"]")
+    splitter = JsonArraySplitter()
+    got: list[bytes | None] = []
+    last = 0
+    for cut in sorted(c % (len(data) + 1) for c in cuts):
+        got += splitter.feed(data[last:cut])
+        last = cut
+    got += splitter.feed(data[last:]) + splitter.close()
+    assert got == raws
+    for (ok, x), raw in zip(items, got, strict=True):
+        if ok:
+            assert json.loads(raw or b"") == x
+        else:
+            with pytest.raises(ValueError):
+                decode_json_line(raw or b"")
+
+
+def test_json_array_splitter_drops_an_oversized_element_unread() -> None:
+    splitter = JsonArraySplitter(max_element=100)
+    data = b'[1, "' + b"x" * 1000 + b'", [' + b"2," * 100 + b"3], 4]"
+    got = [e for i in range(0, len(data), 7) for e in splitter.feed(data[i : i + 7])]
+    assert got == [b"1", None, None, b"4"] and splitter.closed
+    with pytest.raises(ValueError):
+        JsonArraySplitter().feed(b'  {"not": "an array"}')

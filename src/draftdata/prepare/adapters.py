@@ -241,11 +241,13 @@ def hermes_fc(row: JsonDict, keep_original: bool = True) -> Conversation:
     messages: list[Message] = []
     tools: list[JsonDict] | None = None
     pending: list[str] = []
+    original: list[JsonDict] = []  # the source turns verbatim, in either spelling
     turns = _turns(row)
     try:
         tools = hermes.tools_from_column(row.get("tools"))
         for i, turn in enumerate(turns):
             speaker, value = _speaker_text(turn, i, "conversations")
+            original.append({"from": turn.get("from", turn.get("role")), "value": value})
             role = SHAREGPT_ROLES.get(speaker)
             if role is None:
                 raise RowError(UNKNOWN_ROLE, f"conversations[{i}].from: {speaker!r}")
@@ -270,7 +272,7 @@ def hermes_fc(row: JsonDict, keep_original: bool = True) -> Conversation:
         raise RowError(BAD_TOOL_SPEC, str(exc)) from exc
     meta: JsonDict = {k: row[k] for k in ("category", "subcategory", "task") if row.get(k)}
     if keep_original:
-        meta["original"] = [{"from": t["from"], "value": t["value"]} for t in turns]
+        meta["original"] = original
     return Conversation(messages=messages, tools=tools, source_id=_row_id(row), meta=meta)
 
 

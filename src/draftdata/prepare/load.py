@@ -11,7 +11,9 @@ byte-order mark at the start of a file is skipped. Memory stays bounded:
 - Parquet (local or s3://) and hub datasets go through ``datasets.load_dataset(...,
   streaming=True)``, which reads record batches lazily.
 - A ``.json`` file holding one array (MetaMathQA ships so) is decoded into raw items first (its
-  size in memory), then each item is decoded on its own.
+  size in memory), then each item is decoded on its own; when the array does not decode as a
+  whole, its elements are split by strings and bracket depth alone, so one bad element (bad
+  JSON or UTF-8, a lone surrogate escape, too deep) is one RowError, not the whole file.
 
 A source that cannot be opened at all raises InputError naming it. Nothing here adapts rows.
 """
@@ -19,7 +21,7 @@ A source that cannot be opened at all raises InputError naming it. Nothing here 
 from __future__ import annotations
 
 import glob as globlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ import msgspec
 from draftdata.errors import InputError
 from draftdata.prepare.config import SourceConfig
 from draftdata.prepare.validate import BAD_JSON, UNDECODABLE_TEXT, RowError
-from draftdata.records import BOM, decode_json_line, strip_bom
+from draftdata.records import BOM, JsonArraySplitter, decode_json_line, strip_bom
 
 _raw_list = msgspec.json.Decoder(list[msgspec.Raw])
 
@@ -102,13 +104,18 @@ def _json_array(path: str) -> Iterator[Any]:
     with _open(path) as fh:
         data = strip_bom(fh.read())
     try:
-        items = _raw_list.decode(data)
-    except msgspec.DecodeError as exc:
-        raise InputError(f"{path}: not a JSON array of rows ({exc})") from exc
-    except RecursionError as exc:
-        raise InputError(f"{path}: not a JSON array of rows (nested too deeply)") from exc
+        items: Iterable[Any] = _raw_list.decode(data)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        # Not one clean array: when it opens like one, one bad element (bad JSON or UTF-8,
+        # a lone surrogate escape, too deep for the decoder) is one reject, not the file.
+        splitter = JsonArraySplitter(max_element=len(data))
+        try:
+            items = [*splitter.feed(data), *splitter.close()]
+        except ValueError:
+            what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise InputError(f"{path}: not a JSON array of rows ({what})") from exc
     for i, raw in enumerate(items):
-        yield _row(raw, f"{path}: element {i}")
+        yield _row(b"" if raw is None else raw, f"{path}: element {i}")
 
 
 def _streamed(dataset: Any) -> Iterator[Any]:

@@ -20,7 +20,6 @@ is skipped). This module computes nothing; ``compute.py`` and ``merge/`` do.
 
 from __future__ import annotations
 
-import codecs
 import gzip
 import io
 import json
@@ -47,10 +46,10 @@ from draftdata.formats import (
 from draftdata.records import (
     MAX_JSON_DEPTH,
     Completion,
+    JsonArraySplitter,
     decode_json_line,
     parse_prompt,
     strip_bom,
-    too_deep,
 )
 from draftdata.stats.conversations import (
     Conversation,
@@ -163,15 +162,13 @@ def _parquet_kind(store: Store, key: str) -> Kind:
 
 def _json_kind(store: Store, key: str) -> Kind:
     for where, raw in _iter_json_raw(store, key, _ignore):
-        if not isinstance(raw, bytes) and too_deep(raw):
-            continue
         try:
-            parse_prompt(raw if isinstance(raw, bytes) else msgspec.json.encode(raw), where)
+            parse_prompt(raw, where)
             return "prompts"
         except InputError:
             pass
         try:
-            row_to_conversation(decode_json_line(raw) if isinstance(raw, bytes) else raw)
+            row_to_conversation(decode_json_line(raw))
             return "conversations"
         except ValueError:
             continue
@@ -247,72 +244,71 @@ def _open(store: Store, key: str) -> IO[bytes]:
     return fh
 
 
-def _iter_json_array(fh: IO[bytes], where: str, on_bad: OnBad) -> Iterator[tuple[str, Any]]:
-    """Elements of a top-level JSON array, decoded one at a time from a growing text buffer."""
-    decoder = json.JSONDecoder()
-    text = codecs.getincrementaldecoder("utf-8-sig")("replace")  # a leading BOM is skipped
-    buf = ""
-    pos = 0
-    eof = False
-    started = False
+def _iter_json_array(
+    fh: IO[bytes], where: str, on_bad: OnBad, head: bytes = b""
+) -> Iterator[tuple[str, bytes]]:
+    """(where, raw bytes) of each element of a top-level JSON array (``head`` then the rest of
+    ``fh``, read 1 MiB at a time), cut by ``JsonArraySplitter``: each element is then decoded
+    on its own, exactly like a JSONL line, so a bad one (bad JSON or UTF-8, too deep, too long)
+    is one bad row and the elements after it are still read. Data after the closing bracket is
+    one bad row too, never silently dropped."""
+    splitter = JsonArraySplitter(max_element=_MAX_JSON_ELEMENT)
     index = 0
-
-    def more() -> bool:
-        nonlocal buf, pos, eof
-        chunk = fh.read(1 << 20)
-        if not chunk:
-            eof = True
-            buf = buf[pos:] + text.decode(b"", final=True)
-        else:
-            buf = buf[pos:] + text.decode(chunk)
-        pos = 0
-        return not eof
-
-    while True:
-        while pos < len(buf) and buf[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(buf):
-            if eof:
-                break
-            more()
-            continue
-        if not started:
-            if buf[pos] != "[":
-                raise InputError(f"{where}: expected a JSON array or JSON lines")
-            started = True
-            pos += 1
-            continue
-        if buf[pos] == "]":
-            break
+    chunk = head
+    while not splitter.closed:
+        chunk = chunk or fh.read(1 << 20)
         try:
-            value, end = decoder.raw_decode(buf, pos)
-        except RecursionError:
-            on_bad(f"{where}: element {index}", f"not valid JSON ({_DEEP})")
-            break
-        except ValueError as exc:
-            if not eof and len(buf) - pos < _MAX_JSON_ELEMENT:
-                more()
-                continue
-            on_bad(f"{where}: element {index}", f"not valid JSON ({exc})")
-            break
-        # a number or literal cut at the buffer's end decodes short; read on to be sure
-        if end >= len(buf) and not eof:
-            more()
-            continue
-        pos = end
-        yield f"{where}: element {index}", value
-        index += 1
+            elements = splitter.feed(chunk) if chunk else splitter.close()
+        except ValueError:
+            raise InputError(f"{where}: expected a JSON array or JSON lines") from None
+        for raw in elements:
+            if raw is None:
+                on_bad(f"{where}: element {index}", f"longer than {_MAX_JSON_ELEMENT >> 20} MiB")
+            else:
+                yield f"{where}: element {index}", raw
+            index += 1
+        if not chunk:
+            return
+        chunk = b""
+    rest = splitter.rest
+    while not rest.strip() and (more := fh.read(1 << 20)):
+        rest = more
+    if rest.strip():
+        on_bad(f"{where}: after element {index - 1}", "data after the array's closing bracket")
 
 
-def _iter_json_raw(store: Store, key: str, on_bad: OnBad) -> Iterator[tuple[str, Any]]:
-    """(where, raw line bytes or decoded element) for each record of a JSONL/JSON file."""
+_PROBE = 1 << 20  # bytes of a first line read to tell JSON lines from a JSON array
+
+
+def _json_lines_after_all(first: bytes, fh: IO[bytes]) -> bool:
+    """Whether a file opening with ``[`` is JSON lines after all: its first line is a whole
+    JSON value (an array row, a bad row) and more data follows it."""
+    if not first.endswith(b"\n") or not fh.peek(4096)[:4096].strip():  # type: ignore[attr-defined]
+        return False
+    try:
+        decode_json_line(first)
+    except ValueError:
+        return False
+    return True
+
+
+def _iter_json_raw(store: Store, key: str, on_bad: OnBad) -> Iterator[tuple[str, bytes]]:
+    """(where, raw bytes of one line or array element) for each record of a JSONL/JSON file:
+    a file opening with ``[`` is one JSON array, unless its first line is a whole JSON value
+    with more lines after it (JSON lines whose first row is an array)."""
     where = store.key_url(key)
     with _open(store, key) as fh:
         head = strip_bom(fh.peek(64)[:64])  # type: ignore[attr-defined]
         if head.lstrip().startswith(b"["):
-            yield from _iter_json_array(fh, where, on_bad)
-            return
-        for lineno, line in enumerate(fh, start=1):
+            first = strip_bom(fh.readline(_PROBE))
+            if not _json_lines_after_all(first, fh):
+                yield from _iter_json_array(fh, where, on_bad, first)
+                return
+            yield f"{where}:1", first
+            lines = enumerate(fh, start=2)
+        else:
+            lines = enumerate(fh, start=1)
+        for lineno, line in lines:
             if line.strip():
                 yield f"{where}:{lineno}", line
 
@@ -322,16 +318,13 @@ def _conversations_of_json(
 ) -> Iterator[Conversation]:
     for where, raw in _iter_json_raw(store, key, on_bad):
         try:
-            if not isinstance(raw, bytes) and too_deep(raw):
-                raise ValueError(_DEEP)
             if prompts:
-                p = parse_prompt(raw if isinstance(raw, bytes) else msgspec.json.encode(raw), where)
+                p = parse_prompt(raw, where)
                 yield Conversation(
                     id=p.id, messages=p.messages, source=p.source, domain=p.domain, tools=p.tools
                 )
                 continue
-            row = decode_json_line(raw) if isinstance(raw, bytes) else raw
-            yield row_to_conversation(row)
+            yield row_to_conversation(decode_json_line(raw))
         except InputError as exc:
             reason = str(exc)
             on_bad(where, reason[len(where) + 2 :] if reason.startswith(where) else reason)

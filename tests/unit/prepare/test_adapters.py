@@ -6,9 +6,12 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from draftdata.prepare.adapters import SHAREGPT_ROLES, adapt, to_prompt
-from draftdata.prepare.validate import RowError
+from draftdata.prepare.adapters import ADAPTERS, SHAREGPT_ROLES, adapt, to_prompt
+from draftdata.prepare.config import PROMPT_MODES
+from draftdata.prepare.validate import REASONS, RowError, check_prompt
 from draftdata.records import Message
 
 
@@ -219,3 +222,67 @@ def test_regenerate_keeps_the_calls_tool_results_answer() -> None:
         Message(role="assistant", tool_calls=call),
         msgs[2],
     ]
+
+
+# Rows of any shape in every schema's vocabulary: the keys adapters read, turns in both the
+# ShareGPT (from/value) and OpenAI (role/content) spellings, values of every JSON type.
+_leaf = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+_json = st.recursive(
+    _leaf,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=6,
+)
+_speakers = st.sampled_from([*SHAREGPT_ROLES, "function_call", "GPT ", "nobody"])
+_texts = st.sampled_from(
+    [
+        "hello there",
+        "",
+        '{"name": "f", "arguments": {"a": 1}}',
+        "<tools>[{'name': 'f'}]</tools> be brief",
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>',
+        '<tool_response>{"name": "f", "content": 1}</tool_response>',
+    ]
+)
+_good_turn = st.builds(
+    lambda sk, vk, s, v: {sk: s, vk: v},
+    st.sampled_from(["from", "role"]),
+    st.sampled_from(["value", "content"]),
+    _speakers,
+    _texts,
+)
+_odd_turn = st.builds(lambda a, b: {"from": a, "value": b}, _json, _json)
+_turn = _good_turn | _good_turn | _json | _odd_turn
+_turns = st.lists(_turn, min_size=1, max_size=4)
+_fields = ["id", "tools", "query", "question", "answer", "response", "instruction", "input",
+           "output", "system", "label", "source"]  # fmt: skip
+_object_row = st.fixed_dictionaries(
+    {},
+    optional={
+        "conversations": _turns | _turns | _json,
+        "messages": _turns | _turns | _json,
+        **{key: _texts | _texts | _json for key in _fields},
+    },
+)
+_row = _object_row | _object_row | _json
+
+
+@pytest.mark.parametrize("schema", sorted(ADAPTERS))
+@settings(max_examples=150, deadline=None)
+@given(row=_row, mode=st.sampled_from(PROMPT_MODES))
+def test_any_row_is_a_prompt_or_a_reject(schema: str, row: Any, mode: str) -> None:
+    """No row shape makes an adapter raise anything but RowError (a crash would end the
+    prepare run instead of rejecting one row)."""
+    try:
+        conv = adapt(schema, row)
+        check_prompt(to_prompt(conv.messages, mode), 32_000)
+    except RowError as err:
+        assert err.reason in REASONS
+        return
+    json.dumps(conv.meta)  # what prepare writes into meta must be encodable
+
+
+def test_hermes_role_content_spelling_keeps_the_original_turns() -> None:
+    row = {"conversations": [{"role": "user", "content": "hi"}, {"role": "gpt", "content": "yo"}]}
+    conv = adapt("hermes_fc", row)
+    original = [{"from": "user", "value": "hi"}, {"from": "gpt", "value": "yo"}]
+    assert conv.meta["original"] == original

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from draftdata.errors import InputError
 from draftdata.prepare.config import SourceConfig
@@ -140,3 +143,46 @@ def test_prepare_rejects_orphan_tool_and_keeps_going(tmp_path: Path) -> None:
     assert [(r["row"], r["reason"]) for r in rejects] == [(0, "orphan_tool")]
     kept = [json.loads(x) for f in result.shards for x in Path(f).read_text().splitlines()]
     assert [r["messages"][0]["content"] for r in kept] == ["q2"]
+
+
+_good = st.builds(lambda q: {"query": q}, st.text(max_size=20))
+_bad = st.sampled_from(
+    [
+        b'{"query": "lone \\ud800 surrogate"}',  # valid JSON grammar, not decodable text
+        b'{"query": "bad \xff utf-8"}',
+        b'{"query": ' + b"[" * 3000 + b"]" * 3000 + b"}",  # deeper than the decoder goes
+        b'{"query": NaN}',
+        b'{"query": tru}',
+        b'{"query" "a"}',
+    ]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=st.lists(_good.map(lambda r: (True, r)) | _bad.map(lambda b: (False, b)), max_size=8))
+def test_json_array_bad_elements_are_located_rows(
+    tmp_path_factory: pytest.TempPathFactory, items: list[tuple[bool, Any]]
+) -> None:
+    """One bad element of a ``.json`` array is one reject at its index; the elements around
+    it are read (the file does not stop the source)."""
+    raw = [json.dumps(x).encode() if ok else x for ok, x in items]
+    arr = tmp_path_factory.mktemp("arr") / "a.json"
+    arr.write_bytes(b"[" + b", ".join(raw) + b"]")
+    got = [r for _, r in iter_rows(_src(arr))]
+    assert len(got) == len(items)
+    for i, ((ok, x), row) in enumerate(zip(items, got, strict=True)):
+        if ok:
+            assert row == x
+        else:
+            assert isinstance(row, RowError), row
+            assert row.detail.startswith(f"{arr}: element {i}: ")
+
+
+def test_json_array_cut_short_keeps_its_whole_elements(tmp_path: Path) -> None:
+    arr = tmp_path / "a.json"
+    arr.write_bytes(b'[{"query": "a"},, {"query": "b, [c"}, {"query": "d\\"}')
+    got = [r for _, r in iter_rows(_src(arr))]
+    assert got[0] == {"query": "a"} and got[2] == {"query": "b, [c"}
+    for i in (1, 3):  # the empty element between two commas, the cut last one
+        assert isinstance(got[i], RowError) and got[i].detail.startswith(f"{arr}: element {i}: ")
+    assert len(got) == 4

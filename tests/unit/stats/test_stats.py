@@ -8,8 +8,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.unit.stats import builders as b
 
 from draftdata.errors import InputError
@@ -304,3 +307,50 @@ def test_a_deep_json_string_field_is_a_reject(tmp_path: Path) -> None:
     s = compute_stats(str(path))
     assert s.rows == 1 and s["rejected"]["count"] == 2
     assert all("tools" in e for e in s["rejected"]["examples"])
+
+
+_good_chat = st.builds(
+    lambda q: {"conversations": b.chat(q, "an answer")},
+    st.text(alphabet="abc ]}[{,\"'\\é", min_size=1, max_size=10).filter(str.strip),
+)
+_bad_element = st.sampled_from(
+    [
+        b'{"conversations": tru}',
+        b'{"conversations": NaN}',
+        b'{"x": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+        b'{"conversations": [{"from": "human", "value": "\xff"}, {"from": "gpt", "value": "a"}]}',
+        b'{"conversations": [{"from": "human", "value": "\\udc00"}, '
+        b'{"from": "gpt", "value": "a"}]}',
+    ]
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    items=st.lists(
+        _good_chat.map(lambda r: (True, r)) | _bad_element.map(lambda x: (False, x)), max_size=6
+    ),
+    jsonl_first=st.booleans(),
+)
+def test_json_array_and_lines_bad_rows_cost_only_themselves(
+    tmp_path_factory: pytest.TempPathFactory, items: list[tuple[bool, Any]], jsonl_first: bool
+) -> None:
+    """A bad element of a JSON array is one reject and every good element after it is still
+    counted (none silently lost); invalid UTF-8 is a reject in an array as in JSON lines. JSON
+    lines whose first row is an array are still read line by line."""
+    raws = [json.dumps(x).encode() if ok else x for ok, x in items]
+    good = sum(ok for ok, _ in items)
+    path = tmp_path_factory.mktemp("arr") / "rows.json"
+    if jsonl_first:  # JSON lines opening with a bad row that is an array
+        path.write_bytes(b"[1, 2]\n" + b"".join(r + b"\n" for r in raws))
+        bad_where = [f"{path}:1"] + [f"{path}:{i + 2}" for i, (ok, _) in enumerate(items) if not ok]
+    else:
+        path.write_bytes(b"[" + b",\n".join(raws) + b"]")
+        bad_where = [f"{path}: element {i}" for i, (ok, _) in enumerate(items) if not ok]
+    if good == 0:
+        return  # nothing to classify: a dataset of rejects only
+    s = compute_stats(str(path))
+    assert s.rows == good
+    assert s["rejected"]["count"] == len(bad_where)
+    examples = s["rejected"]["examples"]
+    assert all(e.startswith(w + ": ") for e, w in zip(examples, bad_where, strict=False))
