@@ -28,7 +28,7 @@ from draftdata.store import open_store
 pytestmark = pytest.mark.chaos
 
 # The merge CLI, SIGKILLed by itself right after its KILL_AFTER-th object write (0: before any).
-_DRIVER = """
+DRIVER = """
 import os, signal, sys
 from draftdata.store.store import Store
 after = int(os.environ["KILL_AFTER"])
@@ -81,7 +81,7 @@ def _objects(url: str) -> dict[str, str]:
 
 def _killed_then_rerun(inputs: tuple[Path, Path], out: str, fmt: str, after: int) -> None:
     killed = subprocess.run(
-        [sys.executable, "-c", _DRIVER, *_args(inputs, out, fmt)],
+        [sys.executable, "-c", DRIVER, *_args(inputs, out, fmt)],
         env={**os.environ, "KILL_AFTER": str(after)},
         capture_output=True,
         text=True,
@@ -126,7 +126,7 @@ def test_unfinished_merge_of_other_settings_is_refused(
 ) -> None:
     out = str(tmp_path / "out")
     subprocess.run(
-        [sys.executable, "-c", _DRIVER, *_args(inputs, out, "parquet")],
+        [sys.executable, "-c", DRIVER, *_args(inputs, out, "parquet")],
         env={**os.environ, "KILL_AFTER": "4"},
         capture_output=True,
         check=False,
