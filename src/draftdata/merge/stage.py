@@ -8,8 +8,10 @@
 2. route: read the inputs again and append each chosen row to a hashed bucket in a temp
    folder; then sort bucket by bucket and write shards (``shuffle.py``).
 
-Output (create-only, local or ``s3://``; the location must be empty)::
+Output (create-only, local or ``s3://``; the location must be empty, or hold a killed merge of
+the same inputs and settings, which this one finishes: ``resume.py``)::
 
+    out/merge_config.json                 written first: settings and input files
     out/train/part-00000.parquet ...      sample/1 (tokenized) or conversation/1 (chat) rows
     out/eval/part-00000.parquet ...
     out/<format>/{train,eval}set-*.jsonl  the trainers' JSONL (--format other than parquet;
@@ -37,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from draftdata.errors import AlreadyExistsError, ConfigError
+from draftdata.errors import ConfigError
 from draftdata.formats import SAMPLE_SCHEMA
 from draftdata.merge.config import OTHER, MergeConfig, check_config, normalised_mix
 from draftdata.merge.inputs import (
@@ -53,6 +55,7 @@ from draftdata.merge.inputs import (
 from draftdata.merge.jsonl import CHAT_FORMATS, SAMPLE_FORMATS, jsonl_key
 from draftdata.merge.jsonl import lines as jsonl_lines
 from draftdata.merge.plan import Allocation, Selection, bucket_of, dedup, select, solve_counts
+from draftdata.merge.resume import check_output, claim_output, config_bytes
 from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket_schema
 from draftdata.metrics import StageStats
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
@@ -116,14 +119,6 @@ def _workers(config: MergeConfig, family: Family, infos: list[InputInfo]) -> int
         return config.workers
     size = sum(i.dataset.store.size(k) for i in infos for k in i.dataset.keys)
     return min(os.cpu_count() or 1, 8) if size > _POOL_MIN_BYTES else 1
-
-
-def _check_empty(store: Store) -> None:
-    if store.list(""):
-        raise AlreadyExistsError(
-            f"{store.url}: not empty; merge writes into a new, empty location (choose another "
-            "--out or remove the old output yourself)"
-        )
 
 
 def _counts(names: list[str], codes: npt.NDArray[np.int32]) -> dict[str, int]:
@@ -382,14 +377,15 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
     carries the report that is also written as ``merge_report.json``.
 
     Raises ConfigError for bad settings, InputError for unreadable or mixed inputs,
-    AlreadyExistsError when the output location is not empty, ProtectedPrefixError when it
+    AlreadyExistsError when the output location is not empty (unless it holds a killed merge
+    of the same inputs and settings, which is finished), ProtectedPrefixError when it
     equals, contains or lies inside a ``protect`` prefix (before anything is read or written).
     """
     check_config(config)
     check_not_protected(config.out, config.protect, what="merge output", describe=True)
     stats = StageStats("merge")
     store = open_store(config.out, protect=config.protect)  # every write re-checked
-    _check_empty(store)
+    check_output(store)
     infos, family = open_inputs(config.inputs)
     if config.format in CHAT_FORMATS and family == "samples":
         raise ConfigError(
@@ -401,6 +397,7 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
             f"--format {config.format}: the inputs are chat rows (no token ids); tokenize "
             "them first, or use --format specforge"
         )
+    claim_output(store, config_bytes(config, infos))  # before any shard; resumes a killed one
     bad_examples: list[str] = []
 
     def on_bad(where: str, reason: str) -> None:

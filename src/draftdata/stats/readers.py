@@ -67,6 +67,9 @@ _NOT_DATA = ("report", "summary", "manifest", "stats", "metrics", "config")
 _MAX_JSON_ELEMENT = 256 << 20
 _DEEP = f"nesting deeper than {MAX_JSON_DEPTH} levels"
 MERGE_REPORT = "merge_report.json"
+MERGE_CONFIG = "merge_config.json"  # written first by merge: without the report, unfinished
+TOKENIZE_CONFIG = "tokenize_config.json"  # written first by tokenize: unfinished without
+TOKENIZE_SUMMARY = "summary.json"  # this, which it writes last
 PREPARE_REPORT = "prepare_report.json"
 
 
@@ -195,6 +198,18 @@ def open_dataset(url: str) -> Dataset:
             keys = tuple(k for k in listing if k.startswith("completions/") and _is_data(k))
             if not keys:
                 return Dataset(url, "run", store, (), is_run=True)
+        elif MERGE_CONFIG in listing and MERGE_REPORT not in listing:
+            raise InputError(
+                f"{store.url}: an unfinished merge output ({MERGE_CONFIG} but no "
+                f"{MERGE_REPORT}: the merge was stopped before it ended); run the same merge "
+                "command again to finish it"
+            )
+        elif TOKENIZE_CONFIG in listing and TOKENIZE_SUMMARY not in listing:
+            raise InputError(
+                f"{store.url}: an unfinished tokenize output ({TOKENIZE_CONFIG} but no "
+                f"{TOKENIZE_SUMMARY}: the tokenize was stopped before it ended); run the same "
+                "tokenize command again to finish it"
+            )
         elif MERGE_REPORT in listing:
             # a merge output: its parquet shards (train and eval) wherever they lie in it;
             # the JSONL export, if any, holds the same rows and is read only without parquet

@@ -11,7 +11,9 @@ the same ``--out`` is refused before any work.
 ``--workers N`` > 1 tokenizes input shards in N spawned processes (each loads the tokenizer
 once; the Rust tokenizer's threads are shared out between them); with 1 the tokenizer's own
 threads do the parallel part. The summary (token totals per domain, drop reasons, verified /
-mismatched counts and the first mismatches) is written last as ``<out>/summary.json``.
+mismatched counts and the first mismatches) is written last as ``<out>/summary.json``; before
+the first shard ``<out>/tokenize_config.json`` (the settings) marks the output as a tokenize
+output, so readers refuse it until the summary is there.
 
 It does not render or encode by itself (``batch.py``) and does not print (``summary.py``).
 """
@@ -32,6 +34,7 @@ import pyarrow as pa
 
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError, StoreError
 from draftdata.formats import COMPLETION_FORMAT, check_format
+from draftdata.stats.readers import TOKENIZE_CONFIG
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
@@ -307,14 +310,35 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     settings = settings_of(config, keep) | {"inputs": keys}
     if kwargs:  # recorded only when there are some, so older summaries still compare equal
         settings["server_template_kwargs"] = kwargs
+    previous = previous_summary(out, settings)
+    if previous is None:
+        claim_output(out, settings)
     return TokenizeJob(
         config=config,
         run=run,
         out=out,
         keys=keys,
         settings=settings,
-        previous=previous_summary(out, settings),
+        previous=previous,
     )
+
+
+def claim_output(out: Store, settings: dict[str, Any]) -> None:
+    """Write ``tokenize_config.json`` (the settings but the inputs) before the first shard, so
+    readers can tell an unfinished output (no ``summary.json`` yet) from a finished one, and a
+    rerun with other settings is refused before it writes (ConfigError). A killed tokenize's
+    own marker is accepted: the same settings finish it, whatever the run committed since."""
+    kept = {k: v for k, v in settings.items() if k != "inputs"}
+    doc = {"format": SUMMARY_FORMAT, "settings": kept}
+    data = (json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    try:
+        out.put_new(TOKENIZE_CONFIG, data)
+    except AlreadyExistsError as exc:
+        raise ConfigError(
+            f"{out.url} holds an unfinished tokenize with other settings "
+            f"({out.key_url(TOKENIZE_CONFIG)}); rerun that one to finish it, or choose another "
+            "--out"
+        ) from exc
 
 
 def finish(job: TokenizeJob, results: Iterable[tuple[Counters, list[str]]]) -> TokenizeSummary:

@@ -53,9 +53,11 @@ def test_merge_reads_and_writes_s3_with_the_same_bytes_as_local(
     hashes = file_hashes(local)
     report = json.loads((local / "merge_report.json").read_text())
     assert report["inputs"][0]["path"] == str(local_in)
-    # everything but the report (which names its input path) is byte-identical
-    assert {k: v for k, v in remote.items() if k != "merge_report.json"} == {
-        k: v for k, v in hashes.items() if k != "merge_report.json"
+    # everything but the report and the config (which name their input paths) is
+    # byte-identical
+    named = ("merge_report.json", "merge_config.json")
+    assert {k: v for k, v in remote.items() if k not in named} == {
+        k: v for k, v in hashes.items() if k not in named
     }
     with pytest.raises(AlreadyExistsError, match="not empty"):
         merge(MergeConfig(existing=[src], mix=mix, out=out))
