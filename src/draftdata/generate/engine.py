@@ -129,6 +129,7 @@ class Engine:
             history=(lambda: run_history(run.store)) if run.resumed_done else None,
         )
         self.progress = Progress(endpoints, self._counters, total=total, clock=clock)
+        self._total = total  # in-scope (prompt, sample) pairs, rejected lines included
         self._stop_loops = asyncio.Event()
         self._grace_task: asyncio.Task[None] | None = None
         self.fatal: DraftdataError | None = None  # what stopped the run (raised by ``run``)
@@ -295,6 +296,7 @@ class Engine:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop_loops.wait(), 0.5)
                 self.progress.already_done = self.dispatcher.already_done
+                self.progress.total = self._answerable()
                 self.progress.tick()
                 now = self.clock()
                 if display is not None:
@@ -358,6 +360,14 @@ class Engine:
         )
         return summary
 
+    def _answerable(self) -> int | None:
+        """The in-scope pairs less those of rejected lines (bad or repeated ids): what
+        progress and ``remaining`` count towards."""
+        if self._total is None:
+            return None
+        rejected = int(getattr(self.dispatcher.reader, "invalid", 0))
+        return max(0, self._total - rejected * self.cfg.n)
+
     def _summary(self, wall: float) -> GenerateSummary:
         d = self.dispatcher
         shares = []
@@ -381,7 +391,8 @@ class Engine:
                     fault=e.fault,
                 )
             )
-        total = self.progress.total
+        total = self._total
+        answerable = self._answerable()
         settled = d.already_done + self.tally.done
         return self.tally.freeze(
             out=self.cfg.out,
@@ -399,7 +410,7 @@ class Engine:
             invalid_prompts=d.reader.invalid,
             wall_s=round(wall, 3),
             interrupted=self.interrupted,
-            remaining=max(0, total - settled) if total is not None else None,
+            remaining=max(0, answerable - settled) if answerable is not None else None,
             peak_uncommitted=self.committer.peak_uncommitted,
             endpoints=shares,
         )

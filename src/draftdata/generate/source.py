@@ -27,6 +27,7 @@ import msgspec
 from draftdata.errors import InputError, StoreError
 from draftdata.generate.partition import Partition, parse_partition
 from draftdata.records import BOM, Prompt, parse_prompt, prompt_id
+from draftdata.store.doneset import DoneSet
 from draftdata.store.prompts import iter_prompt_lines, open_prompt_file, read_lines
 
 PromptFile = Path | str  # a local file, or an s3://BUCKET/KEY object URL (kept a str)
@@ -141,7 +142,12 @@ class PromptReader:
         self.partition = parse_partition(partition) if isinstance(partition, str) else partition
         self.on_invalid = on_invalid
         self.invalid = 0
+        self.duplicates = 0  # lines whose id an earlier line in scope holds (rejected)
         self.read = 0
+        # the ids in scope so far (64-bit hashes: 8 bytes each), so a second line with an id
+        # is rejected as ``duplicate_id`` rather than dropped without a word; settled lines
+        # count too, so a resumed command rejects the same lines as the first
+        self._seen = DoneSet()
         self._it = self._iter()
         self.exhausted = False
 
@@ -170,8 +176,29 @@ class PromptReader:
             for i, done in zip(asked, self.settled([pids[i] for i in asked]), strict=True):
                 if done:
                     skip.add(i)
-                    self.settled_samples += int(done)
+                    f, lineno, line = block[i]
+                    if self._first(pids[i], f"{f}:{lineno}", line):
+                        self.settled_samples += int(done)
         return [item for i, item in enumerate(block) if i not in skip] if skip else block
+
+    def _reject(self, message: str, line: bytes) -> None:
+        self.invalid += 1
+        if self.on_invalid is not None:
+            self.on_invalid(message)
+        if self.on_reject is not None:
+            self.on_reject(message, line)
+
+    def _first(self, pid: str, where: str, line: bytes) -> bool:
+        """Whether ``pid`` is met for the first time in scope; else the line is rejected."""
+        if self._seen.add(pid):
+            return True
+        self.duplicates += 1
+        self._reject(
+            f"{where}: duplicate_id: id {pid!r} is held by an earlier line (each prompt id "
+            "is answered once; give the prompts distinct ids)",
+            line,
+        )
+        return False
 
     def _iter(self) -> Iterator[Prompt]:
         for block in self._blocks():
@@ -180,13 +207,10 @@ class PromptReader:
                 try:
                     prompt = parse_prompt(line, f"{f}:{lineno}")
                 except InputError as exc:
-                    self.invalid += 1
-                    if self.on_invalid is not None:
-                        self.on_invalid(str(exc))
-                    if self.on_reject is not None:
-                        self.on_reject(str(exc), line)
+                    self._reject(str(exc), line)
                     continue
-                yield prompt  # in the partition: _to_parse judged its id
+                if self._first(prompt.id, f"{f}:{lineno}", line):
+                    yield prompt  # in the partition: _to_parse judged its id
 
     def take(self, k: int) -> list[Prompt]:
         """Up to ``k`` more prompts (fewer at the end; ``exhausted`` is then True)."""

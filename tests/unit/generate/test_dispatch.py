@@ -61,7 +61,9 @@ async def test_every_prompt_once_and_slots_never_exceeded(tmp_path: Path) -> Non
     eps = [endpoint(i, c, limit=4) for i, c in enumerate(clients)]
     d, sink = await run_dispatch(cfg(), eps, prompts)
     assert Counter(c.id for c in sink.completions) == Counter(f"p{i}" for i in range(60))
-    assert d.duplicates + d.already_done == 1  # the repeated id is answered once
+    # the repeated id is answered once; its second line is a reject (duplicate_id)
+    assert d.reader.duplicates == d.reader.invalid == 1
+    assert d.duplicates == 0 and d.already_done == 0
     assert all(c.peak <= 4 for c in clients)
     # the faster endpoint answered more
     assert len(clients[0].bodies) > len(clients[1].bodies)
