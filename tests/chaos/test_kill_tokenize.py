@@ -100,3 +100,24 @@ def test_kill_9_tokenize_then_rerun(run: tuple[str, str], tmp_path: Path, after:
     before = file_hashes(out)
     again = tokenize(TokenizeConfig(run=url, tokenizer=tok, out=str(out), batch_rows=5))
     assert again.counts == done.counts and file_hashes(out) == before
+
+
+@pytest.mark.parametrize("bad", ["missing", "empty", "not-a-tokenizer"])
+def test_a_tokenize_that_fails_before_its_first_shard_leaves_no_claim(
+    run: tuple[str, str], tmp_path: Path, bad: str
+) -> None:
+    """A wrong --tokenizer fails before the output is claimed, so the corrected command into
+    the same --out runs (it was refused as 'an unfinished tokenize with other settings')."""
+    url, tok = run
+    wrong = tmp_path / bad
+    if bad != "missing":
+        wrong.mkdir()
+    if bad == "not-a-tokenizer":
+        (wrong / "tokenizer.json").write_text("{not json", encoding="utf-8")
+    out = tmp_path / "out"
+    with pytest.raises((ConfigError, InputError)):
+        tokenize(TokenizeConfig(run=url, tokenizer=str(wrong), out=str(out)))
+    assert not (out / "tokenize_config.json").exists()
+    summary = tokenize(TokenizeConfig(run=url, tokenizer=tok, out=str(out)))
+    assert summary.shards > 0
+    assert max(_ids(out).values()) == 1

@@ -129,6 +129,7 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
         job.previous.wall_s = time.perf_counter() - started
         stage.check_verified(job.previous, config)
         return RayTokenizeResult(summary=job.previous, inputs=len(keys), tasks=0, wall_s=0.0)
+    stage.start(job)  # the tokenizer loads here first; then the output is claimed
 
     forward = tuple(dict.fromkeys([*cluster.DEFAULT_FORWARD_ENV, *opts.forward_env]))
     started_ray = cluster.connect(opts.address, forward_env=forward)

@@ -249,8 +249,8 @@ def tokenize(config: TokenizeConfig) -> TokenizeSummary:
         return job.previous
 
     config = job.config
+    ctx = start(job)
     if config.workers == 1:
-        ctx = TokenizeContext.from_config(config)
         results: Iterable[tuple[Counters, list[str]]] = (
             tokenize_shard(ctx, job.run, job.out, key, config.batch_rows) for key in job.keys
         )
@@ -310,17 +310,23 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     settings = settings_of(config, keep) | {"inputs": keys}
     if kwargs:  # recorded only when there are some, so older summaries still compare equal
         settings["server_template_kwargs"] = kwargs
-    previous = previous_summary(out, settings)
-    if previous is None:
-        claim_output(out, settings)
     return TokenizeJob(
         config=config,
         run=run,
         out=out,
         keys=keys,
         settings=settings,
-        previous=previous,
+        previous=previous_summary(out, settings),
     )
+
+
+def start(job: TokenizeJob) -> TokenizeContext:
+    """Load the tokenizer and template (where a wrong ``--tokenizer`` or template fails), then
+    claim the output (``claim_output``): a command that fails before its first shard leaves no
+    marker behind, so the corrected command is not refused as "other settings"."""
+    ctx = TokenizeContext.from_config(job.config)
+    claim_output(job.out, job.settings)
+    return ctx
 
 
 def claim_output(out: Store, settings: dict[str, Any]) -> None:
