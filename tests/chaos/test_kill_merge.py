@@ -168,3 +168,30 @@ def test_kill_9_merge_s3(moto_s3: MotoS3, inputs: tuple[Path, Path], tmp_path: P
         out = moto_s3.url(f"chaos-merge-{after}")
         _killed_then_rerun(inputs, out, "parquet", after)
         assert _objects(out) == expected
+
+
+def test_a_merge_that_fails_before_its_first_shard_leaves_no_claim(
+    inputs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """An input that fails while merge reads it (after the output is checked) leaves no
+    merge_config.json, so the corrected command into the same --out runs."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "bad"
+    shutil.copytree(inputs[1], bad)  # a tokenized set with one shard lacking its token ids
+    shard = sorted(bad.rglob("*.parquet"))[-1]
+    pq.write_table(pa.table({"id": ["x1", "x2"], "domain": ["code", "math"]}), shard)
+    out = str(tmp_path / "out")
+    config = _config(inputs, out, "parquet")
+    wrong = MergeConfig(
+        existing=config.existing, add=[*config.add, str(bad)], out=out, mix=config.mix,
+        format="parquet", shard_rows=40, eval_fraction=0.1,
+    )  # fmt: skip
+    with pytest.raises(InputError):
+        merge(wrong)
+    assert not Path(out, "merge_config.json").exists()
+    summary = merge(config)
+    assert summary.train_rows > 0

@@ -397,7 +397,6 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
             f"--format {config.format}: the inputs are chat rows (no token ids); tokenize "
             "them first, or use --format specforge"
         )
-    claim_output(store, config_bytes(config, infos))  # before any shard; resumes a killed one
     bad_examples: list[str] = []
 
     def on_bad(where: str, reason: str) -> None:
@@ -425,6 +424,9 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
                         progress("route", info.first_row + info.scanned)
             finally:
                 buckets.close()
+        # claimed before the first shard, after everything that can fail on the inputs or the
+        # mix (a corrected command must not meet its own failed claim); resumes a killed one
+        claim_output(store, config_bytes(config, infos))
         with stats.timed("write"):
             jsonl: list[str] = []
             extra = None
