@@ -1,8 +1,9 @@
 """Where a merge may write, and how a killed merge is finished.
 
 A merge writes many objects (shards, the JSONL export, the card) and only the last one,
-``merge_report.json``, says the output is complete. So before its first shard it writes
-``merge_config.json``: the settings that shape the output and the identity of every input file
+``merge_report.json``, says the output is complete. So right before its first shard (after
+the inputs are read and the mix is planned: a merge that fails on them leaves nothing behind)
+it writes ``merge_config.json``: the settings that shape the output and the identity of every input file
 (key and size). Its output is deterministic (same inputs, settings and seed: the same bytes), so
 a merge killed half-way (kill -9, OOM, a lost node) is finished by running the same command
 again: it finds its own ``merge_config.json``, writes what is missing, and every object the

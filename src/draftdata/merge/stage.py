@@ -11,7 +11,7 @@
 Output (create-only, local or ``s3://``; the location must be empty, or hold a killed merge of
 the same inputs and settings, which this one finishes: ``resume.py``)::
 
-    out/merge_config.json                 written first: settings and input files
+    out/merge_config.json                 before the first shard: settings and input files
     out/train/part-00000.parquet ...      sample/1 (tokenized) or conversation/1 (chat) rows
     out/eval/part-00000.parquet ...
     out/<format>/{train,eval}set-*.jsonl  the trainers' JSONL (--format other than parquet;
