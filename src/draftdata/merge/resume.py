@@ -3,12 +3,12 @@
 A merge writes many objects (shards, the JSONL export, the card) and only the last one,
 ``merge_report.json``, says the output is complete. So right before its first shard (after
 the inputs are read and the mix is planned: a merge that fails on them leaves nothing behind)
-it writes ``merge_config.json``: the settings that shape the output and the identity of every input file
-(key and size). Its output is deterministic (same inputs, settings and seed: the same bytes), so
-a merge killed half-way (kill -9, OOM, a lost node) is finished by running the same command
-again: it finds its own ``merge_config.json``, writes what is missing, and every object the
-killed run had written already holds exactly the bytes it writes again (``put_new`` accepts
-them). Two such commands at once cooperate the same way.
+it writes ``merge_config.json``: the settings that shape the output and the identity of
+every input file (key and size). Its output is deterministic (same inputs, settings and
+seed: the same bytes), so a merge killed half-way (kill -9, OOM, a lost node) is finished by
+running the same command again: it finds its own ``merge_config.json``, writes what is
+missing, and every object the killed run had written already holds exactly the bytes it
+writes again (``put_new`` accepts them). Two such commands at once cooperate the same way.
 
 Refused, before anything is written: a location holding a finished merge, an unfinished merge
 of other inputs or settings, or anything else. Readers (``stats.readers.open_dataset``) refuse
