@@ -59,10 +59,11 @@ from draftdata.merge.resume import check_output, claim_output, config_bytes
 from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket_schema
 from draftdata.metrics import StageStats
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
+from draftdata.stats.readers import MERGE_REPORT
 from draftdata.store.protect import check_not_protected
 from draftdata.store.store import Store, open_store
 
-REPORT_KEY = "merge_report.json"
+REPORT_KEY = MERGE_REPORT
 CARD_KEY = "README.md"
 REPORT_FORMAT = "draftdata.merge-report"
 REPORT_VERSION = 1

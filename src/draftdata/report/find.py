@@ -22,11 +22,16 @@ import os
 from dataclasses import dataclass
 
 from draftdata.errors import InputError
-from draftdata.stats.readers import DATA_EXT, MERGE_REPORT, PREPARE_REPORT, read_json_object
+from draftdata.stats.readers import (
+    DATA_EXT,
+    MERGE_REPORT,
+    PREPARE_REPORT,
+    TOKENIZE_SUMMARY,
+    read_json_object,
+)
 from draftdata.store.store import Store, open_store
 
 RUN_MARKER = "manifest.json"
-TOKENIZE_SUMMARY = "summary.json"
 TOKENIZE_FORMAT = "draftdata.tokenize-summary/1"
 MAX_DEPTH = 2
 
