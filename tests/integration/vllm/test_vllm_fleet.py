@@ -1,6 +1,6 @@
 """The real-engine tier: `fleet up --engine vllm` on CPU with a tiny random Qwen3, then use it.
 
-The vLLM environment (``.venv-vllm``, or ``$DRAFTDATA_VLLM_VENV``) is built once by
+The vLLM environment (cached outside the clone, see ``scripts/env_path.sh``, or ``$DRAFTDATA_VLLM_VENV``) is built once by
 ``scripts/vllm_env.sh`` (``make vllm-env``; ``make test`` runs it best-effort) and cached by a
 stamp file. The tests skip, printing why, only when that environment cannot be built. The
 model (hidden 64, 2 layers, head_dim 32, random weights) and the tokenizer (draftdata's demo BPE
@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.integration.envs import cached_env_python
+from tests.integration.envs import cached_env_python, env_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 ROOT = Path(__file__).resolve().parents[3]
-VENV = Path(os.environ.get("DRAFTDATA_VLLM_VENV", ROOT / ".venv-vllm"))
+VENV = env_dir("vllm")
 CLI = [sys.executable, "-c", "from draftdata.cli import main; main()"]
 # Server flags for a CPU box: small context and batch, eager mode, 1 GiB KV cache (env below),
 # structured outputs allowed inside the reasoning so a random model can be made to close </think>.

@@ -1,6 +1,6 @@
 """Write a tiny random-weight Qwen3 model beside a tokenizer folder (run with the vLLM python).
 
-    .venv-vllm/bin/python tests/integration/vllm/tiny_model.py MODEL_DIR
+    "$(scripts/env_path.sh vllm)"/bin/python tests/integration/vllm/tiny_model.py MODEL_DIR
 
 MODEL_DIR must already hold the tokenizer files (tokenizer.json, tokenizer_config.json); this
 script adds config.json, generation_config.json and model.safetensors sized to that tokenizer.
