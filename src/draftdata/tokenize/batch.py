@@ -23,12 +23,20 @@ How a batch is tokenized:
    the same text with loss on the same text in another tokenization is
    ``verified.noncanonical``; an output that ended another way than the template's
    end-of-turn token (``<|endoftext|>``, a stop string, an end token the server left out) and
-   spells the rendered text up to that token is ``verified.other_end``. Anything else is
+   spells the rendered text up to that token is ``verified.other_end``. A served sample the
+   template cannot render back because of how the server split the reasoning (an answer
+   without ``</think>``: the reasoning parser puts all of it in the reasoning, which the
+   template renders inside a think block the target never wrote; every answer cut while
+   thinking, and models whose template opens ``<think>`` itself) is checked by decoding
+   instead: each turn's served prompt ids decode to the template's rendering of its context and
+   its output ids to the stored reasoning and content (think markers, end tokens and whitespace
+   aside). It is ``verified.decoded`` and kept (the served ids are what the target produced;
+   ``reasoning.unclosed`` counts the answers without ``</think>``). Anything else is
    ``mismatched`` (the first few are described as decoded text around the first differing
-   token) and the sample is dropped (``dropped.unverified_ids``): served ids our tokenizer and
-   template cannot reproduce may come from another tokenizer, and re-rendering them would train
-   on a context the server may not have shown. A completion the renderer cannot reproduce (a
-   turn cut by max tokens where it cannot tell the cut) is ``unverifiable`` and kept.
+   token) and the sample is dropped (``dropped.unverified_ids``): served ids that do not decode
+   to the stored text come from another tokenizer, and re-rendering them would train on a
+   context the server may not have shown. A completion the renderer cannot reproduce (a turn
+   cut by max tokens where it cannot tell the cut) is ``unverifiable`` and kept.
 4. Length policy: longer than ``max_length`` is cut (``truncated``) or dropped (``too_long``);
    a sample without two consecutive loss tokens is dropped (``too_few_loss_tokens``).
 
@@ -63,11 +71,17 @@ from draftdata.tokenize.plan import (
     IdArray,
     Plan,
     RenderedSample,
+    contexts,
     plan_rendered,
     plan_token_ids,
 )
 from draftdata.tokenize.tables import samples_table, views_from_table
-from draftdata.tokenize.template import ChatTemplate, load_tokenizer, read_template_file
+from draftdata.tokenize.template import (
+    ChatTemplate,
+    TurnText,
+    load_tokenizer,
+    read_template_file,
+)
 
 COMPLETION_COLUMNS = (
     "id",
@@ -366,6 +380,68 @@ def verdict(
     return None
 
 
+THINK_MARKERS = ("<think>", "</think>")
+
+
+def _squash(text: str) -> str:
+    return "".join(text.split())
+
+
+def output_spells(ctx: TokenizeContext, out: IdArray, turn: TurnText) -> bool:
+    """Whether served output ids decode to what the turn stored: its reasoning, then its content
+    (then its tool calls' names), think markers, end tokens and whitespace aside. Text after
+    the content is allowed only where a stop string ended the turn (servers leave its text out
+    and keep its token)."""
+    ends = ctx.end_ids | ({ctx.eot_id} if ctx.eot_id is not None else set())
+    n = len(out)
+    while n and int(out[n - 1]) in ends:
+        n -= 1
+    text = ctx.decode(out[:n])
+    for marker in THINK_MARKERS:
+        text = text.replace(marker, "")
+    body = _squash(text)
+    reasoning, content = _squash(turn.reasoning or ""), _squash(turn.content or "")
+    if not body.startswith(reasoning + content):
+        return False
+    rest = body[len(reasoning) + len(content) :]
+    if turn.tool_calls:
+        names = [str((c.get("function") or c).get("name", "")) for c in turn.tool_calls]
+        return all(_squash(name) in rest for name in names)
+    return not rest or turn.finish_reason == "stop"
+
+
+def decodes_as_stored(ctx: TokenizeContext, view: CompletionView, turns: tuple[int, ...]) -> bool:
+    """Whether the served ids of ``turns`` are the stored conversation in our tokenizer: each
+    turn's prompt ids decode to the template's rendering of the context it was sent, and its
+    output ids spell its stored text (``output_spells``)."""
+    pairs = view.token_ids
+    ctxs = contexts(view, ctx.keep_reasoning_history)
+    if pairs is None or not ctxs or not turns:
+        return False
+    for k in turns:
+        if k >= len(pairs) or k >= len(ctxs):
+            return False
+        try:
+            prompt, _ = ctx.template.render(
+                ctxs[k], view.tools, view.template_kwargs, add_generation_prompt=True
+            )
+        except InputError:
+            return False
+        if ctx.decode(pairs[k][0]) != prompt or not output_spells(ctx, pairs[k][1], view.turns[k]):
+            return False
+    return True
+
+
+def _unclosed(ctx: TokenizeContext, view: CompletionView, turns: tuple[int, ...]) -> bool:
+    """Whether one of ``turns`` is reasoning whose served output has no ``</think>``."""
+    pairs = view.token_ids or []
+    return any(
+        view.turns[k].reasoning and THINK_MARKERS[1] not in ctx.decode(pairs[k][1])
+        for k in turns
+        if k < len(pairs)
+    )
+
+
 def _verify(
     ctx: TokenizeContext,
     view: CompletionView,
@@ -384,6 +460,10 @@ def _verify(
     for t in plan.tokens:
         got = by_id.get(t.id)
         found = verdict(ctx, t.ids, t.mask, *got) if got is not None else None
+        if found is None and decodes_as_stored(ctx, view, t.turns):
+            found = "verified.decoded"  # a reasoning split the template cannot render back
+            if _unclosed(ctx, view, t.turns):
+                counters.add("reasoning.unclosed")
         if found is not None:
             counters.add("verified")
             if found != "verified":
