@@ -384,19 +384,24 @@ THINK_MARKERS = ("<think>", "</think>")
 
 
 def _squash(text: str) -> str:
-    return "".join(text.split())
+    # whitespace and U+FFFD aside: a server's incremental detokenizer shows a byte token that is
+    # not valid UTF-8 (a random or a cut answer) differently from a whole decode, or not at all
+    return "".join(text.replace("\ufffd", "").split())
 
 
 def output_spells(ctx: TokenizeContext, out: IdArray, turn: TurnText) -> bool:
     """Whether served output ids decode to what the turn stored: its reasoning, then its content
-    (then its tool calls' names), think markers, end tokens and whitespace aside. Text after
+    (then its tool calls' names), think markers, special tokens, whitespace and undecodable
+    bytes aside. Text after
     the content is allowed only where a stop string ended the turn (servers leave its text out
     and keep its token)."""
     ends = ctx.end_ids | ({ctx.eot_id} if ctx.eot_id is not None else set())
     n = len(out)
     while n and int(out[n - 1]) in ends:
         n -= 1
-    text = ctx.decode(out[:n])
+    # as the server's detokenizer shows text: special tokens left out (a random model may
+    # write <|im_start|> mid-answer; the stored text does not have it)
+    text = str(ctx.backend.decode([int(i) for i in out[:n]], skip_special_tokens=True))
     for marker in THINK_MARKERS:
         text = text.replace(marker, "")
     body = _squash(text)

@@ -30,7 +30,7 @@ from draftdata.records import Completion, Message, Turn
 from draftdata.tokenize.batch import TokenizeContext, tokenize_table
 from draftdata.tokenize.plan import contexts, view_from_record
 
-SHAPES = ("closed", "unclosed", "opened_by_template", "cut_thinking", "foreign")
+SHAPES = ("closed", "unclosed", "opened_by_template", "cut_thinking", "lone_byte", "foreign")
 WORDS = st.sampled_from(["the", "model", "prime", "a", "x1", "city", "é", "日本", "sum", "9"])
 TEXT = st.lists(WORDS, min_size=1, max_size=6).map(" ".join)
 
@@ -59,6 +59,7 @@ def _served(
             "unclosed": f"{reasoning} {content}",  # never closes: all of it is reasoning
             "opened_by_template": f"{reasoning}\n</think>\n\n{content}",
             "cut_thinking": f"<think>\n{reasoning}",
+            "lone_byte": f"{reasoning} {content}",
             "foreign": f"<think>\n{reasoning}\n</think>\n\n{content}",
         }[shape]
         cut = shape == "cut_thinking"
@@ -72,6 +73,10 @@ def _served(
         out_ids = _enc(ctx, written) + ([] if cut else [eot])
         if shape == "foreign":  # another tokenizer's ids for the same text
             out_ids = [(i + 7) % (eot - 1) for i in out_ids]
+        if shape == "lone_byte":  # a byte that is no UTF-8 alone: the text shows nothing
+            lone = ctx.backend.token_to_id("Ã")  # byte 0xC3
+            assert lone is not None
+            out_ids = [lone, *out_ids]  # before a word: it spoils no other character
         turn = Turn(
             content=c.lstrip("\n") or None,
             reasoning=r or None,
@@ -119,7 +124,7 @@ def test_served_ids_are_kept_whatever_the_reasoning_split(
     unclosed = [
         t
         for t, s in zip(completion.turns, shapes, strict=True)
-        if s in ("unclosed", "cut_thinking") and "</think>" not in (t.reasoning or "")
+        if s in ("unclosed", "cut_thinking", "lone_byte") and "</think>" not in (t.reasoning or "")
     ]
     if not foreign and any(s == "unclosed" for s in shapes):
         assert counts.get("verified.decoded", 0) >= 1
