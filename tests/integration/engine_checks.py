@@ -112,7 +112,6 @@ def generate_and_tokenize(
     for r in done:
         for t in r["turns"]:
             assert t["prompt_token_ids"] and t["output_token_ids"], (r["id"], t)
-            assert len(t["output_token_ids"]) == t["usage"]["completion_tokens"]
     out = tmp / "tokenized"
     tok = run_cli("tokenize", str(run), "--tokenizer", str(model), "--out", str(out))
     assert tok.returncode == 0, tok.stdout + tok.stderr

@@ -384,9 +384,13 @@ THINK_MARKERS = ("<think>", "</think>")
 
 
 def _squash(text: str) -> str:
-    # whitespace and U+FFFD aside: a server's incremental detokenizer shows a byte token that is
-    # not valid UTF-8 (a random or a cut answer) differently from a whole decode, or not at all
-    return "".join(text.replace("\ufffd", "").split())
+    # think markers, whitespace and U+FFFD aside: where the parser split the text is not what
+    # is checked (a marker may even stand inside the reasoning), and a server's incremental
+    # detokenizer shows a byte token that is not valid UTF-8 (a random or a cut answer)
+    # differently from a whole decode, or not at all
+    for marker in (*THINK_MARKERS, "\ufffd"):
+        text = text.replace(marker, "")
+    return "".join(text.split())
 
 
 def output_spells(ctx: TokenizeContext, out: IdArray, turn: TurnText) -> bool:
@@ -402,8 +406,6 @@ def output_spells(ctx: TokenizeContext, out: IdArray, turn: TurnText) -> bool:
     # as the server's detokenizer shows text: special tokens left out (a random model may
     # write <|im_start|> mid-answer; the stored text does not have it)
     text = str(ctx.backend.decode([int(i) for i in out[:n]], skip_special_tokens=True))
-    for marker in THINK_MARKERS:
-        text = text.replace(marker, "")
     body = _squash(text)
     reasoning, content = _squash(turn.reasoning or ""), _squash(turn.content or "")
     if not body.startswith(reasoning + content):

@@ -6,10 +6,12 @@ test`` builds it in the background). The model and tokenizer are built at run ti
 vLLM tier; nothing is downloaded. One server is started for the module (~20 s on the kit's
 machine) and taken down by the last test.
 
-What skips, printing why: everything when the environment cannot be built (no kit, the package
-index unreachable); the server tests when this CPU cannot run SGLang's CPU kernels
-(``scripts/sglang_cpu_check.sh``: they are built for AVX512-BF16 and die with SIGILL elsewhere).
-The command-line test needs no server and runs wherever the environment builds.
+It skips, printing why, only when the environment cannot be built (no kit, the package index
+unreachable). On a CPU that cannot run SGLang's CPU kernels (``scripts/sglang_cpu_check.sh``:
+they are built for AVX512-BF16 and die with SIGILL elsewhere, e.g. on an AVX2-only AMD EPYC)
+the server is still SGLang, on torch's own CPU ops, which is all SGLang uses without AMX; only
+the library's import is satisfied by ``no_kernels/`` (names that raise when called), and the
+tier says so.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 from tests.integration import engine_checks
@@ -42,6 +45,7 @@ CPU_ARGS = (
     "--disable-overlap-schedule --max-total-tokens 4096 --context-length 2048"
 )
 KV_TOKENS = 4096
+NO_KERNELS = Path(__file__).resolve().parent / "no_kernels"
 
 
 def _sglang_python() -> Path:
@@ -83,22 +87,27 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def cpu_can_serve() -> None:
+def kernel_env() -> list[str]:
+    """``--env`` options that decide which ``sgl_kernel`` the server imports: the kit's (none)
+    where this CPU runs it, else ``no_kernels/`` (names only, see its docstring)."""
     res = subprocess.run(
         ["bash", str(ROOT / "scripts" / "sglang_cpu_check.sh")],
         capture_output=True,
         text=True,
         check=False,
     )
-    if res.returncode != 0:
-        why = res.stderr.strip()
-        print(f"sglang server tests skipped: {why}")
-        pytest.skip(f"no SGLang server on this machine: {why}")
+    if res.returncode == 0:
+        return []
+    print(
+        f"sglang tier: {res.stderr.strip()}; the server runs SGLang on torch's CPU ops with "
+        f"{NO_KERNELS.relative_to(ROOT)} in place of the kernel library (a kernel call fails)"
+    )
+    return ["--env", f"PYTHONPATH={NO_KERNELS}"]
 
 
 @pytest.fixture(scope="module")
 def sglang_fleet(
-    cpu_can_serve: None, tiny_model: tuple[Path, Path]
+    kernel_env: list[str], tiny_model: tuple[Path, Path]
 ) -> Iterator[tuple[Path, Path, str]]:
     """A one-server SGLang fleet from `fleet up` (the preset, CPU flags over it) with a
     restart-on-crash watcher; yields (fleet.yaml, model, stdout)."""
@@ -106,7 +115,7 @@ def sglang_fleet(
     fleet = model.parent / "fleet.yaml"
     args = _up_args(py, model, engine_checks.free_port(), fleet)
     res = engine_checks.run_cli(
-        *args, "--restart-on-crash", "--restart-delay", "1", "--timeout", "600"
+        *args, *kernel_env, "--restart-on-crash", "--restart-delay", "1", "--timeout", "600"
     )
     try:
         assert res.returncode == 0, res.stdout + res.stderr
@@ -268,5 +277,8 @@ def test_a_killed_server_is_restarted_then_fleet_down_stops_all(
     assert down.returncode == 0, down.stdout + down.stderr
     assert "watcher pid" in down.stdout
     for pid in (ep["pid"], before["pid"]):
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+        try:
+            gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            gone = True
+        assert gone, pid

@@ -30,7 +30,15 @@ from draftdata.records import Completion, Message, Turn
 from draftdata.tokenize.batch import TokenizeContext, tokenize_table
 from draftdata.tokenize.plan import contexts, view_from_record
 
-SHAPES = ("closed", "unclosed", "opened_by_template", "cut_thinking", "lone_byte", "foreign")
+SHAPES = (
+    "closed",
+    "unclosed",
+    "opened_by_template",
+    "cut_thinking",
+    "lone_byte",
+    "think_inside",
+    "foreign",
+)
 WORDS = st.sampled_from(["the", "model", "prime", "a", "x1", "city", "é", "日本", "sum", "9"])
 TEXT = st.lists(WORDS, min_size=1, max_size=6).map(" ".join)
 
@@ -60,6 +68,8 @@ def _served(
             "opened_by_template": f"{reasoning}\n</think>\n\n{content}",
             "cut_thinking": f"<think>\n{reasoning}",
             "lone_byte": f"{reasoning} {content}",
+            # the model writes <think> inside its reasoning; the parser leaves it in the text
+            "think_inside": f"{reasoning}<think>{content}",
             "foreign": f"<think>\n{reasoning}\n</think>\n\n{content}",
         }[shape]
         cut = shape == "cut_thinking"
@@ -124,7 +134,8 @@ def test_served_ids_are_kept_whatever_the_reasoning_split(
     unclosed = [
         t
         for t, s in zip(completion.turns, shapes, strict=True)
-        if s in ("unclosed", "cut_thinking", "lone_byte") and "</think>" not in (t.reasoning or "")
+        if s in ("unclosed", "cut_thinking", "lone_byte", "think_inside")
+        and "</think>" not in (t.reasoning or "")
     ]
     if not foreign and any(s == "unclosed" for s in shapes):
         assert counts.get("verified.decoded", 0) >= 1
