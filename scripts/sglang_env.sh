@@ -11,10 +11,10 @@
 #   libtbb-dev google-perftools; ~13 min on 2 cores);
 # - those kernels are compiled for x86-64-v4 with AVX512-BF16/VNNI (and AMX; the kit's CMake
 #   sets -march=x86-64-v4 -mavx512bf16 -mavx512vnni -mamx-*): on a CPU without them (an AVX2-only
-#   AMD EPYC, say) the wheel dies with SIGILL on import, a rebuild would too, and sglang imports
-#   them on CPU, so no server can run there. The environment is still built (SGLang's own
-#   argument parser checks fleet up's command lines there); the tier's server tests find the
-#   CPU lacking (scripts/sglang_cpu_check.sh) and skip, saying so;
+#   AMD EPYC, say) the wheel dies with SIGILL on import and a rebuild would too. SGLang uses the
+#   kernels only where the CPU has AMX, so the environment is built all the same: there the tier
+#   (scripts/sglang_cpu_check.sh says which CPU) gives the server the library's names only
+#   (tests/integration/sglang/no_kernels) and SGLang runs on torch's CPU ops;
 # - sglang==0.5.23 pins a CUDA-only torch: it is installed --no-deps, its dependencies from the
 #   kit's requirements list with torch held at the local CPU wheel (2.13.0);
 # - torchvision (imported by sglang at start) is the index's CUDA build, installed --no-deps; its
@@ -81,7 +81,7 @@ if [ -f "${WHEELS[0]}" ]; then
   "${PIP[@]}" --no-deps "${WHEELS[@]}" >>"$LOG" 2>&1 || echo "the kit's kernel wheel does not install here" >>"$LOG"
 fi
 if ! bash "$HERE/sglang_cpu_check.sh" >>"$LOG" 2>&1; then
-  echo "sglang_env: $(bash "$HERE/sglang_cpu_check.sh" 2>&1); the environment is built for SGLang's argument parser only" >&2
+  echo "sglang_env: $(bash "$HERE/sglang_cpu_check.sh" 2>&1); the kit's kernels stay unused here" >&2
 elif ! kernel_loads; then
   SRC=("$KIT"/sglang-kernel-cpu-src-*.tar.gz)
   [ -f "${SRC[0]}" ] || fail "SGLang's CPU kernels do not load from the kit's wheel and the kit has no source tarball (see $LOG)"
