@@ -237,20 +237,21 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
 
 
 class _TooLarge(Exception):
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, *, exact: bool) -> None:
         self.size = size
+        self.exact = exact  # the whole size (Content-Length), else what was read so far
 
 
 async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     """The body of ``resp``, or _TooLarge as soon as it is known to pass ``limit`` bytes (the
     rest is never read: the connection is dropped with the response)."""
     if resp.content_length is not None and resp.content_length > limit:
-        raise _TooLarge(resp.content_length)
+        raise _TooLarge(resp.content_length, exact=True)
     data = bytearray()
     async for chunk in resp.content.iter_any():
         data += chunk
         if len(data) > limit:
-            raise _TooLarge(len(data))
+            raise _TooLarge(len(data), exact=False)
     return bytes(data)
 
 
@@ -342,7 +343,8 @@ class EndpointClient:
         except _TooLarge as exc:
             raise self._error(
                 ErrorClass.impossible,
-                f"an answer of more than {exc.size:,} bytes to a request for at most "
+                f"an answer of {'' if exc.exact else 'more than '}{exc.size:,} bytes to a "
+                "request for at most "
                 f"{cap or UNBOUNDED_TOKENS} tokens (the bound is {limit:,} bytes)",
             ) from None
         except aiohttp.ConnectionTimeoutError as exc:
