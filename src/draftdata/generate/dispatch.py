@@ -632,6 +632,7 @@ class Dispatcher:
 _SPEED_GAP = 1.5  # per-sequence rates closer than this: greedy placement is as good
 _BUSY_S = 1e-3  # the least time a busy slot is expected to stay busy
 _HEDGE_Q = 0.9  # hedges are judged on this quantile of the length (a long draw)
+BLIND_HEDGE_S = 60.0  # with no endpoint measured yet, a tail request this old is copied
 
 
 def hedge_pays(
@@ -649,7 +650,8 @@ def hedge_pays(
     only on a server that decodes enough faster: the whole length at the target's rate
     against what is left at the origin's. On an origin that has never answered (no rate, no
     latency: a server that passes its health check but never answers, or trickles), the copy
-    pays once the request has run twice what the target needs for a long draw.
+    pays once the request has run twice what the target needs for a long draw (three times its
+    latency; ``BLIND_HEDGE_S`` when no endpoint has answered yet).
     """
     r_o, r_t = origin.seq_rate, target.seq_rate
     if r_o is None or r_o <= 0:
@@ -659,7 +661,9 @@ def hedge_pays(
         # pays once the original has run twice what the target needs for a long draw
         if r_t is not None and r_t > 0:
             return age > 2 * max(1.0, lengths.long_total(expected, 0.0, cap, _HEDGE_Q)) / r_t
-        return target.latency is not None and age > 3 * target.latency
+        if target.latency is not None:
+            return age > 3 * target.latency
+        return age > BLIND_HEDGE_S  # nothing measured anywhere: the copy takes an idle slot
     produced = age * r_o
     if produced > 1.5 * cap:
         return True
