@@ -447,3 +447,13 @@ def test_cli_export_per_turn_says_how_many_rows(tmp_path: Path) -> None:
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "exported 3 completions as 5 rows" in res.stdout
+    # SpecForge's qwen3-thinking template adds its own system prompt to these (tool, single)
+    assert "3 rows have no system message" in res.stdout
+    res = subprocess.run(
+        [sys.executable, "-c", "from draftdata.cli import main; main()", "export", run,
+         "--format", "eagle", "--out", str(tmp_path / "e.jsonl")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "1 left out (system_message 1, tools 1)" not in res.stdout  # one reason each
+    assert "2 left out (system_message 1, tools 1)" in res.stdout
