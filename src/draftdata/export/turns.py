@@ -178,6 +178,7 @@ class TurnRows:
         # written template would not train exactly tokenize's sample of the turn.
         from draftdata.export.modelopt import fold_tools, render_like_modelopt, with_kwargs
 
+        assert self.chat_template is not None  # built with the context for modelopt
         if tc.turn.finish_reason == "length":
             stats.add("export.cut_turns_skipped")
             return None
