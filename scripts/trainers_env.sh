@@ -35,7 +35,7 @@ PIP=("$VENV/bin/python" -m pip install -q)
   "numpy>=2.0.0,<=2.5.4" "tqdm>=4.66.3,<=4.70.1" "loguru>=0.7.2,<=0.7.3" jinja2 pydantic \
   pydantic-settings pyyaml safetensors huggingface-hub openai-harmony "openai>=2.0.0" httpx \
   aiohttp rich typer click protobuf psutil packaging "nvidia-ml-py>=12" "omegaconf>=2.3.0" \
-  "pulp<4.0" regex scipy ninja "setuptools>=80" >"$LOG" 2>&1 \
+  "pulp<4.0" regex scipy ninja "setuptools>=80" requests >"$LOG" 2>&1 \
   || fail "pip install of the trainers' data dependencies failed (see $LOG)"
 "${PIP[@]}" --no-deps "specforge==$SPECFORGE_VERSION" "speculators==$SPECULATORS_VERSION" \
   "hs-connectors==$SPECULATORS_VERSION" "nvidia-modelopt==$MODELOPT_VERSION" >>"$LOG" 2>&1 \
