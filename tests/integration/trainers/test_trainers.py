@@ -31,6 +31,11 @@ Documented (docs/trainers.md), where SpecForge is wrong and draftdata is not cop
   ``<|im_start|>assistant\\n``, so a thinking-off turn is trained with the empty think block
   the target's generation prompt held (the target never generated it). Thinking-off data is
   trained with ``qwen3-instruct`` (which zeroes that block's loss), as a separate export.
+- ``tool_arguments_reserialized`` (``specforge`` rows): SpecForge parses each tool call's
+  ``arguments`` string and the template writes the object again (``tojson``: ``", "`` and
+  ``": "`` separators, unicode unescaped), so arguments the target wrote in another form
+  (``{"city":"Paris"}``, ``"Z\\u00fcrich"``) are trained, and shown in later contexts, in a
+  form it never wrote. ``specforge-text`` keeps the target's text.
 - ``cut_turn`` (whole-conversation rows only): a turn cut by the token limit is rendered as a
   finished turn, so SpecForge trains an ``<|im_end|>`` the target never wrote; the per-turn
   ``specforge`` export leaves such turns out, ``specforge-text`` and ``speculators`` cut them
@@ -42,6 +47,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 from collections import Counter
 from collections.abc import Iterable
@@ -186,6 +192,17 @@ _WORDS = ["alpha", "beta", "Grüße", "数据", "🙂", "x = 1;", "def f():", "t
 _CITIES = ["Paris", "Zürich", "東京", "New York"]
 
 
+def _arguments(rng: random.Random, args: dict[str, Any]) -> str:
+    # as servers return them (unicode kept), or as a model may write them (escaped, compact)
+    return rng.choice(
+        [
+            json.dumps(args, ensure_ascii=False),
+            json.dumps(args),
+            json.dumps(args, ensure_ascii=False, separators=(",", ":")),
+        ]
+    )
+
+
 def _generated(n: int = 14, seed: int = 25) -> list[Completion]:
     """A seeded generated set: thinking on (reasoning text, empty or none) and off, with and
     without a system message, with one of two tool schemas or none, tool-call chains, one to
@@ -212,7 +229,7 @@ def _generated(n: int = 14, seed: int = 25) -> list[Completion]:
                         "role": "assistant",
                         "content": "",
                         "reasoning_content": text(5) if thinking else None,
-                        "tool_calls": [call(name, json.dumps({arg: rng.choice(_CITIES)}))],
+                        "tool_calls": [call(name, _arguments(rng, {arg: rng.choice(_CITIES)}))],
                     }
                 )
                 convo.append({"role": "tool", "content": text(4), "tool_call_id": "call_0"})
@@ -395,18 +412,29 @@ def _classify(
     t_ids, t_mask = trainer
     o_ids, o_mask = ours
     t_train, o_train = _trained(t_ids, t_mask), _trained(o_ids, o_mask)
-    newline = ctx.tokenizer.encode("\n", add_special_tokens=False)
-    if t_train == o_train + newline:
-        kinds.append("trailing_newline")
-        t_train = o_train
     t_ctx, o_ctx = _context(t_ids, t_mask), _context(o_ids, o_mask)
     think = ctx.tokenizer.encode(EMPTY_THINK, add_special_tokens=False)
-    if t_train == think + o_train and o_ctx[-len(think) :] == think:
+    if t_train[: len(think)] == think and o_ctx[-len(think) :] == think:
         kinds.append("thinking_off_think_block")  # trained where the target saw it as prompt
-        t_train, t_ctx = o_train, t_ctx + think
-    if t_ctx != o_ctx and ctx.decode(t_ctx) in _with_default_system(ctx.decode(o_ctx)):
-        kinds.append("default_system_prompt")
-        t_ctx = o_ctx
+        t_train, t_ctx = t_train[len(think) :], t_ctx + think
+    newline = ctx.tokenizer.encode("\n", add_special_tokens=False)
+    if t_train[-len(newline) :] == newline and o_train[-len(newline) :] != newline:
+        kinds.append("trailing_newline")
+        t_train = t_train[: -len(newline)]
+    if t_ctx != o_ctx:
+        t_text, o_text = ctx.decode(t_ctx), ctx.decode(o_ctx)
+        defaults = _with_default_system(o_text)
+        if t_text in defaults:
+            kinds.append("default_system_prompt")
+            t_ctx = o_ctx
+        elif _canon(t_text) in [_canon(x) for x in (o_text, *defaults)]:
+            kinds.append("tool_arguments_reserialized")
+            if _canon(t_text) != _canon(o_text):
+                kinds.append("default_system_prompt")
+            t_ctx = o_ctx
+    if t_train != o_train and _canon(ctx.decode(t_train)) == _canon(ctx.decode(o_train)):
+        kinds.append("tool_arguments_reserialized")
+        t_train = o_train
     if t_train != o_train:
         return kinds, "trained tokens differ: " + _where(ctx, t_train, o_train)
     if t_ctx != o_ctx:
@@ -414,7 +442,23 @@ def _classify(
     t_tail, o_tail = _after(t_ids, t_mask), _after(o_ids, o_mask)
     if t_tail != o_tail and not ("trailing_newline" in kinds and t_tail == o_tail[len(newline) :]):
         return kinds, "tokens after the turn differ: " + _where(ctx, t_tail, o_tail)
-    return kinds, ""
+    return sorted(set(kinds)), ""
+
+
+_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)
+
+
+def _canon(text: str) -> str:
+    # The text with every tool call's JSON written as a template's tojson writes an object
+    # (SpecForge parses the arguments string and the template serializes it again).
+    def one(m: re.Match[str]) -> str:
+        try:
+            body = json.dumps(json.loads(m.group(1)), ensure_ascii=False)
+        except ValueError:
+            return m.group(0)
+        return f"<tool_call>\n{body}\n</tool_call>"
+
+    return _CALL.sub(one, text)
 
 
 def _after(ids: list[int], mask: list[int]) -> list[int]:
@@ -532,6 +576,7 @@ def test_specforge_conversation_rows(tier: dict[str, Any]) -> None:
     assert tier["export"]["specforge"].get("export.rows_without_system_message") == len(no_system)
     off = [c for c, _ in finished if _thinking_off(c)]
     assert counts["thinking_off_think_block"] == len(off)
+    assert counts["tool_arguments_reserialized"] > 0  # the generated set has such arguments
 
 
 def _whole(tier: dict[str, Any], name: str) -> tuple[Counter[str], list[str]]:
@@ -572,7 +617,8 @@ def test_old_sharegpt_rows_train_rewritten_history(tier: dict[str, Any]) -> None
     counts, _ = _whole(tier, "sharegpt")
     assert counts["history_rewritten"] == 3  # multi, multi_system, multi_served
     assert counts["undocumented"] == 0
-    assert counts["same_text"] == len(tier["records"]) - 4  # three multi-turn, one cut
+    scripted = [c for c in tier["records"] if c.source.startswith("scripted-")]
+    assert counts["same_text"] == len(scripted) - 4  # three multi-turn, one cut
 
 
 def test_eagle_rows_are_what_eagles_scripts_read(tier: dict[str, Any]) -> None:
