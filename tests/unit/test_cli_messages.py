@@ -66,7 +66,7 @@ def test_merge_mix_not_summing_to_one_is_one_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = b.write_jsonl(tmp_path / "a.jsonl", b.specforge_rows())
-    args = ["merge", "--existing", str(data)]
+    args = ["merge", "--existing", str(data), "--allow-drop"]  # a few rows: the plan keeps little
     _ok([*args, "--out", str(tmp_path / "m"), "--mix", "code=0.5,math=0.45"])
     err = capsys.readouterr().err
     warnings = [x for x in err.splitlines() if x.startswith("warning:")]

@@ -7,6 +7,7 @@ summary tables (``merge/report.py``).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import typer
 
@@ -80,7 +81,34 @@ def register(app: typer.Typer) -> None:
             0.005,
             "--tolerance",
             help="How far (a fraction: 0.005 = half a point) a domain's share may sit from its "
-            "target so that more rows are kept. 0 = the exact mix.",
+            "target so that more data is kept. 0 = the exact mix.",
+        ),
+        mix_by: str = typer.Option(
+            "tokens",
+            "--mix-by",
+            help="What the --mix shares count: tokens (the loss tokens a drafter trains on: "
+            "the assistant's text) or rows.",
+        ),
+        min_keep: float = typer.Option(
+            0.5,
+            "--min-keep",
+            help="Stop (exit 1, nothing written) when the plan keeps less than this fraction "
+            "of what the mix could use, printing the plan and the ways out.",
+        ),
+        allow_drop: bool = typer.Option(
+            False, "--allow-drop", help="Write the plan even when it keeps less than --min-keep."
+        ),
+        plan_only: bool = typer.Option(
+            False,
+            "--plan-only",
+            help="Print the plan (per domain: have, keep, drop, share); write nothing.",
+        ),
+        tokenizer: str | None = typer.Option(
+            None,
+            "--tokenizer",
+            metavar="DIR",
+            help="The target's tokenizer folder: count chat rows' loss tokens with it (default: "
+            "estimated from the text; tokenized inputs are exact).",
         ),
         dedup_ids: bool = typer.Option(
             True,
@@ -107,14 +135,15 @@ def register(app: typer.Typer) -> None:
         ),
         quiet: bool = QUIET,
     ) -> None:
-        """Combine datasets, dedup them (ids and content), sample to a target domain mix,
-        shuffle with a seed, split train/eval and write HF-loadable parquet shards.
+        """Combine datasets, dedup them (ids and content), sample to a target domain mix (in
+        loss tokens by default, keeping as much data as the mix allows), shuffle with a seed,
+        split train/eval and write HF-loadable parquet shards. The plan is printed first.
 
         Example: draftdata merge --existing old/ --add tokenized/ --mix code=0.5,math=0.5 --out ds/
         """
         from draftdata import tables
         from draftdata.merge.config import MergeConfig, mix_warning, parse_mix
-        from draftdata.merge.report import print_summary
+        from draftdata.merge.report import print_plan, print_summary
         from draftdata.merge.stage import merge
 
         config = MergeConfig(
@@ -133,11 +162,23 @@ def register(app: typer.Typer) -> None:
             shard_rows=shard_rows,
             tmp_dir=tmp_dir,
             protect=list(protect),
+            mix_by=mix_by,
+            min_keep=min_keep,
+            allow_drop=allow_drop,
+            plan_only=plan_only,
+            tokenizer=tokenizer,
         )
         if (warning := mix_warning(config.mix)) is not None:
             typer.echo(warning, err=True)
-        summary = merge(config, progress=None if quiet else _Progress())
         console = tables.console()
+
+        def show_plan(plan: dict[str, Any]) -> None:
+            print_plan(plan, console)
+
+        summary = merge(config, progress=None if quiet else _Progress(), on_plan=show_plan)
+        if plan_only:
+            console.print("--plan-only: nothing written")
+            return
         print_summary(summary.report, console)
         rows = summary.train_rows + summary.eval_rows
         console.print(
