@@ -54,8 +54,17 @@ def register(app: typer.Typer) -> None:
         quiet: bool = QUIET,
     ) -> None:
         """Export a run's completions for training (streams shard by shard)."""
+        from draftdata import paths
         from draftdata.export.stage import export_run
 
+        paths.input_folder(run, "export", "give a run (generate's --out)")
+        paths.output_file(out, "--out", replace=False)
+        if tokenizer is not None:
+            from draftdata.tokenizer_folder import check_tokenizer_folder
+
+            check_tokenizer_folder(tokenizer)
+        if chat_template is not None:
+            paths.input_file(chat_template, "--chat-template")
         stats = export_run(
             run,
             fmt,

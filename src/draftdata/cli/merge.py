@@ -112,11 +112,17 @@ def register(app: typer.Typer) -> None:
 
         Example: draftdata merge --existing old/ --add tokenized/ --mix code=0.5,math=0.5 --out ds/
         """
-        from draftdata import tables
+        from draftdata import paths, tables
         from draftdata.merge.config import MergeConfig, mix_warning, parse_mix
         from draftdata.merge.report import print_summary
         from draftdata.merge.stage import merge
 
+        for flag, urls in (("--existing", existing), ("--add", add)):
+            for url in urls:
+                paths.input_path(url, flag)
+        paths.output_folder(out, "--out")
+        if tmp_dir is not None:
+            paths.output_folder(tmp_dir, "--tmp-dir")
         config = MergeConfig(
             existing=list(existing),
             add=list(add),

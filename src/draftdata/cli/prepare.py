@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
 
         Example: draftdata prepare examples/quickstart.yaml --out prepare-out
         """
-        from draftdata import tables
+        from draftdata import paths, tables
         from draftdata.config import load_config
         from draftdata.errors import ConfigError
         from draftdata.prepare.config import PrepareConfig, mix_warnings, resolve_paths
@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
 
         console = tables.console()
         if write_samples is not None:
+            paths.output_folder(write_samples, "--write-samples")
             from draftdata.prepare.samples import write_sample_sources
 
             written = write_sample_sources(write_samples)
@@ -99,8 +100,11 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(
                 "prepare: give a config file, e.g. draftdata prepare examples/quickstart.yaml"
             )
+        paths.input_file(config, "prepare")
         cfg = load_config(config, PrepareConfig, out=out, seed=seed, budget=budget)
         cfg = resolve_paths(cfg, config.resolve().parent)
+        if not plan_only:
+            paths.output_folder(cfg.out, "--out" if out is not None else f"{config}: out")
         for warning in mix_warnings(cfg):
             typer.echo(warning, err=True)
         result = prepare(

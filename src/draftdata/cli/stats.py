@@ -26,9 +26,12 @@ def register(app: typer.Typer) -> None:
         finish reasons and failures (for runs). Format is auto-detected."""
         import json
 
+        from draftdata import paths
         from draftdata.stats import compute_stats
         from draftdata.stats.render import print_stats
 
+        for url in dataset:
+            paths.input_path(url, "stats")
         results = [compute_stats(url) for url in dataset]
         if as_json:
             typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))

@@ -80,8 +80,16 @@ def register(app: typer.Typer) -> None:
         Server token ids, when present, are the sample. Templates that rewrite history (Qwen3)
         give one sample per turn (id#turn).
         """
+        from draftdata import paths
         from draftdata.tokenize.config import TokenizeConfig
+        from draftdata.tokenizer_folder import check_tokenizer_folder
 
+        paths.input_path(run, "tokenize", "give a run (generate's --out) or a conversations file")
+        check_tokenizer_folder(tokenizer)
+        if chat_template is not None:
+            paths.input_file(chat_template, "--chat-template")
+        if out is not None:
+            paths.output_folder(out, "--out")
         config = TokenizeConfig(
             run=run,
             tokenizer=tokenizer,

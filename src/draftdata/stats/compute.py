@@ -29,6 +29,7 @@ from draftdata.stats.readers import (
     iter_sample_summaries,
     open_dataset,
     read_json_object,
+    refuse_unreadable,
 )
 from draftdata.stats.runmetrics import headline
 from draftdata.stats.sketch import Sketch
@@ -275,7 +276,8 @@ def compute_stats(url: str) -> DatasetStats:
     """Stream the dataset at ``url`` once and return its statistics (``draftdata.stats/1``).
 
     Works on runs, prompts, tokenized samples and conversations (kind auto-detected, local or
-    ``s3://``). Malformed rows are counted under ``rejected`` with their location, never fatal.
+    ``s3://``). Malformed rows are counted under ``rejected`` with their location, never fatal,
+    unless no row at all could be read (``readers.refuse_unreadable``: not a dataset).
     """
     ds = open_dataset(url)
     b = StatsBuilder(ds)
@@ -286,6 +288,7 @@ def compute_stats(url: str) -> DatasetStats:
     else:
         _stats_chat(b)
     total = b.all.rows
+    refuse_unreadable(url, total, b.rejects.count, next(iter(b.rejects.examples), ""))
     reasoning_known = ds.kind != "tokenized"
     lengths = {k: s.summary() for k, s in sorted(b.all.lengths.items()) if s.count}
     out = DatasetStats(
