@@ -16,8 +16,10 @@ if TYPE_CHECKING:
 def summary_lines(summary: TokenizeSummary) -> list[str]:
     """The plain-text lines of the final summary."""
     c = summary.count
+    chat = summary.settings.get("input") in ("conversations", "prompts")
+    unit = "rows" if chat else "completions"
     lines = [
-        f"tokenize: {c('samples')} samples from {c('completions')} completions "
+        f"tokenize: {c('samples')} samples from {c('completions')} {unit} "
         f"({c('path.token_ids')} with server token ids, {c('path.rendered')} rendered) "
         f"in {summary.wall_s:.1f} s -> {summary.out}",
         f"verified {c('verified')} (non-canonical tokenization of the same text "
