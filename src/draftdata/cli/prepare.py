@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -120,14 +121,40 @@ def register(app: typer.Typer) -> None:
             )
         secs = result.stats.elapsed
         rate = rep["totals"]["read"] / max(secs, 1e-9)
+        left_out, warning = _losses(rep, result.rejects)
         if plan_only:
             console.print(
-                f"plan only: nothing written ({rep['totals']['read']:,} rows read in {secs:.1f}s)"
+                f"plan only: nothing written ({rep['totals']['read']:,} rows read in {secs:.1f}s"
+                f"; {left_out})"
             )
-            return
-        console.print(
-            f"{rep['totals']['taken']:,} prompts in {len(result.shards)} shard(s) "
-            f"under {result.out}/ "
-            f"({rep['totals']['read']:,} rows in {secs:.1f}s, {rate:,.0f} rows/s); "
-            f"rejects: {result.rejects}; report: {result.report_md}"
-        )
+        else:
+            console.print(
+                f"{rep['totals']['taken']:,} prompts in {len(result.shards)} shard(s) "
+                f"under {result.out}/ "
+                f"({rep['totals']['read']:,} rows in {secs:.1f}s, {rate:,.0f} rows/s); "
+                f"{left_out}; rejects: {result.rejects}; report: {result.report_md}"
+            )
+        if warning is not None:
+            typer.echo(warning, err=True)
+
+
+def _losses(report: dict[str, Any], rejects: Path | None) -> tuple[str, str | None]:
+    """What the summary line says was left out of the rows read (rejected, duplicates, not
+    taken by the budget and mix), and a warning when the rejects pass 5%."""
+    from collections import Counter
+
+    from draftdata.metrics import loss_warning, reasons, share
+
+    t = report["totals"]
+    read, rejected, duplicates = t["read"], t["rejected"], t["duplicates"]
+    not_taken = max(0, t["usable"] - t["taken"])
+    line = (
+        f"of {read:,} rows read: rejected {rejected:,} ({share(rejected, read)}), duplicates "
+        f"{duplicates:,} ({share(duplicates, read)}), not taken {not_taken:,} (budget and mix)"
+    )
+    why: Counter[str] = Counter()
+    for s in report["sources"]:
+        why.update(s["rejected"])
+    where = f"{rejects} lists each with its reason" if rejects else "--plan-only writes none"
+    detail = reasons(dict(why.most_common()))
+    return line, loss_warning(rejected, read, "rows rejected", detail, where)
