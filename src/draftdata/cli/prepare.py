@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
             )
         secs = result.stats.elapsed
         rate = rep["totals"]["read"] / max(secs, 1e-9)
-        left_out, warning = _losses(rep, result.rejects)
+        left_out, loss_note = _losses(rep, result.rejects)
         if plan_only:
             console.print(
                 f"plan only: nothing written ({rep['totals']['read']:,} rows read in {secs:.1f}s"
@@ -134,8 +134,8 @@ def register(app: typer.Typer) -> None:
                 f"({rep['totals']['read']:,} rows in {secs:.1f}s, {rate:,.0f} rows/s); "
                 f"{left_out}; rejects: {result.rejects}; report: {result.report_md}"
             )
-        if warning is not None:
-            typer.echo(warning, err=True)
+        if loss_note is not None:
+            typer.echo(loss_note, err=True)
 
 
 def _losses(report: dict[str, Any], rejects: Path | None) -> tuple[str, str | None]:

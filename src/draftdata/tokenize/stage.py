@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError, StoreError
 from draftdata.formats import COMPLETION_FORMAT, check_format
-from draftdata.stats.readers import DATA_EXT, TOKENIZE_CONFIG, open_dataset
+from draftdata.stats.readers import DATA_EXT, TOKENIZE_CONFIG, Kind, open_dataset
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
@@ -107,7 +107,7 @@ def _input_batches(
         return
     if kind not in conversations.CHAT_KINDS:
         raise ConfigError(f"tokenize: input kind {kind!r}; expected run, conversations or prompts")
-    chat_kind = "prompts" if kind == "prompts" else "conversations"
+    chat_kind: Kind = "prompts" if kind == "prompts" else "conversations"
     for views, extra in conversations.iter_view_batches(store, key, chat_kind, rows):
         samples, c = tokenize_views(views, ctx)
         c.counts.update(extra)
