@@ -66,7 +66,10 @@ def _missing(path: str | os.PathLike[str], flag: str, hint: str) -> ConfigError:
     blocker = _blocker(p)
     why = f" ({blocker} is not a folder)" if blocker is not None else ""
     head = f"{flag}: " if flag else ""
-    return ConfigError(f"{head}{path} does not exist{why}" + (f"; {hint}" if hint else ""))
+    return ConfigError(
+        f"{head}{path} does not exist (no such file or directory){why}"
+        + (f"; {hint}" if hint else "")
+    )
 
 
 def input_file(path: str | os.PathLike[str], flag: str = "", hint: str = "") -> None:
