@@ -141,11 +141,17 @@ def register(app: typer.Typer) -> None:
 
         Example: draftdata merge --existing old/ --add tokenized/ --mix code=0.5,math=0.5 --out ds/
         """
-        from draftdata import tables
+        from draftdata import paths, tables
         from draftdata.merge.config import MergeConfig, mix_warning, parse_mix
         from draftdata.merge.report import print_plan, print_summary
         from draftdata.merge.stage import merge
 
+        for flag, urls in (("--existing", existing), ("--add", add)):
+            for url in urls:
+                paths.input_path(url, flag)
+        paths.output_folder(out, "--out")
+        if tmp_dir is not None:
+            paths.output_folder(tmp_dir, "--tmp-dir")
         config = MergeConfig(
             existing=list(existing),
             add=list(add),
@@ -181,9 +187,31 @@ def register(app: typer.Typer) -> None:
             return
         print_summary(summary.report, console)
         rows = summary.train_rows + summary.eval_rows
+        left_out, warning = _losses(summary.report)
         console.print(
             f"{summary.train_rows:,} train + {summary.eval_rows:,} eval rows in "
             f"{len(summary.files)} file(s) under {summary.out}/ "
             f"({summary.elapsed_s:.1f}s, {rows / max(summary.elapsed_s, 1e-9):,.0f} rows/s); "
-            "report: merge_report.json"
+            f"{left_out}; report: merge_report.json"
         )
+        if warning is not None:
+            typer.echo(warning, err=True)
+
+
+def _losses(report: dict[str, Any]) -> tuple[str, str | None]:
+    """What the summary line says merge left out of the rows read, by reason, and a warning
+    when the rows it could not read pass 5% (duplicates and the mix's sampling are the plan,
+    shown above, never warned about)."""
+    from draftdata.metrics import loss_warning, reasons, share
+
+    inputs = report.get("inputs", [])
+    read = sum(int(i.get("rows", 0)) + int(i.get("bad_rows", 0)) for i in inputs)
+    dropped = {k: int(v) for k, v in report.get("dropped", {}).items()}
+    total = sum(dropped.values())
+    line = f"of {read:,} rows read: dropped {total:,} ({share(total, read)}"
+    line += f": {reasons(dropped)})" if total else ")"
+    bad = dropped.get("bad_row", 0)
+    examples = report.get("bad_row_examples") or []
+    detail = f"e.g. {examples[0]}" if examples else ""
+    advice = "merge_report.json lists the first ones; `draftdata stats INPUT` counts them"
+    return line, loss_warning(bad, read, "rows could not be read", detail, advice)

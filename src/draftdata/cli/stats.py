@@ -34,9 +34,12 @@ def register(app: typer.Typer) -> None:
         auto-detected."""
         import json
 
+        from draftdata import paths
         from draftdata.stats import compute_stats
         from draftdata.stats.render import print_stats
 
+        for url in dataset:
+            paths.input_path(url, "stats")
         if tokenizer is not None:
             from draftdata.tokenizer_folder import check_tokenizer_folder
 

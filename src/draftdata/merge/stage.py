@@ -75,7 +75,7 @@ from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket
 from draftdata.merge.tokenplan import MAX_NODES
 from draftdata.metrics import StageStats
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
-from draftdata.stats.readers import MERGE_REPORT, iter_domain_labels
+from draftdata.stats.readers import MERGE_REPORT, iter_domain_labels, refuse_unreadable
 from draftdata.store.protect import check_not_protected
 from draftdata.store.store import Store, open_store
 
@@ -655,6 +655,10 @@ def merge(
     with stats.timed("scan"), Workers(_workers(config, family, infos), tokenizer) as workers:
         for info in infos:
             scan(info, family, keys, on_bad, progress, workers)
+            # nothing readable: not a dataset (a config, a log), refused before going on
+            where = tuple(info.dataset.where(k) for k in info.dataset.keys)
+            example = next((e for e in bad_examples if e.startswith(where)), "") if where else ""
+            refuse_unreadable(info.path, info.rows, info.bad, example)
     _check_held(target, infos)
     with stats.timed("plan"):
         plan, alloc, facts = _plan_output(config, keys, infos, stats)
@@ -677,6 +681,8 @@ def merge(
     assert store is not None
     schema = SAMPLE_SCHEMA if family == "samples" else CONVERSATION_SCHEMA
     shards: dict[str, list[str]] = {}
+    if config.tmp_dir is not None:
+        Path(config.tmp_dir).mkdir(parents=True, exist_ok=True)  # --tmp-dir may be new
     with tempfile.TemporaryDirectory(prefix="draftdata-merge-", dir=config.tmp_dir) as tmp:
         buckets = Buckets(Path(tmp), bucket_schema(schema), plan.nbuckets)
         with stats.timed("route"):

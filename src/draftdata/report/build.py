@@ -199,7 +199,10 @@ def _tokens_section(data: ReportData) -> page.Section:
         unit = "characters (no token counts in the inputs)"
     series = _ordered({k: {d: float(x) for d, x in v.items()} for k, v in series.items()})
     plot = plots.grouped_bars("tokens-per-domain", "Tokens per domain", series, unit)
-    return page.Section("Tokens per domain", [plot] if plot else [], "no token counts")
+    domains = list(next(iter(series.values()), {}))
+    rows = [[d, *(int(v.get(d, 0)) for v in series.values())] for d in domains]
+    tables = [page.table(["domain", *series], rows)] if rows else []
+    return page.Section("Tokens per domain", [plot] if plot else [], "no token counts", tables)
 
 
 def _doms(s: DatasetStats) -> list[tuple[str, dict[str, Any]]]:

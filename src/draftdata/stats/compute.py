@@ -37,6 +37,7 @@ from draftdata.stats.readers import (
     iter_sample_summaries,
     open_dataset,
     read_json_object,
+    refuse_unreadable,
 )
 from draftdata.stats.runmetrics import headline
 from draftdata.stats.sketch import Sketch
@@ -339,7 +340,8 @@ def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
     """Stream the dataset at ``url`` once and return its statistics (``draftdata.stats/1``).
 
     Works on runs, prompts, tokenized samples and conversations (kind auto-detected, local or
-    ``s3://``). Malformed rows are counted under ``rejected`` with their location, never fatal.
+    ``s3://``). Malformed rows are counted under ``rejected`` with their location, never fatal,
+    unless no row at all could be read (``readers.refuse_unreadable``: not a dataset).
     ``tokenizer`` (a folder) counts chat rows' tokens with the target's tokenizer instead of the
     estimate; tokenized samples are exact either way.
     """
@@ -355,6 +357,7 @@ def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
     else:
         _stats_chat(b)
     total = b.all.rows
+    refuse_unreadable(url, total, b.rejects.count, next(iter(b.rejects.examples), ""))
     reasoning_known = ds.kind != "tokenized"
     lengths = {k: s.summary() for k, s in sorted(b.all.lengths.items()) if s.count}
     out = DatasetStats(

@@ -557,3 +557,17 @@ def read_json_object(store: Store, key: str) -> dict[str, Any] | None:
     except (ValueError, DraftdataError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def refuse_unreadable(url: str, rows: int, rejected: int, example: str = "") -> None:
+    """InputError (one line) for a dataset of which nothing could be read: no row, every row
+    rejected (a config file, a log, a JSON of another kind given where a dataset goes).
+    ``stats``, ``report``, ``merge`` and ``tokenize`` refuse such an input alike."""
+    if rows or not rejected:
+        return
+    what = "a YAML file, not a dataset; " if url.rstrip("/").endswith((".yaml", ".yml")) else ""
+    raise InputError(
+        f"{url}: {what}no readable rows ({rejected:,} rejected"
+        + (f", e.g. {example}" if example else "")
+        + "); give a run, prompts, tokenized parquet or conversations (JSONL, JSON or parquet)"
+    )
