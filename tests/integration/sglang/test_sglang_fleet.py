@@ -224,6 +224,7 @@ def test_capacity_from_the_kv_pool_not_the_scheduling_cap(
     info = _get(_endpoint(fleet)["url"] + "/server_info")
     state = info["internal_states"][0]
     line = engine_checks.capacity_line(thinking_on.log)
+    print("sglang capacity:", line)
     assert line["kv"] == state["max_total_tokens"] == KV_TOKENS
     assert line["cap"] == state["effective_max_running_requests_per_dp"]
     assert line["capacity"] == min(line["cap"], KV_TOKENS // line["held"]) < 100
