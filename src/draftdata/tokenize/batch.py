@@ -29,8 +29,9 @@ How a batch is tokenized:
    template renders inside a think block the target never wrote; every answer cut while
    thinking, and models whose template opens ``<think>`` itself) is checked by decoding
    instead: each turn's served prompt ids decode to the template's rendering of its context and
-   its output ids to the stored reasoning and content (think markers, end tokens and whitespace
-   aside). It is ``verified.decoded`` and kept (the served ids are what the target produced;
+   its output ids, split as the engines' qwen3 parser splits, to the stored reasoning and
+   content (special tokens, whitespace and undecodable bytes aside). It is
+   ``verified.decoded`` and kept (the served ids are what the target produced;
    ``reasoning.unclosed`` counts the answers without ``</think>``). Anything else is
    ``mismatched`` (the first few are described as decoded text around the first differing
    token) and the sample is dropped (``dropped.unverified_ids``): served ids that do not decode
@@ -384,21 +385,28 @@ THINK_MARKERS = ("<think>", "</think>")
 
 
 def _squash(text: str) -> str:
-    # think markers, whitespace and U+FFFD aside: where the parser split the text is not what
-    # is checked (a marker may even stand inside the reasoning), and a server's incremental
-    # detokenizer shows a byte token that is not valid UTF-8 (a random or a cut answer)
-    # differently from a whole decode, or not at all
-    for marker in (*THINK_MARKERS, "\ufffd"):
-        text = text.replace(marker, "")
-    return "".join(text.split())
+    # whitespace and U+FFFD aside: the parsers strip newlines around the reasoning, and a
+    # server's incremental detokenizer shows a byte token that is not valid UTF-8 (a random or
+    # a cut answer) differently from a whole decode, or not at all
+    return "".join(text.replace("\ufffd", "").split())
+
+
+def parser_split(text: str) -> tuple[str | None, str]:
+    """``text`` split as the engines' qwen3 reasoning parser splits an answer: one leading
+    ``<think>`` dropped, then (reasoning, content) at the first ``</think>``; (None, text)
+    without it (the parser then puts it all in one field: the reasoning with thinking on)."""
+    body = text.lstrip()
+    body = body[len(THINK_MARKERS[0]) :] if body.startswith(THINK_MARKERS[0]) else text
+    head, sep, tail = body.partition(THINK_MARKERS[1])
+    return (head, tail) if sep else (None, body)
 
 
 def output_spells(ctx: TokenizeContext, out: IdArray, turn: TurnText) -> bool:
-    """Whether served output ids decode to what the turn stored: its reasoning, then its content
-    (then its tool calls' names), think markers, special tokens, whitespace and undecodable
-    bytes aside. Text after
-    the content is allowed only where a stop string ended the turn (servers leave its text out
-    and keep its token)."""
+    """Whether served output ids decode to what the turn stored: split as the qwen3 parser
+    splits (``parser_split``), the same reasoning, then the content (then its tool calls'
+    names); special tokens, whitespace and undecodable bytes aside. Text after the content is
+    allowed only where a stop string ended the turn (servers leave its text out and keep its
+    token)."""
     ends = ctx.end_ids | ({ctx.eot_id} if ctx.eot_id is not None else set())
     n = len(out)
     while n and int(out[n - 1]) in ends:
@@ -406,11 +414,18 @@ def output_spells(ctx: TokenizeContext, out: IdArray, turn: TurnText) -> bool:
     # as the server's detokenizer shows text: special tokens left out (a random model may
     # write <|im_start|> mid-answer; the stored text does not have it)
     text = str(ctx.backend.decode([int(i) for i in out[:n]], skip_special_tokens=True))
-    body = _squash(text)
     reasoning, content = _squash(turn.reasoning or ""), _squash(turn.content or "")
-    if not body.startswith(reasoning + content):
-        return False
-    rest = body[len(reasoning) + len(content) :]
+    head, tail = parser_split(text)
+    if head is None:  # no </think>: all of it in the one field the parser chose
+        body = _squash(tail)
+        if not body.startswith(reasoning + content):
+            return False
+        rest = body[len(reasoning) + len(content) :]
+    else:
+        body = _squash(tail)
+        if _squash(head) != reasoning or not body.startswith(content):
+            return False
+        rest = body[len(content) :]
     if turn.tool_calls:
         names = [str((c.get("function") or c).get("name", "")) for c in turn.tool_calls]
         return all(_squash(name) in rest for name in names)
