@@ -29,9 +29,9 @@ How a batch is tokenized:
    template renders inside a think block the target never wrote; every answer cut while
    thinking, and models whose template opens ``<think>`` itself) is checked by decoding
    instead: each turn's served prompt ids decode to the template's rendering of its context and
-   its output ids, split as the engines' qwen3 parser splits, to the stored reasoning and
-   content (special tokens, whitespace and undecodable bytes aside). It is
-   ``verified.decoded`` and kept (the served ids are what the target produced;
+   its output ids to the stored reasoning and content (think markers, special tokens,
+   whitespace and undecodable bytes aside: engines differ on a marker inside an unclosed
+   answer). It is ``verified.decoded`` and kept (the served ids are what the target produced;
    ``reasoning.unclosed`` counts the answers without ``</think>``). Anything else is
    ``mismatched`` (the first few are described as decoded text around the first differing
    token) and the sample is dropped (``dropped.unverified_ids``): served ids that do not decode
@@ -385,47 +385,44 @@ THINK_MARKERS = ("<think>", "</think>")
 
 
 def _squash(text: str) -> str:
-    # whitespace and U+FFFD aside: the parsers strip newlines around the reasoning, and a
-    # server's incremental detokenizer shows a byte token that is not valid UTF-8 (a random or
-    # a cut answer) differently from a whole decode, or not at all
-    return "".join(text.replace("\ufffd", "").split())
+    # think markers, whitespace and U+FFFD aside: engines treat a marker inside an unclosed
+    # answer differently (vLLM's qwen3 parser drops every <think> of the reasoning, SGLang's
+    # keeps them), parsers strip newlines around the reasoning, and a server's incremental
+    # detokenizer shows a byte token that is not valid UTF-8 (a random or a cut answer)
+    # differently from a whole decode, or not at all
+    for marker in (*THINK_MARKERS, "\ufffd"):
+        text = text.replace(marker, "")
+    return "".join(text.split())
 
 
-def parser_split(text: str) -> tuple[str | None, str]:
-    """``text`` split as the engines' qwen3 reasoning parser splits an answer: one leading
-    ``<think>`` dropped, then (reasoning, content) at the first ``</think>``; (None, text)
-    without it (the parser then puts it all in one field: the reasoning with thinking on)."""
-    body = text.lstrip()
-    body = body[len(THINK_MARKERS[0]) :] if body.startswith(THINK_MARKERS[0]) else text
-    head, sep, tail = body.partition(THINK_MARKERS[1])
-    return (head, tail) if sep else (None, body)
-
-
-def output_spells(ctx: TokenizeContext, out: IdArray, turn: TurnText) -> bool:
-    """Whether served output ids decode to what the turn stored: split as the qwen3 parser
-    splits (``parser_split``), the same reasoning, then the content (then its tool calls'
-    names); special tokens, whitespace and undecodable bytes aside. Text after the content is
-    allowed only where a stop string ended the turn (servers leave its text out and keep its
-    token)."""
+def _served_text(ctx: TokenizeContext, out: IdArray) -> str:
+    """Output ids as the server's detokenizer shows them: end tokens and special tokens left
+    out (a random model may write <|im_start|> mid-answer; the stored text does not have it)."""
     ends = ctx.end_ids | ({ctx.eot_id} if ctx.eot_id is not None else set())
     n = len(out)
     while n and int(out[n - 1]) in ends:
         n -= 1
-    # as the server's detokenizer shows text: special tokens left out (a random model may
-    # write <|im_start|> mid-answer; the stored text does not have it)
-    text = str(ctx.backend.decode([int(i) for i in out[:n]], skip_special_tokens=True))
+    return str(ctx.backend.decode([int(i) for i in out[:n]], skip_special_tokens=True))
+
+
+def unrenderable_split(text: str) -> bool:
+    """Whether an answer's think block is one the template cannot render back: no
+    ``</think>`` (cut while thinking, never closed: all reasoning for the parser), or no
+    leading ``<think>`` (the template's generation prompt opened it). A well-formed
+    ``<think>...</think>`` answer renders back, and is checked against the rendering only."""
+    return THINK_MARKERS[1] not in text or not text.lstrip().startswith(THINK_MARKERS[0])
+
+
+def output_spells(ctx: TokenizeContext, out: IdArray, turn: TurnText) -> bool:
+    """Whether served output ids decode to what the turn stored: its reasoning, then its content
+    (then its tool calls' names), think markers, special tokens, whitespace and undecodable
+    bytes aside. Text after the content is allowed only where a stop string ended the turn
+    (servers leave its text out and keep its token)."""
+    body = _squash(_served_text(ctx, out))
     reasoning, content = _squash(turn.reasoning or ""), _squash(turn.content or "")
-    head, tail = parser_split(text)
-    if head is None:  # no </think>: all of it in the one field the parser chose
-        body = _squash(tail)
-        if not body.startswith(reasoning + content):
-            return False
-        rest = body[len(reasoning) + len(content) :]
-    else:
-        body = _squash(tail)
-        if _squash(head) != reasoning or not body.startswith(content):
-            return False
-        rest = body[len(content) :]
+    if not body.startswith(reasoning + content):
+        return False
+    rest = body[len(reasoning) + len(content) :]
     if turn.tool_calls:
         names = [str((c.get("function") or c).get("name", "")) for c in turn.tool_calls]
         return all(_squash(name) in rest for name in names)
@@ -433,9 +430,10 @@ def output_spells(ctx: TokenizeContext, out: IdArray, turn: TurnText) -> bool:
 
 
 def decodes_as_stored(ctx: TokenizeContext, view: CompletionView, turns: tuple[int, ...]) -> bool:
-    """Whether the served ids of ``turns`` are the stored conversation in our tokenizer: each
-    turn's prompt ids decode to the template's rendering of the context it was sent, and its
-    output ids spell its stored text (``output_spells``)."""
+    """Whether the served ids of ``turns`` are the stored conversation in our tokenizer, each
+    turn an answer whose think block the template cannot render back (``unrenderable_split``):
+    its prompt ids decode to the template's rendering of the context it was sent, and its output
+    ids spell its stored text (``output_spells``)."""
     pairs = view.token_ids
     ctxs = contexts(view, ctx.keep_reasoning_history)
     if pairs is None or not ctxs or not turns:
@@ -449,7 +447,10 @@ def decodes_as_stored(ctx: TokenizeContext, view: CompletionView, turns: tuple[i
             )
         except InputError:
             return False
-        if ctx.decode(pairs[k][0]) != prompt or not output_spells(ctx, pairs[k][1], view.turns[k]):
+        out = pairs[k][1]
+        if not unrenderable_split(_served_text(ctx, out)):
+            return False  # a well-formed think block: the rendering decides
+        if ctx.decode(pairs[k][0]) != prompt or not output_spells(ctx, out, view.turns[k]):
             return False
     return True
 
