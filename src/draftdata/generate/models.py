@@ -4,7 +4,10 @@
 models at ``/v1/models`` (``--allow-mixed-models`` lets it go on; each completion then records
 the model of the endpoint that wrote it). ``check_resume_model`` turns a resumed run whose
 manifest recorded another model into one line that says what the difference means and which
-option accepts it (the generic settings diff of ``Run.open`` does not).
+option accepts it (the generic settings diff of ``Run.open`` does not); a run that holds no
+completion yet takes the model the endpoints serve now (nothing was written by the other).
+``recorded_model`` is what a resumed run recorded, for a start when no endpoint names its
+model (the run goes on as what it is, rather than as ``default``).
 
 It does not probe endpoints (``fleet/probe.py`` does) nor write anything.
 """
@@ -16,6 +19,7 @@ from typing import Any
 
 from draftdata.errors import ConfigError, DraftdataError, RunMismatchError
 from draftdata.store.manifest import MANIFEST_KEY, load_manifest
+from draftdata.store.read import COMPLETIONS_PREFIX
 from draftdata.store.store import open_store
 
 
@@ -39,21 +43,39 @@ def check_fleet_models(urls: Sequence[str], models: Sequence[str | None], allow:
     )
 
 
-def check_resume_model(out: str, model: str, allow_config_change: bool) -> None:
-    """RunMismatchError (one line) when the run at ``out`` recorded another model than
-    ``model`` and ``allow_config_change`` is False; nothing for a new run."""
-    if allow_config_change:
-        return
+def _recorded(out: str) -> tuple[str | None, bool]:
+    """The model the run at ``out`` recorded (None: no run, or none recorded) and whether the
+    run holds a completion."""
     try:
         store = open_store(out)
         if not store.exists(MANIFEST_KEY):
-            return
+            return None, False
         settings: dict[str, Any] = load_manifest(store).get("effective_settings") or {}
+        written = bool(store.list(COMPLETIONS_PREFIX))
     except DraftdataError:
-        return  # Run.open reports problems with the prefix itself
-    before = settings.get("model")
-    if not isinstance(before, str) or before == model:
+        return None, False  # Run.open reports problems with the prefix itself
+    model = settings.get("model")
+    return (model if isinstance(model, str) else None), written
+
+
+def recorded_model(out: str) -> str | None:
+    """The model the run at ``out`` recorded, if it is a run that holds completions."""
+    model, written = _recorded(out)
+    return model if written and model != "default" else None
+
+
+def check_resume_model(out: str, model: str, allow_config_change: bool) -> None:
+    """RunMismatchError (one line) when the run at ``out`` recorded another model than
+    ``model`` in its completions and ``allow_config_change`` is False; nothing for a new run or
+    one without a completion."""
+    if allow_config_change:
         return
+    before, written = _recorded(out)
+    if not written:
+        return  # nothing was answered by the model it recorded: the run takes the new one
+    if before is None or before == model:
+        return
+    store = open_store(out)
     same_name = (
         " ('default' is what a server without a served model name reports, or what a run "
         "records when /v1/models did not answer)"
