@@ -20,7 +20,7 @@ from typing import Any
 from draftdata.errors import ConfigError, DraftdataError, RunMismatchError
 from draftdata.store.manifest import MANIFEST_KEY, load_manifest
 from draftdata.store.read import COMPLETIONS_PREFIX
-from draftdata.store.store import open_store
+from draftdata.store.store import Store, open_store
 
 
 def _shown(urls: list[str]) -> str:
@@ -43,39 +43,44 @@ def check_fleet_models(urls: Sequence[str], models: Sequence[str | None], allow:
     )
 
 
-def _recorded(out: str) -> tuple[str | None, bool]:
-    """The model the run at ``out`` recorded (None: no run, or none recorded) and whether the
-    run holds a completion."""
+def _recorded(out: str) -> tuple[str | None, Store | None]:
+    """The model the run at ``out`` recorded (None: no run, or none recorded) and its store."""
     try:
         store = open_store(out)
         if not store.exists(MANIFEST_KEY):
-            return None, False
+            return None, None
         settings: dict[str, Any] = load_manifest(store).get("effective_settings") or {}
-        written = bool(store.list(COMPLETIONS_PREFIX))
     except DraftdataError:
-        return None, False  # Run.open reports problems with the prefix itself
+        return None, None  # Run.open reports problems with the prefix itself
     model = settings.get("model")
-    return (model if isinstance(model, str) else None), written
+    return (model if isinstance(model, str) else None), store
+
+
+def _has_completions(store: Store) -> bool:
+    try:
+        return bool(store.list(COMPLETIONS_PREFIX))
+    except DraftdataError:
+        return True  # unknown: keep the check
 
 
 def recorded_model(out: str) -> str | None:
     """The model the run at ``out`` recorded, if it is a run that holds completions."""
-    model, written = _recorded(out)
-    return model if written and model != "default" else None
+    model, store = _recorded(out)
+    if model is None or model == "default" or store is None:
+        return None
+    return model if _has_completions(store) else None
 
 
 def check_resume_model(out: str, model: str, allow_config_change: bool) -> None:
     """RunMismatchError (one line) when the run at ``out`` recorded another model than
     ``model`` in its completions and ``allow_config_change`` is False; nothing for a new run or
-    one without a completion."""
+    one without a completion (nothing was answered by the model it recorded: the run takes the
+    new one)."""
     if allow_config_change:
         return
-    before, written = _recorded(out)
-    if not written:
-        return  # nothing was answered by the model it recorded: the run takes the new one
-    if before is None or before == model:
+    before, store = _recorded(out)
+    if before is None or store is None or before == model or not _has_completions(store):
         return
-    store = open_store(out)
     same_name = (
         " ('default' is what a server without a served model name reports, or what a run "
         "records when /v1/models did not answer)"
