@@ -219,7 +219,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--api-key-env",
                 metavar="VAR",
-                help="Environment variable holding the API key (never logged).",
+                help="Environment variable holding the API key (never logged or stored).",
                 rich_help_panel=PANEL_RUN,
             ),
         ] = None,
@@ -331,7 +331,8 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option(
                 "--read-timeout",
-                help="Seconds to wait for an answer (default 3600).",
+                help="Seconds to wait for a whole answer: a deadline per request, not per chunk "
+                "(default 3600).",
                 rich_help_panel=PANEL_ROBUST,
             ),
         ] = None,

@@ -144,8 +144,9 @@ class OutputLimit:
             return max(MIN_LIMIT, room)
         if self.explicit <= room:
             return self.explicit
-        self.clamped = True
-        return min(self.explicit, max(MIN_LIMIT, room))
+        lowered = min(self.explicit, max(MIN_LIMIT, room))
+        self.clamped = lowered < self.explicit
+        return lowered
 
     def answered(self, messages: list[Message], turn: Turn) -> None:
         """The server answered ``messages`` with ``turn``: learn the endpoint's tokens per byte
