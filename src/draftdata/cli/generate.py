@@ -425,7 +425,23 @@ def register(app: typer.Typer) -> None:
             partition, partitions, only_partitions, ray=ray
         )
         flags["partition"] = single
+        from draftdata import paths
+
+        if config is not None:
+            paths.input_file(config, "--config")
         cfg = _build_config(config, flags)
+        if cfg.prompts:
+            paths.input_path(cfg.prompts, "--prompts", "give a prompts JSONL or prepare's --out")
+        if cfg.fleet:
+            hint = (
+                "start a fleet with `draftdata fleet up` (it writes fleet.yaml) or give "
+                "--endpoint URLs"
+            )
+            paths.input_file(cfg.fleet, "--fleet", hint)
+        if cfg.out:
+            paths.output_folder(cfg.out, "--out")
+        if json_out is not None:
+            paths.output_file(json_out, "--summary-json")
         if ray:
             code = ray_opts.generate_on_ray(
                 cfg,
