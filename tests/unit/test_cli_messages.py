@@ -256,7 +256,8 @@ def test_help_in_a_pipe_cuts_nothing() -> None:
 
 def test_fleet_up_without_the_engine_is_one_line_before_launching(tmp_path: Path) -> None:
     """No server is started (no fleet.yaml, no logs) and the line says what to install or
-    which interpreter to point at; the old way was a FAILED and a "stopped" line per server."""
+    which interpreter to point at; the old way was a FAILED and a "stopped" line per server.
+    (A --python that does not exist is caught with the other path options.)"""
     import importlib.util
 
     for engine in ("sglang", "vllm"):
@@ -264,7 +265,7 @@ def test_fleet_up_without_the_engine_is_one_line_before_launching(tmp_path: Path
             pytest.skip(f"{engine} is installed in this interpreter")
     cases = [
         (["--engine", "sglang", "--gpus", "0-7"], "sglang is not installed for"),
-        (["--engine", "vllm", "--gpus", "0-3", "--python", str(tmp_path / "nopy")], "no interp"),
+        (["--engine", "vllm", "--gpus", "0-3", "--python", str(tmp_path / "nopy")], "not exist"),
         (
             ["--engine", "command", "--gpus", "0", "--command", "no-such-server {port}"],
             "not an exec",
@@ -281,6 +282,6 @@ def test_fleet_up_without_the_engine_is_one_line_before_launching(tmp_path: Path
         )
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 1 and len(lines) == 1, res.stderr + res.stdout
-        assert says in lines[0] and "nothing was started" in lines[0], lines[0]
+        assert says in lines[0], lines[0]
         assert "FAILED" not in res.stdout and "stopped" not in res.stdout
         assert not (tmp_path / "fleet.yaml").exists() and not (tmp_path / "fleet-logs").exists()
