@@ -292,6 +292,9 @@ def test_the_live_set_and_a_run_merge_as_tokenized_samples(
             str(tmp_path / "TOKENIZED_RUN"),
             "--mix",
             "code=0.5,math=0.5",
+            "--mix-by",
+            "rows",
+            "--allow-drop",
             "--out",
             str(tmp_path / "merged"),
         ]
