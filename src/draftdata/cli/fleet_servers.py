@@ -14,7 +14,6 @@ import typer
 from draftdata.cli.quiet import QUIET, quietable
 from draftdata.errors import ConfigError
 
-
 # what to do when the fleet file is missing (the same line for status and down)
 NO_FLEET_HINT = (
     "no fleet is written there; start one with `draftdata fleet up` or `draftdata fleet sim "
