@@ -102,12 +102,17 @@ def register(app: typer.Typer) -> None:
             "--allow-partial",
             help="Keep the servers that started when some failed (default: stop them all).",
         ),
+        dry_run: bool = typer.Option(
+            False,
+            "--dry-run",
+            help="Print each server's command line and added environment; start nothing.",
+        ),
         quiet: bool = QUIET,
     ) -> None:
         """Start one inference server per GPU, wait until each serves, write fleet.yaml."""
         from draftdata import paths
         from draftdata.fleet.launch import LaunchConfig, parse_env, parse_gpus
-        from draftdata.fleet.manage import fleet_up
+        from draftdata.fleet.manage import fleet_up, plan_servers
 
         paths.output_file(out, "--out")
         paths.output_folder(log_dir, "--log-dir")
@@ -131,6 +136,11 @@ def register(app: typer.Typer) -> None:
             python=python,
             log_dir=str(log_dir),
         )
+        if dry_run:
+            for plan in plan_servers(cfg):
+                added = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env)
+                typer.echo(f"server {plan.index} {plan.url}: {added} {shlex.join(plan.argv)}")
+            return
         fleet_up(
             cfg,
             out,

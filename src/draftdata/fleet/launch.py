@@ -51,6 +51,53 @@ SGLANG_PRESET: tuple[str, ...] = (
     "--mem-fraction-static",
     "0.85",
 )
+# SGLang renamed the mamba flag: 0.5.23 knows only ``--mamba-radix-cache-strategy`` and refuses
+# the seed's ``--mamba-scheduler-strategy`` ("unrecognized arguments"); releases between kept the
+# old name as an alias. The preset names it as the installed SGLang does (``sglang_preset``).
+SGLANG_MAMBA_RENAMED = (0, 5, 23)
+SGLANG_MAMBA_FLAGS = ("--mamba-scheduler-strategy", "--mamba-radix-cache-strategy")
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``0.5.23.post1`` -> ``(0, 5, 23)``: the leading numeric parts."""
+    out: list[int] = []
+    for part in version.split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+        if digits != part:
+            break
+    return tuple(out)
+
+
+def sglang_preset(version: str | None) -> tuple[str, ...]:
+    """``SGLANG_PRESET`` with the mamba flag named as SGLang ``version`` knows it (unknown: the
+    current name)."""
+    if version is not None and version_tuple(version) < SGLANG_MAMBA_RENAMED:
+        return SGLANG_PRESET
+    old, new = SGLANG_MAMBA_FLAGS
+    return tuple(new if a == old else a for a in SGLANG_PRESET)
+
+
+def installed_version(python: str, package: str, timeout: float = 60.0) -> str | None:
+    """The version of ``package`` installed for ``python`` (package metadata only: no import
+    of the engine); None when it cannot tell."""
+    code = f"from importlib.metadata import version; print(version({package!r}))"
+    try:
+        res = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = res.stdout.strip()
+    return out if res.returncode == 0 and out else None
+
+
 VLLM_PRESET: tuple[str, ...] = (
     "--reasoning-parser",
     "qwen3",
@@ -100,6 +147,7 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     preset_args: bool = True
     python: str | None = None
     log_dir: str = "fleet-logs"
+    engine_version: str | None = None  # the installed engine's (fleet_up finds SGLang's)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -278,7 +326,7 @@ def base_argv(cfg: LaunchConfig, port: int, gpu: str, index: int) -> list[str]:
         argv += ["--host", cfg.host, "--port", str(port)]
         if cfg.dp > 1:
             argv += ["--dp-size", str(cfg.dp)]
-        preset: Sequence[str] = SGLANG_PRESET
+        preset: Sequence[str] = sglang_preset(cfg.engine_version)
     elif cfg.engine == "vllm":
         argv = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.model]
         argv += ["--host", cfg.host, "--port", str(port)]

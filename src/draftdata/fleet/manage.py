@@ -33,6 +33,8 @@ from draftdata.fleet.launch import (
     Started,
     check_engine,
     detect_gpus,
+    engine_python,
+    installed_version,
     plan_fleet,
     port_in_use,
     start_server,
@@ -124,6 +126,16 @@ def _stop_all(started: Sequence[Started], echo: Echo, grace_s: float = 15.0) -> 
         echo(f"server {s.plan.index} {s.plan.url} pid {s.pid}: {what}")
 
 
+def plan_servers(cfg: LaunchConfig) -> list[ServerPlan]:
+    """The fleet's servers as ``fleet up`` would start them: the GPUs (detected when not
+    given), and SGLang's preset named as the installed SGLang knows its flags."""
+    gpus = cfg.gpus if cfg.gpus is not None else ("0",) if cfg.engine == "sim" else detect_gpus()
+    if cfg.engine == "sglang" and cfg.preset_args and cfg.engine_version is None:
+        version = installed_version(engine_python(cfg), "sglang")
+        cfg = msgspec.structs.replace(cfg, engine_version=version)
+    return plan_fleet(cfg, gpus)
+
+
 def fleet_up(
     cfg: LaunchConfig,
     out: Path,
@@ -144,8 +156,7 @@ def fleet_up(
     if restart_delay_s <= 0:
         raise ConfigError(f"--restart-delay {restart_delay_s}: must be > 0 seconds")
     backoff = Backoff(first_s=restart_delay_s, max_s=max(300.0, restart_delay_s))
-    gpus = cfg.gpus if cfg.gpus is not None else ("0",) if cfg.engine == "sim" else detect_gpus()
-    plans = plan_fleet(cfg, gpus)
+    plans = plan_servers(cfg)
     _check_out(out)
     check_engine(cfg, plans)
     taken = [p for p in plans if port_in_use(p.host, p.port)]

@@ -284,13 +284,14 @@ class Engine:
                 *(load_of(self.session, e, self._probe_timeout) for e in ups)
             )
             for e, load in zip(ups, loads, strict=True):
-                if load is None or e.adapt(load) is None:
-                    continue
+                if load is not None:
+                    e.adapt(load)
+                # the limit also moves when answers teach the fitted capacity (endpoint.py)
                 if abs(e.limit - shown[e]) >= max(2, shown[e] // 10):
-                    self.log(
-                        f"endpoint {e.url}: concurrency {shown[e]} -> {e.limit} "
-                        f"(server running {load.running}, waiting {load.waiting})"
-                    )
+                    why = f"capacity {e.fitted() or '?'}"
+                    if load is not None:
+                        why += f", server running {load.running}, waiting {load.waiting}"
+                    self.log(f"endpoint {e.url}: concurrency {shown[e]} -> {e.limit} ({why})")
                     shown[e] = e.limit
             self.dispatcher.wake.set()
 
@@ -444,7 +445,7 @@ class Engine:
                     url=e.url,
                     state=e.state,
                     engine=e.capacity.engine if e.capacity else None,
-                    capacity=e.capacity.max_running if e.capacity else None,
+                    capacity=e.fitted(),
                     concurrency=e.limit,
                     requests=e.requests,
                     completed=e.completed,

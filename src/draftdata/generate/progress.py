@@ -168,7 +168,7 @@ class Progress:
                 e.name,
                 Text(e.state, style=style),
                 f"{e.inflight}/{e.limit}",
-                str(e.capacity.max_running or "?") if e.capacity else "?",
+                str(e.fitted() or "?"),
                 waiting,
                 f"{e.tokens_per_s(self.window):,.0f}",
                 f"{e.completed:,}",

@@ -46,7 +46,7 @@ from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.endpoint import Endpoint, queue_target
 from draftdata.generate.engine import Engine, Log, probe_session, run_engine, stderr_log
-from draftdata.generate.limits import FALLBACK_MAX_TOKENS
+from draftdata.generate.limits import FALLBACK_MAX_TOKENS, INITIAL_TOKENS_PER_BYTE
 from draftdata.generate.models import check_fleet_models, check_resume_model, recorded_model
 from draftdata.generate.partition import parse_partition
 from draftdata.generate.rejects import Rejects, check_schema
@@ -282,7 +282,10 @@ async def _generate(
         restore: list[Callable[[], None]] = []
         try:  # from here on the lease is released whatever happens
             await warm
-            endpoints = _endpoints(config, urls, caps, fleet_caps, key, log, contexts, redact)
+            prompt_guess = found.bytes / max(1, found.prompts) * INITIAL_TOKENS_PER_BYTE
+            endpoints = _endpoints(
+                config, urls, caps, fleet_caps, key, log, contexts, redact, prompt_guess
+            )
             n = config.n
 
             def settled(ids: list[str]) -> list[int]:
@@ -461,7 +464,14 @@ def _endpoints(
     log: Log,
     contexts: list[int | None],
     redact: Callable[[str], str] = str,
+    prompt_guess: float = 0.0,
 ) -> list[Endpoint]:
+    """One Endpoint per URL, its capacity and starting concurrency set from the probe.
+
+    ``prompt_guess`` (tokens of an average prompt line, from the files' size) and half the
+    output limit are the tokens a sequence is expected to hold until answers tell
+    (``Endpoint.held_prior``).
+    """
     out = []
     for i, (url, cap, fleet_max) in enumerate(zip(urls, caps, fleet_caps, strict=True)):
         # the keep-alive pool is sized to the most requests the endpoint may get at once
@@ -488,6 +498,9 @@ def _endpoints(
             breaker_failures=config.breaker_failures,
             redact=redact,
         )
+        context = (cap.context_length if cap is not None else None) or contexts[i]
+        output_limit = config.max_tokens or context
+        ep.held_prior = prompt_guess + (output_limit or FALLBACK_MAX_TOKENS) / 2
         ep.set_capacity(cap, fleet_max, contexts[i])
         if cap is None:
             ep.state = "down"
@@ -496,6 +509,12 @@ def _endpoints(
         else:
             ep.state = "up"
             reported = cap.max_running if cap.max_running else "not reported"
+            if ep.kv_tokens:
+                fitted = ep.fitted()
+                reported = (
+                    f"{fitted} (KV cache {ep.kv_tokens} tokens / ~{ep.held_tokens():.0f} "
+                    f"a request, running cap {ep.running_cap or 'none'})"
+                )
             how = "auto" if ep.auto else "fixed"
             if config.max_tokens is not None:
                 output = f"output limit {config.max_tokens}"
