@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import aiohttp
@@ -113,6 +114,9 @@ class Endpoint:
         self._clock = clock
         self._since = clock()
         self.token_log: deque[tuple[float, int]] = deque()  # (time, output tokens) window
+        # called with (answered at, latency s, output tokens) for every answered request: the
+        # pilot measures the saturated decode rate with it (pilot.py); None: nobody listens
+        self.on_answer: Callable[[float, float, int], None] | None = None
 
     # -- slots --------------------------------------------------------------------------------
 
@@ -157,7 +161,10 @@ class Endpoint:
             self._refusal_wait = REFUSAL_RETRY_S
         self.output_tokens += output_tokens
         self.prompt_tokens += prompt_tokens
-        self.token_log.append((self._clock(), output_tokens))
+        now = self._clock()
+        self.token_log.append((now, output_tokens))
+        if self.on_answer is not None:
+            self.on_answer(now, latency, output_tokens)
         if latency > 0:
             rate = output_tokens / max(1, seqs) / latency
             a = _EWMA

@@ -20,7 +20,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 import msgspec
@@ -111,6 +111,7 @@ def generate(
     live: bool | None = None,
     handle_signals: bool = True,
     on_engine: Callable[[Engine], None] | None = None,
+    only: Collection[str] | None = None,
 ) -> GenerateSummary:
     """Run the generate stage for ``config`` and return its summary.
 
@@ -118,7 +119,9 @@ def generate(
     ``log`` receives start-up, endpoint and plain progress lines (default: stderr); ``live``
     forces the rich display on or off (default: from ``config.progress`` and whether stdout
     is a terminal); ``on_engine`` is called with the Engine on its event loop before it starts
-    (to interrupt it from another thread: ``loop.call_soon_threadsafe(engine.interrupt)``).
+    (to interrupt it from another thread: ``loop.call_soon_threadsafe(engine.interrupt)``);
+    ``only`` limits the command to those prompt ids within the scope (a pilot's sample,
+    ``pilot.py``; not a setting of the run: the same command without it answers the rest).
     Raises a DraftdataError subclass for anything the user can fix.
     """
     changes = {k: v for k, v in (("partition", partition), ("writer_id", writer_id)) if v}
@@ -150,6 +153,7 @@ def generate(
             live=live,
             signals=handle_signals,
             on_engine=on_engine,
+            only=only,
         )
     )
 
@@ -166,6 +170,7 @@ async def _generate(
     live: bool,
     signals: bool,
     on_engine: Callable[[Engine], None] | None,
+    only: Collection[str] | None = None,
 ) -> GenerateSummary:
     timeout = min(10.0, config.connect_timeout)
     async with _warming() as warm, probe_session(key) as session:
@@ -237,6 +242,7 @@ async def _generate(
                 on_invalid=log,
                 on_reject=rejects.add,
                 settled=settled,
+                only=only,
             )
             if run.resumed_done or run.resumed_fatal:
                 log(
@@ -259,7 +265,7 @@ async def _generate(
                 reader,
                 model=model,
                 session=session,
-                total=found.in_scope * config.n,
+                total=(found.in_scope if only is None else len(only)) * config.n,
                 log=log,
                 live=live,
                 on_engine=started,
