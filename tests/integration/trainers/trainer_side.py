@@ -1,4 +1,4 @@
-"""The trainers' side of the trainer tier; runs in the trainers' environment (scripts/env_path.sh trainers).
+"""The trainers' side of the trainer tier; runs in the trainers' environment (env_path.sh).
 
     python trainer_side.py JOB.json OUT.json
 

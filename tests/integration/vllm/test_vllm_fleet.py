@@ -1,17 +1,16 @@
 """The real-engine tier: `fleet up --engine vllm` on CPU with a tiny random Qwen3, then use it.
 
-The vLLM environment (cached outside the clone, see ``scripts/env_path.sh``, or ``$DRAFTDATA_VLLM_VENV``) is built once by
-``scripts/vllm_env.sh`` (``make vllm-env``; ``make test`` runs it best-effort) and cached by a
-stamp file. The tests skip, printing why, only when that environment cannot be built. The
-model (hidden 64, 2 layers, head_dim 32, random weights) and the tokenizer (draftdata's demo BPE
-with our Qwen3-style chat template) are built at run time in a temporary folder; nothing is
-downloaded. One server is started for the whole module (~30-50 s) and taken down at the end.
-"""
+The vLLM environment (cached outside the clone, see ``scripts/env_path.sh``, or
+``$DRAFTDATA_VLLM_VENV``) is built once by ``scripts/vllm_env.sh`` (``make vllm-env``; ``make
+test`` runs it in the background). The tests skip, printing why, only when that environment
+cannot be built. The model (hidden 64, 2 layers, head_dim 32, random weights) and the tokenizer
+(draftdata's demo BPE with our Qwen3-style chat template) are built at run time in a temporary
+folder; nothing is downloaded. One server is started for the whole module (~30-50 s) and taken
+down at the end."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
