@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,8 +84,13 @@ class Saturation:
 
     MIN_LIFETIMES = 1.0  # full for at least this many mean request lifetimes to be measured
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.clock = clock
+        self.sleep = sleep  # the sampling pause (a test drives the clock with it)
         self.watches: dict[str, EndpointWatch] = {}
         self.started = clock()  # the command's start (before probing and the scan)
         self.engine_start: float | None = None
@@ -126,7 +131,7 @@ class Saturation:
                         w.full.append((open_at.pop(ep.url), now))
                 if d.stopping or (d.fed_all and not d.pending):
                     return
-                await asyncio.sleep(SAMPLE_INTERVAL_S)
+                await self.sleep(SAMPLE_INTERVAL_S)
         finally:
             now = self.clock()
             for url, since in open_at.items():
