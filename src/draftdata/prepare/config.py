@@ -92,9 +92,10 @@ class PrepareConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     fixed ``take`` values when all sources have one). ``mix`` maps domain -> target share of the
     combined (existing + new) set; shares are normalised to sum to 1. They are shares of rows,
     or with ``mix_by: tokens`` of the expected loss tokens (``lengths``: a pilot's forecast).
-    ``prompt_mode`` picks how a conversation becomes a prompt: ``last_assistant`` (everything before the last assistant
-    turn) or ``regenerate`` (system, user and tool turns with the assistant answers dropped; a
-    tool-calling turn stays as its calls alone, so each user turn and tool result is answered).
+    ``prompt_mode`` picks how a conversation becomes a prompt: ``last_assistant`` (everything
+    before the last assistant turn) or ``regenerate`` (system, user and tool turns with the
+    assistant answers dropped; a tool-calling turn stays as its calls alone, so each user turn
+    and tool result is answered).
     """
 
     sources: list[SourceConfig]

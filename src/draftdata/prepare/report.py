@@ -5,8 +5,8 @@ The JSON holds, per source, rows read, rejected by reason, duplicates by kind, u
 target; with expected lengths (``lengths.py``) also each domain's expected tokens (per new row,
 existing, new, shares before and after), what the mix counts (``mix_by``) and where the lengths
 came from (``lengths``). It carries ``format: draftdata.prepare_report/1`` and no timestamps
-or timings, so the same inputs and seed give the same bytes. ``plan_table`` renders the plan for ``--plan-only``
-and the CLI summary. This module only formats; it computes nothing.
+or timings, so the same inputs and seed give the same bytes. ``plan_rows`` renders the plan for
+``--plan-only`` and the CLI summary. This module only formats; it computes nothing.
 """
 
 from __future__ import annotations
