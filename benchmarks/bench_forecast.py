@@ -14,15 +14,20 @@ differ, shuffled, each tagged with its domain by that classifier (as ``prepare``
 2. The same command without ``--pilot``: the rest of the run, timed.
 
 It prints the forecast (with its 90% interval) against what the rest of the run did: output
-tokens and wall time (target: both within 10%), the per-domain mean lengths and the token mix,
-and the pilot's own cost. Time is scaled (``--time-scale``) so that the ideal fleet would finish
-the job in ``--seconds``; the default (the job at ~200 requests/s) keeps the simulator and the
-engine below what the 2-core box can serve (~400 requests/s when the servers answer at once), so
-the run measures the modelled fleet, not the machine: a run starved of CPU is slower than any
-forecast from a pilot that was not. The load average is printed.
+tokens and wall time (target: both within 10%), the per-endpoint saturated rates against what
+each endpoint did over the rest, the per-domain mean lengths and the token mix, and the pilot's
+own cost. Time is scaled (``--time-scale``) so that the ideal fleet would finish the job in
+``--seconds``. The default (the job at ~150 requests/s, ~17 min ideal for 150K prompts) keeps the
+simulator and the engine well below what the 2-core box serves (~400 requests/s with servers
+that answer at once): the run must measure the modelled fleet, not the machine. A box loaded by
+other work makes the rest of the run slower than the modelled fleet (its engine and simulator
+answer late), which no pilot taken at another moment can foresee, so the load average before and
+after is printed. 150K requests cannot pass through HTTP on two shared cores in a few minutes;
+``--prompts`` runs a smaller job (with a 1% pilot the fleet's 512 slots need about 100K prompts
+to keep every server full for a request life).
 
-    python benchmarks/bench_forecast.py                      # 150K prompts, ~12 min
-    python benchmarks/bench_forecast.py --prompts 40000 --seconds 200     # ~4 min, 400-prompt pilot
+    python benchmarks/bench_forecast.py                       # 150K prompts, ~20 min
+    python benchmarks/bench_forecast.py --prompts 40000 --pilot 1500     # ~5 min
 """
 
 from __future__ import annotations
@@ -181,12 +186,12 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=150_000, help="the job's prompts")
     ap.add_argument("--pilot", default="0.01", help="--pilot F or N (default 0.01)")
     ap.add_argument(
-        "--seconds", type=float, default=None, help="ideal fleet time (default: prompts/200)"
+        "--seconds", type=float, default=None, help="ideal fleet time (default: prompts/150)"
     )
     ap.add_argument("--seed", type=int, default=0, help="the prompts' and the simulator's seed")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
-    seconds = args.seconds if args.seconds is not None else args.prompts / 200
+    seconds = args.seconds if args.seconds is not None else args.prompts / 150
     spec = parse_pilot(args.pilot)
     with tempfile.TemporaryDirectory(prefix="bench-forecast-") as tmp:
         work = Path(tmp)

@@ -9,9 +9,10 @@ the pilot's. Per domain it gives the prompts in scope, the mean and p90 output t
 completion, the share cut at the limit, the run's output tokens (what is committed plus the
 rest) and their share of the whole: the token mix the run will produce.
 
-Time: the rest's output tokens over the fleet's saturated rate, plus the drain at the end and
-the command's start-up, both measured by the pilot; GPU-hours are that wall time times the
-fleet's GPUs (``gpu`` of each endpoint in fleet.yaml, else one per endpoint).
+Time: the rest's output tokens over the fleet's saturated rate, plus the drain at the end
+(about one request life) and the command's start-up and closing, all from the pilot
+(``saturation.py``); GPU-hours are that wall time times the fleet's GPUs (``gpu`` of each
+endpoint in fleet.yaml, else one per endpoint).
 
 Uncertainty: a 90% interval from a stratified bootstrap of the pilot's pairs (each stratum
 resampled with replacement, ``BOOTSTRAP`` times, seeded), for the tokens and, at the measured

@@ -104,8 +104,9 @@ def run_pilot(
     gpus = fleet_gpus(config)
     watch = Saturation()
     summary = generate(
-        # every server full while work is queued, the slow ones too: their rate is measured
-        msgspec.structs.replace(config, tail_plan=False),
+        # every server full while work is queued, the slow ones too, and every request answered
+        # where it started: the rates are measured from whole requests (saturation.py)
+        msgspec.structs.replace(config, tail_plan=False, hedge=False),
         log=log,
         live=live,
         handle_signals=handle_signals,

@@ -7,13 +7,23 @@ endpoint (``Endpoint.on_answer``: start, end, output tokens) and samples every 0
 endpoint is full: up, with work still queued, and its slots taken. An endpoint's saturated rate
 is the output tokens it produced while full (each request's tokens spread evenly over its life,
 so the requests that straddle the edges count for their share) over the time it was full; the
-fleet's is the sum. An endpoint full for less than one mean request lifetime is not measured
-(counted at the measured ones' mean rate, and said).
+fleet's is the sum. The measurement starts once the sample is read (a pilot reads the whole
+prompt file to find its prompts, a cost the whole run does not pay per prompt it sends). An
+endpoint full for less than one mean request life is measured but said to be rough; one never
+full is counted at the measured ones' mean rate, and said.
 
-Two more figures for the whole run's clock: the drain (from the moment nothing was left to
-dispatch to the last answer, less what the produced tokens would take at the full rate: the
-end of a run decodes at a partial batch) and the command's fixed overhead (probes, the prompt
-scan and opening the run before the engine starts, the commit and the figures after it).
+The pilot runs without hedging and without the expected-finish placement (``run_pilot``): every
+server, the slow ones too, runs full while work is queued, and every request it starts is
+answered by it (a hedged original cancelled by its copy would take the tokens it produced with
+it), so the rate is measured from whole requests.
+
+Two more figures for the whole run's clock. The drain: when nothing is left to send, the run's
+last requests finish at a falling batch; with the length ordering, the placement by expected
+finish and hedging, the whole run's end takes about one request life beyond what its tokens
+take at the full rate, so the drain is the measured endpoints' mean request life (weighted by
+their rates). (The pilot's own tail, without placement and hedging, is longer and is only
+recorded, as ``pilot_tail_s``.) And the command's fixed overhead: probes, the prompt scan and
+opening the run before the engine starts, the commit and the figures after it.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ class Throughput:
     overhead_s: float
     engine_s: float
     problems: list[str]
+    pilot_tail_s: float = 0.0  # the pilot's own: from nothing queued to its last answer
     source: str = "measured"  # or where an earlier measurement was taken from
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,6 +70,7 @@ class Throughput:
             "drain_s": round(self.drain_s, 3),
             "overhead_s": round(self.overhead_s, 3),
             "pilot_engine_s": round(self.engine_s, 3),
+            "pilot_tail_s": round(self.pilot_tail_s, 3),
             "endpoints": self.endpoints,
         }
 
@@ -117,7 +129,9 @@ class Saturation:
         try:
             while True:
                 now = self.clock()
-                queued = d.queued > 0 or not d.fed_all
+                # measured once the sample is read: a pilot reads the whole prompt file to find
+                # its prompts, a cost the whole run does not pay per prompt it sends
+                queued = d.fed_all and d.queued > 0
                 if self.queue_empty is None and d.fed_all and not d.queued and not d.waiting:
                     self.queue_empty = now
                 for ep in engine.endpoints:
@@ -147,8 +161,8 @@ class Saturation:
         engine_end = self.engine_end if self.engine_end is not None else end
         problems: list[str] = []
         rows: list[dict[str, Any]] = []
-        rates: list[float] = []
-        partial = 0  # answered, but not full long enough to be measured
+        rates: list[float] = []  # of the endpoints measured: full at some point
+        unmeasured = 0  # answered, but never full
         for w in self.watches.values():
             full_s = sum(b - a for a, b in w.full)
             lives = [e - s for s, e, _ in w.answers if e > s]
@@ -158,7 +172,7 @@ class Saturation:
             )
             lifetimes = full_s / mean_life if mean_life > 0 else 0.0
             conc = sum(w.concurrency) / len(w.concurrency) if w.concurrency else None
-            ok = rate is not None and lifetimes >= self.MIN_LIFETIMES
+            ok = rate is not None and bool(w.answers)
             rows.append(
                 {
                     "url": w.url,
@@ -166,45 +180,50 @@ class Saturation:
                     "output_tokens_per_s": _r(rate),
                     "saturated_s": round(full_s, 3),
                     "request_lifetimes": round(lifetimes, 2),
+                    "mean_life_s": round(mean_life, 3),
                     "mean_concurrency": _r(conc, 1),
                     "per_sequence_tokens_per_s": _r(rate / conc if rate and conc else None),
                     "answers": len(w.answers),
                     "measured": ok,
                 }
             )
-            if ok and rate is not None:
-                rates.append(rate)
-            elif not w.answers:
+            if not w.answers:
                 problems.append(
                     f"endpoint {w.url} answered no pilot request: counted as out of the fleet "
                     "(if it serves the run, the run goes faster)"
                 )
+            elif ok and rate is not None:
+                rates.append(rate)
+                if lifetimes < self.MIN_LIFETIMES:
+                    problems.append(
+                        f"endpoint {w.url} was full for only {full_s:.1f} s ({lifetimes:.1f} "
+                        f"request lives, < {self.MIN_LIFETIMES:g}): its rate is rough"
+                    )
             else:
-                partial += 1
+                unmeasured += 1
                 problems.append(
-                    f"endpoint {w.url} was full for {full_s:.1f} s ({lifetimes:.1f} request "
-                    f"lifetimes, < {self.MIN_LIFETIMES:g}): its saturated rate is not measured; "
-                    "counted at the measured endpoints' mean"
+                    f"endpoint {w.url} was never full while work was queued: its saturated rate "
+                    "is not measured; counted at the measured endpoints' mean"
                 )
-        fleet = sum(rates) / len(rates) * (len(rates) + partial) if rates else None
-        if partial or not rates:
+        fleet = sum(rates) / len(rates) * (len(rates) + unmeasured) if rates else None
+        short = any(r["measured"] and r["request_lifetimes"] < self.MIN_LIFETIMES for r in rows)
+        if short or unmeasured or not rates:
             slots = sum(max(w.concurrency, default=0) for w in self.watches.values())
             if slots:
                 problems.append(
                     f"a pilot keeps the fleet full long enough with a few prompts per slot: "
                     f"--pilot {3 * slots} or more for these {slots} slots"
                 )
-        drain = 0.0
-        if fleet and self.queue_empty is not None:
-            tail = sum(
-                spread_tokens(w.answers, self.queue_empty, engine_end)
-                for w in self.watches.values()
-            )
-            drain = max(0.0, (engine_end - self.queue_empty) - tail / fleet)
+        # the drain: the measured endpoints' mean request life, weighted by their rates
+        lives = [(r["output_tokens_per_s"], r["mean_life_s"]) for r in rows if r["measured"]]
+        weight = sum(w for w, _ in lives)
+        drain = sum(w * life for w, life in lives) / weight if weight else 0.0
+        tail = engine_end - self.queue_empty if self.queue_empty is not None else 0.0
         return Throughput(
             output_tokens_per_s=fleet,
             endpoints=rows,
             drain_s=drain,
+            pilot_tail_s=max(0.0, tail),
             overhead_s=max(0.0, (engine_start - self.started) + (end - engine_end)),
             engine_s=max(0.0, engine_end - engine_start),
             problems=problems,

@@ -232,14 +232,17 @@ def test_saturation_measures_the_rate_while_full_not_the_ramp_or_the_tail() -> N
     assert result.output_tokens_per_s == pytest.approx(rate_a + rate_b, abs=0.01)
     assert result.overhead_s == pytest.approx(1.5 + 1.0, abs=0.01)  # before and after
     assert result.engine_s == pytest.approx(24.5, abs=0.01)
-    # the tail: 6 s from the empty queue to the last answer, less what its tokens take at
-    # the full rate
-    tail = 4 * 15 + 3 * 7.5 + 50 * 6 / 14.5
-    assert result.drain_s == pytest.approx(6.0 - tail / (rate_a + rate_b), abs=0.01)
+    # the drain: the mean request life (A: 5 s; B: (7 x 10 + 14.5) / 8), weighted by rate;
+    # the pilot's own tail: 6 s from the empty queue to the last answer
+    life_b = (7 * 10 + 14.5) / 8
+    assert rows["http://b"]["mean_life_s"] == pytest.approx(life_b, abs=0.001)
+    drain = (rate_a * 5.0 + rate_b * life_b) / (rate_a + rate_b)
+    assert result.drain_s == pytest.approx(drain, abs=0.01)
+    assert result.pilot_tail_s == pytest.approx(6.0)
     assert result.problems == []
 
 
-def test_an_endpoint_never_full_long_is_not_measured_and_said() -> None:
+def test_endpoints_full_briefly_never_full_or_silent_are_said() -> None:
     sat = Saturation(_Clock())
     sat.engine_start, sat.engine_end, sat.queue_empty = 0.0, 10.0, 10.0
     from draftdata.generate.saturation import EndpointWatch
@@ -248,12 +251,17 @@ def test_an_endpoint_never_full_long_is_not_measured_and_said() -> None:
                          concurrency=[4])  # fmt: skip
     brief = EndpointWatch("http://b", answers=[(0.0, 8.0, 40)] * 4, full=[(0.0, 1.0)],
                           concurrency=[4])  # fmt: skip
-    silent = EndpointWatch("http://c")
-    sat.watches = {w.url: w for w in (good, brief, silent)}
+    never = EndpointWatch("http://c", answers=[(0.0, 2.0, 20)] * 3)
+    silent = EndpointWatch("http://d")
+    sat.watches = {w.url: w for w in (good, brief, never, silent)}
     result = sat.result(finished=10.0)
-    # a measured (8 tokens/s per request, 8 answers -> 160 tokens over 8 s = 20 tok/s); b at
-    # the measured mean; c out of the fleet
-    assert result.output_tokens_per_s == pytest.approx(2 * 20.0)
+    # a: 160 tokens over 8 s = 20 tok/s; b: its own rate over its one second (4 x 40 x 1/8
+    # = 20 tok/s), rough; c: at the measured mean; d: out of the fleet
+    rows = {r["url"]: r for r in result.endpoints}
+    assert rows["http://b"]["output_tokens_per_s"] == pytest.approx(20.0)
+    assert rows["http://b"]["measured"] and not rows["http://c"]["measured"]
+    assert result.output_tokens_per_s == pytest.approx(3 * 20.0)
     text = " ".join(result.problems)
-    assert "http://b was full for 1.0 s" in text and "http://c answered no pilot request" in text
+    assert "http://b was full for only 1.0 s" in text and "its rate is rough" in text
+    assert "http://c was never full" in text and "http://d answered no pilot request" in text
     assert "--pilot" in text  # how big a pilot would do
