@@ -215,9 +215,13 @@ class Saturation:
                     f"--pilot {3 * slots} or more for these {slots} slots"
                 )
         # the drain: the measured endpoints' mean request life, weighted by their rates
-        lives = [(r["output_tokens_per_s"], r["mean_life_s"]) for r in rows if r["measured"]]
-        weight = sum(w for w, _ in lives)
-        drain = sum(w * life for w, life in lives) / weight if weight else 0.0
+        weighted = [
+            (float(r["output_tokens_per_s"]), float(r["mean_life_s"]))
+            for r in rows
+            if r["measured"]
+        ]
+        weight = sum(rate for rate, _ in weighted)
+        drain = sum(rate * life for rate, life in weighted) / weight if weight else 0.0
         tail = engine_end - self.queue_empty if self.queue_empty is not None else 0.0
         return Throughput(
             output_tokens_per_s=fleet,
