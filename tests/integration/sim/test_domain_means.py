@@ -65,7 +65,7 @@ def test_bad_values_are_refused() -> None:
         validate(SimConfig(domain_mean_output_tokens={"kode": 5}))
     with pytest.raises(ConfigError, match="--domain-mean: every mean must be at least 1"):
         validate(SimConfig(domain_mean_output_tokens={"code": 0}))
-    with pytest.raises(ConfigError, match="--output-sigma: -1.0 is not in"):
+    with pytest.raises(ConfigError, match=r"--output-sigma: -1\.0 is not in"):
         validate(SimConfig(output_sigma=-1.0))
     res = CliRunner().invoke(app, ["fleet", "sim", "--domain-mean", "math"])
     assert isinstance(res.exception, ConfigError)
