@@ -130,6 +130,7 @@ def draw_rank(seed: int, pid: str) -> int:
 def allocate(counts: dict[Stratum, int], size: int) -> dict[Stratum, int]:
     """Split ``size`` over the strata in proportion to ``counts``: at least one each while
     ``size`` covers every non-empty stratum, never above a stratum's count."""
+    counts = dict(sorted(counts.items()))  # the same sums whatever order the strata came in
     size = min(size, sum(counts.values()))
     if size <= 0:
         return dict.fromkeys(counts, 0)
@@ -146,7 +147,8 @@ def allocate(counts: dict[Stratum, int], size: int) -> dict[Stratum, int]:
         else:
             hi = mid
     names = {s: f"{s[0]}\x00{s[1]}" for s in counts}  # largest_remainder's keys are strings
-    real = {names[s]: v for s, v in shares(hi).items()}
+    # rounded, so that equal remainders are equal (ties go to the smaller stratum name)
+    real = {names[s]: round(v, 9) for s, v in shares(hi).items()}
     got = largest_remainder(real, size, {names[s]: n for s, n in counts.items()})
     return {s: got[names[s]] for s in counts}
 
