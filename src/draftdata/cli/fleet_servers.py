@@ -14,6 +14,12 @@ import typer
 from draftdata.cli.quiet import QUIET, quietable
 from draftdata.errors import ConfigError
 
+# what to do when the fleet file is missing (the same line for status and down)
+NO_FLEET_HINT = (
+    "no fleet is written there; start one with `draftdata fleet up` or `draftdata fleet sim "
+    "--out fleet.yaml`, or give the fleet.yaml it wrote"
+)
+
 
 def register(app: typer.Typer) -> None:
     """Add `up`, `status` and `down` to the fleet sub-app."""
@@ -149,7 +155,7 @@ def register(app: typer.Typer) -> None:
         from draftdata import paths
         from draftdata.fleet.manage import fleet_status, format_uptime
 
-        paths.input_file(fleet, "fleet status", "give the fleet.yaml that `fleet up` wrote")
+        paths.input_file(fleet, "fleet status", NO_FLEET_HINT)
         rows = fleet_status(fleet)
         typer.echo(
             f"{'#':>2}  {'url':<28} {'process':<9} {'health':<7} {'run':>5} {'wait':>5} "
@@ -178,6 +184,6 @@ def register(app: typer.Typer) -> None:
         from draftdata import paths
         from draftdata.fleet.manage import fleet_down
 
-        paths.input_file(fleet, "fleet down", "give the fleet.yaml that `fleet up` wrote")
+        paths.input_file(fleet, "fleet down", NO_FLEET_HINT)
         for line in fleet_down(fleet, grace_s=grace):
             typer.echo(line)

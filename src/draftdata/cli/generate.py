@@ -127,6 +127,15 @@ def register(app: typer.Typer) -> None:
                 rich_help_panel=PANEL_RUN,
             ),
         ] = None,
+        strict_limit: Annotated[
+            bool,
+            typer.Option(
+                "--strict-limit",
+                help="Send --max-tokens as given: refuse a limit that cannot fit the context "
+                "(default: lower each request's limit to the context minus its prompt).",
+                rich_help_panel=PANEL_RUN,
+            ),
+        ] = False,
         temperature: Annotated[
             float | None,
             typer.Option(
