@@ -281,7 +281,7 @@ class Dispatcher:
         rates = [e.seq_rate for e in self.endpoints if e.accepting and e.seq_rate]
         self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0)
         held: list[Job] = []
-        plan = TailPlan.make(self, now) if self.queued else None
+        plan = TailPlan.make(self, now) if self.queued and self.cfg.tail_plan else None
         # with a plan, a job may be held for a faster server's next slot; look at no more jobs
         # than the fleet has slots (by then every fast slot has one promised)
         examine = sum(e.limit for e in self.endpoints) + 64

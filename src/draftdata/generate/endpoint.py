@@ -133,6 +133,9 @@ class Endpoint:
         self._clock = clock
         self._since = clock()
         self.token_log: deque[tuple[float, int]] = deque()  # (time, output tokens) window
+        # called with (answered at, latency s, output tokens) for every answered request: the
+        # pilot measures the saturated decode rate with it (pilot.py); None: nobody listens
+        self.on_answer: Callable[[float, float, int], None] | None = None
 
     # -- slots --------------------------------------------------------------------------------
 
@@ -177,7 +180,10 @@ class Endpoint:
             self._refusal_wait = REFUSAL_RETRY_S
         self.output_tokens += output_tokens
         self.prompt_tokens += prompt_tokens
-        self.token_log.append((self._clock(), output_tokens))
+        now = self._clock()
+        self.token_log.append((now, output_tokens))
+        if self.on_answer is not None:
+            self.on_answer(now, latency, output_tokens)
         if output_tokens + prompt_tokens > 0:
             # n sequences of one request share its prompt (the server caches it once)
             self._held_n += max(1, seqs)

@@ -33,7 +33,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 import msgspec
@@ -146,6 +146,7 @@ def generate(
     live: bool | None = None,
     handle_signals: bool = True,
     on_engine: Callable[[Engine], None] | None = None,
+    only: Collection[str] | None = None,
 ) -> GenerateSummary:
     """Run the generate stage for ``config`` and return its summary.
 
@@ -153,7 +154,9 @@ def generate(
     ``log`` receives start-up, endpoint and plain progress lines (default: stderr); ``live``
     forces the rich display on or off (default: from ``config.progress`` and whether stdout
     is a terminal); ``on_engine`` is called with the Engine on its event loop before it starts
-    (to interrupt it from another thread: ``loop.call_soon_threadsafe(engine.interrupt)``).
+    (to interrupt it from another thread: ``loop.call_soon_threadsafe(engine.interrupt)``);
+    ``only`` limits the command to those prompt ids within the scope (a pilot's sample,
+    ``pilot.py``; not a setting of the run: the same command without it answers the rest).
     Raises a DraftdataError subclass for anything the user can fix.
     """
     changes = {k: v for k, v in (("partition", partition), ("writer_id", writer_id)) if v}
@@ -193,6 +196,7 @@ def generate(
                 signals=handle_signals,
                 on_engine=on_engine,
                 redact=redact,
+                only=only,
             )
         )
     except DraftdataError as exc:  # the line the command ends with
@@ -219,6 +223,7 @@ async def _generate(
     signals: bool,
     on_engine: Callable[[Engine], None] | None,
     redact: Callable[[str], str] = str,
+    only: Collection[str] | None = None,
 ) -> GenerateSummary:
     timeout = min(10.0, config.connect_timeout)
     shown = [redact_url(u) for u in urls]
@@ -305,6 +310,7 @@ async def _generate(
                 partition=part,
                 on_reject=rejects.add,
                 settled=settled,
+                only=only,
             )
             # a partition's done-set holds the other partitions' records too: it says what it
             # skipped of its own in the summary ("already done before")
@@ -330,7 +336,7 @@ async def _generate(
                 reader,
                 model=model,
                 session=session,
-                total=found.in_scope * config.n,
+                total=(found.in_scope if only is None else len(only)) * config.n,
                 log=log,
                 live=live,
                 on_engine=started,
