@@ -184,8 +184,8 @@ def test_a_run_an_older_draftdata_opened_against_a_wrong_url_takes_the_right_mod
 ) -> None:
     """An older draftdata recorded the run (model 'default', nothing answered) at its first
     start; with no completion in it, the right fleet's model is taken, recorded as a change."""
+    from draftdata.generate.preflight import run_settings
     from draftdata.generate.source import scan
-    from draftdata.generate.stage import run_settings
     from draftdata.store.run import Run
 
     prompts = tmp_path / "p.jsonl"
