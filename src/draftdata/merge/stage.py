@@ -46,7 +46,7 @@ import pyarrow as pa
 
 from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError
-from draftdata.formats import SAMPLE_SCHEMA
+from draftdata.formats import MERGE_REPORT, SAMPLE_SCHEMA
 from draftdata.merge.config import OTHER, MergeConfig, check_config, normalised_mix
 from draftdata.merge.inputs import (
     Family,
@@ -75,13 +75,11 @@ from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket
 from draftdata.merge.tokenplan import MAX_NODES
 from draftdata.metrics import StageStats
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
-from draftdata.stats.readers import MERGE_REPORT, iter_domain_labels, refuse_unreadable
+from draftdata.stats.readers import iter_domain_labels, refuse_unreadable
 from draftdata.store.protect import check_not_protected
 from draftdata.store.store import Store, open_store
 
-REPORT_KEY = MERGE_REPORT
 CARD_KEY = "README.md"
-REPORT_FORMAT = "draftdata.merge-report"
 REPORT_VERSION = 1
 SPLITS = ("train", "eval")
 DROP_REASONS = ("bad_row", "duplicate_id", "duplicate_content", "not_in_mix", "over_target")
@@ -720,7 +718,7 @@ def merge(
             shards[config.format] = jsonl
     report = build_report(config, family, infos, alloc, facts, shards, bad_examples)
     store.put_new(CARD_KEY, dataset_card(report).encode())
-    store.put_new(REPORT_KEY, (json.dumps(report, indent=2) + "\n").encode())
+    store.put_new(MERGE_REPORT.name, (json.dumps(report, indent=2) + "\n").encode())
     return MergeSummary(
         out=store.url,
         report=report,
@@ -731,7 +729,7 @@ def merge(
             *shards["eval"],
             *(key for k, v in shards.items() if k not in SPLITS for key in v),
             CARD_KEY,
-            REPORT_KEY,
+            MERGE_REPORT.name,
         ],
         elapsed_s=stats.elapsed,
         stats=stats,
@@ -758,7 +756,7 @@ def build_report(
     """
     target = normalised_mix(config.mix)
     return {
-        "format": REPORT_FORMAT,
+        "format": MERGE_REPORT.format,
         "version": REPORT_VERSION,
         "target": target,
         "before": facts["before"],

@@ -16,15 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftdata.errors import DraftdataError, InputError
+from draftdata.formats import MERGE_REPORT
 from draftdata.report.find import Parts, find_parts
 from draftdata.stats import DatasetStats, compute_stats
 from draftdata.stats.compute import STATS_FORMAT, run_metrics
-from draftdata.stats.readers import MERGE_REPORT, read_json_object, refuse_unreadable
+from draftdata.stats.readers import read_json_file, refuse_unreadable
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
 from draftdata.store.forecast import latest_forecast
 from draftdata.store.store import open_store
-
-MERGE_REPORT_FORMAT = "draftdata.merge-report"
 
 
 @dataclass
@@ -232,9 +231,7 @@ def _run(url: str) -> RunPart:
 
 
 def _merged(url: str) -> MergedPart:
-    report = read_json_object(open_store(url), MERGE_REPORT)
-    if report is not None and report.get("format") not in (None, MERGE_REPORT_FORMAT):
-        report = None
+    report = read_json_file(open_store(url), MERGE_REPORT)
     return MergedPart(url, compute_stats(url), report)
 
 

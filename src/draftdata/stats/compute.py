@@ -28,15 +28,15 @@ from typing import Any, TypeVar
 import numpy as np
 
 from draftdata.errors import DraftdataError
+from draftdata.formats import PREPARE_REPORT
 from draftdata.stats.readers import (
-    PREPARE_REPORT,
     SUMMARY_COLUMNS,
     Dataset,
     iter_conversations,
     iter_run_completions,
     iter_sample_summaries,
     open_dataset,
-    read_json_object,
+    read_json_file,
     refuse_unreadable,
 )
 from draftdata.stats.runmetrics import headline
@@ -408,7 +408,7 @@ def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
             out["metrics"] = headline(snaps)
             out["run"] = _run_figures(ds, snaps)
     if ds.kind == "prompts":
-        report = read_json_object(ds.store, PREPARE_REPORT)
+        report = read_json_file(ds.store, PREPARE_REPORT)
         if report is not None:
             out["prepare_report"] = report
     return out

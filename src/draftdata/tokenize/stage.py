@@ -35,8 +35,14 @@ import msgspec
 import pyarrow as pa
 
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError, StoreError
-from draftdata.formats import COMPLETION_FORMAT, check_format
-from draftdata.stats.readers import DATA_EXT, TOKENIZE_CONFIG, Kind, open_dataset
+from draftdata.formats import (
+    COMPLETION_FORMAT,
+    RUN_MANIFEST,
+    TOKENIZE_CONFIG,
+    TOKENIZE_SUMMARY,
+    check_format,
+)
+from draftdata.stats.readers import DATA_EXT, Kind, open_dataset
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
@@ -53,7 +59,7 @@ from draftdata.tokenize.batch import (
     tokenize_table,
     tokenize_views,
 )
-from draftdata.tokenize.config import SUMMARY_FORMAT, SUMMARY_KEY, TokenizeConfig, TokenizeSummary
+from draftdata.tokenize.config import TokenizeConfig, TokenizeSummary
 
 
 def output_key(shard_key: str, batch: int) -> str:
@@ -142,7 +148,7 @@ def server_template_kwargs(config: TokenizeConfig, run: Store) -> dict[str, Any]
     generate recorded in the manifest (``generate/thinking.py``), else none."""
     if config.server_template_kwargs is not None:
         return dict(config.server_template_kwargs)
-    if not run.exists("manifest.json"):
+    if not run.exists(RUN_MANIFEST.name):
         return {}
     from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS, load_manifest
 
@@ -155,7 +161,7 @@ def history_policy(config: TokenizeConfig, run: Store) -> bool:
     """Whether to keep reasoning history: the config's choice, else the run manifest's."""
     if config.keep_reasoning_history is not None:
         return config.keep_reasoning_history
-    if not run.exists("manifest.json"):
+    if not run.exists(RUN_MANIFEST.name):
         return False
     from draftdata.store.manifest import load_manifest
 
@@ -220,7 +226,7 @@ def settings_of(config: TokenizeConfig, keep_reasoning_history: bool) -> dict[st
 def summary_bytes(summary: TokenizeSummary, shards: list[str]) -> bytes:
     """summary.json: the summary without wall time, plus the shard list (deterministic)."""
     doc = {
-        "format": SUMMARY_FORMAT,
+        "format": TOKENIZE_SUMMARY.format,
         "out": summary.out,
         "settings": summary.settings,
         "shards": shards,
@@ -232,20 +238,16 @@ def summary_bytes(summary: TokenizeSummary, shards: list[str]) -> bytes:
 
 
 def read_summary(out: str | Store) -> dict[str, Any]:
-    """The ``summary.json`` of a tokenized output (StoreError if absent or unreadable)."""
+    """The ``summary.json`` of a tokenized output, checked (``formats.TOKENIZE_SUMMARY``; a
+    DraftdataError if absent or unreadable)."""
     store = out if isinstance(out, Store) else open_store(out)
-    try:
-        doc = json.loads(store.read(SUMMARY_KEY))
-    except ValueError as exc:
-        raise StoreError(f"{store.key_url(SUMMARY_KEY)}: not valid JSON ({exc})") from exc
-    if not isinstance(doc, dict) or doc.get("format") != SUMMARY_FORMAT:
-        raise StoreError(f"{store.key_url(SUMMARY_KEY)}: not a {SUMMARY_FORMAT} summary")
-    return doc
+    key = TOKENIZE_SUMMARY.name
+    return TOKENIZE_SUMMARY.load(store.read(key), store.key_url(key))
 
 
 def previous_summary(out: Store, settings: dict[str, Any]) -> TokenizeSummary | None:
     """The finished output's summary if its settings match; ConfigError if they differ."""
-    if not out.exists(SUMMARY_KEY):
+    if not out.exists(TOKENIZE_SUMMARY.name):
         return None
     doc = read_summary(out)
     before = dict(doc.get("settings") or {})
@@ -259,7 +261,7 @@ def previous_summary(out: Store, settings: dict[str, Any]) -> TokenizeSummary | 
     if doc.get("settings") != settings:
         raise ConfigError(
             f"{out.url} already holds samples tokenized with other settings "
-            f"({out.key_url(SUMMARY_KEY)}); choose another --out"
+            f"({out.key_url(TOKENIZE_SUMMARY.name)}); choose another --out"
         )
     return msgspec.convert(
         {k: doc[k] for k in ("out", "counts", "domains", "mismatches", "settings")}
@@ -310,8 +312,8 @@ def check_verified(summary: TokenizeSummary, config: TokenizeConfig) -> None:
     if checked and 2 * bad > checked:
         raise InputError(
             f"tokenize: {bad} of {checked} samples' server token ids do not match --tokenizer "
-            f"{config.tokenizer} and were dropped ({summary.out}/{SUMMARY_KEY}): the servers "
-            "most likely ran another tokenizer than this one; tokenize with the served "
+            f"{config.tokenizer} and were dropped ({summary.out}/{TOKENIZE_SUMMARY.name}): the "
+            "servers most likely ran another tokenizer than this one; tokenize with the served "
             "model's tokenizer into a new --out, or generate with --token-ids off"
         )
 
@@ -356,7 +358,7 @@ def locate_input(url: str) -> tuple[Store, list[str], str]:
         keys = shard_keys(store, COMPLETIONS_PREFIX)
         if keys:
             return store, keys, "run"
-        if store.exists("manifest.json") or not store.list(""):
+        if store.exists(RUN_MANIFEST.name) or not store.list(""):
             raise InputError(
                 f"{store.key_url(COMPLETIONS_PREFIX)}: no completion shards to tokenize"
             )
@@ -414,15 +416,15 @@ def claim_output(out: Store, settings: dict[str, Any]) -> None:
     rerun with other settings is refused before it writes (ConfigError). A killed tokenize's
     own marker is accepted: the same settings finish it, whatever the run committed since."""
     kept = {k: v for k, v in settings.items() if k != "inputs"}
-    doc = {"format": SUMMARY_FORMAT, "settings": kept}
+    doc = {"format": TOKENIZE_CONFIG.format, "settings": kept}
     data = (json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
     try:
-        out.put_new(TOKENIZE_CONFIG, data)
+        out.put_new(TOKENIZE_CONFIG.name, data)
     except AlreadyExistsError as exc:
         raise ConfigError(
             f"{out.url} holds an unfinished tokenize with other settings "
-            f"({out.key_url(TOKENIZE_CONFIG)}); rerun that one to finish it, or choose another "
-            "--out"
+            f"({out.key_url(TOKENIZE_CONFIG.name)}); rerun that one to finish it, or choose "
+            "another --out"
         ) from exc
 
 
@@ -441,7 +443,7 @@ def finish(job: TokenizeJob, results: Iterable[tuple[Counters, list[str]]]) -> T
         mismatches=total.mismatches,
         settings=job.settings,
     )
-    job.out.put_new(SUMMARY_KEY, summary_bytes(summary, written))
+    job.out.put_new(TOKENIZE_SUMMARY.name, summary_bytes(summary, written))
     return summary
 
 
