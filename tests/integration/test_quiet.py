@@ -56,7 +56,7 @@ def run(fleet: SimFleet, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from draftdata.tokenize.train import ensure_demo_tokenizer
+    from draftdata.demo.tokenizer import ensure_demo_tokenizer
 
     return ensure_demo_tokenizer(tmp_path_factory.mktemp("cache"))
 

@@ -138,8 +138,8 @@ def _write_config(work: Path, bucket: str) -> None:
 
 def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> None:
     from draftdata.demo.existing import write_existing_set
+    from draftdata.demo.tokenizer import ensure_demo_tokenizer
     from draftdata.store.store import open_store
-    from draftdata.tokenize.train import ensure_demo_tokenizer
 
     commands = walkthrough_commands()
     heads = [" ".join(c.split()[:2]) for c in commands]

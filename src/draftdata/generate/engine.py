@@ -40,6 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+from rich.console import Console
+from rich.live import Live
 
 from draftdata.endpoints import Capacity, probe_capacity
 from draftdata.errors import ConfigError, DraftdataError, FleetUnavailableError, StoreError
@@ -355,9 +357,6 @@ class Engine:
     async def _progress_loop(self) -> None:
         display = None
         if self.live:
-            from rich.console import Console
-            from rich.live import Live
-
             display = Live(
                 self.progress.render(), console=Console(), refresh_per_second=2, transient=False
             )

@@ -32,6 +32,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from draftdata.domains import classify_domain
 from draftdata.errors import InputError
 from draftdata.merge.plan import hash64
 from draftdata.records import normalise_text
@@ -42,6 +43,7 @@ from draftdata.stats.readers import (
     iter_sample_batches,
     open_dataset,
 )
+from draftdata.tokens import conversation_tokens, counter
 
 Family = Literal["samples", "chat"]
 UNKNOWN = "unknown"
@@ -216,7 +218,6 @@ def _sample_chunk(table: pa.Table, keys: Keys) -> Counter[str]:
 
 
 def _classifier() -> Callable[..., str]:
-    from draftdata.domains import classify_domain
 
     return classify_domain
 
@@ -233,7 +234,6 @@ def chat_keys(convs: list[Conversation], tokenizer: str | None = None) -> ChatKe
     """(domain, content hash, size estimate, loss tokens) of each conversation: the costly part
     of pass 1 (the classifier, the token count), done in chunks so it can run in worker
     processes. ``tokenizer``: a folder whose tokenizer counts the tokens (else estimated)."""
-    from draftdata.tokens import conversation_tokens, counter
 
     classify = _classifier()
     _, loss = conversation_tokens([(c.messages, c.tools) for c in convs], counter(tokenizer))

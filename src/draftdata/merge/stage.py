@@ -78,6 +78,8 @@ from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
 from draftdata.stats.readers import iter_domain_labels, refuse_unreadable
 from draftdata.store.protect import check_not_protected
 from draftdata.store.store import Store, open_store
+from draftdata.tokenizer_folder import check_tokenizer_folder
+from draftdata.tokens import counter
 
 CARD_KEY = "README.md"
 REPORT_VERSION = 1
@@ -624,9 +626,6 @@ def merge(
         store = open_store(config.out, protect=config.protect)  # every write re-checked
         check_output(store)
     if config.tokenizer is not None:
-        from draftdata.tokenizer_folder import check_tokenizer_folder
-        from draftdata.tokens import counter
-
         check_tokenizer_folder(config.tokenizer)
         counter(config.tokenizer)  # a bad tokenizer fails now, in one line
     infos, family = open_inputs(config.inputs)

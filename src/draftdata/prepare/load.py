@@ -21,6 +21,10 @@ A source that cannot be opened at all raises InputError naming it. Nothing here 
 from __future__ import annotations
 
 import glob as globlib
+import os
+import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -146,10 +150,6 @@ def check_hub_reachable(sources: list[SourceConfig], timeout: float = HUB_PROBE_
     ``datasets``' retries per source. Any HTTP answer counts as reachable; nothing is
     downloaded. Skipped with ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` set (the local cache is
     then used)."""
-    import os
-    import threading
-    import urllib.error
-    import urllib.request
 
     hub = [s for s in sources if s.hub is not None]
     if not hub:

@@ -50,6 +50,7 @@ from draftdata.prepare.reference import load_exclusions, load_existing
 from draftdata.prepare.report import encode_report, to_markdown
 from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt
 from draftdata.records import DERIVED_ID, Prompt, content_hash, derived_id_fault, encode_prompt
+from draftdata.store.forecast import read_forecast
 
 # (source name, rows read so far in it) -> None; called every PROGRESS_EVERY rows and at the end
 Progress = Callable[[str, int], None]
@@ -340,8 +341,6 @@ def prepare(
     """
     check(config)
     if config.lengths:  # a file that is no forecast: refused before any source is read
-        from draftdata.store.forecast import read_forecast
-
         read_forecast(config.lengths)
     check_hub_reachable(config.sources)
     stats = StageStats("prepare")

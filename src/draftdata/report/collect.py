@@ -11,6 +11,8 @@ and a saved ``draftdata stats --json`` output is compared as the dataset it meas
 
 from __future__ import annotations
 
+import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +25,7 @@ from draftdata.stats.compute import STATS_FORMAT, run_metrics
 from draftdata.stats.readers import read_json_file, refuse_unreadable
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
 from draftdata.store.forecast import latest_forecast
+from draftdata.store.read import read_manifest
 from draftdata.store.store import open_store
 
 
@@ -211,7 +214,6 @@ def _total(snaps: list[dict[str, Any]]) -> int | None:
 
 
 def _run(url: str) -> RunPart:
-    from draftdata.store.read import read_manifest
 
     stats = compute_stats(url)
     store = open_store(url)
@@ -281,8 +283,6 @@ def stats_json(url: str) -> list[DatasetStats] | None:
     None when ``url`` is not one. A JSON file with another ``format`` is refused in one line."""
     if not url.endswith(".json") or url.startswith("s3://"):
         return None
-    import json
-    import os
 
     path = os.path.expanduser(url)
     if not os.path.isfile(path):

@@ -27,8 +27,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from draftdata.domains import classify_domain
 from draftdata.errors import DraftdataError
 from draftdata.formats import PREPARE_REPORT
+from draftdata.stats.conversations import completion_to_conversation
 from draftdata.stats.readers import (
     SUMMARY_COLUMNS,
     Dataset,
@@ -39,10 +41,12 @@ from draftdata.stats.readers import (
     read_json_file,
     refuse_unreadable,
 )
+from draftdata.stats.runfigures import completion_reason, run_figures
 from draftdata.stats.runmetrics import headline
 from draftdata.stats.sketch import Sketch
+from draftdata.store.read import iter_failures, read_metrics
 from draftdata.store.store import Store
-from draftdata.tokens import TokenCounter, conversation_tokens
+from draftdata.tokens import TokenCounter, conversation_tokens, counter
 
 T = TypeVar("T")
 STATS_FORMAT = "draftdata.stats/1"
@@ -223,7 +227,6 @@ class StatsBuilder:
 
 
 def _classifier() -> Callable[..., str]:
-    from draftdata.domains import classify_domain
 
     return classify_domain
 
@@ -259,8 +262,6 @@ def _stats_chat(b: StatsBuilder) -> None:
 
 
 def _stats_run(b: StatsBuilder) -> None:
-    from draftdata.stats.conversations import completion_to_conversation
-    from draftdata.stats.runfigures import completion_reason
 
     classify = _classifier()
     for chunk in _chunks(iter_run_completions(b.ds, b.rejects)):
@@ -290,7 +291,6 @@ def _stats_samples(b: StatsBuilder) -> None:
 
 
 def _failures(ds: Dataset) -> dict[str, Any]:
-    from draftdata.store.read import iter_failures
 
     by_reason: Counter[str] = Counter()
     by_domain: Counter[str] = Counter()
@@ -306,7 +306,6 @@ def _failures(ds: Dataset) -> dict[str, Any]:
 
 def _run_figures(ds: Dataset, snaps: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The whole run's committed figures (``runfigures``), None when they cannot be read."""
-    from draftdata.stats.runfigures import run_figures
 
     try:
         return run_figures(ds.store, snaps).to_dict()
@@ -316,7 +315,6 @@ def _run_figures(ds: Dataset, snaps: list[dict[str, Any]]) -> dict[str, Any] | N
 
 def run_metrics(ds_or_store: Dataset | Store) -> list[dict[str, Any]]:
     """Every metrics snapshot of a run, in key order (``[]`` when there are none)."""
-    from draftdata.store.read import read_metrics
 
     store = ds_or_store.store if isinstance(ds_or_store, Dataset) else ds_or_store
     try:
@@ -345,7 +343,6 @@ def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
     ``tokenizer`` (a folder) counts chat rows' tokens with the target's tokenizer instead of the
     estimate; tokenized samples are exact either way.
     """
-    from draftdata.tokens import counter
 
     ds = open_dataset(url)
     count = counter(tokenizer) if tokenizer and ds.kind != "tokenized" else counter()

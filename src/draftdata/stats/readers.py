@@ -58,10 +58,12 @@ from draftdata.records import (
     strip_bom,
 )
 from draftdata.stats.conversations import (
+    CONVERSATION_FORMAT,
     Conversation,
     completion_to_conversation,
     row_to_conversation,
 )
+from draftdata.store.read import read_shard
 from draftdata.store.store import Store, open_store
 
 Kind = Literal["run", "prompts", "tokenized", "conversations"]
@@ -147,8 +149,6 @@ def _parquet_kind(store: Store, key: str) -> Kind:
         check_format(schema, COMPLETION_FORMAT, where)
         return "run"
     if fmt.startswith("conversation/"):
-        from draftdata.stats.conversations import CONVERSATION_FORMAT
-
         check_format(schema, CONVERSATION_FORMAT, where)
         return "conversations"
     if fmt:
@@ -363,7 +363,6 @@ def _conversations_of_parquet(store: Store, key: str, on_bad: OnBad) -> Iterator
 
 def iter_completion_tables(ds: Dataset) -> Iterator[tuple[str, pa.Table]]:
     """(shard url, Arrow table) of every completions shard of a run, in shard order."""
-    from draftdata.store.read import read_shard
 
     for key in ds.keys:
         yield ds.where(key), read_shard(ds.store, key, COMPLETION_FORMAT)

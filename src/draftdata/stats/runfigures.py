@@ -43,6 +43,13 @@ from draftdata.stats.runmetrics import (
     union,
     writer_of,
 )
+from draftdata.store.read import (
+    COMPLETIONS_PREFIX,
+    iter_failures,
+    read_metrics,
+    read_shards_parallel,
+    shard_keys,
+)
 from draftdata.store.store import Store
 
 _COLUMNS = ["id", "sample", "domain", "endpoint", "usage", "turns.list.element.finish_reason"]
@@ -255,13 +262,6 @@ def _finish_reasons(turns: Any) -> list[list[str | None]]:
 def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> RunFigures:
     """The whole run's figures (module docstring); ``snapshots`` default to the run's
     ``metrics/*.json``."""
-    from draftdata.store.read import (
-        COMPLETIONS_PREFIX,
-        iter_failures,
-        read_metrics,
-        read_shards_parallel,
-        shard_keys,
-    )
 
     fig = RunFigures()
     ids: set[str] = set()

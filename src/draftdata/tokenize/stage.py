@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -43,6 +44,7 @@ from draftdata.formats import (
     check_format,
 )
 from draftdata.stats.readers import DATA_EXT, Kind, open_dataset
+from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS, load_manifest
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
@@ -150,7 +152,6 @@ def server_template_kwargs(config: TokenizeConfig, run: Store) -> dict[str, Any]
         return dict(config.server_template_kwargs)
     if not run.exists(RUN_MANIFEST.name):
         return {}
-    from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS, load_manifest
 
     settings = load_manifest(run).get("effective_settings") or {}
     value = settings.get(SERVER_TEMPLATE_KWARGS)
@@ -163,7 +164,6 @@ def history_policy(config: TokenizeConfig, run: Store) -> bool:
         return config.keep_reasoning_history
     if not run.exists(RUN_MANIFEST.name):
         return False
-    from draftdata.store.manifest import load_manifest
 
     settings = load_manifest(run).get("effective_settings") or {}
     return bool(settings.get("keep_reasoning_history", False))
@@ -449,7 +449,6 @@ def finish(job: TokenizeJob, results: Iterable[tuple[Counters, list[str]]]) -> T
 
 def _parallel(config: TokenizeConfig, keys: list[str]) -> Iterator[tuple[Counters, list[str]]]:
     # Results in key order (deterministic summary); at most 2 shards per worker in flight.
-    import multiprocessing
 
     threads = max(1, (os.cpu_count() or 1) // config.workers)
     ctx = multiprocessing.get_context("spawn")

@@ -264,7 +264,7 @@ def test_tally_and_summary_lines() -> None:
     s = t.freeze(out="run", wall_s=2.0)
     assert s.truncated == 1 and s.finish_reasons == {"length": 1, "stop": 1}
     assert s.domains["code"].failures == {"context_length": 1}
-    assert s.summary()["output_tokens"] == 9
+    assert s.to_dict()["output_tokens"] == 9
     text = "\n".join(s.lines())
     assert "2 completions, 1 failures (context_length 1)" in text
     assert "cut by max tokens: 1" in text and "domain math" in text
