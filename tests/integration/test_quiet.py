@@ -170,7 +170,7 @@ def test_demo(tokenizer: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
     ]
     assert _run(*args, "-q") == 0
     _nothing(capfd)
-    assert (tmp_path / "d" / "report.html").is_file() or list((tmp_path / "d").rglob("*.html"))
+    assert (tmp_path / "d" / "report.html").is_file()  # the demo's last step ran
 
 
 def test_fleet_up_status_down_and_sim(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
