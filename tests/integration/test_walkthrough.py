@@ -82,7 +82,10 @@ def _free_port_base(n: int = 2) -> int:
 
 def _substitute(cmd: str, bucket: str, tokenizer: Path, port_base: int, protect_ok: bool) -> str:
     cmd = cmd.replace("s3://BUCKET/", bucket + "/")
-    cmd = cmd.replace("--engine sglang", "--engine sim").replace("--gpus 0-7", "--gpus 0-1")
+    # the simulator in vLLM's shapes (its /metrics counts answered requests: the interrupt
+    # waits for one), running 8 at a time so that generate's 63 requests take several rounds
+    sim = '--engine sim --extra-args "--flavor vllm --max-running 8"'
+    cmd = cmd.replace("--engine sglang", sim).replace("--gpus 0-7", "--gpus 0-1")
     cmd = cmd.replace("--port-base 30000", f"--port-base {port_base}")
     cmd = cmd.replace("/models/Qwen3.6-27B", str(tokenizer))
     if not protect_ok and cmd.startswith("draftdata merge"):
