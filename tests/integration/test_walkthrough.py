@@ -9,7 +9,9 @@ simulator and a local S3 server, at small scale, with only the substitutions the
   ``--gpus 0-1``, ``--port-base 30000`` -> a free port;
 - ``/models/Qwen3.6-27B`` -> the demo's small local tokenizer folder;
 - ``examples/expansion.yaml`` is, in the test's working folder, the same config over the
-  bundled sample sources (budget 60), deduplicated against the live set;
+  bundled sample sources: each source's fixed ``take`` scaled down from the real config's (at
+  least 2, 63 prompts in all, so every domain of the mix has rows), deduplicated against the
+  live set;
 - the live set ``s3://BUCKET/completions/`` holds the demo's 400-row 77%-code sample.
 
 Step 3 (generate) is interrupted once with Ctrl-C (twice: leave now) and then run again,
@@ -100,6 +102,17 @@ def _sh(cmd: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProces
     )
 
 
+# examples/expansion.yaml's fixed takes (193,010 prompts) scaled to 63, at least 2 a source
+_TAKES = {
+    "infinity_instruct": 31,
+    "webinstruct": 12,
+    "codefeedback": 9,
+    "metamath": 7,
+    "hermes_fc": 2,
+    "agentinstruct": 2,
+}
+
+
 def _write_config(work: Path, bucket: str) -> None:
     """examples/expansion.yaml in the working folder: the bundled sample sources, small."""
     import msgspec
@@ -109,11 +122,13 @@ def _write_config(work: Path, bucket: str) -> None:
 
     samples = work / "samples"
     write_sample_sources(samples)
-    cfg = sample_config(samples, Path("prompts"), budget=60)
+    cfg = sample_config(samples, Path("prompts"))
     cfg = msgspec.structs.replace(
         cfg,
         existing=ExistingConfig(path=f"{bucket}/completions/"),
         mix={"code": 0.40, "general": 0.30, "math": 0.25, "tool": 0.03, "agent": 0.02},
+        budget=None,
+        sources=[msgspec.structs.replace(s, take=_TAKES[s.name]) for s in cfg.sources],
     )
     (work / "examples").mkdir()
     (work / "examples" / "expansion.yaml").write_bytes(

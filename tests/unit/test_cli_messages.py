@@ -57,7 +57,8 @@ def test_prepare_mix_key_that_is_no_domain_is_one_warning(
     cfg = _prepare_config(tmp_path, mix=mix)
     _ok(["prepare", str(cfg), "--plan-only"])
     err = capsys.readouterr().err
-    warnings = [x for x in err.splitlines() if x.startswith("warning:")]
+    # the samples' messy rows (over 5% rejected) have their own warning line
+    warnings = [x for x in err.splitlines() if x.startswith("warning:") and "rejected" not in x]
     assert len(warnings) == 1, err
     assert "'kode' is no domain" in warnings[0] and "code" in warnings[0]
 
@@ -66,7 +67,7 @@ def test_merge_mix_not_summing_to_one_is_one_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = b.write_jsonl(tmp_path / "a.jsonl", b.specforge_rows())
-    args = ["merge", "--existing", str(data)]
+    args = ["merge", "--existing", str(data), "--allow-drop"]  # a few rows: the plan keeps little
     _ok([*args, "--out", str(tmp_path / "m"), "--mix", "code=0.5,math=0.45"])
     err = capsys.readouterr().err
     warnings = [x for x in err.splitlines() if x.startswith("warning:")]

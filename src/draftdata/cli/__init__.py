@@ -5,7 +5,10 @@ and does three things: parse options into one config object, call one stage func
 summary. Heavy imports happen inside command bodies so ``draftdata --help`` starts instantly.
 
 Exit codes: 0 success; 1 a DraftdataError (one line on stderr, no traceback); 2 a usage error
-(Typer/Click); anything else is a bug and keeps its traceback.
+(Typer/Click); anything else is a bug and keeps its traceback. Path options are checked before
+any work (``draftdata.paths``); a file-system error that still reaches ``main`` with a file name
+(a disk that filled up, a folder removed under a running command) is the user's place, not a
+bug, and is one line too.
 """
 
 from __future__ import annotations
@@ -95,4 +98,11 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv)
     except DraftdataError as exc:
         typer.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        where = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+        reason = exc.strerror or type(exc).__name__
+        typer.echo(f"error: {where}: {reason}; check the path and its permissions", err=True)
         sys.exit(1)

@@ -99,9 +99,14 @@ def register(app: typer.Typer) -> None:
         quiet: bool = QUIET,
     ) -> None:
         """Start one inference server per GPU, wait until each serves, write fleet.yaml."""
+        from draftdata import paths
         from draftdata.fleet.launch import LaunchConfig, parse_env, parse_gpus
         from draftdata.fleet.manage import fleet_up
 
+        paths.output_file(out, "--out")
+        paths.output_folder(log_dir, "--log-dir")
+        if python is not None and "/" in python:
+            paths.input_file(python, "--python")
         try:
             extra = tuple(shlex.split(extra_args))
         except ValueError as exc:
@@ -141,8 +146,10 @@ def register(app: typer.Typer) -> None:
 
         Exit code 1 when any server is unhealthy.
         """
+        from draftdata import paths
         from draftdata.fleet.manage import fleet_status, format_uptime
 
+        paths.input_file(fleet, "fleet status", "give the fleet.yaml that `fleet up` wrote")
         rows = fleet_status(fleet)
         typer.echo(
             f"{'#':>2}  {'url':<28} {'process':<9} {'health':<7} {'run':>5} {'wait':>5} "
@@ -168,7 +175,9 @@ def register(app: typer.Typer) -> None:
         quiet: bool = QUIET,
     ) -> None:
         """Stop exactly the servers `fleet up` started (pid + start time checked)."""
+        from draftdata import paths
         from draftdata.fleet.manage import fleet_down
 
+        paths.input_file(fleet, "fleet down", "give the fleet.yaml that `fleet up` wrote")
         for line in fleet_down(fleet, grace_s=grace):
             typer.echo(line)

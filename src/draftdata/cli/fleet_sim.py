@@ -187,6 +187,10 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--flavor {flavor!r}: use sglang or vllm")
         if reasoning not in ("parsed", "inline", "off"):
             raise ConfigError(f"--reasoning {reasoning!r}: use parsed, inline or off")
+        if out is not None:
+            from draftdata import paths
+
+            paths.output_file(out, "--out")
         if tokenizer is not None:
             from draftdata.tokenizer_folder import check_tokenizer_folder
 

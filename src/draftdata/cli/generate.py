@@ -210,7 +210,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--api-key-env",
                 metavar="VAR",
-                help="Environment variable holding the API key (never logged).",
+                help="Environment variable holding the API key (never logged or stored).",
                 rich_help_panel=PANEL_RUN,
             ),
         ] = None,
@@ -322,7 +322,8 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option(
                 "--read-timeout",
-                help="Seconds to wait for an answer (default 3600).",
+                help="Seconds to wait for a whole answer: a deadline per request, not per chunk "
+                "(default 3600).",
                 rich_help_panel=PANEL_ROBUST,
             ),
         ] = None,
@@ -415,7 +416,23 @@ def register(app: typer.Typer) -> None:
             partition, partitions, only_partitions, ray=ray
         )
         flags["partition"] = single
+        from draftdata import paths
+
+        if config is not None:
+            paths.input_file(config, "--config")
         cfg = _build_config(config, flags)
+        if cfg.prompts:
+            paths.input_path(cfg.prompts, "--prompts", "give a prompts JSONL or prepare's --out")
+        if cfg.fleet:
+            hint = (
+                "start a fleet with `draftdata fleet up` (it writes fleet.yaml) or give "
+                "--endpoint URLs"
+            )
+            paths.input_file(cfg.fleet, "--fleet", hint)
+        if cfg.out:
+            paths.output_folder(cfg.out, "--out")
+        if json_out is not None:
+            paths.output_file(json_out, "--summary-json")
         if ray:
             code = ray_opts.generate_on_ray(
                 cfg,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -79,7 +80,7 @@ def register(app: typer.Typer) -> None:
 
         Example: draftdata prepare examples/quickstart.yaml --out prepare-out
         """
-        from draftdata import tables
+        from draftdata import paths, tables
         from draftdata.config import load_config
         from draftdata.errors import ConfigError
         from draftdata.prepare.config import PrepareConfig, mix_warnings, resolve_paths
@@ -89,6 +90,7 @@ def register(app: typer.Typer) -> None:
 
         console = tables.console()
         if write_samples is not None:
+            paths.output_folder(write_samples, "--write-samples")
             from draftdata.prepare.samples import write_sample_sources
 
             written = write_sample_sources(write_samples)
@@ -99,8 +101,11 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(
                 "prepare: give a config file, e.g. draftdata prepare examples/quickstart.yaml"
             )
+        paths.input_file(config, "prepare")
         cfg = load_config(config, PrepareConfig, out=out, seed=seed, budget=budget)
         cfg = resolve_paths(cfg, config.resolve().parent)
+        if not plan_only:
+            paths.output_folder(cfg.out, "--out" if out is not None else f"{config}: out")
         for warning in mix_warnings(cfg):
             typer.echo(warning, err=True)
         result = prepare(
@@ -116,14 +121,40 @@ def register(app: typer.Typer) -> None:
             )
         secs = result.stats.elapsed
         rate = rep["totals"]["read"] / max(secs, 1e-9)
+        left_out, loss_note = _losses(rep, result.rejects)
         if plan_only:
             console.print(
-                f"plan only: nothing written ({rep['totals']['read']:,} rows read in {secs:.1f}s)"
+                f"plan only: nothing written ({rep['totals']['read']:,} rows read in {secs:.1f}s"
+                f"; {left_out})"
             )
-            return
-        console.print(
-            f"{rep['totals']['taken']:,} prompts in {len(result.shards)} shard(s) "
-            f"under {result.out}/ "
-            f"({rep['totals']['read']:,} rows in {secs:.1f}s, {rate:,.0f} rows/s); "
-            f"rejects: {result.rejects}; report: {result.report_md}"
-        )
+        else:
+            console.print(
+                f"{rep['totals']['taken']:,} prompts in {len(result.shards)} shard(s) "
+                f"under {result.out}/ "
+                f"({rep['totals']['read']:,} rows in {secs:.1f}s, {rate:,.0f} rows/s); "
+                f"{left_out}; rejects: {result.rejects}; report: {result.report_md}"
+            )
+        if loss_note is not None:
+            typer.echo(loss_note, err=True)
+
+
+def _losses(report: dict[str, Any], rejects: Path | None) -> tuple[str, str | None]:
+    """What the summary line says was left out of the rows read (rejected, duplicates, not
+    taken by the budget and mix), and a warning when the rejects pass 5%."""
+    from collections import Counter
+
+    from draftdata.metrics import loss_warning, reasons, share
+
+    t = report["totals"]
+    read, rejected, duplicates = t["read"], t["rejected"], t["duplicates"]
+    not_taken = max(0, t["usable"] - t["taken"])
+    line = (
+        f"of {read:,} rows read: rejected {rejected:,} ({share(rejected, read)}), duplicates "
+        f"{duplicates:,} ({share(duplicates, read)}), not taken {not_taken:,} (budget and mix)"
+    )
+    why: Counter[str] = Counter()
+    for s in report["sources"]:
+        why.update(s["rejected"])
+    where = f"{rejects} lists each with its reason" if rejects else "--plan-only writes none"
+    detail = reasons(dict(why.most_common()))
+    return line, loss_warning(rejected, read, "rows rejected", detail, where)

@@ -13,9 +13,10 @@ Policy, in the order the loop applies it:
   (or the server's Retry-After) and then prefer another endpoint; after ``max_attempts`` the
   job becomes a Failure ``exhausted_retries``. Context-length and invalid-request errors become
   a Failure of that class at once.
-- **Endpoint refusals.** A 401/403/404/405/501 answer (``EndpointRefusedError``) is the
-  endpoint's fault: it is taken out at once (one log line naming the status), its work is
-  requeued elsewhere, and the refused attempt does not count against the prompt.
+- **Endpoint refusals.** A 401/403/404/405/501 answer, or an impossible one (over its size
+  bound, impossible usage: ``bounds.py``), is the endpoint's fault (``EndpointRefusedError``):
+  it is taken out at once (one log line saying why), its work is requeued elsewhere, and the
+  refused attempt does not count against the prompt.
 - **Endpoint loss.** A connection error triggers a health check; an endpoint that fails it, or
   fails ``breaker_failures`` requests in a row, is taken out, its in-flight copies are cancelled
   and their jobs requeued at once, and it is probed every ``probe_interval`` until it answers
@@ -394,12 +395,11 @@ class Dispatcher:
         except RequestError as exc:
             error = exc
         except Exception as exc:  # a transport failure nobody mapped: retry it, say so once
+            said = copy.endpoint.redact(f"{type(exc).__name__}: {exc}")
             if not self._unmapped:
-                self.log(
-                    f"generate: unexpected {type(exc).__name__} from {copy.endpoint.url}: {exc}"
-                )
+                self.log(f"generate: unexpected {said} from {copy.endpoint.url}")
             self._unmapped += 1
-            error = RequestError(ErrorClass.malformed, f"{type(exc).__name__}: {exc}")
+            error = RequestError(ErrorClass.malformed, said)
         finally:
             self._detach(copy)
         if error is not None:
@@ -539,10 +539,13 @@ class Dispatcher:
             self.ready.appendleft(job)
             requeued = 1
         where = f"HTTP {err.status}: " if err.status is not None else ""
-        self.take_down(ep, f"{where}{err.message}"[:200], dead=True, refusal=True, moved=requeued)
+        what = "gives impossible answers" if err.error_class is ErrorClass.impossible else None
+        self.take_down(
+            ep, f"{where}{err.message}"[:300], dead=True, refusal=what or True, moved=requeued
+        )
 
     def _fail(self, job: Job, reason: str, message: str, ep: Endpoint) -> None:
-        for f in failures(job, reason, message, endpoint=ep.url):
+        for f in failures(job, reason, ep.redact(message), endpoint=ep.url):
             self.sink.failure(f)
         job.done = True
         self._settle(job)
@@ -577,18 +580,27 @@ class Dispatcher:
             self.take_down(ep, "does not answer its health check", dead=True)
 
     def take_down(
-        self, ep: Endpoint, why: str, *, dead: bool = False, refusal: bool = False, moved: int = 0
+        self,
+        ep: Endpoint,
+        why: str,
+        *,
+        dead: bool = False,
+        refusal: bool | str = False,
+        moved: int = 0,
     ) -> None:
         """Open the circuit: no new work for ``ep``, probed until it is back. ``dead`` (its
         health check failed): its in-flight copies are cancelled and requeued at once; else
         they may finish (a server that fails new requests may still finish old ones) and a
         health check decides. ``refusal``: ``why`` is the refusal ("HTTP 401: ..."); said
         once, not again when a trial re-admission is refused too (their requeued copies do
-        not count as attempts). ``moved``: jobs the caller already requeued."""
+        not count as attempts); a string instead of True says what it does ("gives impossible
+        answers"; default "refuses chat requests"). ``moved``: jobs the caller already
+        requeued."""
         was_up = ep.state != "down"
-        news = ep.mark_refused(why) if refusal else True
+        what = refusal if isinstance(refusal, str) else "refuses chat requests"
+        news = ep.mark_refused(why, what) if refusal else True
         if refusal:
-            why = f"it refuses chat requests ({why})"
+            why = f"it {what} ({why})"
         if dead:
             for copy in list(self.on_endpoint[ep]):
                 if copy.task is not None:
@@ -620,6 +632,7 @@ class Dispatcher:
 _SPEED_GAP = 1.5  # per-sequence rates closer than this: greedy placement is as good
 _BUSY_S = 1e-3  # the least time a busy slot is expected to stay busy
 _HEDGE_Q = 0.9  # hedges are judged on this quantile of the length (a long draw)
+BLIND_HEDGE_S = 60.0  # with no endpoint measured yet, a tail request this old is copied
 
 
 def hedge_pays(
@@ -635,11 +648,22 @@ def hedge_pays(
     ``TailPlan`` places by too. A request past its cap by half again is stuck (a hung request,
     a server that slowed down): any copy beats it. The copy starts from nothing, so it pays
     only on a server that decodes enough faster: the whole length at the target's rate
-    against what is left at the origin's.
+    against what is left at the origin's. On an origin that has never answered (no rate, no
+    latency: a server that passes its health check but never answers, or trickles), the copy
+    pays once the request has run twice what the target needs for a long draw (three times its
+    latency; ``BLIND_HEDGE_S`` when no endpoint has answered yet).
     """
     r_o, r_t = origin.seq_rate, target.seq_rate
     if r_o is None or r_o <= 0:
-        return origin.latency is not None and age > 3 * origin.latency
+        if origin.latency is not None:
+            return age > 3 * origin.latency
+        # never answered (a wedged server passes /health too): judged by the target, a copy
+        # pays once the original has run twice what the target needs for a long draw
+        if r_t is not None and r_t > 0:
+            return age > 2 * max(1.0, lengths.long_total(expected, 0.0, cap, _HEDGE_Q)) / r_t
+        if target.latency is not None:
+            return age > 3 * target.latency
+        return age > BLIND_HEDGE_S  # nothing measured anywhere: the copy takes an idle slot
     produced = age * r_o
     if produced > 1.5 * cap:
         return True

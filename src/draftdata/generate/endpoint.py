@@ -28,12 +28,14 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import aiohttp
 
 from draftdata.endpoints import Capacity, Load, base_url, probe_load
 from draftdata.records import Turn
+from draftdata.redact import redact_url
 
 State = Literal["up", "down", "starting"]
 _EWMA = 0.1
@@ -73,8 +75,11 @@ class Endpoint:
         default_concurrency: int,
         breaker_failures: int,
         clock: Any = time.monotonic,
+        redact: Callable[[str], str] = str,
     ) -> None:
-        self.url = base_url(url)
+        self.address = base_url(url)  # what requests and probes go to (may hold a password)
+        self.url = redact_url(self.address)  # what is shown and recorded: never a password
+        self.redact = redact  # any text about this endpoint passes through it before it is kept
         self.name = self.url.split("://", 1)[-1]
         self.index = index
         self.client = client
@@ -104,6 +109,7 @@ class Endpoint:
         self.served = 0  # requests answered by this command
         self.fault: str | None = None  # why it is out of service now
         self.refusal: str | None = None  # "HTTP 401: ..." while it refuses chat requests
+        self.refused_how = "refuses chat requests"  # or "gives impossible answers"
         self.retry_refused_at = 0.0  # clock time of the next trial after a refusal
         self._refusal_wait = REFUSAL_RETRY_S
         self.probation = False  # re-admitted; not yet answered a request since
@@ -180,15 +186,17 @@ class Endpoint:
         if why:
             self.fault = why
 
-    def mark_refused(self, refusal: str) -> bool:
-        """It refused a chat request (``refusal``: "HTTP 401: ..."): out of service, with a
-        trial after a growing wait. True when this is news (not a failed trial)."""
+    def mark_refused(self, refusal: str, what: str = "refuses chat requests") -> bool:
+        """It refused a chat request (``refusal``: "HTTP 401: ...") or, as ``what`` says, gave
+        an impossible answer: out of service, with a trial after a growing wait. True when
+        this is news (not a failed trial)."""
         news = self.refusal is None
         if not news:  # a trial was refused too: wait longer before the next
             self._refusal_wait = min(REFUSAL_RETRY_MAX_S, self._refusal_wait * 2)
         self.refusal = refusal
+        self.refused_how = what
         self.retry_refused_at = self._clock() + self._refusal_wait
-        self.mark_down(f"refuses chat requests ({refusal})")
+        self.mark_down(f"{what} ({refusal})")
         return news
 
     def mark_up(self, *, half_open: bool) -> None:
@@ -305,4 +313,4 @@ async def check_alive(session: aiohttp.ClientSession, url: str, timeout: float) 
 async def load_of(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) -> Load | None:
     """The server's running/waiting counts now (None when it cannot tell)."""
     engine = ep.capacity.engine if ep.capacity else "unknown"
-    return await probe_load(session, ep.url, engine, timeout=timeout)
+    return await probe_load(session, ep.address, engine, timeout=timeout)

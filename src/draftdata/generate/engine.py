@@ -22,7 +22,9 @@ A bug in the commit path stops the run at once (RunAbortedError, one line, resum
 
 Shutdown (``interrupt``): the first call stops dispatch and lets running requests finish for up
 to ``grace_seconds``; the second (or the end of the grace) cancels them. Either way whatever
-finished is committed before ``run`` returns, and a rerun of the same command resumes.
+finished is committed before ``run`` returns, and a rerun of the same command resumes. The
+grace period bounds the stop: a store that refuses writes is retried until it ends (or a second
+interrupt), then the run stops with what is uncommitted left for the resume to generate again.
 
 ``run_engine`` is the async entry point for scripts and benchmarks that already hold a Run and
 endpoints; ``stage.generate`` is the plain function that builds them from a GenerateConfig.
@@ -39,7 +41,7 @@ from typing import Any
 
 import aiohttp
 
-from draftdata.endpoints import probe_capacity
+from draftdata.endpoints import Capacity, probe_capacity
 from draftdata.errors import ConfigError, DraftdataError, FleetUnavailableError, StoreError
 from draftdata.generate.client import token_ids_refusal
 from draftdata.generate.collector import fewer_collections
@@ -114,6 +116,7 @@ class Engine:
         self.tally = Tally()
         self.interrupted = False
         self._interrupts = 0
+        self._leave = False  # the grace period is over (or a second interrupt): stop waiting
         self._probe_timeout = min(5.0, config.connect_timeout)
         self.dispatcher = Dispatcher(
             config,
@@ -122,7 +125,7 @@ class Engine:
             _Sink(run, self.tally),
             model=model,
             is_done=run.is_done,
-            check_alive=lambda ep: check_alive(session, ep.url, self._probe_timeout),
+            check_alive=self._check_alive,
             revive=self._revive,
             log=log,
             clock=clock,
@@ -163,11 +166,13 @@ class Engine:
             self._grace_task = asyncio.ensure_future(self._grace())
         else:
             self.log("generate: leaving now; committing what finished")
+            self._leave = True
             d.abort()
 
     async def _grace(self) -> None:
         await asyncio.sleep(self.cfg.grace_seconds)
         self.log("generate: grace period over; cancelling the running requests")
+        self._leave = True
         self.dispatcher.abort()
 
     # -- the loops ----------------------------------------------------------------------------
@@ -208,13 +213,18 @@ class Engine:
             if all(e.refusal is not None for e in self.endpoints) and not any(
                 e.served for e in self.endpoints
             ):
-                each = ", ".join(f"{e.url} ({e.refusal})" for e in self.endpoints)
-                self._abort(
-                    FleetUnavailableError(
-                        f"generate: every endpoint refuses chat requests: {each}; check the "
-                        "API key (--api-key-env), --model and the URLs, then run the same command"
+                if all(e.refused_how.startswith("refuses") for e in self.endpoints):
+                    each = ", ".join(f"{e.url} ({e.refusal})" for e in self.endpoints)
+                    said = (
+                        f"every endpoint refuses chat requests: {each}; check the API key "
+                        "(--api-key-env), --model and the URLs"
                     )
-                )
+                else:
+                    each = ", ".join(
+                        f"{e.url} {e.refused_how} ({e.refusal})" for e in self.endpoints
+                    )
+                    said = f"no endpoint gives a usable answer: {each}; fix the servers"
+                self._abort(FleetUnavailableError(f"generate: {said}, then run the same command"))
                 return
             if unserved_since is None:
                 unserved_since = now
@@ -259,6 +269,32 @@ class Engine:
                     shown[e] = e.limit
             self.dispatcher.wake.set()
 
+    def _model_swap(self, ep: Endpoint, cap: Capacity | None) -> str | None:
+        """Why ``ep`` may not serve this run (None when it may): it reports another model
+        than it served before (or, never seen, than the fleet served), a server restarted
+        with another model on the same URL. ``--allow-mixed-models`` lets it serve."""
+        if self.cfg.allow_mixed_models or cap is None or not cap.model:
+            return None
+        expected = ep.model or next((e.model for e in self.endpoints if e.model), None)
+        if expected is None or cap.model == expected:
+            return None
+        return (
+            f"it now serves model {cap.model!r}, not {expected!r} as before (a server "
+            "restarted with another model?); a run is one model's answers: it stays out "
+            "until it serves that model again (--allow-mixed-models takes both)"
+        )
+
+    async def _check_alive(self, ep: Endpoint) -> bool:
+        """The dispatcher's health check: the server answers, and still serves the run's
+        model (else it is taken out here, saying both models)."""
+        if not await check_alive(self.session, ep.address, self._probe_timeout):
+            return False
+        if not self.cfg.allow_mixed_models:
+            cap = await probe_capacity(self.session, ep.address, timeout=self._probe_timeout)
+            if (swap := self._model_swap(ep, cap)) is not None:
+                self.dispatcher.take_down(ep, swap, dead=True)
+        return True
+
     async def _revive(self, ep: Endpoint) -> None:
         # probed often at first (most outages are restarts of seconds: every second late is a
         # server's share lost), every probe_interval after _FAST_PROBE_S
@@ -268,9 +304,14 @@ class Engine:
             await asyncio.sleep(min(self.cfg.probe_interval, _FAST_PROBE_INTERVAL if fast else 1e9))
             if ep.refusal is not None and self.clock() < ep.retry_refused_at:
                 continue  # a refusing endpoint passes /health: wait for its trial
-            if not await check_alive(self.session, ep.url, self._probe_timeout):
+            if not await check_alive(self.session, ep.address, self._probe_timeout):
                 continue
-            cap = await probe_capacity(self.session, ep.url, timeout=self._probe_timeout)
+            cap = await probe_capacity(self.session, ep.address, timeout=self._probe_timeout)
+            if (swap := self._model_swap(ep, cap)) is not None:
+                if ep.fault != swap:  # said once, not at every probe
+                    ep.fault = swap
+                    self.log(f"endpoint {ep.url} stays out: {swap}")
+                continue
             if cap is not None:
                 ep.set_capacity(cap)
             trial = ep.refusal is not None
@@ -337,7 +378,7 @@ class Engine:
         try:
             await self.dispatcher.run()
             if self.fatal is None:
-                await self.committer.drain(lambda: self._interrupts >= 2)
+                await self.committer.drain(lambda: self._leave, stopping=self.interrupted)
         finally:
             self._stop_loops.set()
             if self._grace_task is not None:
@@ -345,7 +386,7 @@ class Engine:
             self.dispatcher.abort()
             await asyncio.gather(*self.dispatcher.tasks, return_exceptions=True)
             await asyncio.gather(*loops, return_exceptions=True)
-            await self.committer.close(stopping=self.fatal is not None)
+            await self.committer.close(stopping=self.fatal is not None or self.interrupted)
         if self.fatal is not None:
             raise self.fatal
         summary = self._summary(self.clock() - t0)
@@ -393,7 +434,7 @@ class Engine:
             )
         total = self._total
         answerable = self._answerable()
-        settled = d.already_done + self.tally.done
+        settled = d.already_done + self.tally.done - self.committer.uncommitted
         return self.tally.freeze(
             out=self.cfg.out,
             run_id=self.run_.manifest.get("run_id"),

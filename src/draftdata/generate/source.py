@@ -26,7 +26,7 @@ import msgspec
 
 from draftdata.errors import InputError, StoreError
 from draftdata.generate.partition import Partition, parse_partition
-from draftdata.records import BOM, Prompt, parse_prompt, prompt_id
+from draftdata.records import BOM, Prompt, derived_id_fault, parse_prompt, prompt_id
 from draftdata.store.doneset import DoneSet
 from draftdata.store.prompts import iter_prompt_lines, open_prompt_file, read_lines
 
@@ -208,6 +208,9 @@ class PromptReader:
                     prompt = parse_prompt(line, f"{f}:{lineno}")
                 except InputError as exc:
                     self._reject(str(exc), line)
+                    continue
+                if (fault := derived_id_fault(prompt.id)) is not None:
+                    self._reject(f"{f}:{lineno}: {fault}", line)
                     continue
                 if self._first(prompt.id, f"{f}:{lineno}", line):
                     yield prompt  # in the partition: _to_parse judged its id

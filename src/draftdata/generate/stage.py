@@ -11,6 +11,10 @@ The run's settings (the manifest hash) are what changes the output: the prompts'
 history handling, ``n``, per-source overrides and extra body fields. Endpoints, concurrency,
 ``limit``, ``partition`` and timeouts are not, so a run can be resumed on another fleet, in
 partitions, or first tried with ``--limit``.
+
+Secrets stay in the process: the API key and the passwords of endpoint URLs go out only in
+requests. URLs are shown and recorded without their password (``redact.redact_url``), and every
+log line and the error a command ends with pass through the run's ``Redactor``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import msgspec
 import numpy as np
 
 from draftdata.endpoints import base_url, probe_capacity
-from draftdata.errors import ConfigError, FleetError, LeaseLostError, StoreError
+from draftdata.errors import ConfigError, DraftdataError, FleetError, LeaseLostError, StoreError
 from draftdata.fleetspec import read_fleet
 from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
@@ -39,6 +43,7 @@ from draftdata.generate.partition import parse_partition
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
 from draftdata.generate.thinking import server_kwargs
+from draftdata.redact import Redactor, redact_url
 from draftdata.store.lease import LeaseOptions, scope_of
 from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS
 from draftdata.store.protect import check_not_protected
@@ -80,7 +85,9 @@ def endpoint_urls(config: GenerateConfig) -> tuple[list[str], list[int | None]]:
     urls = [base_url(u) for u in config.endpoints]
     bad = [u for u in urls if not u.startswith(("http://", "https://"))]
     if bad:
-        raise ConfigError(f"--endpoint {bad[0]}: give a URL such as http://127.0.0.1:30000")
+        raise ConfigError(
+            f"--endpoint {redact_url(bad[0])}: give a URL such as http://127.0.0.1:30000"
+        )
     unique = list(dict.fromkeys(urls))
     return unique, [None] * len(unique)
 
@@ -100,6 +107,22 @@ def api_key(config: GenerateConfig) -> str | None:
     if not value:
         raise ConfigError(f"--api-key-env: ${config.api_key_env} is not set or empty")
     return value
+
+
+def check_credentials(urls: list[str], key: str | None) -> None:
+    """ConfigError when a URL carries a user (HTTP basic auth) and an API key is given too:
+    both would be the one ``Authorization`` header of every request."""
+    if key is None:
+        return
+    from urllib.parse import urlsplit
+
+    with_user = [u for u in urls if urlsplit(u).username is not None]
+    if with_user:
+        raise ConfigError(
+            f"--api-key-env: {redact_url(with_user[0])} carries a user and password (sent as "
+            "HTTP basic auth) and --api-key-env sends a key in the same Authorization header; "
+            "give one of the two (the URL without user:password@, or no --api-key-env)"
+        )
 
 
 def generate(
@@ -129,29 +152,46 @@ def generate(
     urls, fleet_caps = endpoint_urls(config)
     contexts = fleet_contexts(config, len(urls))
     key = api_key(config)
+    check_credentials(urls, key)
+    redact = Redactor.of(key, urls)
     if live is None:
         import sys
 
         live = config.progress == "rich" or (config.progress == "auto" and sys.stdout.isatty())
-    emit = log or stderr_log
+    sink = log or stderr_log
+
+    def emit(line: str) -> None:
+        sink(redact(line))
+
     if handle_signals:
         # take over SIGINT/SIGTERM only where nobody else (a Ray worker, a notebook) has
         defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
         handle_signals = all(signal.getsignal(s) is h for s, h in defaults.items())
-    return asyncio.run(
-        _generate(
-            config,
-            files,
-            urls,
-            fleet_caps,
-            key,
-            emit,
-            contexts=contexts,
-            live=live,
-            signals=handle_signals,
-            on_engine=on_engine,
+    try:
+        return asyncio.run(
+            _generate(
+                config,
+                files,
+                urls,
+                fleet_caps,
+                key,
+                emit,
+                contexts=contexts,
+                live=live,
+                signals=handle_signals,
+                on_engine=on_engine,
+                redact=redact,
+            )
         )
-    )
+    except DraftdataError as exc:  # the line the command ends with
+        said = str(exc)
+        if redact(said) == said:
+            raise
+        try:
+            clean = type(exc)(redact(said))
+        except Exception:  # a subclass with other arguments: the message is what counts
+            clean = DraftdataError(redact(said))
+        raise clean from None
 
 
 async def _generate(
@@ -166,17 +206,19 @@ async def _generate(
     live: bool,
     signals: bool,
     on_engine: Callable[[Engine], None] | None,
+    redact: Callable[[str], str] = str,
 ) -> GenerateSummary:
     timeout = min(10.0, config.connect_timeout)
+    shown = [redact_url(u) for u in urls]
     async with _warming() as warm, probe_session(key) as session:
         caps = await asyncio.gather(*(probe_capacity(session, u, timeout=timeout) for u in urls))
         if all(c is None for c in caps):
-            shown = ", ".join(urls[:4]) + (f" and {len(urls) - 4} more" if len(urls) > 4 else "")
+            which = ", ".join(shown[:4]) + (f" and {len(urls) - 4} more" if len(urls) > 4 else "")
             raise FleetError(
-                f"generate: no endpoint reachable ({shown}); start the fleet "
+                f"generate: no endpoint reachable ({which}); start the fleet "
                 "(draftdata fleet up / fleet sim) or check --endpoint/--fleet"
             )
-        check_fleet_models(urls, [c.model if c else None for c in caps], config.allow_mixed_models)
+        check_fleet_models(shown, [c.model if c else None for c in caps], config.allow_mixed_models)
         model = config.model or next((c.model for c in caps if c and c.model), None) or "default"
         await asyncio.to_thread(check_resume_model, config.out, model, config.allow_config_change)
         if config.token_ids == "on":
@@ -216,7 +258,7 @@ async def _generate(
         restore: list[Callable[[], None]] = []
         try:  # from here on the lease is released whatever happens
             await warm
-            endpoints = _endpoints(config, urls, caps, fleet_caps, key, log, contexts)
+            endpoints = _endpoints(config, urls, caps, fleet_caps, key, log, contexts, redact)
             n = config.n
 
             def settled(ids: list[str]) -> list[int]:
@@ -332,7 +374,7 @@ async def _check_token_ids(
     answers = await asyncio.gather(*(ask(u, c.model) for u, c in up))
     for (url, _), ok in zip(up, answers, strict=True):
         if ok is False:
-            raise ConfigError(token_ids_refusal(url))
+            raise ConfigError(token_ids_refusal(redact_url(url)))
 
 
 class Rejects:
@@ -379,6 +421,7 @@ def _endpoints(
     key: str | None,
     log: Log,
     contexts: list[int | None],
+    redact: Callable[[str], str] = str,
 ) -> list[Endpoint]:
     out = []
     for i, (url, cap, fleet_max) in enumerate(zip(urls, caps, fleet_caps, strict=True)):
@@ -404,12 +447,13 @@ def _endpoints(
             concurrency=config.concurrency,
             default_concurrency=config.default_concurrency,
             breaker_failures=config.breaker_failures,
+            redact=redact,
         )
         ep.set_capacity(cap, fleet_max, contexts[i])
         if cap is None:
             ep.state = "down"
             ep.fault = "not reachable"
-            log(f"endpoint {url}: not reachable now; probing every {config.probe_interval:g} s")
+            log(f"endpoint {ep.url}: not reachable now; probing every {config.probe_interval:g} s")
         else:
             ep.state = "up"
             reported = cap.max_running if cap.max_running else "not reported"
@@ -421,7 +465,7 @@ def _endpoints(
             else:
                 output = f"context length unknown: output limit {FALLBACK_MAX_TOKENS}"
             log(
-                f"endpoint {url}: {cap.engine}, model {cap.model}, capacity {reported}, "
+                f"endpoint {ep.url}: {cap.engine}, model {cap.model}, capacity {reported}, "
                 f"concurrency {ep.limit} ({how}), {output}"
             )
         out.append(ep)

@@ -40,7 +40,7 @@ from draftdata.prepare.load import check_hub_reachable, iter_rows
 from draftdata.prepare.reference import load_exclusions, load_existing
 from draftdata.prepare.report import REPORT_FORMAT, encode_report, to_markdown
 from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt
-from draftdata.records import Prompt, content_hash, encode_prompt
+from draftdata.records import DERIVED_ID, Prompt, content_hash, derived_id_fault, encode_prompt
 
 # (source name, rows read so far in it) -> None; called every PROGRESS_EVERY rows and at the end
 Progress = Callable[[str, int], None]
@@ -132,6 +132,9 @@ def _pass_one(
             )
             if pid in seen_ids:
                 _reject(rejects, run, index, RowError(DUPLICATE_ID, f"id {pid!r} seen before"))
+                continue
+            if (fault := derived_id_fault(pid)) is not None:
+                _reject(rejects, run, index, RowError(DERIVED_ID, fault.partition(": ")[2]))
                 continue
             seen_ids.add(pid)
             domain = source.domain

@@ -19,7 +19,7 @@ from draftdata.errors import DraftdataError, InputError
 from draftdata.report.find import Parts, find_parts
 from draftdata.stats import DatasetStats, compute_stats
 from draftdata.stats.compute import STATS_FORMAT, run_metrics
-from draftdata.stats.readers import MERGE_REPORT, read_json_object
+from draftdata.stats.readers import MERGE_REPORT, read_json_object, refuse_unreadable
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
 from draftdata.store.store import open_store
 
@@ -300,10 +300,5 @@ def stats_json(url: str) -> list[DatasetStats] | None:
 def _check_readable(url: str, st: DatasetStats) -> None:
     """Refuse an input of which nothing could be read (every row rejected), in one line."""
     rejected = st["rejected"]
-    if st.rows == 0 and rejected["count"] > 0:
-        example = (rejected.get("examples") or [""])[0]
-        raise InputError(
-            f"{url}: no readable rows ({rejected['count']} rejected"
-            + (f", e.g. {example}" if example else "")
-            + "); give a dataset, a run, a merge output or a `draftdata stats --json` output"
-        )
+    example = (rejected.get("examples") or [""])[0]
+    refuse_unreadable(url, st.rows, rejected["count"], example)
