@@ -80,6 +80,9 @@ PATH_OPTIONS: dict[tuple[str, str], Role] = {
     ("fleet up", "--python"): Role(IN_FILE),
     ("fleet sim", "--out"): Role(OUT_FILE),
     ("fleet sim", "--tokenizer"): Role(IN_DIR),
+    ("acceptance", "--prompts"): Role(IN_ANY),
+    ("acceptance", "--fleet"): Role(IN_FILE),
+    ("acceptance", "--out"): Role(OUT_DIR),
     ("fleet status", "fleet"): Role(IN_FILE),
     ("fleet down", "fleet"): Role(IN_FILE),
 }
@@ -90,6 +93,7 @@ NOT_PATHS: dict[tuple[str, str], str] = {
     ("fleet sim", "--mean-output-tokens"): "a number",
     ("fleet up", "--model"): "a hub id or the engine's model path, read by the engine",
     ("generate", "--limit"): "a number",
+    ("acceptance", "--per-domain"): "a number",
     ("generate", "--api-key-env"): "an environment variable's name",
     ("generate", "--protect"): "a prefix compared with outputs, never read or written",
     ("merge", "--protect"): "a prefix compared with outputs, never read or written",
@@ -301,6 +305,11 @@ def _base(command: str, w: World, new: Path) -> tuple[list[str], dict[str, list[
             "--log-dir": [str(new / "logs")],
         },
         "fleet sim": {"--servers": ["1"], "--time-scale": ["0"]},
+        "acceptance": {
+            "--prompts": [str(w.prompts)],
+            "--endpoint": ["http://127.0.0.1:9"],
+            "--out": [str(new / "acc")],
+        },
         "fleet status": {"fleet": [str(w.fleet)]},
         "fleet down": {"fleet": [str(w.fleet)]},
     }
@@ -373,7 +382,7 @@ def test_a_wrong_path_is_one_line(
     words, args = _base(command, world, new)
     args = dict(args)
     args[option] = [value]
-    if command == "generate" and option == "--fleet":
+    if command in ("generate", "acceptance") and option == "--fleet":
         args.pop("--endpoint")
     params = {k[1]: p for k, p in _params().items() if k[0] == command}
     code, out, err = _run(_argv(words, args, params), capsys)

@@ -112,9 +112,16 @@ def register(app: typer.Typer) -> None:
 
         import msgspec
 
+        from draftdata import paths
         from draftdata.acceptance.result import suggest_mix
         from draftdata.acceptance.stage import AcceptanceConfig, measure_acceptance
 
+        if not paths.is_remote(prompts):
+            paths.input_path(prompts, "--prompts")
+        if fleet is not None:
+            paths.input_file(fleet, "--fleet")
+        if out is not None and not paths.is_remote(out):
+            paths.output_folder(out, "--out")
         config = AcceptanceConfig(
             prompts=prompts,
             endpoints=tuple(endpoint),
