@@ -29,10 +29,10 @@ from typing import Any
 
 import aiohttp
 
-from draftdata.acceptance.counters import SpecCounts, from_sglang, from_vllm_metrics
 from draftdata.endpoints import base_url, parse_prometheus, probe_capacity
 from draftdata.errors import FleetError
 from draftdata.generate.client import EndpointClient, RequestError
+from draftdata.speculation import SpecCounts, from_sglang, from_vllm_metrics
 
 Log = Callable[[str], None]
 ATTEMPTS = 3

@@ -23,15 +23,6 @@ import aiohttp
 import msgspec
 
 from draftdata.acceptance.measure import Job, Measurement, SpecServer, chunks, probe_spec
-from draftdata.acceptance.result import (
-    ACCEPTANCE_FILE,
-    DEFAULT_MIN_SHARE,
-    MIX_FILE,
-    Acceptance,
-    DomainAcceptance,
-    mix_document,
-    suggest_mix,
-)
 from draftdata.conversation import TurnPlan
 from draftdata.endpoints import base_url
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError
@@ -40,6 +31,15 @@ from draftdata.generate.client import EndpointClient, build_body
 from draftdata.generate.config import Reasoning, Sampling
 from draftdata.generate.source import prompt_files
 from draftdata.records import parse_prompt
+from draftdata.speculation import (
+    ACCEPTANCE_FILE,
+    DEFAULT_MIN_SHARE,
+    MIX_FILE,
+    Acceptance,
+    DomainAcceptance,
+    mix_document,
+    suggest_mix,
+)
 from draftdata.store.prompts import iter_prompt_lines
 from draftdata.store.store import open_store
 

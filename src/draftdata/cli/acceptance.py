@@ -13,7 +13,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def print_acceptance(result: Any, mix: dict[str, float] | None) -> None:
+def print_acceptance(result: Any, mix: dict[str, float] | None, title: str = "") -> None:
     """The per-domain table (and the suggested mix) on stdout."""
     from draftdata.tables import console, table
 
@@ -45,8 +45,34 @@ def print_acceptance(result: Any, mix: dict[str, float] | None) -> None:
         "per position",
         "suggested share",
     ]
-    out = console()
-    out.print(table(f"draft acceptance ({result.model or 'unknown model'})", header, rows))
+    if not mix:
+        header.pop()
+        rows = [r[:-1] for r in rows]
+    name = title or f"draft acceptance ({result.model or 'unknown model'})"
+    console().print(table(name, header, rows))
+
+
+def print_acceptance_compare(measured: list[tuple[str, Any]]) -> None:
+    """Several measurements side by side: acceptance rate and length per domain."""
+    from draftdata.tables import console, table
+
+    domains: list[str] = []
+    for _, a in measured:
+        domains += [d for d in a.by_domain if d not in domains]
+    header = ["domain"]
+    for url, _ in measured:
+        header += [f"rate: {url}", f"length: {url}"]
+    rows = []
+    for d in [*domains, "total"]:
+        row = [d]
+        for _, a in measured:
+            fig = a.total if d == "total" else a.by_domain.get(d)
+            row += [
+                _fmt(fig.acceptance_rate if fig else None),
+                _fmt(fig.mean_accept_length if fig else None, 2),
+            ]
+        rows.append(row)
+    console().print(table("draft acceptance side by side", header, rows))
 
 
 def register(app: typer.Typer) -> None:
@@ -113,8 +139,8 @@ def register(app: typer.Typer) -> None:
         import msgspec
 
         from draftdata import paths
-        from draftdata.acceptance.result import suggest_mix
         from draftdata.acceptance.stage import AcceptanceConfig, measure_acceptance
+        from draftdata.speculation import suggest_mix
 
         if not paths.is_remote(prompts):
             paths.input_path(prompts, "--prompts")

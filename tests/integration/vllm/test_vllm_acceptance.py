@@ -25,7 +25,7 @@ import pytest
 import yaml
 from tests.integration.envs import cached_env_python, env_dir
 
-from draftdata.acceptance.counters import from_vllm_metrics
+from draftdata.speculation import from_vllm_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

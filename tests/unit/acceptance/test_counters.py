@@ -6,9 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.acceptance.counters import SpecCounts, from_sglang, from_vllm_metrics
 from draftdata.acceptance.measure import Job, chunks
-from draftdata.acceptance.result import suggest_mix
+from draftdata.speculation import SpecCounts, from_sglang, from_vllm_metrics, suggest_mix
 
 VLLM_METRICS = """\
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
