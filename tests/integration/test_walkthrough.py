@@ -167,7 +167,7 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
     try:
         for cmd in sub:
             if cmd.startswith("draftdata generate"):
-                _interrupt_once(cmd, work, bucket)
+                _interrupt_once(cmd, work, bucket, port_base)
             res = _sh(cmd, work)
             assert res.returncode == 0, f"{cmd}\n{res.stdout}\n{res.stderr}"
             if cmd.startswith("draftdata generate"):
@@ -195,9 +195,27 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
     assert "Output length per domain" in page and "Failures by class" in page
 
 
-def _interrupt_once(cmd: str, work: Path, bucket: str) -> None:
-    """Run ``cmd`` until it has sent its first requests, then press Ctrl-C twice (SIGINT to
-    its group: stop dispatching, then leave without waiting for the running requests)."""
+def _answered(port_base: int, servers: int = 2) -> float:
+    """Requests the fleet's servers have finished (the simulator's ``/metrics`` counter)."""
+    import urllib.request
+
+    total = 0.0
+    for port in range(port_base, port_base + servers):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("vllm:request_success_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _interrupt_once(cmd: str, work: Path, bucket: str, port_base: int) -> None:
+    """Run ``cmd`` until the servers have answered its first requests, then press Ctrl-C twice
+    (SIGINT to its group: stop dispatching, then leave without waiting for the running
+    requests); what finished is committed."""
     from draftdata.store.store import open_store
 
     proc = subprocess.Popen(
@@ -211,8 +229,9 @@ def _interrupt_once(cmd: str, work: Path, bucket: str) -> None:
     run = open_store(f"{bucket}/expansion_v1/")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if run.exists("manifest.json"):  # the run is open; requests start now
-            time.sleep(1.0)
+        # the run is open (its lease taken; the manifest comes with the first commit) and
+        # the servers have answered: interrupt with work done but not all of it
+        if run.list("lease/") and _answered(port_base) > 0:
             break
         time.sleep(0.05)
     for _ in range(2):

@@ -49,6 +49,7 @@ PATH_OPTIONS: dict[tuple[str, str], Role] = {
     ("prepare", "config"): Role(IN_FILE),
     ("prepare", "--out"): Role(OUT_DIR),
     ("prepare", "--write-samples"): Role(OUT_DIR),
+    ("prepare", "--lengths"): Role(IN_ANY),
     ("generate", "--prompts"): Role(IN_ANY),
     ("generate", "--fleet"): Role(IN_FILE),
     ("generate", "--out"): Role(OUT_DIR),

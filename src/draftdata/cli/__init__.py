@@ -86,6 +86,22 @@ for _module in (prepare, generate, export, tokenize, merge, stats, report, accep
 app.add_typer(fleet.app, name="fleet")
 
 
+# The width of ``--help`` when stdout is not a terminal. Rich then draws at 80 columns, where a
+# help cell holding a long word (a path template, a list of variables) is cut with an ellipsis;
+# at this width no option's help is cut, and a pipe has no terminal to overflow.
+PIPED_HELP_WIDTH = 120
+
+
+def _help_width() -> None:
+    """Give ``--help`` a width at which nothing is cut when stdout is piped (a width the user
+    set with $COLUMNS or $TERMINAL_WIDTH wins)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH"):
+        return
+    import typer.rich_utils
+
+    typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app and map DraftdataError to exit code 1.
 
@@ -94,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     # transformers announces on import that PyTorch is absent; draftdata needs only its
     # tokenizers, so that advice is noise in every command's output.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    _help_width()
     try:
         app(args=argv)
     except DraftdataError as exc:

@@ -30,11 +30,14 @@ def _pairs(values: list[str], option: str, kind: type[int] | type[float]) -> dic
     return out
 
 
-def _means(values: list[str]) -> dict[str, int]:
-    return _by_prefix(values, "--mean-output-tokens-for", int, "math:6000")
+def _means(
+    values: list[str], option: str = "--mean-output-tokens-for", example: str = "PREFIX:N"
+) -> dict[str, int]:
+    shape = "PREFIX:N, e.g. math:6000" if example == "PREFIX:N" else f"DOMAIN:N, e.g. {example}"
+    return _by_prefix(values, option, int, shape)
 
 
-def _by_prefix(values: list[str], option: str, kind: type[T], example: str) -> dict[str, T]:
+def _by_prefix(values: list[str], option: str, kind: type[T], shape: str) -> dict[str, T]:
     """``PREFIX:VALUE`` options -> {prefix: value}; a bad one is a ConfigError naming it."""
     out: dict[str, T] = {}
     for v in values:
@@ -44,7 +47,7 @@ def _by_prefix(values: list[str], option: str, kind: type[T], example: str) -> d
                 raise ValueError
             out[prefix] = kind(value)
         except ValueError as exc:
-            raise ConfigError(f"{option} {v!r}: expected PREFIX:VALUE, e.g. {example}") from exc
+            raise ConfigError(f"{option} {v!r}: expected {shape}") from exc
     return out
 
 
@@ -81,6 +84,18 @@ def register(app: typer.Typer) -> None:
             "--mean-output-tokens-for",
             help="PREFIX:N: requests whose last user message starts with PREFIX draw around "
             "mean N (repeatable; mixed-domain jobs).",
+        ),
+        domain_mean: list[str] = typer.Option(
+            [],
+            "--domain-mean",
+            help="DOMAIN:N: requests whose conversation is of DOMAIN (code, math, tool, agent, "
+            "general: the classifier prepare tags prompts with) draw around mean N "
+            "(repeatable; answer lengths that depend on the domain).",
+        ),
+        output_sigma: float = typer.Option(
+            0.8,
+            "--output-sigma",
+            help="Spread of the lognormal output length (its sigma; 0: every answer at the mean).",
         ),
         time_scale: float = typer.Option(
             1.0,
@@ -222,6 +237,8 @@ def register(app: typer.Typer) -> None:
                 context_length=context_length,
                 mean_output_tokens=mean_output_tokens,
                 mean_output_tokens_for=_means(mean_output_tokens_for),
+                domain_mean_output_tokens=_means(domain_mean, "--domain-mean", "math:6000"),
+                output_sigma=output_sigma,
                 time_scale=time_scale,
                 seed=seed,
                 tokenizer=str(tokenizer) if tokenizer else None,
@@ -232,7 +249,9 @@ def register(app: typer.Typer) -> None:
                 max_choices=max_choices,
                 spec_tokens=spec_tokens,
                 accept_rate=accept_rate,
-                accept_rate_for=_by_prefix(accept_rate_for, "--accept-rate-for", float, "math:0.6"),
+                accept_rate_for=_by_prefix(
+                    accept_rate_for, "--accept-rate-for", float, "PREFIX:P, e.g. MATH:0.6"
+                ),
                 faults=faults,
             ),
             servers,

@@ -65,6 +65,19 @@ def register(app: typer.Typer) -> None:
         budget: int | None = typer.Option(
             None, "--budget", help="New prompts to take (default: the config's; none = all usable)."
         ),
+        mix_by: str | None = typer.Option(
+            None,
+            "--mix-by",
+            help="What the mix's shares count: rows, tokens (the expected loss tokens of the "
+            "answers, from --lengths or the existing set's answers) or auto (tokens when "
+            "--lengths is given, else rows; default: the config's mix_by, else auto).",
+        ),
+        lengths: str | None = typer.Option(
+            None,
+            "--lengths",
+            help="A pilot's forecast.json (or its run folder: the newest forecast), local or "
+            "s3://: the expected output tokens per domain that a mix in tokens plans with.",
+        ),
         force: bool = typer.Option(
             False, "--force", help="Replace earlier prepare outputs in the output folder."
         ),
@@ -84,7 +97,7 @@ def register(app: typer.Typer) -> None:
         from draftdata.config import load_config
         from draftdata.errors import ConfigError
         from draftdata.prepare.config import PrepareConfig, mix_warnings, resolve_paths
-        from draftdata.prepare.report import PLAN_HEADER, SOURCE_HEADER, plan_rows, source_rows
+        from draftdata.prepare.report import SOURCE_HEADER, plan_header, plan_rows, source_rows
         from draftdata.prepare.stage import prepare
         from draftdata.tables import table
 
@@ -102,7 +115,15 @@ def register(app: typer.Typer) -> None:
                 "prepare: give a config file, e.g. draftdata prepare examples/quickstart.yaml"
             )
         paths.input_file(config, "prepare")
-        cfg = load_config(config, PrepareConfig, out=out, seed=seed, budget=budget)
+        if mix_by is not None and mix_by not in ("auto", "rows", "tokens"):
+            raise ConfigError(f"--mix-by {mix_by!r}: use rows, tokens or auto")
+        if lengths is not None and not paths.is_remote(lengths):
+            paths.input_path(lengths, "--lengths", "give a pilot's forecast.json or its run")
+            lengths = str(Path(lengths).expanduser().resolve())  # the working directory's
+        cfg = load_config(
+            config, PrepareConfig, out=out, seed=seed, budget=budget, mix_by=mix_by,
+            lengths=lengths,
+        )  # fmt: skip
         cfg = resolve_paths(cfg, config.resolve().parent)
         if not plan_only:
             paths.output_folder(cfg.out, "--out" if out is not None else f"{config}: out")
@@ -114,7 +135,14 @@ def register(app: typer.Typer) -> None:
         rep = result.report
         console.print(table("sources", SOURCE_HEADER, source_rows(rep)))
         title = "mix plan (existing + new)" if plan_only else "domain mix (existing + new)"
-        console.print(table(title, PLAN_HEADER, plan_rows(result.plan)))
+        if result.plan.mix_by == "tokens":
+            title += ", in expected tokens"
+        console.print(table(title, plan_header(result.plan), plan_rows(result.plan)))
+        lengths_info = rep.get("lengths")
+        if lengths_info:
+            console.print(f"expected tokens per new prompt's answer from {lengths_info['source']}")
+            for note in lengths_info["notes"]:
+                console.print(f"[yellow]note: {note}[/]")
         if result.plan.shortfall:
             console.print(
                 f"[yellow]the sources fall {result.plan.shortfall:,} prompts short of the budget[/]"

@@ -4,7 +4,8 @@ Sections, in order: headline numbers; domain mix in rows and in loss tokens (bef
 from a merge output's ``merge_report.json``, else the domain shares of the subject and of every
 compared input; loss tokens are estimated for chat rows and runs, see ``stats``);
 output length per domain; tokens per domain; finish reasons; failures by class; throughput over
-time per endpoint (from the run's metrics snapshots); the inputs read. A section without data
+time per endpoint (from the run's metrics snapshots); a pilot's forecast against the actual run
+(``forecast.py``); the inputs read. A section without data
 says why in one line instead of drawing an empty chart.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 from draftdata.errors import InputError
 from draftdata.report import page, plots
 from draftdata.report.collect import ReportData, collect
+from draftdata.report.forecast import forecast_section
 from draftdata.stats import DatasetStats
 
 _MEASURES = {
@@ -390,6 +392,7 @@ def render_report(data: ReportData, title: str | None = None) -> str:
         _finish_section(data),
         _failures_section(data),
         _throughput_section(data),
+        forecast_section(data),
         _inputs_section(data),
     ]
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")

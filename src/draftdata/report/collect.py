@@ -29,6 +29,7 @@ from draftdata.stats.readers import (
     refuse_unreadable,
 )
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
+from draftdata.store.forecast import latest_forecast
 from draftdata.store.store import open_store
 
 MERGE_REPORT_FORMAT = "draftdata.merge-report"
@@ -44,6 +45,8 @@ class RunPart:
     metrics: dict[str, Any] | None
     throughput: dict[str, list[tuple[float, float]]]
     total: int | None = None
+    forecast: dict[str, Any] | None = None  # the newest pilot forecast (store/forecast.py)
+    forecast_url: str | None = None
 
     @property
     def figures(self) -> dict[str, Any] | None:
@@ -227,7 +230,14 @@ def _run(url: str) -> RunPart:
         manifest = read_manifest(store)
     except DraftdataError:
         manifest = {}
-    return RunPart(url, stats, manifest, headline(snaps), throughput_series(snaps), _total(snaps))
+    part = RunPart(url, stats, manifest, headline(snaps), throughput_series(snaps), _total(snaps))
+    try:
+        found = latest_forecast(store)
+    except DraftdataError:  # a damaged forecast does not stop the report
+        found = None
+    if found is not None:
+        part.forecast_url, part.forecast = found
+    return part
 
 
 def _merged(url: str) -> MergedPart:

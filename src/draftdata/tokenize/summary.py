@@ -26,8 +26,10 @@ def summary_lines(summary: TokenizeSummary) -> list[str]:
         f"in {summary.wall_s:.1f} s -> {summary.out}; {losses(summary)}",
         f"verified {c('verified')} (non-canonical tokenization of the same text "
         f"{c('verified.noncanonical')}, ended other than by the template's end of turn "
-        f"{c('verified.other_end')}), mismatched {c('mismatched')} (dropped), unverifiable "
-        f"{c('unverifiable')}; split into per-turn samples {c('split_turns')}; "
+        f"{c('verified.other_end')}, checked by decoding where the template cannot render "
+        f"the reasoning split back {c('verified.decoded')}, of which answers without "
+        f"</think> {c('reasoning.unclosed')}), mismatched {c('mismatched')} (dropped), "
+        f"unverifiable {c('unverifiable')}; split into per-turn samples {c('split_turns')}; "
         f"truncated {c('truncated')}",
     ]
     checked = c("verified") + c("mismatched")
