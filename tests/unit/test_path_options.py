@@ -49,6 +49,7 @@ PATH_OPTIONS: dict[tuple[str, str], Role] = {
     ("prepare", "config"): Role(IN_FILE),
     ("prepare", "--out"): Role(OUT_DIR),
     ("prepare", "--write-samples"): Role(OUT_DIR),
+    ("prepare", "--mix"): Role(IN_FILE),  # shares, or a file holding a mix
     ("prepare", "--lengths"): Role(IN_ANY),
     ("generate", "--prompts"): Role(IN_ANY),
     ("generate", "--fleet"): Role(IN_FILE),
@@ -67,6 +68,7 @@ PATH_OPTIONS: dict[tuple[str, str], Role] = {
     ("merge", "--add"): Role(IN_DATA),
     ("merge", "--out"): Role(OUT_DIR, existing="refuse"),
     ("merge", "--tmp-dir"): Role(OUT_DIR),
+    ("merge", "--mix"): Role(IN_FILE),  # shares, or a file holding a mix
     ("merge", "--tokenizer"): Role(IN_DIR),
     ("stats", "dataset"): Role(IN_DATA),
     ("stats", "--tokenizer"): Role(IN_DIR),
