@@ -23,6 +23,9 @@
         └── FatalRequestError           the request itself is bad: do not retry
             └── ContextLengthError      prompt (+ max tokens) exceeds the context
 
+    Interrupted (a BaseException)      SIGINT/SIGTERM stopped a command that holds worker
+                                        processes (``workerpool.py``); exit 128 + signal
+
 Retry decisions are made by type, never by matching message text; raw HTTP, S3 and file errors
 are mapped to these types in one place per layer (``raise ... from exc``). Anything that is not a
 DraftdataError is a bug and keeps its traceback.
@@ -130,3 +133,16 @@ class ContextLengthError(FatalRequestError):
     """The prompt plus the requested output does not fit the model's context."""
 
     reason = "context_length"
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM stopped the command (its worker processes already killed); the CLI
+    says how to continue and exits with 128 + the signal number. Not an Exception, so
+    ``except Exception`` clauses let it through, like KeyboardInterrupt."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        self.signame = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.signame}")

@@ -5,12 +5,14 @@ and does three things: parse options into one config object, call one stage func
 summary. Heavy imports happen inside command bodies so ``draftdata --help`` starts instantly.
 
 Exit codes: 0 success; 1 a DraftdataError (one line on stderr, no traceback); 2 a usage error
-(Typer/Click); anything else is a bug and keeps its traceback.
+(Typer/Click); 128 + N when signal N stopped a command that runs worker processes
+(``Interrupted``); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any
 
@@ -28,7 +30,7 @@ from draftdata.cli import (
     stats,
     tokenize,
 )
-from draftdata.errors import DraftdataError
+from draftdata.errors import DraftdataError, Interrupted
 
 
 def _no_type_after_flags() -> None:
@@ -95,3 +97,12 @@ def main(argv: list[str] | None = None) -> None:
     except DraftdataError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    except Interrupted as exc:  # its worker processes are already gone
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal: the same ending
+            signal.signal(sig, signal.SIG_IGN)
+        typer.echo(
+            f"draftdata: stopped by {exc.signame}; what was written is kept, and the same "
+            "command run again finishes the work",
+            err=True,
+        )
+        sys.exit(128 + exc.signum)

@@ -16,13 +16,13 @@ the same files in the same order, so the n-th row of pass 2 is the n-th row of p
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -225,20 +225,21 @@ class Workers:
     """An optional pool of ``n`` spawned processes for ``chat_keys``; ``n <= 1`` runs inline.
 
     Chunks are submitted with at most ``2 n`` in flight and consumed in submission order, so
-    results (and memory) do not depend on the number of workers.
+    results (and memory) do not depend on the number of workers. The processes end with this
+    one, whatever signal ends it (``draftdata.workerpool``).
     """
 
     def __init__(self, n: int) -> None:
         self.n = n
         self._pool: ProcessPoolExecutor | None = None
+        self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> Workers:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+    def __exit__(self, *exc: Any) -> None:
+        self._pool = None
+        self._stack.__exit__(*exc)
 
     def map(
         self, chunks: Iterator[list[Conversation]]
@@ -249,7 +250,9 @@ class Workers:
                 yield chunk, chat_keys(chunk)
             return
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.n, mp_context=get_context("spawn"))
+            from draftdata.workerpool import worker_pool
+
+            self._pool = self._stack.enter_context(worker_pool(self.n))
         window: deque[tuple[list[Conversation], Future[tuple[list[str], list[int], list[int]]]]]
         window = deque()
         for chunk in chunks:

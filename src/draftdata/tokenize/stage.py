@@ -25,7 +25,7 @@ import json
 import os
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -368,16 +368,11 @@ def finish(job: TokenizeJob, results: Iterable[tuple[Counters, list[str]]]) -> T
 
 def _parallel(config: TokenizeConfig, keys: list[str]) -> Iterator[tuple[Counters, list[str]]]:
     # Results in key order (deterministic summary); at most 2 shards per worker in flight.
-    import multiprocessing
+    # The workers end with this process (workerpool.py), whatever signal ends it.
+    from draftdata.workerpool import worker_pool
 
     threads = max(1, (os.cpu_count() or 1) // config.workers)
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        max_workers=config.workers,
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(config, threads),
-    ) as pool:
+    with worker_pool(config.workers, _init_worker, (config, threads)) as pool:
         pending: list[Future[tuple[Counters, list[str]]]] = []
         queue = iter(keys)
         for key in queue:
