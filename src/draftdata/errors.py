@@ -5,6 +5,7 @@
     ├── InputError                      unreadable input file, malformed record (located)
     ├── FormatVersionError              a file written by an incompatible draftdata
     ├── StoreError                      the run store refused or failed
+    │   ├── DiskError                   a local file: the disk is full, over quota or read-only
     │   ├── AlreadyExistsError          a create-only write found the key already there
     │   ├── ProtectedPrefixError        the output overlaps a protected prefix
     │   ├── RunMismatchError            the run's manifest disagrees with this config
@@ -33,6 +34,10 @@ DraftdataError is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+from collections.abc import Iterator
+
 
 class DraftdataError(Exception):
     """A problem the user can fix; printed as one line by the CLI (exit code 1)."""
@@ -57,6 +62,43 @@ class StoreError(DraftdataError):
 class LeaseUnconfirmedError(StoreError):
     """The run lease could not be renewed (the store does not answer): no commit until it is;
     a store outage like any other, retried (a takeover would be LeaseLostError)."""
+
+
+# errno -> (what a user reads, what to do about it besides writing elsewhere)
+DISK_ERRNOS = {
+    errno.ENOSPC: ("no space left on the device", "free space there, or "),
+    errno.EDQUOT: ("the disk quota is exceeded", "free some of your files there, or "),
+    errno.EROFS: ("the file system is read-only", ""),
+}
+
+
+class DiskError(StoreError):
+    """A local file cannot be written: the disk is full (ENOSPC), over quota (EDQUOT) or
+    read-only (EROFS). A StoreError, so generate's committer treats a full run store as the
+    store outage it is; every other command prints it as one line (exit 1)."""
+
+    @classmethod
+    def of(cls, exc: BaseException, where: str, elsewhere: str) -> DiskError | None:
+        """The one-line DiskError for ``exc`` met writing ``where`` when it is a disk
+        condition (``DISK_ERRNOS``, also inside pyarrow's OSError), else None. ``elsewhere``
+        says how to write to another place (``choose another --out``)."""
+        if not isinstance(exc, OSError) or exc.errno not in DISK_ERRNOS:
+            return None
+        what, fix = DISK_ERRNOS[exc.errno]
+        return cls(f"{where}: cannot write: {what}; {fix}{elsewhere}")
+
+
+@contextlib.contextmanager
+def disk_errors(where: str, elsewhere: str) -> Iterator[None]:
+    """Turn a full, over-quota or read-only disk met inside into one DiskError naming
+    ``where`` and how to write ``elsewhere``; every other error passes unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        err = DiskError.of(exc, where, elsewhere)
+        if err is None:
+            raise
+        raise err from exc
 
 
 class AlreadyExistsError(StoreError):

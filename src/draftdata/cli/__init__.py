@@ -30,7 +30,7 @@ from draftdata.cli import (
     stats,
     tokenize,
 )
-from draftdata.errors import DraftdataError, Interrupted
+from draftdata.errors import DiskError, DraftdataError, Interrupted
 
 
 def _no_type_after_flags() -> None:
@@ -84,6 +84,20 @@ for _module in (prepare, generate, export, tokenize, merge, stats, report, demo)
 app.add_typer(fleet.app, name="fleet")
 
 
+_FIX = "write to another place (--out, --tmp-dir, TMPDIR)"
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device: what is still buffered for a full disk would fail
+    again when the interpreter exits (a second, unreadable message)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):  # stdout already closed or not a file
+        return
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app and map DraftdataError to exit code 1.
 
@@ -93,7 +107,17 @@ def main(argv: list[str] | None = None) -> None:
     # tokenizers, so that advice is noise in every command's output.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
-        app(args=argv)
+        try:
+            app(args=argv)
+        finally:
+            sys.stdout.flush()  # a full disk under `> file` shows here, not at exit
+    except OSError as exc:  # a local write no stage named: full, over quota, read-only
+        err = DiskError.of(exc, exc.filename or "an output file (or the standard output)", _FIX)
+        if err is None:
+            raise
+        _quiet_stdout()
+        typer.echo(f"error: {err}", err=True)
+        sys.exit(1)
     except DraftdataError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)

@@ -25,13 +25,17 @@ def register(app: typer.Typer) -> None:
         """Counts and shares per domain and source, length percentiles, reasoning share,
         finish reasons and failures (for runs). Format is auto-detected."""
         import json
+        import sys
 
+        from draftdata.errors import disk_errors
         from draftdata.stats import compute_stats
         from draftdata.stats.render import print_stats
 
         results = [compute_stats(url) for url in dataset]
-        if as_json:
-            typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))
-            return
-        for stats in results:
-            print_stats(stats)
+        with disk_errors("the standard output", "redirect it to another place"):
+            if as_json:
+                typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+                return
+            for stats in results:
+                print_stats(stats)
+            sys.stdout.flush()

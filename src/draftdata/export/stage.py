@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from draftdata.conversation import assemble
-from draftdata.errors import AlreadyExistsError, ConfigError
+from draftdata.errors import AlreadyExistsError, ConfigError, disk_errors
 from draftdata.export.turns import TurnRows
 from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
@@ -312,8 +312,12 @@ def export_run(
         )
     dest = str(out)
     if dest.startswith("s3://"):
-        _export_s3(src, fmt, dest, include_reasoning, stats, protect, turns)
+        staging = tempfile.gettempdir()
+        fix = "set TMPDIR to a folder with room for the whole export (it is staged there)"
+        with disk_errors(f"the export's local copy in {staging}", fix):
+            _export_s3(src, fmt, dest, include_reasoning, stats, protect, turns)
     else:
         check_not_protected(dest, protect, what="export destination")
-        _export_local(src, fmt, Path(dest), include_reasoning, stats, turns)
+        with disk_errors(dest, "choose another --out"):
+            _export_local(src, fmt, Path(dest), include_reasoning, stats, turns)
     return stats

@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from draftdata.errors import ConfigError
+from draftdata.errors import ConfigError, disk_errors
 from draftdata.formats import SAMPLE_SCHEMA
 from draftdata.merge.config import OTHER, MergeConfig, check_config, normalised_mix
 from draftdata.merge.inputs import (
@@ -412,7 +412,16 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
         plan, alloc, facts = _plan_output(config, keys, infos, stats)
     schema = SAMPLE_SCHEMA if family == "samples" else CONVERSATION_SCHEMA
     shards: dict[str, list[str]] = {}
-    with tempfile.TemporaryDirectory(prefix="draftdata-merge-", dir=config.tmp_dir) as tmp:
+    # the shuffle's buckets hold about the whole output: a full --tmp-dir is one line naming it
+    # (a full --out is the store's own one line)
+    scratch = config.tmp_dir or tempfile.gettempdir()
+    with (
+        disk_errors(
+            f"{scratch} (the shuffle's temporary buckets)",
+            "give --tmp-dir a folder with room for about the whole output",
+        ),
+        tempfile.TemporaryDirectory(prefix="draftdata-merge-", dir=config.tmp_dir) as tmp,
+    ):
         buckets = Buckets(Path(tmp), bucket_schema(schema), plan.nbuckets)
         with stats.timed("route"):
             try:
