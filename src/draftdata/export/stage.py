@@ -39,6 +39,7 @@ from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, sample_key
 from draftdata.store.doneset import DoneSet
+from draftdata.store.lease import refuse_live_writer
 from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
@@ -299,6 +300,7 @@ def export_run(
     stats = StageStats("export")
     src = open_store(run)  # opened once: manifest check and every shard read
     manifest = read_manifest(src)  # StoreError "no manifest.json; not a draftdata run" first
+    refuse_live_writer(src, "export")  # a moving run is not exported as if it were whole
     turns = None
     if fmt in PER_TURN_FORMATS:
         settings = manifest.get("effective_settings") or {}

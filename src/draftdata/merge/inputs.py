@@ -40,6 +40,7 @@ from draftdata.stats.readers import (
     iter_sample_batches,
     open_dataset,
 )
+from draftdata.store.lease import refuse_live_writer
 
 Family = Literal["samples", "chat"]
 UNKNOWN = "unknown"
@@ -114,6 +115,8 @@ def open_inputs(inputs: list[tuple[str, str]]) -> tuple[list[InputInfo], Family]
             "with tokenized (tokenize the chat data first) or chat with chat"
         )
     for i in infos:
+        if i.dataset.is_run:  # a moving run is not merged as if it were whole
+            refuse_live_writer(i.dataset.store, "merge")
         if i.dataset.kind == "run" and not i.dataset.keys:
             raise InputError(f"{i.path}: the run has no committed completions yet")
     return infos, families.pop()

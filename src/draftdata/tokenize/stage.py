@@ -35,6 +35,7 @@ import pyarrow as pa
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError, StoreError
 from draftdata.formats import COMPLETION_FORMAT, check_format
 from draftdata.stats.readers import TOKENIZE_CONFIG
+from draftdata.store.lease import refuse_live_writer
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
@@ -298,6 +299,7 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     if "://" not in config.run and not os.path.exists(config.run):
         raise InputError(f"tokenize: {config.run} does not exist; give a run (generate's --out)")
     run = open_store(config.run)
+    refuse_live_writer(run, "tokenize")  # a moving run is not tokenized as if it were whole
     keys = shard_keys(run, COMPLETIONS_PREFIX)
     if not keys:
         raise InputError(f"{run.key_url(COMPLETIONS_PREFIX)}: no completion shards to tokenize")
