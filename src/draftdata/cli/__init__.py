@@ -27,6 +27,7 @@ from draftdata.cli import (
     merge,
     prepare,
     report,
+    run,
     stats,
     tokenize,
 )
@@ -82,6 +83,7 @@ def _root(
 for _module in (prepare, generate, export, tokenize, merge, stats, report, demo):
     _module.register(app)
 app.add_typer(fleet.app, name="fleet")
+app.add_typer(run.app, name="run")
 
 
 _FIX = "write to another place (--out, --tmp-dir, TMPDIR)"

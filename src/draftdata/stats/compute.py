@@ -129,6 +129,7 @@ class StatsBuilder:
         self.sources: Counter[str] = Counter()
         self.labels: Counter[str] = Counter()
         self.stopped: Counter[str] = Counter()  # run: conversations stopped early, by reason
+        self.duplicates = 0  # run: rows of an (id, sample) an earlier shard holds (not counted)
         self.rejects = Rejects()
 
     def _domain(self, name: str) -> _Group:
@@ -201,9 +202,14 @@ def _stats_chat(b: StatsBuilder) -> None:
 def _stats_run(b: StatsBuilder) -> None:
     from draftdata.stats.conversations import completion_to_conversation
     from draftdata.stats.runfigures import completion_reason
+    from draftdata.store.doneset import DoneSet
 
     classify = _classifier()
+    seen = DoneSet()  # the first copy of an (id, sample) counts, as export and tokenize keep it
     for c in iter_run_completions(b.ds, b.rejects):
+        if not seen.add(c.id, c.sample):
+            b.duplicates += 1
+            continue
         domain = _label(b, c.domain) or classify(completion_to_conversation(c).messages, c.tools)
         out_chars = sum(len(t.content or "") + len(t.reasoning or "") for t in c.turns)
         out_tokens = c.usage.completion_tokens or sum(t.usage.completion_tokens for t in c.turns)
@@ -323,6 +329,10 @@ def compute_stats(url: str) -> DatasetStats:
             "share": round(b.all.truncated / total, 6) if total else 0.0,
         }
     if ds.kind == "run":
+        out["duplicates"] = {
+            "rows": b.duplicates,
+            "why": "the same (id, sample) in two shards (a copied shard): the first is counted",
+        }
         out["finish_reasons"] = dict(b.all.finish.most_common())
         out["stopped"] = dict(b.stopped.most_common())
         if ds.is_run:

@@ -24,12 +24,13 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError, StoreError
@@ -37,9 +38,11 @@ from draftdata.formats import COMPLETION_FORMAT, check_format
 from draftdata.stats.readers import TOKENIZE_CONFIG
 from draftdata.store.lease import refuse_live_writer
 from draftdata.store.protect import check_not_protected
+from draftdata.store.quarantine import unreadable
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
     parquet_file,
+    read_shards_parallel,
     shard_keys,
     write_parquet_shard,
 )
@@ -64,16 +67,32 @@ def iter_shard_batches(store: Store, key: str, rows: int) -> Iterator[pa.Table]:
         for batch in pf.iter_batches(batch_size=rows, columns=columns):
             yield pa.Table.from_batches([batch])
     except (OSError, pa.ArrowException) as exc:
-        raise StoreError(f"{where}: cannot read parquet ({exc})") from exc
+        raise unreadable(store, key, str(exc)) from exc
 
 
 def tokenize_shard(
-    ctx: TokenizeContext, run: Store, out: Store, key: str, rows: int
+    ctx: TokenizeContext,
+    run: Store,
+    out: Store,
+    key: str,
+    rows: int,
+    skip: Sequence[int] = (),
 ) -> tuple[Counters, list[str]]:
-    """Tokenize one completions shard into output shards; returns its counters and keys."""
+    """Tokenize one completions shard into output shards; returns its counters and keys.
+
+    ``skip``: indexes of the shard's rows that are duplicates (``duplicate_rows``), left out
+    and counted as ``dropped.duplicate``."""
     counters = Counters()
     written: list[str] = []
+    dropped = np.asarray(sorted(skip), dtype=np.int64)
+    start = 0
     for i, table in enumerate(iter_shard_batches(run, key, rows)):
+        if len(dropped):
+            keep = ~np.isin(np.arange(start, start + table.num_rows), dropped)
+            start += table.num_rows
+            if not keep.all():
+                counters.add("dropped.duplicate", int((~keep).sum()))
+                table = table.filter(pa.array(keep))
         samples, c = tokenize_table(table, ctx)
         counters.merge(c)
         if samples.num_rows == 0:
@@ -105,8 +124,27 @@ def _init_worker(config: TokenizeConfig, threads: int) -> None:
     _worker["rows"] = config.batch_rows
 
 
-def _work(key: str) -> tuple[Counters, list[str]]:
-    return tokenize_shard(_worker["ctx"], _worker["run"], _worker["out"], key, _worker["rows"])
+def _work(key: str, skip: list[int]) -> tuple[Counters, list[str]]:
+    w = _worker
+    return tokenize_shard(w["ctx"], w["run"], w["out"], key, w["rows"], skip)
+
+
+def duplicate_rows(run: Store, keys: list[str]) -> dict[str, list[int]]:
+    """Row indexes, per shard, of the completions whose (id, sample) an earlier row holds (in
+    shard order: a copied shard). Export and stats keep the first copy of a pair; tokenize
+    leaves the others out too. Reads only the id and sample columns."""
+    from draftdata.store.doneset import DoneSet, hash_pairs
+
+    seen = DoneSet()
+    skip: dict[str, list[int]] = {}
+    tables = read_shards_parallel(run, keys, COMPLETION_FORMAT, ["id", "sample"])
+    for key, table in zip(keys, tables, strict=True):
+        ids = table.column("id").to_pylist()
+        samples = [int(s or 0) for s in table.column("sample").to_pylist()]
+        first = seen.first_seen(hash_pairs(ids, samples))
+        if not first.all():
+            skip[key] = np.flatnonzero(~first).tolist()
+    return skip
 
 
 # -- the stage -------------------------------------------------------------------------------------
@@ -253,10 +291,11 @@ def tokenize(config: TokenizeConfig) -> TokenizeSummary:
     ctx = start(job)
     if config.workers == 1:
         results: Iterable[tuple[Counters, list[str]]] = (
-            tokenize_shard(ctx, job.run, job.out, key, config.batch_rows) for key in job.keys
+            tokenize_shard(ctx, job.run, job.out, key, config.batch_rows, job.skip.get(key, []))
+            for key in job.keys
         )
     else:
-        results = _parallel(config, job.keys)
+        results = _parallel(config, job.keys, job.skip)
     summary = finish(job, results)
     summary.wall_s = time.perf_counter() - started
     check_verified(summary, config)
@@ -290,6 +329,7 @@ class TokenizeJob(msgspec.Struct, kw_only=True):
     keys: list[str]
     settings: dict[str, Any]
     previous: TokenizeSummary | None  # a finished output with the same settings
+    skip: dict[str, list[int]]  # shard -> indexes of duplicate rows (``duplicate_rows``)
 
 
 def plan(config: TokenizeConfig) -> TokenizeJob:
@@ -312,13 +352,15 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     settings = settings_of(config, keep) | {"inputs": keys}
     if kwargs:  # recorded only when there are some, so older summaries still compare equal
         settings["server_template_kwargs"] = kwargs
+    previous = previous_summary(out, settings)
     return TokenizeJob(
         config=config,
         run=run,
         out=out,
         keys=keys,
         settings=settings,
-        previous=previous_summary(out, settings),
+        previous=previous,
+        skip={} if previous is not None else duplicate_rows(run, keys),
     )
 
 
@@ -368,7 +410,9 @@ def finish(job: TokenizeJob, results: Iterable[tuple[Counters, list[str]]]) -> T
     return summary
 
 
-def _parallel(config: TokenizeConfig, keys: list[str]) -> Iterator[tuple[Counters, list[str]]]:
+def _parallel(
+    config: TokenizeConfig, keys: list[str], skip: dict[str, list[int]]
+) -> Iterator[tuple[Counters, list[str]]]:
     # Results in key order (deterministic summary); at most 2 shards per worker in flight.
     # The workers end with this process (workerpool.py), whatever signal ends it.
     from draftdata.workerpool import worker_pool
@@ -378,12 +422,12 @@ def _parallel(config: TokenizeConfig, keys: list[str]) -> Iterator[tuple[Counter
         pending: list[Future[tuple[Counters, list[str]]]] = []
         queue = iter(keys)
         for key in queue:
-            pending.append(pool.submit(_work, key))
+            pending.append(pool.submit(_work, key, skip.get(key, [])))
             if len(pending) >= 2 * config.workers:
                 break
         while pending:
             result = pending.pop(0).result()
             nxt = next(queue, None)
             if nxt is not None:
-                pending.append(pool.submit(_work, nxt))
+                pending.append(pool.submit(_work, nxt, skip.get(nxt, [])))
             yield result
