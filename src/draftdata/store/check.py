@@ -79,7 +79,7 @@ def check_shard(store: Store, key: str) -> tuple[int | None, str | None]:
         if n != rows:
             return rows, f"{n} rows decoded of the {rows} its footer counts"
     except _DAMAGE as exc:
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        text = " ".join(str(exc).split())[:240] or type(exc).__name__
         return rows, text.replace(store.key_url(key) + ": ", "")
     return rows, None
 

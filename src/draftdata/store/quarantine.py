@@ -78,6 +78,9 @@ def unreadable(store: Store, key: str, detail: str) -> StoreError:
     """The error a reader raises for a shard it cannot read: for a run's completions or
     failures shard it says how to set it aside and regenerate what it held."""
     where = store.key_url(key)
+    detail = " ".join(detail.split())  # pyarrow's messages run over several lines
+    if len(detail) > 240:
+        detail = detail[:239] + "…"
     if not key.startswith(_RUN_SHARDS):
         return StoreError(f"{where}: cannot read parquet ({detail})")
     return UnreadableShardError(
