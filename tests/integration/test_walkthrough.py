@@ -9,7 +9,9 @@ simulator and a local S3 server, at small scale, with only the substitutions the
   ``--gpus 0-1``, ``--port-base 30000`` -> a free port;
 - ``/models/Qwen3.6-27B`` -> the demo's small local tokenizer folder;
 - ``examples/expansion.yaml`` is, in the test's working folder, the same config over the
-  bundled sample sources (budget 60), deduplicated against the live set;
+  bundled sample sources: each source's fixed ``take`` scaled down from the real config's (at
+  least 2, 63 prompts in all, so every domain of the mix has rows), deduplicated against the
+  live set;
 - the live set ``s3://BUCKET/completions/`` holds the demo's 400-row 77%-code sample.
 
 Step 3 (generate) is interrupted once with Ctrl-C (twice: leave now) and then run again,
@@ -100,6 +102,17 @@ def _sh(cmd: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProces
     )
 
 
+# examples/expansion.yaml's fixed takes (193,010 prompts) scaled to 63, at least 2 a source
+_TAKES = {
+    "infinity_instruct": 31,
+    "webinstruct": 12,
+    "codefeedback": 9,
+    "metamath": 7,
+    "hermes_fc": 2,
+    "agentinstruct": 2,
+}
+
+
 def _write_config(work: Path, bucket: str) -> None:
     """examples/expansion.yaml in the working folder: the bundled sample sources, small."""
     import msgspec
@@ -109,11 +122,13 @@ def _write_config(work: Path, bucket: str) -> None:
 
     samples = work / "samples"
     write_sample_sources(samples)
-    cfg = sample_config(samples, Path("prompts"), budget=60)
+    cfg = sample_config(samples, Path("prompts"))
     cfg = msgspec.structs.replace(
         cfg,
         existing=ExistingConfig(path=f"{bucket}/completions/"),
         mix={"code": 0.40, "general": 0.30, "math": 0.25, "tool": 0.03, "agent": 0.02},
+        budget=None,
+        sources=[msgspec.structs.replace(s, take=_TAKES[s.name]) for s in cfg.sources],
     )
     (work / "examples").mkdir()
     (work / "examples" / "expansion.yaml").write_bytes(
@@ -152,7 +167,7 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
     try:
         for cmd in sub:
             if cmd.startswith("draftdata generate"):
-                _interrupt_once(cmd, work, bucket)
+                _interrupt_once(cmd, work, bucket, port_base)
             res = _sh(cmd, work)
             assert res.returncode == 0, f"{cmd}\n{res.stdout}\n{res.stderr}"
             if cmd.startswith("draftdata generate"):
@@ -180,9 +195,27 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
     assert "Output length per domain" in page and "Failures by class" in page
 
 
-def _interrupt_once(cmd: str, work: Path, bucket: str) -> None:
-    """Run ``cmd`` until it has sent its first requests, then press Ctrl-C twice (SIGINT to
-    its group: stop dispatching, then leave without waiting for the running requests)."""
+def _answered(port_base: int, servers: int = 2) -> float:
+    """Requests the fleet's servers have finished (the simulator's ``/metrics`` counter)."""
+    import urllib.request
+
+    total = 0.0
+    for port in range(port_base, port_base + servers):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("vllm:request_success_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _interrupt_once(cmd: str, work: Path, bucket: str, port_base: int) -> None:
+    """Run ``cmd`` until the servers have answered its first requests, then press Ctrl-C twice
+    (SIGINT to its group: stop dispatching, then leave without waiting for the running
+    requests); what finished is committed."""
     from draftdata.store.store import open_store
 
     proc = subprocess.Popen(
@@ -196,8 +229,9 @@ def _interrupt_once(cmd: str, work: Path, bucket: str) -> None:
     run = open_store(f"{bucket}/expansion_v1/")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if run.exists("manifest.json"):  # the run is open; requests start now
-            time.sleep(1.0)
+        # the run is open (its lease taken; the manifest comes with the first commit) and
+        # the servers have answered: interrupt with work done but not all of it
+        if run.list("lease/") and _answered(port_base) > 0:
             break
         time.sleep(0.05)
     for _ in range(2):

@@ -27,8 +27,11 @@ def _pairs(values: list[str], option: str, kind: type[int] | type[float]) -> dic
     return out
 
 
-def _means(values: list[str]) -> dict[str, int]:
+def _means(
+    values: list[str], option: str = "--mean-output-tokens-for", example: str = "PREFIX:N"
+) -> dict[str, int]:
     out: dict[str, int] = {}
+    shape = "PREFIX:N, e.g. math:6000" if example == "PREFIX:N" else f"DOMAIN:N, e.g. {example}"
     for v in values:
         prefix, sep, value = v.rpartition(":")
         try:
@@ -36,9 +39,7 @@ def _means(values: list[str]) -> dict[str, int]:
                 raise ValueError
             out[prefix] = int(value)
         except ValueError as exc:
-            raise ConfigError(
-                f"--mean-output-tokens-for {v!r}: expected PREFIX:N, e.g. math:6000"
-            ) from exc
+            raise ConfigError(f"{option} {v!r}: expected {shape}") from exc
     return out
 
 
@@ -75,6 +76,18 @@ def register(app: typer.Typer) -> None:
             "--mean-output-tokens-for",
             help="PREFIX:N: requests whose last user message starts with PREFIX draw around "
             "mean N (repeatable; mixed-domain jobs).",
+        ),
+        domain_mean: list[str] = typer.Option(
+            [],
+            "--domain-mean",
+            help="DOMAIN:N: requests whose conversation is of DOMAIN (code, math, tool, agent, "
+            "general: the classifier prepare tags prompts with) draw around mean N "
+            "(repeatable; answer lengths that depend on the domain).",
+        ),
+        output_sigma: float = typer.Option(
+            0.8,
+            "--output-sigma",
+            help="Spread of the lognormal output length (its sigma; 0: every answer at the mean).",
         ),
         time_scale: float = typer.Option(
             1.0,
@@ -164,6 +177,10 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--flavor {flavor!r}: use sglang or vllm")
         if reasoning not in ("parsed", "inline", "off"):
             raise ConfigError(f"--reasoning {reasoning!r}: use parsed, inline or off")
+        if out is not None:
+            from draftdata import paths
+
+            paths.output_file(out, "--out")
         if tokenizer is not None:
             from draftdata.tokenizer_folder import check_tokenizer_folder
 
@@ -195,6 +212,8 @@ def register(app: typer.Typer) -> None:
                 context_length=context_length,
                 mean_output_tokens=mean_output_tokens,
                 mean_output_tokens_for=_means(mean_output_tokens_for),
+                domain_mean_output_tokens=_means(domain_mean, "--domain-mean", "math:6000"),
+                output_sigma=output_sigma,
                 time_scale=time_scale,
                 seed=seed,
                 tokenizer=str(tokenizer) if tokenizer else None,

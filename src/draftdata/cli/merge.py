@@ -7,6 +7,7 @@ summary tables (``merge/report.py``).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import typer
 
@@ -97,7 +98,34 @@ def register(app: typer.Typer) -> None:
             0.005,
             "--tolerance",
             help="How far (a fraction: 0.005 = half a point) a domain's share may sit from its "
-            "target so that more rows are kept. 0 = the exact mix.",
+            "target so that more data is kept. 0 = the exact mix.",
+        ),
+        mix_by: str = typer.Option(
+            "tokens",
+            "--mix-by",
+            help="What the --mix shares count: tokens (the loss tokens a drafter trains on: "
+            "the assistant's text) or rows.",
+        ),
+        min_keep: float = typer.Option(
+            0.5,
+            "--min-keep",
+            help="Stop (exit 1, nothing written) when the plan keeps less than this fraction "
+            "of what the mix could use, printing the plan and the ways out.",
+        ),
+        allow_drop: bool = typer.Option(
+            False, "--allow-drop", help="Write the plan even when it keeps less than --min-keep."
+        ),
+        plan_only: bool = typer.Option(
+            False,
+            "--plan-only",
+            help="Print the plan (per domain: have, keep, drop, share); write nothing.",
+        ),
+        tokenizer: str | None = typer.Option(
+            None,
+            "--tokenizer",
+            metavar="DIR",
+            help="The target's tokenizer folder: count chat rows' loss tokens with it (default: "
+            "estimated from the text; tokenized inputs are exact).",
         ),
         dedup_ids: bool = typer.Option(
             True,
@@ -124,16 +152,23 @@ def register(app: typer.Typer) -> None:
         ),
         quiet: bool = QUIET,
     ) -> None:
-        """Combine datasets, dedup them (ids and content), sample to a target domain mix,
-        shuffle with a seed, split train/eval and write HF-loadable parquet shards.
+        """Combine datasets, dedup them (ids and content), sample to a target domain mix (in
+        loss tokens by default, keeping as much data as the mix allows), shuffle with a seed,
+        split train/eval and write HF-loadable parquet shards. The plan is printed first.
 
         Example: draftdata merge --existing old/ --add tokenized/ --mix code=0.5,math=0.5 --out ds/
         """
-        from draftdata import tables
+        from draftdata import paths, tables
         from draftdata.merge.config import MergeConfig, mix_warning, parse_mix
-        from draftdata.merge.report import print_summary
+        from draftdata.merge.report import print_plan, print_summary
         from draftdata.merge.stage import merge
 
+        for flag, urls in (("--existing", existing), ("--add", add)):
+            for url in urls:
+                paths.input_path(url, flag)
+        paths.output_folder(out, "--out")
+        if tmp_dir is not None:
+            paths.output_folder(tmp_dir, "--tmp-dir")
         config = MergeConfig(
             existing=list(existing),
             add=list(add),
@@ -150,21 +185,57 @@ def register(app: typer.Typer) -> None:
             shard_rows=shard_rows,
             tmp_dir=tmp_dir,
             protect=list(protect),
+            mix_by=mix_by,
+            min_keep=min_keep,
+            allow_drop=allow_drop,
+            plan_only=plan_only,
+            tokenizer=tokenizer,
         )
         if (warning := mix_warning(config.mix)) is not None:
             typer.echo(warning, err=True)
+        console = tables.console()
         progress = None if quiet else _Progress()
+
+        def show_plan(plan: dict[str, Any]) -> None:
+            if progress is not None:
+                progress.close()  # the scan's last counts come before the plan
+            print_plan(plan, console)
+
         try:
-            summary = merge(config, progress=progress)
+            summary = merge(config, progress=progress, on_plan=show_plan)
         finally:
             if progress is not None:
                 progress.close()
-        console = tables.console()
+        if plan_only:
+            console.print("--plan-only: nothing written")
+            return
         print_summary(summary.report, console)
         rows = summary.train_rows + summary.eval_rows
+        left_out, warning = _losses(summary.report)
         console.print(
             f"{summary.train_rows:,} train + {summary.eval_rows:,} eval rows in "
             f"{len(summary.files)} file(s) under {summary.out}/ "
             f"({summary.elapsed_s:.1f}s, {rows / max(summary.elapsed_s, 1e-9):,.0f} rows/s); "
-            "report: merge_report.json"
+            f"{left_out}; report: merge_report.json"
         )
+        if warning is not None:
+            typer.echo(warning, err=True)
+
+
+def _losses(report: dict[str, Any]) -> tuple[str, str | None]:
+    """What the summary line says merge left out of the rows read, by reason, and a warning
+    when the rows it could not read pass 5% (duplicates and the mix's sampling are the plan,
+    shown above, never warned about)."""
+    from draftdata.metrics import loss_warning, reasons, share
+
+    inputs = report.get("inputs", [])
+    read = sum(int(i.get("rows", 0)) + int(i.get("bad_rows", 0)) for i in inputs)
+    dropped = {k: int(v) for k, v in report.get("dropped", {}).items()}
+    total = sum(dropped.values())
+    line = f"of {read:,} rows read: dropped {total:,} ({share(total, read)}"
+    line += f": {reasons(dropped)})" if total else ")"
+    bad = dropped.get("bad_row", 0)
+    examples = report.get("bad_row_examples") or []
+    detail = f"e.g. {examples[0]}" if examples else ""
+    advice = "merge_report.json lists the first ones; `draftdata stats INPUT` counts them"
+    return line, loss_warning(bad, read, "rows could not be read", detail, advice)

@@ -20,18 +20,33 @@ def register(app: typer.Typer) -> None:
             "messages); local path or s3://BUCKET/PREFIX. Several may be given.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+        tokenizer: str | None = typer.Option(
+            None,
+            "--tokenizer",
+            metavar="DIR",
+            help="The target model's tokenizer folder: count chat rows' and runs' tokens with "
+            "it (default: estimated from the text; tokenized sets are exact either way).",
+        ),
         quiet: bool = QUIET,
     ) -> None:
-        """Counts and shares per domain and source, length percentiles, reasoning share,
-        finish reasons and failures (for runs). Format is auto-detected."""
+        """Counts and shares per domain and source (rows, tokens, loss tokens), length
+        percentiles, reasoning share, finish reasons and failures (for runs). Format is
+        auto-detected."""
         import json
         import sys
 
+        from draftdata import paths
         from draftdata.errors import disk_errors
         from draftdata.stats import compute_stats
         from draftdata.stats.render import print_stats
 
-        results = [compute_stats(url) for url in dataset]
+        for url in dataset:
+            paths.input_path(url, "stats")
+        if tokenizer is not None:
+            from draftdata.tokenizer_folder import check_tokenizer_folder
+
+            check_tokenizer_folder(tokenizer)
+        results = [compute_stats(url, tokenizer) for url in dataset]
         with disk_errors("the standard output", "redirect it to another place"):
             if as_json:
                 typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))

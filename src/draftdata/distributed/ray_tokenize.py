@@ -1,4 +1,5 @@
-"""``draftdata tokenize --ray``: tokenize a run's completion shards as a Ray Data job.
+"""``draftdata tokenize --ray``: tokenize a run's completion shards (or a chat dataset's
+conversation files, one row per file) as a Ray Data job.
 
 The dataset is the run's list of completion shards, one row (and one block) per shard, so
 each shard is read once, whole, through the run store (format-checked; local or S3, with the
@@ -50,21 +51,24 @@ class RayTokenizeResult(msgspec.Struct, kw_only=True):
 
 # -- the task (runs in a Ray worker) ---------------------------------------------------------
 
-# settings JSON -> (context, run store, out store): one tokenizer load per worker process.
-_WORKER_STATE: dict[str, tuple[Any, Any, Any]] = {}
+# settings JSON -> (context, input store, out store, input kind): one tokenizer load per worker
+# process.
+_WORKER_STATE: dict[str, tuple[Any, Any, Any, str]] = {}
 
 
-def _worker_state(config_json: str) -> tuple[Any, Any, Any]:
+def _worker_state(config_json: str) -> tuple[Any, Any, Any, str]:
     state = _WORKER_STATE.get(config_json)
     if state is None:
         from draftdata.store.store import open_store
         from draftdata.tokenize.batch import TokenizeContext
         from draftdata.tokenize.config import TokenizeConfig
+        from draftdata.tokenize.stage import locate_input
 
         config = msgspec.json.decode(config_json, type=TokenizeConfig)
         ctx = TokenizeContext.from_config(config)
         out = open_store(config.out_url, protect=config.protect)
-        state = (ctx, open_store(config.run), out)
+        store, _, kind = locate_input(config.run)
+        state = (ctx, store, out, kind)
         _WORKER_STATE.clear()  # one run at a time per worker: drop the previous tokenizer
         _WORKER_STATE[config_json] = state
     return state
@@ -77,13 +81,13 @@ def _tokenize_keys(batch: Any, config_json: str, rows: int) -> Any:
 
     from draftdata.tokenize.stage import tokenize_shard
 
-    ctx, run, out = _worker_state(config_json)
+    ctx, run, out, kind = _worker_state(config_json)
     indexes, counters, written = [], [], []
     skips = batch.column("skip").to_pylist()  # JSON lists of duplicate rows (the stage's)
     for index, key, skip in zip(
         batch.column("index").to_pylist(), batch.column("key").to_pylist(), skips, strict=True
     ):
-        c, names = tokenize_shard(ctx, run, out, key, rows, json.loads(skip))
+        c, names = tokenize_shard(ctx, run, out, key, rows, kind, json.loads(skip))
         indexes.append(index)
         counters.append(json.dumps(c.to_dict()))
         written.append(names)
@@ -129,6 +133,7 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     if job.previous is not None:
         job.previous.wall_s = time.perf_counter() - started
         stage.check_verified(job.previous, config)
+        stage.check_trainable(job.previous)
         return RayTokenizeResult(summary=job.previous, inputs=len(keys), tasks=0, wall_s=0.0)
     stage.start(job)  # the tokenizer loads here first; then the output is claimed
 
@@ -144,6 +149,7 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     summary = stage.finish(job, ((_counters(json.loads(c)), names) for c, names in ordered))
     summary.wall_s = time.perf_counter() - started
     stage.check_verified(summary, config)
+    stage.check_trainable(summary)
     return RayTokenizeResult(
         summary=summary, inputs=len(keys), tasks=len(keys), wall_s=summary.wall_s
     )

@@ -147,6 +147,10 @@ def _unique_completions(run: Store, stats: StageStats) -> Iterator[list[Completi
         for c in _rows(table):
             if seen.add(c.id, c.sample):
                 batch.append(c)
+                cut = sum(1 for t in c.turns if t.finish_reason == "length")
+                if cut:  # the summary line says what became of them, per format
+                    stats.add("export.cut_turns", cut)
+                    stats.add("export.cut_completions")
             else:
                 stats.add("export.duplicates_dropped")
         yield batch
@@ -292,8 +296,11 @@ def export_run(
     Face tokenizer folder) and ``chat_template`` (a template file overriding its template) are
     what ``specforge-text``, ``speculators`` and ``modelopt`` tokenize with (``modelopt`` also
     writes ``template_name(out)`` beside ``out``). Stats: ``export.records`` (completions),
-    ``export.rows`` (rows written), ``export.left_out.<reason>`` (what a format cannot hold
-    exactly). Returns the stats.
+    ``export.rows`` (rows written), ``export.duplicates_dropped``, ``export.cut_turns`` /
+    ``export.cut_completions`` (turns cut by the token limit, and the completions holding one),
+    ``export.cut_turns_skipped`` (``specforge``, ``modelopt``: no row for them),
+    ``export.tokenize.dropped.<reason>`` (the token formats) and ``export.left_out.<reason>``
+    (what a format cannot hold exactly). Returns the stats.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")

@@ -7,12 +7,12 @@ Example ``gen.yaml`` (every key optional; CLI flags win over the file)::
     out: s3://bucket/expansion_v1/
     protect: [s3://bucket/completions/]
     model: Qwen3.6-27B           # default: the id served at /v1/models
-    max_tokens: 8192             # default: fill each endpoint's context
+    max_tokens: 4096             # default: fill each endpoint's context
     reasoning: on                # on | off | server
     sampling: {temperature: 0.6, top_p: 0.95, top_k: 20}
     overrides:                   # per source or domain; the first match wins
       - domain: math
-        max_tokens: 16384
+        max_tokens: 6144
       - source: hermes
         sampling: {temperature: 0.2}
     concurrency: auto            # or a number per endpoint
@@ -91,6 +91,7 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     out: str = ""
     model: str | None = None
     max_tokens: int | None = None  # None: fill the endpoint's context (generate/limits.py)
+    strict_limit: bool = False  # send max_tokens as configured, never lowered to fit the context
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     reasoning: Reasoning = "server"
     keep_reasoning_history: bool = False
@@ -130,6 +131,9 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     lookahead: int = 4096  # prompts read ahead of dispatch (the window ``order`` sorts)
     hedge: bool = True
     hedge_min_age: float = 2.0
+    # place jobs by expected finish time when servers differ in speed (dispatch.TailPlan); a
+    # pilot turns it off so that every server, the slow ones too, runs full while work is queued
+    tail_plan: bool = True
     prefix_steering: bool = True
     # progress and shutdown
     progress: ProgressMode = "auto"

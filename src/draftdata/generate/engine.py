@@ -73,13 +73,21 @@ def stderr_log(line: str) -> None:
 
 
 class _Sink:
-    """Dispatcher results -> Run buffers (+ the tally, for what the Run accepted)."""
+    """Dispatcher results -> Run buffers (+ the tally, for what the Run accepted).
 
-    def __init__(self, run: Run, tally: Tally) -> None:
+    ``settle_model``: the run's model was not given; a new run records the model of the
+    endpoint that wrote its first completion (``Run.settle``: its manifest is not written yet).
+    """
+
+    def __init__(self, run: Run, tally: Tally, *, settle_model: bool = False) -> None:
         self.run = run
         self.tally = tally
+        self.settle_model = settle_model and not run.manifest_written
 
     def completion(self, c: Completion) -> None:
+        if self.settle_model and c.model:
+            self.settle_model = False
+            self.run.settle(model=c.model)
         if self.run.add_completion(c):
             self.tally.completion(c)
 
@@ -104,6 +112,7 @@ class Engine:
         log: Log = stderr_log,
         live: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        settle_model: bool = False,
     ) -> None:
         self.cfg = config
         self.run_ = run
@@ -122,7 +131,7 @@ class Engine:
             config,
             endpoints,
             reader,
-            _Sink(run, self.tally),
+            _Sink(run, self.tally, settle_model=settle_model),
             model=model,
             is_done=run.is_done,
             check_alive=self._check_alive,
@@ -131,7 +140,10 @@ class Engine:
             clock=clock,
             history=(lambda: run_history(run.store)) if run.resumed_done else None,
         )
-        self.progress = Progress(endpoints, self._counters, total=total, clock=clock)
+        self.progress = Progress(
+            endpoints, self._counters, total=total, clock=clock, state=self._state
+        )
+        self._unserved_since: float | None = None  # no endpoint serving since (the watch)
         self._total = total  # in-scope (prompt, sample) pairs, rejected lines included
         self._stop_loops = asyncio.Event()
         self._grace_task: asyncio.Task[None] | None = None
@@ -148,6 +160,20 @@ class Engine:
             sum(e.output_tokens for e in self.endpoints),
             (t.done - t.completed),
         )
+
+    def _state(self) -> str | None:
+        """Why nothing moves now, for the progress views instead of an ETA (None: it moves)."""
+        d = self.dispatcher
+        if d.stopping:
+            running = sum(len(c) for c in d.on_endpoint.values())
+            if self.fatal is not None:
+                return "stopping"
+            return f"stopping: {running:,} running request(s) to finish, then committing"
+        if self._unserved_since is not None:
+            return f"waiting: no endpoint serving for {self.clock() - self._unserved_since:.0f} s"
+        if d.paused:
+            return f"paused: {self.run_.buffered:,} records wait for the store"
+        return None
 
     # -- shutdown -----------------------------------------------------------------------------
 
@@ -189,7 +215,6 @@ class Engine:
     # -- the watch: pause on a full buffer, stop when no endpoint can serve --------------------
 
     async def _watch_loop(self) -> None:
-        unserved_since: float | None = None
         while not self._stop_loops.is_set() and self.fatal is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_loops.wait(), 0.25)
@@ -208,7 +233,7 @@ class Engine:
                 continue
             now = self.clock()
             if any(e.serving for e in self.endpoints):
-                unserved_since = None
+                self._unserved_since = None
                 continue
             if all(e.refusal is not None for e in self.endpoints) and not any(
                 e.served for e in self.endpoints
@@ -226,15 +251,15 @@ class Engine:
                     said = f"no endpoint gives a usable answer: {each}; fix the servers"
                 self._abort(FleetUnavailableError(f"generate: {said}, then run the same command"))
                 return
-            if unserved_since is None:
-                unserved_since = now
-            elif now - unserved_since >= self.cfg.unavailable_timeout:
+            if self._unserved_since is None:
+                self._unserved_since = now
+            elif now - self._unserved_since >= self.cfg.unavailable_timeout:
                 for e in self.endpoints:
                     why = e.fault or ("on trial, no answer yet" if e.state == "up" else e.state)
                     self.log(f"endpoint {e.url}: out of service: {why}")
                 self._abort(
                     FleetUnavailableError(
-                        f"generate: no endpoint could serve for {now - unserved_since:.0f} s "
+                        f"generate: no endpoint could serve for {now - self._unserved_since:.0f} s "
                         f"(--unavailable-timeout {self.cfg.unavailable_timeout:g}); stopped. "
                         "Committed work is kept: fix the endpoints and run the same command "
                         "to resume"
@@ -259,13 +284,14 @@ class Engine:
                 *(load_of(self.session, e, self._probe_timeout) for e in ups)
             )
             for e, load in zip(ups, loads, strict=True):
-                if load is None or e.adapt(load) is None:
-                    continue
+                if load is not None:
+                    e.adapt(load)
+                # the limit also moves when answers teach the fitted capacity (endpoint.py)
                 if abs(e.limit - shown[e]) >= max(2, shown[e] // 10):
-                    self.log(
-                        f"endpoint {e.url}: concurrency {shown[e]} -> {e.limit} "
-                        f"(server running {load.running}, waiting {load.waiting})"
-                    )
+                    why = f"capacity {e.fitted() or '?'}"
+                    if load is not None:
+                        why += f", server running {load.running}, waiting {load.waiting}"
+                    self.log(f"endpoint {e.url}: concurrency {shown[e]} -> {e.limit} ({why})")
                     shown[e] = e.limit
             self.dispatcher.wake.set()
 
@@ -419,7 +445,7 @@ class Engine:
                     url=e.url,
                     state=e.state,
                     engine=e.capacity.engine if e.capacity else None,
-                    capacity=e.capacity.max_running if e.capacity else None,
+                    capacity=e.fitted(),
                     concurrency=e.limit,
                     requests=e.requests,
                     completed=e.completed,
@@ -443,6 +469,7 @@ class Engine:
             total=total,
             already_done=d.already_done,
             max_tokens=self.cfg.max_tokens,
+            clamped=d.clamped,
             requests=d.requests_ok,
             retries=d.retries,
             hedges=d.hedges,
@@ -470,9 +497,11 @@ async def run_engine(
     api_key: str | None = None,
     session: aiohttp.ClientSession | None = None,
     on_engine: Callable[[Engine], None] | None = None,
+    settle_model: bool = False,
 ) -> GenerateSummary:
     """Run the engine, with ``session`` for its probes (else one of its own, with ``api_key``);
-    ``on_engine`` sees the Engine first (to wire signals or to interrupt it from a test)."""
+    ``on_engine`` sees the Engine first (to wire signals or to interrupt it from a test);
+    ``settle_model``: a new run records the model of the endpoint that answered first."""
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(fewer_collections())  # collector.py: a third of the CPU otherwise
         if session is None:
@@ -487,6 +516,7 @@ async def run_engine(
             total=total,
             log=log,
             live=live,
+            settle_model=settle_model,
         )
         if on_engine is not None:
             on_engine(engine)

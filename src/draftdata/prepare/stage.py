@@ -36,6 +36,8 @@ from draftdata.mix import Plan, Supply, plan_mix
 from draftdata.prepare.adapters import adapt, to_prompt
 from draftdata.prepare.config import PrepareConfig, SourceConfig, check
 from draftdata.prepare.dedup import Deduper, dedup_text
+from draftdata.prepare.lengths import precheck as precheck_lengths
+from draftdata.prepare.lengths import resolve as resolve_lengths
 from draftdata.prepare.load import check_hub_reachable, iter_rows
 from draftdata.prepare.reference import load_exclusions, load_existing
 from draftdata.prepare.report import REPORT_FORMAT, encode_report, to_markdown
@@ -330,6 +332,10 @@ def prepare(
     read is an InputError naming it; bad rows are rejected and counted, never raised.
     """
     check(config)
+    if config.lengths:  # a file that is no forecast: refused before any source is read
+        from draftdata.store.forecast import read_forecast
+
+        read_forecast(config.lengths)
     check_hub_reachable(config.sources)
     # the sources are spooled into --out (with --plan-only into TMPDIR) and read back
     where, fix = config.out, "choose another --out"
@@ -348,7 +354,9 @@ def _prepare(
         _prepare_out(out, force)
     deduper = Deduper(config.dedup)
     with stats.timed("references"):
-        existing, existing_bad = load_existing(config.existing, deduper)
+        known = load_existing(config.existing, deduper)
+        existing, existing_bad = known.counts, known.bad
+        precheck_lengths(config, known)
         excluded = load_exclusions(config.dedup.exclude, deduper)
     domain_ids: dict[str, int] = {}
     runs: list[_SourceRun] = []
@@ -381,7 +389,17 @@ def _prepare(
                     max_take=run.source.max_take,
                 )
             )
-        plan = plan_mix(existing, supplies, config.budget, config.mix)
+        domains = {d for s in supplies for d in s.available}
+        by_tokens, lengths = resolve_lengths(config, known, domains)
+        plan = plan_mix(
+            existing,
+            supplies,
+            config.budget,
+            config.mix,
+            lengths=lengths.per_domain if lengths is not None else None,
+            existing_tokens=lengths.existing_tokens if lengths is not None else None,
+            by_tokens=by_tokens,
+        )
         shards: list[Path] = []
         if not plan_only:
             with stats.timed("write"):
@@ -389,6 +407,14 @@ def _prepare(
     finally:
         shutil.rmtree(spool_root, ignore_errors=True)
     report = _report(config, runs, names, plan, shards, existing_bad, excluded)
+    report["mix_by"] = plan.mix_by
+    if lengths is not None:
+        report["lengths"] = {
+            "source": lengths.source,
+            "tokens_per_row": {d: round(v, 1) for d, v in lengths.per_domain.items()},
+            "existing_measured": lengths.existing_measured,
+            "notes": lengths.notes,
+        }
     for key in ("read", "rejected", "duplicates", "usable", "taken"):
         stats.add(key, report["totals"][key])
     if plan_only:

@@ -1,9 +1,11 @@
 """``build_report(inputs..., out)``: collect the numbers, draw the figures, write the page.
 
-Sections, in order: headline numbers; domain mix (before/target/after from a merge output's
-``merge_report.json``, else the domain shares of the subject and of every compared input);
+Sections, in order: headline numbers; domain mix in rows and in loss tokens (before/target/after
+from a merge output's ``merge_report.json``, else the domain shares of the subject and of every
+compared input; loss tokens are estimated for chat rows and runs, see ``stats``);
 output length per domain; tokens per domain; finish reasons; failures by class; throughput over
-time per endpoint (from the run's metrics snapshots); the inputs read. A section without data
+time per endpoint (from the run's metrics snapshots); a pilot's forecast against the actual run
+(``forecast.py``); the inputs read. A section without data
 says why in one line instead of drawing an empty chart.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 from draftdata.errors import InputError, disk_errors
 from draftdata.report import page, plots
 from draftdata.report.collect import ReportData, collect
+from draftdata.report.forecast import forecast_section
 from draftdata.stats import DatasetStats
 
 _MEASURES = {
@@ -77,6 +80,39 @@ def _mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
     return {k: v for k, v in series.items() if v}, how
 
 
+def _token_mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
+    """Named series of each domain's share of the loss tokens, and where they come from: a
+    merge report's token counts, else each input's stats (saved stats without token counts
+    give none)."""
+    for m in data.merged:
+        r = m.report or {}
+        tok = r.get("tokens")
+        if not isinstance(tok, dict):
+            continue
+        series: dict[str, dict[str, float]] = {}
+        for url, st in data.compare:
+            if st.kind != "run":
+                series[f"{_name(url)} ({st.kind})"] = st.domain_loss_token_shares()
+        if isinstance(tok.get("before"), dict):
+            series["before (merge inputs)"] = _shares(tok["before"])
+        if isinstance(r.get("target"), dict) and r.get("mix_by") == "loss_tokens":
+            series["target"] = {k: float(v) for k, v in r["target"].items()}
+        after = tok.get("after") or {}
+        for split in ("train", "eval"):
+            if isinstance(after.get(split), dict):
+                series[f"after: {split}"] = _shares(after[split])
+        series = {k: v for k, v in series.items() if v}
+        if series:
+            return series, f"from {m.url}/merge_report.json ({tok.get('method', 'estimate')})"
+    series = {}
+    own: list[tuple[str, DatasetStats]] = [(r.url, r.stats) for r in data.runs]
+    own += [(m.url, m.stats) for m in data.merged] + data.tokenized + data.prompts + data.datasets
+    for url, st in own + data.compare:
+        series[f"{_name(url)} ({st.kind})"] = st.domain_loss_token_shares()
+    return {k: v for k, v in series.items() if v}, "loss tokens of each input (~ estimated "
+    "for chat rows and runs, exact for tokenized sets)"
+
+
 def _ordered(series: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
     """The same series with domains in one order: by their largest share, descending."""
     best: dict[str, float] = {}
@@ -96,7 +132,23 @@ def _mix_section(data: ReportData) -> page.Section:
     domains = list(next(iter(series.values()), {}))
     rows = [[d, *(f"{100 * v.get(d, 0.0):.1f}%" for v in series.values())] for d in domains]
     tables = [page.table(["domain", *series], rows)] if rows else []
-    return page.Section("Domain mix", [plot] if plot else [], "no domain counts", tables)
+    figures = [plot] if plot else []
+    tseries, thow = _token_mix_series(data)
+    tseries = _ordered(tseries)
+    tplot = plots.grouped_bars(
+        "domain-mix-tokens",
+        "Domain mix in loss tokens (what a drafter trains on)",
+        tseries,
+        "share of loss tokens (%)",
+        thow,
+        percent=True,
+    )
+    if tplot:
+        figures.append(tplot)
+        tdomains = list(next(iter(tseries.values()), {}))
+        trows = [[d, *(f"{100 * v.get(d, 0.0):.1f}%" for v in tseries.values())] for d in tdomains]
+        tables.append(page.table(["domain (loss tokens)", *tseries], trows))
+    return page.Section("Domain mix", figures, "no domain counts", tables)
 
 
 def _length_section(data: ReportData) -> page.Section:
@@ -136,6 +188,11 @@ def _tokens_section(data: ReportData) -> page.Section:
             }
     unit = "tokens"
     main = data.main_stats
+    if not series and main is not None and "loss_tokens" in main:
+        series[f"loss tokens (~ estimated): {_name(main['dataset'])}"] = {
+            d: v.get("loss_tokens", 0) for d, v in _doms(main)
+        }
+        unit = "loss tokens (estimated from the text)"
     if not series and main is not None:
         m = "output_chars" if "output_chars" in main["lengths"] else "chars"
         series[f"{_MEASURES[m]}: {_name(main['dataset'])}"] = {
@@ -144,7 +201,10 @@ def _tokens_section(data: ReportData) -> page.Section:
         unit = "characters (no token counts in the inputs)"
     series = _ordered({k: {d: float(x) for d, x in v.items()} for k, v in series.items()})
     plot = plots.grouped_bars("tokens-per-domain", "Tokens per domain", series, unit)
-    return page.Section("Tokens per domain", [plot] if plot else [], "no token counts")
+    domains = list(next(iter(series.values()), {}))
+    rows = [[d, *(int(v.get(d, 0)) for v in series.values())] for d in domains]
+    tables = [page.table(["domain", *series], rows)] if rows else []
+    return page.Section("Tokens per domain", [plot] if plot else [], "no token counts", tables)
 
 
 def _doms(s: DatasetStats) -> list[tuple[str, dict[str, Any]]]:
@@ -279,6 +339,7 @@ def render_report(data: ReportData, title: str | None = None) -> str:
         _finish_section(data),
         _failures_section(data),
         _throughput_section(data),
+        forecast_section(data),
         _inputs_section(data),
     ]
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")

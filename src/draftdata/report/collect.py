@@ -19,8 +19,9 @@ from draftdata.errors import DraftdataError, InputError
 from draftdata.report.find import Parts, find_parts
 from draftdata.stats import DatasetStats, compute_stats
 from draftdata.stats.compute import STATS_FORMAT, run_metrics
-from draftdata.stats.readers import MERGE_REPORT, read_json_object
+from draftdata.stats.readers import MERGE_REPORT, read_json_object, refuse_unreadable
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
+from draftdata.store.forecast import latest_forecast
 from draftdata.store.store import open_store
 
 MERGE_REPORT_FORMAT = "draftdata.merge-report"
@@ -36,6 +37,8 @@ class RunPart:
     metrics: dict[str, Any] | None
     throughput: dict[str, list[tuple[float, float]]]
     total: int | None = None
+    forecast: dict[str, Any] | None = None  # the newest pilot forecast (store/forecast.py)
+    forecast_url: str | None = None
 
     @property
     def figures(self) -> dict[str, Any] | None:
@@ -218,7 +221,14 @@ def _run(url: str) -> RunPart:
         manifest = read_manifest(store)
     except DraftdataError:
         manifest = {}
-    return RunPart(url, stats, manifest, headline(snaps), throughput_series(snaps), _total(snaps))
+    part = RunPart(url, stats, manifest, headline(snaps), throughput_series(snaps), _total(snaps))
+    try:
+        found = latest_forecast(store)
+    except DraftdataError:  # a damaged forecast does not stop the report
+        found = None
+    if found is not None:
+        part.forecast_url, part.forecast = found
+    return part
 
 
 def _merged(url: str) -> MergedPart:
@@ -300,10 +310,5 @@ def stats_json(url: str) -> list[DatasetStats] | None:
 def _check_readable(url: str, st: DatasetStats) -> None:
     """Refuse an input of which nothing could be read (every row rejected), in one line."""
     rejected = st["rejected"]
-    if st.rows == 0 and rejected["count"] > 0:
-        example = (rejected.get("examples") or [""])[0]
-        raise InputError(
-            f"{url}: no readable rows ({rejected['count']} rejected"
-            + (f", e.g. {example}" if example else "")
-            + "); give a dataset, a run, a merge output or a `draftdata stats --json` output"
-        )
+    example = (rejected.get("examples") or [""])[0]
+    refuse_unreadable(url, st.rows, rejected["count"], example)

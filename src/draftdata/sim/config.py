@@ -18,6 +18,7 @@ from typing import Literal
 
 import msgspec
 
+from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError
 
 Flavor = Literal["sglang", "vllm"]
@@ -85,6 +86,9 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     mean_output_tokens: int = 2700
     # a request whose last user message starts with PREFIX draws around this mean instead
     mean_output_tokens_for: dict[str, int] = msgspec.field(default_factory=dict)
+    # ... else, when the request's conversation is of this domain (draftdata.domains' classifier,
+    # as prepare tags prompts), around this mean: a fleet whose answer lengths depend on the domain
+    domain_mean_output_tokens: dict[str, int] = msgspec.field(default_factory=dict)
     output_sigma: float = 0.8
     min_output_tokens: int = 8
     reasoning: ReasoningMode = "parsed"
@@ -133,6 +137,19 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         (
             all(n >= 1 for n in config.mean_output_tokens_for.values()),
             "--mean-output-tokens-for: every mean must be at least 1",
+        ),
+        (
+            all(n >= 1 for n in config.domain_mean_output_tokens.values()),
+            "--domain-mean: every mean must be at least 1",
+        ),
+        (
+            not (unknown := sorted(set(config.domain_mean_output_tokens) - set(DOMAINS))),
+            f"--domain-mean: {', '.join(unknown)} is no domain of the classifier; use "
+            + ", ".join(DOMAINS),
+        ),
+        (
+            0 <= config.output_sigma <= 4,
+            f"--output-sigma: {config.output_sigma} is not in [0, 4]",
         ),
         (config.time_scale >= 0, "--time-scale: must be >= 0 (0 answers without delay)"),
         (config.stream_interval >= 1, "stream_interval: must be at least 1"),

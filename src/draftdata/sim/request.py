@@ -19,6 +19,8 @@ from typing import Any
 
 import msgspec
 
+from draftdata.domains import classify_domain
+from draftdata.records import Message
 from draftdata.sim.answers import (
     Parsed,
     digest,
@@ -153,6 +155,22 @@ def _stop_at(
     return text[:at], ids[:keep], ends[:keep]
 
 
+def _mean_for(config: SimConfig, last_user: str, msgs: list[Any], tools: Any) -> int:
+    """The mean output length for this request: a matching ``mean_output_tokens_for`` prefix,
+    else the conversation's domain's ``domain_mean_output_tokens``, else the default."""
+    for prefix, mean in config.mean_output_tokens_for.items():
+        if last_user.startswith(prefix):
+            return mean
+    if config.domain_mean_output_tokens:
+        try:
+            messages = msgspec.convert(msgs, list[Message])
+        except msgspec.ValidationError:
+            return config.mean_output_tokens
+        domain = classify_domain(messages, tools if isinstance(tools, list) else None)
+        return config.domain_mean_output_tokens.get(domain, config.mean_output_tokens)
+    return config.mean_output_tokens
+
+
 def prepare(
     body: Any,
     config: SimConfig,
@@ -211,10 +229,7 @@ def prepare(
     if isinstance(tool_choice, dict) and tools:
         name = (tool_choice.get("function") or {}).get("name")
         offered = [t for t in tools if (t.get("function") or {}).get("name") == name] or tools
-    mean = next(
-        (m for p, m in config.mean_output_tokens_for.items() if last_user.startswith(p)),
-        config.mean_output_tokens,
-    )
+    mean = _mean_for(config, last_user, msgs, tools)
     choices = []
     for i in range(n):
         rng = random.Random(digest(config.seed, body.get("seed"), prompt_text, i))

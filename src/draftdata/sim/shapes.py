@@ -2,7 +2,7 @@
 
 Pure functions from already-decided values to the dicts/text the server sends; the field sets
 and null conventions follow the engines' pydantic models (SGLang ``ChatCompletionResponse`` with
-per-choice ``prompt_token_ids``/``token_ids`` and ``matched_stop``; vLLM's with top-level
+per-choice ``prompt_token_ids``/``response_token_ids`` and ``matched_stop``; vLLM's with top-level
 ``prompt_token_ids`` and per-choice ``token_ids``/``stop_reason``). The exact shapes are listed
 in ``draftdata.sim.run``'s docstring. This module decides nothing and does no I/O.
 """
@@ -135,7 +135,7 @@ def choice(
         if prompt_ids is not None:
             out["prompt_token_ids"] = prompt_ids
         if output_ids is not None:
-            out["token_ids"] = output_ids
+            out["response_token_ids"] = output_ids  # SGLang 0.5.x's name for the output ids
         return out
     return {
         "index": index,

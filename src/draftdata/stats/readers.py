@@ -463,14 +463,24 @@ def _sample_files(ds: Dataset) -> Iterator[tuple[str, pq.ParquetFile]]:
 
 
 def iter_sample_batches(
-    ds: Dataset, columns: list[str] | None = None, batch_rows: int = 65536
+    ds: Dataset,
+    columns: list[str] | None = None,
+    batch_rows: int = 65536,
+    instead: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, pa.Table]]:
     """(file url, table) batches of a tokenized dataset, in file order, ``SAMPLE_SCHEMA`` typed.
 
-    With ``columns`` only those columns are read (cheap on S3) and returned as read.
+    With ``columns`` only those columns are read (cheap on S3) and returned as read;
+    ``instead`` maps a column to the one to read in files that lack it (e.g.
+    ``{"num_loss_tokens": "loss_mask"}``).
     """
     for where, pf in _sample_files(ds):
-        present = [c for c in (columns or pf.schema_arrow.names) if c in pf.schema_arrow.names]
+        names = pf.schema_arrow.names
+        wanted = list(columns or names)
+        for col, other in (instead or {}).items():
+            if col in wanted and col not in names and other not in wanted:
+                wanted.append(other)
+        present = [c for c in wanted if c in names]
         try:
             for batch in pf.iter_batches(batch_size=batch_rows, columns=present):
                 if columns is None:
@@ -514,6 +524,37 @@ def iter_sample_summaries(ds: Dataset, batch_rows: int = 65536) -> Iterator[tupl
             raise InputError(f"{where}: cannot read parquet ({exc})") from exc
 
 
+class _Labelled(msgspec.Struct):
+    domain: Any = None
+
+
+_label_decoder = msgspec.json.Decoder(_Labelled)
+
+
+def iter_domain_labels(ds: Dataset) -> Iterator[str]:
+    """The domain label of every row ("" for none), reading no more than the labels where the
+    format allows: the ``domain`` column of parquet files, only the ``domain`` key of JSON rows.
+    Rows that do not decode give ""; ``iter_conversations`` reports them."""
+    for key in ds.keys:
+        if key.endswith(".parquet"):
+            pf = _parquet(ds.store, key)
+            if "domain" not in pf.schema_arrow.names:
+                continue
+            try:
+                for batch in pf.iter_batches(batch_size=65536, columns=["domain"]):
+                    for label in batch.column(0).to_pylist():
+                        yield label if isinstance(label, str) else ""
+            except (OSError, pa.ArrowException) as exc:
+                raise InputError(f"{ds.where(key)}: cannot read parquet ({exc})") from exc
+            continue
+        for _, raw in _iter_json_raw(ds.store, key, _ignore):
+            try:
+                label = _label_decoder.decode(raw).domain
+            except (msgspec.DecodeError, ValueError):
+                label = None
+            yield label if isinstance(label, str) else ""
+
+
 def read_json_object(store: Store, key: str) -> dict[str, Any] | None:
     """A JSON object stored at ``key`` (None if absent or not an object)."""
     if not store.exists(key):
@@ -523,3 +564,17 @@ def read_json_object(store: Store, key: str) -> dict[str, Any] | None:
     except (ValueError, DraftdataError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def refuse_unreadable(url: str, rows: int, rejected: int, example: str = "") -> None:
+    """InputError (one line) for a dataset of which nothing could be read: no row, every row
+    rejected (a config file, a log, a JSON of another kind given where a dataset goes).
+    ``stats``, ``report``, ``merge`` and ``tokenize`` refuse such an input alike."""
+    if rows or not rejected:
+        return
+    what = "a YAML file, not a dataset; " if url.rstrip("/").endswith((".yaml", ".yml")) else ""
+    raise InputError(
+        f"{url}: {what}no readable rows ({rejected:,} rejected"
+        + (f", e.g. {example}" if example else "")
+        + "); give a run, prompts, tokenized parquet or conversations (JSONL, JSON or parquet)"
+    )
