@@ -83,6 +83,7 @@ PATH_OPTIONS: dict[tuple[str, str], Role] = {
     ("fleet sim", "--tokenizer"): Role(IN_DIR),
     ("fleet status", "fleet"): Role(IN_FILE),
     ("fleet down", "fleet"): Role(IN_FILE),
+    ("run check", "run"): Role(IN_DIR),
 }
 
 # options the heuristic below takes for paths that are none, and why
@@ -304,6 +305,7 @@ def _base(command: str, w: World, new: Path) -> tuple[list[str], dict[str, list[
         "fleet sim": {"--servers": ["1"], "--time-scale": ["0"]},
         "fleet status": {"fleet": [str(w.fleet)]},
         "fleet down": {"fleet": [str(w.fleet)]},
+        "run check": {"run": [str(w.run)]},
     }
     return words, args[command]
 

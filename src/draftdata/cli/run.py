@@ -31,8 +31,10 @@ def _check(
 ) -> None:
     """Read every completions and failures shard in full (pages, checksums, rows) and list
     the ones that cannot be read."""
+    from draftdata import paths
     from draftdata.store.check import check_run
 
+    paths.input_folder(run, "run check", "give a run (generate's --out)")
     result = check_run(run, quarantine=quarantine)
     typer.echo(
         f"run check: {result.shards:,} shard(s) read in full, {result.rows:,} rows; "
