@@ -49,6 +49,7 @@ PATH_OPTIONS: dict[tuple[str, str], Role] = {
     ("prepare", "config"): Role(IN_FILE),
     ("prepare", "--out"): Role(OUT_DIR),
     ("prepare", "--write-samples"): Role(OUT_DIR),
+    ("prepare", "--mix"): Role(IN_FILE),  # shares, or a file holding a mix
     ("prepare", "--lengths"): Role(IN_ANY),
     ("generate", "--prompts"): Role(IN_ANY),
     ("generate", "--fleet"): Role(IN_FILE),
@@ -67,6 +68,7 @@ PATH_OPTIONS: dict[tuple[str, str], Role] = {
     ("merge", "--add"): Role(IN_DATA),
     ("merge", "--out"): Role(OUT_DIR, existing="refuse"),
     ("merge", "--tmp-dir"): Role(OUT_DIR),
+    ("merge", "--mix"): Role(IN_FILE),  # shares, or a file holding a mix
     ("merge", "--tokenizer"): Role(IN_DIR),
     ("stats", "dataset"): Role(IN_DATA),
     ("stats", "--tokenizer"): Role(IN_DIR),
@@ -81,6 +83,9 @@ PATH_OPTIONS: dict[tuple[str, str], Role] = {
     ("fleet up", "--python"): Role(IN_FILE),
     ("fleet sim", "--out"): Role(OUT_FILE),
     ("fleet sim", "--tokenizer"): Role(IN_DIR),
+    ("acceptance", "--prompts"): Role(IN_ANY),
+    ("acceptance", "--fleet"): Role(IN_FILE),
+    ("acceptance", "--out"): Role(OUT_DIR),
     ("fleet status", "fleet"): Role(IN_FILE),
     ("fleet down", "fleet"): Role(IN_FILE),
     ("run check", "run"): Role(IN_DIR),
@@ -92,6 +97,7 @@ NOT_PATHS: dict[tuple[str, str], str] = {
     ("fleet sim", "--mean-output-tokens"): "a number",
     ("fleet up", "--model"): "a hub id or the engine's model path, read by the engine",
     ("generate", "--limit"): "a number",
+    ("acceptance", "--per-domain"): "a number",
     ("generate", "--api-key-env"): "an environment variable's name",
     ("generate", "--protect"): "a prefix compared with outputs, never read or written",
     ("merge", "--protect"): "a prefix compared with outputs, never read or written",
@@ -303,6 +309,11 @@ def _base(command: str, w: World, new: Path) -> tuple[list[str], dict[str, list[
             "--log-dir": [str(new / "logs")],
         },
         "fleet sim": {"--servers": ["1"], "--time-scale": ["0"]},
+        "acceptance": {
+            "--prompts": [str(w.prompts)],
+            "--endpoint": ["http://127.0.0.1:9"],
+            "--out": [str(new / "acc")],
+        },
         "fleet status": {"fleet": [str(w.fleet)]},
         "fleet down": {"fleet": [str(w.fleet)]},
         "run check": {"run": [str(w.run)]},
@@ -376,7 +387,7 @@ def test_a_wrong_path_is_one_line(
     words, args = _base(command, world, new)
     args = dict(args)
     args[option] = [value]
-    if command == "generate" and option == "--fleet":
+    if command in ("generate", "acceptance") and option == "--fleet":
         args.pop("--endpoint")
     params = {k[1]: p for k, p in _params().items() if k[0] == command}
     code, out, err = _run(_argv(words, args, params), capsys)

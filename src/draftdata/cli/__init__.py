@@ -24,6 +24,7 @@ import typer
 
 from draftdata import __version__
 from draftdata.cli import (
+    acceptance,
     demo,
     export,
     fleet,
@@ -84,7 +85,7 @@ def _root(
     """Build self-distillation training data for speculative-decoding drafters."""
 
 
-for _module in (prepare, generate, export, tokenize, merge, stats, report, demo):
+for _module in (prepare, generate, export, tokenize, merge, stats, report, acceptance, demo):
     _module.register(app)
 app.add_typer(fleet.app, name="fleet")
 app.add_typer(run.app, name="run")

@@ -7,11 +7,14 @@ Parses options into a SimConfig (``draftdata.sim.config``), runs
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 import typer
 
 from draftdata.cli.quiet import QUIET, quietable
 from draftdata.errors import ConfigError
+
+T = TypeVar("T", int, float)
 
 
 def _pairs(values: list[str], option: str, kind: type[int] | type[float]) -> dict[int, float]:
@@ -30,14 +33,19 @@ def _pairs(values: list[str], option: str, kind: type[int] | type[float]) -> dic
 def _means(
     values: list[str], option: str = "--mean-output-tokens-for", example: str = "PREFIX:N"
 ) -> dict[str, int]:
-    out: dict[str, int] = {}
     shape = "PREFIX:N, e.g. math:6000" if example == "PREFIX:N" else f"DOMAIN:N, e.g. {example}"
+    return _by_prefix(values, option, int, shape)
+
+
+def _by_prefix(values: list[str], option: str, kind: type[T], shape: str) -> dict[str, T]:
+    """``PREFIX:VALUE`` options -> {prefix: value}; a bad one is a ConfigError naming it."""
+    out: dict[str, T] = {}
     for v in values:
         prefix, sep, value = v.rpartition(":")
         try:
             if not sep or not prefix:
                 raise ValueError
-            out[prefix] = int(value)
+            out[prefix] = kind(value)
         except ValueError as exc:
             raise ConfigError(f"{option} {v!r}: expected {shape}") from exc
     return out
@@ -164,6 +172,23 @@ def register(app: typer.Typer) -> None:
         starting_seconds: float = typer.Option(
             0.5, "--starting-seconds", help="/health 503 this long after a restart."
         ),
+        spec_tokens: int = typer.Option(
+            0,
+            "--spec-tokens",
+            help="Decode speculatively with K draft tokens per step (0: off); counters as "
+            "vLLM's /metrics or SGLang's per-request details report them.",
+        ),
+        accept_rate: float = typer.Option(
+            0.7,
+            "--accept-rate",
+            help="Probability a draft token is accepted, given the ones before it were.",
+        ),
+        accept_rate_for: list[str] = typer.Option(
+            [],
+            "--accept-rate-for",
+            help="PREFIX:P: requests whose last user message starts with PREFIX accept drafts "
+            "at rate P (repeatable; per-domain acceptance).",
+        ),
         quiet: bool = QUIET,
     ) -> None:
         """Run N OpenAI-compatible simulated servers (SGLang or vLLM shaped) until Ctrl-C."""
@@ -222,6 +247,11 @@ def register(app: typer.Typer) -> None:
                 startup_s=startup_seconds,
                 token_ids=not no_token_ids,
                 max_choices=max_choices,
+                spec_tokens=spec_tokens,
+                accept_rate=accept_rate,
+                accept_rate_for=_by_prefix(
+                    accept_rate_for, "--accept-rate-for", float, "PREFIX:P, e.g. MATH:0.6"
+                ),
                 faults=faults,
             ),
             servers,

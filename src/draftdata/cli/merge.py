@@ -66,8 +66,9 @@ def register(app: typer.Typer) -> None:
             "",
             "--mix",
             help="Target shares, e.g. code=0.35,math=0.2,general=0.3,tool=0.1,agent=0.05 "
-            "(normalised to sum 1). Domains not named are dropped unless other=SHARE pools "
-            "them. Empty: keep the combined mix.",
+            "(normalised to sum 1), or a JSON file holding a mix (a suggested_mix.json of "
+            "draftdata acceptance; local or s3://). Domains not named are dropped unless "
+            "other=SHARE pools them. Empty: keep the combined mix.",
         ),
         out: str = typer.Option(
             "merged", "--out", "-o", help="Output folder or s3://BUCKET/PREFIX (must be empty)."
@@ -159,7 +160,8 @@ def register(app: typer.Typer) -> None:
         Example: draftdata merge --existing old/ --add tokenized/ --mix code=0.5,math=0.5 --out ds/
         """
         from draftdata import paths, tables
-        from draftdata.merge.config import MergeConfig, mix_warning, parse_mix
+        from draftdata.cli.mixarg import mix_option
+        from draftdata.merge.config import MergeConfig, mix_warning
         from draftdata.merge.report import print_plan, print_summary
         from draftdata.merge.stage import merge
 
@@ -172,7 +174,7 @@ def register(app: typer.Typer) -> None:
         config = MergeConfig(
             existing=list(existing),
             add=list(add),
-            mix=parse_mix(mix),
+            mix=mix_option(mix) or {},
             out=out,
             seed=seed,
             eval_fraction=eval_fraction,

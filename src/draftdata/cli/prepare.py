@@ -78,6 +78,20 @@ def register(app: typer.Typer) -> None:
             help="A pilot's forecast.json (or its run folder: the newest forecast), local or "
             "s3://: the expected output tokens per domain that a mix in tokens plans with.",
         ),
+        mix: str | None = typer.Option(
+            None,
+            "--mix",
+            help="Target shares of existing + new, replacing the config's mix: "
+            "DOMAIN=SHARE,... or a JSON file holding a mix (a suggested_mix.json of draftdata "
+            "acceptance; local or s3://).",
+        ),
+        holdout: int | None = typer.Option(
+            None,
+            "--holdout",
+            help="Hold out N prompts per domain as an evaluation split in OUT/eval/ (e.g. for "
+            "draftdata acceptance), never among the prompts to generate (default: the "
+            "config's holdout, else 0).",
+        ),
         force: bool = typer.Option(
             False, "--force", help="Replace earlier prepare outputs in the output folder."
         ),
@@ -93,7 +107,10 @@ def register(app: typer.Typer) -> None:
 
         Example: draftdata prepare examples/quickstart.yaml --out prepare-out
         """
+        import msgspec
+
         from draftdata import paths, tables
+        from draftdata.cli.mixarg import mix_option
         from draftdata.config import load_config
         from draftdata.errors import ConfigError
         from draftdata.prepare.config import PrepareConfig, mix_warnings, resolve_paths
@@ -122,9 +139,11 @@ def register(app: typer.Typer) -> None:
             lengths = str(Path(lengths).expanduser().resolve())  # the working directory's
         cfg = load_config(
             config, PrepareConfig, out=out, seed=seed, budget=budget, mix_by=mix_by,
-            lengths=lengths,
+            lengths=lengths, holdout=holdout,
         )  # fmt: skip
         cfg = resolve_paths(cfg, config.resolve().parent)
+        if (given := mix_option(mix)) is not None:  # replaces the config's mix, key for key
+            cfg = msgspec.structs.replace(cfg, mix=given)
         if not plan_only:
             paths.output_folder(cfg.out, "--out" if out is not None else f"{config}: out")
         for warning in mix_warnings(cfg):
@@ -162,6 +181,13 @@ def register(app: typer.Typer) -> None:
                 f"({rep['totals']['read']:,} rows in {secs:.1f}s, {rate:,.0f} rows/s); "
                 f"{left_out}; rejects: {result.rejects}; report: {result.report_md}"
             )
+            held = rep.get("holdout") or {}
+            if held.get("prompts"):
+                per = ", ".join(f"{d} {n:,}" for d, n in held["by_domain"].items())
+                console.print(
+                    f"held out {held['prompts']:,} prompts as the evaluation split under "
+                    f"{result.out}/{held['path']} ({per})"
+                )
         if loss_note is not None:
             typer.echo(loss_note, err=True)
 

@@ -368,6 +368,26 @@ class EndpointClient:
                 f"connection to {self.shown} lost: {type(exc).__name__}: {exc}",
             ) from exc
 
+    async def chat_json(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Send one chat-completions body as it is; return the decoded answer object (for
+        fields the Turns do not carry, e.g. SGLang's ``sglext``) or raise RequestError."""
+        status, data, retry_after = await self._post(body)
+        text = data.decode("utf-8", "replace")
+        if status != 200:
+            raise request_error(
+                classify_http_error(status, text),
+                error_message(text) or f"HTTP {status}",
+                status=status,
+                retry_after=_retry_after(retry_after),
+            )
+        try:
+            answer = msgspec.json.decode(data)
+        except msgspec.DecodeError as exc:
+            raise RequestError(ErrorClass.malformed, f"not JSON: {exc}", status=status) from exc
+        if not isinstance(answer, dict):
+            raise RequestError(ErrorClass.malformed, "the answer is not a JSON object")
+        return answer
+
     async def chat(self, body: dict[str, Any]) -> list[Turn]:
         """Send one chat-completions body; return its Turns or raise RequestError.
 

@@ -113,6 +113,8 @@ class PrepareConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # auto (tokens when ``lengths`` is given, else rows)
     mix_by: str = "auto"
     lengths: str | None = None  # a pilot's forecast.json (or its run folder), local or s3://
+    # prompts per domain held out as an evaluation split (eval/), never generated (stage.py)
+    holdout: int = 0
 
 
 def check(config: PrepareConfig, where: str = "config") -> None:
@@ -151,6 +153,8 @@ def check(config: PrepareConfig, where: str = "config") -> None:
         raise ConfigError(f"{where}: dedup: num_perm must be >= 16 and ngram >= 1")
     if config.mix_by not in MIX_BY:
         raise ConfigError(f"{where}: mix_by: {config.mix_by!r}; use {', '.join(MIX_BY)}")
+    if config.holdout < 0:
+        raise ConfigError(f"{where}: holdout: must be >= 0")
     if config.shard_size < 1 or config.max_chars < 1:
         raise ConfigError(f"{where}: shard_size and max_chars must be >= 1")
 

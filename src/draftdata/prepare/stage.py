@@ -47,7 +47,14 @@ from draftdata.records import DERIVED_ID, Prompt, content_hash, derived_id_fault
 # (source name, rows read so far in it) -> None; called every PROGRESS_EVERY rows and at the end
 Progress = Callable[[str, int], None]
 PROGRESS_EVERY = 5_000
-OUR_FILES = ("prompts-*.jsonl", "rejects.jsonl", "prepare_report.json", "prepare_report.md")
+OUR_FILES = (
+    "prompts-*.jsonl",
+    "rejects.jsonl",
+    "prepare_report.json",
+    "prepare_report.md",
+    "eval/prompts-*.jsonl",
+)
+EVAL_DIR = "eval"  # the held-out evaluation split (``holdout``)
 
 
 class PrepareResult(msgspec.Struct, kw_only=True, frozen=True):
@@ -190,36 +197,41 @@ class _ShardWriter:
             self._fh = None
 
 
-def _pass_two(
-    config: PrepareConfig, runs: list[_SourceRun], plan: Plan, names: list[str], out: Path
-) -> tuple[list[Path], dict[str, dict[str, int]]]:
-    """Write the chosen prompts, interleaved (``interleave``), into the shards."""
-    # (source index, domain) -> byte offsets of its chosen spool lines, in spool order
-    groups: dict[tuple[int, str], list[int]] = {}
-    for r, run in enumerate(runs):
-        name = run.source.name
-        quotas = plan.per_source.get(name, {})
-        positions: dict[int, list[int]] = {}  # domain id -> spool line numbers
-        for i, d in enumerate(run.domains):
-            positions.setdefault(d, []).append(i)
-        keep: dict[int, list[int]] = {}  # spool line -> its group's list (filled below)
-        for d, lines in positions.items():
-            chosen = _choose(config.seed, name, names[d], len(lines), quotas.get(names[d], 0))
-            group = groups.setdefault((r, names[d]), [])
-            for j in chosen:
-                keep[lines[j]] = group
-        assert run.spool is not None
-        offset = 0
-        with run.spool.open("rb") as fh:
-            for i, line in enumerate(fh):
-                if i in keep:
-                    keep[i].append(offset)
-                offset += len(line)
-    writer = _ShardWriter(out, config.shard_size)
+def hold_out(
+    seed: int, runs: Sequence[bytearray], names: list[str], per_domain: int
+) -> list[set[int]]:
+    """The spool lines of each source held out as the evaluation split: per domain
+    ``min(per_domain, usable // 2)`` prompts (so at least half stay to be generated), a seeded
+    sample over every source's usable prompts of that domain, independent of the mix and the
+    budget (the same split whatever mix is planned later). One set per source."""
+    held: list[set[int]] = [set() for _ in runs]
+    if per_domain <= 0:
+        return held
+    members: dict[int, list[tuple[int, int]]] = {}  # domain id -> (source index, spool line)
+    for r, domains in enumerate(runs):
+        for i, d in enumerate(domains):
+            members.setdefault(d, []).append((r, i))
+    for d in sorted(members, key=names.__getitem__):
+        pool = members[d]
+        k = min(per_domain, len(pool) // 2)
+        for j in random.Random(f"{seed}:holdout:{names[d]}").sample(range(len(pool)), k):
+            r, i = pool[j]
+            held[r].add(i)
+    return held
+
+
+def _write_interleaved(
+    seed: int,
+    runs: list[_SourceRun],
+    groups: Mapping[tuple[int, str], Sequence[int]],
+    writer: _ShardWriter,
+) -> dict[str, dict[str, int]]:
+    """Write the spool lines at ``groups``' offsets in ``interleave`` order; count per source
+    and domain."""
     taken: dict[str, dict[str, int]] = {run.source.name: {} for run in runs}
     handles = [run.spool.open("rb") for run in runs if run.spool is not None]
     try:
-        for (r, domain), offset in interleave(config.seed, groups):
+        for (r, domain), offset in interleave(seed, groups):
             fh = handles[r]
             fh.seek(offset)
             writer.write(fh.readline())
@@ -229,6 +241,66 @@ def _pass_two(
         for fh in handles:
             fh.close()
         writer.close()
+    return taken
+
+
+def _offsets(run: _SourceRun, lines: Mapping[int, list[int]]) -> None:
+    """Append the byte offset of each spool line in ``lines`` (line -> its group's list)."""
+    assert run.spool is not None
+    offset = 0
+    with run.spool.open("rb") as fh:
+        for i, line in enumerate(fh):
+            if i in lines:
+                lines[i].append(offset)
+            offset += len(line)
+
+
+def _write_eval(
+    config: PrepareConfig, runs: list[_SourceRun], held: list[set[int]], names: list[str],
+    out: Path,
+) -> list[Path]:  # fmt: skip
+    """The held-out prompts into ``out/eval/prompts-*.jsonl``, interleaved like the rest."""
+    groups: dict[tuple[int, str], list[int]] = {}
+    for r, run in enumerate(runs):
+        keep = {i: groups.setdefault((r, names[run.domains[i]]), []) for i in sorted(held[r])}
+        _offsets(run, keep)
+    if not groups:
+        return []
+    folder = out / EVAL_DIR
+    folder.mkdir(exist_ok=True)
+    writer = _ShardWriter(folder, config.shard_size)
+    _write_interleaved(config.seed, runs, groups, writer)
+    return writer.paths
+
+
+def _pass_two(
+    config: PrepareConfig,
+    runs: list[_SourceRun],
+    plan: Plan,
+    names: list[str],
+    out: Path,
+    held: list[set[int]],
+) -> tuple[list[Path], dict[str, dict[str, int]]]:
+    """Write the chosen prompts, interleaved (``interleave``), into the shards; the held-out
+    lines are never among them."""
+    # (source index, domain) -> byte offsets of its chosen spool lines, in spool order
+    groups: dict[tuple[int, str], list[int]] = {}
+    for r, run in enumerate(runs):
+        name = run.source.name
+        quotas = plan.per_source.get(name, {})
+        positions: dict[int, list[int]] = {}  # domain id -> spool line numbers
+        for i, d in enumerate(run.domains):
+            if i not in held[r]:
+                positions.setdefault(d, []).append(i)
+        keep: dict[int, list[int]] = {}  # spool line -> its group's list (filled below)
+        for d, lines in positions.items():
+            chosen = _choose(config.seed, name, names[d], len(lines), quotas.get(names[d], 0))
+            group = groups.setdefault((r, names[d]), [])
+            for j in chosen:
+                keep[lines[j]] = group
+        _offsets(run, keep)
+    writer = _ShardWriter(out, config.shard_size)
+    taken = _write_interleaved(config.seed, runs, groups, writer)
     return writer.paths, taken
 
 
@@ -376,11 +448,13 @@ def _prepare(
                 if rejects is not None:
                     rejects.close()
         names = sorted(domain_ids, key=domain_ids.__getitem__)
+        held = hold_out(config.seed, [run.domains for run in runs], names, config.holdout)
         supplies = []
-        for run in runs:
+        for r, run in enumerate(runs):
             avail: dict[str, int] = {}
-            for d in run.domains:
-                avail[names[d]] = avail.get(names[d], 0) + 1
+            for i, d in enumerate(run.domains):
+                if i not in held[r]:
+                    avail[names[d]] = avail.get(names[d], 0) + 1
             supplies.append(
                 Supply(
                     name=run.source.name,
@@ -401,13 +475,28 @@ def _prepare(
             by_tokens=by_tokens,
         )
         shards: list[Path] = []
+        eval_shards: list[Path] = []
         if not plan_only:
             with stats.timed("write"):
-                shards, _ = _pass_two(config, runs, plan, names, out)
+                shards, _ = _pass_two(config, runs, plan, names, out, held)
+                eval_shards = _write_eval(config, runs, held, names, out)
     finally:
         shutil.rmtree(spool_root, ignore_errors=True)
     report = _report(config, runs, names, plan, shards, existing_bad, excluded)
     report["mix_by"] = plan.mix_by
+    if config.holdout:
+        by_domain: dict[str, int] = {}
+        for r, run in enumerate(runs):
+            for i in held[r]:
+                dname = names[run.domains[i]]
+                by_domain[dname] = by_domain.get(dname, 0) + 1
+        report["holdout"] = {
+            "per_domain": config.holdout,
+            "prompts": sum(by_domain.values()),
+            "by_domain": dict(sorted(by_domain.items())),
+            "path": f"{EVAL_DIR}/",
+            "shards": [f"{EVAL_DIR}/{p.name}" for p in eval_shards],
+        }
     if lengths is not None:
         report["lengths"] = {
             "source": lengths.source,

@@ -151,6 +151,57 @@ def _mix_section(data: ReportData) -> page.Section:
     return page.Section("Domain mix", figures, "no domain counts", tables)
 
 
+def _acceptance_section(data: ReportData) -> page.Section | None:
+    """The drafter's acceptance per domain, each measurement side by side, beside the subject's
+    share of loss tokens (where the data to train on stands against where the drafter is weak)."""
+    if not data.acceptance:
+        return None
+    names = [_name(u.rstrip("/").removesuffix("/acceptance.json")) for u, _ in data.acceptance]
+    if len(set(names)) < len(names):
+        names = [f"{n} ({i + 1})" for i, n in enumerate(names)]
+    series = {
+        n: {d: a.acceptance_rate for d, a in m.by_domain.items() if a.acceptance_rate is not None}
+        for n, (_, m) in zip(names, data.acceptance, strict=True)
+    }
+    series = _ordered({k: {d: float(v) for d, v in vals.items()} for k, vals in series.items()})
+    plot = plots.grouped_bars(
+        "acceptance",
+        "Draft acceptance per domain",
+        series,
+        "accepted / draft tokens (%)",
+        "each measurement's acceptance rate per domain (draftdata acceptance)",
+        percent=True,
+    )
+    tseries, _ = _token_mix_series(data) if data.parts else ({}, "")
+    mix_name, mix = next(iter(tseries.items()), ("", {}))
+    domains = list(next(iter(series.values()), {}))
+    header = ["domain"]
+    if mix:
+        header.append(f"loss-token share: {mix_name}")
+    for n in names:
+        header += [f"acceptance: {n}", f"accept length: {n}"]
+    rows = []
+    for d in domains:
+        row: list[Any] = [d]
+        if mix:
+            row.append(f"{100 * mix.get(d, 0.0):.1f}%")
+        for _, m in data.acceptance:
+            a = m.by_domain.get(d)
+            rate = a.acceptance_rate if a is not None else None
+            length = a.mean_accept_length if a is not None else None
+            row += [
+                "-" if rate is None else f"{100 * rate:.1f}%",
+                "-" if length is None else f"{length:.2f}",
+            ]
+        rows.append(row)
+    return page.Section(
+        "Draft acceptance per domain",
+        [plot] if plot else [],
+        "no acceptance measured",
+        [page.table(header, rows)] if rows else [],
+    )
+
+
 def _length_section(data: ReportData) -> page.Section:
     s = data.main_stats
     if s is None:
@@ -332,8 +383,10 @@ def _inputs_section(data: ReportData) -> page.Section:
 
 def render_report(data: ReportData, title: str | None = None) -> str:
     """The page for collected data."""
+    accepted = _acceptance_section(data)
     sections = [
         _mix_section(data),
+        *([accepted] if accepted is not None else []),
         _length_section(data),
         _tokens_section(data),
         _finish_section(data),

@@ -105,6 +105,11 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     startup_s: float = 0.0
     seed: int = 0
     tokenizer: str | None = None
+    # speculative decoding (sim/spec.py): K draft tokens per step (0: off), each accepted with
+    # this probability given the ones before it; by last-user-message prefix as for lengths
+    spec_tokens: int = 0
+    accept_rate: float = 0.7
+    accept_rate_for: dict[str, float] = msgspec.field(default_factory=dict)
     faults: FaultConfig = msgspec.field(default_factory=FaultConfig)
 
     @property
@@ -113,6 +118,13 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
         if self.engine_version:
             return self.engine_version
         return "0.5.4" if self.flavor == "sglang" else "0.11.0"
+
+    def accept_rate_of(self, last_user: str) -> float:
+        """The per-position acceptance probability of a request (its last user message)."""
+        return next(
+            (r for p, r in self.accept_rate_for.items() if last_user.startswith(p)),
+            self.accept_rate,
+        )
 
     def step_s(self, batch: int, slow: float = 1.0) -> float:
         """Wall-clock seconds of one decode step at ``batch`` running sequences."""
@@ -156,6 +168,12 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         (0 <= config.tool_call_rate <= 1, "--tool-call-rate: must be in [0, 1]"),
         (0 <= config.reasoning_share < 1, "reasoning_share: must be in [0, 1)"),
         (servers >= 1, "--servers: must be at least 1"),
+        (0 <= config.spec_tokens <= 64, "--spec-tokens: must be in [0, 64]"),
+        (0 <= config.accept_rate <= 1, "--accept-rate: must be in [0, 1]"),
+        (
+            all(0 <= r <= 1 for r in config.accept_rate_for.values()),
+            "--accept-rate-for: every rate must be in [0, 1]",
+        ),
     ]
     f = config.faults
     for name, rate in f.rates():

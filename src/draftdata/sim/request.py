@@ -31,6 +31,8 @@ from draftdata.sim.answers import (
 )
 from draftdata.sim.config import SimConfig
 from draftdata.sim.shapes import context_message, tool_call
+from draftdata.sim.spec import SpecDraw
+from draftdata.sim.spec import draw as spec_draw
 from draftdata.sim.tokens import Tokenizer, text_of
 
 
@@ -54,6 +56,7 @@ class ChoiceOut(msgspec.Struct, kw_only=True):
     finish: str
     matched_stop: int | None
     reasoning_tokens: int
+    spec: SpecDraw | None = None  # speculative figures (a server with spec_tokens > 0)
 
 
 class Prepared(msgspec.Struct, kw_only=True):
@@ -67,6 +70,7 @@ class Prepared(msgspec.Struct, kw_only=True):
     cached_tokens: int | None
     want_prompt_ids: bool
     want_output_ids: bool
+    want_spec_details: bool = False  # SGLang's return_spec_tokens_details
     choices: list[ChoiceOut]
 
 
@@ -230,6 +234,7 @@ def prepare(
         name = (tool_choice.get("function") or {}).get("name")
         offered = [t for t in tools if (t.get("function") or {}).get("name") == name] or tools
     mean = _mean_for(config, last_user, msgs, tools)
+    accept = config.accept_rate_of(last_user)
     choices = []
     for i in range(n):
         rng = random.Random(digest(config.seed, body.get("seed"), prompt_text, i))
@@ -279,6 +284,10 @@ def prepare(
             hexid = f"{digest(prompt_text, i, k):016x}"
             cid = f"call_{hexid}{hexid[:8]}" if flavor == "sglang" else f"chatcmpl-tool-{hexid}"
             calls.append(tool_call(flavor, cid, k, tc.name, tc.arguments))
+        spec = None
+        if config.spec_tokens > 0:
+            spec_rng = random.Random(digest(config.seed, "spec", prompt_text, body.get("seed"), i))
+            spec = spec_draw(len(out_ids), config.spec_tokens, accept, spec_rng)
         r_end = max((s1 for s0, s1, kind in parsed.spans if kind == "reasoning"), default=0)
         r_tokens = sum(1 for e in ends if e <= r_end) if r_end else 0
         choices.append(
@@ -293,6 +302,7 @@ def prepare(
                 if finish == "stop" and flavor == "sglang" and stopped is None
                 else None,
                 reasoning_tokens=r_tokens,
+                spec=spec,
             )
         )
     rid = body.get("rid") if isinstance(body.get("rid"), str) else None
@@ -316,5 +326,6 @@ def prepare(
         cached_tokens=cache.cached(msgs, n_prompt) if cache and config.cache_report else None,
         want_prompt_ids=want_prompt,
         want_output_ids=want_output,
+        want_spec_details=flavor == "sglang" and body.get("return_spec_tokens_details") is True,
         choices=choices,
     )

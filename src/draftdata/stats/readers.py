@@ -51,6 +51,8 @@ from draftdata.records import (
     parse_prompt,
     strip_bom,
 )
+from draftdata.speculation import ACCEPTANCE_FILE, Acceptance, read_acceptance
+from draftdata.speculation import FORMAT as ACCEPTANCE_FORMAT
 from draftdata.stats.conversations import (
     Conversation,
     completion_to_conversation,
@@ -578,3 +580,27 @@ def refuse_unreadable(url: str, rows: int, rejected: int, example: str = "") -> 
         + (f", e.g. {example}" if example else "")
         + "); give a run, prompts, tokenized parquet or conversations (JSONL, JSON or parquet)"
     )
+
+
+def acceptance_json(url: str) -> Acceptance | None:
+    """The acceptance measurement at ``url`` (a JSON file of format ``draftdata.acceptance/1``,
+    or a folder holding ``acceptance.json``; local or ``s3://``), or None when it is not one."""
+    if url.endswith(".json"):
+        parent, _, key = url.rstrip("/").rpartition("/")
+        root = parent or "."
+    else:
+        root, key = url, ACCEPTANCE_FILE
+    try:
+        store = open_store(root)
+        if not store.exists(key):
+            return None
+        raw = store.read(key)
+    except (DraftdataError, OSError):
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not (isinstance(doc, dict) and doc.get("format") == ACCEPTANCE_FORMAT):
+        return None
+    return read_acceptance(raw, url)
