@@ -1,8 +1,9 @@
 """Fuzzed prompt files through a real ``generate`` run on the simulator: every valid line is
 generated once, every bad line is a reject (file:line and reason in ``rejects/``), no line
 ends the run; a file with no prompt at all among its first lines stops before anything is
-recorded (a file in another schema, generate/rejects.py). The reader-level fuzz with many more examples is tests/unit/generate/
-test_prompt_lines.py; this one proves the whole command holds on a few drawn files."""
+recorded (a file in another schema, generate/rejects.py). The reader-level fuzz with many more
+examples is tests/unit/generate/test_prompt_lines.py; this one proves the whole command holds on
+a few drawn files."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_fuzzed_prompt_file_through_generate(
         prompts.write_bytes((BOM if bom else b"") + b"\n".join(lines) + b"\n")
         out = Path(tmp) / "run"
         if not any(good):  # no prompt among the first lines: a file in another schema
-            with pytest.raises(InputError, match="none of the first .* lines is a prompt"):
+            with pytest.raises(InputError, match=r"none of the first .* lines is a prompt"):
                 generate(fast_config(prompts, out, fleet.urls))
             assert not (out / "completions").exists()  # nothing was recorded
             return
