@@ -88,6 +88,7 @@ PATH_OPTIONS: dict[tuple[str, str], Role] = {
     ("acceptance", "--out"): Role(OUT_DIR),
     ("fleet status", "fleet"): Role(IN_FILE),
     ("fleet down", "fleet"): Role(IN_FILE),
+    ("run check", "run"): Role(IN_DIR),
 }
 
 # options the heuristic below takes for paths that are none, and why
@@ -315,6 +316,7 @@ def _base(command: str, w: World, new: Path) -> tuple[list[str], dict[str, list[
         },
         "fleet status": {"fleet": [str(w.fleet)]},
         "fleet down": {"fleet": [str(w.fleet)]},
+        "run check": {"run": [str(w.run)]},
     }
     return words, args[command]
 

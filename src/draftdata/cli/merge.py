@@ -15,19 +15,36 @@ from draftdata.cli.quiet import QUIET, quietable
 
 
 class _Progress:
-    """``merge: PATH: N rows (R rows/s)`` lines on stderr, at most every 2 seconds."""
+    """``merge: WHAT: N rows (R rows/s)`` lines on stderr (WHAT: an input being scanned, or
+    ``route``), at most every 2 seconds, and always the last count of each: when the next
+    input or phase starts, and at ``close``. So a small input shows its whole row count, not
+    the first batch's."""
 
     def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.last = 0.0
+        self.last_print = 0.0
+        self.what: str | None = None
+        self.rows = 0
+        self.started = self.last_call = time.perf_counter()  # WHAT began when the last ended
+        self.shown = True  # whether ``rows`` of ``what`` is on screen
 
     def __call__(self, what: str, rows: int) -> None:
         now = time.perf_counter()
-        if now - self.last < 2.0:
-            return
-        self.last = now
-        rate = rows / max(now - self.start, 1e-9)
-        typer.echo(f"merge: {what}: {rows:,} rows ({rate:,.0f} rows/s)", err=True)
+        if what != self.what:
+            self.close()
+            self.what, self.started = what, self.last_call
+        self.rows, self.shown, self.last_call = rows, False, now
+        if now - self.last_print >= 2.0:
+            self._show(now)
+
+    def _show(self, now: float) -> None:
+        rate = self.rows / max(now - self.started, 1e-9)
+        typer.echo(f"merge: {self.what}: {self.rows:,} rows ({rate:,.0f} rows/s)", err=True)
+        self.last_print, self.shown = now, True
+
+    def close(self) -> None:
+        """Show the last count if it is not on screen yet."""
+        if self.what is not None and not self.shown:
+            self._show(time.perf_counter())
 
 
 def register(app: typer.Typer) -> None:
@@ -179,11 +196,18 @@ def register(app: typer.Typer) -> None:
         if (warning := mix_warning(config.mix)) is not None:
             typer.echo(warning, err=True)
         console = tables.console()
+        progress = None if quiet else _Progress()
 
         def show_plan(plan: dict[str, Any]) -> None:
+            if progress is not None:
+                progress.close()  # the scan's last counts come before the plan
             print_plan(plan, console)
 
-        summary = merge(config, progress=None if quiet else _Progress(), on_plan=show_plan)
+        try:
+            summary = merge(config, progress=progress, on_plan=show_plan)
+        finally:
+            if progress is not None:
+                progress.close()
         if plan_only:
             console.print("--plan-only: nothing written")
             return

@@ -37,8 +37,10 @@ def register(app: typer.Typer) -> None:
         percentiles, reasoning share, finish reasons and failures (for runs). Format is
         auto-detected."""
         import json
+        import sys
 
         from draftdata import paths
+        from draftdata.errors import disk_errors
         from draftdata.stats import compute_stats
         from draftdata.stats.render import print_stats
 
@@ -59,15 +61,17 @@ def register(app: typer.Typer) -> None:
             msgspec.to_builtins(a) if a is not None else compute_stats(url, tokenizer)
             for url, a in measured.items()
         ]
-        if as_json:
-            typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))
-            return
-        for url, item in zip(measured, results, strict=True):
-            a = measured[url]
-            if a is None:
-                print_stats(item)
-            else:
-                print_acceptance(a, None, title=url)
-        found = [(u, a) for u, a in measured.items() if a is not None]
-        if len(found) > 1:
-            print_acceptance_compare(found)
+        with disk_errors("the standard output", "redirect it to another place"):
+            if as_json:
+                typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+                return
+            for url, item in zip(measured, results, strict=True):
+                a = measured[url]
+                if a is None:
+                    print_stats(item)
+                else:
+                    print_acceptance(a, None, title=url)
+            found = [(u, a) for u, a in measured.items() if a is not None]
+            if len(found) > 1:
+                print_acceptance_compare(found)
+            sys.stdout.flush()

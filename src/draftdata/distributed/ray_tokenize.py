@@ -83,10 +83,11 @@ def _tokenize_keys(batch: Any, config_json: str, rows: int) -> Any:
 
     ctx, run, out, kind = _worker_state(config_json)
     indexes, counters, written = [], [], []
-    for index, key in zip(
-        batch.column("index").to_pylist(), batch.column("key").to_pylist(), strict=True
+    skips = batch.column("skip").to_pylist()  # JSON lists of duplicate rows (the stage's)
+    for index, key, skip in zip(
+        batch.column("index").to_pylist(), batch.column("key").to_pylist(), skips, strict=True
     ):
-        c, names = tokenize_shard(ctx, run, out, key, rows, kind)
+        c, names = tokenize_shard(ctx, run, out, key, rows, kind, json.loads(skip))
         indexes.append(index)
         counters.append(json.dumps(c.to_dict()))
         written.append(names)
@@ -134,7 +135,7 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     forward = tuple(dict.fromkeys([*cluster.DEFAULT_FORWARD_ENV, *opts.forward_env]))
     started_ray = cluster.connect(opts.address, forward_env=forward)
     try:
-        results = _run_job(ray, _for_workers(job.config), keys, opts)
+        results = _run_job(ray, _for_workers(job.config), keys, job.skip, opts)
     finally:
         if started_ray:
             ray.shutdown()
@@ -166,15 +167,21 @@ def _for_workers(config: TokenizeConfig) -> TokenizeConfig:
 
 
 def _run_job(
-    ray: Any, config: TokenizeConfig, keys: list[str], opts: RayTokenizeOptions
+    ray: Any,
+    config: TokenizeConfig,
+    keys: list[str],
+    skip: dict[str, list[int]],
+    opts: RayTokenizeOptions,
 ) -> dict[int, tuple[str, list[str]]]:
-    """The Ray Data job: shard keys -> map_batches(tokenize) -> (counters, names) per index."""
+    """The Ray Data job: shard keys (and their duplicate rows) -> map_batches(tokenize) ->
+    (counters, names) per index."""
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False
-    ds = ray.data.from_items(
-        [{"index": i, "key": k} for i, k in enumerate(keys)], override_num_blocks=len(keys)
-    )
+    items = [
+        {"index": i, "key": k, "skip": json.dumps(skip.get(k, []))} for i, k in enumerate(keys)
+    ]
+    ds = ray.data.from_items(items, override_num_blocks=len(keys))
     mapped = ds.map_batches(
         _tokenize_keys,
         batch_size=1,

@@ -33,12 +33,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from draftdata.conversation import assemble
-from draftdata.errors import AlreadyExistsError, ConfigError
+from draftdata.errors import AlreadyExistsError, ConfigError, disk_errors
 from draftdata.export.turns import TurnRows
 from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, sample_key
 from draftdata.store.doneset import DoneSet
+from draftdata.store.lease import refuse_live_writer
 from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
@@ -306,6 +307,7 @@ def export_run(
     stats = StageStats("export")
     src = open_store(run)  # opened once: manifest check and every shard read
     manifest = read_manifest(src)  # StoreError "no manifest.json; not a draftdata run" first
+    refuse_live_writer(src, "export")  # a moving run is not exported as if it were whole
     turns = None
     if fmt in PER_TURN_FORMATS:
         settings = manifest.get("effective_settings") or {}
@@ -319,8 +321,12 @@ def export_run(
         )
     dest = str(out)
     if dest.startswith("s3://"):
-        _export_s3(src, fmt, dest, include_reasoning, stats, protect, turns)
+        staging = tempfile.gettempdir()
+        fix = "set TMPDIR to a folder with room for the whole export (it is staged there)"
+        with disk_errors(f"the export's local copy in {staging}", fix):
+            _export_s3(src, fmt, dest, include_reasoning, stats, protect, turns)
     else:
         check_not_protected(dest, protect, what="export destination")
-        _export_local(src, fmt, Path(dest), include_reasoning, stats, turns)
+        with disk_errors(dest, "choose another --out"):
+            _export_local(src, fmt, Path(dest), include_reasoning, stats, turns)
     return stats

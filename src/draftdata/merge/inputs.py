@@ -18,13 +18,13 @@ of pass 2 is the n-th row of pass 1.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -43,7 +43,9 @@ from draftdata.stats.readers import (
     iter_sample_batches,
     open_dataset,
 )
+from draftdata.store.lease import refuse_live_writer
 from draftdata.tokens import conversation_tokens, counter
+from draftdata.workerpool import worker_pool
 
 Family = Literal["samples", "chat"]
 UNKNOWN = "unknown"
@@ -121,6 +123,8 @@ def open_inputs(inputs: list[tuple[str, str]]) -> tuple[list[InputInfo], Family]
             "with tokenized (tokenize the chat data first) or chat with chat"
         )
     for i in infos:
+        if i.dataset.is_run:  # a moving run is not merged as if it were whole
+            refuse_live_writer(i.dataset.store, "merge")
         if i.dataset.kind == "run" and not i.dataset.keys:
             raise InputError(f"{i.path}: the run has no committed completions yet")
     return infos, families.pop()
@@ -257,21 +261,22 @@ class Workers:
     """An optional pool of ``n`` spawned processes for ``chat_keys``; ``n <= 1`` runs inline.
 
     Chunks are submitted with at most ``2 n`` in flight and consumed in submission order, so
-    results (and memory) do not depend on the number of workers.
+    results (and memory) do not depend on the number of workers. The processes end with this
+    one, whatever signal ends it (``draftdata.workerpool``).
     """
 
     def __init__(self, n: int, tokenizer: str | None = None) -> None:
         self.n = n
         self.tokenizer = tokenizer
         self._pool: ProcessPoolExecutor | None = None
+        self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> Workers:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+    def __exit__(self, *exc: Any) -> None:
+        self._pool = None
+        self._stack.__exit__(*exc)
 
     def map(
         self, chunks: Iterator[list[Conversation]]
@@ -282,7 +287,7 @@ class Workers:
                 yield chunk, chat_keys(chunk, self.tokenizer)
             return
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.n, mp_context=get_context("spawn"))
+            self._pool = self._stack.enter_context(worker_pool(self.n))
         window: deque[tuple[list[Conversation], Future[ChatKeys]]] = deque()
         for chunk in chunks:
             blob = msgspec.msgpack.encode(chunk)

@@ -30,6 +30,7 @@ right after it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -45,7 +46,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from draftdata.domains import DOMAINS
-from draftdata.errors import ConfigError
+from draftdata.errors import ConfigError, disk_errors
 from draftdata.formats import MERGE_REPORT, SAMPLE_SCHEMA
 from draftdata.merge.config import OTHER, MergeConfig, check_config, normalised_mix
 from draftdata.merge.inputs import (
@@ -678,9 +679,21 @@ def merge(
     assert store is not None
     schema = SAMPLE_SCHEMA if family == "samples" else CONVERSATION_SCHEMA
     shards: dict[str, list[str]] = {}
-    if config.tmp_dir is not None:
-        Path(config.tmp_dir).mkdir(parents=True, exist_ok=True)  # --tmp-dir may be new
-    with tempfile.TemporaryDirectory(prefix="draftdata-merge-", dir=config.tmp_dir) as tmp:
+    # the shuffle's buckets hold about the whole output: a full --tmp-dir is one line naming it
+    # (a full --out is the store's own one line)
+    scratch = config.tmp_dir or tempfile.gettempdir()
+    with contextlib.ExitStack() as scope:
+        scope.enter_context(
+            disk_errors(
+                f"{scratch} (the shuffle's temporary buckets)",
+                "give --tmp-dir a folder with room for about the whole output",
+            )
+        )
+        if config.tmp_dir is not None:
+            Path(config.tmp_dir).mkdir(parents=True, exist_ok=True)  # --tmp-dir may be new
+        tmp = scope.enter_context(
+            tempfile.TemporaryDirectory(prefix="draftdata-merge-", dir=config.tmp_dir)
+        )
         buckets = Buckets(Path(tmp), bucket_schema(schema), plan.nbuckets)
         with stats.timed("route"):
             try:

@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 import msgspec
 
 from draftdata.domains import classify_domain
-from draftdata.errors import ConfigError
+from draftdata.errors import ConfigError, disk_errors
 from draftdata.formats import (
     PREPARE_REJECTS,
     PREPARE_REPORT,
@@ -415,6 +415,17 @@ def prepare(
     if config.lengths:  # a file that is no forecast: refused before any source is read
         read_forecast(config.lengths)
     check_hub_reachable(config.sources)
+    # the sources are spooled into --out (with --plan-only into TMPDIR) and read back
+    where, fix = config.out, "choose another --out"
+    if plan_only:
+        where, fix = tempfile.gettempdir(), "set TMPDIR to a folder with more room"
+    with disk_errors(where, fix):
+        return _prepare(config, plan_only=plan_only, force=force, progress=progress)
+
+
+def _prepare(
+    config: PrepareConfig, *, plan_only: bool, force: bool, progress: Progress | None
+) -> PrepareResult:
     stats = StageStats("prepare")
     out = Path(config.out)
     if not plan_only:

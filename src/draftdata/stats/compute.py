@@ -30,6 +30,7 @@ import numpy as np
 from draftdata.domains import classify_domain
 from draftdata.errors import DraftdataError
 from draftdata.formats import PREPARE_REPORT
+from draftdata.records import Completion
 from draftdata.stats.conversations import completion_to_conversation
 from draftdata.stats.readers import (
     SUMMARY_COLUMNS,
@@ -44,6 +45,7 @@ from draftdata.stats.readers import (
 from draftdata.stats.runfigures import completion_reason, run_figures
 from draftdata.stats.runmetrics import headline
 from draftdata.stats.sketch import Sketch
+from draftdata.store.doneset import DoneSet
 from draftdata.store.read import iter_failures, read_metrics
 from draftdata.store.store import Store
 from draftdata.tokens import TokenCounter, conversation_tokens, counter
@@ -175,6 +177,7 @@ class StatsBuilder:
         self.sources: Counter[str] = Counter()
         self.labels: Counter[str] = Counter()
         self.stopped: Counter[str] = Counter()  # run: conversations stopped early, by reason
+        self.duplicates = 0  # run: rows of an (id, sample) an earlier shard holds (not counted)
         self.rejects = Rejects()
 
     def _domain(self, name: str) -> _Group:
@@ -264,7 +267,16 @@ def _stats_chat(b: StatsBuilder) -> None:
 def _stats_run(b: StatsBuilder) -> None:
 
     classify = _classifier()
-    for chunk in _chunks(iter_run_completions(b.ds, b.rejects)):
+    seen = DoneSet()  # the first copy of an (id, sample) counts, as export and tokenize keep it
+
+    def unique() -> Iterator[Completion]:
+        for c in iter_run_completions(b.ds, b.rejects):
+            if seen.add(c.id, c.sample):
+                yield c
+            else:
+                b.duplicates += 1
+
+    for chunk in _chunks(unique()):
         convs = [completion_to_conversation(c) for c in chunk]
         tokens, loss = conversation_tokens([(v.messages, v.tools) for v in convs], b.count)
         for c, conv, n, nl in zip(chunk, convs, tokens.tolist(), loss.tolist(), strict=True):
@@ -397,6 +409,10 @@ def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
             "share": round(b.all.truncated / total, 6) if total else 0.0,
         }
     if ds.kind == "run":
+        out["duplicates"] = {
+            "rows": b.duplicates,
+            "why": "the same (id, sample) in two shards (a copied shard): the first is counted",
+        }
         out["finish_reasons"] = dict(b.all.finish.most_common())
         out["stopped"] = dict(b.stopped.most_common())
         if ds.is_run:

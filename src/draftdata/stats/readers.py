@@ -66,6 +66,7 @@ from draftdata.stats.conversations import (
     completion_to_conversation,
     row_to_conversation,
 )
+from draftdata.store.quarantine import quarantined_in
 from draftdata.store.read import read_shard
 from draftdata.store.store import Store, open_store
 
@@ -136,7 +137,8 @@ def _split_location(url: str) -> tuple[Store, tuple[str, ...] | None]:
 def _parquet(store: Store, key: str) -> pq.ParquetFile:
     path = store.local_path(key)
     try:
-        return pq.ParquetFile(path if path is not None else store.open_input(key))
+        source = path if path is not None else store.open_input(key)
+        return pq.ParquetFile(source, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"{store.key_url(key)}: not a readable parquet file ({exc})") from exc
 
@@ -199,7 +201,12 @@ def open_dataset(url: str) -> Dataset:
         listing = store.list("")
         if RUN_MANIFEST.name in listing:
             is_run = True
-            keys = tuple(k for k in listing if k.startswith("completions/") and _is_data(k))
+            aside = quarantined_in(listing)  # shards set aside by `draftdata run check`
+            keys = tuple(
+                k
+                for k in listing
+                if k.startswith("completions/") and _is_data(k) and k not in aside
+            )
             if not keys:
                 return Dataset(url, "run", store, (), is_run=True)
         elif MERGE_CONFIG.name in listing and MERGE_REPORT.name not in listing:
@@ -239,10 +246,10 @@ def open_dataset(url: str) -> Dataset:
                 f"{store.url}: no dataset files (.parquet, .jsonl, .json) found; "
                 "give a run, a prompts folder, tokenized parquet or conversations"
             )
+    if is_run:  # its shards are read (and their format checked) through store.read
+        return Dataset(url, "run", store, keys, is_run=True)
     first = keys[0]
     kind = _parquet_kind(store, first) if first.endswith(".parquet") else _json_kind(store, first)
-    if is_run:
-        kind = "run"
     return Dataset(url, kind, store, keys, is_run=is_run)
 
 

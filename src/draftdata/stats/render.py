@@ -63,6 +63,9 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
     rej = stats["rejected"]["count"]
     if rej:
         head.append(f"   rejected {_n(rej)}", style="yellow")
+    dup = (stats.get("duplicates") or {}).get("rows", 0)
+    if dup:  # a copied shard: the rows of a pair an earlier shard holds are not counted
+        head.append(f"   duplicates not counted {_n(dup)}", style="yellow")
     if stats.get("reasoning") is not None:
         head.append(f"   with reasoning {_pct(stats['reasoning']['share'])}")
     if "truncated" in stats:

@@ -33,7 +33,9 @@ from draftdata.formats import (
 from draftdata.formats import iter_completions as _rows_to_completions
 from draftdata.formats import iter_failures as _rows_to_failures
 from draftdata.records import Completion, Failure
+from draftdata.store.doneset import DoneSet, hash_pairs, pair_hash
 from draftdata.store.manifest import load_manifest
+from draftdata.store.quarantine import quarantined, unreadable
 from draftdata.store.store import Store, open_store
 
 COMPLETIONS_PREFIX = "completions/"
@@ -48,8 +50,11 @@ def as_store(where: StoreLike) -> Store:
     return where if isinstance(where, Store) else open_store(where)
 
 
-def parquet_bytes(table: pa.Table, *, compression: str = "zstd") -> bytes:
-    """Serialise ``table`` (schema metadata included) to parquet bytes, one row group."""
+def parquet_bytes(table: pa.Table, *, compression: str = "zstd", checksums: bool = False) -> bytes:
+    """Serialise ``table`` (schema metadata included) to parquet bytes, one row group.
+
+    ``checksums`` writes a CRC32 of every page (a run's completions and failures shards), which
+    every reader here verifies: a damaged page is then always an error, never other data."""
     sink = io.BytesIO()
     pq.write_table(
         table,
@@ -57,6 +62,7 @@ def parquet_bytes(table: pa.Table, *, compression: str = "zstd") -> bytes:
         compression=compression,
         row_group_size=max(1, table.num_rows),
         use_dictionary=dictionary_columns(table.schema),
+        write_page_checksum=checksums,
     )
     return sink.getvalue()
 
@@ -74,8 +80,13 @@ def write_parquet_shard(
 
 
 def shard_keys(store: Store, prefix: str) -> list[str]:
-    """Sorted parquet keys under ``prefix`` (e.g. ``completions/``)."""
-    return [k for k in store.list(prefix) if k.endswith(".parquet")]
+    """Sorted parquet keys under ``prefix`` (e.g. ``completions/``), without the shards a
+    quarantine marker sets aside (``quarantine.py``)."""
+    keys = [k for k in store.list(prefix) if k.endswith(".parquet")]
+    if not keys:
+        return keys
+    aside = quarantined(store, prefix)
+    return [k for k in keys if k not in aside] if aside else keys
 
 
 def parquet_file(
@@ -85,11 +96,10 @@ def parquet_file(
     path = store.local_path(key)
     dicts = list(read_dictionary) if read_dictionary else None
     try:
-        if path is not None:
-            return pq.ParquetFile(path, read_dictionary=dicts)
-        return pq.ParquetFile(store.open_input(key), read_dictionary=dicts)
+        source = path if path is not None else store.open_input(key)
+        return pq.ParquetFile(source, read_dictionary=dicts, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
-        raise StoreError(f"{store.key_url(key)}: not a readable parquet file ({exc})") from exc
+        raise unreadable(store, key, f"not a readable parquet file: {exc}") from exc
 
 
 def read_shard(
@@ -112,7 +122,7 @@ def read_shard(
     try:
         return pf.read(columns=wanted)
     except (OSError, pa.ArrowException) as exc:
-        raise StoreError(f"{store.key_url(key)}: cannot read parquet ({exc})") from exc
+        raise unreadable(store, key, str(exc)) from exc
 
 
 def read_shards_parallel(
@@ -173,8 +183,6 @@ def iter_failures(url: StoreLike, *, all_attempts: bool = False) -> Iterator[Fai
         for table in iter_failure_tables(store):
             yield from _rows_to_failures(table)
         return
-    from draftdata.store.doneset import DoneSet, pair_hash
-
     completed = DoneSet.from_chunks(_hash_tables(iter_completion_tables(store, ["id", "sample"])))
     last: dict[int, Failure] = {}
     for table in iter_failure_tables(store):
@@ -187,8 +195,6 @@ def iter_failures(url: StoreLike, *, all_attempts: bool = False) -> Iterator[Fai
 
 
 def _hash_tables(tables: Iterator[pa.Table]) -> Iterator[Any]:
-    from draftdata.store.doneset import hash_pairs
-
     for t in tables:
         yield hash_pairs(t.column("id").to_pylist(), t.column("sample").to_pylist())
 

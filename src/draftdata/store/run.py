@@ -368,12 +368,16 @@ class Run:
                 if comps:
                     table = completions_table(comps)
                     rows: _Rows = ([c.id for c in comps], [c.sample for c in comps], None)
-                    shards.append(("completions", parquet_bytes(table), len(comps), rows))
+                    shards.append(
+                        ("completions", parquet_bytes(table, checksums=True), len(comps), rows)
+                    )
                 if fails:
                     table = failures_table(fails)
                     ids = [f.id for f in fails]
                     rows = (ids, [f.sample for f in fails], [f.reason for f in fails])
-                    shards.append(("failures", parquet_bytes(table), len(fails), rows))
+                    shards.append(
+                        ("failures", parquet_bytes(table, checksums=True), len(fails), rows)
+                    )
             finally:
                 with self._lock:
                     self._pending.extend(shards)

@@ -24,18 +24,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import time
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 
-from draftdata.errors import AlreadyExistsError, ConfigError, InputError, StoreError
+from draftdata.errors import AlreadyExistsError, ConfigError, InputError
 from draftdata.formats import (
     COMPLETION_FORMAT,
     RUN_MANIFEST,
@@ -44,11 +44,15 @@ from draftdata.formats import (
     check_format,
 )
 from draftdata.stats.readers import DATA_EXT, Kind, open_dataset
+from draftdata.store.doneset import DoneSet, hash_pairs
+from draftdata.store.lease import refuse_live_writer
 from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS, load_manifest
 from draftdata.store.protect import check_not_protected
+from draftdata.store.quarantine import unreadable
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
     parquet_file,
+    read_shards_parallel,
     shard_keys,
     write_parquet_shard,
 )
@@ -62,6 +66,7 @@ from draftdata.tokenize.batch import (
     tokenize_views,
 )
 from draftdata.tokenize.config import TokenizeConfig, TokenizeSummary
+from draftdata.workerpool import worker_pool
 
 
 def output_key(shard_key: str, batch: int) -> str:
@@ -80,17 +85,26 @@ def iter_shard_batches(store: Store, key: str, rows: int) -> Iterator[pa.Table]:
         for batch in pf.iter_batches(batch_size=rows, columns=columns):
             yield pa.Table.from_batches([batch])
     except (OSError, pa.ArrowException) as exc:
-        raise StoreError(f"{where}: cannot read parquet ({exc})") from exc
+        raise unreadable(store, key, str(exc)) from exc
 
 
 def tokenize_shard(
-    ctx: TokenizeContext, run: Store, out: Store, key: str, rows: int, kind: str = "run"
+    ctx: TokenizeContext,
+    run: Store,
+    out: Store,
+    key: str,
+    rows: int,
+    kind: str = "run",
+    skip: Sequence[int] = (),
 ) -> tuple[Counters, list[str]]:
     """Tokenize one completions shard (``kind`` run), or one conversation file (``kind``
-    conversations or prompts), into output shards; returns its counters and keys."""
+    conversations or prompts), into output shards; returns its counters and keys.
+
+    ``skip``: indexes of a shard's rows that are duplicates (``duplicate_rows``), left out and
+    counted as ``dropped.duplicate``."""
     counters = Counters()
     written: list[str] = []
-    for i, (samples, c) in enumerate(_input_batches(ctx, run, key, rows, kind)):
+    for i, (samples, c) in enumerate(_input_batches(ctx, run, key, rows, kind, skip)):
         counters.merge(c)
         if samples.num_rows == 0:
             continue
@@ -107,11 +121,23 @@ def tokenize_shard(
 
 
 def _input_batches(
-    ctx: TokenizeContext, store: Store, key: str, rows: int, kind: str
+    ctx: TokenizeContext, store: Store, key: str, rows: int, kind: str, skip: Sequence[int] = ()
 ) -> Iterator[tuple[pa.Table, Counters]]:
     if kind == "run":
+        dropped = np.asarray(sorted(skip), dtype=np.int64)
+        start = 0
         for table in iter_shard_batches(store, key, rows):
-            yield tokenize_table(table, ctx)
+            gone = 0
+            if len(dropped):
+                keep = ~np.isin(np.arange(start, start + table.num_rows), dropped)
+                start += table.num_rows
+                gone = int((~keep).sum())
+                if gone:
+                    table = table.filter(pa.array(keep))
+            samples, c = tokenize_table(table, ctx)
+            if gone:
+                c.add("dropped.duplicate", gone)
+            yield samples, c
         return
     if kind not in conversations.CHAT_KINDS:
         raise ConfigError(f"tokenize: input kind {kind!r}; expected run, conversations or prompts")
@@ -137,9 +163,25 @@ def _init_worker(config: TokenizeConfig, threads: int) -> None:
     _worker["rows"] = config.batch_rows
 
 
-def _work(key: str) -> tuple[Counters, list[str]]:
+def _work(key: str, skip: list[int]) -> tuple[Counters, list[str]]:
     w = _worker
-    return tokenize_shard(w["ctx"], w["run"], w["out"], key, w["rows"], w["kind"])
+    return tokenize_shard(w["ctx"], w["run"], w["out"], key, w["rows"], w["kind"], skip)
+
+
+def duplicate_rows(run: Store, keys: list[str]) -> dict[str, list[int]]:
+    """Row indexes, per shard, of the completions whose (id, sample) an earlier row holds (in
+    shard order: a copied shard). Export and stats keep the first copy of a pair; tokenize
+    leaves the others out too. Reads only the id and sample columns."""
+    seen = DoneSet()
+    skip: dict[str, list[int]] = {}
+    tables = read_shards_parallel(run, keys, COMPLETION_FORMAT, ["id", "sample"])
+    for key, table in zip(keys, tables, strict=True):
+        ids = table.column("id").to_pylist()
+        samples = [int(s or 0) for s in table.column("sample").to_pylist()]
+        first = seen.first_seen(hash_pairs(ids, samples))
+        if not first.all():
+            skip[key] = np.flatnonzero(~first).tolist()
+    return skip
 
 
 # -- the stage -------------------------------------------------------------------------------------
@@ -289,10 +331,13 @@ def tokenize(config: TokenizeConfig) -> TokenizeSummary:
     kind = config.input or "run"
     if config.workers == 1:
         results: Iterable[tuple[Counters, list[str]]] = (
-            tokenize_shard(ctx, job.run, job.out, key, config.batch_rows, kind) for key in job.keys
+            tokenize_shard(
+                ctx, job.run, job.out, key, config.batch_rows, kind, job.skip.get(key, [])
+            )
+            for key in job.keys
         )
     else:
-        results = _parallel(config, job.keys)
+        results = _parallel(config, job.keys, job.skip)
     summary = finish(job, results)
     summary.wall_s = time.perf_counter() - started
     check_verified(summary, config)
@@ -340,6 +385,7 @@ class TokenizeJob(msgspec.Struct, kw_only=True):
     keys: list[str]
     settings: dict[str, Any]
     previous: TokenizeSummary | None  # a finished output with the same settings
+    skip: dict[str, list[int]]  # shard -> indexes of duplicate rows (``duplicate_rows``)
 
 
 def locate_input(url: str) -> tuple[Store, list[str], str]:
@@ -382,6 +428,8 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     run, keys, kind = locate_input(config.run)
     config = msgspec.structs.replace(config, input=kind)
     check_out(config)
+    if kind == "run":  # a moving run is not tokenized as if it were whole
+        refuse_live_writer(run, "tokenize")
     keep = history_policy(config, run)
     kwargs = server_template_kwargs(config, run)
     config = msgspec.structs.replace(
@@ -391,13 +439,15 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     settings = settings_of(config, keep) | {"inputs": keys}
     if kwargs:  # recorded only when there are some, so older summaries still compare equal
         settings["server_template_kwargs"] = kwargs
+    previous = previous_summary(out, settings)
     return TokenizeJob(
         config=config,
         run=run,
         out=out,
         keys=keys,
         settings=settings,
-        previous=previous_summary(out, settings),
+        previous=previous,
+        skip=duplicate_rows(run, keys) if previous is None and kind == "run" else {},
     )
 
 
@@ -447,26 +497,22 @@ def finish(job: TokenizeJob, results: Iterable[tuple[Counters, list[str]]]) -> T
     return summary
 
 
-def _parallel(config: TokenizeConfig, keys: list[str]) -> Iterator[tuple[Counters, list[str]]]:
+def _parallel(
+    config: TokenizeConfig, keys: list[str], skip: dict[str, list[int]]
+) -> Iterator[tuple[Counters, list[str]]]:
     # Results in key order (deterministic summary); at most 2 shards per worker in flight.
 
     threads = max(1, (os.cpu_count() or 1) // config.workers)
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        max_workers=config.workers,
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(config, threads),
-    ) as pool:
+    with worker_pool(config.workers, _init_worker, (config, threads)) as pool:
         pending: list[Future[tuple[Counters, list[str]]]] = []
         queue = iter(keys)
         for key in queue:
-            pending.append(pool.submit(_work, key))
+            pending.append(pool.submit(_work, key, skip.get(key, [])))
             if len(pending) >= 2 * config.workers:
                 break
         while pending:
             result = pending.pop(0).result()
             nxt = next(queue, None)
             if nxt is not None:
-                pending.append(pool.submit(_work, nxt))
+                pending.append(pool.submit(_work, nxt, skip.get(nxt, [])))
             yield result

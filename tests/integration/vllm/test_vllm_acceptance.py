@@ -13,23 +13,19 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
-import socket
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from tests.integration import engine_checks
 from tests.integration.envs import cached_env_python, env_dir
 
 from draftdata.speculation import from_vllm_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
-CLI = [sys.executable, "-c", "from draftdata.cli import main; main()"]
 SPEC = (
     '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, '
     '"prompt_lookup_min": 1}'
@@ -40,33 +36,16 @@ CPU_ARGS = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+_free_port = engine_checks.free_port
+_run = engine_checks.run_cli
 
 
 @pytest.fixture(scope="module")
 def spec_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     """A one-server speculative vLLM fleet; yields (fleet.yaml, url)."""
-    from draftdata.tokenize.train import ensure_demo_tokenizer
-
     py = cached_env_python("vllm_env.sh", env_dir("vllm"), "vllm")
     base = tmp_path_factory.mktemp("vllm-spec")
-    model = base / "tiny-qwen3"
-    shutil.copytree(ensure_demo_tokenizer(base / "cache"), model)
-    made = subprocess.run(
-        [str(py), str(Path(__file__).with_name("tiny_model.py")), str(model)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert made.returncode == 0, made.stdout + made.stderr
+    model = engine_checks.tiny_model(py, base)
     fleet = base / "fleet.yaml"
     up = _run(
         "fleet", "up", "--engine", "vllm", "--model", str(model), "--gpus", "0",

@@ -195,9 +195,9 @@ def test_buffered_never_dips_while_a_flush_encodes(
         seen: list[int] = []
         real_bytes = run_module.parquet_bytes
 
-        def observing(table: object) -> bytes:
+        def observing(table: object, **options: bool) -> bytes:
             seen.append(run.buffered)  # read mid-flush, as the engine's thread would
-            return real_bytes(table)
+            return real_bytes(table, **options)  # type: ignore[arg-type]
 
         def down(self: LocalStore, key: str, data: bytes) -> None:
             raise TransientStoreError("store down")
