@@ -22,10 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "draftdata"
 DOC = ROOT / "ARCHITECTURE.md"
 
-# (importer, imported) -> why it is still there. Each entry must still occur (a stale entry
-# fails), so the list only shrinks. Both wait for the prompt-parsing branch (issue 13) to land.
-PENDING: dict[tuple[str, str], str] = {}
-
 _ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*`([\w.]+/?)`\s*\|", re.MULTILINE)
 _ENGINE_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*`generate/(\w+)\.py`\s*\|", re.MULTILINE)
 
@@ -138,11 +134,7 @@ def test_the_layer_table_matches_the_tree() -> None:
 
 def test_imports_only_point_down() -> None:
     table = layers(DOC.read_text(encoding="utf-8"))
-    found = all_violations(table)
-    new = [str(v) for v in found if (v.importer, v.imported) not in PENDING]
-    assert new == []
-    stale = PENDING.keys() - {(v.importer, v.imported) for v in found}
-    assert sorted(stale) == [], "PENDING entries that no longer occur: remove them"
+    assert [str(v) for v in all_violations(table)] == []
 
 
 def test_the_check_catches_up_sibling_and_unknown_imports() -> None:
@@ -284,20 +276,9 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-# circles still there -> why; each must still occur (a stale entry fails), so the list shrinks
-PENDING_CIRCLES: dict[tuple[str, ...], str] = {
-    ("draftdata.store.protect", "draftdata.store.s3", "draftdata.store.store"): (
-        "store/ is being changed on another branch (issue 24): store/base.py comes after it"
-    ),
-}
-
-
 def test_no_import_circles() -> None:
     found = circles(import_graph())
-    new = [c for c in found if tuple(c) not in PENDING_CIRCLES]
-    assert new == [], "modules that import each other (move what both need down a module)"
-    stale = PENDING_CIRCLES.keys() - {tuple(c) for c in found}
-    assert sorted(stale) == [], "PENDING_CIRCLES entries that no longer occur: remove them"
+    assert found == [], "modules that import each other (move what both need down a module)"
 
 
 def test_the_circle_check_finds_loops_of_any_length() -> None:

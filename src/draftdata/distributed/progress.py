@@ -29,8 +29,8 @@ from rich.table import Table
 from rich.text import Text
 
 from draftdata.formats import COMPLETION_FORMAT
+from draftdata.store.base import Store
 from draftdata.store.read import COMPLETIONS_PREFIX, FAILURES_PREFIX, read_shard
-from draftdata.store.store import Store
 
 STATES = ("queued", "running", "done", "failed")
 LOST = "worker lost"  # the error of an attempt whose worker died (Ray retried the partition)

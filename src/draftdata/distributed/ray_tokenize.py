@@ -29,7 +29,8 @@ import pyarrow as pa
 
 from draftdata.distributed import cluster
 from draftdata.errors import InputError
-from draftdata.store.store import normalise_url, open_store
+from draftdata.store.base import normalise_url
+from draftdata.store.store import open_store
 from draftdata.tokenize import stage
 from draftdata.tokenize.batch import Counters, TokenizeContext
 from draftdata.tokenize.config import DomainTotals, TokenizeConfig, TokenizeSummary

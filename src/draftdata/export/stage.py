@@ -38,12 +38,13 @@ from draftdata.export.turns import TurnRows
 from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, sample_key
+from draftdata.store.base import Store, split_s3_url
 from draftdata.store.doneset import DoneSet
 from draftdata.store.lease import refuse_live_writer
 from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
-from draftdata.store.store import Store, open_store, split_s3_url
+from draftdata.store.store import open_store
 from draftdata.trainer_rows import (
     CONVERSATION_FORMATS,
     PER_TURN_FORMATS,

@@ -37,6 +37,7 @@ from draftdata.generate.sample import PilotSample, Stratum, scope_keys
 from draftdata.generate.saturation import Throughput
 from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS
+from draftdata.store.base import Store
 from draftdata.store.doneset import hash_pairs
 from draftdata.store.forecast import FORECAST_FORMAT
 from draftdata.store.read import (
@@ -46,7 +47,6 @@ from draftdata.store.read import (
     shard_keys,
 )
 from draftdata.store.resume import rebuild_done_sets
-from draftdata.store.store import Store
 
 BOOTSTRAP = 1000
 MIN_PILOT = 30  # pilot pairs below which no interval is given

@@ -38,7 +38,7 @@ from draftdata.generate.work import Job
 from draftdata.store.read import COMPLETIONS_PREFIX, read_shard, shard_keys
 
 if TYPE_CHECKING:
-    from draftdata.store.store import Store
+    from draftdata.store.base import Store
 
 _SHRINK = 4.0  # pseudo-observations of the level above that every level's mean starts from
 _PRIOR_SHARE = 1 / 3  # the prior of a job nothing is known about: this share of its token cap

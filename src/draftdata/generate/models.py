@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from draftdata.errors import ConfigError, DraftdataError, RunMismatchError
+from draftdata.store.base import Store
 from draftdata.store.manifest import MANIFEST_KEY, load_manifest
 from draftdata.store.read import COMPLETIONS_PREFIX
-from draftdata.store.store import Store, open_store
+from draftdata.store.store import open_store
 
 
 def _shown(urls: list[str]) -> str:

@@ -26,7 +26,7 @@ from draftdata.errors import AlreadyExistsError
 from draftdata.formats import MERGE_CONFIG, MERGE_REPORT
 from draftdata.merge.config import MergeConfig
 from draftdata.merge.inputs import InputInfo
-from draftdata.store.store import Store
+from draftdata.store.base import Store
 
 CONFIG_VERSION = 1
 

@@ -77,8 +77,9 @@ from draftdata.merge.tokenplan import MAX_NODES
 from draftdata.metrics import StageStats
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
 from draftdata.stats.readers import iter_domain_labels, refuse_unreadable
+from draftdata.store.base import Store
 from draftdata.store.protect import check_not_protected
-from draftdata.store.store import Store, open_store
+from draftdata.store.store import open_store
 from draftdata.tokenizer_folder import check_tokenizer_folder
 from draftdata.tokens import counter
 

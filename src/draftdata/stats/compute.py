@@ -45,9 +45,9 @@ from draftdata.stats.readers import (
 from draftdata.stats.runfigures import completion_reason, run_figures
 from draftdata.stats.runmetrics import headline
 from draftdata.stats.sketch import Sketch
+from draftdata.store.base import Store
 from draftdata.store.doneset import DoneSet
 from draftdata.store.read import iter_failures, read_metrics
-from draftdata.store.store import Store
 from draftdata.tokens import TokenCounter, conversation_tokens, counter
 
 T = TypeVar("T")

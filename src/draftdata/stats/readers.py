@@ -66,9 +66,10 @@ from draftdata.stats.conversations import (
     completion_to_conversation,
     row_to_conversation,
 )
+from draftdata.store.base import Store
 from draftdata.store.quarantine import quarantined_in
 from draftdata.store.read import read_shard
-from draftdata.store.store import Store, open_store
+from draftdata.store.store import open_store
 
 Kind = Literal["run", "prompts", "tokenized", "conversations"]
 OnBad = Callable[[str, str], None]

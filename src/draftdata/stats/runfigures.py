@@ -45,6 +45,7 @@ from draftdata.stats.runmetrics import (
     union,
     writer_of,
 )
+from draftdata.store.base import Store
 from draftdata.store.doneset import DoneSet, hash_pairs
 from draftdata.store.quarantine import quarantined
 from draftdata.store.read import (
@@ -54,7 +55,6 @@ from draftdata.store.read import (
     read_shards_parallel,
     shard_keys,
 )
-from draftdata.store.store import Store
 
 _COLUMNS = ["id", "sample", "domain", "endpoint", "usage", "turns.list.element.finish_reason"]
 

@@ -1,6 +1,7 @@
 """The durable run store: create-only objects (local or S3), the run layout, resume, readers.
 
-- ``store.py`` / ``s3.py``: ``Store`` with ``put_new`` (create-only) and reads; ``open_store(url)``.
+- ``base.py``: ``Store`` (``put_new``, create-only, and reads) and the key and location rules;
+  ``local.py`` and ``s3.py`` are its backends; ``store.py``: ``open_store(url)``.
 - ``protect.py``: protected-prefix checks.
 - ``manifest.py``: manifest.json, settings hash, allowed-change history, opening a run's.
 - ``doneset.py``: the compact done-set; ``resume.py``: rebuilding it when a run resumes.
@@ -11,6 +12,7 @@
 (Exporting a run for training is the ``export`` package, above the store.)
 """
 
+from draftdata.store.base import Store
 from draftdata.store.read import (
     iter_completion_tables,
     iter_completions,
@@ -20,7 +22,7 @@ from draftdata.store.read import (
     write_parquet_shard,
 )
 from draftdata.store.run import Run
-from draftdata.store.store import Store, open_store
+from draftdata.store.store import open_store
 
 __all__ = [
     "Run",

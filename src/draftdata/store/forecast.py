@@ -18,7 +18,8 @@ import re
 from typing import Any
 
 from draftdata.errors import AlreadyExistsError, FormatVersionError, InputError
-from draftdata.store.store import Store, open_store
+from draftdata.store.base import Store
+from draftdata.store.store import open_store
 
 FORECAST_FORMAT = "draftdata.forecast/1"
 FORECAST_KEY = "forecast.json"

@@ -66,7 +66,7 @@ from draftdata.errors import (
     LeaseUnconfirmedError,
     StoreError,
 )
-from draftdata.store.store import Store
+from draftdata.store.base import Store
 
 LEASE_PREFIX = "lease/"
 DEFAULT_TTL = 30.0

@@ -26,8 +26,8 @@ from typing import Any
 
 from draftdata import __version__
 from draftdata.errors import AlreadyExistsError, FormatVersionError, RunMismatchError, StoreError
+from draftdata.store.base import Store
 from draftdata.store.lease import LEASE_PREFIX
-from draftdata.store.store import Store
 
 RUN_FORMAT = "draftdata.run/1"
 MANIFEST_KEY = "manifest.json"

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable
 
 from draftdata.errors import AlreadyExistsError, StoreError
-from draftdata.store.store import Store
+from draftdata.store.base import Store
 
 QUARANTINE_PREFIX = "quarantine/"
 QUARANTINE_FORMAT = "draftdata.quarantine/1"

@@ -33,10 +33,11 @@ from draftdata.formats import (
 from draftdata.formats import iter_completions as _rows_to_completions
 from draftdata.formats import iter_failures as _rows_to_failures
 from draftdata.records import Completion, Failure
+from draftdata.store.base import Store
 from draftdata.store.doneset import DoneSet, hash_pairs, pair_hash
 from draftdata.store.manifest import load_manifest
 from draftdata.store.quarantine import quarantined, unreadable
-from draftdata.store.store import Store, open_store
+from draftdata.store.store import open_store
 
 COMPLETIONS_PREFIX = "completions/"
 FAILURES_PREFIX = "failures/"

@@ -62,6 +62,7 @@ from draftdata.errors import (
 from draftdata.formats import completions_table, failures_table
 from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS, Completion, Failure
+from draftdata.store.base import Store
 from draftdata.store.doneset import hash_pairs, pair_hash
 from draftdata.store.lease import Lease, LeaseOptions, acquire
 from draftdata.store.manifest import (
@@ -84,7 +85,7 @@ from draftdata.store.rollup import (
     Entry,
 )
 from draftdata.store.shards import ShardWriter, check_writer_id, default_writer_id
-from draftdata.store.store import Store, open_store
+from draftdata.store.store import open_store
 
 _Rows = tuple[list[str], list[int], list[str | None] | None]
 

@@ -44,6 +44,7 @@ from draftdata.formats import (
     check_format,
 )
 from draftdata.stats.readers import DATA_EXT, Kind, open_dataset
+from draftdata.store.base import Store, normalise_url
 from draftdata.store.doneset import DoneSet, hash_pairs
 from draftdata.store.lease import refuse_live_writer
 from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS, load_manifest
@@ -56,7 +57,7 @@ from draftdata.store.read import (
     shard_keys,
     write_parquet_shard,
 )
-from draftdata.store.store import Store, normalise_url, open_store
+from draftdata.store.store import open_store
 from draftdata.tokenize import conversations
 from draftdata.tokenize.batch import (
     COMPLETION_COLUMNS,

@@ -25,8 +25,8 @@ from draftdata.store.lease import (
     refuse_live_writer,
     scope_of,
 )
+from draftdata.store.local import LocalStore
 from draftdata.store.run import Run
-from draftdata.store.store import LocalStore
 
 
 def _store(tmp_path: Path) -> LocalStore:
@@ -59,7 +59,7 @@ def test_a_killed_holder_on_this_node_is_taken_over_at_once(tmp_path: Path) -> N
     store = _store(tmp_path)
     code = (
         "import sys, time; from draftdata.store.lease import acquire; "
-        "from draftdata.store.store import LocalStore; "
+        "from draftdata.store.local import LocalStore; "
         f"acquire(LocalStore(__import__('pathlib').Path({str(store.root)!r})), ttl=30); "
         "print('held', flush=True); time.sleep(60)"
     )

@@ -12,7 +12,7 @@ from tests.unit.store.helpers import completion, failure
 
 from draftdata.errors import ProtectedPrefixError, RunMismatchError, TransientStoreError
 from draftdata.store import Run, iter_completions, iter_failures, read_manifest, read_metrics
-from draftdata.store.store import LocalStore
+from draftdata.store.local import LocalStore
 
 SETTINGS = {"model": "m", "sampling": {"temperature": 0.6}, "prompts": "sha1:abc"}
 
