@@ -36,7 +36,7 @@ from draftdata.generate.source import PromptFile, Scan, scan
 from draftdata.generate.thinking import server_kwargs
 from draftdata.records import Message
 from draftdata.redact import redact_url
-from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS
+from draftdata.store.settings import PromptsIdentity, RunSettings
 
 Log = Callable[[str], None]
 
@@ -49,7 +49,7 @@ class Preflight:
     model: str  # the run's model: configured, served, recorded, or "default"
     partition: Partition | None
     found: Scan  # the prompt files' identity and counts in scope
-    settings: dict[str, Any]  # what the run's manifest hashes (``run_settings``)
+    settings: RunSettings  # what the run's manifest records and hashes (``run_settings``)
 
 
 async def preflight(
@@ -89,30 +89,30 @@ async def preflight(
     if kwargs := await server_kwargs(
         config.reasoning, config.token_ids, config.out, session, alive, model
     ):
-        settings[SERVER_TEMPLATE_KWARGS] = kwargs  # what tokenize renders with (thinking.py)
+        # what tokenize and export render with (thinking.py)
+        settings = msgspec.structs.replace(settings, server_chat_template_kwargs=kwargs)
     return Preflight(caps=caps, model=model, partition=part, found=found, settings=settings)
 
 
-def run_settings(config: GenerateConfig, prompts: Scan, model: str) -> dict[str, Any]:
+def run_settings(config: GenerateConfig, prompts: Scan, model: str) -> RunSettings:
     """The settings whose hash identifies the run (module docstring)."""
     kwargs: dict[str, Any] = dict(config.extra_body.get("chat_template_kwargs") or {})
     if config.reasoning != "server":
         kwargs["enable_thinking"] = config.reasoning == "on"
-    return {
-        "stage": "generate",
-        "prompts": {"sha256": prompts.sha256, "lines": prompts.prompts, "bytes": prompts.bytes},
-        "model": model,
-        "max_tokens": config.max_tokens if config.max_tokens is not None else "auto",
-        # only when set: the settings (and hash) of runs that never used it stay as they were
-        **({"strict_limit": True} if config.strict_limit else {}),
-        "sampling": msgspec.to_builtins(config.sampling),
-        "reasoning": config.reasoning,
-        "chat_template_kwargs": kwargs,
-        "keep_reasoning_history": config.keep_reasoning_history,
-        "n": config.n,
-        "overrides": msgspec.to_builtins(config.overrides),
-        "extra_body": config.extra_body,
-    }
+    return RunSettings(
+        stage="generate",
+        prompts=PromptsIdentity(sha256=prompts.sha256, lines=prompts.prompts, bytes=prompts.bytes),
+        model=model,
+        max_tokens=config.max_tokens if config.max_tokens is not None else "auto",
+        strict_limit=config.strict_limit,
+        sampling=msgspec.to_builtins(config.sampling),
+        reasoning=config.reasoning,
+        chat_template_kwargs=kwargs,
+        keep_reasoning_history=config.keep_reasoning_history,
+        n=config.n,
+        overrides=msgspec.to_builtins(config.overrides),
+        extra_body=config.extra_body,
+    )
 
 
 def endpoint_urls(config: GenerateConfig) -> tuple[list[str], list[int | None]]:

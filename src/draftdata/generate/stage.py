@@ -213,7 +213,7 @@ async def open_run(
     run = await asyncio.to_thread(
         Run.open,
         config.out,
-        settings=pre.settings,
+        settings=pre.settings.to_json(),
         protect=config.protect,
         allow_config_change=config.allow_config_change,
         retry_failed=config.retry_failed,

@@ -3,7 +3,8 @@
 - ``base.py``: ``Store`` (``put_new``, create-only, and reads) and the key and location rules;
   ``local.py`` and ``s3.py`` are its backends; ``store.py``: ``open_store(url)``.
 - ``protect.py``: protected-prefix checks.
-- ``manifest.py``: manifest.json, settings hash, allowed-change history, opening a run's.
+- ``manifest.py``: manifest.json, settings hash, allowed-change history, opening a run's;
+  ``settings.py``: a generate run's settings as one typed record (``RunSettings``).
 - ``doneset.py``: the compact done-set; ``resume.py``: rebuilding it when a run resumes.
 - ``run.py``: ``Run``, the buffered writer that other stages (generate) drive; ``shards.py``
   names and writes its shards, rollups and metrics; ``rollup.py``, ``lease.py`` beside it.

@@ -47,7 +47,6 @@ from draftdata.stats.readers import DATA_EXT, Kind, open_dataset
 from draftdata.store.base import Store, normalise_url
 from draftdata.store.doneset import DoneSet, hash_pairs
 from draftdata.store.lease import refuse_live_writer
-from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS, load_manifest
 from draftdata.store.protect import check_not_protected
 from draftdata.store.quarantine import unreadable
 from draftdata.store.read import (
@@ -57,6 +56,7 @@ from draftdata.store.read import (
     shard_keys,
     write_parquet_shard,
 )
+from draftdata.store.settings import recorded_settings
 from draftdata.store.store import open_store
 from draftdata.tokenize import conversations
 from draftdata.tokenize.batch import (
@@ -193,23 +193,16 @@ def server_template_kwargs(config: TokenizeConfig, run: Store) -> dict[str, Any]
     generate recorded in the manifest (``generate/thinking.py``), else none."""
     if config.server_template_kwargs is not None:
         return dict(config.server_template_kwargs)
-    if not run.exists(RUN_MANIFEST.name):
-        return {}
-
-    settings = load_manifest(run).get("effective_settings") or {}
-    value = settings.get(SERVER_TEMPLATE_KWARGS)
-    return dict(value) if isinstance(value, dict) else {}
+    settings = recorded_settings(run)
+    return dict(settings.server_chat_template_kwargs or {}) if settings is not None else {}
 
 
 def history_policy(config: TokenizeConfig, run: Store) -> bool:
     """Whether to keep reasoning history: the config's choice, else the run manifest's."""
     if config.keep_reasoning_history is not None:
         return config.keep_reasoning_history
-    if not run.exists(RUN_MANIFEST.name):
-        return False
-
-    settings = load_manifest(run).get("effective_settings") or {}
-    return bool(settings.get("keep_reasoning_history", False))
+    settings = recorded_settings(run)
+    return settings.keep_reasoning_history if settings is not None else False
 
 
 def check_out(config: TokenizeConfig) -> None:

@@ -195,7 +195,7 @@ def test_a_run_an_older_draftdata_opened_against_a_wrong_url_takes_the_right_mod
     with SimFleet(1, SIM) as fleet:
         config = fast_config(prompts, out, fleet.urls)
         found = scan([prompts], limit=None, partition=None)
-        Run.open(str(out), settings=run_settings(config, found, "default")).close()
+        Run.open(str(out), settings=run_settings(config, found, "default").to_json()).close()
         summary = generate(config, log=lines.append)
     assert summary.completed == 6 and {c.id for c in completions(out)} == set(ids)
     (changed,) = [x for x in lines if "settings changed" in x]

@@ -184,9 +184,9 @@ def test_run_settings_cover_what_changes_the_output(tmp_path: Path) -> None:
         {"writer_id": "w"},
     ):
         assert not changed(**same), same
-    assert run_settings(base, found, "m")["chat_template_kwargs"] == {}
+    assert run_settings(base, found, "m").chat_template_kwargs == {}
     on = run_settings(GenerateConfig(prompts="p", out="o", reasoning="on"), found, "m")
-    assert on["chat_template_kwargs"] == {"enable_thinking": True}
+    assert on.chat_template_kwargs == {"enable_thinking": True}
 
 
 def test_config_validation_and_endpoint_urls() -> None:
