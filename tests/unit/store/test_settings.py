@@ -156,9 +156,7 @@ def _run(tmp_path: Path, settings: dict[str, Any]) -> str:
     return out
 
 
-@pytest.mark.parametrize(
-    ("recorded_value", "keep"), [(True, True), (False, False), (None, False)]
-)
+@pytest.mark.parametrize(("recorded_value", "keep"), [(True, True), (False, False), (None, False)])
 def test_readers_take_the_recorded_settings(
     tmp_path: Path, recorded_value: bool | None, keep: bool
 ) -> None:
