@@ -73,8 +73,8 @@ from draftdata.redact import Redactor
 from draftdata.stats.runfigures import RunFigures, run_figures
 from draftdata.store.lease import LeaseOptions, scope_of
 from draftdata.store.protect import check_not_protected
-from draftdata.store.read import parquet_bytes
 from draftdata.store.run import Run
+from draftdata.store.write import parquet_bytes
 
 
 def generate(

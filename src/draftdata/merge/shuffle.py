@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from draftdata.store.base import Store
-from draftdata.store.read import write_parquet_shard
+from draftdata.store.write import write_parquet_shard
 
 # Helper columns carried through the buckets and removed before writing.
 KEY, ROW, COPY = "_key", "_row", "_copy"

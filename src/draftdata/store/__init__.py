@@ -8,7 +8,8 @@
 - ``doneset.py``: the compact done-set; ``resume.py``: rebuilding it when a run resumes.
 - ``run.py``: ``Run``, the buffered writer that other stages (generate) drive; ``shards.py``
   names and writes its shards, rollups and metrics; ``rollup.py``, ``lease.py`` beside it.
-- ``read.py``: readers of a run used by tokenize, merge, stats, report and export.
+- ``read.py``: readers of a run used by tokenize, merge, stats, report and export;
+  ``write.py``: the create-only parquet writer (the run, tokenize and merge write with it).
 - ``prompts.py``: reading a prompts JSONL file, local or s3://.
 (Exporting a run for training is the ``export`` package, above the store.)
 """
@@ -20,10 +21,10 @@ from draftdata.store.read import (
     iter_failures,
     read_manifest,
     read_metrics,
-    write_parquet_shard,
 )
 from draftdata.store.run import Run
 from draftdata.store.store import open_store
+from draftdata.store.write import write_parquet_shard
 
 __all__ = [
     "Run",

@@ -75,10 +75,7 @@ from draftdata.store.manifest import (
     settings_hash,
 )
 from draftdata.store.protect import check_not_protected
-from draftdata.store.read import (
-    COMPLETIONS_PREFIX,
-    parquet_bytes,
-)
+from draftdata.store.read import COMPLETIONS_PREFIX
 from draftdata.store.resume import rebuild_done_sets
 from draftdata.store.rollup import (
     ROLLUP_EVERY,
@@ -86,6 +83,7 @@ from draftdata.store.rollup import (
 )
 from draftdata.store.shards import ShardWriter, check_writer_id, default_writer_id
 from draftdata.store.store import open_store
+from draftdata.store.write import parquet_bytes
 
 _Rows = tuple[list[str], list[int], list[str | None] | None]
 

@@ -49,15 +49,10 @@ from draftdata.store.doneset import DoneSet, hash_pairs
 from draftdata.store.lease import refuse_live_writer
 from draftdata.store.protect import check_not_protected
 from draftdata.store.quarantine import unreadable
-from draftdata.store.read import (
-    COMPLETIONS_PREFIX,
-    parquet_file,
-    read_shards_parallel,
-    shard_keys,
-    write_parquet_shard,
-)
+from draftdata.store.read import COMPLETIONS_PREFIX, parquet_file, read_shards_parallel, shard_keys
 from draftdata.store.settings import recorded_settings
 from draftdata.store.store import open_store
+from draftdata.store.write import write_parquet_shard
 from draftdata.tokenize import conversations
 from draftdata.tokenize.batch import (
     COMPLETION_COLUMNS,

@@ -21,7 +21,7 @@ from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
 from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.stats import compute_stats
-from draftdata.store.read import parquet_bytes
+from draftdata.store.write import parquet_bytes
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.stage import tokenize
 

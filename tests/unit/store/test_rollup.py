@@ -8,8 +8,8 @@ import pytest
 from tests.unit.store.helpers import completion, failure
 
 from draftdata.store import Run
-from draftdata.store.read import parquet_bytes
 from draftdata.store.rollup import rollup_table
+from draftdata.store.write import parquet_bytes
 
 
 @pytest.fixture(autouse=True)
