@@ -295,12 +295,6 @@ class Run:
         return done
 
     @property
-    def done_count(self) -> int:
-        """How many pairs ``is_done`` answers True for (committed or buffered)."""
-        with self._lock:
-            return len(self._completed) + (0 if self.retry_failed else len(self._fatal))
-
-    @property
     def buffered(self) -> int:
         """Records added but not yet committed (including shards waiting for a retry)."""
         with self._lock:
