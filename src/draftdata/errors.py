@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import signal
 from collections.abc import Iterator
 
 
@@ -244,8 +245,6 @@ class Interrupted(BaseException):
     ``except Exception`` clauses let it through, like KeyboardInterrupt."""
 
     def __init__(self, signum: int) -> None:
-        import signal
-
         self.signum = signum
         self.signame = signal.Signals(signum).name
         super().__init__(f"stopped by {self.signame}")

@@ -22,7 +22,7 @@ import json
 import os
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import pyarrow as pa
@@ -35,9 +35,6 @@ from draftdata.tokenize import stage
 from draftdata.tokenize.batch import Counters, TokenizeContext
 from draftdata.tokenize.config import DomainTotals, TokenizeConfig, TokenizeSummary
 from draftdata.tokenize.stage import locate_input, tokenize_shard
-
-if TYPE_CHECKING:  # the batch module imports transformers: loaded where it runs
-    from draftdata.tokenize.batch import Counters
 
 
 class RayTokenizeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

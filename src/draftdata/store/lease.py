@@ -1,6 +1,6 @@
 """The run lease: one live writer per run (or per partition of it), on a create-only store.
 
-DESIGN invariant 6. Without it, the same ``generate`` started twice on one run (two terminals,
+Without it, the same ``generate`` started twice on one run (two terminals,
 a rerun while the first still runs, a Ray retry beside a zombie worker) answers the same
 prompts twice and commits both. The lease makes the second one refuse in one line naming the
 holder, or wait for it; a holder that dies needs no cleanup, its claim expires on its own.
