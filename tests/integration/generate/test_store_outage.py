@@ -210,12 +210,15 @@ def test_store_down_when_every_prompt_is_answered_waits_and_commits(
         for url in fleet.urls:
             cmd += ["--endpoint", url]
         env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url, "DRAFTDATA_S3_MAX_ATTEMPTS": "1"}
+        # the store refuses everything from the moment the first shard is committed: the
+        # proxy switches itself, so the outage cannot begin after the last commit
+        proxy.trip("/completions/", "403")
         with (tmp_path / "err.txt").open("w") as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
             try:
                 errs = tmp_path / "err.txt"
-                _wait_for(lambda: _shards(moto_s3, out) > 0, 60, "first shard", proc, errs)
-                proxy.mode = "403"
+                _wait_for(lambda: proxy.mode == "403", 60, "first shard", proc, errs)
+                assert 0 < _shards(moto_s3, out) < 120 // 8
                 _wait_for(lambda: _served(fleet) >= 120, 60, "every prompt answered", proc, errs)
                 # every prompt answered: it says it waits for the store, and does
                 _wait_for(
