@@ -1,4 +1,4 @@
-"""Reading sources: jsonl with bad lines, json arrays, parquet via datasets, globs, errors."""
+"""Reading sources: jsonl with bad lines, json arrays, parquet in record batches, globs, errors."""
 
 from __future__ import annotations
 
@@ -43,12 +43,22 @@ def test_json_array_and_glob_order(tmp_path: Path) -> None:
     assert rows == [{"query": "a1"}, {"query": "b1"}, {"query": "b2"}]
 
 
-def test_parquet_through_datasets_streaming(tmp_path: Path) -> None:
+def test_parquet_in_record_batches(tmp_path: Path) -> None:
     pq.write_table(
         pa.Table.from_pylist([{"query": f"q{i}", "n": i} for i in range(5)]), tmp_path / "p.parquet"
     )
     rows = [r for _, r in iter_rows(_src(tmp_path / "p.parquet", max_rows=3))]
     assert rows == [{"query": "q0", "n": 0}, {"query": "q1", "n": 1}, {"query": "q2", "n": 2}]
+
+
+def test_parquet_files_of_a_glob_in_order_across_batches(tmp_path: Path) -> None:
+    """Several files, several row groups, more rows than one decoded batch: every row once,
+    in file then row order, nested values as Python lists and dicts."""
+    for name, lo in (("b.parquet", 3000), ("a.parquet", 0)):
+        rows = [{"query": f"q{i}", "turns": [{"n": i}]} for i in range(lo, lo + 3000)]
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / name, row_group_size=700)
+    got = [r for _, r in iter_rows(_src(tmp_path / "*.parquet"))]
+    assert got == [{"query": f"q{i}", "turns": [{"n": i}]} for i in range(6000)]
 
 
 def test_unreadable_sources_name_themselves(tmp_path: Path) -> None:
