@@ -181,11 +181,13 @@ class Deduper:
         self._tables = BandTables(self._bands)
         self._file: BinaryIO | None = None  # indexed row -> full signature, row after row
         self.compared = 0  # candidate signatures compared so far (the work the cap bounds)
+        self._closed = False
 
     # -- public --------------------------------------------------------------------------
 
     def add_reference(self, text: str, group: int) -> None:
         """Index a text of the existing dataset (EXISTING) or an exclusion list (EXCLUDED)."""
+        self._usable()
         self._pending_refs.append((text, group))
         if len(self._pending_refs) >= self.batch:
             self._flush_refs()
@@ -201,6 +203,7 @@ class Deduper:
 
     def check_many(self, texts: Sequence[str]) -> list[str | None]:
         """``check_add`` of each text in order (a text sees the earlier ones of the list)."""
+        self._usable()
         self._flush_refs()
         out: list[str | None] = []
         for start in range(0, len(texts), self.batch):
@@ -208,7 +211,9 @@ class Deduper:
         return out
 
     def close(self) -> None:
-        """Delete the temporary signature file (also done when the process ends)."""
+        """Delete the temporary signature file (also done when the process ends); the index
+        cannot be used after this."""
+        self._closed = True
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -216,6 +221,10 @@ class Deduper:
     def __len__(self) -> int:
         self._flush_refs()
         return len(self._exact)
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Deduper is closed: its signature file is gone")
 
     # -- signatures and the index --------------------------------------------------------
 
@@ -250,12 +259,12 @@ class Deduper:
         if not len(brow):
             return best, sizes
         folded, indexed = _fold(sig), self._folded.view()
-        close = np.zeros(len(brow), bool)
+        near = np.zeros(len(brow), bool)
         for s in range(0, len(brow), _PAIRS):  # bounded temporaries on templated text
             mine = np.take(folded, brow[s : s + _PAIRS], axis=0)
             theirs = np.take(indexed, irow[s : s + _PAIRS], axis=0)
-            close[s : s + _PAIRS] = _equal_counts(mine, theirs) >= self._min_equal
-        pairs = np.unique(brow[close] * (self._keys.n + 1) + irow[close])  # few: the matches
+            near[s : s + _PAIRS] = _equal_counts(mine, theirs) >= self._min_equal
+        pairs = np.unique(brow[near] * (self._keys.n + 1) + irow[near])  # few: the matches
         brow, irow = pairs // (self._keys.n + 1), pairs % (self._keys.n + 1)
         groups = self._groups.view()[irow, 0].astype(np.int64)
         order = np.lexsort((-groups, brow))  # per batch row, the highest group first

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.prepare.dedup_oracles import CappedModel, OldDeduper
@@ -286,3 +287,11 @@ def test_batches_and_order_are_deterministic() -> None:
     runs = {tuple(Deduper(config, batch=b, bucket_cap=4).check_many(texts)) for b in (1, 97, 4096)}
     runs.add(tuple(Deduper(config, batch=97, bucket_cap=4).check_many(texts)))
     assert len(runs) == 1
+
+
+def test_closed_deduper_refuses_work() -> None:
+    d = Deduper(DedupConfig())
+    assert d.check_many(["one text", "another text entirely"]) == [None, None]
+    d.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        d.check_add("one text")
