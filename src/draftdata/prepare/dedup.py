@@ -16,7 +16,7 @@ boilerplate in many sources (every Hermes row has the same one) and would make u
 look alike. The first occurrence wins, so results depend on the order prompts arrive in, which
 the stage keeps fixed (config order, then row order).
 
-How it stays linear at millions of rows (docs/prepare.md has the figures):
+How it stays linear at millions of rows (docs/prepare.md; figures in docs/benchmarks.md):
 
 - Texts are handled a batch at a time: signatures for the whole batch in one rensa call, then
   every batch row's bands looked up in the index at once and all candidates checked at once
