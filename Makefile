@@ -24,25 +24,30 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The heavy tiers' environments (vLLM CPU, the drafter trainers; minutes to build) live outside
-# the clone, keyed on their inputs (scripts/env_path.sh), so clones, worktrees and CI on one
-# machine share them. make test builds them in the background, one pip at a time, while the main
+# The heavy tiers' environments (vLLM CPU, the drafter trainers, SGLang CPU; minutes to build)
+# live outside the clone, keyed on their inputs (scripts/env_path.sh), so clones, worktrees and
+# CI on one machine share them. make test builds them in the background, one pip at a time, while the main
 # venv installs and the main suite runs; their tiers run last and wait for the builds (flock).
 VLLM_VENV := $(shell scripts/env_path.sh vllm)
 TRAINERS_VENV := $(shell scripts/env_path.sh trainers)
+SGLANG_VENV := $(shell scripts/env_path.sh sglang)
 export DRAFTDATA_VLLM_VENV ?= $(VLLM_VENV)
 export DRAFTDATA_TRAINERS_VENV ?= $(TRAINERS_VENV)
+export DRAFTDATA_SGLANG_VENV ?= $(SGLANG_VENV)
 
 test: heavy-envs-bg $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q --ignore=tests/integration/vllm --ignore=tests/integration/trainers
+	$(BIN)/python -m pytest -q --ignore=tests/integration/vllm --ignore=tests/integration/trainers \
+		--ignore=tests/integration/sglang
 	$(BIN)/python -m pytest -q tests/integration/vllm
 	$(BIN)/python -m pytest -q tests/integration/trainers
+	$(BIN)/python -m pytest -q tests/integration/sglang
 
-.PHONY: heavy-envs-bg vllm-env trainers-env
+.PHONY: heavy-envs-bg vllm-env trainers-env sglang-env
 heavy-envs-bg:
 	@mkdir -p $(dir $(DRAFTDATA_VLLM_VENV))
 	@( (PY=$(PY) scripts/vllm_env.sh $(DRAFTDATA_VLLM_VENV); \
-	    PY=$(PY) scripts/trainers_env.sh $(DRAFTDATA_TRAINERS_VENV)) \
+	    PY=$(PY) scripts/trainers_env.sh $(DRAFTDATA_TRAINERS_VENV); \
+	    PY=$(PY) scripts/sglang_env.sh $(DRAFTDATA_SGLANG_VENV)) \
 		>$(dir $(DRAFTDATA_VLLM_VENV))build-$(notdir $(DRAFTDATA_VLLM_VENV)).out 2>&1 & )
 
 # Build one environment in the foreground (the tier's tests call the same scripts).
@@ -51,6 +56,9 @@ vllm-env:
 
 trainers-env:
 	PY=$(PY) scripts/trainers_env.sh $(DRAFTDATA_TRAINERS_VENV)
+
+sglang-env:
+	PY=$(PY) scripts/sglang_env.sh $(DRAFTDATA_SGLANG_VENV)
 
 clean:
 	rm -rf $(VENV) demo-out .mypy_cache .ruff_cache .pytest_cache

@@ -7,7 +7,8 @@
 # ${XDG_CACHE_HOME:-$HOME/.cache}/draftdata), so every clone, worktree and CI run on one machine
 # shares one build. The key is a checksum of what decides the environment's contents: the build
 # script scripts/NAME_env.sh, env_lib.sh and, for NAME=sglang, the files of the SGLang CPU kit
-# ($DRAFTDATA_SGLANG_CPU, default ../shared/sglang-cpu next to the clone). A changed input gives a
+# (scripts/sglang_kit.sh finds it: $DRAFTDATA_SGLANG_CPU, else shared/sglang-cpu beside the clone
+# or beside the main checkout of a worktree). A changed input gives a
 # new folder, built afresh; an old one can be deleted at will.
 set -eu
 NAME="$1"
@@ -15,9 +16,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${DRAFTDATA_ENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/draftdata}"
 inputs=("$HERE/${NAME}_env.sh" "$HERE/env_lib.sh")
 if [ "$NAME" = sglang ]; then
-  KIT="${DRAFTDATA_SGLANG_CPU:-$HERE/../../shared/sglang-cpu}"
-  if [ -d "$KIT" ]; then
-    while IFS= read -r f; do inputs+=("$f"); done < <(find "$KIT" -maxdepth 1 -type f \( -name '*.whl' -o -name '*.txt' \) | sort)
+  if KIT="$(bash "$HERE/sglang_kit.sh" 2>/dev/null)"; then
+    while IFS= read -r f; do inputs+=("$f"); done < <(find "$KIT" -maxdepth 1 -type f \( -name '*.whl' -o -name '*.txt' -o -name '*.tar.gz' \) | sort)
   fi
 fi
 key=$(for f in "${inputs[@]}"; do [ -f "$f" ] && basename "$f" && cat "$f"; done | sha256sum | cut -c1-12)

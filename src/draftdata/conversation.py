@@ -32,8 +32,10 @@ id of the original call, so the history the target sees is consistent.
 the turn was cut by the token limit (``length``), the next request opens with tool results but
 the target called no tool (``no_tool_call``) or other tools than the ones the results answer
 (``tool_mismatch``), or the target called a tool and the next request has no result for it
-(``unanswered_tool_call``). The turns generated so far are kept; the Completion records the
-reason.
+(``unanswered_tool_call``). One more stop is not about the turn but about the next request: its
+history (the prompt and the turns so far) leaves no room in the endpoint's context, or the
+server refuses it as too long (``context``); generate decides that one, since only it knows the
+context. The turns generated so far are kept; the Completion records the reason.
 
 **Rules.** Completions written before this module (format ``completion/1``) were generated under
 rule 1 (``RULE_LEGACY``): requests split only at the prompt's assistant messages, the original
@@ -60,7 +62,14 @@ STOP_LENGTH = "length"
 STOP_NO_TOOL_CALL = "no_tool_call"
 STOP_TOOL_MISMATCH = "tool_mismatch"
 STOP_UNANSWERED_CALL = "unanswered_tool_call"
-STOP_REASONS = (STOP_LENGTH, STOP_NO_TOOL_CALL, STOP_TOOL_MISMATCH, STOP_UNANSWERED_CALL)
+STOP_CONTEXT = "context"  # the next request does not fit the context (generate decides)
+STOP_REASONS = (
+    STOP_LENGTH,
+    STOP_NO_TOOL_CALL,
+    STOP_TOOL_MISMATCH,
+    STOP_UNANSWERED_CALL,
+    STOP_CONTEXT,
+)
 
 _ANSWERED = ("user", "tool")
 

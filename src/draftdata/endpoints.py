@@ -1,8 +1,9 @@
 """Probing one OpenAI-compatible inference server: health, served model, capacity and load.
 
-Pure parsers (``parse_server_info``, ``parse_vllm_metrics``, ``parse_loads``, ``parse_models``)
-turn the bodies of SGLang's ``/server_info`` (older ``/get_server_info``), ``/v1/loads`` (older
-``/get_load``), vLLM's Prometheus ``/metrics`` and ``/v1/models`` into small typed values; the
+Pure parsers (``parse_server_info``, ``parse_vllm_metrics``, ``parse_vllm_kv_tokens``,
+``parse_loads``, ``parse_models``) turn the bodies of SGLang's ``/server_info`` (older
+``/get_server_info``), ``/v1/loads`` (older ``/get_load``), vLLM's Prometheus ``/metrics`` and
+``/v1/models`` into small typed values; the
 async ``probe_*`` functions fetch them over a shared aiohttp session. ``fleet up`` uses them for
 readiness, ``generate`` for capacity discovery and concurrency adaptation; it sits below both
 (ARCHITECTURE.md) and imports nothing of draftdata.
@@ -21,10 +22,17 @@ import msgspec
 
 
 class Capacity(msgspec.Struct, kw_only=True, frozen=True):
-    """What a server says about how many requests it runs at once and what it serves."""
+    """What a server says about how many requests it runs at once and what it serves.
+
+    ``max_running`` is the server's cap on running requests (a scheduling limit); ``kv_tokens``
+    is how many tokens its KV cache holds (SGLang's ``max_total_tokens``, vLLM's KV blocks x
+    block size), which bounds how many requests really run at once: the generation engine
+    divides it by the tokens a request is expected to hold (``generate/endpoint.py``).
+    """
 
     engine: str = "unknown"  # sglang | vllm | unknown
     max_running: int | None = None  # total over data-parallel ranks
+    kv_tokens: int | None = None  # total over data-parallel ranks
     dp_size: int = 1
     context_length: int | None = None
     model: str | None = None
@@ -48,37 +56,50 @@ def _int(value: Any) -> int | None:
     return None
 
 
+def _over_ranks(states: Any, key: str, dp: int) -> int | None:
+    """The sum over data-parallel ranks of ``internal_states[].<key>``: a rank reporting none
+    counts as the mean of the others, times ``dp`` ranks when fewer states are listed."""
+    per_rank: list[int] = []
+    if isinstance(states, list):
+        for s in states:
+            if isinstance(s, dict):
+                v = _int(s.get(key))
+                if v is not None and v > 0:
+                    per_rank.append(v)
+    if not per_rank:
+        return None
+    mean = sum(per_rank) / len(per_rank)
+    ranks = max(dp, len(per_rank))
+    return sum(per_rank) + round(mean * (ranks - len(per_rank)))
+
+
 def parse_server_info(data: Any) -> Capacity:
     """SGLang ``/server_info`` -> Capacity.
 
     ``max_running_requests`` may be null (auto); then the per-rank
-    ``internal_states[].effective_max_running_requests_per_dp`` are summed (a rank reporting
-    none counts as the mean of the others, times ``dp_size`` ranks when fewer states are
-    listed).
+    ``internal_states[].effective_max_running_requests_per_dp`` are summed (``_over_ranks``).
+    ``kv_tokens`` is the sum of the per-rank ``internal_states[].max_total_tokens`` (the KV
+    pool; SGLang 0.5.x), else the top-level ``max_total_tokens`` (the flag, per rank) times
+    the ranks.
     """
     if not isinstance(data, dict):
         return Capacity(engine="sglang")
     dp = _int(data.get("dp_size")) or 1
     states = data.get("internal_states")
-    per_rank: list[int] = []
-    if isinstance(states, list):
-        for s in states:
-            if isinstance(s, dict):
-                v = _int(s.get("effective_max_running_requests_per_dp"))
-                if v is not None and v > 0:
-                    per_rank.append(v)
     max_running = _int(data.get("max_running_requests"))
-    if per_rank:
-        mean = sum(per_rank) / len(per_rank)
-        ranks = max(dp, len(per_rank))
-        effective = sum(per_rank) + round(mean * (ranks - len(per_rank)))
+    effective = _over_ranks(states, "effective_max_running_requests_per_dp", dp)
+    if effective:
         # A configured total caps the effective one (the per-rank value can be larger when the
         # KV pool would allow more than the flag).
         max_running = min(max_running, effective) if max_running else effective
+    kv = _over_ranks(states, "max_total_tokens", dp)
+    if kv is None and (flag := _int(data.get("max_total_tokens"))) and flag > 0:
+        kv = flag * dp
     model = data.get("served_model_name") or data.get("model_path")
     return Capacity(
         engine="sglang",
         max_running=max_running if max_running and max_running > 0 else None,
+        kv_tokens=kv,
         dp_size=dp,
         context_length=_int(data.get("context_length")),
         model=model if isinstance(model, str) else None,
@@ -117,6 +138,34 @@ def parse_vllm_metrics(text: str) -> Load | None:
         if running_key in m or waiting_key in m:
             return Load(running=int(m.get(running_key, 0)), waiting=int(m.get(waiting_key, 0)))
     return None
+
+
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def _label_int(labels: dict[str, str], key: str) -> int | None:
+    try:
+        value = int(labels.get(key, ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def parse_vllm_kv_tokens(text: str) -> int | None:
+    """vLLM ``/metrics`` -> the tokens its KV cache holds, summed over engines: the labels of
+    the ``vllm:cache_config_info`` gauge, ``kv_cache_size_tokens`` (0.32) else
+    ``num_gpu_blocks`` x ``block_size``; None when no engine tells."""
+    total = 0
+    for line in text.splitlines():
+        if not line.startswith("vllm:cache_config_info{"):
+            continue
+        labels = dict(_LABEL.findall(line[: line.rfind("}") + 1]))
+        tokens = _label_int(labels, "kv_cache_size_tokens")
+        blocks, size = _label_int(labels, "num_gpu_blocks"), _label_int(labels, "block_size")
+        if tokens is None and blocks and size:
+            tokens = blocks * size
+        total += tokens or 0
+    return total or None
 
 
 def parse_loads(data: Any) -> Load | None:
@@ -196,7 +245,8 @@ async def probe_capacity(
     """Discover engine, model and capacity; None when the server does not answer at all.
 
     Tries SGLang's ``/server_info`` then ``/get_server_info``, and ``/v1/models`` for the served
-    id and context length (vLLM reports no capacity; its ``max_running`` stays None).
+    id and context length. vLLM reports no running cap (its ``max_running`` stays None); its KV
+    cache size comes from ``/metrics`` (``parse_vllm_kv_tokens``).
     """
     root = base_url(url)
     models = await _get(session, root + "/v1/models", timeout)
@@ -213,7 +263,12 @@ async def probe_capacity(
                     cap = parse_server_info(data)
                     break
     if cap is None:
-        return Capacity(engine=engine or "unknown", model=mid, context_length=max_len)
+        kv = None
+        if engine == "vllm":
+            got = await _get(session, root + "/metrics", timeout)
+            if got is not None and got[0] == 200:
+                kv = parse_vllm_kv_tokens(got[1].decode("utf-8", "replace"))
+        return Capacity(engine=engine or "unknown", model=mid, context_length=max_len, kv_tokens=kv)
     return msgspec.structs.replace(
         cap, model=mid or cap.model, context_length=cap.context_length or max_len
     )

@@ -5,6 +5,7 @@
     ├── InputError                      unreadable input file, malformed record (located)
     ├── FormatVersionError              a file written by an incompatible draftdata
     ├── StoreError                      the run store refused or failed
+    │   ├── DiskError                   a local file: the disk is full, over quota or read-only
     │   ├── AlreadyExistsError          a create-only write found the key already there
     │   ├── ProtectedPrefixError        the output overlaps a protected prefix
     │   ├── RunMismatchError            the run's manifest disagrees with this config
@@ -23,12 +24,19 @@
         └── FatalRequestError           the request itself is bad: do not retry
             └── ContextLengthError      prompt (+ max tokens) exceeds the context
 
+    Interrupted (a BaseException)      SIGINT/SIGTERM stopped a command that holds worker
+                                        processes (``workerpool.py``); exit 128 + signal
+
 Retry decisions are made by type, never by matching message text; raw HTTP, S3 and file errors
 are mapped to these types in one place per layer (``raise ... from exc``). Anything that is not a
 DraftdataError is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
+
+import contextlib
+import errno
+from collections.abc import Iterator
 
 
 class DraftdataError(Exception):
@@ -54,6 +62,43 @@ class StoreError(DraftdataError):
 class LeaseUnconfirmedError(StoreError):
     """The run lease could not be renewed (the store does not answer): no commit until it is;
     a store outage like any other, retried (a takeover would be LeaseLostError)."""
+
+
+# errno -> (what a user reads, what to do about it besides writing elsewhere)
+DISK_ERRNOS = {
+    errno.ENOSPC: ("no space left on the device", "free space there, or "),
+    errno.EDQUOT: ("the disk quota is exceeded", "free some of your files there, or "),
+    errno.EROFS: ("the file system is read-only", ""),
+}
+
+
+class DiskError(StoreError):
+    """A local file cannot be written: the disk is full (ENOSPC), over quota (EDQUOT) or
+    read-only (EROFS). A StoreError, so generate's committer treats a full run store as the
+    store outage it is; every other command prints it as one line (exit 1)."""
+
+    @classmethod
+    def of(cls, exc: BaseException, where: str, elsewhere: str) -> DiskError | None:
+        """The one-line DiskError for ``exc`` met writing ``where`` when it is a disk
+        condition (``DISK_ERRNOS``, also inside pyarrow's OSError), else None. ``elsewhere``
+        says how to write to another place (``choose another --out``)."""
+        if not isinstance(exc, OSError) or exc.errno not in DISK_ERRNOS:
+            return None
+        what, fix = DISK_ERRNOS[exc.errno]
+        return cls(f"{where}: cannot write: {what}; {fix}{elsewhere}")
+
+
+@contextlib.contextmanager
+def disk_errors(where: str, elsewhere: str) -> Iterator[None]:
+    """Turn a full, over-quota or read-only disk met inside into one DiskError naming
+    ``where`` and how to write ``elsewhere``; every other error passes unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        err = DiskError.of(exc, where, elsewhere)
+        if err is None:
+            raise
+        raise err from exc
 
 
 class AlreadyExistsError(StoreError):
@@ -130,3 +175,16 @@ class ContextLengthError(FatalRequestError):
     """The prompt plus the requested output does not fit the model's context."""
 
     reason = "context_length"
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM stopped the command (its worker processes already killed); the CLI
+    says how to continue and exits with 128 + the signal number. Not an Exception, so
+    ``except Exception`` clauses let it through, like KeyboardInterrupt."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        self.signame = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.signame}")

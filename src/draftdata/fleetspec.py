@@ -69,8 +69,20 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
+def no_fleet_file(path: Path | str) -> ConfigError:
+    """The one-line error for a fleet file that does not exist (status, down, generate)."""
+    return ConfigError(
+        f"{path} does not exist: no fleet is written there; start one with `draftdata fleet "
+        f"up` or `draftdata fleet sim --out {path}`, or give the path of the fleet file they "
+        "wrote"
+    )
+
+
 def read_fleet(path: Path | str) -> FleetSpec:
-    """Read and validate a fleet.yaml; errors name the file and key."""
+    """Read and validate a fleet.yaml; errors name the file and key (a missing file: one line
+    saying how to make one)."""
+    if not Path(path).exists():
+        raise no_fleet_file(path)
     data = read_yaml(path)
     spec = convert(data, FleetSpec, str(path))
     if spec.format != FLEET_FORMAT:

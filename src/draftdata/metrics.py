@@ -66,3 +66,32 @@ class StageStats:
             "timings_s": {k: round(v, 4) for k, v in sorted(self.timings.items())},
             "elapsed_s": round(self.elapsed, 4),
         }
+
+
+# -- what a stage left out or cut -------------------------------------------------------------
+
+WARN_SHARE = 0.05  # above this share of what came in, left-out or cut rows earn a warning line
+
+
+def share(n: int, total: int) -> str:
+    """``n`` of ``total`` as a percentage with one decimal (``0.0%`` when ``total`` is 0)."""
+    return f"{100.0 * n / total:.1f}%" if total else "0.0%"
+
+
+def reasons(parts: dict[str, int]) -> str:
+    """``reason n, reason n`` of the non-zero counts, in the given order ("" when none)."""
+    return ", ".join(f"{k} {v:,}" for k, v in parts.items() if v)
+
+
+def loss_warning(lost: int, total: int, what: str, detail: str, advice: str) -> str | None:
+    """One ``warning:`` line when ``lost`` of ``total`` is more than ``WARN_SHARE``, else None:
+    ``warning: 76 of 151 samples cut or left out (50.3%: truncated 57 at 512 tokens, ...);
+    raise --max-length``.
+
+    Every command that drops, cuts or truncates rows counts them in its summary line; this
+    line is for when they are a share worth acting on (``what`` says what was lost, ``detail``
+    how, ``advice`` what to do about it)."""
+    if not total or lost <= WARN_SHARE * total:
+        return None
+    how = f": {detail}" if detail else ""
+    return f"warning: {lost:,} of {total:,} {what} ({share(lost, total)}{how}); {advice}"

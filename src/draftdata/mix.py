@@ -14,6 +14,14 @@ from the largest-remainder rule (ties broken by domain name). Each domain's coun
 over the sources that have it in proportion to their supply, within their caps; what caps leave
 unfilled goes back into another round. Without a mix the budget is spread over all usable
 prompts in proportion. Everything is deterministic; sampling itself is in ``stage.py``.
+
+In tokens (``lengths`` given: the expected loss tokens of one new prompt's answer per domain,
+``L_d``, e.g. from a pilot's forecast) the targets are shares of the combined set's tokens: the
+existing set's ``E_d`` tokens plus ``x_d * L_d``. For a token total ``T`` each domain wants
+``x_d = clip((t_d * T - E_d) / L_d, 0, A_d)``; ``T`` is found by bisection where those add up
+to ``R`` (``token_fill``), so every domain the supply and the existing set leave free lands on
+its token share exactly, up to one row; the integers come from the same largest-remainder rule.
+Rows left over when the targeted domains run out go to the others in proportion to supply.
 """
 
 from __future__ import annotations
@@ -43,6 +51,12 @@ class DomainRow(msgspec.Struct, kw_only=True, frozen=True):
     target: float | None
     before: float
     after: float
+    # with lengths (a plan in tokens, or rows with lengths known): expected loss tokens
+    tokens_per_row: float | None = None  # of one new prompt's answer
+    existing_tokens: float | None = None
+    new_tokens: float | None = None
+    tokens_before: float | None = None  # share of the existing set's tokens
+    tokens_after: float | None = None  # share of the combined set's expected tokens
 
 
 class Plan(msgspec.Struct, kw_only=True, frozen=True):
@@ -53,6 +67,7 @@ class Plan(msgspec.Struct, kw_only=True, frozen=True):
     budget: int | None
     total_new: int
     shortfall: int
+    mix_by: str = "rows"  # what the target shares count: rows, or (expected) tokens
 
 
 def largest_remainder(
@@ -116,6 +131,49 @@ def water_fill(ideal: Mapping[str, float], total: int, caps: Mapping[str, int]) 
     return largest_remainder(real, total, caps)
 
 
+def token_fill(
+    target: Mapping[str, float],
+    base: Mapping[str, float],
+    lengths: Mapping[str, float],
+    total: int,
+    caps: Mapping[str, int],
+) -> dict[str, int]:
+    """Integers ``x_d`` with sum ``min(total, sum caps)``, ``0 <= x_d <= caps[d]``, with which
+    the token totals ``base_d + x_d * lengths_d`` land on the ``target`` shares (module
+    docstring). Every domain in ``caps`` needs a length above 0."""
+    total = min(total, sum(caps.values()))
+    if total <= 0:
+        return dict.fromkeys(caps, 0)
+    aimed = [d for d in sorted(caps) if target.get(d, 0.0) > 0 and caps[d] > 0]
+
+    def fill(t: float) -> dict[str, float]:
+        return {
+            d: min(max((target[d] * t - base.get(d, 0.0)) / lengths[d], 0.0), float(caps[d]))
+            for d in aimed
+        }
+
+    real: dict[str, float] = dict.fromkeys(caps, 0.0)
+    room = sum(caps[d] for d in aimed)
+    if room <= total:  # every targeted domain takes all it has; the rest goes to the others
+        real.update({d: float(caps[d]) for d in aimed})
+        others = {d: caps[d] for d in caps if d not in aimed and caps[d] > 0}
+        if others:
+            real.update(
+                {d: float(n) for d, n in _proportional(others, total - room, others).items()}
+            )
+    else:
+        lo = 0.0
+        hi = max((caps[d] * lengths[d] + base.get(d, 0.0)) / target[d] for d in aimed) + 1.0
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            if sum(fill(mid).values()) < total:
+                lo = mid
+            else:
+                hi = mid
+        real.update(fill(hi))
+    return largest_remainder(real, total, caps)
+
+
 def shares(counts: Mapping[str, int]) -> dict[str, float]:
     """Each key's fraction of the total (all 0 when the total is 0)."""
     total = sum(counts.values())
@@ -127,12 +185,28 @@ def plan_mix(
     supplies: list[Supply],
     budget: int | None,
     mix: Mapping[str, float],
+    *,
+    lengths: Mapping[str, float] | None = None,
+    existing_tokens: Mapping[str, float] | None = None,
+    by_tokens: bool = False,
 ) -> Plan:
     """Plan per-source, per-domain quotas landing as close to ``mix`` as the sources allow.
 
     See the module docstring for the method. ``budget`` None takes every usable prompt (or just
-    the fixed takes when every source has one).
+    the fixed takes when every source has one). ``lengths`` (domain -> expected tokens of one
+    new prompt's answer, above 0 for every domain of the supply) add the expected tokens to the
+    plan's rows; with ``by_tokens`` the mix is planned in them. ``existing_tokens`` are the
+    existing set's tokens per domain (default: its rows times ``lengths``).
     """
+    if by_tokens and lengths is None:
+        raise ValueError("plan_mix: by_tokens needs lengths")
+    ex_tokens: dict[str, float] = {}
+    if lengths is not None:
+        ex_tokens = (
+            {d: float(v) for d, v in existing_tokens.items()}
+            if existing_tokens is not None
+            else {d: n * lengths.get(d, 0.0) for d, n in existing.items()}
+        )
     taken: dict[str, dict[str, int]] = {s.name: {} for s in supplies}
     room = {s.name: dict(s.available) for s in supplies}  # what is still available
     fixed_total = 0
@@ -165,7 +239,13 @@ def plan_mix(
             break
         domains = sorted(set(avail) | set(target))
         caps = {d: avail.get(d, 0) for d in domains}
-        if target:
+        if target and by_tokens and lengths is not None:
+            tok = dict(ex_tokens)
+            for per in taken.values():
+                for d, n in per.items():
+                    tok[d] = tok.get(d, 0.0) + n * lengths[d]
+            per_domain = token_fill(target, tok, lengths, remaining, caps)
+        elif target:
             base = dict(existing)
             for per in taken.values():
                 for d, n in per.items():
@@ -217,6 +297,8 @@ def plan_mix(
         )
         for d in domains
     ]
+    if lengths is not None:
+        rows = _with_tokens(rows, lengths, ex_tokens)
     per_source = {name: {d: n for d, n in sorted(per.items()) if n} for name, per in taken.items()}
     total_new = sum(new_counts.values())
     return Plan(
@@ -225,4 +307,26 @@ def plan_mix(
         budget=budget,
         total_new=total_new,
         shortfall=max(fixed_total + want - total_new, 0) if budget is not None else 0,
+        mix_by="tokens" if by_tokens else "rows",
     )
+
+
+def _with_tokens(
+    rows: list[DomainRow], lengths: Mapping[str, float], existing_tokens: Mapping[str, float]
+) -> list[DomainRow]:
+    """``rows`` with the expected tokens: per row of new answers, existing, new, and shares."""
+    ex = {r.domain: float(existing_tokens.get(r.domain, 0.0)) for r in rows}
+    new = {r.domain: r.new * lengths.get(r.domain, 0.0) for r in rows}
+    before = sum(ex.values())
+    after = before + sum(new.values())
+    return [
+        msgspec.structs.replace(
+            r,
+            tokens_per_row=round(lengths[r.domain], 1) if r.domain in lengths else None,
+            existing_tokens=round(ex[r.domain], 1),
+            new_tokens=round(new[r.domain], 1),
+            tokens_before=ex[r.domain] / before if before else 0.0,
+            tokens_after=(ex[r.domain] + new[r.domain]) / after if after else 0.0,
+        )
+        for r in rows
+    ]

@@ -95,6 +95,27 @@ def sample_key(id_: str, sample: int) -> str:
     return id_ if sample == 0 else f"{id_}#s{sample}"
 
 
+# Derived ids: a prompt's sample ``id#s<N>`` (sample_key) and a turn's ``<id or sample>#<T>``
+# (tokenize's per-turn samples, export's per-turn rows) always end in one of these suffixes.
+_DERIVED_SUFFIX = re.compile(r"#s?[0-9]+\Z")
+DERIVED_ID = "derived_id"
+
+
+def derived_id_fault(id_: str) -> str | None:
+    """Why ``id_`` may not be a prompt's id (None when it may): it ends like a derived id
+    (``#<digits>`` or ``#s<digits>``), so a sample or turn of another prompt could carry the
+    same id. Ids without such an ending can never equal a derived id, and two derived ids of
+    different prompts never meet (the suffixes read back uniquely)."""
+    m = _DERIVED_SUFFIX.search(id_)
+    if m is None:
+        return None
+    return (
+        f"{DERIVED_ID}: id {id_!r} ends in {m.group()!r}, the form of the ids tokenize and "
+        "export derive for a prompt's turns and samples (id#<turn>, id#s<sample>), so it could "
+        f"collide with one; rename it (e.g. {id_[: m.start()] + '-' + m.group()[1:]!r})"
+    )
+
+
 FATAL_REASONS = frozenset({"context_length", "invalid_request"})
 
 

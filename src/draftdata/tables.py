@@ -1,5 +1,6 @@
 """``table(title, header, rows)``: the rich summary table the CLIs print (first column left),
-and ``console()``: the Console they print with."""
+``console()``: the Console they print with, and ``compact(n)``: a large count in a few
+characters (token counts)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,18 @@ def table(title: str, header: list[str], rows: list[list[str]]) -> Table:
     for r in rows:
         out.add_row(*r)
     return out
+
+
+def compact(value: float, estimated: bool = False) -> str:
+    """``value`` in a few characters (``8,512``, ``45.3K``, ``1.25M``, ``2.10B``), with ``~``
+    in front when it is an estimate."""
+    v = float(value)
+    if abs(v) >= 1e9:
+        text = f"{v / 1e9:.2f}B"
+    elif abs(v) >= 1e6:
+        text = f"{v / 1e6:.2f}M"
+    elif abs(v) >= 1e4:
+        text = f"{v / 1e3:.1f}K"
+    else:
+        text = f"{v:,.0f}"
+    return f"~{text}" if estimated else text

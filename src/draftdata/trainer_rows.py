@@ -6,12 +6,14 @@ Whole-conversation formats (one row per completion, built from the assembled con
   "tool_calls"?, "tool_call_id"?}], "tools"?}`` (SpecForge's conversation input).
 - ``openai``: ``{"id", "messages": [...], "tools"?}`` (also TensorRT Model Optimizer's newer
   ``{"messages"}`` input).
-- ``modelopt``: ``{"conversation_id", "conversations": [{"role", "content", ...}], "tools"?}``
-  (TensorRT Model Optimizer's data-synthesis input and output).
-- ``eagle``: ShareGPT ``{"id", "conversations": [{"from": "human"|"gpt"|"system"|"tool",
-  "value"}]}`` (the original EAGLE scripts). A value is a string, so an assistant turn's
-  reasoning is written the way Qwen3 writes it (``<think>\\n…\\n</think>\\n\\n`` before the
-  answer) and its tool calls as ``<tool_call>\\n{"name", "arguments"}\\n</tool_call>``.
+- ``modelopt`` (what ``merge`` writes; ``export`` writes the per-turn ``modelopt_row``):
+  ``{"conversation_id", "conversations": [{"role", "content", ...}], "tools"?}``.
+- ``eagle``: ShareGPT ``{"id", "conversations": [{"from": "human"|"gpt", "value"}]}`` (the
+  original EAGLE scripts, which map only ``human``/``gpt`` and assert strict alternation; a
+  conversation they cannot read is left out, ``eagle_problem`` says why). A value is a
+  string, so an assistant turn's reasoning is written the way Qwen3 writes it
+  (``<think>\\n…\\n</think>\\n\\n`` before the answer) and its tool calls as
+  ``<tool_call>\\n{"name", "arguments"}\\n</tool_call>``.
 
 Per-turn formats (one row per generated turn: the history as the target saw it, then that turn,
 so a trainer that trains only a row's last assistant turn trains exactly what the target wrote
@@ -22,6 +24,9 @@ even where the chat template rewrites history):
   ``specforge_row``); train with SpecForge's ``train_only_last_turn``.
 - ``specforge-text``: ``{"id", "text"}``, the turn's context and output rendered with the
   target's chat template (SpecForge ``is_preformatted``).
+- ``modelopt``: ``{"id", "conversation_id", "messages", "tools"?}`` (``modelopt_row``): the
+  turn's context with the tools written into the system message, then the turn; read with the
+  chat template ``export`` writes beside it (``export/modelopt.py``).
 - ``speculators``: ``{"id": "<primary_id>_gen<k>", "primary_id", "input_ids", "loss_mask",
   "conversations", "text", "metadata": {"finish_reason", "usage", "endpoint",
   "sampling_params", ...}}``, speculators' regeneration rows, which its preprocessing passes
@@ -41,8 +46,8 @@ from typing import Any
 from draftdata.records import JsonDict, Message
 
 CONVERSATION_FORMATS = ("sharegpt", "openai", "modelopt", "eagle")
-PER_TURN_FORMATS = ("specforge", "specforge-text", "speculators")
-TOKENIZER_FORMATS = ("specforge-text", "speculators")  # need --tokenizer
+PER_TURN_FORMATS = ("specforge", "specforge-text", "speculators", "modelopt")
+TOKENIZER_FORMATS = ("specforge-text", "speculators", "modelopt")  # export needs --tokenizer
 
 _EAGLE_SPEAKERS = {"user": "human", "assistant": "gpt", "system": "system", "tool": "tool"}
 
@@ -100,6 +105,25 @@ def eagle_value(m: Message, include_reasoning: bool = True) -> str:
     return text
 
 
+def eagle_problem(messages: list[Message], tools: list[JsonDict] | None) -> str | None:
+    """Why EAGLE's data scripts cannot read ``messages`` as the target saw them (None: they
+    can). They map only ``human``/``gpt`` (any other speaker is a KeyError), assert that the
+    speakers alternate starting with the user, and put their own system prompt first, so a
+    system message, a tools block (Qwen3 renders it as a system turn) and tool results have
+    no place in a row."""
+    if any(m.role == "system" for m in messages):
+        return "system_message"
+    if tools:
+        return "tools"
+    if any(m.role not in ("user", "assistant") for m in messages):
+        return "tool_message"
+    if any(m.role != ("user", "assistant")[k % 2] for k, m in enumerate(messages)):
+        return "not_alternating"
+    if not messages:
+        return "empty"
+    return None
+
+
 def conversation_row(
     fmt: str,
     rid: str,
@@ -131,6 +155,25 @@ def conversation_row(
             row = {"id": rid, "conversations": msgs}
     if tools:
         row["tools"] = tools
+    row["source"] = source
+    row["domain"] = domain
+    return row
+
+
+def modelopt_row(
+    rid: str,
+    messages: list[JsonDict],
+    *,
+    source: str,
+    domain: str,
+    tools: list[JsonDict] | None,
+) -> JsonDict:
+    """One ``modelopt`` row: ``messages`` as ModelOpt's reader wants them (its ``messages``
+    key), the conversation id it names rows by, and the tools as a JSON string (information
+    only: the tools block is already in the system message, ModelOpt passes no tools)."""
+    row: JsonDict = {"id": rid, "conversation_id": rid, "messages": messages}
+    if tools:
+        row["tools"] = json.dumps(tools, ensure_ascii=False)
     row["source"] = source
     row["domain"] = domain
     return row

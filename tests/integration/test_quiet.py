@@ -91,7 +91,8 @@ def test_generate(
 
 def test_export(run: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     capfd.readouterr()
-    assert _run("export", str(run), "--out", str(tmp_path / "x.jsonl"), "-q") == 0
+    whole = ["--format", "sharegpt"]  # one row per completion (the default is one per turn)
+    assert _run("export", str(run), *whole, "--out", str(tmp_path / "x.jsonl"), "-q") == 0
     _nothing(capfd)
     assert len((tmp_path / "x.jsonl").read_text().splitlines()) == 12
     assert _run("export", str(run), "--out", str(tmp_path / "y.jsonl")) == 0

@@ -5,16 +5,22 @@ marker), so the README cannot drift from what works. They run in a shell, in ord
 simulator and a local S3 server, at small scale, with only the substitutions the README lists:
 
 - ``s3://BUCKET/`` -> a fresh prefix on the moto S3 server;
-- ``--engine sglang`` -> ``--engine sim`` (the README's no-GPU tip), ``--gpus 0-7`` ->
-  ``--gpus 0-1``, ``--port-base 30000`` -> a free port;
+- ``--engine sglang`` -> ``--engine sim`` (the README's no-GPU tip) and the drafter's flags ->
+  the simulator's ``--spec-tokens 3``, ``--gpus 0-7`` -> ``--gpus 0-1``, ``--port-base 30000``
+  -> a free port;
 - ``/models/Qwen3.6-27B`` -> the demo's small local tokenizer folder;
 - ``examples/expansion.yaml`` is, in the test's working folder, the same config over the
-  bundled sample sources (budget 60), deduplicated against the live set;
+  bundled sample sources: each source's fixed ``take`` scaled down from the real config's (at
+  least 2, 63 prompts in all, so every domain of the mix has rows), deduplicated against the
+  live set;
 - the live set ``s3://BUCKET/completions/`` holds the demo's 400-row 77%-code sample.
 
-Step 3 (generate) is interrupted once with Ctrl-C (twice: leave now) and then run again,
-as the README says. The report of step 5 must hold the mix before (``before.json``), the
-target and the merged result, and the run's figures over both commands.
+The whole run (step 6, the generate without ``--pilot``) is interrupted once with Ctrl-C
+(twice: leave now) and then run again, as the README says. The pilot of step 5 writes a forecast
+into the run; the acceptance of step 3 is measured on prepare's held-out split and its suggested
+mix drives steps 4 and 7. The report of step 8 must hold the mix before (``before.json``), the
+target and the merged result, the drafter's acceptance, the forecast against the actual run, and
+the run's figures over all three commands.
 """
 
 from __future__ import annotations
@@ -81,6 +87,8 @@ def _free_port_base(n: int = 2) -> int:
 def _substitute(cmd: str, bucket: str, tokenizer: Path, port_base: int, protect_ok: bool) -> str:
     cmd = cmd.replace("s3://BUCKET/", bucket + "/")
     cmd = cmd.replace("--engine sglang", "--engine sim").replace("--gpus 0-7", "--gpus 0-1")
+    drafter = "--speculative-algorithm EAGLE3 --speculative-draft-model-path /models/drafter-v1"
+    cmd = cmd.replace(drafter, "--spec-tokens 3")
     cmd = cmd.replace("--port-base 30000", f"--port-base {port_base}")
     cmd = cmd.replace("/models/Qwen3.6-27B", str(tokenizer))
     if not protect_ok and cmd.startswith("draftdata merge"):
@@ -100,6 +108,17 @@ def _sh(cmd: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProces
     )
 
 
+# examples/expansion.yaml's fixed takes (193,010 prompts) scaled to 63, at least 2 a source
+_TAKES = {
+    "infinity_instruct": 31,
+    "webinstruct": 12,
+    "codefeedback": 9,
+    "metamath": 7,
+    "hermes_fc": 2,
+    "agentinstruct": 2,
+}
+
+
 def _write_config(work: Path, bucket: str) -> None:
     """examples/expansion.yaml in the working folder: the bundled sample sources, small."""
     import msgspec
@@ -109,11 +128,13 @@ def _write_config(work: Path, bucket: str) -> None:
 
     samples = work / "samples"
     write_sample_sources(samples)
-    cfg = sample_config(samples, Path("prompts"), budget=60)
+    cfg = sample_config(samples, Path("prompts"))
     cfg = msgspec.structs.replace(
         cfg,
         existing=ExistingConfig(path=f"{bucket}/completions/"),
         mix={"code": 0.40, "general": 0.30, "math": 0.25, "tool": 0.03, "agent": 0.02},
+        budget=None,
+        sources=[msgspec.structs.replace(s, take=_TAKES[s.name]) for s in cfg.sources],
     )
     (work / "examples").mkdir()
     (work / "examples" / "expansion.yaml").write_bytes(
@@ -132,6 +153,9 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
         "draftdata stats",
         "draftdata fleet",
         "draftdata prepare",
+        "draftdata acceptance",
+        "draftdata prepare",
+        "draftdata generate",
         "draftdata generate",
         "draftdata merge",
         "draftdata report",
@@ -151,11 +175,12 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
     sub = [_substitute(c, bucket, tokenizer, port_base, protect_ok) for c in commands]
     try:
         for cmd in sub:
-            if cmd.startswith("draftdata generate"):
-                _interrupt_once(cmd, work, bucket)
+            whole_run = cmd.startswith("draftdata generate") and "--pilot" not in cmd
+            if whole_run:
+                _interrupt_once(cmd, work, bucket, port_base)
             res = _sh(cmd, work)
             assert res.returncode == 0, f"{cmd}\n{res.stdout}\n{res.stderr}"
-            if cmd.startswith("draftdata generate"):
+            if whole_run:
                 summary = res.stdout
     finally:
         if (work / "fleet.yaml").exists():
@@ -164,8 +189,26 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
     # step 0's stats are JSON that the report reads back
     before = json.loads((work / "before.json").read_text())
     assert before["format"] == "draftdata.stats/1" and before["rows"] == 400
-    # generate's summary after the resume is over both commands
-    assert "in the whole run" in summary and "2 segments" in summary, summary
+    # generate's summary after the resume is over all three commands (pilot, interrupted, rest)
+    assert "in the whole run" in summary and "3 segments" in summary, summary
+    # the evaluation split was held out of the prompts, and the drafter measured on it
+    held = {
+        json.loads(x)["id"]
+        for f in (work / "prompts" / "eval").glob("*.jsonl")
+        for x in f.read_text().splitlines()
+    }
+    generated = {
+        json.loads(x)["id"]
+        for f in (work / "prompts").glob("prompts-*.jsonl")
+        for x in f.read_text().splitlines()
+    }
+    assert held and not held & generated
+    acc = json.loads(open_store(f"{bucket}/acceptance_v1/").read("acceptance.json"))
+    assert acc["total"]["drafts"] > 0 and acc["total"]["prompts"] == len(held)
+    suggested = json.loads(open_store(f"{bucket}/acceptance_v1/").read("suggested_mix.json"))
+    merged = json.loads(open_store(f"{bucket}/train_v2/").read("merge_report.json"))
+    assert set(merged["target"]) == set(suggested["mix"])
+    assert open_store(f"{bucket}/expansion_v1/").exists("forecast.json")
     # the report holds before / target / after and the run's figures
     page = (work / "report.html").read_text()
     mix = page[page.index("Domain mix") :]
@@ -178,11 +221,31 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
     assert "Throughput over time per endpoint" in page and "data:image/png;base64" in page
     assert "committed output tokens" in page and "wasted work (not committed)" in page
     assert "Output length per domain" in page and "Failures by class" in page
+    assert "Draft acceptance per domain" in page and "Forecast against actual" in page
+    assert "Domain mix in loss tokens" in page
 
 
-def _interrupt_once(cmd: str, work: Path, bucket: str) -> None:
-    """Run ``cmd`` until it has sent its first requests, then press Ctrl-C twice (SIGINT to
-    its group: stop dispatching, then leave without waiting for the running requests)."""
+def _answered(port_base: int, servers: int = 2) -> float:
+    """Requests the fleet's servers have finished (the simulator's ``/metrics`` counter)."""
+    import urllib.request
+
+    total = 0.0
+    for port in range(port_base, port_base + servers):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("vllm:request_success_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _interrupt_once(cmd: str, work: Path, bucket: str, port_base: int) -> None:
+    """Run ``cmd`` until the servers have answered its first requests, then press Ctrl-C twice
+    (SIGINT to its group: stop dispatching, then leave without waiting for the running
+    requests); what finished is committed."""
     from draftdata.store.store import open_store
 
     proc = subprocess.Popen(
@@ -196,8 +259,9 @@ def _interrupt_once(cmd: str, work: Path, bucket: str) -> None:
     run = open_store(f"{bucket}/expansion_v1/")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if run.exists("manifest.json"):  # the run is open; requests start now
-            time.sleep(1.0)
+        # the run is open (its lease taken; the manifest comes with the first commit) and
+        # the servers have answered: interrupt with work done but not all of it
+        if run.list("lease/") and _answered(port_base) > 0:
             break
         time.sleep(0.05)
     for _ in range(2):

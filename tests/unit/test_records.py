@@ -181,3 +181,51 @@ def test_json_array_splitter_drops_an_oversized_element_unread() -> None:
     assert got == [b"1", None, None, b"4"] and splitter.closed
     with pytest.raises(ValueError):
         JsonArraySplitter().feed(b'  {"not": "an array"}')
+
+
+# -- derived ids (issue 24: a prompt "abc#1" collided with turn 1 of "abc") --------------------
+
+
+def _derived(pid: str, samples: int = 3, turns: int = 3) -> set[str]:
+    """Every id the pipeline derives from ``pid``: its samples (``sample_key``), and their turns
+    as tokenize's per-turn samples and export's per-turn rows name them."""
+    from draftdata.records import sample_key
+    from draftdata.trainer_rows import per_turn_id
+
+    out = set()
+    for s in range(samples):
+        base = sample_key(pid, s)
+        out.add(base)
+        out |= {per_turn_id(base, t, turns) for t in range(turns)}
+    return out
+
+
+_ID_CHARS = st.text(alphabet="ab#s01", min_size=1, max_size=8)
+
+
+@settings(max_examples=500, deadline=None)
+@given(ids=st.lists(_ID_CHARS, min_size=2, max_size=6, unique=True))
+def test_ids_that_pass_the_rule_never_share_a_derived_id(ids: list[str]) -> None:
+    from draftdata.records import derived_id_fault
+
+    allowed = [i for i in ids if derived_id_fault(i) is None]
+    seen: dict[str, str] = {}
+    for pid in allowed:
+        for d in _derived(pid):
+            assert seen.setdefault(d, pid) == pid, (d, pid, seen[d])
+
+
+@pytest.mark.parametrize("pid", ["abc#1", "abc#s2", "x#0", "a#b#12", "q#s10"])
+def test_an_id_that_ends_like_a_derived_id_is_refused_with_its_reason(pid: str) -> None:
+    from draftdata.records import derived_id_fault
+
+    fault = derived_id_fault(pid)
+    assert fault is not None and fault.startswith("derived_id: ") and repr(pid) in fault
+    assert "\n" not in fault
+
+
+@pytest.mark.parametrize("pid", ["abc", "abc#", "sharegpt#row-7", "a#s", "a#1b", "a#s1x", "#a"])
+def test_an_id_with_a_hash_elsewhere_is_kept(pid: str) -> None:
+    from draftdata.records import derived_id_fault
+
+    assert derived_id_fault(pid) is None

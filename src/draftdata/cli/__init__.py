@@ -5,12 +5,18 @@ and does three things: parse options into one config object, call one stage func
 summary. Heavy imports happen inside command bodies so ``draftdata --help`` starts instantly.
 
 Exit codes: 0 success; 1 a DraftdataError (one line on stderr, no traceback); 2 a usage error
-(Typer/Click); anything else is a bug and keeps its traceback.
+(Typer/Click); 128 + N when signal N stopped a command that runs worker processes
+(``Interrupted``); anything else is a bug and keeps its traceback. Path options are checked
+before any work (``draftdata.paths``); a file-system error that still reaches ``main`` with a
+file name (a folder removed under a running command), and a full, over-quota or read-only disk
+with or without one (``DiskError``: the standard output under ``> file`` too), is the user's
+place, not a bug, and is one line too.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any
 
@@ -18,6 +24,7 @@ import typer
 
 from draftdata import __version__
 from draftdata.cli import (
+    acceptance,
     demo,
     export,
     fleet,
@@ -25,10 +32,11 @@ from draftdata.cli import (
     merge,
     prepare,
     report,
+    run,
     stats,
     tokenize,
 )
-from draftdata.errors import DraftdataError
+from draftdata.errors import DiskError, DraftdataError, Interrupted
 
 
 def _no_type_after_flags() -> None:
@@ -77,9 +85,48 @@ def _root(
     """Build self-distillation training data for speculative-decoding drafters."""
 
 
-for _module in (prepare, generate, export, tokenize, merge, stats, report, demo):
+for _module in (prepare, generate, export, tokenize, merge, stats, report, acceptance, demo):
     _module.register(app)
 app.add_typer(fleet.app, name="fleet")
+app.add_typer(run.app, name="run")
+
+
+_FIX = "write to another place (--out, --tmp-dir, TMPDIR)"
+
+
+def _flush_stdout() -> None:
+    """Flush stdout; a reader that went away (``| head``) is no error, a full disk is."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device: what is still buffered for a full disk would fail
+    again when the interpreter exits (a second, unreadable message)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):  # stdout already closed or not a file
+        return
+
+
+# The width of ``--help`` when stdout is not a terminal. Rich then draws at 80 columns, where a
+# help cell holding a long word (a path template, a list of variables) is cut with an ellipsis;
+# at this width no option's help is cut, and a pipe has no terminal to overflow.
+PIPED_HELP_WIDTH = 120
+
+
+def _help_width() -> None:
+    """Give ``--help`` a width at which nothing is cut when stdout is piped (a width the user
+    set with $COLUMNS or $TERMINAL_WIDTH wins)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH"):
+        return
+    import typer.rich_utils
+
+    typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,8 +137,33 @@ def main(argv: list[str] | None = None) -> None:
     # transformers announces on import that PyTorch is absent; draftdata needs only its
     # tokenizers, so that advice is noise in every command's output.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    _help_width()
     try:
-        app(args=argv)
+        try:
+            app(args=argv)
+        finally:
+            _flush_stdout()  # a full disk under `> file` shows here, not at exit
+    except OSError as exc:  # a local write no stage named: full, over quota, read-only
+        err = DiskError.of(exc, exc.filename or "an output file (or the standard output)", _FIX)
+        if err is not None:
+            _quiet_stdout()
+            typer.echo(f"error: {err}", err=True)
+            sys.exit(1)
+        if exc.filename is None:
+            raise
+        where = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+        reason = exc.strerror or type(exc).__name__
+        typer.echo(f"error: {where}: {reason}; check the path and its permissions", err=True)
+        sys.exit(1)
     except DraftdataError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    except Interrupted as exc:  # its worker processes are already gone
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal: the same ending
+            signal.signal(sig, signal.SIG_IGN)
+        typer.echo(
+            f"draftdata: stopped by {exc.signame}; what was written is kept, and the same "
+            "command run again finishes the work",
+            err=True,
+        )
+        sys.exit(128 + exc.signum)

@@ -45,9 +45,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run prepare → generate → tokenize → merge → stats → report on bundled samples and a
         local simulated fleet; print the figures and where the outputs and report are."""
-        from draftdata import tables
+        from draftdata import paths, tables
         from draftdata.demo.pipeline import run_demo, summary_table
 
+        paths.output_folder(out, "--out")
+        if cache_dir is not None:
+            paths.output_folder(cache_dir, "--cache-dir")
         console = tables.console()
         result = run_demo(
             out,

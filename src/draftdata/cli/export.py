@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from draftdata.cli.quiet import QUIET, quietable
@@ -15,14 +17,19 @@ def register(app: typer.Typer) -> None:
     def _cmd(
         run: str = typer.Argument(..., help="The run: a local directory or s3://BUCKET/PREFIX."),
         fmt: str = typer.Option(
-            "sharegpt",
+            "specforge",
             "--format",
             "-f",
-            help="sharegpt (SpecForge `conversations` JSONL, whole conversations), specforge "
-            "(one row per generated turn; train with train_only_last_turn), specforge-text "
+            help="specforge (SpecForge `conversations` JSONL, one row per generated turn; train "
+            "with train_only_last_turn; the default: each turn trained as the target wrote it), "
+            "sharegpt (the "
+            "same rows, whole conversations: multi-turn rows train a form of the earlier turns "
+            "the target never wrote under Qwen3-style templates), specforge-text "
             "(pre-formatted `text`, per turn), speculators (input_ids + loss_mask rows, per "
-            "turn), modelopt (TensorRT Model Optimizer), eagle (ShareGPT from/value), openai "
-            "(messages JSONL), or parquet (Hugging Face datasets loadable).",
+            "turn), modelopt (TensorRT Model Optimizer, per turn, with the chat template it must "
+            "read them with written beside --out), eagle (ShareGPT human/gpt; what EAGLE's "
+            "scripts cannot read is left out and counted), openai (messages JSONL), or parquet "
+            "(Hugging Face datasets loadable).",
         ),
         out: str = typer.Option(
             ...,
@@ -43,19 +50,29 @@ def register(app: typer.Typer) -> None:
         tokenizer: str | None = typer.Option(
             None,
             "--tokenizer",
-            help="The target's Hugging Face tokenizer folder (specforge-text and speculators).",
+            help="The target's Hugging Face tokenizer folder (specforge-text, speculators and "
+            "modelopt).",
         ),
         chat_template: str | None = typer.Option(
             None,
             "--chat-template",
             help="A chat template file (Jinja or tokenizer_config.json) overriding the "
-            "tokenizer's (specforge-text and speculators).",
+            "tokenizer's (specforge-text, speculators and modelopt).",
         ),
         quiet: bool = QUIET,
     ) -> None:
         """Export a run's completions for training (streams shard by shard)."""
+        from draftdata import paths
         from draftdata.export.stage import export_run
 
+        paths.input_folder(run, "export", "give a run (generate's --out)")
+        paths.output_file(out, "--out", replace=False)
+        if tokenizer is not None:
+            from draftdata.tokenizer_folder import check_tokenizer_folder
+
+            check_tokenizer_folder(tokenizer)
+        if chat_template is not None:
+            paths.input_file(chat_template, "--chat-template")
         stats = export_run(
             run,
             fmt,
@@ -65,10 +82,70 @@ def register(app: typer.Typer) -> None:
             tokenizer=tokenizer,
             chat_template=chat_template,
         )
+        from draftdata.export.stage import template_name
+
         rows = stats.get("export.rows")
         per_turn = f" as {rows} rows" if rows != stats.get("export.records") else ""
-        typer.echo(
+        left_out, warning = _losses(stats, fmt)
+        line = (
             f"exported {stats.get('export.records')} completions{per_turn} from "
             f"{stats.get('export.shards')} shards to {out} ({fmt}); "
-            f"{stats.get('export.duplicates_dropped')} duplicates dropped"
+            f"{stats.get('export.duplicates_dropped')} duplicates dropped; {left_out}"
         )
+        if fmt == "modelopt":
+            side = template_name(str(out).rsplit("/", 1)[-1])
+            line += f"; chat template for answer_only_loss: {side} beside it"
+        no_system = stats.get("export.rows_without_system_message")
+        if fmt == "specforge" and no_system:
+            line += (
+                f"; {no_system} rows have no system message (SpecForge's qwen3-thinking "
+                "template adds its own; specforge-text keeps the target's context)"
+            )
+        typer.echo(line)
+        if warning is not None:
+            typer.echo(warning, err=True)
+
+
+def _losses(stats: Any, fmt: str) -> tuple[str, str | None]:
+    """What the summary line says the export left out or cut, and a warning above 5%.
+
+    Per-turn formats count turns, the others completions. Left out: turns cut by the token limit
+    (``specforge``, ``modelopt``: a conversation row would train an end of turn the target
+    never wrote), what tokenize drops (the token formats), what a format cannot hold exactly
+    (``export.left_out.*``). Cut: the token formats keep a cut turn, cut where the target
+    stopped; the whole-conversation formats keep it as their conversation's last turn, where a
+    trainer does train that end of turn.
+    """
+    from draftdata.metrics import loss_warning, reasons, share
+    from draftdata.trainer_rows import PER_TURN_FORMATS, TOKENIZER_FORMATS
+
+    why = {"cut by the token limit": stats.get("export.cut_turns_skipped")}
+    why |= stats.group("export.tokenize.dropped")
+    why |= {  # a missing tokenize sample is counted above, by tokenize's reason
+        k: v for k, v in stats.group("export.left_out").items() if k != "no_tokenize_sample"
+    }
+    lost = sum(why.values())
+    per_turn = fmt in PER_TURN_FORMATS
+    unit = "turns" if per_turn else "completions"
+    total = stats.get("export.rows") + lost if per_turn else stats.get("export.records")
+    line = f"left out {lost:,} of {total:,} {unit} ({share(lost, total)}"
+    line += f": {reasons(why)})" if lost else ")"
+    cut = 0
+    if fmt in TOKENIZER_FORMATS and fmt != "modelopt":
+        cut = stats.get("export.cut_turns")
+        line += f"; {cut:,} rows end where the token limit cut the turn"
+        advice = "raise generate's --max-tokens for cut turns; drop reasons: docs/tokenize.md"
+    elif not per_turn:
+        cut = stats.get("export.cut_completions")
+        line += (
+            f"; {cut:,} of {total:,} rows ({share(cut, total)}) end in a turn cut by the "
+            "token limit"
+        )
+        advice = (
+            "a trainer trains the end of turn the target never wrote after a cut turn; "
+            "--format specforge leaves such turns out"
+        )
+    else:
+        advice = "raise generate's --max-tokens for cut turns; the reasons: docs/export.md"
+    detail = ", ".join(p for p in (reasons(why), f"cut {cut:,}" if cut else "") if p)
+    return line, loss_warning(lost + cut, total, f"{unit} left out or cut", detail, advice)

@@ -14,6 +14,12 @@ import typer
 from draftdata.cli.quiet import QUIET, quietable
 from draftdata.errors import ConfigError
 
+# what to do when the fleet file is missing (the same line for status and down)
+NO_FLEET_HINT = (
+    "no fleet is written there; start one with `draftdata fleet up` or `draftdata fleet sim "
+    "--out fleet.yaml`, or give the fleet.yaml it wrote"
+)
+
 
 def register(app: typer.Typer) -> None:
     """Add `up`, `status` and `down` to the fleet sub-app."""
@@ -96,12 +102,22 @@ def register(app: typer.Typer) -> None:
             "--allow-partial",
             help="Keep the servers that started when some failed (default: stop them all).",
         ),
+        dry_run: bool = typer.Option(
+            False,
+            "--dry-run",
+            help="Print each server's command line and added environment; start nothing.",
+        ),
         quiet: bool = QUIET,
     ) -> None:
         """Start one inference server per GPU, wait until each serves, write fleet.yaml."""
+        from draftdata import paths
         from draftdata.fleet.launch import LaunchConfig, parse_env, parse_gpus
-        from draftdata.fleet.manage import fleet_up
+        from draftdata.fleet.manage import fleet_up, plan_servers
 
+        paths.output_file(out, "--out")
+        paths.output_folder(log_dir, "--log-dir")
+        if python is not None and "/" in python:
+            paths.input_file(python, "--python")
         try:
             extra = tuple(shlex.split(extra_args))
         except ValueError as exc:
@@ -120,6 +136,11 @@ def register(app: typer.Typer) -> None:
             python=python,
             log_dir=str(log_dir),
         )
+        if dry_run:
+            for plan in plan_servers(cfg):
+                added = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env)
+                typer.echo(f"server {plan.index} {plan.url}: {added} {shlex.join(plan.argv)}")
+            return
         fleet_up(
             cfg,
             out,
@@ -141,8 +162,10 @@ def register(app: typer.Typer) -> None:
 
         Exit code 1 when any server is unhealthy.
         """
+        from draftdata import paths
         from draftdata.fleet.manage import fleet_status, format_uptime
 
+        paths.input_file(fleet, "fleet status", NO_FLEET_HINT)
         rows = fleet_status(fleet)
         typer.echo(
             f"{'#':>2}  {'url':<28} {'process':<9} {'health':<7} {'run':>5} {'wait':>5} "
@@ -168,7 +191,9 @@ def register(app: typer.Typer) -> None:
         quiet: bool = QUIET,
     ) -> None:
         """Stop exactly the servers `fleet up` started (pid + start time checked)."""
+        from draftdata import paths
         from draftdata.fleet.manage import fleet_down
 
+        paths.input_file(fleet, "fleet down", NO_FLEET_HINT)
         for line in fleet_down(fleet, grace_s=grace):
             typer.echo(line)

@@ -7,11 +7,14 @@ Parses options into a SimConfig (``draftdata.sim.config``), runs
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 import typer
 
 from draftdata.cli.quiet import QUIET, quietable
 from draftdata.errors import ConfigError
+
+T = TypeVar("T", int, float)
 
 
 def _pairs(values: list[str], option: str, kind: type[int] | type[float]) -> dict[int, float]:
@@ -27,18 +30,24 @@ def _pairs(values: list[str], option: str, kind: type[int] | type[float]) -> dic
     return out
 
 
-def _means(values: list[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
+def _means(
+    values: list[str], option: str = "--mean-output-tokens-for", example: str = "PREFIX:N"
+) -> dict[str, int]:
+    shape = "PREFIX:N, e.g. math:6000" if example == "PREFIX:N" else f"DOMAIN:N, e.g. {example}"
+    return _by_prefix(values, option, int, shape)
+
+
+def _by_prefix(values: list[str], option: str, kind: type[T], shape: str) -> dict[str, T]:
+    """``PREFIX:VALUE`` options -> {prefix: value}; a bad one is a ConfigError naming it."""
+    out: dict[str, T] = {}
     for v in values:
         prefix, sep, value = v.rpartition(":")
         try:
             if not sep or not prefix:
                 raise ValueError
-            out[prefix] = int(value)
+            out[prefix] = kind(value)
         except ValueError as exc:
-            raise ConfigError(
-                f"--mean-output-tokens-for {v!r}: expected PREFIX:N, e.g. math:6000"
-            ) from exc
+            raise ConfigError(f"{option} {v!r}: expected {shape}") from exc
     return out
 
 
@@ -75,6 +84,18 @@ def register(app: typer.Typer) -> None:
             "--mean-output-tokens-for",
             help="PREFIX:N: requests whose last user message starts with PREFIX draw around "
             "mean N (repeatable; mixed-domain jobs).",
+        ),
+        domain_mean: list[str] = typer.Option(
+            [],
+            "--domain-mean",
+            help="DOMAIN:N: requests whose conversation is of DOMAIN (code, math, tool, agent, "
+            "general: the classifier prepare tags prompts with) draw around mean N "
+            "(repeatable; answer lengths that depend on the domain).",
+        ),
+        output_sigma: float = typer.Option(
+            0.8,
+            "--output-sigma",
+            help="Spread of the lognormal output length (its sigma; 0: every answer at the mean).",
         ),
         time_scale: float = typer.Option(
             1.0,
@@ -151,6 +172,23 @@ def register(app: typer.Typer) -> None:
         starting_seconds: float = typer.Option(
             0.5, "--starting-seconds", help="/health 503 this long after a restart."
         ),
+        spec_tokens: int = typer.Option(
+            0,
+            "--spec-tokens",
+            help="Decode speculatively with K draft tokens per step (0: off); counters as "
+            "vLLM's /metrics or SGLang's per-request details report them.",
+        ),
+        accept_rate: float = typer.Option(
+            0.7,
+            "--accept-rate",
+            help="Probability a draft token is accepted, given the ones before it were.",
+        ),
+        accept_rate_for: list[str] = typer.Option(
+            [],
+            "--accept-rate-for",
+            help="PREFIX:P: requests whose last user message starts with PREFIX accept drafts "
+            "at rate P (repeatable; per-domain acceptance).",
+        ),
         quiet: bool = QUIET,
     ) -> None:
         """Run N OpenAI-compatible simulated servers (SGLang or vLLM shaped) until Ctrl-C."""
@@ -164,6 +202,10 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--flavor {flavor!r}: use sglang or vllm")
         if reasoning not in ("parsed", "inline", "off"):
             raise ConfigError(f"--reasoning {reasoning!r}: use parsed, inline or off")
+        if out is not None:
+            from draftdata import paths
+
+            paths.output_file(out, "--out")
         if tokenizer is not None:
             from draftdata.tokenizer_folder import check_tokenizer_folder
 
@@ -195,6 +237,8 @@ def register(app: typer.Typer) -> None:
                 context_length=context_length,
                 mean_output_tokens=mean_output_tokens,
                 mean_output_tokens_for=_means(mean_output_tokens_for),
+                domain_mean_output_tokens=_means(domain_mean, "--domain-mean", "math:6000"),
+                output_sigma=output_sigma,
                 time_scale=time_scale,
                 seed=seed,
                 tokenizer=str(tokenizer) if tokenizer else None,
@@ -203,6 +247,11 @@ def register(app: typer.Typer) -> None:
                 startup_s=startup_seconds,
                 token_ids=not no_token_ids,
                 max_choices=max_choices,
+                spec_tokens=spec_tokens,
+                accept_rate=accept_rate,
+                accept_rate_for=_by_prefix(
+                    accept_rate_for, "--accept-rate-for", float, "PREFIX:P, e.g. MATH:0.6"
+                ),
                 faults=faults,
             ),
             servers,

@@ -30,12 +30,15 @@ CLI_ONLY = frozenset(
         "fleet_per_node",
         "tasks_per_node",
         "ray_env",
+        "pilot",
+        "pilot_seed",
     }
 )
 
 PANEL_RUN = "Requests"
 PANEL_STORE = "Run store"
 PANEL_ROBUST = "Retries, timeouts and the tail"
+PANEL_PILOT = "Pilot and forecast"
 
 
 def _build_config(config: Path | None, flags: dict[str, Any]) -> Any:
@@ -124,6 +127,15 @@ def register(app: typer.Typer) -> None:
                 rich_help_panel=PANEL_RUN,
             ),
         ] = None,
+        strict_limit: Annotated[
+            bool,
+            typer.Option(
+                "--strict-limit",
+                help="Send --max-tokens as given: refuse a limit that cannot fit the context "
+                "(default: lower each request's limit to the context minus its prompt).",
+                rich_help_panel=PANEL_RUN,
+            ),
+        ] = False,
         temperature: Annotated[
             float | None,
             typer.Option(
@@ -210,7 +222,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--api-key-env",
                 metavar="VAR",
-                help="Environment variable holding the API key (never logged).",
+                help="Environment variable holding the API key (never logged or stored).",
                 rich_help_panel=PANEL_RUN,
             ),
         ] = None,
@@ -322,7 +334,8 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option(
                 "--read-timeout",
-                help="Seconds to wait for an answer (default 3600).",
+                help="Seconds to wait for a whole answer: a deadline per request, not per chunk "
+                "(default 3600).",
                 rich_help_panel=PANEL_ROBUST,
             ),
         ] = None,
@@ -390,6 +403,26 @@ def register(app: typer.Typer) -> None:
                 "--log-interval", help="Seconds between plain progress lines (default 30)."
             ),
         ] = None,
+        pilot: Annotated[
+            str | None,
+            typer.Option(
+                "--pilot",
+                metavar="F|N",
+                help="Run a stratified sample first: a fraction of the prompts (e.g. 0.01) or a "
+                "count (an integer >= 2), by source and domain, into the run itself; then "
+                "write forecast.json (tokens, time, GPU-hours, the token mix) and print it. "
+                "The same command without --pilot runs the rest.",
+                rich_help_panel=PANEL_PILOT,
+            ),
+        ] = None,
+        pilot_seed: Annotated[
+            int,
+            typer.Option(
+                "--pilot-seed",
+                help="Seed of the pilot's draw (default 0; another seed draws other prompts).",
+                rich_help_panel=PANEL_PILOT,
+            ),
+        ] = 0,
         json_out: Annotated[
             Path | None,
             typer.Option("--summary-json", help="Also write the summary as JSON to this file."),
@@ -415,7 +448,34 @@ def register(app: typer.Typer) -> None:
             partition, partitions, only_partitions, ray=ray
         )
         flags["partition"] = single
+        spec = None
+        if pilot is not None:
+            from draftdata.errors import ConfigError
+            from draftdata.generate.sample import parse_pilot
+
+            spec = parse_pilot(pilot)
+            if ray:
+                raise ConfigError("--pilot: a pilot runs on one machine; drop --ray")
+        from draftdata import paths
+
+        if config is not None:
+            paths.input_file(config, "--config")
         cfg = _build_config(config, flags)
+        if cfg.prompts:
+            paths.input_path(cfg.prompts, "--prompts", "give a prompts JSONL or prepare's --out")
+        if cfg.fleet:
+            hint = (
+                "start a fleet with `draftdata fleet up` (it writes fleet.yaml) or give "
+                "--endpoint URLs"
+            )
+            paths.input_file(cfg.fleet, "--fleet", hint)
+        if cfg.out:
+            paths.output_folder(cfg.out, "--out")
+        if json_out is not None:
+            paths.output_file(json_out, "--summary-json")
+        if spec is not None:
+            _pilot(cfg, spec, pilot_seed, json_out)
+            return
         if ray:
             code = ray_opts.generate_on_ray(
                 cfg,
@@ -442,3 +502,29 @@ def register(app: typer.Typer) -> None:
             json_out.write_text(json.dumps(summary.to_dict(), indent=1), encoding="utf-8")
         if summary.interrupted:  # the stage has said how to resume
             raise typer.Exit(130)
+
+
+def _pilot(cfg: Any, spec: Any, seed: int, json_out: Path | None) -> None:
+    """``generate --pilot``: run the sample, print the summary and the forecast."""
+    from draftdata.generate.pilot import run_pilot
+
+    try:
+        result = run_pilot(cfg, spec, seed=seed)
+    except KeyboardInterrupt:
+        typer.echo("generate: interrupted; run the same command again to continue", err=True)
+        raise typer.Exit(130) from None
+    for line in result.summary.lines():
+        typer.echo(line)
+    for line in result.lines():
+        typer.echo(line)
+    if json_out is not None:
+        import json
+
+        data = result.summary.to_dict()
+        data["forecast"] = result.forecast
+        json_out.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    if result.summary.interrupted:
+        typer.echo(
+            "generate: the pilot was interrupted; run the same command to finish it", err=True
+        )
+        raise typer.Exit(130)

@@ -7,6 +7,7 @@ summary tables (``merge/report.py``).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import typer
 
@@ -14,19 +15,36 @@ from draftdata.cli.quiet import QUIET, quietable
 
 
 class _Progress:
-    """``merge: PATH: N rows (R rows/s)`` lines on stderr, at most every 2 seconds."""
+    """``merge: WHAT: N rows (R rows/s)`` lines on stderr (WHAT: an input being scanned, or
+    ``route``), at most every 2 seconds, and always the last count of each: when the next
+    input or phase starts, and at ``close``. So a small input shows its whole row count, not
+    the first batch's."""
 
     def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.last = 0.0
+        self.last_print = 0.0
+        self.what: str | None = None
+        self.rows = 0
+        self.started = self.last_call = time.perf_counter()  # WHAT began when the last ended
+        self.shown = True  # whether ``rows`` of ``what`` is on screen
 
     def __call__(self, what: str, rows: int) -> None:
         now = time.perf_counter()
-        if now - self.last < 2.0:
-            return
-        self.last = now
-        rate = rows / max(now - self.start, 1e-9)
-        typer.echo(f"merge: {what}: {rows:,} rows ({rate:,.0f} rows/s)", err=True)
+        if what != self.what:
+            self.close()
+            self.what, self.started = what, self.last_call
+        self.rows, self.shown, self.last_call = rows, False, now
+        if now - self.last_print >= 2.0:
+            self._show(now)
+
+    def _show(self, now: float) -> None:
+        rate = self.rows / max(now - self.started, 1e-9)
+        typer.echo(f"merge: {self.what}: {self.rows:,} rows ({rate:,.0f} rows/s)", err=True)
+        self.last_print, self.shown = now, True
+
+    def close(self) -> None:
+        """Show the last count if it is not on screen yet."""
+        if self.what is not None and not self.shown:
+            self._show(time.perf_counter())
 
 
 def register(app: typer.Typer) -> None:
@@ -48,8 +66,9 @@ def register(app: typer.Typer) -> None:
             "",
             "--mix",
             help="Target shares, e.g. code=0.35,math=0.2,general=0.3,tool=0.1,agent=0.05 "
-            "(normalised to sum 1). Domains not named are dropped unless other=SHARE pools "
-            "them. Empty: keep the combined mix.",
+            "(normalised to sum 1), or a JSON file holding a mix (a suggested_mix.json of "
+            "draftdata acceptance; local or s3://). Domains not named are dropped unless "
+            "other=SHARE pools them. Empty: keep the combined mix.",
         ),
         out: str = typer.Option(
             "merged", "--out", "-o", help="Output folder or s3://BUCKET/PREFIX (must be empty)."
@@ -80,7 +99,34 @@ def register(app: typer.Typer) -> None:
             0.005,
             "--tolerance",
             help="How far (a fraction: 0.005 = half a point) a domain's share may sit from its "
-            "target so that more rows are kept. 0 = the exact mix.",
+            "target so that more data is kept. 0 = the exact mix.",
+        ),
+        mix_by: str = typer.Option(
+            "tokens",
+            "--mix-by",
+            help="What the --mix shares count: tokens (the loss tokens a drafter trains on: "
+            "the assistant's text) or rows.",
+        ),
+        min_keep: float = typer.Option(
+            0.5,
+            "--min-keep",
+            help="Stop (exit 1, nothing written) when the plan keeps less than this fraction "
+            "of what the mix could use, printing the plan and the ways out.",
+        ),
+        allow_drop: bool = typer.Option(
+            False, "--allow-drop", help="Write the plan even when it keeps less than --min-keep."
+        ),
+        plan_only: bool = typer.Option(
+            False,
+            "--plan-only",
+            help="Print the plan (per domain: have, keep, drop, share); write nothing.",
+        ),
+        tokenizer: str | None = typer.Option(
+            None,
+            "--tokenizer",
+            metavar="DIR",
+            help="The target's tokenizer folder: count chat rows' loss tokens with it (default: "
+            "estimated from the text; tokenized inputs are exact).",
         ),
         dedup_ids: bool = typer.Option(
             True,
@@ -107,20 +153,28 @@ def register(app: typer.Typer) -> None:
         ),
         quiet: bool = QUIET,
     ) -> None:
-        """Combine datasets, dedup them (ids and content), sample to a target domain mix,
-        shuffle with a seed, split train/eval and write HF-loadable parquet shards.
+        """Combine datasets, dedup them (ids and content), sample to a target domain mix (in
+        loss tokens by default, keeping as much data as the mix allows), shuffle with a seed,
+        split train/eval and write HF-loadable parquet shards. The plan is printed first.
 
         Example: draftdata merge --existing old/ --add tokenized/ --mix code=0.5,math=0.5 --out ds/
         """
-        from draftdata import tables
-        from draftdata.merge.config import MergeConfig, mix_warning, parse_mix
-        from draftdata.merge.report import print_summary
+        from draftdata import paths, tables
+        from draftdata.cli.mixarg import mix_option
+        from draftdata.merge.config import MergeConfig, mix_warning
+        from draftdata.merge.report import print_plan, print_summary
         from draftdata.merge.stage import merge
 
+        for flag, urls in (("--existing", existing), ("--add", add)):
+            for url in urls:
+                paths.input_path(url, flag)
+        paths.output_folder(out, "--out")
+        if tmp_dir is not None:
+            paths.output_folder(tmp_dir, "--tmp-dir")
         config = MergeConfig(
             existing=list(existing),
             add=list(add),
-            mix=parse_mix(mix),
+            mix=mix_option(mix) or {},
             out=out,
             seed=seed,
             eval_fraction=eval_fraction,
@@ -133,16 +187,57 @@ def register(app: typer.Typer) -> None:
             shard_rows=shard_rows,
             tmp_dir=tmp_dir,
             protect=list(protect),
+            mix_by=mix_by,
+            min_keep=min_keep,
+            allow_drop=allow_drop,
+            plan_only=plan_only,
+            tokenizer=tokenizer,
         )
         if (warning := mix_warning(config.mix)) is not None:
             typer.echo(warning, err=True)
-        summary = merge(config, progress=None if quiet else _Progress())
         console = tables.console()
+        progress = None if quiet else _Progress()
+
+        def show_plan(plan: dict[str, Any]) -> None:
+            if progress is not None:
+                progress.close()  # the scan's last counts come before the plan
+            print_plan(plan, console)
+
+        try:
+            summary = merge(config, progress=progress, on_plan=show_plan)
+        finally:
+            if progress is not None:
+                progress.close()
+        if plan_only:
+            console.print("--plan-only: nothing written")
+            return
         print_summary(summary.report, console)
         rows = summary.train_rows + summary.eval_rows
+        left_out, warning = _losses(summary.report)
         console.print(
             f"{summary.train_rows:,} train + {summary.eval_rows:,} eval rows in "
             f"{len(summary.files)} file(s) under {summary.out}/ "
             f"({summary.elapsed_s:.1f}s, {rows / max(summary.elapsed_s, 1e-9):,.0f} rows/s); "
-            "report: merge_report.json"
+            f"{left_out}; report: merge_report.json"
         )
+        if warning is not None:
+            typer.echo(warning, err=True)
+
+
+def _losses(report: dict[str, Any]) -> tuple[str, str | None]:
+    """What the summary line says merge left out of the rows read, by reason, and a warning
+    when the rows it could not read pass 5% (duplicates and the mix's sampling are the plan,
+    shown above, never warned about)."""
+    from draftdata.metrics import loss_warning, reasons, share
+
+    inputs = report.get("inputs", [])
+    read = sum(int(i.get("rows", 0)) + int(i.get("bad_rows", 0)) for i in inputs)
+    dropped = {k: int(v) for k, v in report.get("dropped", {}).items()}
+    total = sum(dropped.values())
+    line = f"of {read:,} rows read: dropped {total:,} ({share(total, read)}"
+    line += f": {reasons(dropped)})" if total else ")"
+    bad = dropped.get("bad_row", 0)
+    examples = report.get("bad_row_examples") or []
+    detail = f"e.g. {examples[0]}" if examples else ""
+    advice = "merge_report.json lists the first ones; `draftdata stats INPUT` counts them"
+    return line, loss_warning(bad, read, "rows could not be read", detail, advice)

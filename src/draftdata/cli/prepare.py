@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -64,6 +65,33 @@ def register(app: typer.Typer) -> None:
         budget: int | None = typer.Option(
             None, "--budget", help="New prompts to take (default: the config's; none = all usable)."
         ),
+        mix_by: str | None = typer.Option(
+            None,
+            "--mix-by",
+            help="What the mix's shares count: rows, tokens (the expected loss tokens of the "
+            "answers, from --lengths or the existing set's answers) or auto (tokens when "
+            "--lengths is given, else rows; default: the config's mix_by, else auto).",
+        ),
+        lengths: str | None = typer.Option(
+            None,
+            "--lengths",
+            help="A pilot's forecast.json (or its run folder: the newest forecast), local or "
+            "s3://: the expected output tokens per domain that a mix in tokens plans with.",
+        ),
+        mix: str | None = typer.Option(
+            None,
+            "--mix",
+            help="Target shares of existing + new, replacing the config's mix: "
+            "DOMAIN=SHARE,... or a JSON file holding a mix (a suggested_mix.json of draftdata "
+            "acceptance; local or s3://).",
+        ),
+        holdout: int | None = typer.Option(
+            None,
+            "--holdout",
+            help="Hold out N prompts per domain as an evaluation split in OUT/eval/ (e.g. for "
+            "draftdata acceptance), never among the prompts to generate (default: the "
+            "config's holdout, else 0).",
+        ),
         force: bool = typer.Option(
             False, "--force", help="Replace earlier prepare outputs in the output folder."
         ),
@@ -79,16 +107,20 @@ def register(app: typer.Typer) -> None:
 
         Example: draftdata prepare examples/quickstart.yaml --out prepare-out
         """
-        from draftdata import tables
+        import msgspec
+
+        from draftdata import paths, tables
+        from draftdata.cli.mixarg import mix_option
         from draftdata.config import load_config
         from draftdata.errors import ConfigError
         from draftdata.prepare.config import PrepareConfig, mix_warnings, resolve_paths
-        from draftdata.prepare.report import PLAN_HEADER, SOURCE_HEADER, plan_rows, source_rows
+        from draftdata.prepare.report import SOURCE_HEADER, plan_header, plan_rows, source_rows
         from draftdata.prepare.stage import prepare
         from draftdata.tables import table
 
         console = tables.console()
         if write_samples is not None:
+            paths.output_folder(write_samples, "--write-samples")
             from draftdata.prepare.samples import write_sample_sources
 
             written = write_sample_sources(write_samples)
@@ -99,8 +131,21 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(
                 "prepare: give a config file, e.g. draftdata prepare examples/quickstart.yaml"
             )
-        cfg = load_config(config, PrepareConfig, out=out, seed=seed, budget=budget)
+        paths.input_file(config, "prepare")
+        if mix_by is not None and mix_by not in ("auto", "rows", "tokens"):
+            raise ConfigError(f"--mix-by {mix_by!r}: use rows, tokens or auto")
+        if lengths is not None and not paths.is_remote(lengths):
+            paths.input_path(lengths, "--lengths", "give a pilot's forecast.json or its run")
+            lengths = str(Path(lengths).expanduser().resolve())  # the working directory's
+        cfg = load_config(
+            config, PrepareConfig, out=out, seed=seed, budget=budget, mix_by=mix_by,
+            lengths=lengths, holdout=holdout,
+        )  # fmt: skip
         cfg = resolve_paths(cfg, config.resolve().parent)
+        if (given := mix_option(mix)) is not None:  # replaces the config's mix, key for key
+            cfg = msgspec.structs.replace(cfg, mix=given)
+        if not plan_only:
+            paths.output_folder(cfg.out, "--out" if out is not None else f"{config}: out")
         for warning in mix_warnings(cfg):
             typer.echo(warning, err=True)
         result = prepare(
@@ -109,21 +154,61 @@ def register(app: typer.Typer) -> None:
         rep = result.report
         console.print(table("sources", SOURCE_HEADER, source_rows(rep)))
         title = "mix plan (existing + new)" if plan_only else "domain mix (existing + new)"
-        console.print(table(title, PLAN_HEADER, plan_rows(result.plan)))
+        if result.plan.mix_by == "tokens":
+            title += ", in expected tokens"
+        console.print(table(title, plan_header(result.plan), plan_rows(result.plan)))
+        lengths_info = rep.get("lengths")
+        if lengths_info:
+            console.print(f"expected tokens per new prompt's answer from {lengths_info['source']}")
+            for note in lengths_info["notes"]:
+                console.print(f"[yellow]note: {note}[/]")
         if result.plan.shortfall:
             console.print(
                 f"[yellow]the sources fall {result.plan.shortfall:,} prompts short of the budget[/]"
             )
         secs = result.stats.elapsed
         rate = rep["totals"]["read"] / max(secs, 1e-9)
+        left_out, loss_note = _losses(rep, result.rejects)
         if plan_only:
             console.print(
-                f"plan only: nothing written ({rep['totals']['read']:,} rows read in {secs:.1f}s)"
+                f"plan only: nothing written ({rep['totals']['read']:,} rows read in {secs:.1f}s"
+                f"; {left_out})"
             )
-            return
-        console.print(
-            f"{rep['totals']['taken']:,} prompts in {len(result.shards)} shard(s) "
-            f"under {result.out}/ "
-            f"({rep['totals']['read']:,} rows in {secs:.1f}s, {rate:,.0f} rows/s); "
-            f"rejects: {result.rejects}; report: {result.report_md}"
-        )
+        else:
+            console.print(
+                f"{rep['totals']['taken']:,} prompts in {len(result.shards)} shard(s) "
+                f"under {result.out}/ "
+                f"({rep['totals']['read']:,} rows in {secs:.1f}s, {rate:,.0f} rows/s); "
+                f"{left_out}; rejects: {result.rejects}; report: {result.report_md}"
+            )
+            held = rep.get("holdout") or {}
+            if held.get("prompts"):
+                per = ", ".join(f"{d} {n:,}" for d, n in held["by_domain"].items())
+                console.print(
+                    f"held out {held['prompts']:,} prompts as the evaluation split under "
+                    f"{result.out}/{held['path']} ({per})"
+                )
+        if loss_note is not None:
+            typer.echo(loss_note, err=True)
+
+
+def _losses(report: dict[str, Any], rejects: Path | None) -> tuple[str, str | None]:
+    """What the summary line says was left out of the rows read (rejected, duplicates, not
+    taken by the budget and mix), and a warning when the rejects pass 5%."""
+    from collections import Counter
+
+    from draftdata.metrics import loss_warning, reasons, share
+
+    t = report["totals"]
+    read, rejected, duplicates = t["read"], t["rejected"], t["duplicates"]
+    not_taken = max(0, t["usable"] - t["taken"])
+    line = (
+        f"of {read:,} rows read: rejected {rejected:,} ({share(rejected, read)}), duplicates "
+        f"{duplicates:,} ({share(duplicates, read)}), not taken {not_taken:,} (budget and mix)"
+    )
+    why: Counter[str] = Counter()
+    for s in report["sources"]:
+        why.update(s["rejected"])
+    where = f"{rejects} lists each with its reason" if rejects else "--plan-only writes none"
+    detail = reasons(dict(why.most_common()))
+    return line, loss_warning(rejected, read, "rows rejected", detail, where)

@@ -40,7 +40,13 @@ def register(app: typer.Typer) -> None:
         """Domain mix before/after merge, output length and tokens per domain, finish reasons,
         failures by class, throughput per endpoint and the headline numbers, as one HTML file
         with embedded plots (no external URLs)."""
+        from draftdata import paths
         from draftdata.report import build_report
 
+        for i, url in enumerate([target, *(more or [])]):
+            paths.input_path(url, "report" if i == 0 else "OTHER")
+        for url in compare:
+            paths.input_path(url, "--compare")
+        paths.output_file(out, "--out")
         path = build_report(target, *compare, *(more or []), out=out, title=title or None)
         typer.echo(f"report: wrote {path} ({path.stat().st_size // 1024} KiB)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from draftdata.cli.quiet import QUIET, quietable
@@ -17,21 +19,59 @@ def register(app: typer.Typer) -> None:
             ...,
             help="A run, prepare's output folder (or a prompts JSONL), tokenized parquet, a "
             "merge output, or conversations jsonl/json/parquet (SpecForge, ShareGPT, OpenAI "
-            "messages); local path or s3://BUCKET/PREFIX. Several may be given.",
+            "messages); local path or s3://BUCKET/PREFIX. Several may be given. An acceptance "
+            "measurement (acceptance.json, or its folder) shows the drafter's acceptance per "
+            "domain; two or more are also compared side by side.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+        tokenizer: str | None = typer.Option(
+            None,
+            "--tokenizer",
+            metavar="DIR",
+            help="The target model's tokenizer folder: count chat rows' and runs' tokens with "
+            "it (default: estimated from the text; tokenized sets are exact either way).",
+        ),
         quiet: bool = QUIET,
     ) -> None:
-        """Counts and shares per domain and source, length percentiles, reasoning share,
-        finish reasons and failures (for runs). Format is auto-detected."""
+        """Counts and shares per domain and source (rows, tokens, loss tokens), length
+        percentiles, reasoning share, finish reasons and failures (for runs). Format is
+        auto-detected."""
         import json
+        import sys
 
+        from draftdata import paths
+        from draftdata.errors import disk_errors
         from draftdata.stats import compute_stats
         from draftdata.stats.render import print_stats
 
-        results = [compute_stats(url) for url in dataset]
-        if as_json:
-            typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))
-            return
-        for stats in results:
-            print_stats(stats)
+        for url in dataset:
+            paths.input_path(url, "stats")
+        if tokenizer is not None:
+            from draftdata.tokenizer_folder import check_tokenizer_folder
+
+            check_tokenizer_folder(tokenizer)
+        import msgspec
+
+        from draftdata.cli.acceptance import print_acceptance, print_acceptance_compare
+        from draftdata.stats.readers import acceptance_json
+
+        # an acceptance measurement is shown as one, beside the datasets' mix
+        measured = {url: acceptance_json(url) for url in dataset}
+        results: list[Any] = [
+            msgspec.to_builtins(a) if a is not None else compute_stats(url, tokenizer)
+            for url, a in measured.items()
+        ]
+        with disk_errors("the standard output", "redirect it to another place"):
+            if as_json:
+                typer.echo(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+                return
+            for url, item in zip(measured, results, strict=True):
+                a = measured[url]
+                if a is None:
+                    print_stats(item)
+                else:
+                    print_acceptance(a, None, title=url)
+            found = [(u, a) for u, a in measured.items() if a is not None]
+            if len(found) > 1:
+                print_acceptance_compare(found)
+            sys.stdout.flush()

@@ -80,7 +80,9 @@ def register(app: typer.Typer) -> None:
         Server token ids, when present, are the sample. Templates that rewrite history (Qwen3)
         give one sample per turn (id#turn).
         """
+        from draftdata import paths
         from draftdata.tokenize.config import TokenizeConfig
+        from draftdata.tokenizer_folder import check_tokenizer_folder
 
         config = TokenizeConfig(
             run=run,
@@ -102,6 +104,13 @@ def register(app: typer.Typer) -> None:
                     config, address=ray_address, concurrency=ray_tasks, forward_env=ray_env
                 )
             )
+        # the Ray driver plans on this machine too, after it has found Ray (ray_tokenize.run)
+        paths.input_path(run, "tokenize", "give a run (generate's --out) or a conversations file")
+        check_tokenizer_folder(tokenizer)
+        if chat_template is not None:
+            paths.input_file(chat_template, "--chat-template")
+        if out is not None:
+            paths.output_folder(out, "--out")
         from draftdata.tokenize.stage import tokenize
         from draftdata.tokenize.summary import print_summary
 

@@ -37,6 +37,11 @@ CACHE = ".cache"  # the default tokenizer cache, kept when a rerun replaces the 
 
 #: The mix the demo merges to (the existing set is 77% code).
 DEMO_MIX = {"code": 0.35, "math": 0.25, "general": 0.25, "tool": 0.1, "agent": 0.05}
+#: How far each domain's share of the loss tokens may sit from DEMO_MIX. The demo's few hundred
+#: rows are whole units of a few hundred tokens each, so half a point (merge's default) keeps
+#: almost nothing; a point keeps about half. The demo writes whatever the plan keeps
+#: (allow_drop): its table says how much that is.
+DEMO_TOLERANCE = 0.01
 
 
 @dataclass
@@ -124,6 +129,7 @@ def run_demo(
     before = compute_stats(str(paths["existing"]))
     result.before = before.domain_counts()
     rows.append(("existing set", "rows / mix", f"{before.rows} / {_share_line(result.before)}"))
+    rows.append(("existing set", "loss-token mix (~)", _share_line(before.domain_loss_tokens())))
 
     log("demo: 2/7 tokenizer (trained locally once, then cached)")
     tokenizer = ensure_demo_tokenizer(cache_dir or out / CACHE)
@@ -191,14 +197,23 @@ def run_demo(
     )
 
     log("demo: 6/7 merge existing + new onto the target mix")
+    # a small --budget may bring no rows of a domain: merge refuses a mix naming a domain no
+    # input holds, so the demo leaves such domains out and says so
+    held = set(result.before) | set(compute_stats(str(paths["run"])).domain_counts())
+    mix = {d: s for d, s in DEMO_MIX.items() if d in held}
+    if len(mix) < len(DEMO_MIX):
+        absent = ", ".join(d for d in DEMO_MIX if d not in mix)
+        rows.append(("merge", "note", f"no {absent} rows at this budget: left out of the mix"))
     msum = merge(
         MergeConfig(
             existing=[str(paths["existing"])],
             add=[str(paths["run"])],
-            mix=dict(DEMO_MIX),
+            mix=mix,
             out=str(paths["merged"]),
             seed=seed,
             eval_fraction=0.05,
+            tolerance=DEMO_TOLERANCE,
+            allow_drop=True,
             format="sharegpt",
         )
     )
@@ -214,7 +229,15 @@ def run_demo(
             f"{msum.train_rows} / {msum.eval_rows}",
         )
     )
-    rows.append(("merge", "mix", _share_line(after)))
+    rows.append(("merge", "row mix", _share_line(after)))
+    tokens: dict[str, int] = {}
+    for split in ("train", "eval"):
+        for d, n in msum.report["tokens"]["after"][split].items():
+            tokens[d] = tokens.get(d, 0) + int(n)
+    rows.append(("merge", "loss-token mix (~)", _share_line(tokens)))
+    plan = msum.report["plan"]
+    kept = f"{100 * plan['kept_share']:.0f}% (within {100 * DEMO_TOLERANCE:g} point of each target)"
+    rows.append(("merge", "loss tokens kept", kept))
     if msum.message:
         rows.append(("merge", "note", msum.message))
 

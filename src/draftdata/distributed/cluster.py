@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from draftdata.errors import ConfigError, DraftdataError, FleetError
+from draftdata.redact import redact_url
 
 FLEET_RESOURCE = "draftdata_fleet"
 INSTALL_HINT = "pip install 'draftdata[ray]' (or: pip install 'ray[data]>=2.9')"
@@ -221,7 +222,7 @@ def fleet_nodes(found: list[NodeFleet]) -> list[NodeFleet]:
         raise FleetError("--ray: the Ray cluster has no alive node")
     reasons = "; ".join(
         f"{f.node.hostname or f.node.ip}: "
-        + (f.error or f"no endpoint answered ({', '.join(f.urls) or 'none listed'})")
+        + (f.error or f"no endpoint answered ({', '.join(map(redact_url, f.urls)) or 'none'})")
         for f in found
     )
     raise FleetError(f"--ray: no node has a reachable fleet ({reasons})")

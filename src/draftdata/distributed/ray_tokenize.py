@@ -1,4 +1,5 @@
-"""``draftdata tokenize --ray``: tokenize a run's completion shards as a Ray Data job.
+"""``draftdata tokenize --ray``: tokenize a run's completion shards (or a chat dataset's
+conversation files, one row per file) as a Ray Data job.
 
 The dataset is the run's list of completion shards, one row (and one block) per shard, so
 each shard is read once, whole, through the run store (format-checked; local or S3, with the
@@ -50,21 +51,24 @@ class RayTokenizeResult(msgspec.Struct, kw_only=True):
 
 # -- the task (runs in a Ray worker) ---------------------------------------------------------
 
-# settings JSON -> (context, run store, out store): one tokenizer load per worker process.
-_WORKER_STATE: dict[str, tuple[Any, Any, Any]] = {}
+# settings JSON -> (context, input store, out store, input kind): one tokenizer load per worker
+# process.
+_WORKER_STATE: dict[str, tuple[Any, Any, Any, str]] = {}
 
 
-def _worker_state(config_json: str) -> tuple[Any, Any, Any]:
+def _worker_state(config_json: str) -> tuple[Any, Any, Any, str]:
     state = _WORKER_STATE.get(config_json)
     if state is None:
         from draftdata.store.store import open_store
         from draftdata.tokenize.batch import TokenizeContext
         from draftdata.tokenize.config import TokenizeConfig
+        from draftdata.tokenize.stage import locate_input
 
         config = msgspec.json.decode(config_json, type=TokenizeConfig)
         ctx = TokenizeContext.from_config(config)
         out = open_store(config.out_url, protect=config.protect)
-        state = (ctx, open_store(config.run), out)
+        store, _, kind = locate_input(config.run)
+        state = (ctx, store, out, kind)
         _WORKER_STATE.clear()  # one run at a time per worker: drop the previous tokenizer
         _WORKER_STATE[config_json] = state
     return state
@@ -77,12 +81,13 @@ def _tokenize_keys(batch: Any, config_json: str, rows: int) -> Any:
 
     from draftdata.tokenize.stage import tokenize_shard
 
-    ctx, run, out = _worker_state(config_json)
+    ctx, run, out, kind = _worker_state(config_json)
     indexes, counters, written = [], [], []
-    for index, key in zip(
-        batch.column("index").to_pylist(), batch.column("key").to_pylist(), strict=True
+    skips = batch.column("skip").to_pylist()  # JSON lists of duplicate rows (the stage's)
+    for index, key, skip in zip(
+        batch.column("index").to_pylist(), batch.column("key").to_pylist(), skips, strict=True
     ):
-        c, names = tokenize_shard(ctx, run, out, key, rows)
+        c, names = tokenize_shard(ctx, run, out, key, rows, kind, json.loads(skip))
         indexes.append(index)
         counters.append(json.dumps(c.to_dict()))
         written.append(names)
@@ -128,13 +133,14 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     if job.previous is not None:
         job.previous.wall_s = time.perf_counter() - started
         stage.check_verified(job.previous, config)
+        stage.check_trainable(job.previous)
         return RayTokenizeResult(summary=job.previous, inputs=len(keys), tasks=0, wall_s=0.0)
     stage.start(job)  # the tokenizer loads here first; then the output is claimed
 
     forward = tuple(dict.fromkeys([*cluster.DEFAULT_FORWARD_ENV, *opts.forward_env]))
     started_ray = cluster.connect(opts.address, forward_env=forward)
     try:
-        results = _run_job(ray, _for_workers(job.config), keys, opts)
+        results = _run_job(ray, _for_workers(job.config), keys, job.skip, opts)
     finally:
         if started_ray:
             ray.shutdown()
@@ -143,6 +149,7 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     summary = stage.finish(job, ((_counters(json.loads(c)), names) for c, names in ordered))
     summary.wall_s = time.perf_counter() - started
     stage.check_verified(summary, config)
+    stage.check_trainable(summary)
     return RayTokenizeResult(
         summary=summary, inputs=len(keys), tasks=len(keys), wall_s=summary.wall_s
     )
@@ -168,15 +175,21 @@ def _for_workers(config: TokenizeConfig) -> TokenizeConfig:
 
 
 def _run_job(
-    ray: Any, config: TokenizeConfig, keys: list[str], opts: RayTokenizeOptions
+    ray: Any,
+    config: TokenizeConfig,
+    keys: list[str],
+    skip: dict[str, list[int]],
+    opts: RayTokenizeOptions,
 ) -> dict[int, tuple[str, list[str]]]:
-    """The Ray Data job: shard keys -> map_batches(tokenize) -> (counters, names) per index."""
+    """The Ray Data job: shard keys (and their duplicate rows) -> map_batches(tokenize) ->
+    (counters, names) per index."""
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False
-    ds = ray.data.from_items(
-        [{"index": i, "key": k} for i, k in enumerate(keys)], override_num_blocks=len(keys)
-    )
+    items = [
+        {"index": i, "key": k, "skip": json.dumps(skip.get(k, []))} for i, k in enumerate(keys)
+    ]
+    ds = ray.data.from_items(items, override_num_blocks=len(keys))
     mapped = ds.map_batches(
         _tokenize_keys,
         batch_size=1,

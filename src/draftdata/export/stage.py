@@ -1,10 +1,12 @@
 """Export a run's completions for training: the drafter trainers' formats, OpenAI messages, parquet.
 
 The JSONL formats and the trainer each one feeds are described in ``draftdata.trainer_rows``:
-``sharegpt`` / ``openai`` / ``modelopt`` / ``eagle`` write one row per completion (its whole
-conversation); ``specforge`` / ``specforge-text`` / ``speculators`` one row per generated turn
-(``turns.py``; the last two need the target's tokenizer). Every row carries ``id``,
-``source`` and ``domain``.
+``sharegpt`` / ``openai`` / ``eagle`` write one row per completion (its whole conversation;
+``eagle`` leaves out, and counts, the conversations EAGLE's scripts cannot read);
+``specforge`` / ``specforge-text`` / ``speculators`` / ``modelopt`` one row per generated turn
+(``turns.py``; all but the first need the target's tokenizer). ``modelopt`` also writes the
+chat template ModelOpt must read the rows with beside the output (``template_name``). Every
+row carries ``id``, ``source`` and ``domain``.
 - ``parquet``: one parquet file with columns id, sample, source, domain, model, conversations
   (list of structs; tool calls as JSON strings), tools (JSON string), which Hugging Face
   ``datasets.load_dataset("parquet", ...)`` loads.
@@ -31,12 +33,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from draftdata.conversation import assemble
-from draftdata.errors import AlreadyExistsError, ConfigError
+from draftdata.errors import AlreadyExistsError, ConfigError, disk_errors
 from draftdata.export.turns import TurnRows
 from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, sample_key
 from draftdata.store.doneset import DoneSet
+from draftdata.store.lease import refuse_live_writer
 from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
@@ -45,6 +48,7 @@ from draftdata.trainer_rows import (
     CONVERSATION_FORMATS,
     PER_TURN_FORMATS,
     conversation_row,
+    eagle_problem,
 )
 
 ExportFormat = Literal[
@@ -62,8 +66,16 @@ FORMATS: tuple[str, ...] = (
     "openai",
     "parquet",
     *PER_TURN_FORMATS,
-    *(f for f in CONVERSATION_FORMATS if f not in ("sharegpt", "openai")),
+    *(f for f in CONVERSATION_FORMATS if f not in ("sharegpt", "openai", *PER_TURN_FORMATS)),
 )
+
+
+def template_name(name: str) -> str:
+    """The name of the chat template file written beside export ``name`` (``modelopt``):
+    ``train.jsonl`` -> ``train.chat_template.jinja``."""
+    stem = name[: -len(".jsonl")] if name.endswith(".jsonl") else name
+    return f"{stem}.chat_template.jinja"
+
 
 _CONV_TYPE = pa.list_(
     pa.struct(
@@ -135,6 +147,10 @@ def _unique_completions(run: Store, stats: StageStats) -> Iterator[list[Completi
         for c in _rows(table):
             if seen.add(c.id, c.sample):
                 batch.append(c)
+                cut = sum(1 for t in c.turns if t.finish_reason == "length")
+                if cut:  # the summary line says what became of them, per format
+                    stats.add("export.cut_turns", cut)
+                    stats.add("export.cut_completions")
             else:
                 stats.add("export.duplicates_dropped")
         yield batch
@@ -162,7 +178,13 @@ def _write_export(
             if turns is not None:
                 rows = turns.rows(batch, stats)
             else:
-                rows = [export_record(c, fmt, include_reasoning) for c in batch]
+                rows = []
+                for c in batch:
+                    why = eagle_problem(assemble(c), c.tools) if fmt == "eagle" else None
+                    if why is not None:
+                        stats.add(f"export.left_out.{why}")
+                        continue
+                    rows.append(export_record(c, fmt, include_reasoning))
             for row in rows:
                 fh.write(json.dumps(row, ensure_ascii=False))
                 fh.write("\n")
@@ -182,10 +204,23 @@ def _export_local(
 ) -> None:
     if path.exists():
         raise AlreadyExistsError(f"{path}: already exists; choose a new --out (never overwritten)")
+    template = _template(turns)
+    side = path.parent / template_name(path.name)
+    if template is not None:
+        _check_template(str(side), side.read_bytes() if side.exists() else None, template)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
     try:
         _write_export(run, fmt, tmp, include_reasoning, stats, turns)
+        if template is not None and not side.exists():
+            side_tmp = path.parent / f".{side.name}.tmp-{secrets.token_hex(4)}"
+            try:
+                side_tmp.write_bytes(template)
+                os.link(side_tmp, side)
+            except FileExistsError:
+                _check_template(str(side), side.read_bytes(), template)
+            finally:
+                side_tmp.unlink(missing_ok=True)
         try:
             os.link(tmp, path)
         except FileExistsError as exc:
@@ -211,13 +246,36 @@ def _export_s3(
     check_not_protected(url, protect, what="export destination")
     if store.exists(name):
         raise AlreadyExistsError(f"{url}: already exists; choose a new --out (never overwritten)")
+    template = _template(turns)
+    side = template_name(name)
+    side_url = f"{url.rsplit('/', 1)[0]}/{side}"
+    if template is not None:
+        _check_template(side_url, store.read(side) if store.exists(side) else None, template)
     # Staged in a local temp file (TMPDIR), then one create-only upload: a reader sees the
     # whole export or nothing, and a key that appeared meanwhile is never replaced (412).
     with tempfile.TemporaryDirectory(prefix="draftdata-export-") as tmpdir:
         tmp = Path(tmpdir) / name
         _write_export(run, fmt, tmp, include_reasoning, stats, turns)
         with stats.timed("export.upload"):
-            store.put_new_file(name, tmp)
+            if template is not None and not store.exists(side):
+                (Path(tmpdir) / side).write_bytes(template)
+                store.put_new_file(side, Path(tmpdir) / side)  # before the rows: a reader
+            store.put_new_file(name, tmp)  # that sees the rows finds their template
+
+
+def _template(turns: TurnRows | None) -> bytes | None:
+    text = turns.chat_template if turns is not None else None
+    return text.encode("utf-8") if text is not None else None
+
+
+def _check_template(where: str, existing: bytes | None, template: bytes) -> None:
+    # The template beside an export is written once; the same text (an earlier try of the
+    # same export that failed after writing it) is kept, another is never replaced.
+    if existing is not None and existing != template:
+        raise AlreadyExistsError(
+            f"{where}: already exists with another chat template; choose a new --out "
+            "(never overwritten)"
+        )
 
 
 def export_run(
@@ -236,14 +294,20 @@ def export_run(
     S3 export is staged in a local temp file and uploaded create-only (``If-None-Match: *``).
     ``out`` may not equal, contain or lie inside any of ``protect``. ``tokenizer`` (a Hugging
     Face tokenizer folder) and ``chat_template`` (a template file overriding its template) are
-    what ``specforge-text`` and ``speculators`` tokenize with. Stats: ``export.records``
-    (completions), ``export.rows`` (rows written). Returns the stats.
+    what ``specforge-text``, ``speculators`` and ``modelopt`` tokenize with (``modelopt`` also
+    writes ``template_name(out)`` beside ``out``). Stats: ``export.records`` (completions),
+    ``export.rows`` (rows written), ``export.duplicates_dropped``, ``export.cut_turns`` /
+    ``export.cut_completions`` (turns cut by the token limit, and the completions holding one),
+    ``export.cut_turns_skipped`` (``specforge``, ``modelopt``: no row for them),
+    ``export.tokenize.dropped.<reason>`` (the token formats) and ``export.left_out.<reason>``
+    (what a format cannot hold exactly). Returns the stats.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     stats = StageStats("export")
     src = open_store(run)  # opened once: manifest check and every shard read
     manifest = read_manifest(src)  # StoreError "no manifest.json; not a draftdata run" first
+    refuse_live_writer(src, "export")  # a moving run is not exported as if it were whole
     turns = None
     if fmt in PER_TURN_FORMATS:
         settings = manifest.get("effective_settings") or {}
@@ -257,8 +321,12 @@ def export_run(
         )
     dest = str(out)
     if dest.startswith("s3://"):
-        _export_s3(src, fmt, dest, include_reasoning, stats, protect, turns)
+        staging = tempfile.gettempdir()
+        fix = "set TMPDIR to a folder with room for the whole export (it is staged there)"
+        with disk_errors(f"the export's local copy in {staging}", fix):
+            _export_s3(src, fmt, dest, include_reasoning, stats, protect, turns)
     else:
         check_not_protected(dest, protect, what="export destination")
-        _export_local(src, fmt, Path(dest), include_reasoning, stats, turns)
+        with disk_errors(dest, "choose another --out"):
+            _export_local(src, fmt, Path(dest), include_reasoning, stats, turns)
     return stats

@@ -10,12 +10,18 @@ every template (``trainer_rows`` describes the formats):
 - ``specforge-text`` and ``speculators`` rows come from tokenize's per-turn samples
   (``TokenizeContext(per_turn=True)``): the served token ids where the server returned them,
   else the rendering with the target's chat template, so their tokens and loss mask are exactly
-  the ones ``draftdata tokenize`` trains for that turn.
+  the ones ``draftdata tokenize`` trains for that turn;
+- ``modelopt`` rows hold the turn's context and the turn as messages (``export/modelopt.py``),
+  each checked against that same sample with the chat template written beside the export, and
+  left out (``export.left_out.<reason>``) when ModelOpt would train anything else.
 
-A turn cut by the token limit (finish ``length``) has no ``specforge`` row: a conversation row
-can only say the turn ended, and the trainer would train an end-of-turn token the target never
-wrote (counted as ``export.cut_turns_skipped``); the token formats keep it, cut where the target
-stopped. This module builds rows in memory for one batch; ``export.py`` writes them.
+A turn cut by the token limit (finish ``length``) has no ``specforge`` or ``modelopt`` row: a
+conversation row can only say the turn ended, and the trainer would train an end-of-turn token
+the target never wrote (counted as ``export.cut_turns_skipped``); the token formats keep it,
+cut where the target stopped. ``specforge`` rows without a system message are counted
+(``export.rows_without_system_message``): SpecForge's ``qwen3-thinking`` template gives them its
+own default system prompt, a context the target never saw. This module builds rows in memory
+for one batch; ``stage.py`` writes them.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from draftdata.conversation import expand, message_dict
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, JsonDict, sample_key
 from draftdata.trainer_rows import (
+    TOKENIZER_FORMATS,
     clean_message,
+    modelopt_row,
     per_turn_id,
     specforge_row,
     speculators_row,
@@ -51,7 +59,8 @@ class TurnRows:
         self.include_reasoning = include_reasoning
         self.keep_reasoning_history = keep_reasoning_history
         self.ctx: Any = None
-        if fmt in ("specforge-text", "speculators"):
+        self.chat_template: str | None = None  # modelopt: the template written beside the rows
+        if fmt in TOKENIZER_FORMATS:
             from draftdata.errors import ConfigError
             from draftdata.tokenize.batch import TokenizeContext
             from draftdata.tokenize.template import read_template_file
@@ -69,6 +78,12 @@ class TurnRows:
                 template_kwargs=template_kwargs,  # the servers' defaults the run recorded
                 per_turn=True,
             )
+            if fmt == "modelopt":
+                from draftdata.export.modelopt import generation_template
+
+                self.chat_template = generation_template(
+                    self.ctx.template.source, self.ctx.template.eot
+                )
 
     def rows(self, batch: list[Completion], stats: StageStats) -> list[JsonDict]:
         """The rows of ``batch``, in its order, turn by turn."""
@@ -83,6 +98,8 @@ class TurnRows:
             if tc.turn.finish_reason == "length":
                 stats.add("export.cut_turns_skipped")
                 continue
+            if not tc.context or tc.context[0].role != "system":
+                stats.add("export.rows_without_system_message")
             out.append(
                 specforge_row(
                     per_turn_id(base, tc.index, len(c.turns)),
@@ -100,7 +117,8 @@ class TurnRows:
         from draftdata.tokenize.batch import tokenize_views
         from draftdata.tokenize.plan import view_from_record
 
-        table, counters = tokenize_views([view_from_record(c) for c in batch], self.ctx)
+        views = [view_from_record(c) for c in batch]
+        table, counters = tokenize_views(views, self.ctx)  # views get their effective kwargs
         for name, n in counters.counts.items():
             if name.startswith(("dropped.", "mismatched", "verified", "unverifiable")):
                 stats.add(f"export.tokenize.{name}", n)
@@ -114,10 +132,15 @@ class TurnRows:
             )
         }
         out: list[JsonDict] = []
-        for c in batch:
+        for c, view in zip(batch, views, strict=True):
             base = sample_key(c.id, c.sample)
             for tc in expand(c, keep_reasoning=self.keep_reasoning_history):
                 rid = per_turn_id(base, tc.index, len(c.turns))
+                if self.fmt == "modelopt":
+                    row = self._modelopt(c, tc, rid, samples.get(rid), view.template_kwargs, stats)
+                    if row is not None:
+                        out.append(row)
+                    continue
                 got = samples.get(rid)
                 if got is None:  # dropped by tokenize (counted above)
                     continue
@@ -141,6 +164,62 @@ class TurnRows:
                     )
                 )
         return out
+
+    def _modelopt(
+        self,
+        c: Completion,
+        tc: Any,
+        rid: str,
+        sample: tuple[list[int], list[int]] | None,
+        kwargs: JsonDict,
+        stats: StageStats,
+    ) -> JsonDict | None:
+        # The row of one turn, or None (left out and counted) when ModelOpt reading it with the
+        # written template would not train exactly tokenize's sample of the turn.
+        from draftdata.export.modelopt import fold_tools, render_like_modelopt, with_kwargs
+
+        assert self.chat_template is not None  # built with the context for modelopt
+        if tc.turn.finish_reason == "length":
+            stats.add("export.cut_turns_skipped")
+            return None
+        if sample is None:  # dropped by tokenize (counted as export.tokenize.dropped.*)
+            stats.add("export.left_out.no_tokenize_sample")
+            return None
+        msgs = [_arguments_as_text(message_dict(m)) for m in [*tc.context, tc.message]]
+        msgs = [{k: v for k, v in m.items() if v is not None} for m in msgs]
+        folded = fold_tools(self.ctx.template, msgs, c.tools, kwargs)
+        if folded is None:
+            stats.add("export.left_out.tools_not_in_system")
+            return None
+        row_msgs = with_kwargs(folded, kwargs)
+        try:
+            got = render_like_modelopt(self.ctx.tokenizer, self.chat_template, row_msgs)
+        except Exception:  # the template's raise_exception, Jinja errors
+            stats.add("export.left_out.template_error")
+            return None
+        if got != (list(sample[0]), list(sample[1])):
+            stats.add("export.left_out.not_token_exact")
+            return None
+        return modelopt_row(rid, row_msgs, source=c.source, domain=c.domain, tools=c.tools)
+
+
+def _arguments_as_text(m: JsonDict) -> JsonDict:
+    # Tool-call arguments as the JSON text a template writes for an object (transformers'
+    # tojson), so every row gives the column one Arrow type (a loader unifies objects across
+    # rows and would add other calls' keys as nulls); the row check renders this form.
+    calls = m.get("tool_calls")
+    if not calls:
+        return m
+    import json
+
+    fixed = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and not isinstance(fn.get("arguments"), str):
+            args = json.dumps(fn.get("arguments"), ensure_ascii=False)
+            call = {**call, "function": {**fn, "arguments": args}}
+        fixed.append(call)
+    return {**m, "tool_calls": fixed}
 
 
 def _metadata(c: Completion, k: int) -> JsonDict:

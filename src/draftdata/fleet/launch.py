@@ -7,6 +7,10 @@ its log file. ``start_server`` starts one plan as its own process group (so ``fl
 stop the server and every worker it forks) and returns a :class:`Started` handle carrying the
 pid, process-group id and kernel start time that identify it later.
 
+``check_engine`` asks, before anything starts, whether the engine can run at all (its module
+importable by the interpreter that runs it, or the ``--command`` executable on PATH), so a
+missing engine is one line instead of every server failing and being stopped one by one.
+
 This module does not wait for readiness, probe servers or stop them: that is
 :mod:`draftdata.fleet.supervise`.
 """
@@ -47,6 +51,53 @@ SGLANG_PRESET: tuple[str, ...] = (
     "--mem-fraction-static",
     "0.85",
 )
+# SGLang renamed the mamba flag: 0.5.23 knows only ``--mamba-radix-cache-strategy`` and refuses
+# the seed's ``--mamba-scheduler-strategy`` ("unrecognized arguments"); releases between kept the
+# old name as an alias. The preset names it as the installed SGLang does (``sglang_preset``).
+SGLANG_MAMBA_RENAMED = (0, 5, 23)
+SGLANG_MAMBA_FLAGS = ("--mamba-scheduler-strategy", "--mamba-radix-cache-strategy")
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``0.5.23.post1`` -> ``(0, 5, 23)``: the leading numeric parts."""
+    out: list[int] = []
+    for part in version.split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+        if digits != part:
+            break
+    return tuple(out)
+
+
+def sglang_preset(version: str | None) -> tuple[str, ...]:
+    """``SGLANG_PRESET`` with the mamba flag named as SGLang ``version`` knows it (unknown: the
+    current name)."""
+    if version is not None and version_tuple(version) < SGLANG_MAMBA_RENAMED:
+        return SGLANG_PRESET
+    old, new = SGLANG_MAMBA_FLAGS
+    return tuple(new if a == old else a for a in SGLANG_PRESET)
+
+
+def installed_version(python: str, package: str, timeout: float = 60.0) -> str | None:
+    """The version of ``package`` installed for ``python`` (package metadata only: no import
+    of the engine); None when it cannot tell."""
+    code = f"from importlib.metadata import version; print(version({package!r}))"
+    try:
+        res = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = res.stdout.strip()
+    return out if res.returncode == 0 and out else None
+
+
 VLLM_PRESET: tuple[str, ...] = (
     "--reasoning-parser",
     "qwen3",
@@ -96,6 +147,7 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     preset_args: bool = True
     python: str | None = None
     log_dir: str = "fleet-logs"
+    engine_version: str | None = None  # the installed engine's (fleet_up finds SGLang's)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -274,7 +326,7 @@ def base_argv(cfg: LaunchConfig, port: int, gpu: str, index: int) -> list[str]:
         argv += ["--host", cfg.host, "--port", str(port)]
         if cfg.dp > 1:
             argv += ["--dp-size", str(cfg.dp)]
-        preset: Sequence[str] = SGLANG_PRESET
+        preset: Sequence[str] = sglang_preset(cfg.engine_version)
     elif cfg.engine == "vllm":
         argv = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.model]
         argv += ["--host", cfg.host, "--port", str(port)]
@@ -294,6 +346,55 @@ def base_argv(cfg: LaunchConfig, port: int, gpu: str, index: int) -> list[str]:
         values["python"] = py
         return _fill(cfg.command, values)
     return argv + (list(preset) if cfg.preset_args else [])
+
+
+# the module each engine preset runs (``base_argv``), asked for before launching
+ENGINE_MODULES = {"sglang": "sglang", "vllm": "vllm", "sim": "draftdata"}
+_FIND = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)"
+
+
+def check_engine(cfg: LaunchConfig, plans: Sequence[ServerPlan]) -> None:
+    """FleetError (one line, nothing started) when the engine cannot run: the interpreter is
+    missing, cannot import the engine's module, or the ``--command`` executable is not found."""
+    if not plans:
+        return
+    if cfg.engine == "command":
+        exe = plans[0].argv[0] if plans[0].argv else ""
+        if not exe or (shutil.which(exe) is None and not os.access(exe, os.X_OK)):
+            raise FleetError(
+                f"fleet up: --command: {exe!r} is not an executable on PATH; nothing was started"
+            )
+        return
+    module = ENGINE_MODULES[cfg.engine]
+    py = engine_python(cfg)
+    fix = (
+        f"install {module} for it, or point --python (or $DRAFTDATA_ENGINE_PYTHON) at the "
+        f"interpreter that has {cfg.engine}; nothing was started"
+    )
+    try:
+        res = subprocess.run(
+            [py, "-c", _FIND, module], capture_output=True, timeout=120, check=False
+        )
+    except FileNotFoundError:
+        raise FleetError(
+            f"fleet up: --engine {cfg.engine}: there is no interpreter {py!r}; point --python "
+            f"(or $DRAFTDATA_ENGINE_PYTHON) at the one that has {cfg.engine}; nothing was started"
+        ) from None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise FleetError(
+            f"fleet up: --engine {cfg.engine}: cannot run {py!r} ({exc}); {fix}"
+        ) from exc
+    if res.returncode == 3:
+        raise FleetError(
+            f"fleet up: --engine {cfg.engine}: {cfg.engine} is not installed for {py} (it cannot "
+            f"import {module}); {fix}"
+        )
+    if res.returncode != 0:
+        detail = res.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        raise FleetError(
+            f"fleet up: --engine {cfg.engine}: {py} fails to start"
+            f"{': ' + detail[0] if detail else ''}; {fix}"
+        )
 
 
 def plan_fleet(cfg: LaunchConfig, gpus: Sequence[str]) -> list[ServerPlan]:

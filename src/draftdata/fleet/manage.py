@@ -31,7 +31,10 @@ from draftdata.fleet.launch import (
     LaunchConfig,
     ServerPlan,
     Started,
+    check_engine,
     detect_gpus,
+    engine_python,
+    installed_version,
     plan_fleet,
     port_in_use,
     start_server,
@@ -41,6 +44,7 @@ from draftdata.fleet.supervise import Backoff, Fate, fate_line, wait_ready, watc
 from draftdata.fleetspec import (
     EndpointSpec,
     FleetSpec,
+    no_fleet_file,
     process_start_time,
     read_fleet,
     write_fleet,
@@ -122,6 +126,16 @@ def _stop_all(started: Sequence[Started], echo: Echo, grace_s: float = 15.0) -> 
         echo(f"server {s.plan.index} {s.plan.url} pid {s.pid}: {what}")
 
 
+def plan_servers(cfg: LaunchConfig) -> list[ServerPlan]:
+    """The fleet's servers as ``fleet up`` would start them: the GPUs (detected when not
+    given), and SGLang's preset named as the installed SGLang knows its flags."""
+    gpus = cfg.gpus if cfg.gpus is not None else ("0",) if cfg.engine == "sim" else detect_gpus()
+    if cfg.engine == "sglang" and cfg.preset_args and cfg.engine_version is None:
+        version = installed_version(engine_python(cfg), "sglang")
+        cfg = msgspec.structs.replace(cfg, engine_version=version)
+    return plan_fleet(cfg, gpus)
+
+
 def fleet_up(
     cfg: LaunchConfig,
     out: Path,
@@ -135,15 +149,16 @@ def fleet_up(
 ) -> FleetSpec:
     """Start the fleet ``cfg`` describes, wait until it serves and write ``out`` (fleet.yaml).
 
-    Raises FleetError (after stopping everything it started) when a port is taken, a server
-    cannot start, or (unless ``allow_partial``) any server fails to become ready.
+    Raises FleetError (after stopping everything it started) when the engine is not installed
+    (before starting anything), a port is taken, a server cannot start, or (unless
+    ``allow_partial``) any server fails to become ready.
     """
     if restart_delay_s <= 0:
         raise ConfigError(f"--restart-delay {restart_delay_s}: must be > 0 seconds")
     backoff = Backoff(first_s=restart_delay_s, max_s=max(300.0, restart_delay_s))
-    gpus = cfg.gpus if cfg.gpus is not None else ("0",) if cfg.engine == "sim" else detect_gpus()
-    plans = plan_fleet(cfg, gpus)
+    plans = plan_servers(cfg)
     _check_out(out)
+    check_engine(cfg, plans)
     taken = [p for p in plans if port_in_use(p.host, p.port)]
     for p in taken:
         echo(f"server {p.index} gpu {p.gpu} {p.url}: FAILED: port {p.port} is already in use")
@@ -317,7 +332,7 @@ def fleet_down(path: Path, *, grace_s: float = 30.0) -> list[str]:
     recorded pid, or whose pid now belongs to another process, is left alone.
     """
     if not path.exists():
-        raise FleetError(f"{path}: no such fleet file (pass the --out of `draftdata fleet up`)")
+        raise no_fleet_file(path)
     lines: list[str] = []
     state = read_state(path)
     if state is not None and state.watcher is not None and state.watcher.pid != os.getpid():

@@ -10,6 +10,14 @@ The client also detects once per endpoint whether the server returns token ids: 
 requests ask for them; a server that rejects the fields (a 400 naming them) is asked again
 without, and one that answers without ids is not asked again. Neither ever fails a request.
 
+Answers are bounded (``bounds.py``): a body is read up to a limit tied to the request's
+``max_tokens`` and a whole answer must arrive within the read timeout (a deadline per request,
+not per chunk, so a server that trickles bytes is timed out too); an answer over the limit or
+with impossible usage raises ``impossible``, the endpoint's fault. Every server text and error
+message passes through the client's ``Redactor`` (``draftdata.redact``): an echoed
+``Authorization`` header, the API key or a URL password never reaches a log line, a Failure or
+an exception, and the URL it shows (``shown``) has no password.
+
 It deliberately holds no policy: no retries beyond that one token-id fallback, no backoff, no
 dispatch, no logging of request contents (and never of the API key).
 """
@@ -24,21 +32,25 @@ import aiohttp
 import msgspec
 
 from draftdata.errors import EndpointRefusedError, ServerError
+from draftdata.generate.bounds import answer_fault, body_limit
 from draftdata.generate.config import Reasoning, Sampling
 from draftdata.generate.parse import MalformedResponse, decode_chat_response
 from draftdata.records import JsonDict, Message, Turn
+from draftdata.redact import Redactor, redact_url
 
 TOKEN_ID_FIELDS = ("return_token_ids", "return_prompt_token_ids")  # ``chat`` reads them by name
 
 
 class ErrorClass(StrEnum):
-    """Why a request failed. The first two are fatal for the prompt; ``refused`` is the
-    endpoint's fault (it answers but serves no chat request: 401/403/404/405/501), never the
+    """Why a request failed. The first two are fatal for the prompt; ``refused`` (it answers
+    but serves no chat request: 401/403/404/405/501) and ``impossible`` (an answer over its
+    size bound or with impossible usage, ``bounds.py``) are the endpoint's fault, never the
     prompt's; the rest are worth a retry."""
 
     context_length = "context_length"
     invalid_request = "invalid_request"
     refused = "refused"
+    impossible = "impossible"
     rate_limited = "rate_limited"
     server_error = "server_error"
     timeout = "timeout"
@@ -47,6 +59,7 @@ class ErrorClass(StrEnum):
 
 
 FATAL_CLASSES = frozenset({ErrorClass.context_length, ErrorClass.invalid_request})
+ENDPOINT_FAULTS = frozenset({ErrorClass.refused, ErrorClass.impossible})
 # Answers that say "this endpoint serves nothing here" (a rotated key, a renamed served model, a
 # server that is not OpenAI-compatible), whatever the request: the endpoint's fault.
 REFUSAL_STATUSES = frozenset({401, 403, 404, 405, 407, 501})
@@ -80,7 +93,8 @@ class RequestError(ServerError):
 
 
 class RefusedRequestError(RequestError, EndpointRefusedError):
-    """The endpoint refused a chat request (class ``refused``): its fault, not the prompt's."""
+    """The endpoint refused a chat request (class ``refused``) or gave an impossible answer
+    (``impossible``): its fault, not the prompt's."""
 
 
 def request_error(
@@ -90,8 +104,9 @@ def request_error(
     status: int | None = None,
     retry_after: float | None = None,
 ) -> RequestError:
-    """The RequestError of ``error_class`` (a ``RefusedRequestError`` for refusals)."""
-    cls = RefusedRequestError if error_class is ErrorClass.refused else RequestError
+    """The RequestError of ``error_class`` (a ``RefusedRequestError`` for the endpoint's
+    faults: refusals and impossible answers)."""
+    cls = RefusedRequestError if error_class in ENDPOINT_FAULTS else RequestError
     return cls(error_class, message, status=status, retry_after=retry_after)
 
 
@@ -213,6 +228,33 @@ def _retry_after(value: str | None) -> float | None:
         return None  # an HTTP date: let the engine's backoff decide
 
 
+UNBOUNDED_TOKENS = 1 << 17  # the size bound's output limit for a request that sets none
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int, *, exact: bool) -> None:
+        self.size = size
+        self.exact = exact  # the whole size (Content-Length), else what was read so far
+
+
+async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body of ``resp``, or _TooLarge as soon as it is known to pass ``limit`` bytes (the
+    rest is never read: the connection is dropped with the response)."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise _TooLarge(resp.content_length, exact=True)
+    data = bytearray()
+    async for chunk in resp.content.iter_any():
+        data += chunk
+        if len(data) > limit:
+            raise _TooLarge(len(data), exact=False)
+    return bytes(data)
+
+
 def _strip_token_ids(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in TOKEN_ID_FIELDS}
 
@@ -238,20 +280,26 @@ class EndpointClient:
         if root.endswith("/v1"):
             root = root[:-3]
         self.base_url = root
+        self.shown = redact_url(root)  # the form of the URL any message may carry
+        self.redact = Redactor.of(api_key, [root])
         self.chat_url = f"{root}/v1/chat/completions"
         self.token_ids_supported: bool | None = None
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        # a deadline for the whole answer, not per read: a trickling server is timed out too
+        self.read_timeout = read_timeout
         self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect_timeout, sock_read=read_timeout
+            total=connect_timeout + read_timeout,
+            sock_connect=connect_timeout,
+            sock_read=read_timeout,
         )
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
         self._encode = msgspec.json.Encoder().encode
 
     def __repr__(self) -> str:  # never shows the key
-        return f"EndpointClient({self.base_url!r})"
+        return f"EndpointClient({self.shown!r})"
 
     async def __aenter__(self) -> EndpointClient:
         return self
@@ -280,30 +328,65 @@ class EndpointClient:
             session, self._session = self._session, None
             await session.close()
 
+    def _error(self, error_class: ErrorClass, message: str, **kw: Any) -> RequestError:
+        return request_error(error_class, self.redact(message), **kw)
+
     async def _post(self, body: dict[str, Any]) -> tuple[int, bytes, str | None]:
         session = self._get_session()
+        data = self._encode(body)
+        cap = _max_tokens(body)
+        limit = body_limit(len(data), cap or UNBOUNDED_TOKENS, int(body.get("n") or 1))
         try:
-            async with session.post(self.chat_url, data=self._encode(body)) as resp:
-                data = await resp.read()
-                return resp.status, data, resp.headers.get("Retry-After")
+            async with session.post(self.chat_url, data=data) as resp:
+                answer = await _read_bounded(resp, limit)
+                return resp.status, answer, resp.headers.get("Retry-After")
+        except _TooLarge as exc:
+            raise self._error(
+                ErrorClass.impossible,
+                f"an answer of {'' if exc.exact else 'more than '}{exc.size:,} bytes to a "
+                "request for at most "
+                f"{cap or UNBOUNDED_TOKENS} tokens (the bound is {limit:,} bytes)",
+            ) from None
         except aiohttp.ConnectionTimeoutError as exc:
-            raise RequestError(
-                ErrorClass.connection, f"cannot connect to {self.base_url}: connect timed out"
+            raise self._error(
+                ErrorClass.connection, f"cannot connect to {self.shown}: connect timed out"
             ) from exc
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise RequestError(
-                ErrorClass.timeout, f"no answer from {self.base_url} in time ({exc or 'timeout'})"
+            raise self._error(
+                ErrorClass.timeout,
+                f"no whole answer from {self.shown} within {self.read_timeout:g} s "
+                f"({exc or 'timeout'})",
             ) from exc
         except aiohttp.ClientConnectorError as exc:
-            raise RequestError(
-                ErrorClass.connection, f"cannot connect to {self.base_url}: {exc.os_error}"
+            raise self._error(
+                ErrorClass.connection, f"cannot connect to {self.shown}: {exc.os_error}"
             ) from exc
         except (aiohttp.ClientError, OSError) as exc:
             # resets, disconnects, payloads cut short
-            raise RequestError(
+            raise self._error(
                 ErrorClass.connection,
-                f"connection to {self.base_url} lost: {type(exc).__name__}: {exc}",
+                f"connection to {self.shown} lost: {type(exc).__name__}: {exc}",
             ) from exc
+
+    async def chat_json(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Send one chat-completions body as it is; return the decoded answer object (for
+        fields the Turns do not carry, e.g. SGLang's ``sglext``) or raise RequestError."""
+        status, data, retry_after = await self._post(body)
+        text = data.decode("utf-8", "replace")
+        if status != 200:
+            raise request_error(
+                classify_http_error(status, text),
+                error_message(text) or f"HTTP {status}",
+                status=status,
+                retry_after=_retry_after(retry_after),
+            )
+        try:
+            answer = msgspec.json.decode(data)
+        except msgspec.DecodeError as exc:
+            raise RequestError(ErrorClass.malformed, f"not JSON: {exc}", status=status) from exc
+        if not isinstance(answer, dict):
+            raise RequestError(ErrorClass.malformed, "the answer is not a JSON object")
+        return answer
 
     async def chat(self, body: dict[str, Any]) -> list[Turn]:
         """Send one chat-completions body; return its Turns or raise RequestError.
@@ -324,16 +407,24 @@ class EndpointClient:
                 status, data, retry_after = await self._post(body)
         if status != 200:
             text = data.decode("utf-8", "replace")
-            raise request_error(
+            raise self._error(
                 classify_http_error(status, text),
-                error_message(text) or f"HTTP {status}",
+                error_message(self.redact(text)) or f"HTTP {status}",
                 status=status,
                 retry_after=_retry_after(retry_after),
             )
         try:
             turns = decode_chat_response(data)
         except MalformedResponse as exc:
-            raise RequestError(ErrorClass.malformed, str(exc)[:500], status=status) from exc
+            raise self._error(ErrorClass.malformed, str(exc)[:500], status=status) from exc
+        fault = answer_fault(
+            turns,
+            max_tokens=_max_tokens(body),
+            request_bytes=len(self._encode(body)),
+            n=int(body.get("n") or 1),
+        )
+        if fault is not None:
+            raise self._error(ErrorClass.impossible, f"an impossible answer: {fault}")
         if asked and self.token_ids_supported is None:
             self.token_ids_supported = all(t.output_token_ids is not None for t in turns)
         if any(t.finish_reason == "abort" for t in turns):

@@ -10,8 +10,8 @@ of state, never one per retry:
 - **Bounded memory.** ``over_bound`` tells the engine to pause dispatch while more than
   ``max_uncommitted`` records wait, and to resume when they are committed.
 - **No loss at the end.** ``drain`` keeps retrying after the last prompt is answered instead of
-  closing with uncommitted records (a second interrupt leaves; those are generated again on
-  resume).
+  closing with uncommitted records (a second interrupt, or the end of an interrupt's grace
+  period, leaves; those are generated again on resume).
 - **A bug is not an outage.** Any other exception while committing calls ``abort`` with a
   RunAbortedError (one line, the run stops at once, the same command resumes).
 
@@ -56,6 +56,7 @@ class Committer:
         self.peak_uncommitted = 0
         self.failed = False  # an unexpected error: nothing more is tried
         self._draining = False
+        self.uncommitted = 0  # records the closing commit could not write (resume redoes them)
         self._paused = False
 
     @property
@@ -138,9 +139,10 @@ class Committer:
             self.log(f"generate: dispatch resumed ({waiting} records uncommitted)")
         return over
 
-    async def drain(self, leave: Callable[[], bool]) -> None:
-        """Every prompt is settled: commit what waits; while the store refuses, keep retrying
-        (capped backoff) until it accepts or ``leave()`` (a second interrupt)."""
+    async def drain(self, leave: Callable[[], bool], *, stopping: bool = False) -> None:
+        """Every prompt is settled (or, ``stopping``, the run is interrupted): commit what
+        waits; while the store refuses, keep retrying (capped backoff) until it accepts or
+        ``leave()`` (a second interrupt, the end of the grace period)."""
         self._draining = True  # the loop stands aside
         said = False
         delay = 0.0
@@ -149,11 +151,19 @@ class Committer:
                 continue
             if not said:
                 said = True
-                self.log(
-                    f"generate: every prompt is answered; waiting for the store to accept "
-                    f"{self.run.buffered} records (interrupt twice to leave; they are generated "
-                    "again on resume)"
-                )
+                if stopping:
+                    said_how = (
+                        f"stopping; waiting for the store to accept {self.run.buffered} records "
+                        "until the grace period ends (what it does not take is generated again "
+                        "on resume)"
+                    )
+                else:
+                    said_how = (
+                        "every prompt is answered; waiting for the store to accept "
+                        f"{self.run.buffered} records (interrupt twice to leave; they are "
+                        "generated again on resume)"
+                    )
+                self.log(f"generate: {said_how}")
             delay = self._backoff(delay)
             until = self.clock() + delay
             while self.clock() < until and not leave():
@@ -167,7 +177,11 @@ class Committer:
             await asyncio.to_thread(self.run.close)
         except StoreError as exc:
             if stopping:
-                self.log(f"generate: could not commit {waiting} records: {exc}")
+                self.uncommitted = waiting
+                self.log(
+                    f"generate: could not commit {waiting} records ({exc}); they are "
+                    "generated again when you run the same command"
+                )
                 return
             raise StoreError(
                 f"generate: the store refused the last {waiting} records ({exc}); they were not "
@@ -176,4 +190,5 @@ class Committer:
         except Exception as exc:
             if not stopping:
                 raise
+            self.uncommitted = waiting
             self.log(f"generate: could not commit {waiting} records: {type(exc).__name__}")

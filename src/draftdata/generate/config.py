@@ -7,23 +7,26 @@ Example ``gen.yaml`` (every key optional; CLI flags win over the file)::
     out: s3://bucket/expansion_v1/
     protect: [s3://bucket/completions/]
     model: Qwen3.6-27B           # default: the id served at /v1/models
-    max_tokens: 8192             # default: fill each endpoint's context
+    max_tokens: 4096             # default: fill each endpoint's context
     reasoning: on                # on | off | server
     sampling: {temperature: 0.6, top_p: 0.95, top_k: 20}
     overrides:                   # per source or domain; the first match wins
       - domain: math
-        max_tokens: 16384
+        max_tokens: 6144
       - source: hermes
         sampling: {temperature: 0.2}
     concurrency: auto            # or a number per endpoint
     n: 1
     partition: 0/4               # only prompts whose id hash is in partition 0 of 4
 
-This module holds values and their validation only; the engine reads them.
+This module holds values and their validation only; the engine reads them. Every number a
+setting holds is checked by one rule (``NUMBER_RULES``: finite, and within its range), so
+``--temperature nan`` or ``--read-timeout -1`` is a one-line error, never a manifest with NaN.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import msgspec
@@ -88,6 +91,7 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     out: str = ""
     model: str | None = None
     max_tokens: int | None = None  # None: fill the endpoint's context (generate/limits.py)
+    strict_limit: bool = False  # send max_tokens as configured, never lowered to fit the context
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     reasoning: Reasoning = "server"
     keep_reasoning_history: bool = False
@@ -127,6 +131,9 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     lookahead: int = 4096  # prompts read ahead of dispatch (the window ``order`` sorts)
     hedge: bool = True
     hedge_min_age: float = 2.0
+    # place jobs by expected finish time when servers differ in speed (dispatch.TailPlan); a
+    # pilot turns it off so that every server, the slow ones too, runs full while work is queued
+    tail_plan: bool = True
     prefix_steering: bool = True
     # progress and shutdown
     progress: ProgressMode = "auto"
@@ -157,27 +164,11 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
             "--endpoint or --fleet: give at least one server",
         ),
         (not (cfg.endpoints and cfg.fleet), "--endpoint and --fleet: give one or the other"),
-        (cfg.max_tokens is None or cfg.max_tokens >= 1, "--max-tokens: must be at least 1"),
-        (cfg.n >= 1, "--n: must be at least 1"),
-        (cfg.limit is None or cfg.limit >= 0, "--limit: must be >= 0"),
         (
-            cfg.concurrency == "auto"
-            or (isinstance(cfg.concurrency, int) and cfg.concurrency >= 1),
+            cfg.concurrency == "auto" or isinstance(cfg.concurrency, int),
             "--concurrency: use auto or a number >= 1",
         ),
-        (cfg.default_concurrency >= 1, "default_concurrency: must be at least 1"),
-        (cfg.max_attempts >= 1, "max_attempts: must be at least 1"),
-        (cfg.read_timeout > 0 and cfg.connect_timeout > 0, "timeouts: must be > 0"),
-        (cfg.breaker_failures >= 1, "breaker_failures: must be at least 1"),
-        (cfg.log_interval > 0, "--log-interval: must be > 0"),
-        (cfg.grace_seconds >= 0, "grace_seconds: must be >= 0"),
-        (cfg.max_uncommitted >= 1, "--max-uncommitted: must be at least 1"),
-        (cfg.store_retry_max > 0, "store_retry_max: must be > 0"),
-        (cfg.unavailable_timeout > 0, "--unavailable-timeout: must be > 0"),
         (cfg.order in ("length", "file"), f"--order: {cfg.order!r}; use length or file"),
-        (cfg.lookahead >= 0, "--lookahead: must be >= 0"),
-        (cfg.lease_ttl > 0, "--lease-ttl: must be > 0"),
-        (cfg.lease_wait >= 0, "--lease-wait: must be >= 0"),
     ]
     if cfg.partition is not None:
         from draftdata.generate.partition import parse_partition
@@ -193,8 +184,120 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"generate: {message}")
+    for name, value in numbers(cfg):
+        if (fault := number_fault(name.rpartition(".")[2], value)) is not None:
+            raise ConfigError(f"generate: {option_name(name)}: {value!r} {fault}")
     _check_extra_body(cfg)
     return cfg
+
+
+# The range of every number a setting may hold: (least, whether the least itself is allowed,
+# most). A numeric setting without a row is a bug (tests/unit/generate/test_option_values.py).
+NUMBER_RULES: dict[str, tuple[float | None, bool, float | None]] = {
+    "max_tokens": (1, True, None),
+    "concurrency": (1, True, None),
+    "default_concurrency": (1, True, None),
+    "n": (1, True, None),
+    "limit": (0, True, None),
+    "flush_records": (1, True, None),
+    "flush_seconds": (0, True, None),
+    "max_uncommitted": (1, True, None),
+    "store_retry_max": (0, False, None),
+    "lease_ttl": (0, False, None),
+    "lease_wait": (0, True, None),
+    "max_attempts": (1, True, None),
+    "backoff_base": (0, True, None),
+    "backoff_max": (0, True, None),
+    "connect_timeout": (0, False, None),
+    "read_timeout": (0, False, None),
+    "breaker_failures": (1, True, None),
+    "probe_interval": (0, False, None),
+    "unavailable_timeout": (0, False, None),
+    "load_interval": (0, False, None),
+    "lookahead": (0, True, None),
+    "hedge_min_age": (0, True, None),
+    "log_interval": (0, False, None),
+    "metrics_interval": (0, False, None),
+    "grace_seconds": (0, True, None),
+    # sampling: what SGLang and vLLM accept (top_k -1 is "off"; penalties may be negative)
+    "temperature": (0, True, None),
+    "top_p": (0, False, 1),
+    "top_k": (-1, True, None),
+    "min_p": (0, True, 1),
+    "presence_penalty": (-2, True, 2),
+    "frequency_penalty": (-2, True, 2),
+    "repetition_penalty": (0, False, None),
+    "seed": (None, True, None),  # any integer (vLLM takes negative seeds)
+}
+# settings of gen.yaml without a command-line flag (named by their key in messages)
+_NO_FLAG = frozenset(
+    {
+        "default_concurrency",
+        "store_retry_max",
+        "backoff_base",
+        "backoff_max",
+        "breaker_failures",
+        "probe_interval",
+        "load_interval",
+        "hedge_min_age",
+        "metrics_interval",
+    }
+)
+_SAMPLING_FLAGS = frozenset({"temperature", "top_p", "top_k", "seed"})
+
+
+def numbers(cfg: GenerateConfig) -> list[tuple[str, int | float]]:
+    """Every number ``cfg`` holds, named by its path (``read_timeout``, ``sampling.top_p``,
+    ``overrides.0.sampling.temperature``); booleans and unset values are not numbers."""
+    out: list[tuple[str, int | float]] = []
+
+    def walk(struct: msgspec.Struct, prefix: str) -> None:
+        for field in msgspec.structs.fields(struct):
+            value = getattr(struct, field.name)
+            if isinstance(value, msgspec.Struct):
+                walk(value, f"{prefix}{field.name}.")
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                out.append((prefix + field.name, value))
+
+    walk(cfg, "")
+    for i, override in enumerate(cfg.overrides):
+        walk(override, f"overrides.{i}.")
+    return out
+
+
+def number_fault(key: str, value: float) -> str | None:
+    """What is wrong with ``value`` for the setting ``key`` (None when nothing)."""
+    least, inclusive, most = NUMBER_RULES[key]
+    wanted = [f"{'>=' if inclusive else '>'} {least:g}" if least is not None else ""]
+    wanted.append(f"<= {most:g}" if most is not None else "")
+    give = f"give a number {' and '.join(w for w in wanted if w)}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"is not a finite number; {give}"
+    low = least is not None and (value < least or (value == least and not inclusive))
+    if low or (most is not None and value > most):
+        return f"is out of range; {give}"
+    return None
+
+
+def option_name(path: str) -> str:
+    """How a message names the setting at ``path``: its flag where it has one."""
+    parts = path.split(".")
+    key = parts[-1]
+    if len(parts) == 1 and key not in _NO_FLAG:
+        return "--" + key.replace("_", "-")
+    if parts == ["sampling", key] and key in _SAMPLING_FLAGS:
+        return "--" + key.replace("_", "-")
+    return path
+
+
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_non_finite(v) for v in value)
+    return False
 
 
 # request fields the options own: --extra-body may not set them (it would win silently)
@@ -214,6 +317,8 @@ _OWNED = {
 def _check_extra_body(cfg: GenerateConfig) -> None:
     """Refuse an ``extra_body`` field that an option also sets (one line naming both)."""
     extra = cfg.extra_body
+    if _non_finite(extra):
+        raise ConfigError("--extra-body: NaN and Infinity are not JSON numbers; give finite values")
     for key, owner in _OWNED.items():
         if key in extra:
             raise ConfigError(f"--extra-body: {key!r} is set by {owner}; set it there instead")

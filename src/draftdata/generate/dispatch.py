@@ -13,9 +13,10 @@ Policy, in the order the loop applies it:
   (or the server's Retry-After) and then prefer another endpoint; after ``max_attempts`` the
   job becomes a Failure ``exhausted_retries``. Context-length and invalid-request errors become
   a Failure of that class at once.
-- **Endpoint refusals.** A 401/403/404/405/501 answer (``EndpointRefusedError``) is the
-  endpoint's fault: it is taken out at once (one log line naming the status), its work is
-  requeued elsewhere, and the refused attempt does not count against the prompt.
+- **Endpoint refusals.** A 401/403/404/405/501 answer, or an impossible one (over its size
+  bound, impossible usage: ``bounds.py``), is the endpoint's fault (``EndpointRefusedError``):
+  it is taken out at once (one log line saying why), its work is requeued elsewhere, and the
+  refused attempt does not count against the prompt.
 - **Endpoint loss.** A connection error triggers a health check; an endpoint that fails it, or
   fails ``breaker_failures`` requests in a row, is taken out, its in-flight copies are cancelled
   and their jobs requeued at once, and it is probed every ``probe_interval`` until it answers
@@ -46,13 +47,13 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
-from draftdata.conversation import turn_message
+from draftdata.conversation import STOP_CONTEXT, turn_message
 from draftdata.errors import EndpointRefusedError
 from draftdata.generate.client import ErrorClass, RequestError, build_body
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.length import LengthModel, LookAhead, prompt_tokens, token_cap
-from draftdata.generate.limits import OutputLimit
+from draftdata.generate.limits import MIN_LIMIT, OutputLimit
 from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
 from draftdata.records import Completion, Failure, Turn
@@ -129,6 +130,7 @@ class Dispatcher:
         self.retries = 0
         self.hedges = 0  # hedge copies sent
         self.hedges_won = 0  # ... whose answer was the one committed
+        self.clamped = 0  # answered requests sent with less than max_tokens, to fit the context
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -279,7 +281,7 @@ class Dispatcher:
         rates = [e.seq_rate for e in self.endpoints if e.accepting and e.seq_rate]
         self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0)
         held: list[Job] = []
-        plan = TailPlan.make(self, now) if self.queued else None
+        plan = TailPlan.make(self, now) if self.queued and self.cfg.tail_plan else None
         # with a plan, a job may be held for a faster server's next slot; look at no more jobs
         # than the fleet has slots (by then every fast slot has one promised)
         examine = sum(e.limit for e in self.endpoints) + 64
@@ -394,12 +396,11 @@ class Dispatcher:
         except RequestError as exc:
             error = exc
         except Exception as exc:  # a transport failure nobody mapped: retry it, say so once
+            said = copy.endpoint.redact(f"{type(exc).__name__}: {exc}")
             if not self._unmapped:
-                self.log(
-                    f"generate: unexpected {type(exc).__name__} from {copy.endpoint.url}: {exc}"
-                )
+                self.log(f"generate: unexpected {said} from {copy.endpoint.url}")
             self._unmapped += 1
-            error = RequestError(ErrorClass.malformed, f"{type(exc).__name__}: {exc}")
+            error = RequestError(ErrorClass.malformed, said)
         finally:
             self._detach(copy)
         if error is not None:
@@ -410,14 +411,18 @@ class Dispatcher:
     async def _converse(self, copy: Copy) -> tuple[list[list[Turn]], dict[str, Any], str | None]:
         """The copy's requests, one per remaining turn (``conversation.TurnPlan``): the turns
         of each sample, the last request body, and why the conversation stopped before its
-        last request (None when it did not)."""
+        last request (None when it did not). A later request that does not fit the context
+        (no room left by the estimate, or the server's context-length answer) stops the
+        conversation with ``context``, keeping the turns that fit."""
         job, ep = copy.job, copy.endpoint
         if not len(job.plan):
             raise RequestError(ErrorClass.invalid_request, "the prompt has no turn to answer")
         turns = list(job.turns)
         keep = self.cfg.keep_reasoning_history
+        answered: dict[str, Any] | None = None  # the body of the last answered request
         body: dict[str, Any] = {}
-        limit = OutputLimit(job.max_tokens, ep, job.prompt.tools)  # per request (limits.py)
+        strict = self.cfg.strict_limit
+        limit = OutputLimit(job.max_tokens, ep, job.prompt.tools, strict=strict)  # limits.py
         for t in range(len(turns), len(job.plan)):
             messages = job.plan.context(t, turns, keep_reasoning=keep)
             body = build_body(
@@ -431,9 +436,19 @@ class Dispatcher:
                 token_ids=self.cfg.token_ids != "off",
                 extra_body=self.cfg.extra_body,
             )
+            room = limit.room(messages) if turns and not strict else None
+            if room is not None and room < MIN_LIMIT:  # the history alone fills the context
+                return [turns], answered or body, STOP_CONTEXT
             sent = copy.sent = self.clock()
-            got, body = await limit.send(body)
+            try:
+                got, body = await limit.send(body)
+            except RequestError as exc:
+                if turns and exc.error_class is ErrorClass.context_length:
+                    return [turns], answered or body, STOP_CONTEXT
+                raise
+            answered = body
             self.requests_ok += 1
+            self.clamped += limit.clamped
             ep.record_success(
                 got[0].usage.completion_tokens
                 if len(got) == 1
@@ -504,27 +519,28 @@ class Dispatcher:
             self._refused(copy, err)
             return
         retryable = not err.fatal
-        if ep.record_failure(err.error_class.value, retryable=retryable):
-            self.take_down(ep, f"{ep.consecutive_failures} failures in a row ({err})")
-        elif err.error_class in (ErrorClass.connection, ErrorClass.timeout):
+        opened = ep.record_failure(err.error_class.value, retryable=retryable)
+        if not opened and err.error_class in (ErrorClass.connection, ErrorClass.timeout):
             self.spawn(self._health_check(ep))
         if err.error_class == ErrorClass.rate_limited:
             ep.rate_limited()
         job.last_error = err
-        if job.done or job.copies or self.stopping:
-            return  # another copy still runs it (or we are shutting down: resume redoes it)
-        if err.fatal:
-            self._fail(job, err.error_class.value, err.message, ep)
-        elif job.attempts >= self.cfg.max_attempts:
-            self._fail(job, "exhausted_retries", f"after {job.attempts} attempts: {err}", ep)
-        else:
-            delay = min(self.cfg.backoff_max, self.cfg.backoff_base * 2 ** (job.attempts - 1))
-            delay *= 0.5 + self.rng.random()
-            if err.retry_after is not None:
-                delay = max(delay, min(err.retry_after, self.cfg.backoff_max))
-            job.avoid = {ep.url}
-            heapq.heappush(self.waiting, (self.clock() + delay, next(self._seq), job))
-            self.wake.set()
+        # (another copy still runs the job, or we are shutting down: resume redoes it)
+        if not (job.done or job.copies or self.stopping):
+            if err.fatal:
+                self._fail(job, err.error_class.value, err.message, ep)
+            elif job.attempts >= self.cfg.max_attempts:
+                self._fail(job, "exhausted_retries", f"after {job.attempts} attempts: {err}", ep)
+            else:
+                delay = min(self.cfg.backoff_max, self.cfg.backoff_base * 2 ** (job.attempts - 1))
+                delay *= 0.5 + self.rng.random()
+                if err.retry_after is not None:
+                    delay = max(delay, min(err.retry_after, self.cfg.backoff_max))
+                job.avoid = {ep.url}
+                heapq.heappush(self.waiting, (self.clock() + delay, next(self._seq), job))
+                self.wake.set()
+        if opened:  # after the job is placed, so the line counts it among the retried ones
+            self.take_down(ep, f"{ep.consecutive_failures} failures in a row ({err})")
 
     def _refused(self, copy: Copy, err: RequestError) -> None:
         """The endpoint refused: take it out and move the job on, free of charge."""
@@ -539,10 +555,13 @@ class Dispatcher:
             self.ready.appendleft(job)
             requeued = 1
         where = f"HTTP {err.status}: " if err.status is not None else ""
-        self.take_down(ep, f"{where}{err.message}"[:200], dead=True, refusal=True, moved=requeued)
+        what = "gives impossible answers" if err.error_class is ErrorClass.impossible else None
+        self.take_down(
+            ep, f"{where}{err.message}"[:300], dead=True, refusal=what or True, moved=requeued
+        )
 
     def _fail(self, job: Job, reason: str, message: str, ep: Endpoint) -> None:
-        for f in failures(job, reason, message, endpoint=ep.url):
+        for f in failures(job, reason, ep.redact(message), endpoint=ep.url):
             self.sink.failure(f)
         job.done = True
         self._settle(job)
@@ -577,18 +596,28 @@ class Dispatcher:
             self.take_down(ep, "does not answer its health check", dead=True)
 
     def take_down(
-        self, ep: Endpoint, why: str, *, dead: bool = False, refusal: bool = False, moved: int = 0
+        self,
+        ep: Endpoint,
+        why: str,
+        *,
+        dead: bool = False,
+        refusal: bool | str = False,
+        moved: int = 0,
     ) -> None:
         """Open the circuit: no new work for ``ep``, probed until it is back. ``dead`` (its
         health check failed): its in-flight copies are cancelled and requeued at once; else
         they may finish (a server that fails new requests may still finish old ones) and a
         health check decides. ``refusal``: ``why`` is the refusal ("HTTP 401: ..."); said
         once, not again when a trial re-admission is refused too (their requeued copies do
-        not count as attempts). ``moved``: jobs the caller already requeued."""
+        not count as attempts); a string instead of True says what it does ("gives impossible
+        answers"; default "refuses chat requests"). ``moved``: jobs the caller already
+        requeued."""
         was_up = ep.state != "down"
-        news = ep.mark_refused(why) if refusal else True
+        what = refusal if isinstance(refusal, str) else "refuses chat requests"
+        news = ep.mark_refused(why, what) if refusal else True
         if refusal:
-            why = f"it refuses chat requests ({why})"
+            why = f"it {what} ({why})"
+        abandoned = 0
         if dead:
             for copy in list(self.on_endpoint[ep]):
                 if copy.task is not None:
@@ -602,17 +631,42 @@ class Dispatcher:
                     job.ready_since = self.clock()
                     self.ready.appendleft(job)
                     moved += 1
+                elif not job.done and not job.copies:
+                    abandoned += 1
         if was_up:
             ep.mark_down(why)
             if not self.stopping:
                 self.spawn(self._revive(ep))
             if not dead:
                 self.spawn(self._health_check(ep))
-        elif not moved:
+        elif not (moved or abandoned):
             return
         if news:
-            self.log(f"endpoint {ep.url} taken out: {why}; {moved} request(s) requeued")
+            self.log(f"endpoint {ep.url} taken out: {why}; {self._fates(ep, moved, abandoned)}")
         self.wake.set()
+
+    def _fates(self, ep: Endpoint, moved: int, abandoned: int) -> str:
+        """What became of the requests ``ep`` held when it was taken out, in a few words."""
+        running = len(self.on_endpoint[ep])
+        retried = sum(1 for _, _, job in self.waiting if ep.url in job.avoid)
+        parts = []
+        if moved:
+            parts.append(f"{moved:,} requeued on the other endpoints")
+        if retried:
+            parts.append(f"{retried:,} failed there and are retried elsewhere after a backoff")
+        if running:
+            parts.append(
+                f"{running:,} still running there (kept if they finish; retried elsewhere if "
+                "they fail; requeued at once if it fails its health check)"
+            )
+        if abandoned:
+            parts.append(
+                f"{abandoned:,} abandoned (stopping: not committed, the same command generates "
+                "them again)"
+            )
+        if not parts:
+            return "no request of the run was in flight there"
+        return "its requests: " + "; ".join(parts)
 
 
 # -- placement by expected finish time -------------------------------------------------------
@@ -620,6 +674,7 @@ class Dispatcher:
 _SPEED_GAP = 1.5  # per-sequence rates closer than this: greedy placement is as good
 _BUSY_S = 1e-3  # the least time a busy slot is expected to stay busy
 _HEDGE_Q = 0.9  # hedges are judged on this quantile of the length (a long draw)
+BLIND_HEDGE_S = 60.0  # with no endpoint measured yet, a tail request this old is copied
 
 
 def hedge_pays(
@@ -635,11 +690,22 @@ def hedge_pays(
     ``TailPlan`` places by too. A request past its cap by half again is stuck (a hung request,
     a server that slowed down): any copy beats it. The copy starts from nothing, so it pays
     only on a server that decodes enough faster: the whole length at the target's rate
-    against what is left at the origin's.
+    against what is left at the origin's. On an origin that has never answered (no rate, no
+    latency: a server that passes its health check but never answers, or trickles), the copy
+    pays once the request has run twice what the target needs for a long draw (three times its
+    latency; ``BLIND_HEDGE_S`` when no endpoint has answered yet).
     """
     r_o, r_t = origin.seq_rate, target.seq_rate
     if r_o is None or r_o <= 0:
-        return origin.latency is not None and age > 3 * origin.latency
+        if origin.latency is not None:
+            return age > 3 * origin.latency
+        # never answered (a wedged server passes /health too): judged by the target, a copy
+        # pays once the original has run twice what the target needs for a long draw
+        if r_t is not None and r_t > 0:
+            return age > 2 * max(1.0, lengths.long_total(expected, 0.0, cap, _HEDGE_Q)) / r_t
+        if target.latency is not None:
+            return age > 3 * target.latency
+        return age > BLIND_HEDGE_S  # nothing measured anywhere: the copy takes an idle slot
     produced = age * r_o
     if produced > 1.5 * cap:
         return True

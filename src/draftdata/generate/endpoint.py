@@ -9,8 +9,14 @@ engine needs:
 - slots: ``limit`` sequences at once (a request with ``n`` choices holds ``n``), ``inflight``,
   and the estimated ``outstanding_tokens`` of what runs there (the dispatcher's tie-breaker);
 - the concurrency controller (``adapt``): with ``concurrency: auto`` the limit starts from the
-  server's capacity (SGLang ``max_running_requests`` plus a short queue; else the configured
-  default) and follows the server's waiting queue so that it stays short but non-empty;
+  server's capacity plus a short queue (else the configured default) and follows the server's
+  waiting queue so that it stays short but non-empty. The capacity (``fitted``) is what the
+  server can really run at once: its KV cache (``Capacity.kv_tokens``: SGLang's
+  ``max_total_tokens``, vLLM's KV blocks) over the tokens one sequence is expected to hold
+  (prompt + output, a prior from the run's settings until answers teach the mean), never above
+  the server's running cap (SGLang's ``max_running_requests``, fleet.yaml's
+  ``max_running_requests``). A running cap alone is a scheduling limit, not room: SGLang's
+  automatic one is 2048 whatever its KV pool holds;
 - the circuit breaker: ``breaker_failures`` retryable failures in a row open it;
 - out of service: ``fault`` says why an endpoint is out (for the log and the stop lines);
   ``refusal`` is set while it refuses chat requests (401/403/404/405/501: its fault, never a
@@ -28,15 +34,19 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import aiohttp
 
 from draftdata.endpoints import Capacity, Load, base_url, probe_load
 from draftdata.records import Turn
+from draftdata.redact import redact_url
 
 State = Literal["up", "down", "starting"]
 _EWMA = 0.1
+_HELD_PRIOR_WEIGHT = 4.0  # pseudo-answers the prior of held tokens counts as
+_REFIT = 0.1  # relative change of the fitted capacity that moves an auto limit
 REFUSAL_RETRY_S = 30.0  # first wait before a refusing endpoint gets a trial request
 REFUSAL_RETRY_MAX_S = 300.0
 
@@ -73,8 +83,11 @@ class Endpoint:
         default_concurrency: int,
         breaker_failures: int,
         clock: Any = time.monotonic,
+        redact: Callable[[str], str] = str,
     ) -> None:
-        self.url = base_url(url)
+        self.address = base_url(url)  # what requests and probes go to (may hold a password)
+        self.url = redact_url(self.address)  # what is shown and recorded: never a password
+        self.redact = redact  # any text about this endpoint passes through it before it is kept
         self.name = self.url.split("://", 1)[-1]
         self.index = index
         self.client = client
@@ -84,6 +97,12 @@ class Endpoint:
         self.breaker_failures = breaker_failures
         self.state: State = "starting"
         self.capacity: Capacity | None = None
+        self.running_cap: int | None = None  # the server's (else fleet.yaml's) running cap
+        self.kv_tokens: int | None = None  # tokens the server's KV cache holds
+        self.held_prior: float | None = None  # tokens a sequence is expected to hold, at first
+        self._held_n = 0  # answered sequences, and the tokens they held (prompt + output)
+        self._held_sum = 0.0
+        self._fitted_at: int | None = None  # the fitted capacity the limit was last set from
         self.model: str | None = None
         self.context_length: int | None = None  # tokens (server report, else the fleet file)
         self.tokens_per_byte: float | None = None  # largest prompt tokens per byte seen here
@@ -104,6 +123,7 @@ class Endpoint:
         self.served = 0  # requests answered by this command
         self.fault: str | None = None  # why it is out of service now
         self.refusal: str | None = None  # "HTTP 401: ..." while it refuses chat requests
+        self.refused_how = "refuses chat requests"  # or "gives impossible answers"
         self.retry_refused_at = 0.0  # clock time of the next trial after a refusal
         self._refusal_wait = REFUSAL_RETRY_S
         self.probation = False  # re-admitted; not yet answered a request since
@@ -113,6 +133,9 @@ class Endpoint:
         self._clock = clock
         self._since = clock()
         self.token_log: deque[tuple[float, int]] = deque()  # (time, output tokens) window
+        # called with (answered at, latency s, output tokens) for every answered request: the
+        # pilot measures the saturated decode rate with it (pilot.py); None: nobody listens
+        self.on_answer: Callable[[float, float, int], None] | None = None
 
     # -- slots --------------------------------------------------------------------------------
 
@@ -157,7 +180,15 @@ class Endpoint:
             self._refusal_wait = REFUSAL_RETRY_S
         self.output_tokens += output_tokens
         self.prompt_tokens += prompt_tokens
-        self.token_log.append((self._clock(), output_tokens))
+        now = self._clock()
+        self.token_log.append((now, output_tokens))
+        if self.on_answer is not None:
+            self.on_answer(now, latency, output_tokens)
+        if output_tokens + prompt_tokens > 0:
+            # n sequences of one request share its prompt (the server caches it once)
+            self._held_n += max(1, seqs)
+            self._held_sum += prompt_tokens + output_tokens
+            self._refit()
         if latency > 0:
             rate = output_tokens / max(1, seqs) / latency
             a = _EWMA
@@ -180,15 +211,17 @@ class Endpoint:
         if why:
             self.fault = why
 
-    def mark_refused(self, refusal: str) -> bool:
-        """It refused a chat request (``refusal``: "HTTP 401: ..."): out of service, with a
-        trial after a growing wait. True when this is news (not a failed trial)."""
+    def mark_refused(self, refusal: str, what: str = "refuses chat requests") -> bool:
+        """It refused a chat request (``refusal``: "HTTP 401: ...") or, as ``what`` says, gave
+        an impossible answer: out of service, with a trial after a growing wait. True when
+        this is news (not a failed trial)."""
         news = self.refusal is None
         if not news:  # a trial was refused too: wait longer before the next
             self._refusal_wait = min(REFUSAL_RETRY_MAX_S, self._refusal_wait * 2)
         self.refusal = refusal
+        self.refused_how = what
         self.retry_refused_at = self._clock() + self._refusal_wait
-        self.mark_down(f"refuses chat requests ({refusal})")
+        self.mark_down(f"{what} ({refusal})")
         return news
 
     def mark_up(self, *, half_open: bool) -> None:
@@ -209,25 +242,59 @@ class Endpoint:
 
     # -- concurrency --------------------------------------------------------------------------
 
+    def held_tokens(self) -> float | None:
+        """Tokens one sequence is expected to hold in the server's KV cache (its prompt and
+        output): the mean over answers so far, shrunk toward ``held_prior`` while few."""
+        prior = self.held_prior
+        if prior is None or prior <= 0:
+            return self._held_sum / self._held_n if self._held_n else None
+        w = _HELD_PRIOR_WEIGHT
+        return (w * prior + self._held_sum) / (w + self._held_n)
+
+    def fitted(self) -> int | None:
+        """How many sequences the server can run at once: its KV cache over the tokens one is
+        expected to hold, never above its running cap; None when it tells neither."""
+        held = self.held_tokens()
+        kv_fit = max(1, int(self.kv_tokens // held)) if self.kv_tokens and held else None
+        known = [c for c in (self.running_cap, kv_fit) if c]
+        return min(known) if known else None
+
+    def _apply_fit(self, known: int) -> None:
+        # the server cannot run more than that: a short queue on top, never a long one; room
+        # to grow a little covers requests in transit (a busy client)
+        self.limit = known + queue_target(known)
+        self.max_limit = known + max(2 * queue_target(known), known // 4)
+        self._fitted_at = known
+
+    def _refit(self) -> None:
+        """Move an auto limit when what the answers taught changed the fitted capacity."""
+        if not self.auto:
+            return
+        known, at = self.fitted(), self._fitted_at
+        if known is not None and (at is None or abs(known - at) >= max(1, _REFIT * at)):
+            self._apply_fit(known)
+
     def set_capacity(
         self, cap: Capacity | None, fleet_max: int | None = None, fleet_context: int | None = None
     ) -> None:
         """Take the server's reported capacity and context length (else the fleet file's);
-        with ``auto`` it sets the starting limit."""
+        with ``auto`` it sets the starting limit (``fitted``)."""
         self.capacity = cap
         if cap is not None and cap.model:
             self.model = cap.model
         context = (cap.context_length if cap is not None else None) or fleet_context
         if context:
             self.context_length = context
+        self.running_cap = (cap.max_running if cap is not None else None) or (
+            fleet_max or self.running_cap
+        )
+        if cap is not None and cap.kv_tokens:
+            self.kv_tokens = cap.kv_tokens
         if not self.auto:
             return
-        known = (cap.max_running if cap is not None else None) or fleet_max
+        known = self.fitted()
         if known:
-            # the server cannot run more than it reports: a short queue on top, never a long
-            # one; room to grow a little covers requests in transit (a busy client)
-            self.limit = known + queue_target(known)
-            self.max_limit = known + max(2 * queue_target(known), known // 4)
+            self._apply_fit(known)
 
     def adapt(self, load: Load) -> int | None:
         """Follow the server's queue (auto only); returns the new limit if it changed.
@@ -249,7 +316,7 @@ class Endpoint:
                 self.limit = min(self.limit, max(1, load.running + target, self.limit - step))
         else:
             self._high_waits = 0
-            cap = self.capacity.max_running if self.capacity else None
+            cap = self.fitted()
             if (
                 load.waiting == 0
                 and self.inflight >= self.limit - 1
@@ -271,7 +338,7 @@ class Endpoint:
             "state": self.state,
             "inflight": self.inflight,
             "limit": self.limit,
-            "capacity": self.capacity.max_running if self.capacity else None,
+            "capacity": self.fitted(),
             "engine": self.capacity.engine if self.capacity else None,
             "requests": self.requests,
             "completed": self.completed,
@@ -305,4 +372,4 @@ async def check_alive(session: aiohttp.ClientSession, url: str, timeout: float) 
 async def load_of(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) -> Load | None:
     """The server's running/waiting counts now (None when it cannot tell)."""
     engine = ep.capacity.engine if ep.capacity else "unknown"
-    return await probe_load(session, ep.url, engine, timeout=timeout)
+    return await probe_load(session, ep.address, engine, timeout=timeout)

@@ -22,7 +22,9 @@ A bug in the commit path stops the run at once (RunAbortedError, one line, resum
 
 Shutdown (``interrupt``): the first call stops dispatch and lets running requests finish for up
 to ``grace_seconds``; the second (or the end of the grace) cancels them. Either way whatever
-finished is committed before ``run`` returns, and a rerun of the same command resumes.
+finished is committed before ``run`` returns, and a rerun of the same command resumes. The
+grace period bounds the stop: a store that refuses writes is retried until it ends (or a second
+interrupt), then the run stops with what is uncommitted left for the resume to generate again.
 
 ``run_engine`` is the async entry point for scripts and benchmarks that already hold a Run and
 endpoints; ``stage.generate`` is the plain function that builds them from a GenerateConfig.
@@ -40,7 +42,7 @@ from typing import Any
 import aiohttp
 
 from draftdata.collector import fewer_collections
-from draftdata.endpoints import probe_capacity
+from draftdata.endpoints import Capacity, probe_capacity
 from draftdata.errors import ConfigError, DraftdataError, FleetUnavailableError, StoreError
 from draftdata.generate.client import token_ids_refusal
 from draftdata.generate.committer import Committer
@@ -71,13 +73,21 @@ def stderr_log(line: str) -> None:
 
 
 class _Sink:
-    """Dispatcher results -> Run buffers (+ the tally, for what the Run accepted)."""
+    """Dispatcher results -> Run buffers (+ the tally, for what the Run accepted).
 
-    def __init__(self, run: Run, tally: Tally) -> None:
+    ``settle_model``: the run's model was not given; a new run records the model of the
+    endpoint that wrote its first completion (``Run.settle``: its manifest is not written yet).
+    """
+
+    def __init__(self, run: Run, tally: Tally, *, settle_model: bool = False) -> None:
         self.run = run
         self.tally = tally
+        self.settle_model = settle_model and not run.manifest_written
 
     def completion(self, c: Completion) -> None:
+        if self.settle_model and c.model:
+            self.settle_model = False
+            self.run.settle(model=c.model)
         if self.run.add_completion(c):
             self.tally.completion(c)
 
@@ -102,6 +112,7 @@ class Engine:
         log: Log = stderr_log,
         live: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        settle_model: bool = False,
     ) -> None:
         self.cfg = config
         self.run_ = run
@@ -114,21 +125,25 @@ class Engine:
         self.tally = Tally()
         self.interrupted = False
         self._interrupts = 0
+        self._leave = False  # the grace period is over (or a second interrupt): stop waiting
         self._probe_timeout = min(5.0, config.connect_timeout)
         self.dispatcher = Dispatcher(
             config,
             endpoints,
             reader,
-            _Sink(run, self.tally),
+            _Sink(run, self.tally, settle_model=settle_model),
             model=model,
             is_done=run.is_done,
-            check_alive=lambda ep: check_alive(session, ep.url, self._probe_timeout),
+            check_alive=self._check_alive,
             revive=self._revive,
             log=log,
             clock=clock,
             history=(lambda: run_history(run.store)) if run.resumed_done else None,
         )
-        self.progress = Progress(endpoints, self._counters, total=total, clock=clock)
+        self.progress = Progress(
+            endpoints, self._counters, total=total, clock=clock, state=self._state
+        )
+        self._unserved_since: float | None = None  # no endpoint serving since (the watch)
         self._total = total  # in-scope (prompt, sample) pairs, rejected lines included
         self._stop_loops = asyncio.Event()
         self._grace_task: asyncio.Task[None] | None = None
@@ -145,6 +160,20 @@ class Engine:
             sum(e.output_tokens for e in self.endpoints),
             (t.done - t.completed),
         )
+
+    def _state(self) -> str | None:
+        """Why nothing moves now, for the progress views instead of an ETA (None: it moves)."""
+        d = self.dispatcher
+        if d.stopping:
+            running = sum(len(c) for c in d.on_endpoint.values())
+            if self.fatal is not None:
+                return "stopping"
+            return f"stopping: {running:,} running request(s) to finish, then committing"
+        if self._unserved_since is not None:
+            return f"waiting: no endpoint serving for {self.clock() - self._unserved_since:.0f} s"
+        if d.paused:
+            return f"paused: {self.run_.buffered:,} records wait for the store"
+        return None
 
     # -- shutdown -----------------------------------------------------------------------------
 
@@ -163,11 +192,13 @@ class Engine:
             self._grace_task = asyncio.ensure_future(self._grace())
         else:
             self.log("generate: leaving now; committing what finished")
+            self._leave = True
             d.abort()
 
     async def _grace(self) -> None:
         await asyncio.sleep(self.cfg.grace_seconds)
         self.log("generate: grace period over; cancelling the running requests")
+        self._leave = True
         self.dispatcher.abort()
 
     # -- the loops ----------------------------------------------------------------------------
@@ -184,7 +215,6 @@ class Engine:
     # -- the watch: pause on a full buffer, stop when no endpoint can serve --------------------
 
     async def _watch_loop(self) -> None:
-        unserved_since: float | None = None
         while not self._stop_loops.is_set() and self.fatal is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_loops.wait(), 0.25)
@@ -203,28 +233,33 @@ class Engine:
                 continue
             now = self.clock()
             if any(e.serving for e in self.endpoints):
-                unserved_since = None
+                self._unserved_since = None
                 continue
             if all(e.refusal is not None for e in self.endpoints) and not any(
                 e.served for e in self.endpoints
             ):
-                each = ", ".join(f"{e.url} ({e.refusal})" for e in self.endpoints)
-                self._abort(
-                    FleetUnavailableError(
-                        f"generate: every endpoint refuses chat requests: {each}; check the "
-                        "API key (--api-key-env), --model and the URLs, then run the same command"
+                if all(e.refused_how.startswith("refuses") for e in self.endpoints):
+                    each = ", ".join(f"{e.url} ({e.refusal})" for e in self.endpoints)
+                    said = (
+                        f"every endpoint refuses chat requests: {each}; check the API key "
+                        "(--api-key-env), --model and the URLs"
                     )
-                )
+                else:
+                    each = ", ".join(
+                        f"{e.url} {e.refused_how} ({e.refusal})" for e in self.endpoints
+                    )
+                    said = f"no endpoint gives a usable answer: {each}; fix the servers"
+                self._abort(FleetUnavailableError(f"generate: {said}, then run the same command"))
                 return
-            if unserved_since is None:
-                unserved_since = now
-            elif now - unserved_since >= self.cfg.unavailable_timeout:
+            if self._unserved_since is None:
+                self._unserved_since = now
+            elif now - self._unserved_since >= self.cfg.unavailable_timeout:
                 for e in self.endpoints:
                     why = e.fault or ("on trial, no answer yet" if e.state == "up" else e.state)
                     self.log(f"endpoint {e.url}: out of service: {why}")
                 self._abort(
                     FleetUnavailableError(
-                        f"generate: no endpoint could serve for {now - unserved_since:.0f} s "
+                        f"generate: no endpoint could serve for {now - self._unserved_since:.0f} s "
                         f"(--unavailable-timeout {self.cfg.unavailable_timeout:g}); stopped. "
                         "Committed work is kept: fix the endpoints and run the same command "
                         "to resume"
@@ -249,15 +284,42 @@ class Engine:
                 *(load_of(self.session, e, self._probe_timeout) for e in ups)
             )
             for e, load in zip(ups, loads, strict=True):
-                if load is None or e.adapt(load) is None:
-                    continue
+                if load is not None:
+                    e.adapt(load)
+                # the limit also moves when answers teach the fitted capacity (endpoint.py)
                 if abs(e.limit - shown[e]) >= max(2, shown[e] // 10):
-                    self.log(
-                        f"endpoint {e.url}: concurrency {shown[e]} -> {e.limit} "
-                        f"(server running {load.running}, waiting {load.waiting})"
-                    )
+                    why = f"capacity {e.fitted() or '?'}"
+                    if load is not None:
+                        why += f", server running {load.running}, waiting {load.waiting}"
+                    self.log(f"endpoint {e.url}: concurrency {shown[e]} -> {e.limit} ({why})")
                     shown[e] = e.limit
             self.dispatcher.wake.set()
+
+    def _model_swap(self, ep: Endpoint, cap: Capacity | None) -> str | None:
+        """Why ``ep`` may not serve this run (None when it may): it reports another model
+        than it served before (or, never seen, than the fleet served), a server restarted
+        with another model on the same URL. ``--allow-mixed-models`` lets it serve."""
+        if self.cfg.allow_mixed_models or cap is None or not cap.model:
+            return None
+        expected = ep.model or next((e.model for e in self.endpoints if e.model), None)
+        if expected is None or cap.model == expected:
+            return None
+        return (
+            f"it now serves model {cap.model!r}, not {expected!r} as before (a server "
+            "restarted with another model?); a run is one model's answers: it stays out "
+            "until it serves that model again (--allow-mixed-models takes both)"
+        )
+
+    async def _check_alive(self, ep: Endpoint) -> bool:
+        """The dispatcher's health check: the server answers, and still serves the run's
+        model (else it is taken out here, saying both models)."""
+        if not await check_alive(self.session, ep.address, self._probe_timeout):
+            return False
+        if not self.cfg.allow_mixed_models:
+            cap = await probe_capacity(self.session, ep.address, timeout=self._probe_timeout)
+            if (swap := self._model_swap(ep, cap)) is not None:
+                self.dispatcher.take_down(ep, swap, dead=True)
+        return True
 
     async def _revive(self, ep: Endpoint) -> None:
         # probed often at first (most outages are restarts of seconds: every second late is a
@@ -268,9 +330,14 @@ class Engine:
             await asyncio.sleep(min(self.cfg.probe_interval, _FAST_PROBE_INTERVAL if fast else 1e9))
             if ep.refusal is not None and self.clock() < ep.retry_refused_at:
                 continue  # a refusing endpoint passes /health: wait for its trial
-            if not await check_alive(self.session, ep.url, self._probe_timeout):
+            if not await check_alive(self.session, ep.address, self._probe_timeout):
                 continue
-            cap = await probe_capacity(self.session, ep.url, timeout=self._probe_timeout)
+            cap = await probe_capacity(self.session, ep.address, timeout=self._probe_timeout)
+            if (swap := self._model_swap(ep, cap)) is not None:
+                if ep.fault != swap:  # said once, not at every probe
+                    ep.fault = swap
+                    self.log(f"endpoint {ep.url} stays out: {swap}")
+                continue
             if cap is not None:
                 ep.set_capacity(cap)
             trial = ep.refusal is not None
@@ -337,7 +404,7 @@ class Engine:
         try:
             await self.dispatcher.run()
             if self.fatal is None:
-                await self.committer.drain(lambda: self._interrupts >= 2)
+                await self.committer.drain(lambda: self._leave, stopping=self.interrupted)
         finally:
             self._stop_loops.set()
             if self._grace_task is not None:
@@ -345,7 +412,7 @@ class Engine:
             self.dispatcher.abort()
             await asyncio.gather(*self.dispatcher.tasks, return_exceptions=True)
             await asyncio.gather(*loops, return_exceptions=True)
-            await self.committer.close(stopping=self.fatal is not None)
+            await self.committer.close(stopping=self.fatal is not None or self.interrupted)
         if self.fatal is not None:
             raise self.fatal
         summary = self._summary(self.clock() - t0)
@@ -378,7 +445,7 @@ class Engine:
                     url=e.url,
                     state=e.state,
                     engine=e.capacity.engine if e.capacity else None,
-                    capacity=e.capacity.max_running if e.capacity else None,
+                    capacity=e.fitted(),
                     concurrency=e.limit,
                     requests=e.requests,
                     completed=e.completed,
@@ -393,7 +460,7 @@ class Engine:
             )
         total = self._total
         answerable = self._answerable()
-        settled = d.already_done + self.tally.done
+        settled = d.already_done + self.tally.done - self.committer.uncommitted
         return self.tally.freeze(
             out=self.cfg.out,
             run_id=self.run_.manifest.get("run_id"),
@@ -402,6 +469,7 @@ class Engine:
             total=total,
             already_done=d.already_done,
             max_tokens=self.cfg.max_tokens,
+            clamped=d.clamped,
             requests=d.requests_ok,
             retries=d.retries,
             hedges=d.hedges,
@@ -429,9 +497,11 @@ async def run_engine(
     api_key: str | None = None,
     session: aiohttp.ClientSession | None = None,
     on_engine: Callable[[Engine], None] | None = None,
+    settle_model: bool = False,
 ) -> GenerateSummary:
     """Run the engine, with ``session`` for its probes (else one of its own, with ``api_key``);
-    ``on_engine`` sees the Engine first (to wire signals or to interrupt it from a test)."""
+    ``on_engine`` sees the Engine first (to wire signals or to interrupt it from a test);
+    ``settle_model``: a new run records the model of the endpoint that answered first."""
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(fewer_collections())  # collector.py: a third of the CPU otherwise
         if session is None:
@@ -446,6 +516,7 @@ async def run_engine(
             total=total,
             log=log,
             live=live,
+            settle_model=settle_model,
         )
         if on_engine is not None:
             on_engine(engine)

@@ -1,5 +1,5 @@
 """The output limit of one request: an explicit ``max_tokens``, or (the default) what fills the
-endpoint's context.
+endpoint's context; never more than the context has room for.
 
 With no ``--max-tokens`` a request may write up to ``context length - prompt tokens`` (SGLang
 refuses ``prompt + max_new >= context``, so one token less). The context length comes from the
@@ -15,11 +15,19 @@ multi-turn prompt carry the earlier answers:
   largest ratio its answers to requests of ``LEARN_MIN_BYTES`` or more have shown so far
   (``INITIAL_TOKENS_PER_BYTE`` before any), plus a few template tokens per message.
 
+An explicit ``max_tokens`` that does not fit (the prompt's tokens plus the limit exceed the
+context) is a configuration error, not the prompt's: the request is sent with the room there is
+(``clamped`` says so, and the dispatcher counts it for the summary's one line) instead of being
+refused by the server and recorded as a ``context_length`` failure. ``strict`` (``--strict-limit``)
+sends the configured limit as it is: a prompt that does not fit with it is the prompt's failure
+(the stage refuses, before any request, a limit that fits no request at all).
+
 An estimate can be short for an unusual prompt: a context-length answer to a request whose limit
-was computed here (decided by the error's type) is retried at once with a quarter of the limit,
-up to ``SHRINK_TRIES`` times; then it is the prompt's own failure. With an unknown context
-length the limit is ``FALLBACK_MAX_TOKENS``. This module holds no I/O but the chat call it
-wraps; ``dispatch.py`` uses it.
+was computed or lowered here (decided by the error's type) is retried at once with a quarter of
+the limit, up to ``SHRINK_TRIES`` times; then it is the prompt's own failure. With an unknown
+context length the limit is ``FALLBACK_MAX_TOKENS`` (or the explicit one, shrunk the same way
+when the server says it does not fit). This module holds no I/O but the chat call it wraps;
+``dispatch.py`` uses it.
 """
 
 from __future__ import annotations
@@ -73,16 +81,26 @@ def estimate_tokens(
 class OutputLimit:
     """The limit for the requests of one conversation on one endpoint (see the module doc).
 
-    ``explicit``: the configured ``max_tokens`` (None: fill the context). ``limit(messages)``
-    gives the next request's limit; ``answered(messages, turn)`` records what the server
-    counted, so the next turn's estimate starts from it; ``send`` runs one request with the
-    shrink-on-context-length retry.
+    ``explicit``: the configured ``max_tokens`` (None: fill the context); ``strict``: send it
+    as configured, never lowered. ``limit(messages)`` gives the next request's limit (``clamped``:
+    it is below ``explicit``, to fit the context); ``answered(messages, turn)`` records what the
+    server counted, so the next turn's estimate starts from it; ``send`` runs one request with
+    the shrink-on-context-length retry.
     """
 
-    def __init__(self, explicit: int | None, ep: Endpoint, tools: list[JsonDict] | None) -> None:
+    def __init__(
+        self,
+        explicit: int | None,
+        ep: Endpoint,
+        tools: list[JsonDict] | None,
+        *,
+        strict: bool = False,
+    ) -> None:
         self.explicit = explicit
         self.ep = ep
         self.tools = tools
+        self.strict = strict
+        self.clamped = False  # the last request's limit is below ``explicit`` (to fit)
         self._known_messages = 0  # leading messages whose tokens the server counted
         self._known_tokens = 0
         self._prompt_tokens = 0  # of the last answered request
@@ -94,20 +112,41 @@ class OutputLimit:
         """Whether the limit is computed here (no explicit max_tokens, known context)."""
         return self.explicit is None and self.ep.context_length is not None
 
-    def limit(self, messages: list[Message]) -> int:
-        """``max_tokens`` for a request of ``messages``."""
-        if self.explicit is not None:
-            return self.explicit
+    @property
+    def shrinks(self) -> bool:
+        """Whether a context-length answer is retried with a smaller limit: a computed one, or
+        an explicit one unless ``strict``."""
+        return self.auto or (self.explicit is not None and not self.strict)
+
+    def room(self, messages: list[Message]) -> int | None:
+        """The most output tokens a request of ``messages`` leaves room for in the endpoint's
+        context (an upper-leaning estimate of its prompt; None when the context is unknown)."""
         context = self.ep.context_length
         if context is None:
-            return FALLBACK_MAX_TOKENS
+            return None
         rate = self.ep.tokens_per_byte or INITIAL_TOKENS_PER_BYTE
         if self._known_messages and self._known_messages <= len(messages):
             new = messages[self._known_messages :]
             prompt = self._known_tokens + estimate_tokens(new, None, rate)
         else:
             prompt = estimate_tokens(messages, self.tools, rate)
-        return max(MIN_LIMIT, context - prompt - 1)
+        return context - prompt - 1
+
+    def limit(self, messages: list[Message]) -> int:
+        """``max_tokens`` for a request of ``messages`` (sets ``clamped``)."""
+        self.clamped = False
+        if self.explicit is not None and self.strict:
+            return self.explicit
+        room = self.room(messages)
+        if room is None:
+            return self.explicit if self.explicit is not None else FALLBACK_MAX_TOKENS
+        if self.explicit is None:
+            return max(MIN_LIMIT, room)
+        if self.explicit <= room:
+            return self.explicit
+        lowered = min(self.explicit, max(MIN_LIMIT, room))
+        self.clamped = lowered < self.explicit
+        return lowered
 
     def answered(self, messages: list[Message], turn: Turn) -> None:
         """The server answered ``messages`` with ``turn``: learn the endpoint's tokens per byte
@@ -150,8 +189,8 @@ class OutputLimit:
         self._known_tokens = self._prompt_tokens + answer + PER_MESSAGE_TOKENS
 
     async def send(self, body: dict[str, Any]) -> tuple[list[Turn], dict[str, Any]]:
-        """Send ``body``; a context-length answer to a computed limit is retried with a smaller
-        one (the returned body is the one that was answered)."""
+        """Send ``body``; a context-length answer to a computed or lowerable limit is retried
+        with a smaller one (the returned body is the one that was answered)."""
         tries = 0
         while True:
             try:
@@ -159,7 +198,7 @@ class OutputLimit:
             except RequestError as exc:
                 limit = int(body.get("max_tokens") or 0)
                 retry = (
-                    self.auto
+                    self.shrinks
                     and exc.error_class is ErrorClass.context_length
                     and tries < SHRINK_TRIES
                     and limit > MIN_LIMIT
@@ -167,5 +206,6 @@ class OutputLimit:
                 if not retry:
                     raise
             tries += 1
+            self.clamped = self.explicit is not None
             smaller = max(MIN_LIMIT, limit // 4)
             body = {**body, "max_tokens": smaller, "max_completion_tokens": smaller}

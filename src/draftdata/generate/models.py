@@ -4,7 +4,10 @@
 models at ``/v1/models`` (``--allow-mixed-models`` lets it go on; each completion then records
 the model of the endpoint that wrote it). ``check_resume_model`` turns a resumed run whose
 manifest recorded another model into one line that says what the difference means and which
-option accepts it (the generic settings diff of ``Run.open`` does not).
+option accepts it (the generic settings diff of ``Run.open`` does not); a run that holds no
+completion yet takes the model the endpoints serve now (nothing was written by the other).
+``recorded_model`` is what a resumed run recorded, for a start when no endpoint names its
+model (the run goes on as what it is, rather than as ``default``).
 
 It does not probe endpoints (``fleet/probe.py`` does) nor write anything.
 """
@@ -16,7 +19,8 @@ from typing import Any
 
 from draftdata.errors import ConfigError, DraftdataError, RunMismatchError
 from draftdata.store.manifest import MANIFEST_KEY, load_manifest
-from draftdata.store.store import open_store
+from draftdata.store.read import COMPLETIONS_PREFIX
+from draftdata.store.store import Store, open_store
 
 
 def _shown(urls: list[str]) -> str:
@@ -39,20 +43,43 @@ def check_fleet_models(urls: Sequence[str], models: Sequence[str | None], allow:
     )
 
 
-def check_resume_model(out: str, model: str, allow_config_change: bool) -> None:
-    """RunMismatchError (one line) when the run at ``out`` recorded another model than
-    ``model`` and ``allow_config_change`` is False; nothing for a new run."""
-    if allow_config_change:
-        return
+def _recorded(out: str) -> tuple[str | None, Store | None]:
+    """The model the run at ``out`` recorded (None: no run, or none recorded) and its store."""
     try:
         store = open_store(out)
         if not store.exists(MANIFEST_KEY):
-            return
+            return None, None
         settings: dict[str, Any] = load_manifest(store).get("effective_settings") or {}
     except DraftdataError:
-        return  # Run.open reports problems with the prefix itself
-    before = settings.get("model")
-    if not isinstance(before, str) or before == model:
+        return None, None  # Run.open reports problems with the prefix itself
+    model = settings.get("model")
+    return (model if isinstance(model, str) else None), store
+
+
+def _has_completions(store: Store) -> bool:
+    try:
+        return bool(store.list(COMPLETIONS_PREFIX))
+    except DraftdataError:
+        return True  # unknown: keep the check
+
+
+def recorded_model(out: str) -> str | None:
+    """The model the run at ``out`` recorded, if it is a run that holds completions."""
+    model, store = _recorded(out)
+    if model is None or model == "default" or store is None:
+        return None
+    return model if _has_completions(store) else None
+
+
+def check_resume_model(out: str, model: str, allow_config_change: bool) -> None:
+    """RunMismatchError (one line) when the run at ``out`` recorded another model than
+    ``model`` in its completions and ``allow_config_change`` is False; nothing for a new run or
+    one without a completion (nothing was answered by the model it recorded: the run takes the
+    new one)."""
+    if allow_config_change:
+        return
+    before, store = _recorded(out)
+    if before is None or store is None or before == model or not _has_completions(store):
         return
     same_name = (
         " ('default' is what a server without a served model name reports, or what a run "

@@ -14,9 +14,10 @@
 - usage per choice: prompt and cached tokens describe the prompt every choice saw (so they
   repeat across choices of one request); completion tokens are the choice's own output ids
   when the server returned them, else the request's total split in proportion to text length.
-- token ids from SGLang (per choice ``prompt_token_ids`` / ``token_ids``, or ``meta_info``
-  with ``output_ids``/``output_token_ids``) and vLLM (top-level ``prompt_token_ids``, per
-  choice ``token_ids``).
+- token ids from SGLang (per choice ``prompt_token_ids`` and ``response_token_ids``, as 0.5.x
+  returns them for ``return_token_ids``/``return_prompt_token_ids``; older builds per choice
+  ``token_ids``, or ``meta_info`` with ``output_ids``/``output_token_ids``) and vLLM
+  (top-level ``prompt_token_ids``, per choice ``token_ids``).
 
 A body that does not have this shape raises ``MalformedResponse`` (a ValueError). The module is
 pure: no I/O, no HTTP, no retry policy (``client.py`` maps errors to classes; the engine decides).
@@ -65,6 +66,7 @@ class _Choice(msgspec.Struct, kw_only=True, gc=False):
     finish_reason: str | dict[str, Any] | None = None
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
+    response_token_ids: list[int] | None = None  # SGLang 0.5.x
     output_token_ids: list[int] | None = None
     output_ids: list[int] | None = None
     meta_info: dict[str, Any] | None = None
@@ -242,7 +244,7 @@ def _turns(body: _Body) -> list[Turn]:
         m_prompt, m_output = _meta_ids(ch.meta_info, "choices[].meta_info")
         prompt_ids = ch.prompt_token_ids or m_prompt or top_prompt
         output_ids = ch.token_ids
-        for alt in (ch.output_token_ids, ch.output_ids, m_output):
+        for alt in (ch.response_token_ids, ch.output_token_ids, ch.output_ids, m_output):
             if output_ids is None:
                 output_ids = alt
         if output_ids is None and len(choices) == 1:

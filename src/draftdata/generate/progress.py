@@ -4,7 +4,10 @@ and the metrics snapshots written into the run.
 ``Progress.tick`` samples cumulative counters (records done, requests answered, output tokens,
 per endpoint) on the event loop; rates are differences over ``window`` seconds (and since the
 start); the clock is injectable. ``render`` builds the rich live view (totals, ETA and one row
-per endpoint), ``line`` the plain log line used when stdout is not a terminal.
+per endpoint), ``line`` the plain log line used when stdout is not a terminal; both write numbers
+with thousands separators. When nothing can move (a Ctrl-C drain, no endpoint serving, dispatch
+paused for the store) ``state()`` says which, and the views show that instead of an ETA: a pace
+measured before it would count down to a time that is not coming.
 
 Metrics snapshots (``snapshot``), written by the engine every ``metrics_interval`` seconds as
 ``metrics/<writer>-<seq>.json`` (``Run.write_metrics`` adds ``writer`` and ``run_id``)::
@@ -48,7 +51,7 @@ def _fmt_time(seconds: float | None) -> str:
     s = int(seconds)
     h, rem = divmod(s, 3600)
     m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+    return f"{h:,}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
 class Progress:
@@ -62,8 +65,10 @@ class Progress:
         total: int | None,
         window: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        state: Callable[[], str | None] | None = None,
     ) -> None:
         self.endpoints = endpoints
+        self.state = state or (lambda: None)  # why nothing moves now (None: it does)
         self.counters = counters  # -> (settled, requests answered, output tokens, failed)
         self.total = total
         self.window = window
@@ -119,21 +124,26 @@ class Progress:
     def _done_text(self) -> str:
         done = self.already_done + self.samples[-1][1]
         if self.total:
-            return f"{done}/{self.total} ({done / self.total:.1%})"
-        return str(done)
+            return f"{done:,}/{self.total:,} ({done / self.total:.1%})"
+        return f"{done:,}"
+
+    def _eta_text(self) -> str:
+        """``ETA 1h02m``, or the state when nothing can move."""
+        state = self.state()
+        return state if state is not None else f"ETA {_fmt_time(self.eta())}"
 
     def line(self) -> str:
         """One plain log line: totals, rates, ETA, then each endpoint in short."""
         rw, rl, tw, tl = self.rates()
         eps = " ".join(
-            f"[{e.name} {e.state} {e.inflight}/{e.limit} {e.tokens_per_s(self.window):.0f}t/s"
-            + (f" err {sum(e.errors.values())}" if e.errors else "")
+            f"[{e.name} {e.state} {e.inflight}/{e.limit} {e.tokens_per_s(self.window):,.0f}t/s"
+            + (f" err {sum(e.errors.values()):,}" if e.errors else "")
             + "]"
             for e in self.endpoints
         )
         return (
-            f"generate: {self._done_text()} done, failed {self.failed}, {rw:.1f} req/s "
-            f"({rl:.1f} avg), {tw:.0f} tok/s ({tl:.0f} avg), ETA {_fmt_time(self.eta())} {eps}"
+            f"generate: {self._done_text()} done, failed {self.failed:,}, {rw:,.1f} req/s "
+            f"({rl:,.1f} avg), {tw:,.0f} tok/s ({tl:,.0f} avg), {self._eta_text()} {eps}"
         )
 
     def render(self) -> Group:
@@ -141,10 +151,10 @@ class Progress:
         rw, rl, tw, tl = self.rates()
         head = Text.assemble(
             ("generate ", "bold"),
-            f"{self._done_text()} done, {self.failed} failed   ",
-            f"{rw:.1f} req/s ({rl:.1f} avg)   ",
+            f"{self._done_text()} done, {self.failed:,} failed   ",
+            f"{rw:,.1f} req/s ({rl:,.1f} avg)   ",
             f"{tw:,.0f} output tok/s ({tl:,.0f} avg)   ",
-            f"elapsed {_fmt_time(self.clock() - self.started)}   ETA {_fmt_time(self.eta())}",
+            f"elapsed {_fmt_time(self.clock() - self.started)}   {self._eta_text()}",
         )
         table = Table(box=None, pad_edge=False, header_style="bold")
         cols = ("endpoint", "state", "in-flight/limit", "capacity", "waiting", "tok/s", "done")
@@ -158,10 +168,10 @@ class Progress:
                 e.name,
                 Text(e.state, style=style),
                 f"{e.inflight}/{e.limit}",
-                str(e.capacity.max_running or "?") if e.capacity else "?",
+                str(e.fitted() or "?"),
                 waiting,
                 f"{e.tokens_per_s(self.window):,.0f}",
-                str(e.completed),
+                f"{e.completed:,}",
                 errs,
             )
         return Group(head, table)
@@ -181,7 +191,7 @@ class Progress:
             "already_done": self.already_done,
             "requests_per_s": {"window": round(rw, 3), "lifetime": round(rl, 3)},
             "output_tokens_per_s": {"window": round(tw, 1), "lifetime": round(tl, 1)},
-            "eta_s": self.eta(),
+            "eta_s": self.eta() if self.state() is None else None,
             "endpoints": {
                 e.url: {k: v for k, v in e.row(self.window).items() if k != "url"}
                 for e in self.endpoints

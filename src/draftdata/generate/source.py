@@ -17,7 +17,7 @@ line can end the reader: invalid JSON or UTF-8, any shape, nesting of any depth 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from fnmatch import fnmatch
 from itertools import islice
 from pathlib import Path
@@ -26,7 +26,7 @@ import msgspec
 
 from draftdata.errors import InputError, StoreError
 from draftdata.generate.partition import Partition, parse_partition
-from draftdata.records import BOM, Prompt, parse_prompt, prompt_id
+from draftdata.records import BOM, Prompt, derived_id_fault, parse_prompt, prompt_id
 from draftdata.store.doneset import DoneSet
 from draftdata.store.prompts import iter_prompt_lines, open_prompt_file, read_lines
 
@@ -118,7 +118,8 @@ def scan(files: list[PromptFile], *, limit: int | None, partition: Partition | N
 
 
 class PromptReader:
-    """Validated prompts of the files in order, within ``limit`` and ``partition``."""
+    """Validated prompts of the files in order, within ``limit`` and ``partition`` (and, with
+    ``only``, among those ids: a pilot's sample, ``pilot.py``)."""
 
     def __init__(
         self,
@@ -129,8 +130,10 @@ class PromptReader:
         on_invalid: Callable[[str], None] | None = None,
         on_reject: Callable[[str, bytes], None] | None = None,
         settled: Callable[[list[str]], Sequence[int]] | None = None,
+        only: Container[str] | None = None,
     ) -> None:
         self.files = files
+        self.only = only  # ids to answer (a pilot's sample); others are out of scope
         self.on_reject = on_reject
         # ``settled(ids)``: for each id, how many samples of the prompt are settled when ALL are
         # (else 0). Such lines are skipped on an id-only decode, before the full parse, and the
@@ -165,12 +168,15 @@ class PromptReader:
         """``block`` without the lines that the id alone rules out: another partition's, and
         settled prompts (a line without a readable id stays, for the parse to report)."""
         part = self.partition if self.partition is not None and self.partition.count > 1 else None
-        if self.settled is None and part is None:
+        if self.settled is None and part is None and self.only is None:
             return block
         pids = [prompt_id(line) for _, _, line in block]
         skip: set[int] = set()
         if part is not None:
             skip = {i for i, pid in enumerate(pids) if pid and not part.contains(pid)}
+        if self.only is not None:  # out of the sample: out of scope, like another partition
+            only = self.only
+            skip |= {i for i, pid in enumerate(pids) if pid not in only}
         if self.settled is not None:
             asked = [i for i, pid in enumerate(pids) if pid and i not in skip]
             for i, done in zip(asked, self.settled([pids[i] for i in asked]), strict=True):
@@ -208,6 +214,9 @@ class PromptReader:
                     prompt = parse_prompt(line, f"{f}:{lineno}")
                 except InputError as exc:
                     self._reject(str(exc), line)
+                    continue
+                if (fault := derived_id_fault(prompt.id)) is not None:
+                    self._reject(f"{f}:{lineno}: {fault}", line)
                     continue
                 if self._first(prompt.id, f"{f}:{lineno}", line):
                     yield prompt  # in the partition: _to_parse judged its id

@@ -1,16 +1,29 @@
 """``generate(config) -> GenerateSummary``: the generate stage as one plain function.
 
-It checks everything before the first request: the config, the prompt files, the API key
-variable, that at least one endpoint answers (else a one-line FleetError), and the run store
-(``Run.open``: protected prefixes, the manifest's settings hash). Then it runs the engine on a
-fresh event loop, with SIGINT/SIGTERM wired to the engine's graceful stop when called from the
-main thread, and returns the summary. Works in a fresh process (scripts, Ray workers).
+It checks everything before the first request: the config, the prompt files (and that their
+first lines are prompts at all: a file in another schema stops with one line naming the
+``prepare`` schema that converts it), the API key variable, that at least one endpoint answers
+(else a one-line FleetError), that the output limits can fit a request in the endpoints'
+context (``--strict-limit`` refuses one that cannot; otherwise each request's limit is lowered
+to fit, and the start says so in one line), and the run store (``Run.open``: protected
+prefixes, the manifest's settings hash). Then it runs the engine on a fresh event loop, with
+SIGINT/SIGTERM wired to the engine's graceful stop when called from the main thread, and
+returns the summary. Works in a fresh process (scripts, Ray workers).
+
+Nothing is recorded before an endpoint has answered: the run's manifest is written with its
+first committed shard (``Run.open(defer_manifest=True)``), with the model of the endpoint that
+answered when the start could not learn it; a run that holds no completion yet takes changed
+settings (or another model) without ``--allow-config-change``.
 
 The run's settings (the manifest hash) are what changes the output: the prompts' identity
 (sha256 of the files), the model, max tokens, sampling, reasoning mode and template kwargs,
 history handling, ``n``, per-source overrides and extra body fields. Endpoints, concurrency,
 ``limit``, ``partition`` and timeouts are not, so a run can be resumed on another fleet, in
 partitions, or first tried with ``--limit``.
+
+Secrets stay in the process: the API key and the passwords of endpoint URLs go out only in
+requests. URLs are shown and recorded without their password (``redact.redact_url``), and every
+log line and the error a command ends with pass through the run's ``Redactor``.
 """
 
 from __future__ import annotations
@@ -20,25 +33,27 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 import msgspec
 import numpy as np
 
 from draftdata.endpoints import base_url, probe_capacity
-from draftdata.errors import ConfigError, FleetError, LeaseLostError, StoreError
+from draftdata.errors import ConfigError, DraftdataError, FleetError, LeaseLostError, StoreError
 from draftdata.fleetspec import read_fleet
 from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.endpoint import Endpoint, queue_target
 from draftdata.generate.engine import Engine, Log, probe_session, run_engine, stderr_log
-from draftdata.generate.limits import FALLBACK_MAX_TOKENS
-from draftdata.generate.models import check_fleet_models, check_resume_model
+from draftdata.generate.limits import FALLBACK_MAX_TOKENS, INITIAL_TOKENS_PER_BYTE
+from draftdata.generate.models import check_fleet_models, check_resume_model, recorded_model
 from draftdata.generate.partition import parse_partition
+from draftdata.generate.rejects import Rejects, check_schema
 from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
 from draftdata.generate.summary import GenerateSummary
 from draftdata.generate.thinking import server_kwargs
+from draftdata.redact import Redactor, redact_url
 from draftdata.store.lease import LeaseOptions, scope_of
 from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS
 from draftdata.store.protect import check_not_protected
@@ -55,6 +70,8 @@ def run_settings(config: GenerateConfig, prompts: Scan, model: str) -> dict[str,
         "prompts": {"sha256": prompts.sha256, "lines": prompts.prompts, "bytes": prompts.bytes},
         "model": model,
         "max_tokens": config.max_tokens if config.max_tokens is not None else "auto",
+        # only when set: the settings (and hash) of runs that never used it stay as they were
+        **({"strict_limit": True} if config.strict_limit else {}),
         "sampling": msgspec.to_builtins(config.sampling),
         "reasoning": config.reasoning,
         "chat_template_kwargs": kwargs,
@@ -80,7 +97,9 @@ def endpoint_urls(config: GenerateConfig) -> tuple[list[str], list[int | None]]:
     urls = [base_url(u) for u in config.endpoints]
     bad = [u for u in urls if not u.startswith(("http://", "https://"))]
     if bad:
-        raise ConfigError(f"--endpoint {bad[0]}: give a URL such as http://127.0.0.1:30000")
+        raise ConfigError(
+            f"--endpoint {redact_url(bad[0])}: give a URL such as http://127.0.0.1:30000"
+        )
     unique = list(dict.fromkeys(urls))
     return unique, [None] * len(unique)
 
@@ -102,6 +121,22 @@ def api_key(config: GenerateConfig) -> str | None:
     return value
 
 
+def check_credentials(urls: list[str], key: str | None) -> None:
+    """ConfigError when a URL carries a user (HTTP basic auth) and an API key is given too:
+    both would be the one ``Authorization`` header of every request."""
+    if key is None:
+        return
+    from urllib.parse import urlsplit
+
+    with_user = [u for u in urls if urlsplit(u).username is not None]
+    if with_user:
+        raise ConfigError(
+            f"--api-key-env: {redact_url(with_user[0])} carries a user and password (sent as "
+            "HTTP basic auth) and --api-key-env sends a key in the same Authorization header; "
+            "give one of the two (the URL without user:password@, or no --api-key-env)"
+        )
+
+
 def generate(
     config: GenerateConfig,
     *,
@@ -111,6 +146,7 @@ def generate(
     live: bool | None = None,
     handle_signals: bool = True,
     on_engine: Callable[[Engine], None] | None = None,
+    only: Collection[str] | None = None,
 ) -> GenerateSummary:
     """Run the generate stage for ``config`` and return its summary.
 
@@ -118,7 +154,9 @@ def generate(
     ``log`` receives start-up, endpoint and plain progress lines (default: stderr); ``live``
     forces the rich display on or off (default: from ``config.progress`` and whether stdout
     is a terminal); ``on_engine`` is called with the Engine on its event loop before it starts
-    (to interrupt it from another thread: ``loop.call_soon_threadsafe(engine.interrupt)``).
+    (to interrupt it from another thread: ``loop.call_soon_threadsafe(engine.interrupt)``);
+    ``only`` limits the command to those prompt ids within the scope (a pilot's sample,
+    ``pilot.py``; not a setting of the run: the same command without it answers the rest).
     Raises a DraftdataError subclass for anything the user can fix.
     """
     changes = {k: v for k, v in (("partition", partition), ("writer_id", writer_id)) if v}
@@ -129,29 +167,47 @@ def generate(
     urls, fleet_caps = endpoint_urls(config)
     contexts = fleet_contexts(config, len(urls))
     key = api_key(config)
+    check_credentials(urls, key)
+    redact = Redactor.of(key, urls)
     if live is None:
         import sys
 
         live = config.progress == "rich" or (config.progress == "auto" and sys.stdout.isatty())
-    emit = log or stderr_log
+    sink = log or stderr_log
+
+    def emit(line: str) -> None:
+        sink(redact(line))
+
     if handle_signals:
         # take over SIGINT/SIGTERM only where nobody else (a Ray worker, a notebook) has
         defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
         handle_signals = all(signal.getsignal(s) is h for s, h in defaults.items())
-    return asyncio.run(
-        _generate(
-            config,
-            files,
-            urls,
-            fleet_caps,
-            key,
-            emit,
-            contexts=contexts,
-            live=live,
-            signals=handle_signals,
-            on_engine=on_engine,
+    try:
+        return asyncio.run(
+            _generate(
+                config,
+                files,
+                urls,
+                fleet_caps,
+                key,
+                emit,
+                contexts=contexts,
+                live=live,
+                signals=handle_signals,
+                on_engine=on_engine,
+                redact=redact,
+                only=only,
+            )
         )
-    )
+    except DraftdataError as exc:  # the line the command ends with
+        said = str(exc)
+        if redact(said) == said:
+            raise
+        try:
+            clean = type(exc)(redact(said))
+        except Exception:  # a subclass with other arguments: the message is what counts
+            clean = DraftdataError(redact(said))
+        raise clean from None
 
 
 async def _generate(
@@ -166,22 +222,30 @@ async def _generate(
     live: bool,
     signals: bool,
     on_engine: Callable[[Engine], None] | None,
+    redact: Callable[[str], str] = str,
+    only: Collection[str] | None = None,
 ) -> GenerateSummary:
     timeout = min(10.0, config.connect_timeout)
+    shown = [redact_url(u) for u in urls]
     async with _warming() as warm, probe_session(key) as session:
         caps = await asyncio.gather(*(probe_capacity(session, u, timeout=timeout) for u in urls))
         if all(c is None for c in caps):
-            shown = ", ".join(urls[:4]) + (f" and {len(urls) - 4} more" if len(urls) > 4 else "")
+            which = ", ".join(shown[:4]) + (f" and {len(urls) - 4} more" if len(urls) > 4 else "")
             raise FleetError(
-                f"generate: no endpoint reachable ({shown}); start the fleet "
+                f"generate: no endpoint reachable ({which}); start the fleet "
                 "(draftdata fleet up / fleet sim) or check --endpoint/--fleet"
             )
-        check_fleet_models(urls, [c.model if c else None for c in caps], config.allow_mixed_models)
-        model = config.model or next((c.model for c in caps if c and c.model), None) or "default"
+        check_fleet_models(shown, [c.model if c else None for c in caps], config.allow_mixed_models)
+        served = next((c.model for c in caps if c and c.model), None)
+        if config.model is None and served is None:  # a resumed run stays what it recorded
+            served = await asyncio.to_thread(recorded_model, config.out)
+        model = config.model or served or "default"
         await asyncio.to_thread(check_resume_model, config.out, model, config.allow_config_change)
+        check_limits(config, shown, caps, contexts, log)
         if config.token_ids == "on":
             await _check_token_ids(config, urls, caps, key, model)
         part = parse_partition(config.partition) if config.partition else None
+        await asyncio.to_thread(check_schema, files, config.limit)
         found = await asyncio.to_thread(scan, files, limit=config.limit, partition=part)
         settings = run_settings(config, found, model)
         alive = next((u for u, c in zip(urls, caps, strict=True) if c is not None), None)
@@ -210,13 +274,23 @@ async def _generate(
             writer_id=config.writer_id,
             lease=lease,
             log=log,
+            defer_manifest=True,
         )
+        if run.changes:
+            changed = "; ".join(run.changes[:4]) + ("; ..." if len(run.changes) > 4 else "")
+            log(
+                f"generate: {config.out}: settings changed ({changed}); recorded in "
+                "manifest-history/; its earlier fatal failures are tried again"
+            )
         endpoints: list[Endpoint] = []
-        rejects = Rejects()
+        rejects = Rejects(log)
         restore: list[Callable[[], None]] = []
         try:  # from here on the lease is released whatever happens
             await warm
-            endpoints = _endpoints(config, urls, caps, fleet_caps, key, log, contexts)
+            prompt_guess = found.bytes / max(1, found.prompts) * INITIAL_TOKENS_PER_BYTE
+            endpoints = _endpoints(
+                config, urls, caps, fleet_caps, key, log, contexts, redact, prompt_guess
+            )
             n = config.n
 
             def settled(ids: list[str]) -> list[int]:
@@ -234,14 +308,17 @@ async def _generate(
                 files,
                 limit=config.limit,
                 partition=part,
-                on_invalid=log,
                 on_reject=rejects.add,
                 settled=settled,
+                only=only,
             )
-            if run.resumed_done or run.resumed_fatal:
+            # a partition's done-set holds the other partitions' records too: it says what it
+            # skipped of its own in the summary ("already done before")
+            if part is None and (run.resumed_done or (run.resumed_fatal and not run.changes)):
+                fatal = 0 if run.retry_failed else run.resumed_fatal
                 log(
-                    f"generate: resuming {config.out}: {run.resumed_done} completed and "
-                    f"{run.resumed_fatal} fatally failed records are skipped"
+                    f"generate: resuming {config.out}: {run.resumed_done:,} completed and "
+                    f"{fatal:,} fatally failed records are skipped"
                 )
 
             def started(engine: Engine) -> None:
@@ -259,27 +336,33 @@ async def _generate(
                 reader,
                 model=model,
                 session=session,
-                total=found.in_scope * config.n,
+                total=(found.in_scope if only is None else len(only)) * config.n,
                 log=log,
                 live=live,
                 on_engine=started,
+                settle_model=config.model is None,
             )
         finally:
             for undo in restore:
                 undo()
             await asyncio.gather(*(e.client.close() for e in endpoints), return_exceptions=True)
             try:
-                if run.lease is None or not run.lease.lost:  # a taken-over run is not ours
+                # a taken-over run is not ours; a run that recorded nothing gets no list either
+                if (run.lease is None or not run.lease.lost) and run.manifest_written:
                     key = await asyncio.to_thread(rejects.write, run)
                     if key is not None:
-                        log(f"generate: {len(rejects.rows)} invalid prompt lines written to {key}")
+                        log(rejects.summary(key))
+                elif rejects.rows:
+                    log(rejects.summary(None))
             except StoreError as exc:
                 log(f"generate: could not write the invalid prompt lines: {exc}")
             finally:
                 await asyncio.to_thread(run.release_lease)
     if run.lease is not None and run.lease.lost:  # taken over: what we did not commit is theirs
         raise LeaseLostError(run.lease.lost)
-    if not config.partition:  # a partition (a Ray task) reports its own part; the driver sums
+    # a partition (a Ray task) reports its own part (the driver sums); a run that recorded
+    # nothing has no whole-run figures
+    if not config.partition and run.manifest_written:
         summary.run = await asyncio.to_thread(_whole_run, run, log)
     if summary.interrupted:
         log(
@@ -332,43 +415,50 @@ async def _check_token_ids(
     answers = await asyncio.gather(*(ask(u, c.model) for u, c in up))
     for (url, _), ok in zip(up, answers, strict=True):
         if ok is False:
-            raise ConfigError(token_ids_refusal(url))
+            raise ConfigError(token_ids_refusal(redact_url(url)))
 
 
-class Rejects:
-    """Invalid prompt lines of one command, written to the run as ``rejects/<writer>.jsonl``.
-
-    Each line is ``{"location": "FILE:LINE", "reason": ..., "line": <the raw text>}``. The
-    object is written create-only when the command ends (one per command that met bad lines;
-    a resumed run reads the same files, so it writes its own, equal list).
-    """
-
-    MAX_LINE_CHARS = 4000
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, str]] = []
-
-    def add(self, message: str, raw: bytes) -> None:
-        """Record one bad line (``message`` starts with ``FILE:LINE:``)."""
-        location, _, reason = message.partition(": ")
-        text = raw.decode("utf-8", errors="replace").rstrip("\n")[: self.MAX_LINE_CHARS]
-        self.rows.append({"location": location, "reason": reason or message, "line": text})
-
-    def write(self, run: Any) -> str | None:
-        """Write the rows into ``run``'s store; return the object's URL (None when empty)."""
-        if not self.rows:
-            return None
-        import json
-
-        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.rows).encode()
-        taken = set(run.store.list("rejects/"))
-        key = f"rejects/{run.writer_id}.jsonl"
-        n = 1
-        while key in taken:  # the same --writer-id again: never replace the earlier list
-            n += 1
-            key = f"rejects/{run.writer_id}-{n}.jsonl"
-        run.store.put_new(key, body)
-        return str(run.store.key_url(key))
+def check_limits(
+    config: GenerateConfig,
+    urls: list[str],
+    caps: list[Any],
+    contexts: list[int | None],
+    log: Log,
+) -> None:
+    """The configured output limits (``max_tokens`` and the overrides') against each reachable
+    endpoint's context, before anything is recorded: a limit that leaves no room for any prompt
+    is refused with ``--strict-limit`` (ConfigError, one line) and otherwise said in one line
+    (each request's limit is then lowered to the context minus its prompt: ``limits.py``)."""
+    limits = [("max_tokens", config.max_tokens)] + [
+        (f"{o.domain or o.source}: {o.max_tokens}", o.max_tokens) for o in config.overrides
+    ]
+    named = [(what, n) for what, n in limits if n is not None]
+    if not named:
+        return
+    for url, cap, fleet_context in zip(urls, caps, contexts, strict=True):
+        context = (cap.context_length if cap is not None else None) or fleet_context
+        if cap is None or not context:
+            continue
+        unfit = [
+            (what if what != "max_tokens" else f"max_tokens {n}")
+            for what, n in named
+            if n >= context
+        ]
+        if not unfit:
+            continue
+        shown = ", ".join(unfit)
+        if config.strict_limit:
+            raise ConfigError(
+                f"generate: {shown} cannot fit the context of {context} tokens at {url} (a "
+                "request needs its prompt too); give a limit below the context, or leave out "
+                "--strict-limit to lower each request's limit to the context minus its prompt"
+            )
+        log(
+            f"generate: {shown} cannot fit the context of {context} tokens at {url}: each "
+            "request's limit is lowered to the context minus its prompt (counted in the "
+            "summary; --strict-limit refuses instead)"
+        )
+        return
 
 
 def _endpoints(
@@ -379,7 +469,15 @@ def _endpoints(
     key: str | None,
     log: Log,
     contexts: list[int | None],
+    redact: Callable[[str], str] = str,
+    prompt_guess: float = 0.0,
 ) -> list[Endpoint]:
+    """One Endpoint per URL, its capacity and starting concurrency set from the probe.
+
+    ``prompt_guess`` (tokens of an average prompt line, from the files' size) and half the
+    output limit are the tokens a sequence is expected to hold until answers tell
+    (``Endpoint.held_prior``).
+    """
     out = []
     for i, (url, cap, fleet_max) in enumerate(zip(urls, caps, fleet_caps, strict=True)):
         # the keep-alive pool is sized to the most requests the endpoint may get at once
@@ -404,24 +502,39 @@ def _endpoints(
             concurrency=config.concurrency,
             default_concurrency=config.default_concurrency,
             breaker_failures=config.breaker_failures,
+            redact=redact,
         )
+        context = (cap.context_length if cap is not None else None) or contexts[i]
+        output_limit = config.max_tokens or context
+        ep.held_prior = prompt_guess + (output_limit or FALLBACK_MAX_TOKENS) / 2
         ep.set_capacity(cap, fleet_max, contexts[i])
         if cap is None:
             ep.state = "down"
             ep.fault = "not reachable"
-            log(f"endpoint {url}: not reachable now; probing every {config.probe_interval:g} s")
+            log(f"endpoint {ep.url}: not reachable now; probing every {config.probe_interval:g} s")
         else:
             ep.state = "up"
             reported = cap.max_running if cap.max_running else "not reported"
+            if ep.kv_tokens:
+                fitted = ep.fitted()
+                reported = (
+                    f"{fitted} (KV cache {ep.kv_tokens} tokens / ~{ep.held_tokens():.0f} "
+                    f"a request, running cap {ep.running_cap or 'none'})"
+                )
             how = "auto" if ep.auto else "fixed"
             if config.max_tokens is not None:
                 output = f"output limit {config.max_tokens}"
+                if ep.context_length and not config.strict_limit:
+                    output += (
+                        f" (lowered where a request would not fit the context of "
+                        f"{ep.context_length})"
+                    )
             elif ep.context_length:
                 output = f"output fills the context of {ep.context_length}"
             else:
                 output = f"context length unknown: output limit {FALLBACK_MAX_TOKENS}"
             log(
-                f"endpoint {url}: {cap.engine}, model {cap.model}, capacity {reported}, "
+                f"endpoint {ep.url}: {cap.engine}, model {cap.model}, capacity {reported}, "
                 f"concurrency {ep.limit} ({how}), {output}"
             )
         out.append(ep)

@@ -67,6 +67,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     finish_reasons: dict[str, int] = msgspec.field(default_factory=dict)  # per completion
     truncated: int = 0  # completions with a turn cut by max tokens
     max_tokens: int | None = None  # the --max-tokens this command ran with (None: fill the context)
+    clamped: int = 0  # answered requests sent with less than max_tokens, to fit the context
     # conversations that stopped before their last request, by reason (conversation.STOP_*)
     stopped: dict[str, int] = msgspec.field(default_factory=dict)
     prompt_tokens: int = 0
@@ -128,6 +129,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             + (f"; invalid prompt lines: {self.invalid_prompts}" if self.invalid_prompts else ""),
         ]
         out.extend(_cut_warning(self.truncated, self.completed, self.max_tokens))
+        out.extend(self._clamp_line())
         for e in self.endpoints:
             errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "no errors"
             out.append(
@@ -158,6 +160,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             f"{self.wall_s:.1f} s; already done before: {self.already_done}"
             + (f"; invalid prompt lines: {self.invalid_prompts}" if self.invalid_prompts else ""),
             *_cut_warning(run.cut, run.completions, self.max_tokens),
+            *self._clamp_line(),
         ]
         for e in self.endpoints:
             errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "no errors"
@@ -167,6 +170,17 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
                 + (f" ({e.fault})" if e.fault and e.state == "down" else "")
             )
         return out
+
+    def _clamp_line(self) -> list[str]:
+        """One line when this command lowered the configured limit of some requests to fit the
+        context (none otherwise)."""
+        if not self.clamped:
+            return []
+        return [
+            f"  output limit: {self.clamped:,} of {self.requests:,} requests got less than "
+            "the configured max_tokens, to fit the context (the context length minus the "
+            "request's prompt); --strict-limit refuses instead"
+        ]
 
 
 CUT_WARNING_SHARE = 0.05  # warn when more answers than this were cut by the output limit

@@ -16,6 +16,8 @@ from draftdata.errors import ConfigError
 # parquet, plus the trainers' JSONL (merge/jsonl.py): chat formats for chat inputs, speculators
 # for tokenized ones
 FORMATS = ("parquet", "sharegpt", "specforge", "openai", "modelopt", "eagle", "speculators")
+# What a mix's shares count: the loss tokens a drafter trains on (default), or rows.
+MIX_BY = ("tokens", "rows")
 # The pseudo-domain of a mix that pools every domain the mix does not name.
 OTHER = "other"
 
@@ -38,6 +40,12 @@ class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     per core, at most 8, when the chat inputs exceed 32 MiB). Workers are spawned, so a script
     that asks for them needs the ``if __name__ == "__main__":`` guard; the CLI uses 0.
     ``protect``: prefixes the output may not equal, contain or lie inside (like generate's).
+
+    ``mix_by``: ``tokens`` (shares of the loss tokens, what a drafter trains on; counted with
+    ``tokenizer``'s tokenizer for chat rows when given, else estimated) or ``rows``. When the
+    plan keeps less than ``min_keep`` of what the mix could use (the unique rows of its domains,
+    in the mix's unit) merge stops before writing, unless ``allow_drop``. ``plan_only``: plan,
+    report the plan and write nothing.
     """
 
     existing: list[str] = msgspec.field(default_factory=list)
@@ -57,6 +65,11 @@ class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     bucket_bytes: int = 64 << 20
     tmp_dir: str | None = None
     protect: list[str] = msgspec.field(default_factory=list)  # prefixes never to write into
+    mix_by: str = "tokens"
+    min_keep: float = 0.5
+    allow_drop: bool = False
+    plan_only: bool = False
+    tokenizer: str | None = None
 
     @property
     def inputs(self) -> list[tuple[str, str]]:
@@ -119,6 +132,10 @@ def check_config(config: MergeConfig) -> None:
         raise ConfigError(f"--eval-fraction: {config.eval_fraction}; expected 0 <= F < 1")
     if not 0.0 <= config.tolerance < 0.5:
         raise ConfigError(f"--tolerance: {config.tolerance}; expected a fraction in [0, 0.5)")
+    if config.mix_by not in MIX_BY:
+        raise ConfigError(f"--mix-by: {config.mix_by!r}; expected one of {', '.join(MIX_BY)}")
+    if not 0.0 <= config.min_keep <= 1.0:
+        raise ConfigError(f"--min-keep: {config.min_keep}; expected a fraction in [0, 1]")
     if config.workers < 0:
         raise ConfigError(f"--workers: {config.workers}; expected >= 0 (0 = automatic)")
     if config.max_repeat < 1:

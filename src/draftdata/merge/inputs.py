@@ -10,19 +10,21 @@ so both count rows and domains the same way). Two families exist and one merge u
   reasoning, tool calls, tools); a row without a domain label is classified with
   ``draftdata.domains.classify_domain``.
 
-Pass 1 keeps only fixed-size keys per row, in numpy chunks (about 30 bytes a row). Pass 2 reads
-the same files in the same order, so the n-th row of pass 2 is the n-th row of pass 1.
+Pass 1 keeps only fixed-size keys per row, in numpy chunks (about 40 bytes a row), among them
+each row's loss tokens (exact for samples; ``draftdata.tokens`` for chat rows: the tokenizer
+when given, else the estimate). Pass 2 reads the same files in the same order, so the n-th row
+of pass 2 is the n-th row of pass 1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -40,6 +42,7 @@ from draftdata.stats.readers import (
     iter_sample_batches,
     open_dataset,
 )
+from draftdata.store.lease import refuse_live_writer
 
 Family = Literal["samples", "chat"]
 UNKNOWN = "unknown"
@@ -57,6 +60,7 @@ class Keys:
     domain: list[npt.NDArray[np.int32]] = field(default_factory=list)
     size: list[npt.NDArray[np.int64]] = field(default_factory=list)  # estimated output bytes
     valid: list[npt.NDArray[np.bool_]] = field(default_factory=list)
+    loss: list[npt.NDArray[np.int64]] = field(default_factory=list)  # loss tokens
     domains: dict[str, int] = field(default_factory=dict)  # domain name -> code
 
     def code(self, name: str) -> int:
@@ -72,6 +76,7 @@ class Keys:
         contents: list[int],
         domains: list[int],
         sizes: list[int],
+        loss: list[int],
         valid: list[bool] | None = None,
     ) -> None:
         """Add one chunk of rows."""
@@ -79,6 +84,7 @@ class Keys:
         self.content_hash.append(np.asarray(contents, dtype=np.uint64))
         self.domain.append(np.asarray(domains, dtype=np.int32))
         self.size.append(np.asarray(sizes, dtype=np.int64))
+        self.loss.append(np.asarray(loss, dtype=np.int64))
         n = len(ids)
         self.valid.append(np.ones(n, dtype=bool) if valid is None else np.asarray(valid, bool))
 
@@ -114,6 +120,8 @@ def open_inputs(inputs: list[tuple[str, str]]) -> tuple[list[InputInfo], Family]
             "with tokenized (tokenize the chat data first) or chat with chat"
         )
     for i in infos:
+        if i.dataset.is_run:  # a moving run is not merged as if it were whole
+            refuse_live_writer(i.dataset.store, "merge")
         if i.dataset.kind == "run" and not i.dataset.keys:
             raise InputError(f"{i.path}: the run has no committed completions yet")
     return infos, families.pop()
@@ -156,6 +164,24 @@ def _digests(pieces: Iterator[bytes | memoryview]) -> npt.NDArray[np.uint64]:
     return np.frombuffer(joined, dtype="<u8").astype(np.uint64)
 
 
+def _loss_tokens(table: pa.Table) -> npt.NDArray[np.int64]:
+    """Loss tokens per sample row: ``num_loss_tokens``, else the sum of ``loss_mask``."""
+    if "num_loss_tokens" in table.column_names:
+        col = pc.fill_null(table.column("num_loss_tokens").combine_chunks(), 0)
+        return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64)
+    if "loss_mask" not in table.column_names:
+        return np.zeros(table.num_rows, dtype=np.int64)
+    mask = _token_lists(table.column("loss_mask"))
+    offsets = np.asarray(mask.offsets.to_numpy(), dtype=np.int64)
+    offsets -= offsets[0]  # flatten() starts at the array's first value, slices included
+    values = np.asarray(mask.flatten().to_numpy(zero_copy_only=False), dtype=np.int64)
+    sums = np.zeros(len(offsets) - 1, dtype=np.int64)
+    nz = np.diff(offsets) > 0
+    if values.size and nz.any():
+        sums[nz] = np.add.reduceat(values, offsets[:-1][nz])
+    return sums
+
+
 def _sample_chunk(table: pa.Table, keys: Keys) -> Counter[str]:
     n = table.num_rows
     id_col = pc.fill_null(table.column("id").combine_chunks().cast(pa.string()), "")
@@ -178,6 +204,7 @@ def _sample_chunk(table: pa.Table, keys: Keys) -> Counter[str]:
     index = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     codes = to_code[index] if n else np.zeros(0, np.int32)
     sizes = 5 * np.diff(offsets) + 64 + pc.binary_length(id_col).to_numpy(zero_copy_only=False)
+    keys.loss.append(_loss_tokens(table))
     keys.id_hash.append(id_h)
     keys.content_hash.append(c_h)
     keys.domain.append(codes.astype(np.int32))
@@ -202,59 +229,70 @@ def resolved_domain(conv: Conversation, classify: Callable[..., str]) -> str:
     return conv.domain or classify(conv.messages, conv.tools)
 
 
-def chat_keys(convs: list[Conversation]) -> tuple[list[str], list[int], list[int]]:
-    """(domain, content hash, size estimate) of each conversation: the costly part of pass 1
-    (the classifier), done in chunks so it can run in worker processes."""
+ChatKeys = tuple[list[str], list[int], list[int], list[int]]
+
+
+def chat_keys(convs: list[Conversation], tokenizer: str | None = None) -> ChatKeys:
+    """(domain, content hash, size estimate, loss tokens) of each conversation: the costly part
+    of pass 1 (the classifier, the token count), done in chunks so it can run in worker
+    processes. ``tokenizer``: a folder whose tokenizer counts the tokens (else estimated)."""
+    from draftdata.tokens import conversation_tokens, counter
+
     classify = _classifier()
+    _, loss = conversation_tokens([(c.messages, c.tools) for c in convs], counter(tokenizer))
     return (
         [resolved_domain(c, classify) for c in convs],
         [conversation_hash(c) for c in convs],
         [c.char_counts()[0] + 64 * len(c.messages) + 128 for c in convs],
+        loss.tolist(),
     )
 
 
 _conversations = msgspec.msgpack.Decoder(list[Conversation])
 
 
-def _chat_keys_packed(blob: bytes) -> tuple[list[str], list[int], list[int]]:
+def _chat_keys_packed(blob: bytes, tokenizer: str | None) -> ChatKeys:
     # worker entry point: conversations travel as msgpack (faster than pickling structs)
-    return chat_keys(_conversations.decode(blob))
+    return chat_keys(_conversations.decode(blob), tokenizer)
 
 
 class Workers:
     """An optional pool of ``n`` spawned processes for ``chat_keys``; ``n <= 1`` runs inline.
 
     Chunks are submitted with at most ``2 n`` in flight and consumed in submission order, so
-    results (and memory) do not depend on the number of workers.
+    results (and memory) do not depend on the number of workers. The processes end with this
+    one, whatever signal ends it (``draftdata.workerpool``).
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, tokenizer: str | None = None) -> None:
         self.n = n
+        self.tokenizer = tokenizer
         self._pool: ProcessPoolExecutor | None = None
+        self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> Workers:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+    def __exit__(self, *exc: Any) -> None:
+        self._pool = None
+        self._stack.__exit__(*exc)
 
     def map(
         self, chunks: Iterator[list[Conversation]]
-    ) -> Iterator[tuple[list[Conversation], tuple[list[str], list[int], list[int]]]]:
+    ) -> Iterator[tuple[list[Conversation], ChatKeys]]:
         """(chunk, chat_keys(chunk)) for every chunk, in order."""
         if self.n <= 1:
             for chunk in chunks:
-                yield chunk, chat_keys(chunk)
+                yield chunk, chat_keys(chunk, self.tokenizer)
             return
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.n, mp_context=get_context("spawn"))
-        window: deque[tuple[list[Conversation], Future[tuple[list[str], list[int], list[int]]]]]
-        window = deque()
+            from draftdata.workerpool import worker_pool
+
+            self._pool = self._stack.enter_context(worker_pool(self.n))
+        window: deque[tuple[list[Conversation], Future[ChatKeys]]] = deque()
         for chunk in chunks:
             blob = msgspec.msgpack.encode(chunk)
-            window.append((chunk, self._pool.submit(_chat_keys_packed, blob)))
+            window.append((chunk, self._pool.submit(_chat_keys_packed, blob, self.tokenizer)))
             if len(window) >= 2 * self.n:
                 done, fut = window.popleft()
                 yield done, fut.result()
@@ -288,9 +326,11 @@ def scan(
     """
     info.first_row = sum(len(a) for a in keys.id_hash)
     if family == "samples":
-        cols = ["id", "domain", "input_ids"]
+        cols = ["id", "domain", "input_ids", "num_loss_tokens"]
         n = 0
-        for where, table in iter_sample_batches(info.dataset, columns=cols, batch_rows=_CHUNK):
+        for where, table in iter_sample_batches(
+            info.dataset, columns=cols, batch_rows=_CHUNK, instead={"num_loss_tokens": "loss_mask"}
+        ):
             if "id" not in table.column_names or "input_ids" not in table.column_names:
                 raise InputError(f"{where}: tokenized rows need 'id' and 'input_ids' columns")
             if "domain" not in table.column_names:
@@ -314,13 +354,14 @@ def scan(
 
     pool = workers or Workers(1)
     chunks = _chunks(iter_conversations(info.dataset, bad), _CHAT_CHUNK)
-    for chunk, (domains, contents, sizes) in pool.map(chunks):
+    for chunk, (domains, contents, sizes, loss) in pool.map(chunks):
         info.by_domain.update(domains)
         keys.append(
             [hash64(c.id.encode()) for c in chunk],
             contents,
             [keys.code(d) for d in domains],
             sizes,
+            loss,
         )
         if progress:
             progress(info.path, sum(info.by_domain.values()))

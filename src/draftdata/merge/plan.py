@@ -14,9 +14,15 @@ Upsampling raises the caps to ``A_d * max_repeat`` and aims for the ``N`` at whi
 needs to drop a row. A domain of the mix with no rows at all makes the mix unreachable: it is
 left out, the remaining targets keep their ratios, and the result says so.
 
+Counts in loss tokens (``solve_tokens``, ``--mix-by tokens``, the default): the same shape of
+answer, found by ``tokenplan.plan_tokens`` over each group's rows in selection order; see there.
+
 Selection is by seeded hash ranks of the content hash (not of row positions), so the same rows
 are chosen whatever order the input files list them in; dedup keeps the first copy in input
-order (existing inputs first). The output order is a seeded 64-bit key per output row.
+order (existing inputs first). The output order is a seeded 64-bit key per output row. Repeats
+(``--upsample``) go to a group's train rows in rank order (rows mode), or, in tokens mode, round
+the group's rank order exactly as the token plan counted them, with eval rows taken only from
+rows that are not repeated.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from draftdata.merge.tokenplan import MAX_NODES, TokenPlan, plan_tokens
 from draftdata.mix import largest_remainder, water_fill
 
 U64 = npt.NDArray[np.uint64]
@@ -103,7 +110,8 @@ class Allocation:
     missing: list[str]  # mix groups with no rows at all
     limited_by: list[str]  # groups whose supply (or repeat cap) bounded the total
     total: int = 0
-    achieved: dict[str, float] = field(default_factory=dict)
+    achieved: dict[str, float] = field(default_factory=dict)  # shares in ``unit``
+    unit: str = "rows"  # what the shares count: rows, or loss_tokens
 
     @property
     def reachable(self) -> bool:
@@ -181,8 +189,56 @@ def solve_counts(
     return Allocation(dict(sorted(counts.items())), aim, missing, limited, total, achieved)
 
 
+def solve_tokens(
+    weights: Mapping[str, npt.NDArray[np.int64]],
+    target: Mapping[str, float],
+    *,
+    tolerance: float,
+    upsample: bool = False,
+    max_repeat: int = 1,
+    max_nodes: int = MAX_NODES,
+) -> tuple[Allocation, TokenPlan | None]:
+    """Output rows per group so that the output's loss tokens land within ``tolerance`` of
+    ``target`` (``tokenplan.plan_tokens``). ``weights[g]``: loss tokens of the group's unique
+    rows in selection order. A group of the mix with no loss tokens makes the mix unreachable,
+    as in ``solve_counts``: left out, the other targets keep their ratios."""
+    supply = {g: int(np.asarray(w).sum()) for g, w in weights.items()}
+    missing = sorted(g for g, t in target.items() if supply.get(g, 0) == 0 and t > tolerance)
+    aim = {g: t for g, t in target.items() if g not in missing and t > 0}
+    s = sum(aim.values())
+    aim = {g: t / s for g, t in sorted(aim.items())} if s > 0 else {}
+    if not aim:
+        return Allocation({}, aim, missing, [], 0, {}, "loss_tokens"), None
+    empty = np.zeros(0, dtype=np.int64)
+    plan = plan_tokens(
+        {g: np.asarray(weights.get(g, empty), dtype=np.int64) for g in aim},
+        aim,
+        tolerance=tolerance,
+        upsample=upsample,
+        max_repeat=max_repeat,
+        max_nodes=max_nodes,
+    )
+    repeat = max_repeat if upsample else 1
+    size = {g: len(weights.get(g, empty)) for g in aim}
+    limited = sorted(g for g in aim if size[g] and plan.counts[g] >= size[g] * repeat)
+    counts = dict(sorted(plan.counts.items()))
+    alloc = Allocation(
+        counts, aim, missing, limited, sum(counts.values()), plan.shares(), "loss_tokens"
+    )
+    return alloc, plan
+
+
 # ---------------------------------------------------------------------------------------------
 # Selection, split and order
+
+
+def selection_order(
+    rows: I64, groups: npt.NDArray[np.int32], content_hash: U64, seed: int
+) -> npt.NDArray[np.intp]:
+    """The order ``select`` takes candidate rows in: by group, then seeded rank of the content
+    hash, then row. The token planner reads each group's loss tokens in this order."""
+    rank = mix64(content_hash ^ salt(seed, "select"))
+    return np.lexsort((rows, rank, groups))
 
 
 @dataclass(frozen=True)
@@ -196,15 +252,20 @@ class Selection:
 
 
 def split_counts(
-    counts: Mapping[str, int], unique: Mapping[str, int], fraction: float
+    counts: Mapping[str, int],
+    unique: Mapping[str, int],
+    fraction: float,
+    caps: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Eval rows per group: ``round(fraction * total)`` spread in proportion to ``counts``,
-    each at most the group's unique selected rows (eval rows are never repeats)."""
+    each at most the group's unique selected rows less one (eval rows are never repeats), or
+    ``caps`` when given."""
     total = sum(counts.values())
     want = round(fraction * total)
     if want <= 0:
         return dict.fromkeys(counts, 0)
-    caps = {g: max(unique[g] - 1, 0) if counts[g] > 1 else 0 for g in counts}
+    if caps is None:
+        caps = {g: max(unique[g] - 1, 0) if counts[g] > 1 else 0 for g in counts}
     return largest_remainder({g: fraction * c for g, c in counts.items()}, want, caps)
 
 
@@ -216,24 +277,36 @@ def select(
     *,
     seed: int,
     eval_fraction: float,
+    cyclic: bool = False,
 ) -> Selection:
     """Choose the output rows among candidate ``rows`` (unique, in a mix group).
 
     ``counts`` maps group code -> output rows. Each group takes its ``min(count, supply)``
     lowest-ranked rows (rank = seeded hash of the content hash), sends the lowest eval-ranked of
     them to eval, and fills any excess count with repeats of its train rows, spread evenly.
+    ``cyclic`` (tokens mode): the excess goes round the rank order instead (row 1's second copy,
+    row 2's, ...; then third copies), the order the token plan counted, and eval rows come only
+    from the rows left without a copy.
     """
-    rank = mix64(content_hash ^ salt(seed, "select"))
     erank = mix64(content_hash ^ salt(seed, "eval"))
-    order = np.lexsort((rows, rank, groups))
+    order = selection_order(rows, groups, content_hash, seed)
     rows, groups, content_hash = rows[order], groups[order], content_hash[order]
     erank = erank[order]
     codes = sorted(counts)
     starts = np.searchsorted(groups, np.asarray(codes, dtype=np.int32), side="left")
     ends = np.searchsorted(groups, np.asarray(codes, dtype=np.int32), side="right")
     unique = {c: min(counts[c], int(e - s)) for c, s, e in zip(codes, starts, ends, strict=True)}
+    caps = None
+    if cyclic:  # rows without a copy, less one
+        caps = {
+            str(c): max(min(unique[c] - max(counts[c] - unique[c], 0), unique[c] - 1), 0)
+            for c in codes
+        }
     evals = split_counts(
-        {str(c): counts[c] for c in codes}, {str(c): unique[c] for c in codes}, eval_fraction
+        {str(c): counts[c] for c in codes},
+        {str(c): unique[c] for c in codes},
+        eval_fraction,
+        caps,
     )
     out_rows: list[I64] = []
     out_copy: list[npt.NDArray[np.int32]] = []
@@ -247,15 +320,30 @@ def select(
         g_rows, g_hash = rows[chosen], content_hash[chosen]
         e = evals[str(c)]
         split = np.zeros(m, dtype=np.int8)
-        if e:
+        extra = counts[c] - m
+        if cyclic:
+            reps = np.full(m, max(extra, 0) // m, dtype=np.int64)
+            reps[: max(extra, 0) % m] += 1
+            if e:  # the lowest eval-ranked of the rows without a copy
+                free = np.flatnonzero(reps == 0)
+                pick = np.lexsort((g_rows[free], erank[chosen][free]))[:e]
+                split[free[pick]] = 1
+        elif e:
             split[np.lexsort((g_rows, erank[chosen]))[:e]] = 1
         out_rows.append(g_rows)
         out_copy.append(np.zeros(m, dtype=np.int32))
         out_split.append(split)
         out_hash.append(g_hash)
-        extra = counts[c] - m
         train = np.flatnonzero(split == 0)  # in rank order
-        if extra > 0 and len(train):
+        if cyclic and extra > 0:
+            src = np.repeat(np.arange(m), reps)
+            first = np.repeat(np.cumsum(reps) - reps, reps)
+            k = (np.arange(len(src)) - first + 1).astype(np.int32)
+            out_rows.append(g_rows[src])
+            out_copy.append(k)
+            out_split.append(np.zeros(len(src), dtype=np.int8))
+            out_hash.append(g_hash[src])
+        elif extra > 0 and len(train):
             reps = np.full(len(train), extra // len(train), dtype=np.int64)
             reps[: extra % len(train)] += 1
             src = np.repeat(train, reps)

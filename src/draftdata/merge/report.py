@@ -1,5 +1,6 @@
-"""The merge summary as terminal tables: the mix before / target / after per domain, the inputs,
-and what was dropped. Reads only the ``merge_report.json`` object; computes nothing.
+"""The merge summary as terminal tables: the plan (before anything is written), the mix before /
+target / after per domain in rows and in loss tokens, the inputs, and what was dropped. Reads
+only the ``merge_report.json`` object (and its ``plan``); computes nothing.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from draftdata import tables
-from draftdata.tables import table
+from draftdata.tables import compact, table
 
 MIX_HEADER = ["domain", "before", "before %", "unique", "target", "train", "eval", "after %"]
 
@@ -66,6 +67,115 @@ def mix_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def plan_rows(plan: dict[str, Any], estimated: bool) -> list[list[str]]:
+    """One row per group of the plan (and a total): have, keep, copies, drop, share, target,
+    and the share if everything were kept (the closest mix the supply allows)."""
+    tokens = plan["unit"] == "loss_tokens"
+
+    def n(x: int) -> str:
+        return compact(x, estimated) if tokens else f"{x:,}"
+
+    rows = []
+    for g, d in plan["domains"].items():
+        rows.append(
+            [
+                g,
+                n(d["have"]),
+                n(d["keep"]),
+                n(d["copies"]) if d["copies"] else "",
+                n(d["drop"]),
+                f"{d['rows_out']:,} / {d['rows']:,}",
+                _pct(d["share"]),
+                _pct(d["target"]),
+                _pct(d["all_kept_share"]),
+            ]
+        )
+    rows.append(
+        [
+            "total",
+            n(plan["have"]),
+            n(plan["keep"]),
+            n(plan["out"] - plan["keep"]) if plan["out"] > plan["keep"] else "",
+            n(plan["have"] - plan["keep"]),
+            "",
+            "",
+            "",
+            "",
+        ]
+    )
+    return rows
+
+
+PLAN_HEADER = ["domain", "have", "keep", "copies", "drop", "rows out / rows", "share", "target"]
+
+
+def plan_lines(plan: dict[str, Any]) -> list[str]:
+    """The lines under the plan table: what it keeps, whether it is the best, and the verdict
+    against --min-keep with the ways out."""
+    unit = "loss tokens" if plan["unit"] == "loss_tokens" else "rows"
+    lines = [
+        f"the plan keeps {100 * plan['kept_share']:.1f}% of the {unit} the mix can use "
+        f"(within {_pct(plan['tolerance'])} of each target)"
+    ]
+    gap = plan.get("bound", 0) - plan["keep"]
+    if plan.get("optimal") is False and gap > 0:
+        lines[0] += f"; at most {gap:,} tokens short of the best possible (search cut short)"
+    if plan.get("note"):
+        lines.append(f"note: {plan['note']}")
+    ways = plan.get("ways_out")
+    if ways:
+        verdict = "merge stops" if plan["stops"] else "--allow-drop: writing it anyway"
+        lines.append(f"that is under --min-keep {plan['min_keep']:g}: {verdict}; ways out:")
+        for w in ways:
+            if w["option"] == "--allow-drop":
+                lines.append("  --allow-drop           write this plan anyway")
+            elif w["kept_share"] is None:
+                lines.append(f"  {w['option']:<22} (even this keeps less than --min-keep)")
+            else:
+                lines.append(f"  {w['option']:<22} keeps {100 * w['kept_share']:.0f}%")
+    return lines
+
+
+def print_plan(plan: dict[str, Any], console: Console | None = None) -> None:
+    """Print the plan (what merge will keep and drop) before anything is written."""
+    console = console or tables.console()
+    estimated = bool(plan.get("estimated", True))
+    unit = "loss tokens" if plan["unit"] == "loss_tokens" else "rows"
+    if estimated and plan["unit"] == "loss_tokens":
+        unit += ", ~ estimated"
+    header = [*PLAN_HEADER, "all kept"]
+    console.print(table(f"plan ({unit})", header, plan_rows(plan, estimated)))
+    for line in plan_lines(plan):
+        console.print(line, highlight=False)
+
+
+def token_rows(report: dict[str, Any]) -> list[list[str]]:
+    """The loss-token mix per domain: before, target, after (train + eval)."""
+    tok = report.get("tokens") or {}
+    estimated = tok.get("method") != "exact"
+    before: dict[str, int] = dict(tok.get("before") or {})
+    after: dict[str, int] = {}
+    for split in ("train", "eval"):
+        for d, v in ((tok.get("after") or {}).get(split) or {}).items():
+            after[d] = after.get(d, 0) + int(v)
+    target: dict[str, float] = report["target"]
+    n_before, n_after = sum(before.values()), sum(after.values())
+    rows = []
+    for d in sorted(set(before) | set(after) | set(target)):
+        rows.append(
+            [
+                d,
+                compact(before.get(d, 0), estimated),
+                _pct(before.get(d, 0) / n_before if n_before else 0.0),
+                _pct(target.get(d)),
+                compact(after.get(d, 0), estimated),
+                _pct(after.get(d, 0) / n_after if n_after else 0.0),
+            ]
+        )
+    rows.append(["total", compact(n_before, estimated), "", "", compact(n_after, estimated), ""])
+    return rows
+
+
 def print_summary(report: dict[str, Any], console: Console | None = None) -> None:
     """Print the inputs table, the mix table, the drops and any cannot-reach warning."""
     console = console or tables.console()
@@ -75,6 +185,13 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
     ]
     console.print(table("inputs", ["input", "role", "kind", "rows", "bad rows"], inputs))
     console.print(table("domain mix (before / target / after)", MIX_HEADER, mix_rows(report)))
+    if report.get("tokens"):
+        how = {"exact": "exact", "tokenizer": "~ counted with --tokenizer"}.get(
+            report["tokens"].get("method"), "~ estimated from the text"
+        )
+        head = ["domain", "before", "before %", "target", "after", "after %"]
+        title = f"loss tokens (before / target / after; {how})"
+        console.print(table(title, head, token_rows(report)))
     dropped = ", ".join(f"{k} {v:,}" for k, v in report["dropped"].items() if v) or "none"
     console.print(f"dropped: {dropped}")
     for i in report["inputs"]:

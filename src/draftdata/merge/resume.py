@@ -48,6 +48,8 @@ def config_bytes(config: MergeConfig, infos: list[InputInfo]) -> bytes:
             "tolerance": config.tolerance,
             "shard_rows": config.shard_rows,
             "shard_bytes": config.shard_bytes,
+            "mix_by": config.mix_by,
+            "tokenizer": config.tokenizer if config.mix_by == "tokens" else None,
         },
         "inputs": [
             {

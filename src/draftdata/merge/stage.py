@@ -2,9 +2,11 @@
 
 ``merge(config)`` runs in two passes over the inputs so memory stays bounded:
 
-1. scan: per row only (id hash, content hash, domain code, size estimate) in numpy arrays;
-   then dedup, the per-domain counts for the mix, which rows (and repeats) go where, and a
-   seeded order key per output row (``plan.py``);
+1. scan: per row only (id hash, content hash, domain code, size estimate, loss tokens) in
+   numpy arrays; then dedup, the per-domain counts for the mix (in loss tokens by default:
+   ``tokenplan.py``; or rows), which rows (and repeats) go where, and a seeded order key per
+   output row (``plan.py``). The plan goes to ``on_plan`` here, before anything is written;
+   ``--plan-only`` stops after it, and so does a plan keeping less than ``--min-keep``;
 2. route: read the inputs again and append each chosen row to a hashed bucket in a temp
    folder; then sort bucket by bucket and write shards (``shuffle.py``).
 
@@ -20,11 +22,15 @@ the same inputs and settings, which this one finishes: ``resume.py``)::
     out/merge_report.json                 written last: the run is complete when it exists
 
 The same inputs, config and seed give byte-identical files (no clocks or paths of the output in
-them). This module does I/O and bookkeeping; the decisions live in ``plan.py``.
+them). This module does I/O and bookkeeping; the decisions live in ``plan.py`` and
+``tokenplan.py``. ``--mix`` domains no input holds are refused before pass 1 when the
+classifier never gives them (only the rows' labels are read, ``check_named_domains``), else
+right after it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -39,7 +45,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from draftdata.errors import ConfigError
+from draftdata.domains import DOMAINS
+from draftdata.errors import ConfigError, disk_errors
 from draftdata.formats import SAMPLE_SCHEMA
 from draftdata.merge.config import OTHER, MergeConfig, check_config, normalised_mix
 from draftdata.merge.inputs import (
@@ -54,12 +61,22 @@ from draftdata.merge.inputs import (
 )
 from draftdata.merge.jsonl import CHAT_FORMATS, SAMPLE_FORMATS, jsonl_key
 from draftdata.merge.jsonl import lines as jsonl_lines
-from draftdata.merge.plan import Allocation, Selection, bucket_of, dedup, select, solve_counts
+from draftdata.merge.plan import (
+    Allocation,
+    Selection,
+    bucket_of,
+    dedup,
+    select,
+    selection_order,
+    solve_counts,
+    solve_tokens,
+)
 from draftdata.merge.resume import check_output, claim_output, config_bytes
 from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket_schema
+from draftdata.merge.tokenplan import MAX_NODES
 from draftdata.metrics import StageStats
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
-from draftdata.stats.readers import MERGE_REPORT
+from draftdata.stats.readers import MERGE_REPORT, iter_domain_labels, refuse_unreadable
 from draftdata.store.protect import check_not_protected
 from draftdata.store.store import Store, open_store
 
@@ -73,7 +90,12 @@ _FLUSH_ROWS = 1024  # rows buffered per bucket before an IPC write (chat rows)
 _BATCH_BYTES = 32 << 20  # pass-2 read batches and all chat buffers together stay near this
 _POOL_MIN_BYTES = 32 << 20  # chat inputs smaller than this are classified in-process
 
+# --tolerance values tried for the ways out of a plan that keeps too little
+_LOOSER = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
+_HINT_NODES = 3000  # search budget of each alternative plan (a hint, not the plan itself)
+
 Progress = Callable[[str, int], None]
+OnPlan = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -151,6 +173,148 @@ def _message(target: dict[str, float], alloc: Allocation, total_unique: int) -> 
     return None
 
 
+def _sums(
+    names: list[str], codes: npt.NDArray[np.int32], weights: npt.NDArray[np.int64]
+) -> dict[str, int]:
+    # like _counts, summing ``weights`` (e.g. loss tokens) instead of counting rows
+    if not len(codes):
+        return {}
+    found = np.zeros(len(names), dtype=np.int64)
+    np.add.at(found, codes, weights)
+    counted = np.bincount(codes, minlength=len(names))
+    return {names[i]: int(found[i]) for i in np.argsort(names) if counted[i]}
+
+
+def check_named_domains(target: dict[str, float], infos: list[InputInfo]) -> None:
+    """Before pass 1: refuse a ``--mix`` domain that is neither one the classifier gives nor
+    ``other`` nor a label some input row carries (reading only the labels, and only when the mix
+    names such a domain). ConfigError naming the domains there are."""
+    odd = sorted(set(target) - set(DOMAINS) - {OTHER})
+    if not odd:
+        return
+    labels: Counter[str] = Counter()
+    for info in infos:
+        labels.update(x for x in iter_domain_labels(info.dataset) if x)
+    unknown = [d for d in odd if not labels.get(d)]
+    if unknown:
+        found = ", ".join(f"{d} ({n:,} rows)" for d, n in sorted(labels.items())) or "none"
+        raise ConfigError(
+            f"--mix: no input holds domain {', '.join(unknown)}; the domains are "
+            f"{', '.join(DOMAINS)} (rows without a label are classified into these) and the "
+            f"inputs' own labels: {found}; fix the name, or pool unnamed domains with other=SHARE"
+        )
+
+
+def _check_held(target: dict[str, float], infos: list[InputInfo]) -> None:
+    """After pass 1, before anything is planned or written: refuse ``--mix`` domains no input
+    holds (and ``other`` when the mix names every domain there is)."""
+    held: Counter[str] = Counter()
+    for info in infos:
+        held.update(info.by_domain)
+    unknown = [
+        d
+        for d in target
+        if (d == OTHER and not set(held) - set(target)) or (d != OTHER and not held.get(d))
+    ]
+    if unknown:
+        found = ", ".join(f"{d} {n:,}" for d, n in sorted(held.items())) or "no rows"
+        raise ConfigError(
+            f"--mix: no input holds {', '.join(sorted(unknown))} (rows by domain: {found}); "
+            "drop it from --mix or add data of it"
+            + ("; other= pools only domains --mix does not name" if OTHER in unknown else "")
+        )
+
+
+def _plan_doc(
+    config: MergeConfig,
+    unit: str,
+    alloc: Allocation,
+    have: dict[str, int],
+    keep: dict[str, int],
+    kept: dict[str, int],
+    rows: dict[str, int],
+) -> dict[str, Any]:
+    """The plan as shown before anything is written and kept in the report: per group what
+    the inputs have, what the plan keeps (distinct), its copies, what it drops, its share of
+    the output and its target, and its share if everything were kept (all in ``unit``)."""
+    total_have = sum(have.values())
+    aimed = alloc.target if config.mix else {}  # without a mix nothing is aimed at
+    domains = {}
+    for g in sorted(set(have) | set(aimed)):
+        domains[g] = {
+            "have": have.get(g, 0),
+            "keep": keep.get(g, 0),
+            "copies": kept.get(g, 0) - keep.get(g, 0),
+            "drop": have.get(g, 0) - keep.get(g, 0),
+            "share": round(alloc.achieved.get(g, 0.0), 6),
+            "target": aimed.get(g),
+            "all_kept_share": round(have.get(g, 0) / total_have, 6) if total_have else 0.0,
+            "rows": rows.get(g, 0),
+            "rows_out": alloc.counts.get(g, 0),
+        }
+    kept_share = sum(keep.values()) / total_have if total_have else 1.0
+    return {
+        "unit": unit,
+        "domains": domains,
+        "have": total_have,
+        "keep": sum(keep.values()),
+        "out": sum(kept.values()),
+        "kept_share": round(kept_share, 6),
+        "min_keep": config.min_keep,
+        "tolerance": config.tolerance,
+        "upsample": config.upsample,
+        "stops": bool(alloc.target) and kept_share < config.min_keep and not config.allow_drop,
+    }
+
+
+def _ways_out(
+    config: MergeConfig, solve: Callable[[float, bool, int], float], kept_share: float
+) -> list[dict[str, Any]]:
+    """What else would keep at least ``min_keep``: ``--upsample`` (or, with it, a higher
+    ``--max-repeat``), the smallest looser ``--tolerance`` that does (each with the share it
+    keeps), and ``--allow-drop``."""
+    out: list[dict[str, Any]] = []
+    if not config.upsample:
+        share = solve(config.tolerance, True, config.max_repeat)
+        out.append({"option": "--upsample", "kept_share": round(share, 6)})
+    else:
+        for repeat in (8, 16, 32, 64):
+            if repeat <= config.max_repeat:
+                continue
+            share = solve(config.tolerance, True, repeat)
+            if share >= config.min_keep:
+                out.append({"option": f"--max-repeat {repeat}", "kept_share": round(share, 6)})
+                break
+    for tol in _LOOSER:
+        if tol <= config.tolerance:
+            continue
+        share = solve(tol, config.upsample, config.max_repeat)
+        if share >= config.min_keep:
+            out.append({"option": f"--tolerance {tol:g}", "kept_share": round(share, 6)})
+            break
+    else:
+        out.append({"option": f"--tolerance {_LOOSER[-1]:g}", "kept_share": None})
+    out.append({"option": "--allow-drop", "kept_share": round(kept_share, 6)})
+    return out
+
+
+def _stop_message(plan: dict[str, Any]) -> str:
+    unit = "loss tokens" if plan["unit"] == "loss_tokens" else "rows"
+    ways = []
+    for w in plan.get("ways_out") or []:
+        if w["option"] == "--allow-drop":
+            ways.append("--allow-drop to write this plan")
+        elif w["kept_share"] is None:
+            ways.append(f"no --tolerance up to {w['option'].split()[-1]} keeps enough")
+        else:
+            ways.append(f"{w['option']} keeps {100 * w['kept_share']:.0f}%")
+    return (
+        f"merge: the plan keeps {100 * plan['kept_share']:.1f}% of the {unit} the mix could use "
+        f"({plan['keep']:,} of {plan['have']:,}; --min-keep {plan['min_keep']:g}); nothing "
+        f"written; ways out: {'; '.join(ways)}"
+    )
+
+
 def _plan_output(
     config: MergeConfig, keys: Keys, infos: list[InputInfo], stats: StageStats
 ) -> tuple[_Plan, Allocation, dict[str, Any]]:
@@ -159,7 +323,9 @@ def _plan_output(
     domain = np.concatenate(keys.domain) if keys.id_hash else np.zeros(0, np.int32)
     size = np.concatenate(keys.size) if keys.id_hash else np.zeros(0, np.int64)
     valid = np.concatenate(keys.valid) if keys.id_hash else np.zeros(0, bool)
+    loss = np.concatenate(keys.loss) if keys.loss else np.zeros(0, np.int64)
     keys.id_hash, keys.content_hash, keys.domain, keys.size, keys.valid = [], [], [], [], []
+    keys.loss = []
     names = list(keys.domains)  # code -> name
 
     keep, dup_id, dup_content = dedup(id_hash, content, valid, by_id=config.dedup_ids)
@@ -186,21 +352,73 @@ def _plan_output(
     in_mix = keep & (group >= 0)
     supply_codes = np.bincount(group[in_mix], minlength=len(groups))
     supply = {g: int(supply_codes[i]) for i, g in enumerate(groups)}
-    alloc = solve_counts(
-        supply,
-        target,
-        tolerance=config.tolerance,
-        upsample=config.upsample,
-        max_repeat=config.max_repeat,
-    )
     rows = np.flatnonzero(in_mix)
+    cand_group, cand_content = group[rows], content[rows]
+    unit = "loss_tokens" if config.mix_by == "tokens" and target else "rows"
+    note = None
+    if unit == "loss_tokens" and not loss[rows].any():
+        unit, note = "rows", "the inputs hold no answers (no loss tokens): mixed by rows"
+    order = selection_order(rows.astype(np.int64), cand_group, cand_content, config.seed)
+    bounds = np.searchsorted(cand_group[order], np.arange(len(groups) + 1, dtype=np.int32))
+    weights = {
+        g: loss[rows[order[bounds[i] : bounds[i + 1]]]].astype(np.int64)
+        for i, g in enumerate(groups)
+    }
+    token_plan = None
+
+    def solve(tolerance: float, upsample: bool, repeat: int, nodes: int) -> Allocation:
+        nonlocal token_plan
+        if unit == "rows":
+            return solve_counts(
+                supply, target, tolerance=tolerance, upsample=upsample, max_repeat=repeat
+            )
+        alloc, token_plan = solve_tokens(
+            weights,
+            target,
+            tolerance=tolerance,
+            upsample=upsample,
+            max_repeat=repeat,
+            max_nodes=nodes,
+        )
+        return alloc
+
+    def kept_of(alloc: Allocation) -> tuple[dict[str, int], dict[str, int]]:
+        # (distinct, with copies) per group in the plan's unit
+        if unit == "rows":
+            distinct = {g: min(n, supply.get(g, 0)) for g, n in alloc.counts.items()}
+            return distinct, dict(alloc.counts)
+        out: dict[str, int] = {}
+        distinct = {}
+        for g, n in alloc.counts.items():
+            w = weights[g]
+            reps, rest = divmod(n, len(w)) if len(w) else (0, 0)
+            out[g] = int(w.sum()) * reps + int(w[:rest].sum())
+            distinct[g] = int(w[: min(n, len(w))].sum())
+        return distinct, out
+
+    alloc = solve(config.tolerance, config.upsample, config.max_repeat, MAX_NODES)
+    plan_tokens = token_plan
+    have = supply if unit == "rows" else {g: int(w.sum()) for g, w in weights.items()}
+    distinct, with_copies = kept_of(alloc)
+    plan_doc = _plan_doc(config, unit, alloc, have, distinct, with_copies, supply)
+    plan_doc["note"] = note
+    if plan_tokens is not None:
+        plan_doc["optimal"], plan_doc["bound"] = plan_tokens.optimal, plan_tokens.bound
+    if target and plan_doc["kept_share"] < config.min_keep:
+
+        def share_of(tolerance: float, upsample: bool, repeat: int) -> float:
+            other = kept_of(solve(tolerance, upsample, repeat, _HINT_NODES))[0]
+            return sum(other.values()) / plan_doc["have"] if plan_doc["have"] else 1.0
+
+        plan_doc["ways_out"] = _ways_out(config, share_of, plan_doc["kept_share"])
     sel = select(
         rows.astype(np.int64),
-        group[rows],
-        content[rows],
+        cand_group,
+        cand_content,
         {group_ix[g]: n for g, n in alloc.counts.items()},
         seed=config.seed,
         eval_fraction=config.eval_fraction,
+        cyclic=unit == "loss_tokens",
     )
     del content
     unique_out = int((sel.copy == 0).sum())
@@ -231,6 +449,10 @@ def _plan_output(
     def by_domain(split: int) -> dict[str, int]:
         return _counts(names, domain[sel.row[sel.split == split]])
 
+    def tokens_by_domain(split: int) -> dict[str, int]:
+        chosen = sel.row[sel.split == split]
+        return _sums(names, domain[chosen], loss[chosen])
+
     copies = _counts(names, domain[sel.row[sel.copy > 0]])
     facts: dict[str, Any] = {
         "before": _counts(names, domain[valid]),
@@ -241,6 +463,12 @@ def _plan_output(
         "pooled": sorted(pooled),
         "unique_kept": unique_out,
         "total_unique": int(keep.sum()),
+        "plan": plan_doc,
+        "tokens": {
+            "before": _sums(names, domain[valid], loss[valid]),
+            "available": _sums(names, domain[keep], loss[keep]),
+            "after": {"train": tokens_by_domain(0), "eval": tokens_by_domain(1)},
+        },
     }
     return plan, alloc, facts
 
@@ -373,20 +601,37 @@ def dataset_card(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSummary:
+def merge(
+    config: MergeConfig, *, progress: Progress | None = None, on_plan: OnPlan | None = None
+) -> MergeSummary:
     """Merge ``config``'s inputs into ``config.out`` (see the module docstring); the summary
     carries the report that is also written as ``merge_report.json``.
 
-    Raises ConfigError for bad settings, InputError for unreadable or mixed inputs,
-    AlreadyExistsError when the output location is not empty (unless it holds a killed merge
-    of the same inputs and settings, which is finished), ProtectedPrefixError when it
-    equals, contains or lies inside a ``protect`` prefix (before anything is read or written).
+    The plan (``report["plan"]``: per domain what the inputs have, what is kept and dropped,
+    the shares) goes to ``on_plan`` before anything is written. With ``plan_only`` nothing is
+    written and the summary holds the plan; when the plan keeps less than ``min_keep`` and
+    ``allow_drop`` is off, ConfigError says so and what would keep more (nothing written).
+
+    Raises ConfigError for bad settings or a ``--mix`` domain no input holds (before pass 1
+    for names the classifier never gives, after it for the rest), InputError for unreadable or
+    mixed inputs, AlreadyExistsError when the output location is not empty (unless it holds a
+    killed merge of the same inputs and settings, which is finished), ProtectedPrefixError when
+    it equals, contains or lies inside a ``protect`` prefix (before anything is read or
+    written).
     """
     check_config(config)
-    check_not_protected(config.out, config.protect, what="merge output", describe=True)
     stats = StageStats("merge")
-    store = open_store(config.out, protect=config.protect)  # every write re-checked
-    check_output(store)
+    store: Store | None = None
+    if not config.plan_only:
+        check_not_protected(config.out, config.protect, what="merge output", describe=True)
+        store = open_store(config.out, protect=config.protect)  # every write re-checked
+        check_output(store)
+    if config.tokenizer is not None:
+        from draftdata.tokenizer_folder import check_tokenizer_folder
+        from draftdata.tokens import counter
+
+        check_tokenizer_folder(config.tokenizer)
+        counter(config.tokenizer)  # a bad tokenizer fails now, in one line
     infos, family = open_inputs(config.inputs)
     if config.format in CHAT_FORMATS and family == "samples":
         raise ConfigError(
@@ -404,15 +649,54 @@ def merge(config: MergeConfig, *, progress: Progress | None = None) -> MergeSumm
         if len(bad_examples) < 5:
             bad_examples.append(f"{where}: {reason}")
 
+    target = normalised_mix(config.mix)
+    check_named_domains(target, infos)
     keys = Keys()
-    with stats.timed("scan"), Workers(_workers(config, family, infos)) as workers:
+    tokenizer = config.tokenizer if family == "chat" else None
+    with stats.timed("scan"), Workers(_workers(config, family, infos), tokenizer) as workers:
         for info in infos:
             scan(info, family, keys, on_bad, progress, workers)
+            # nothing readable: not a dataset (a config, a log), refused before going on
+            where = tuple(info.dataset.where(k) for k in info.dataset.keys)
+            example = next((e for e in bad_examples if e.startswith(where)), "") if where else ""
+            refuse_unreadable(info.path, info.rows, info.bad, example)
+    _check_held(target, infos)
     with stats.timed("plan"):
         plan, alloc, facts = _plan_output(config, keys, infos, stats)
+    facts["plan"]["estimated"] = family == "chat"  # tokens of text, not of tokenized samples
+    if on_plan is not None:
+        on_plan(facts["plan"])
+    if config.plan_only:
+        report = build_report(config, family, infos, alloc, facts, {}, bad_examples)
+        return MergeSummary(
+            out=config.out,
+            report=report,
+            train_rows=sum(report["after"]["train"].values()),
+            eval_rows=sum(report["after"]["eval"].values()),
+            files=[],
+            elapsed_s=stats.elapsed,
+            stats=stats,
+        )
+    if facts["plan"]["stops"]:
+        raise ConfigError(_stop_message(facts["plan"]))
+    assert store is not None
     schema = SAMPLE_SCHEMA if family == "samples" else CONVERSATION_SCHEMA
     shards: dict[str, list[str]] = {}
-    with tempfile.TemporaryDirectory(prefix="draftdata-merge-", dir=config.tmp_dir) as tmp:
+    # the shuffle's buckets hold about the whole output: a full --tmp-dir is one line naming it
+    # (a full --out is the store's own one line)
+    scratch = config.tmp_dir or tempfile.gettempdir()
+    with contextlib.ExitStack() as scope:
+        scope.enter_context(
+            disk_errors(
+                f"{scratch} (the shuffle's temporary buckets)",
+                "give --tmp-dir a folder with room for about the whole output",
+            )
+        )
+        if config.tmp_dir is not None:
+            Path(config.tmp_dir).mkdir(parents=True, exist_ok=True)  # --tmp-dir may be new
+        tmp = scope.enter_context(
+            tempfile.TemporaryDirectory(prefix="draftdata-merge-", dir=config.tmp_dir)
+        )
         buckets = Buckets(Path(tmp), bucket_schema(schema), plan.nbuckets)
         with stats.timed("route"):
             try:
@@ -479,8 +763,11 @@ def build_report(
     """The ``merge_report.json`` object (format ``draftdata.merge-report`` version 1).
 
     Agreed keys: format, version, target, before, after {train, eval}, inputs [{path, rows,
-    by_domain}], dropped {reason: count}, seed. The rest is extra detail. No clocks or output
-    paths, so two runs with the same inputs and seed write the same bytes.
+    by_domain}], dropped {reason: count}, seed. The rest is extra detail: among it ``mix_by``
+    (the unit the mix was planned in: loss_tokens or rows; ``achieved`` is in it), ``plan``
+    (what the plan showed) and ``tokens`` (loss tokens per domain before, available and after,
+    and how they were counted). No clocks or output paths, so two runs with the same inputs and
+    seed write the same bytes.
     """
     target = normalised_mix(config.mix)
     return {
@@ -515,6 +802,16 @@ def build_report(
         "missing": alloc.missing,
         "limited_by": alloc.limited_by,
         "message": _message(target, alloc, facts["total_unique"]),
+        "mix_by": facts["plan"]["unit"] if target else config.mix_by,
+        "plan": facts["plan"],
+        "tokens": {
+            "method": (
+                "exact"
+                if family == "samples"
+                else ("tokenizer" if config.tokenizer else "estimate")
+            ),
+            **facts["tokens"],
+        },
         "pooled_into_other": facts["pooled"],
         "upsampled": facts["upsampled"],
         "settings": {
@@ -524,6 +821,10 @@ def build_report(
             "max_repeat": config.max_repeat,
             "dedup_ids": config.dedup_ids,
             "format": config.format,
+            "mix_by": config.mix_by,
+            "min_keep": config.min_keep,
+            "allow_drop": config.allow_drop,
+            "tokenizer": config.tokenizer,
         },
         "bad_row_examples": bad_examples,
         "files": shards,

@@ -28,6 +28,7 @@ SCHEMAS = (
     "query_response",
 )
 PROMPT_MODES = ("last_assistant", "regenerate")
+MIX_BY = ("auto", "rows", "tokens")
 
 
 class SourceConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -92,10 +93,12 @@ class PrepareConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
 
     ``budget`` is the number of new prompts to take (None: every usable prompt, or the sum of
     fixed ``take`` values when all sources have one). ``mix`` maps domain -> target share of the
-    combined (existing + new) set; shares are normalised to sum to 1. ``prompt_mode`` picks how a
-    conversation becomes a prompt: ``last_assistant`` (everything before the last assistant
-    turn) or ``regenerate`` (system, user and tool turns with the assistant answers dropped; a
-    tool-calling turn stays as its calls alone, so each user turn and tool result is answered).
+    combined (existing + new) set; shares are normalised to sum to 1. They are shares of rows,
+    or with ``mix_by: tokens`` of the expected loss tokens (``lengths``: a pilot's forecast).
+    ``prompt_mode`` picks how a conversation becomes a prompt: ``last_assistant`` (everything
+    before the last assistant turn) or ``regenerate`` (system, user and tool turns with the
+    assistant answers dropped; a tool-calling turn stays as its calls alone, so each user turn
+    and tool result is answered).
     """
 
     sources: list[SourceConfig]
@@ -109,6 +112,12 @@ class PrepareConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     max_chars: int = 32_000
     shard_size: int = 50_000
     keep_original: bool = True
+    # what the mix's shares count (prepare/lengths.py): rows, tokens (expected loss tokens), or
+    # auto (tokens when ``lengths`` is given, else rows)
+    mix_by: str = "auto"
+    lengths: str | None = None  # a pilot's forecast.json (or its run folder), local or s3://
+    # prompts per domain held out as an evaluation split (eval/), never generated (stage.py)
+    holdout: int = 0
 
 
 def check(config: PrepareConfig, where: str = "config") -> None:
@@ -147,6 +156,10 @@ def check(config: PrepareConfig, where: str = "config") -> None:
         raise ConfigError(f"{where}: dedup: num_perm must be >= 16 and ngram >= 1")
     if config.dedup.bucket_cap < 1:
         raise ConfigError(f"{where}: dedup.bucket_cap: must be >= 1 (default 1024)")
+    if config.mix_by not in MIX_BY:
+        raise ConfigError(f"{where}: mix_by: {config.mix_by!r}; use {', '.join(MIX_BY)}")
+    if config.holdout < 0:
+        raise ConfigError(f"{where}: holdout: must be >= 0")
     if config.shard_size < 1 or config.max_chars < 1:
         raise ConfigError(f"{where}: shard_size and max_chars must be >= 1")
 
@@ -158,8 +171,8 @@ def _resolve(value: str | None, base: Path) -> str | None:
 
 
 def resolve_paths(config: PrepareConfig, base: Path) -> PrepareConfig:
-    """Return ``config`` with relative local paths (sources, existing, exclude) made absolute
-    against ``base`` (the config file's folder). ``out`` is left to the caller."""
+    """Return ``config`` with relative local paths (sources, existing, exclude, lengths) made
+    absolute against ``base`` (the config file's folder). ``out`` is left to the caller."""
     sources = [msgspec.structs.replace(s, path=_resolve(s.path, base)) for s in config.sources]
     existing = config.existing
     if existing is not None:
@@ -167,7 +180,13 @@ def resolve_paths(config: PrepareConfig, base: Path) -> PrepareConfig:
     dedup = msgspec.structs.replace(
         config.dedup, exclude=[_resolve(p, base) or p for p in config.dedup.exclude]
     )
-    return msgspec.structs.replace(config, sources=sources, existing=existing, dedup=dedup)
+    return msgspec.structs.replace(
+        config,
+        sources=sources,
+        existing=existing,
+        dedup=dedup,
+        lengths=_resolve(config.lengths, base),
+    )
 
 
 def mix_warnings(config: PrepareConfig) -> list[str]:

@@ -2,7 +2,8 @@
 
 ``load_existing`` reads the dataset the new prompts will join (any dataset ``draftdata stats``
 reads: prompts, conversations, a run), counts its domains with the same classifier ``stats``
-uses, and indexes its user text for dedup; or takes the counts from config. ``load_exclusions``
+uses, measures the loss tokens of its answers (for a mix in tokens), and indexes its user text
+for dedup; or takes the counts from config. ``load_exclusions``
 indexes benchmark prompt files (MT-Bench ``turns``, HumanEval ``prompt``, GSM8K ``question``,
 chat ``messages``/``conversations``, or plain text, one prompt per line) so they can never
 leak into training data. Unreadable files are InputErrors naming them.
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from draftdata.domains import classify_domain
 from draftdata.errors import InputError
@@ -23,34 +26,65 @@ from draftdata.prepare.validate import RowError
 _TEXT_KEYS = ("prompt", "question", "query", "instruction", "problem", "input", "text")
 
 
-def load_existing(
-    config: ExistingConfig | None, deduper: Deduper | None
-) -> tuple[dict[str, int], int]:
-    """(domain -> count of the existing dataset, rows that could not be read as chat).
+class Existing(msgspec.Struct, kw_only=True):
+    """What prepare knows of the existing dataset: rows per domain (for the mix), the loss
+    tokens of its answers per domain (estimated, ``draftdata.tokens``; empty when it has none
+    or only ``counts`` are given), how many rows carry an answer, and unreadable rows."""
 
-    ``counts`` in config win for the mix; the rows (when ``path`` is set) are still indexed for
-    dedup if ``dedup`` is on.
-    """
+    counts: dict[str, int] = msgspec.field(default_factory=dict)
+    loss_tokens: dict[str, float] = msgspec.field(default_factory=dict)
+    answered: dict[str, int] = msgspec.field(default_factory=dict)
+    bad: int = 0
+
+    @property
+    def has_answers(self) -> bool:
+        """Whether the dataset's rows carry answers (assistant turns) to measure."""
+        return any(self.answered.values())
+
+
+_TOKEN_BATCH = 2048  # conversations counted at once (the estimate is vectorised)
+
+
+def load_existing(config: ExistingConfig | None, deduper: Deduper | None) -> Existing:
+    """The existing dataset's domain counts (``counts`` in config win for the mix), and the
+    loss tokens of its answers per domain; its rows (when ``path`` is set) are indexed for
+    dedup if ``dedup`` is on."""
     if config is None:
-        return {}, 0
-    counts: dict[str, int] = dict(config.counts or {})
-    bad = 0
+        return Existing()
+    out = Existing(counts=dict(config.counts or {}))
     if config.path is None:
-        return counts, 0
+        return out
     from draftdata.stats.readers import iter_conversations, open_dataset
+    from draftdata.tokens import conversation_tokens
 
     def on_bad(where: str, reason: str) -> None:
-        nonlocal bad
-        bad += 1
+        out.bad += 1
 
     measured: dict[str, int] = {}
+    batch: list[tuple[str, Any]] = []  # (domain, (messages, tools))
+
+    def count_tokens() -> None:
+        _, loss = conversation_tokens([c for _, c in batch])
+        for (domain, _), n in zip(batch, loss.tolist(), strict=True):
+            if n > 0:
+                out.loss_tokens[domain] = out.loss_tokens.get(domain, 0.0) + n
+                out.answered[domain] = out.answered.get(domain, 0) + 1
+        batch.clear()
+
     for conv in iter_conversations(open_dataset(config.path), on_bad):
-        if config.counts is None:
-            domain = conv.domain or classify_domain(conv.messages, conv.tools)
-            measured[domain] = measured.get(domain, 0) + 1
+        domain = conv.domain or classify_domain(conv.messages, conv.tools)
+        measured[domain] = measured.get(domain, 0) + 1
+        if any(m.role == "assistant" for m in conv.messages):
+            batch.append((domain, (conv.messages, conv.tools)))
+            if len(batch) >= _TOKEN_BATCH:
+                count_tokens()
         if deduper is not None and config.dedup:
             deduper.add_reference(dedup_text(conv.messages), EXISTING)
-    return (counts if config.counts is not None else measured), bad
+    if batch:
+        count_tokens()
+    if config.counts is None:
+        out.counts = measured
+    return out
 
 
 def _texts_of(row: Any) -> list[str]:

@@ -2,9 +2,11 @@
 
 The JSON holds, per source, rows read, rejected by reason, duplicates by kind, usable and taken
 (per domain), and per domain the existing and new counts with shares before and after and the
-target. It carries ``format: draftdata.prepare_report/1`` and no timestamps or timings, so the
-same inputs and seed give the same bytes. ``plan_table`` renders the plan for ``--plan-only``
-and the CLI summary. This module only formats; it computes nothing.
+target; with expected lengths (``lengths.py``) also each domain's expected tokens (per new row,
+existing, new, shares before and after), what the mix counts (``mix_by``) and where the lengths
+came from (``lengths``). It carries ``format: draftdata.prepare_report/1`` and no timestamps
+or timings, so the same inputs and seed give the same bytes. ``plan_rows`` renders the plan for
+``--plan-only`` and the CLI summary. This module only formats; it computes nothing.
 """
 
 from __future__ import annotations
@@ -22,10 +24,18 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _tok(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
 def plan_rows(plan: Plan) -> list[list[str]]:
-    """Table rows: domain, existing, before, new, available, after, target."""
-    rows = [
-        [
+    """Table rows: domain, existing, before, new, available, after, target; with the expected
+    tokens known (``plan_header``), also tokens per new row, existing and new tokens, and the
+    token shares before and after."""
+    tokens = has_tokens(plan)
+    rows = []
+    for d in plan.domains:
+        row = [
             d.domain,
             f"{d.existing:,}",
             _pct(d.before),
@@ -34,15 +44,43 @@ def plan_rows(plan: Plan) -> list[list[str]]:
             _pct(d.after),
             _pct(d.target),
         ]
-        for d in plan.domains
-    ]
+        if tokens:
+            row += [
+                _tok(d.tokens_per_row),
+                _tok(d.existing_tokens),
+                _tok(d.new_tokens),
+                _pct(d.tokens_before),
+                _pct(d.tokens_after),
+            ]
+        rows.append(row)
     existing = sum(d.existing for d in plan.domains)
     avail = sum(d.available for d in plan.domains)
-    rows.append(["total", f"{existing:,}", "", f"{plan.total_new:,}", f"{avail:,}", "", ""])
+    total = ["total", f"{existing:,}", "", f"{plan.total_new:,}", f"{avail:,}", "", ""]
+    if tokens:
+        ex = sum(d.existing_tokens or 0.0 for d in plan.domains)
+        new = sum(d.new_tokens or 0.0 for d in plan.domains)
+        total += ["", _tok(ex), _tok(new), "", ""]
+    rows.append(total)
     return rows
 
 
+def has_tokens(plan: Plan) -> bool:
+    """Whether the plan carries expected tokens (lengths were known)."""
+    return any(d.tokens_per_row is not None for d in plan.domains)
+
+
 PLAN_HEADER = ["domain", "existing", "before", "new", "available", "after", "target"]
+TOKEN_HEADER = ["tok/new row", "existing tok", "new tok", "tok before", "tok after"]
+
+
+def plan_header(plan: Plan) -> list[str]:
+    """The plan table's header: in a plan in tokens the target is a token share."""
+    head = list(PLAN_HEADER)
+    if plan.mix_by == "tokens":
+        head[-1] = "target (tokens)"
+    return head + (TOKEN_HEADER if has_tokens(plan) else [])
+
+
 SOURCE_HEADER = ["source", "read", "rejected", "duplicates", "usable", "taken"]
 
 
@@ -92,7 +130,17 @@ def to_markdown(report: dict[str, Any], plan: Plan) -> str:
     parts.append(
         _md_table(["source", "what", "reason / kind", "rows"], detail) if detail else "None."
     )
-    parts += ["", "## Domain mix (existing + new)", "", _md_table(PLAN_HEADER, plan_rows(plan)), ""]
+    parts += ["", "## Domain mix (existing + new)", ""]
+    lengths = report.get("lengths")
+    if lengths:
+        parts += [
+            f"Planned in {plan.mix_by}; expected tokens of a new prompt's answer per domain "
+            f"from {lengths['source']}.",
+            "",
+            *[f"- {n}" for n in lengths.get("notes") or []],
+            *([""] if lengths.get("notes") else []),
+        ]
+    parts += [_md_table(plan_header(plan), plan_rows(plan)), ""]
     if report["shortfall"]:
         parts += [
             f"The sources could not fill the budget: {report['shortfall']:,} prompts short.",

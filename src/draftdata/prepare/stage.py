@@ -31,23 +31,39 @@ import msgspec
 
 from draftdata.collector import fewer_collections
 from draftdata.domains import classify_domain
-from draftdata.errors import ConfigError
+from draftdata.errors import ConfigError, disk_errors
 from draftdata.metrics import StageStats
 from draftdata.mix import Plan, Supply, plan_mix
 from draftdata.prepare.adapters import Conversation, adapt, to_prompt
 from draftdata.prepare.config import PrepareConfig, SourceConfig, check
 from draftdata.prepare.dedup import BATCH, Deduper, dedup_text
+from draftdata.prepare.lengths import precheck as precheck_lengths
+from draftdata.prepare.lengths import resolve as resolve_lengths
 from draftdata.prepare.load import check_hub_reachable, iter_rows
 from draftdata.prepare.reference import load_exclusions, load_existing
 from draftdata.prepare.report import REPORT_FORMAT, encode_report, to_markdown
 from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt
-from draftdata.records import Message, Prompt, content_hash, encode_prompt
+from draftdata.records import (
+    DERIVED_ID,
+    Message,
+    Prompt,
+    content_hash,
+    derived_id_fault,
+    encode_prompt,
+)
 
 # (source name, rows read so far in it) -> None; called every PROGRESS_EVERY rows and at the end
 Progress = Callable[[str, int], None]
 PROGRESS_EVERY = 5_000
 DEDUP_BATCH = BATCH
-OUR_FILES = ("prompts-*.jsonl", "rejects.jsonl", "prepare_report.json", "prepare_report.md")
+OUR_FILES = (
+    "prompts-*.jsonl",
+    "rejects.jsonl",
+    "prepare_report.json",
+    "prepare_report.md",
+    "eval/prompts-*.jsonl",
+)
+EVAL_DIR = "eval"  # the held-out evaluation split (``holdout``)
 
 
 class PrepareResult(msgspec.Struct, kw_only=True, frozen=True):
@@ -173,6 +189,9 @@ def _keep(
     if pid in seen_ids:
         _reject(rejects, run, index, RowError(DUPLICATE_ID, f"id {pid!r} seen before"))
         return
+    if (fault := derived_id_fault(pid)) is not None:
+        _reject(rejects, run, index, RowError(DERIVED_ID, fault.partition(": ")[2]))
+        return
     seen_ids.add(pid)
     domain = source.domain
     if domain == "auto":
@@ -222,36 +241,41 @@ class _ShardWriter:
             self._fh = None
 
 
-def _pass_two(
-    config: PrepareConfig, runs: list[_SourceRun], plan: Plan, names: list[str], out: Path
-) -> tuple[list[Path], dict[str, dict[str, int]]]:
-    """Write the chosen prompts, interleaved (``interleave``), into the shards."""
-    # (source index, domain) -> byte offsets of its chosen spool lines, in spool order
-    groups: dict[tuple[int, str], list[int]] = {}
-    for r, run in enumerate(runs):
-        name = run.source.name
-        quotas = plan.per_source.get(name, {})
-        positions: dict[int, list[int]] = {}  # domain id -> spool line numbers
-        for i, d in enumerate(run.domains):
-            positions.setdefault(d, []).append(i)
-        keep: dict[int, list[int]] = {}  # spool line -> its group's list (filled below)
-        for d, lines in positions.items():
-            chosen = _choose(config.seed, name, names[d], len(lines), quotas.get(names[d], 0))
-            group = groups.setdefault((r, names[d]), [])
-            for j in chosen:
-                keep[lines[j]] = group
-        assert run.spool is not None
-        offset = 0
-        with run.spool.open("rb") as fh:
-            for i, line in enumerate(fh):
-                if i in keep:
-                    keep[i].append(offset)
-                offset += len(line)
-    writer = _ShardWriter(out, config.shard_size)
+def hold_out(
+    seed: int, runs: Sequence[bytearray], names: list[str], per_domain: int
+) -> list[set[int]]:
+    """The spool lines of each source held out as the evaluation split: per domain
+    ``min(per_domain, usable // 2)`` prompts (so at least half stay to be generated), a seeded
+    sample over every source's usable prompts of that domain, independent of the mix and the
+    budget (the same split whatever mix is planned later). One set per source."""
+    held: list[set[int]] = [set() for _ in runs]
+    if per_domain <= 0:
+        return held
+    members: dict[int, list[tuple[int, int]]] = {}  # domain id -> (source index, spool line)
+    for r, domains in enumerate(runs):
+        for i, d in enumerate(domains):
+            members.setdefault(d, []).append((r, i))
+    for d in sorted(members, key=names.__getitem__):
+        pool = members[d]
+        k = min(per_domain, len(pool) // 2)
+        for j in random.Random(f"{seed}:holdout:{names[d]}").sample(range(len(pool)), k):
+            r, i = pool[j]
+            held[r].add(i)
+    return held
+
+
+def _write_interleaved(
+    seed: int,
+    runs: list[_SourceRun],
+    groups: Mapping[tuple[int, str], Sequence[int]],
+    writer: _ShardWriter,
+) -> dict[str, dict[str, int]]:
+    """Write the spool lines at ``groups``' offsets in ``interleave`` order; count per source
+    and domain."""
     taken: dict[str, dict[str, int]] = {run.source.name: {} for run in runs}
     handles = [run.spool.open("rb") for run in runs if run.spool is not None]
     try:
-        for (r, domain), offset in interleave(config.seed, groups):
+        for (r, domain), offset in interleave(seed, groups):
             fh = handles[r]
             fh.seek(offset)
             writer.write(fh.readline())
@@ -261,6 +285,66 @@ def _pass_two(
         for fh in handles:
             fh.close()
         writer.close()
+    return taken
+
+
+def _offsets(run: _SourceRun, lines: Mapping[int, list[int]]) -> None:
+    """Append the byte offset of each spool line in ``lines`` (line -> its group's list)."""
+    assert run.spool is not None
+    offset = 0
+    with run.spool.open("rb") as fh:
+        for i, line in enumerate(fh):
+            if i in lines:
+                lines[i].append(offset)
+            offset += len(line)
+
+
+def _write_eval(
+    config: PrepareConfig, runs: list[_SourceRun], held: list[set[int]], names: list[str],
+    out: Path,
+) -> list[Path]:  # fmt: skip
+    """The held-out prompts into ``out/eval/prompts-*.jsonl``, interleaved like the rest."""
+    groups: dict[tuple[int, str], list[int]] = {}
+    for r, run in enumerate(runs):
+        keep = {i: groups.setdefault((r, names[run.domains[i]]), []) for i in sorted(held[r])}
+        _offsets(run, keep)
+    if not groups:
+        return []
+    folder = out / EVAL_DIR
+    folder.mkdir(exist_ok=True)
+    writer = _ShardWriter(folder, config.shard_size)
+    _write_interleaved(config.seed, runs, groups, writer)
+    return writer.paths
+
+
+def _pass_two(
+    config: PrepareConfig,
+    runs: list[_SourceRun],
+    plan: Plan,
+    names: list[str],
+    out: Path,
+    held: list[set[int]],
+) -> tuple[list[Path], dict[str, dict[str, int]]]:
+    """Write the chosen prompts, interleaved (``interleave``), into the shards; the held-out
+    lines are never among them."""
+    # (source index, domain) -> byte offsets of its chosen spool lines, in spool order
+    groups: dict[tuple[int, str], list[int]] = {}
+    for r, run in enumerate(runs):
+        name = run.source.name
+        quotas = plan.per_source.get(name, {})
+        positions: dict[int, list[int]] = {}  # domain id -> spool line numbers
+        for i, d in enumerate(run.domains):
+            if i not in held[r]:
+                positions.setdefault(d, []).append(i)
+        keep: dict[int, list[int]] = {}  # spool line -> its group's list (filled below)
+        for d, lines in positions.items():
+            chosen = _choose(config.seed, name, names[d], len(lines), quotas.get(names[d], 0))
+            group = groups.setdefault((r, names[d]), [])
+            for j in chosen:
+                keep[lines[j]] = group
+        _offsets(run, keep)
+    writer = _ShardWriter(out, config.shard_size)
+    taken = _write_interleaved(config.seed, runs, groups, writer)
     return writer.paths, taken
 
 
@@ -375,7 +459,22 @@ def _run(
     progress: Progress | None = None,
 ) -> PrepareResult:
     check(config)
+    if config.lengths:  # a file that is no forecast: refused before any source is read
+        from draftdata.store.forecast import read_forecast
+
+        read_forecast(config.lengths)
     check_hub_reachable(config.sources)
+    # the sources are spooled into --out (with --plan-only into TMPDIR) and read back
+    where, fix = config.out, "choose another --out"
+    if plan_only:
+        where, fix = tempfile.gettempdir(), "set TMPDIR to a folder with more room"
+    with disk_errors(where, fix):
+        return _prepare(config, plan_only=plan_only, force=force, progress=progress)
+
+
+def _prepare(
+    config: PrepareConfig, *, plan_only: bool, force: bool, progress: Progress | None
+) -> PrepareResult:
     stats = StageStats("prepare")
     out = Path(config.out)
     if not plan_only:
@@ -387,7 +486,9 @@ def _run(
         deduper = Deduper(config.dedup, workdir=spool_root)
         try:
             with stats.timed("references"):
-                existing, existing_bad = load_existing(config.existing, deduper)
+                known = load_existing(config.existing, deduper)
+                existing, existing_bad = known.counts, known.bad
+                precheck_lengths(config, known)
                 excluded = load_exclusions(config.dedup.exclude, deduper)
             rejects_path = None if plan_only else out / "rejects.jsonl"
             with stats.timed("read"):
@@ -406,11 +507,13 @@ def _run(
             deduper.close()
         del deduper  # the index is not needed to plan and write: its memory goes back first
         names = sorted(domain_ids, key=domain_ids.__getitem__)
+        held = hold_out(config.seed, [run.domains for run in runs], names, config.holdout)
         supplies = []
-        for run in runs:
+        for r, run in enumerate(runs):
             avail: dict[str, int] = {}
-            for d in run.domains:
-                avail[names[d]] = avail.get(names[d], 0) + 1
+            for i, d in enumerate(run.domains):
+                if i not in held[r]:
+                    avail[names[d]] = avail.get(names[d], 0) + 1
             supplies.append(
                 Supply(
                     name=run.source.name,
@@ -419,14 +522,47 @@ def _run(
                     max_take=run.source.max_take,
                 )
             )
-        plan = plan_mix(existing, supplies, config.budget, config.mix)
+        domains = {d for s in supplies for d in s.available}
+        by_tokens, lengths = resolve_lengths(config, known, domains)
+        plan = plan_mix(
+            existing,
+            supplies,
+            config.budget,
+            config.mix,
+            lengths=lengths.per_domain if lengths is not None else None,
+            existing_tokens=lengths.existing_tokens if lengths is not None else None,
+            by_tokens=by_tokens,
+        )
         shards: list[Path] = []
+        eval_shards: list[Path] = []
         if not plan_only:
             with stats.timed("write"):
-                shards, _ = _pass_two(config, runs, plan, names, out)
+                shards, _ = _pass_two(config, runs, plan, names, out, held)
+                eval_shards = _write_eval(config, runs, held, names, out)
     finally:
         shutil.rmtree(spool_root, ignore_errors=True)
     report = _report(config, runs, names, plan, shards, existing_bad, excluded)
+    report["mix_by"] = plan.mix_by
+    if config.holdout:
+        by_domain: dict[str, int] = {}
+        for r, run in enumerate(runs):
+            for i in held[r]:
+                dname = names[run.domains[i]]
+                by_domain[dname] = by_domain.get(dname, 0) + 1
+        report["holdout"] = {
+            "per_domain": config.holdout,
+            "prompts": sum(by_domain.values()),
+            "by_domain": dict(sorted(by_domain.items())),
+            "path": f"{EVAL_DIR}/",
+            "shards": [f"{EVAL_DIR}/{p.name}" for p in eval_shards],
+        }
+    if lengths is not None:
+        report["lengths"] = {
+            "source": lengths.source,
+            "tokens_per_row": {d: round(v, 1) for d, v in lengths.per_domain.items()},
+            "existing_measured": lengths.existing_measured,
+            "notes": lengths.notes,
+        }
     for key in ("read", "rejected", "duplicates", "usable", "taken"):
         stats.add(key, report["totals"][key])
     if plan_only:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftdata.records import ROLES, Message, tool_order_fault
+from draftdata.records import DERIVED_ID, ROLES, Message, tool_order_fault
 
 BAD_JSON = "bad_json"
 WRONG_TYPE = "wrong_type"
@@ -38,6 +38,7 @@ REASONS = (
     UNDECODABLE_TEXT,
     DUPLICATE_ID,
     ORPHAN_TOOL,
+    DERIVED_ID,
 )
 
 

@@ -1,9 +1,11 @@
 """``build_report(inputs..., out)``: collect the numbers, draw the figures, write the page.
 
-Sections, in order: headline numbers; domain mix (before/target/after from a merge output's
-``merge_report.json``, else the domain shares of the subject and of every compared input);
+Sections, in order: headline numbers; domain mix in rows and in loss tokens (before/target/after
+from a merge output's ``merge_report.json``, else the domain shares of the subject and of every
+compared input; loss tokens are estimated for chat rows and runs, see ``stats``);
 output length per domain; tokens per domain; finish reasons; failures by class; throughput over
-time per endpoint (from the run's metrics snapshots); the inputs read. A section without data
+time per endpoint (from the run's metrics snapshots); a pilot's forecast against the actual run
+(``forecast.py``); the inputs read. A section without data
 says why in one line instead of drawing an empty chart.
 """
 
@@ -16,9 +18,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from draftdata.errors import InputError
+from draftdata.errors import InputError, disk_errors
 from draftdata.report import page, plots
 from draftdata.report.collect import ReportData, collect
+from draftdata.report.forecast import forecast_section
 from draftdata.stats import DatasetStats
 
 _MEASURES = {
@@ -77,6 +80,39 @@ def _mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
     return {k: v for k, v in series.items() if v}, how
 
 
+def _token_mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
+    """Named series of each domain's share of the loss tokens, and where they come from: a
+    merge report's token counts, else each input's stats (saved stats without token counts
+    give none)."""
+    for m in data.merged:
+        r = m.report or {}
+        tok = r.get("tokens")
+        if not isinstance(tok, dict):
+            continue
+        series: dict[str, dict[str, float]] = {}
+        for url, st in data.compare:
+            if st.kind != "run":
+                series[f"{_name(url)} ({st.kind})"] = st.domain_loss_token_shares()
+        if isinstance(tok.get("before"), dict):
+            series["before (merge inputs)"] = _shares(tok["before"])
+        if isinstance(r.get("target"), dict) and r.get("mix_by") == "loss_tokens":
+            series["target"] = {k: float(v) for k, v in r["target"].items()}
+        after = tok.get("after") or {}
+        for split in ("train", "eval"):
+            if isinstance(after.get(split), dict):
+                series[f"after: {split}"] = _shares(after[split])
+        series = {k: v for k, v in series.items() if v}
+        if series:
+            return series, f"from {m.url}/merge_report.json ({tok.get('method', 'estimate')})"
+    series = {}
+    own: list[tuple[str, DatasetStats]] = [(r.url, r.stats) for r in data.runs]
+    own += [(m.url, m.stats) for m in data.merged] + data.tokenized + data.prompts + data.datasets
+    for url, st in own + data.compare:
+        series[f"{_name(url)} ({st.kind})"] = st.domain_loss_token_shares()
+    return {k: v for k, v in series.items() if v}, "loss tokens of each input (~ estimated "
+    "for chat rows and runs, exact for tokenized sets)"
+
+
 def _ordered(series: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
     """The same series with domains in one order: by their largest share, descending."""
     best: dict[str, float] = {}
@@ -96,7 +132,74 @@ def _mix_section(data: ReportData) -> page.Section:
     domains = list(next(iter(series.values()), {}))
     rows = [[d, *(f"{100 * v.get(d, 0.0):.1f}%" for v in series.values())] for d in domains]
     tables = [page.table(["domain", *series], rows)] if rows else []
-    return page.Section("Domain mix", [plot] if plot else [], "no domain counts", tables)
+    figures = [plot] if plot else []
+    tseries, thow = _token_mix_series(data)
+    tseries = _ordered(tseries)
+    tplot = plots.grouped_bars(
+        "domain-mix-tokens",
+        "Domain mix in loss tokens (what a drafter trains on)",
+        tseries,
+        "share of loss tokens (%)",
+        thow,
+        percent=True,
+    )
+    if tplot:
+        figures.append(tplot)
+        tdomains = list(next(iter(tseries.values()), {}))
+        trows = [[d, *(f"{100 * v.get(d, 0.0):.1f}%" for v in tseries.values())] for d in tdomains]
+        tables.append(page.table(["domain (loss tokens)", *tseries], trows))
+    return page.Section("Domain mix", figures, "no domain counts", tables)
+
+
+def _acceptance_section(data: ReportData) -> page.Section | None:
+    """The drafter's acceptance per domain, each measurement side by side, beside the subject's
+    share of loss tokens (where the data to train on stands against where the drafter is weak)."""
+    if not data.acceptance:
+        return None
+    names = [_name(u.rstrip("/").removesuffix("/acceptance.json")) for u, _ in data.acceptance]
+    if len(set(names)) < len(names):
+        names = [f"{n} ({i + 1})" for i, n in enumerate(names)]
+    series = {
+        n: {d: a.acceptance_rate for d, a in m.by_domain.items() if a.acceptance_rate is not None}
+        for n, (_, m) in zip(names, data.acceptance, strict=True)
+    }
+    series = _ordered({k: {d: float(v) for d, v in vals.items()} for k, vals in series.items()})
+    plot = plots.grouped_bars(
+        "acceptance",
+        "Draft acceptance per domain",
+        series,
+        "accepted / draft tokens (%)",
+        "each measurement's acceptance rate per domain (draftdata acceptance)",
+        percent=True,
+    )
+    tseries, _ = _token_mix_series(data) if data.parts else ({}, "")
+    mix_name, mix = next(iter(tseries.items()), ("", {}))
+    domains = list(next(iter(series.values()), {}))
+    header = ["domain"]
+    if mix:
+        header.append(f"loss-token share: {mix_name}")
+    for n in names:
+        header += [f"acceptance: {n}", f"accept length: {n}"]
+    rows = []
+    for d in domains:
+        row: list[Any] = [d]
+        if mix:
+            row.append(f"{100 * mix.get(d, 0.0):.1f}%")
+        for _, m in data.acceptance:
+            a = m.by_domain.get(d)
+            rate = a.acceptance_rate if a is not None else None
+            length = a.mean_accept_length if a is not None else None
+            row += [
+                "-" if rate is None else f"{100 * rate:.1f}%",
+                "-" if length is None else f"{length:.2f}",
+            ]
+        rows.append(row)
+    return page.Section(
+        "Draft acceptance per domain",
+        [plot] if plot else [],
+        "no acceptance measured",
+        [page.table(header, rows)] if rows else [],
+    )
 
 
 def _length_section(data: ReportData) -> page.Section:
@@ -136,6 +239,11 @@ def _tokens_section(data: ReportData) -> page.Section:
             }
     unit = "tokens"
     main = data.main_stats
+    if not series and main is not None and "loss_tokens" in main:
+        series[f"loss tokens (~ estimated): {_name(main['dataset'])}"] = {
+            d: v.get("loss_tokens", 0) for d, v in _doms(main)
+        }
+        unit = "loss tokens (estimated from the text)"
     if not series and main is not None:
         m = "output_chars" if "output_chars" in main["lengths"] else "chars"
         series[f"{_MEASURES[m]}: {_name(main['dataset'])}"] = {
@@ -144,7 +252,10 @@ def _tokens_section(data: ReportData) -> page.Section:
         unit = "characters (no token counts in the inputs)"
     series = _ordered({k: {d: float(x) for d, x in v.items()} for k, v in series.items()})
     plot = plots.grouped_bars("tokens-per-domain", "Tokens per domain", series, unit)
-    return page.Section("Tokens per domain", [plot] if plot else [], "no token counts")
+    domains = list(next(iter(series.values()), {}))
+    rows = [[d, *(int(v.get(d, 0)) for v in series.values())] for d in domains]
+    tables = [page.table(["domain", *series], rows)] if rows else []
+    return page.Section("Tokens per domain", [plot] if plot else [], "no token counts", tables)
 
 
 def _doms(s: DatasetStats) -> list[tuple[str, dict[str, Any]]]:
@@ -272,13 +383,16 @@ def _inputs_section(data: ReportData) -> page.Section:
 
 def render_report(data: ReportData, title: str | None = None) -> str:
     """The page for collected data."""
+    accepted = _acceptance_section(data)
     sections = [
         _mix_section(data),
+        *([accepted] if accepted is not None else []),
         _length_section(data),
         _tokens_section(data),
         _finish_section(data),
         _failures_section(data),
         _throughput_section(data),
+        forecast_section(data),
         _inputs_section(data),
     ]
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -314,16 +428,17 @@ def build_report(
         )
     data = collect([str(i) for i in inputs])
     text = render_report(data, title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with disk_errors(str(path), "choose another --out"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path

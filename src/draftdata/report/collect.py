@@ -6,7 +6,9 @@ does not grow with the data. The first input is the subject of the report; furth
 compared with it (their domain mix is shown next to its, and when no merge report is found they
 stand for the "before" side of the mix). A compared run or merge output joins the page as a
 part (its throughput, failures and merge report are shown, whichever order the inputs come in),
-and a saved ``draftdata stats --json`` output is compared as the dataset it measured.
+and a saved ``draftdata stats --json`` output is compared as the dataset it measured. An
+acceptance measurement (``acceptance.json``, or a folder holding one) joins the page's
+acceptance section, beside the mix; several are shown side by side in the order given.
 """
 
 from __future__ import annotations
@@ -17,10 +19,17 @@ from typing import Any
 
 from draftdata.errors import DraftdataError, InputError
 from draftdata.report.find import Parts, find_parts
+from draftdata.speculation import Acceptance
 from draftdata.stats import DatasetStats, compute_stats
 from draftdata.stats.compute import STATS_FORMAT, run_metrics
-from draftdata.stats.readers import MERGE_REPORT, read_json_object
+from draftdata.stats.readers import (
+    MERGE_REPORT,
+    acceptance_json,
+    read_json_object,
+    refuse_unreadable,
+)
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
+from draftdata.store.forecast import latest_forecast
 from draftdata.store.store import open_store
 
 MERGE_REPORT_FORMAT = "draftdata.merge-report"
@@ -36,6 +45,8 @@ class RunPart:
     metrics: dict[str, Any] | None
     throughput: dict[str, list[tuple[float, float]]]
     total: int | None = None
+    forecast: dict[str, Any] | None = None  # the newest pilot forecast (store/forecast.py)
+    forecast_url: str | None = None
 
     @property
     def figures(self) -> dict[str, Any] | None:
@@ -74,6 +85,7 @@ class ReportData:
     prompts: list[tuple[str, DatasetStats]] = field(default_factory=list)
     datasets: list[tuple[str, DatasetStats]] = field(default_factory=list)
     compare: list[tuple[str, DatasetStats]] = field(default_factory=list)
+    acceptance: list[tuple[str, Acceptance]] = field(default_factory=list)
 
     @property
     def main_stats(self) -> DatasetStats | None:
@@ -218,7 +230,14 @@ def _run(url: str) -> RunPart:
         manifest = read_manifest(store)
     except DraftdataError:
         manifest = {}
-    return RunPart(url, stats, manifest, headline(snaps), throughput_series(snaps), _total(snaps))
+    part = RunPart(url, stats, manifest, headline(snaps), throughput_series(snaps), _total(snaps))
+    try:
+        found = latest_forecast(store)
+    except DraftdataError:  # a damaged forecast does not stop the report
+        found = None
+    if found is not None:
+        part.forecast_url, part.forecast = found
+    return part
 
 
 def _merged(url: str) -> MergedPart:
@@ -232,6 +251,13 @@ def collect(inputs: list[str]) -> ReportData:
     """Find and read every input (the first is the subject; see the module docstring)."""
     if not inputs:
         raise InputError("report: give a run, a merged dataset or a demo output folder")
+    measured = [(u, acceptance_json(u)) for u in inputs]
+    found = [(u, a) for u, a in measured if a is not None]
+    inputs = [u for u, a in measured if a is None]
+    if not inputs:  # only acceptance measurements: a page of them alone
+        data = ReportData(inputs=[u for u, _ in found], parts=[])
+        data.acceptance = found
+        return data
     first = stats_json(inputs[0])
     if first is not None:  # a saved `stats --json` as the subject: the datasets it measured
         data = ReportData(inputs=list(inputs), parts=[Parts(root=inputs[0])])
@@ -266,6 +292,7 @@ def collect(inputs: list[str]) -> ReportData:
         data.compare += [(u, compute_stats(u)) for u in urls]
     for url, st in [(r.url, r.stats) for r in data.runs] + data.datasets + data.compare:
         _check_readable(url, st)
+    data.acceptance = found
     return data
 
 
@@ -300,10 +327,5 @@ def stats_json(url: str) -> list[DatasetStats] | None:
 def _check_readable(url: str, st: DatasetStats) -> None:
     """Refuse an input of which nothing could be read (every row rejected), in one line."""
     rejected = st["rejected"]
-    if st.rows == 0 and rejected["count"] > 0:
-        example = (rejected.get("examples") or [""])[0]
-        raise InputError(
-            f"{url}: no readable rows ({rejected['count']} rejected"
-            + (f", e.g. {example}" if example else "")
-            + "); give a dataset, a run, a merge output or a `draftdata stats --json` output"
-        )
+    example = (rejected.get("examples") or [""])[0]
+    refuse_unreadable(url, st.rows, rejected["count"], example)

@@ -1,9 +1,12 @@
 """The report page: one self-contained HTML document (inline CSS, PNGs as data: URIs).
 
 No script, no external URL (no fonts, no CDN): the page renders the same offline, from S3, or
-attached to an e-mail. Every figure is an ``<img class="plot" id="plot-...">``; a section with
-nothing to draw shows a short note instead. This module only formats; ``build.py`` decides
-what goes in.
+attached to an e-mail. Every figure is an ``<img class="plot" id="plot-...">`` (its
+``data-text-px`` is the size of its smallest text in its own pixels) with its legend under it as
+HTML; a section with nothing to draw shows a short note instead. It reads at a laptop's width
+and at a phone's (390 px): figures shrink to fit, legends wrap, wide tables scroll inside their
+own box, long paths break, so the page never scrolls sideways. Numbers carry thousands
+separators. This module only formats; ``build.py`` decides what goes in.
 """
 
 from __future__ import annotations
@@ -18,15 +21,21 @@ from draftdata.report.plots import Plot
 
 _CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2rem auto;
-max-width:1000px;color:#222;padding:0 1rem}
+max-width:1000px;color:#222;padding:0 1rem;overflow-wrap:break-word}
 h1{font-size:1.5rem;margin-bottom:.2rem}h2{font-size:1.15rem;margin-top:2rem;
 border-bottom:1px solid #ddd;padding-bottom:.2rem}
-.sub{color:#666;font-size:.85rem}
+.sub{color:#666;font-size:.85rem;overflow-wrap:anywhere}
 .cards{display:flex;flex-wrap:wrap;gap:.6rem;margin:1rem 0}
 .card{border:1px solid #ddd;border-radius:6px;padding:.5rem .8rem;min-width:7.5rem}
 .card .v{font-size:1.25rem;font-weight:600}.card .k{font-size:.75rem;color:#666}
-figure{margin:1rem 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
+figure{margin:1rem 0}figure img{display:block;max-width:100%;height:auto;border:1px solid #eee}
 figcaption{font-size:.8rem;color:#555}
+.legend{display:flex;flex-wrap:wrap;gap:.25rem 1.1rem;list-style:none;padding:0;margin:.4rem 0;
+font-size:.85rem}
+.legend li{overflow-wrap:anywhere}
+.legend i{display:inline-block;width:.8rem;height:.8rem;margin-right:.35rem;vertical-align:-.1rem;
+border-radius:2px}
+.scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;font-size:.85rem;margin:.6rem 0}
 th,td{border-bottom:1px solid #eee;padding:.2rem .6rem;text-align:right}
 th:first-child,td:first-child{text-align:left}
@@ -69,8 +78,10 @@ def _fmt(key: str, value: Any) -> str:
     if key == "wall_s" and isinstance(value, int | float):
         v = float(value)
         return f"{v:.1f} s" if v < 120 else f"{v / 60:.1f} min" if v < 7200 else f"{v / 3600:.1f} h"
-    if isinstance(value, float):
-        return f"{value:,.1f}"
+    if isinstance(
+        value, float
+    ):  # a rate: a decimal only where it says something (7.5, not 53,997.0)
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
     if isinstance(value, int):
         return f"{value:,}"
     return html.escape(str(value))
@@ -95,7 +106,20 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "
         "<tr>" + "".join(f"<td>{_fmt('', c)}</td>" for c in row) + "</tr>" for row in rows
     )
     cap = f"<caption class='sub'>{html.escape(caption)}</caption>" if caption else ""
-    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return (
+        f'<div class="scroll"><table>{cap}<thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
+
+
+def _legend(p: Plot) -> str:
+    if not p.legend:
+        return ""
+    items = "".join(
+        f'<li><i style="background:{html.escape(colour)}"></i>{html.escape(label)}</li>'
+        for label, colour in p.legend
+    )
+    return f'<ul class="legend" id="legend-{html.escape(p.id)}">{items}</ul>'
 
 
 def _figure(p: Plot) -> str:
@@ -103,7 +127,8 @@ def _figure(p: Plot) -> str:
     cap = f"<figcaption>{html.escape(p.caption)}</figcaption>" if p.caption else ""
     return (
         f'<figure><img class="plot" id="plot-{html.escape(p.id)}" alt="{html.escape(p.title)}" '
-        f'src="data:image/png;base64,{data}">{cap}</figure>'
+        f'data-text-px="{p.text_px:.1f}" src="data:image/png;base64,{data}">'
+        f"{_legend(p)}{cap}</figure>"
     )
 
 

@@ -18,6 +18,7 @@ from typing import Literal
 
 import msgspec
 
+from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError
 
 Flavor = Literal["sglang", "vllm"]
@@ -85,6 +86,9 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     mean_output_tokens: int = 2700
     # a request whose last user message starts with PREFIX draws around this mean instead
     mean_output_tokens_for: dict[str, int] = msgspec.field(default_factory=dict)
+    # ... else, when the request's conversation is of this domain (draftdata.domains' classifier,
+    # as prepare tags prompts), around this mean: a fleet whose answer lengths depend on the domain
+    domain_mean_output_tokens: dict[str, int] = msgspec.field(default_factory=dict)
     output_sigma: float = 0.8
     min_output_tokens: int = 8
     reasoning: ReasoningMode = "parsed"
@@ -101,6 +105,11 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     startup_s: float = 0.0
     seed: int = 0
     tokenizer: str | None = None
+    # speculative decoding (sim/spec.py): K draft tokens per step (0: off), each accepted with
+    # this probability given the ones before it; by last-user-message prefix as for lengths
+    spec_tokens: int = 0
+    accept_rate: float = 0.7
+    accept_rate_for: dict[str, float] = msgspec.field(default_factory=dict)
     faults: FaultConfig = msgspec.field(default_factory=FaultConfig)
 
     @property
@@ -109,6 +118,13 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
         if self.engine_version:
             return self.engine_version
         return "0.5.4" if self.flavor == "sglang" else "0.11.0"
+
+    def accept_rate_of(self, last_user: str) -> float:
+        """The per-position acceptance probability of a request (its last user message)."""
+        return next(
+            (r for p, r in self.accept_rate_for.items() if last_user.startswith(p)),
+            self.accept_rate,
+        )
 
     def step_s(self, batch: int, slow: float = 1.0) -> float:
         """Wall-clock seconds of one decode step at ``batch`` running sequences."""
@@ -134,11 +150,30 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
             all(n >= 1 for n in config.mean_output_tokens_for.values()),
             "--mean-output-tokens-for: every mean must be at least 1",
         ),
+        (
+            all(n >= 1 for n in config.domain_mean_output_tokens.values()),
+            "--domain-mean: every mean must be at least 1",
+        ),
+        (
+            not (unknown := sorted(set(config.domain_mean_output_tokens) - set(DOMAINS))),
+            f"--domain-mean: {', '.join(unknown)} is no domain of the classifier; use "
+            + ", ".join(DOMAINS),
+        ),
+        (
+            0 <= config.output_sigma <= 4,
+            f"--output-sigma: {config.output_sigma} is not in [0, 4]",
+        ),
         (config.time_scale >= 0, "--time-scale: must be >= 0 (0 answers without delay)"),
         (config.stream_interval >= 1, "stream_interval: must be at least 1"),
         (0 <= config.tool_call_rate <= 1, "--tool-call-rate: must be in [0, 1]"),
         (0 <= config.reasoning_share < 1, "reasoning_share: must be in [0, 1)"),
         (servers >= 1, "--servers: must be at least 1"),
+        (0 <= config.spec_tokens <= 64, "--spec-tokens: must be in [0, 64]"),
+        (0 <= config.accept_rate <= 1, "--accept-rate: must be in [0, 1]"),
+        (
+            all(0 <= r <= 1 for r in config.accept_rate_for.values()),
+            "--accept-rate-for: every rate must be in [0, 1]",
+        ),
     ]
     f = config.faults
     for name, rate in f.rates():

@@ -19,6 +19,8 @@ from typing import Any
 
 import msgspec
 
+from draftdata.domains import classify_domain
+from draftdata.records import Message
 from draftdata.sim.answers import (
     Parsed,
     digest,
@@ -29,6 +31,8 @@ from draftdata.sim.answers import (
 )
 from draftdata.sim.config import SimConfig
 from draftdata.sim.shapes import context_message, tool_call
+from draftdata.sim.spec import SpecDraw
+from draftdata.sim.spec import draw as spec_draw
 from draftdata.sim.tokens import Tokenizer, text_of
 
 
@@ -52,6 +56,7 @@ class ChoiceOut(msgspec.Struct, kw_only=True):
     finish: str
     matched_stop: int | None
     reasoning_tokens: int
+    spec: SpecDraw | None = None  # speculative figures (a server with spec_tokens > 0)
 
 
 class Prepared(msgspec.Struct, kw_only=True):
@@ -65,6 +70,7 @@ class Prepared(msgspec.Struct, kw_only=True):
     cached_tokens: int | None
     want_prompt_ids: bool
     want_output_ids: bool
+    want_spec_details: bool = False  # SGLang's return_spec_tokens_details
     choices: list[ChoiceOut]
 
 
@@ -153,6 +159,22 @@ def _stop_at(
     return text[:at], ids[:keep], ends[:keep]
 
 
+def _mean_for(config: SimConfig, last_user: str, msgs: list[Any], tools: Any) -> int:
+    """The mean output length for this request: a matching ``mean_output_tokens_for`` prefix,
+    else the conversation's domain's ``domain_mean_output_tokens``, else the default."""
+    for prefix, mean in config.mean_output_tokens_for.items():
+        if last_user.startswith(prefix):
+            return mean
+    if config.domain_mean_output_tokens:
+        try:
+            messages = msgspec.convert(msgs, list[Message])
+        except msgspec.ValidationError:
+            return config.mean_output_tokens
+        domain = classify_domain(messages, tools if isinstance(tools, list) else None)
+        return config.domain_mean_output_tokens.get(domain, config.mean_output_tokens)
+    return config.mean_output_tokens
+
+
 def prepare(
     body: Any,
     config: SimConfig,
@@ -211,10 +233,8 @@ def prepare(
     if isinstance(tool_choice, dict) and tools:
         name = (tool_choice.get("function") or {}).get("name")
         offered = [t for t in tools if (t.get("function") or {}).get("name") == name] or tools
-    mean = next(
-        (m for p, m in config.mean_output_tokens_for.items() if last_user.startswith(p)),
-        config.mean_output_tokens,
-    )
+    mean = _mean_for(config, last_user, msgs, tools)
+    accept = config.accept_rate_of(last_user)
     choices = []
     for i in range(n):
         rng = random.Random(digest(config.seed, body.get("seed"), prompt_text, i))
@@ -264,6 +284,10 @@ def prepare(
             hexid = f"{digest(prompt_text, i, k):016x}"
             cid = f"call_{hexid}{hexid[:8]}" if flavor == "sglang" else f"chatcmpl-tool-{hexid}"
             calls.append(tool_call(flavor, cid, k, tc.name, tc.arguments))
+        spec = None
+        if config.spec_tokens > 0:
+            spec_rng = random.Random(digest(config.seed, "spec", prompt_text, body.get("seed"), i))
+            spec = spec_draw(len(out_ids), config.spec_tokens, accept, spec_rng)
         r_end = max((s1 for s0, s1, kind in parsed.spans if kind == "reasoning"), default=0)
         r_tokens = sum(1 for e in ends if e <= r_end) if r_end else 0
         choices.append(
@@ -278,6 +302,7 @@ def prepare(
                 if finish == "stop" and flavor == "sglang" and stopped is None
                 else None,
                 reasoning_tokens=r_tokens,
+                spec=spec,
             )
         )
     rid = body.get("rid") if isinstance(body.get("rid"), str) else None
@@ -301,5 +326,6 @@ def prepare(
         cached_tokens=cache.cached(msgs, n_prompt) if cache and config.cache_report else None,
         want_prompt_ids=want_prompt,
         want_output_ids=want_output,
+        want_spec_details=flavor == "sglang" and body.get("return_spec_tokens_details") is True,
         choices=choices,
     )

@@ -74,7 +74,7 @@ Non-streaming SGLang body::
                   "logprobs": null, "finish_reason": "stop"|"length"|"tool_calls",
                   "matched_stop": 151645 | null,
                   "prompt_token_ids": [...],   # only with return_prompt_token_ids
-                  "token_ids": [...]}],        # only with return_token_ids
+                  "response_token_ids": [...]}],  # only with return_token_ids
      "usage": {"prompt_tokens": P, "total_tokens": P+C, "completion_tokens": C,
                "prompt_tokens_details": {"cached_tokens": K} | null, "reasoning_tokens": R},
      "metadata": {"weight_version": "default"}}

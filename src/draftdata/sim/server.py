@@ -25,6 +25,7 @@ from draftdata.sim.answers import digest, split_chunk
 from draftdata.sim.batch import Batcher, Seq
 from draftdata.sim.config import SimConfig
 from draftdata.sim.request import ChoiceOut, PrefixCache, Prepared, RequestError, prepare
+from draftdata.sim.spec import SpecCounters
 from draftdata.sim.tokens import Tokenizer
 
 _encode = msgspec.json.Encoder().encode
@@ -73,6 +74,7 @@ class SimServer:
         self._rng = random.Random(digest(config.seed, "faults", index))
         self._crash_pending = index in config.faults.crash_after
         self._restart_task: asyncio.Task[None] | None = None
+        self.spec = SpecCounters(config.spec_tokens) if config.spec_tokens > 0 else None
 
     @property
     def url(self) -> str:
@@ -235,7 +237,10 @@ class SimServer:
 
     async def _server_info(self, request: web.Request) -> web.Response:
         tput = self._batcher.throughput()
-        return self._json(shapes.server_info(self.config, self.port, tput, self.config.tokenizer))
+        accept = self.spec.avg_accept_length() if self.spec is not None else None
+        return self._json(
+            shapes.server_info(self.config, self.port, tput, self.config.tokenizer, accept)
+        )
 
     def _used_tokens(self) -> int:
         return sum(s.prompt_tokens + s.done for s in self._batcher.running)
@@ -268,6 +273,7 @@ class SimServer:
             self._batcher.prompt_tokens,
             self.stats.finished,
             self._batcher.throughput(),
+            self.spec,
         )
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
@@ -333,6 +339,8 @@ class SimServer:
 
     def _count_finished(self, prep: Prepared) -> None:
         for c in prep.choices:
+            if self.spec is not None and c.spec is not None:
+                self.spec.add(c.spec, len(c.ids))
             key = "stop" if c.finish in ("stop", "tool_calls") else c.finish
             self.stats.finished[key] = self.stats.finished.get(key, 0) + 1
 
@@ -380,7 +388,15 @@ class SimServer:
             choices,
             self._usage(prep),
             prep.prompt_ids if prep.want_prompt_ids else None,
+            self._spec_details(prep),
         )
+
+    def _spec_details(self, prep: Prepared) -> Any:
+        """SGLang's ``sglext.spec_tokens_details`` (a list when ``n`` > 1), when asked for."""
+        if not prep.want_spec_details or self.spec is None:
+            return None
+        details = [c.spec.details(len(c.ids)) for c in prep.choices if c.spec is not None]
+        return details if len(prep.choices) > 1 else (details[0] if details else None)
 
     def _usage(self, prep: Prepared) -> dict[str, Any]:
         return shapes.usage(

@@ -2,7 +2,7 @@
 
 Pure functions from already-decided values to the dicts/text the server sends; the field sets
 and null conventions follow the engines' pydantic models (SGLang ``ChatCompletionResponse`` with
-per-choice ``prompt_token_ids``/``token_ids`` and ``matched_stop``; vLLM's with top-level
+per-choice ``prompt_token_ids``/``response_token_ids`` and ``matched_stop``; vLLM's with top-level
 ``prompt_token_ids`` and per-choice ``token_ids``/``stop_reason``). The exact shapes are listed
 in ``draftdata.sim.run``'s docstring. This module decides nothing and does no I/O.
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 from draftdata.sim.answers import Parsed
 from draftdata.sim.config import SimConfig
+from draftdata.sim.spec import SpecCounters
 
 ERROR_TYPES = {
     400: "BadRequestError",
@@ -135,7 +136,7 @@ def choice(
         if prompt_ids is not None:
             out["prompt_token_ids"] = prompt_ids
         if output_ids is not None:
-            out["token_ids"] = output_ids
+            out["response_token_ids"] = output_ids  # SGLang 0.5.x's name for the output ids
         return out
     return {
         "index": index,
@@ -147,6 +148,27 @@ def choice(
     }
 
 
+def _spec_metrics(lab: str, spec: SpecCounters) -> list[str]:
+    """vLLM's speculative-decoding counters (global to the server)."""
+    lines: list[str] = []
+    for name, value in (
+        ("num_drafts", spec.drafts),
+        ("num_draft_tokens", spec.draft_tokens),
+        ("num_accepted_tokens", spec.accepted),
+    ):
+        lines += [
+            f"# TYPE vllm:spec_decode_{name}_total counter",
+            f"vllm:spec_decode_{name}_total{{{lab}}} {float(value)}",
+        ]
+    lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter")
+    for pos, value in enumerate(spec.per_pos):
+        lines.append(
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{pos}"}} '
+            f"{float(value)}"
+        )
+    return lines
+
+
 def completion(
     flavor: str,
     rid: str,
@@ -154,8 +176,10 @@ def completion(
     choices: list[dict[str, Any]],
     usage_: dict[str, Any],
     prompt_ids: list[int] | None,
+    spec_details: Any = None,
 ) -> dict[str, Any]:
-    """The whole non-streaming ``chat.completion`` body."""
+    """The whole non-streaming ``chat.completion`` body (SGLang: ``sglext`` with the
+    speculative details when asked for)."""
     base: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion",
@@ -164,7 +188,10 @@ def completion(
         "choices": choices,
     }
     if flavor == "sglang":
-        return {**base, "usage": usage_, "metadata": {"weight_version": "default"}}
+        out = {**base, "usage": usage_, "metadata": {"weight_version": "default"}}
+        if spec_details is not None:
+            out["sglext"] = {"spec_tokens_details": spec_details}
+        return out
     return {
         **base,
         "service_tier": None,
@@ -273,10 +300,17 @@ def models(config: SimConfig) -> dict[str, Any]:
 
 
 def server_info(
-    config: SimConfig, port: int, throughput: float, tokenizer: str | None
+    config: SimConfig,
+    port: int,
+    throughput: float,
+    tokenizer: str | None,
+    accept_length: float | None = None,
 ) -> dict[str, Any]:
-    """SGLang ``GET /server_info``: the server args, ``internal_states`` and ``version``."""
+    """SGLang ``GET /server_info``: the server args, ``internal_states`` and ``version`` (with
+    speculative decoding: its algorithm, ``speculative_num_draft_tokens`` and the recent
+    ``avg_spec_accept_length``)."""
     per_dp = max(1, config.max_running // config.dp_size)
+    spec = config.spec_tokens > 0
     return {
         "model_path": config.model_path,
         "tokenizer_path": tokenizer or config.model_path,
@@ -300,12 +334,16 @@ def server_info(
         "enable_metrics": True,
         "random_seed": config.seed,
         "stream_interval": config.stream_interval,
+        "speculative_algorithm": "EAGLE3" if spec else None,
+        "speculative_num_steps": config.spec_tokens if spec else None,
+        "speculative_num_draft_tokens": config.spec_tokens + 1 if spec else None,
         "internal_states": [
             {
                 "dp_rank": rank,
                 "effective_max_running_requests_per_dp": per_dp,
                 "last_gen_throughput": round(throughput / config.dp_size, 2),
                 "memory_usage": {},
+                **({"avg_spec_accept_length": accept_length} if spec else {}),
             }
             for rank in range(config.dp_size)
         ],
@@ -346,8 +384,10 @@ def metrics(
     prompt: int,
     finished: dict[str, int],
     throughput: float,
+    spec: SpecCounters | None = None,
 ) -> str:
-    """Prometheus text: vLLM's ``vllm:*`` names, or SGLang's ``sglang:*`` (--enable-metrics)."""
+    """Prometheus text: vLLM's ``vllm:*`` names (with speculative decoding, its
+    ``vllm:spec_decode_*`` counters), or SGLang's ``sglang:*`` (--enable-metrics)."""
     m = config.model.replace('"', '\\"')
     if config.flavor == "vllm":
         lab = f'engine="0",model_name="{m}"'
@@ -372,6 +412,8 @@ def metrics(
                 f'vllm:request_success_total{{{lab},finished_reason="{reason}"}} '
                 f"{float(finished.get(reason, 0))}"
             )
+        if spec is not None:
+            lines += _spec_metrics(lab, spec)
         return "\n".join(lines) + "\n"
     lab = f'model_name="{m}"'
     lines = [

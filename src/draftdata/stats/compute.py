@@ -8,14 +8,22 @@ label are classified with prepare's ``classify_domain`` (tokenized rows without 
 
 Lengths are characters for chat rows and tokens where tokens exist (tokenized samples; a run's
 ``usage``); ``primary`` names the measure the table and the report show first.
+
+Tokens per domain, for every kind: ``tokens`` (the whole conversation) and ``loss_tokens`` (what
+the assistant wrote: what a drafter trains on), with ``token_share`` and ``loss_token_share``.
+They are exact for tokenized samples (their ``num_tokens`` / ``num_loss_tokens``) and counted
+with ``draftdata.tokens`` for chat rows and runs: the target's tokenizer when one is given,
+else estimated from the text (``token_method`` says which; ``tokens_estimated`` is true unless
+exact). A run's rows are counted from their text like any chat rows, so a run and the merge of
+it count the same way; the servers' own output token counts stay under ``lengths``.
 This module does not print; ``render.py`` does.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,21 +37,28 @@ from draftdata.stats.readers import (
     iter_sample_summaries,
     open_dataset,
     read_json_object,
+    refuse_unreadable,
 )
 from draftdata.stats.runmetrics import headline
 from draftdata.stats.sketch import Sketch
 from draftdata.store.store import Store
+from draftdata.tokens import TokenCounter, conversation_tokens
 
+T = TypeVar("T")
 STATS_FORMAT = "draftdata.stats/1"
 MAX_EXAMPLES = 20
+_CHUNK = 1024  # chat rows counted per call of the token counter
 
 
 class DatasetStats(dict[str, Any]):
     """The statistics of one dataset: a JSON-ready dict (``draftdata.stats/1``) with accessors.
 
     Keys: format, dataset, kind, files, rows, rejected, domain_labels, primary, lengths,
-    reasoning, domains, sources; plus truncated (tokenized), finish_reasons, failures and
-    metrics (runs) and prepare_report (prompts). ``json.dumps`` takes it as is.
+    reasoning, domains, sources, tokens, loss_tokens, token_method, tokens_estimated; plus
+    truncated (tokenized), finish_reasons, failures and metrics (runs) and prepare_report
+    (prompts). Each domain: rows, share, tokens, loss_tokens, token_share, loss_token_share,
+    lengths. ``json.dumps`` takes it as is. Stats saved before tokens were counted have no
+    token keys; the accessors then return ``{}``.
     """
 
     @property
@@ -63,6 +78,23 @@ class DatasetStats(dict[str, Any]):
     def domain_shares(self) -> dict[str, float]:
         """Share of rows per domain, largest first."""
         return {d: float(v["share"]) for d, v in self["domains"].items()}
+
+    def domain_loss_tokens(self) -> dict[str, int]:
+        """Loss tokens per domain (``{}`` for stats saved without token counts)."""
+        return {d: int(v["loss_tokens"]) for d, v in self["domains"].items() if "loss_tokens" in v}
+
+    def domain_loss_token_shares(self) -> dict[str, float]:
+        """Share of loss tokens per domain (``{}`` for stats saved without token counts)."""
+        return {
+            d: float(v["loss_token_share"])
+            for d, v in self["domains"].items()
+            if "loss_token_share" in v
+        }
+
+    @property
+    def tokens_estimated(self) -> bool:
+        """Whether the token counts are estimates (chat rows, runs) rather than exact."""
+        return bool(self.get("tokens_estimated", True))
 
     def length(self, domain: str | None = None, measure: str | None = None) -> dict[str, Any]:
         """The length summary (count, mean, min, p5..p99, max, total) of ``measure``
@@ -95,6 +127,8 @@ class _Group:
 
     def __init__(self) -> None:
         self.rows = 0
+        self.tokens = 0
+        self.loss_tokens = 0
         self.reasoning = 0
         self.truncated = 0
         self.lengths: dict[str, Sketch] = {}
@@ -106,10 +140,17 @@ class _Group:
             s = self.lengths[measure] = Sketch()
         return s
 
-    def to_dict(self, total: int, reasoning_known: bool) -> dict[str, Any]:
+    def to_dict(self, all_rows: _Group, reasoning_known: bool) -> dict[str, Any]:
+        def share(part: int, whole: int) -> float:
+            return round(part / whole, 6) if whole else 0.0
+
         out: dict[str, Any] = {
             "rows": self.rows,
-            "share": round(self.rows / total, 6) if total else 0.0,
+            "share": share(self.rows, all_rows.rows),
+            "tokens": self.tokens,
+            "loss_tokens": self.loss_tokens,
+            "token_share": share(self.tokens, all_rows.tokens),
+            "loss_token_share": share(self.loss_tokens, all_rows.loss_tokens),
             "lengths": {k: s.summary() for k, s in sorted(self.lengths.items()) if s.count},
         }
         if reasoning_known:
@@ -122,13 +163,15 @@ class _Group:
 class StatsBuilder:
     """Collects rows one at a time (chat rows) or a batch at a time (tokenized samples)."""
 
-    def __init__(self, ds: Dataset) -> None:
+    def __init__(self, ds: Dataset, count: TokenCounter | None = None) -> None:
         self.ds = ds
+        self.count = count or TokenCounter()
         self.all = _Group()
         self.domains: dict[str, _Group] = {}
         self.sources: Counter[str] = Counter()
         self.labels: Counter[str] = Counter()
         self.stopped: Counter[str] = Counter()  # run: conversations stopped early, by reason
+        self.duplicates = 0  # run: rows of an (id, sample) an earlier shard holds (not counted)
         self.rejects = Rejects()
 
     def _domain(self, name: str) -> _Group:
@@ -144,11 +187,14 @@ class StatsBuilder:
         measures: dict[str, float],
         reasoning: bool = False,
         finish: Counter[str] | None = None,
+        tokens: tuple[int, int] = (0, 0),
     ) -> None:
-        """Count one row of ``domain``/``source`` with its length ``measures`` (and, for a
-        completion, its finish reason per completion)."""
+        """Count one row of ``domain``/``source`` with its length ``measures``, its (tokens,
+        loss tokens) and, for a completion, its finish reason per completion."""
         for g in (self.all, self._domain(domain)):
             g.rows += 1
+            g.tokens += tokens[0]
+            g.loss_tokens += tokens[1]
             g.reasoning += reasoning
             for name, value in measures.items():
                 g.sketch(name).add(value)
@@ -169,6 +215,8 @@ class StatsBuilder:
         groups += [(self._domain(str(n)), inverse == i) for i, n in enumerate(names)]
         for g, m in groups:
             g.rows += int(m.sum())
+            g.tokens += int(tokens[m].sum())
+            g.loss_tokens += int(loss[m].sum())
             g.truncated += int(trunc[m].sum())
             g.sketch("tokens").add_many(tokens[m])
             g.sketch("loss_tokens").add_many(loss[m])
@@ -187,35 +235,64 @@ def _label(b: StatsBuilder, given: str) -> str:
     return given
 
 
+def _chunks(items: Iterator[T], size: int = _CHUNK) -> Iterator[list[T]]:
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def _stats_chat(b: StatsBuilder) -> None:
     classify = _classifier()
-    for conv in iter_conversations(b.ds, b.rejects):
-        domain = _label(b, conv.domain) or classify(conv.messages, conv.tools)
-        chars, out_chars = conv.char_counts()
-        measures: dict[str, float] = {"chars": chars}
-        if any(m.role == "assistant" for m in conv.messages):
-            measures["output_chars"] = out_chars
-        b.add_row(domain, conv.source, measures, conv.has_reasoning)
+    for chunk in _chunks(iter_conversations(b.ds, b.rejects)):
+        tokens, loss = conversation_tokens([(c.messages, c.tools) for c in chunk], b.count)
+        for conv, n, nl in zip(chunk, tokens.tolist(), loss.tolist(), strict=True):
+            domain = _label(b, conv.domain) or classify(conv.messages, conv.tools)
+            chars, out_chars = conv.char_counts()
+            measures: dict[str, float] = {"chars": chars}
+            if any(m.role == "assistant" for m in conv.messages):
+                measures["output_chars"] = out_chars
+            b.add_row(domain, conv.source, measures, conv.has_reasoning, tokens=(n, nl))
 
 
 def _stats_run(b: StatsBuilder) -> None:
+    from draftdata.records import Completion
     from draftdata.stats.conversations import completion_to_conversation
     from draftdata.stats.runfigures import completion_reason
+    from draftdata.store.doneset import DoneSet
 
     classify = _classifier()
-    for c in iter_run_completions(b.ds, b.rejects):
-        domain = _label(b, c.domain) or classify(completion_to_conversation(c).messages, c.tools)
-        out_chars = sum(len(t.content or "") + len(t.reasoning or "") for t in c.turns)
-        out_tokens = c.usage.completion_tokens or sum(t.usage.completion_tokens for t in c.turns)
-        measures: dict[str, float] = {"output_chars": out_chars}
-        if out_tokens:
-            measures["output_tokens"] = out_tokens
-        reasoning = any(t.reasoning or "<think>" in (t.content or "") for t in c.turns)
-        # per completion (the reason its conversation ended), not per turn
-        reasons = Counter([completion_reason([t.finish_reason for t in c.turns])])
-        if c.stop_reason:
-            b.stopped[c.stop_reason] += 1
-        b.add_row(domain, c.source, measures, reasoning, reasons)
+    seen = DoneSet()  # the first copy of an (id, sample) counts, as export and tokenize keep it
+
+    def unique() -> Iterator[Completion]:
+        for c in iter_run_completions(b.ds, b.rejects):
+            if seen.add(c.id, c.sample):
+                yield c
+            else:
+                b.duplicates += 1
+
+    for chunk in _chunks(unique()):
+        convs = [completion_to_conversation(c) for c in chunk]
+        tokens, loss = conversation_tokens([(v.messages, v.tools) for v in convs], b.count)
+        for c, conv, n, nl in zip(chunk, convs, tokens.tolist(), loss.tolist(), strict=True):
+            domain = _label(b, c.domain) or classify(conv.messages, c.tools)
+            out_chars = sum(len(t.content or "") + len(t.reasoning or "") for t in c.turns)
+            out_tokens = c.usage.completion_tokens or sum(
+                t.usage.completion_tokens for t in c.turns
+            )
+            measures: dict[str, float] = {"output_chars": out_chars}
+            if out_tokens:
+                measures["output_tokens"] = out_tokens
+            reasoning = any(t.reasoning or "<think>" in (t.content or "") for t in c.turns)
+            # per completion (the reason its conversation ended), not per turn
+            reasons = Counter([completion_reason([t.finish_reason for t in c.turns])])
+            if c.stop_reason:
+                b.stopped[c.stop_reason] += 1
+            b.add_row(domain, c.source, measures, reasoning, reasons, tokens=(n, nl))
 
 
 def _stats_samples(b: StatsBuilder) -> None:
@@ -271,14 +348,20 @@ def _primary(kind: str, lengths: dict[str, Any]) -> str:
     return order[0]
 
 
-def compute_stats(url: str) -> DatasetStats:
+def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
     """Stream the dataset at ``url`` once and return its statistics (``draftdata.stats/1``).
 
     Works on runs, prompts, tokenized samples and conversations (kind auto-detected, local or
-    ``s3://``). Malformed rows are counted under ``rejected`` with their location, never fatal.
+    ``s3://``). Malformed rows are counted under ``rejected`` with their location, never fatal,
+    unless no row at all could be read (``readers.refuse_unreadable``: not a dataset).
+    ``tokenizer`` (a folder) counts chat rows' tokens with the target's tokenizer instead of the
+    estimate; tokenized samples are exact either way.
     """
+    from draftdata.tokens import counter
+
     ds = open_dataset(url)
-    b = StatsBuilder(ds)
+    count = counter(tokenizer) if tokenizer and ds.kind != "tokenized" else counter()
+    b = StatsBuilder(ds, count)
     if ds.kind == "tokenized":
         _stats_samples(b)
     elif ds.kind == "run":
@@ -286,6 +369,7 @@ def compute_stats(url: str) -> DatasetStats:
     else:
         _stats_chat(b)
     total = b.all.rows
+    refuse_unreadable(url, total, b.rejects.count, next(iter(b.rejects.examples), ""))
     reasoning_known = ds.kind != "tokenized"
     lengths = {k: s.summary() for k, s in sorted(b.all.lengths.items()) if s.count}
     out = DatasetStats(
@@ -307,8 +391,13 @@ def compute_stats(url: str) -> DatasetStats:
                 if reasoning_known
                 else None
             ),
+            "tokens": b.all.tokens,
+            "loss_tokens": b.all.loss_tokens,
+            "token_method": "exact" if ds.kind == "tokenized" else count.method,
+            "tokens_estimated": ds.kind != "tokenized",
+            "tokenizer": count.tokenizer if ds.kind != "tokenized" else None,
             "domains": {
-                d: g.to_dict(total, reasoning_known)
+                d: g.to_dict(b.all, reasoning_known)
                 for d, g in sorted(b.domains.items(), key=lambda kv: (-kv[1].rows, kv[0]))
             },
             "sources": {
@@ -323,6 +412,10 @@ def compute_stats(url: str) -> DatasetStats:
             "share": round(b.all.truncated / total, 6) if total else 0.0,
         }
     if ds.kind == "run":
+        out["duplicates"] = {
+            "rows": b.duplicates,
+            "why": "the same (id, sample) in two shards (a copied shard): the first is counted",
+        }
         out["finish_reasons"] = dict(b.all.finish.most_common())
         out["stopped"] = dict(b.stopped.most_common())
         if ds.is_run:

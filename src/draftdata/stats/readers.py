@@ -51,11 +51,14 @@ from draftdata.records import (
     parse_prompt,
     strip_bom,
 )
+from draftdata.speculation import ACCEPTANCE_FILE, Acceptance, read_acceptance
+from draftdata.speculation import FORMAT as ACCEPTANCE_FORMAT
 from draftdata.stats.conversations import (
     Conversation,
     completion_to_conversation,
     row_to_conversation,
 )
+from draftdata.store.quarantine import quarantined_in
 from draftdata.store.store import Store, open_store
 
 Kind = Literal["run", "prompts", "tokenized", "conversations"]
@@ -130,7 +133,8 @@ def _split_location(url: str) -> tuple[Store, tuple[str, ...] | None]:
 def _parquet(store: Store, key: str) -> pq.ParquetFile:
     path = store.local_path(key)
     try:
-        return pq.ParquetFile(path if path is not None else store.open_input(key))
+        source = path if path is not None else store.open_input(key)
+        return pq.ParquetFile(source, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"{store.key_url(key)}: not a readable parquet file ({exc})") from exc
 
@@ -195,7 +199,12 @@ def open_dataset(url: str) -> Dataset:
         listing = store.list("")
         if "manifest.json" in listing:
             is_run = True
-            keys = tuple(k for k in listing if k.startswith("completions/") and _is_data(k))
+            aside = quarantined_in(listing)  # shards set aside by `draftdata run check`
+            keys = tuple(
+                k
+                for k in listing
+                if k.startswith("completions/") and _is_data(k) and k not in aside
+            )
             if not keys:
                 return Dataset(url, "run", store, (), is_run=True)
         elif MERGE_CONFIG in listing and MERGE_REPORT not in listing:
@@ -235,10 +244,10 @@ def open_dataset(url: str) -> Dataset:
                 f"{store.url}: no dataset files (.parquet, .jsonl, .json) found; "
                 "give a run, a prompts folder, tokenized parquet or conversations"
             )
+    if is_run:  # its shards are read (and their format checked) through store.read
+        return Dataset(url, "run", store, keys, is_run=True)
     first = keys[0]
     kind = _parquet_kind(store, first) if first.endswith(".parquet") else _json_kind(store, first)
-    if is_run:
-        kind = "run"
     return Dataset(url, kind, store, keys, is_run=is_run)
 
 
@@ -456,14 +465,24 @@ def _sample_files(ds: Dataset) -> Iterator[tuple[str, pq.ParquetFile]]:
 
 
 def iter_sample_batches(
-    ds: Dataset, columns: list[str] | None = None, batch_rows: int = 65536
+    ds: Dataset,
+    columns: list[str] | None = None,
+    batch_rows: int = 65536,
+    instead: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, pa.Table]]:
     """(file url, table) batches of a tokenized dataset, in file order, ``SAMPLE_SCHEMA`` typed.
 
-    With ``columns`` only those columns are read (cheap on S3) and returned as read.
+    With ``columns`` only those columns are read (cheap on S3) and returned as read;
+    ``instead`` maps a column to the one to read in files that lack it (e.g.
+    ``{"num_loss_tokens": "loss_mask"}``).
     """
     for where, pf in _sample_files(ds):
-        present = [c for c in (columns or pf.schema_arrow.names) if c in pf.schema_arrow.names]
+        names = pf.schema_arrow.names
+        wanted = list(columns or names)
+        for col, other in (instead or {}).items():
+            if col in wanted and col not in names and other not in wanted:
+                wanted.append(other)
+        present = [c for c in wanted if c in names]
         try:
             for batch in pf.iter_batches(batch_size=batch_rows, columns=present):
                 if columns is None:
@@ -507,6 +526,37 @@ def iter_sample_summaries(ds: Dataset, batch_rows: int = 65536) -> Iterator[tupl
             raise InputError(f"{where}: cannot read parquet ({exc})") from exc
 
 
+class _Labelled(msgspec.Struct):
+    domain: Any = None
+
+
+_label_decoder = msgspec.json.Decoder(_Labelled)
+
+
+def iter_domain_labels(ds: Dataset) -> Iterator[str]:
+    """The domain label of every row ("" for none), reading no more than the labels where the
+    format allows: the ``domain`` column of parquet files, only the ``domain`` key of JSON rows.
+    Rows that do not decode give ""; ``iter_conversations`` reports them."""
+    for key in ds.keys:
+        if key.endswith(".parquet"):
+            pf = _parquet(ds.store, key)
+            if "domain" not in pf.schema_arrow.names:
+                continue
+            try:
+                for batch in pf.iter_batches(batch_size=65536, columns=["domain"]):
+                    for label in batch.column(0).to_pylist():
+                        yield label if isinstance(label, str) else ""
+            except (OSError, pa.ArrowException) as exc:
+                raise InputError(f"{ds.where(key)}: cannot read parquet ({exc})") from exc
+            continue
+        for _, raw in _iter_json_raw(ds.store, key, _ignore):
+            try:
+                label = _label_decoder.decode(raw).domain
+            except (msgspec.DecodeError, ValueError):
+                label = None
+            yield label if isinstance(label, str) else ""
+
+
 def read_json_object(store: Store, key: str) -> dict[str, Any] | None:
     """A JSON object stored at ``key`` (None if absent or not an object)."""
     if not store.exists(key):
@@ -516,3 +566,41 @@ def read_json_object(store: Store, key: str) -> dict[str, Any] | None:
     except (ValueError, DraftdataError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def refuse_unreadable(url: str, rows: int, rejected: int, example: str = "") -> None:
+    """InputError (one line) for a dataset of which nothing could be read: no row, every row
+    rejected (a config file, a log, a JSON of another kind given where a dataset goes).
+    ``stats``, ``report``, ``merge`` and ``tokenize`` refuse such an input alike."""
+    if rows or not rejected:
+        return
+    what = "a YAML file, not a dataset; " if url.rstrip("/").endswith((".yaml", ".yml")) else ""
+    raise InputError(
+        f"{url}: {what}no readable rows ({rejected:,} rejected"
+        + (f", e.g. {example}" if example else "")
+        + "); give a run, prompts, tokenized parquet or conversations (JSONL, JSON or parquet)"
+    )
+
+
+def acceptance_json(url: str) -> Acceptance | None:
+    """The acceptance measurement at ``url`` (a JSON file of format ``draftdata.acceptance/1``,
+    or a folder holding ``acceptance.json``; local or ``s3://``), or None when it is not one."""
+    if url.endswith(".json"):
+        parent, _, key = url.rstrip("/").rpartition("/")
+        root = parent or "."
+    else:
+        root, key = url, ACCEPTANCE_FILE
+    try:
+        store = open_store(root)
+        if not store.exists(key):
+            return None
+        raw = store.read(key)
+    except (DraftdataError, OSError):
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not (isinstance(doc, dict) and doc.get("format") == ACCEPTANCE_FORMAT):
+        return None
+    return read_acceptance(raw, url)

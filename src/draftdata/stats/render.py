@@ -28,6 +28,23 @@ def _n(x: Any) -> str:
     return str(x)
 
 
+def _tokens(x: Any, estimated: bool) -> str:
+    """A token count, short, with ``~`` when it is an estimate."""
+    return tables.compact(x, estimated) if isinstance(x, int | float) else "-"
+
+
+def token_note(stats: dict[str, Any]) -> str:
+    """How the token counts were made, in a few words (empty for stats without them)."""
+    method = stats.get("token_method")
+    if method == "exact":
+        return "tokens exact (tokenized)"
+    if method == "tokenizer":
+        return f"~ tokens counted with the tokenizer in {stats.get('tokenizer')}"
+    if method == "estimate":
+        return "~ tokens estimated from the text (--tokenizer DIR counts them with the target's)"
+    return ""
+
+
 def _cut_share(finish: dict[str, int]) -> float | None:
     turns = sum(finish.values())
     return finish.get("length", 0) / turns if turns else None
@@ -44,17 +61,32 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
     rej = stats["rejected"]["count"]
     if rej:
         head.append(f"   rejected {_n(rej)}", style="yellow")
+    dup = (stats.get("duplicates") or {}).get("rows", 0)
+    if dup:  # a copied shard: the rows of a pair an earlier shard holds are not counted
+        head.append(f"   duplicates not counted {_n(dup)}", style="yellow")
     if stats.get("reasoning") is not None:
         head.append(f"   with reasoning {_pct(stats['reasoning']['share'])}")
     if "truncated" in stats:
         head.append(f"   truncated {_pct(stats['truncated']['share'])}")
+    tokens = "loss_tokens" in stats
+    estimated = bool(stats.get("tokens_estimated", True))
+    if tokens:
+        head.append(
+            f"   tokens {_tokens(stats['tokens'], estimated)}"
+            f"   loss tokens {_tokens(stats['loss_tokens'], estimated)}"
+        )
     labels = stats.get("domain_labels") or {}
     if labels.get("classified"):
         head.append(f"   domains classified for {_n(labels['classified'])} rows", style="dim")
+    if tokens:
+        head.append(f"\n{token_note(stats)}", style="dim")
     parts.append(head)
 
-    dom = Table(title=f"domains ({primary.replace('_', ' ')})", title_justify="left")
-    for col in ("domain", "rows", "share", "mean", "p50", "p95", "max"):
+    dom = Table(title=f"domains (lengths: {primary.replace('_', ' ')})", title_justify="left")
+    cols = ["domain", "rows", "share"]
+    if tokens:
+        cols += ["tokens", "loss tokens", "loss share"]
+    for col in (*cols, "mean", "p50", "p95", "max"):
         dom.add_column(col, justify="left" if col == "domain" else "right")
     if stats.get("reasoning") is not None:
         dom.add_column("reasoning", justify="right")
@@ -64,6 +96,9 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
     for name, d in stats["domains"].items():
         ln = d["lengths"].get(primary, {})
         row = [name, _n(d["rows"]), _pct(d["share"])]
+        if tokens:
+            row += [_tokens(d.get("tokens"), estimated), _tokens(d.get("loss_tokens"), estimated)]
+            row.append(_pct(d.get("loss_token_share")))
         row += [_n(ln.get("mean", "-")), _n(ln.get("p50", "-")), _n(ln.get("p95", "-"))]
         row.append(_n(ln.get("max", "-")))
         if stats.get("reasoning") is not None:
@@ -74,7 +109,11 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
     overall = stats["lengths"].get(primary, {})
     if overall:
         dom.add_section()
-        row = ["all", _n(stats["rows"]), "100.0%", _n(overall.get("mean", "-"))]
+        row = ["all", _n(stats["rows"]), "100.0%"]
+        if tokens:
+            row += [_tokens(stats["tokens"], estimated), _tokens(stats["loss_tokens"], estimated)]
+            row.append("100.0%")
+        row.append(_n(overall.get("mean", "-")))
         row += [_n(overall.get("p50", "-")), _n(overall.get("p95", "-"))]
         row.append(_n(overall.get("max", "-")))
         if stats.get("reasoning") is not None:

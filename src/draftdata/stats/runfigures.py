@@ -5,7 +5,9 @@ command's own counters (its metrics snapshots, its end summary) cover only its s
 count work that was never committed (the losing copy of a hedged request, requests cancelled at
 an interrupt, retried attempts). ``run_figures(store)`` counts instead from what the run holds:
 
-- the committed completions shards (one row per committed (id, sample)): completions, distinct
+- the committed completions shards (one row per committed (id, sample); a row whose pair an
+  earlier shard holds too, a copied shard, is counted as a duplicate and nothing else; shards
+  set aside as unreadable are left out and counted): completions, distinct
   prompts, tokens, finish reasons *per completion* (the reason its conversation ended: ``length``
   when any turn was cut by max tokens, else its last turn's reason), and each endpoint's committed
   completions and output tokens, so the endpoint shares sum to 100%;
@@ -95,6 +97,8 @@ class RunFigures(msgspec.Struct, kw_only=True):
     """Committed figures of the whole run (module docstring)."""
 
     completions: int = 0  # committed (id, sample) pairs
+    duplicates: int = 0  # rows of a pair an earlier shard holds too (a copied shard): not counted
+    set_aside: int = 0  # shards set aside as unreadable (quarantine/, `draftdata run check`)
     prompts: int = 0  # distinct prompt ids completed or standing failed
     failed: dict[str, int] = msgspec.field(default_factory=dict)  # standing failures by class
     finish_reasons: dict[str, int] = msgspec.field(default_factory=dict)  # per completion
@@ -148,6 +152,22 @@ class RunFigures(msgspec.Struct, kw_only=True):
         out = [
             f"whole run: {self.prompts:,} prompts, {self.completions:,} completions, "
             f"{self.failures:,} failures ({fails}); {self.when()}",
+            *(
+                [
+                    f"  not counted: {self.duplicates:,} duplicate completions (an (id, sample) "
+                    "that an earlier shard holds too: a copied shard); readers keep the first"
+                ]
+                if self.duplicates
+                else []
+            ),
+            *(
+                [
+                    f"  {self.set_aside:,} unreadable shard(s) set aside (quarantine/); the "
+                    "same generate command generates their prompts again"
+                ]
+                if self.set_aside
+                else []
+            ),
             f"  tokens: {self.prompt_tokens:,} prompt ({self.cached_tokens:,} cached), "
             f"{self.output_tokens:,} output"
             + (f" ({rate:,.0f} output tok/s over the active time)" if rate is not None else ""),
@@ -303,6 +323,8 @@ def _finish_reasons(turns: Any) -> list[list[str | None]]:
 def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> RunFigures:
     """The whole run's figures (module docstring); ``snapshots`` default to the run's
     ``metrics/*.json``."""
+    from draftdata.store.doneset import DoneSet, hash_pairs
+    from draftdata.store.quarantine import quarantined
     from draftdata.store.read import (
         COMPLETIONS_PREFIX,
         iter_failures,
@@ -317,9 +339,16 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
     stopped: Counter[str] = Counter()
     per_ep: dict[str, list[int]] = {}  # url -> [completions, output tokens]
     keys = shard_keys(store, COMPLETIONS_PREFIX)
+    fig.set_aside = len(quarantined(store))
+    seen = DoneSet()  # the first copy of an (id, sample) counts, as every reader keeps it
     for table in read_shards_parallel(
         store, keys, COMPLETION_FORMAT, _COLUMNS, optional=["stop_reason"]
     ):
+        pairs = hash_pairs(table.column("id").to_pylist(), table.column("sample").to_pylist())
+        first = seen.first_seen(pairs)
+        if not first.all():
+            fig.duplicates += int((~first).sum())
+            table = table.filter(pa.array(first))
         ids.update(table.column("id").to_pylist())
         if "stop_reason" in table.column_names:
             stopped.update(r for r in table.column("stop_reason").to_pylist() if r)

@@ -203,10 +203,14 @@ def throughput_series(
         for x, per in samples:
             for url, tokens in per.items():
                 px, pt = last.get(url, (x0, 0.0))
-                if x > px and tokens >= pt:
+                # the counts are cumulative: a reading below one already seen is stale (taken
+                # earlier, timed by another clock), never a restart, so it is skipped; taking
+                # it as the new base would count the tokens after it twice
+                if tokens < pt or x < px:
+                    continue
+                if x > px:
                     intervals.setdefault(url, []).append((px, x, tokens - pt))
-                if x >= px:
-                    last[url] = (x, tokens)
+                last[url] = (x, tokens)
     if not intervals:
         return {}
     start = min(i[0] for iv in intervals.values() for i in iv)

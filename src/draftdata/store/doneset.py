@@ -123,6 +123,21 @@ class DoneSet:
             self._fold()
         return True
 
+    def first_seen(self, hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        """Add many hashes at once; True where one is new: not in the set before and not
+        earlier in ``hashes`` (readers keep the first copy of a pair, in shard order)."""
+        hashes = np.asarray(hashes, dtype=np.uint64)
+        mask = ~self.contains_many(hashes)
+        if len(hashes):
+            _, first = np.unique(hashes, return_index=True)
+            once = np.zeros(len(hashes), dtype=bool)
+            once[first] = True
+            mask &= once
+        self._new.update(hashes[mask].tolist())
+        if len(self._new) >= _FOLD_AT:
+            self._fold()
+        return mask
+
     def add(self, id_: str, sample: int = 0) -> bool:
         """Add (id, sample); False if it was already there."""
         return self.add_hash(pair_hash(id_, sample))

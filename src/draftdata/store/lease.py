@@ -459,3 +459,51 @@ def _held(store: Store, g: _Gen, ours: str | None = None) -> LeaseHeldError:
         f"{what}); wait for it to finish or stop it (its claim expires {g.claim.get('ttl', '?')} s "
         "after its last heartbeat), then run the same command again"
     )
+
+
+# -- readers ----------------------------------------------------------------------------------
+
+
+def live_writer(
+    store: Store,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """Who writes the run in ``store`` now (``host ..., pid ..., since ...``), or None.
+
+    For readers that would take a moving run for a finished one (tokenize, export, merge).
+    Every scope of the run is looked at (the whole run and each Ray partition), as ``acquire``
+    judges a holder: a generation not released is live at once when its holder runs on this
+    node, its pid exists and its last heartbeat is younger than its ttl; free at once when that
+    pid is gone; any other holder (another node, or here but silent) is watched for a new
+    heartbeat for up to its ttl (no clocks compared), so a dead remote holder costs this wait
+    once and a live one is seen within a quarter of it. Nothing is written.
+    """
+    remote: list[_Gen] = []
+    for key in store.list(f"{LEASE_PREFIX}scopes/"):
+        g = _latest(store, key.removeprefix(f"{LEASE_PREFIX}scopes/"))
+        if g is None or _plainly_free(store, g):
+            continue
+        if _alive_here(store, g, float(g.claim.get("ttl") or DEFAULT_TTL)):
+            return g.describe()
+        remote.append(g)  # elsewhere, or here but silent (frozen, or a reused pid): watch it
+    if not remote:
+        return None
+    ttl = max(float(g.claim.get("ttl") or DEFAULT_TTL) for g in remote)
+    alive = _watch(store, remote, ttl=ttl, clock=clock, sleep=sleep)
+    return alive.describe() if alive is not None else None
+
+
+def refuse_live_writer(store: Store, reader: str) -> None:
+    """LeaseHeldError (one line) when a live process still writes the run in ``store``:
+    ``reader`` (tokenize, export, merge) would see only what was committed so far and pass
+    it on as the whole run."""
+    holder = live_writer(store)
+    if holder is None:
+        return
+    raise LeaseHeldError(
+        f"{store.url}: generate is still writing this run ({holder}); {reader} would read "
+        "only what it has committed so far. Run it once generate has finished (or stopped: "
+        "what it committed is kept, and the same generate command resumes the rest)"
+    )

@@ -34,6 +34,7 @@ from draftdata.formats import iter_completions as _rows_to_completions
 from draftdata.formats import iter_failures as _rows_to_failures
 from draftdata.records import Completion, Failure
 from draftdata.store.manifest import load_manifest
+from draftdata.store.quarantine import quarantined, unreadable
 from draftdata.store.store import Store, open_store
 
 COMPLETIONS_PREFIX = "completions/"
@@ -48,8 +49,11 @@ def as_store(where: StoreLike) -> Store:
     return where if isinstance(where, Store) else open_store(where)
 
 
-def parquet_bytes(table: pa.Table, *, compression: str = "zstd") -> bytes:
-    """Serialise ``table`` (schema metadata included) to parquet bytes, one row group."""
+def parquet_bytes(table: pa.Table, *, compression: str = "zstd", checksums: bool = False) -> bytes:
+    """Serialise ``table`` (schema metadata included) to parquet bytes, one row group.
+
+    ``checksums`` writes a CRC32 of every page (a run's completions and failures shards), which
+    every reader here verifies: a damaged page is then always an error, never other data."""
     sink = io.BytesIO()
     pq.write_table(
         table,
@@ -57,6 +61,7 @@ def parquet_bytes(table: pa.Table, *, compression: str = "zstd") -> bytes:
         compression=compression,
         row_group_size=max(1, table.num_rows),
         use_dictionary=dictionary_columns(table.schema),
+        write_page_checksum=checksums,
     )
     return sink.getvalue()
 
@@ -74,8 +79,13 @@ def write_parquet_shard(
 
 
 def shard_keys(store: Store, prefix: str) -> list[str]:
-    """Sorted parquet keys under ``prefix`` (e.g. ``completions/``)."""
-    return [k for k in store.list(prefix) if k.endswith(".parquet")]
+    """Sorted parquet keys under ``prefix`` (e.g. ``completions/``), without the shards a
+    quarantine marker sets aside (``quarantine.py``)."""
+    keys = [k for k in store.list(prefix) if k.endswith(".parquet")]
+    if not keys:
+        return keys
+    aside = quarantined(store, prefix)
+    return [k for k in keys if k not in aside] if aside else keys
 
 
 def parquet_file(
@@ -85,11 +95,10 @@ def parquet_file(
     path = store.local_path(key)
     dicts = list(read_dictionary) if read_dictionary else None
     try:
-        if path is not None:
-            return pq.ParquetFile(path, read_dictionary=dicts)
-        return pq.ParquetFile(store.open_input(key), read_dictionary=dicts)
+        source = path if path is not None else store.open_input(key)
+        return pq.ParquetFile(source, read_dictionary=dicts, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
-        raise StoreError(f"{store.key_url(key)}: not a readable parquet file ({exc})") from exc
+        raise unreadable(store, key, f"not a readable parquet file: {exc}") from exc
 
 
 def read_shard(
@@ -112,7 +121,7 @@ def read_shard(
     try:
         return pf.read(columns=wanted)
     except (OSError, pa.ArrowException) as exc:
-        raise StoreError(f"{store.key_url(key)}: cannot read parquet ({exc})") from exc
+        raise unreadable(store, key, str(exc)) from exc
 
 
 def read_shards_parallel(

@@ -16,6 +16,7 @@ from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT
 from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS
 from draftdata.store.doneset import DoneSet, hash_pairs
+from draftdata.store.quarantine import quarantined_in
 from draftdata.store.read import COMPLETIONS_PREFIX, FAILURES_PREFIX, read_shards_parallel
 from draftdata.store.rollup import ROLLUP_PREFIX, Entry, entry_of_table, read_rollups
 from draftdata.store.store import LocalStore, Store
@@ -28,8 +29,11 @@ def rebuild_done_sets(
 ) -> tuple[DoneSet, DoneSet, list[Entry]]:
     """The completed and fatal done-sets from the rollups plus the shards they do not cover;
     also the entries of those uncovered shards (for a new rollup)."""
+    aside = quarantined_in(keys)  # set aside (unreadable): their pairs are generated again
     comp_keys = [k for k in keys if k.startswith(COMPLETIONS_PREFIX) and k.endswith(".parquet")]
     fail_keys = [k for k in keys if k.startswith(FAILURES_PREFIX) and k.endswith(".parquet")]
+    comp_keys = [k for k in comp_keys if k not in aside]
+    fail_keys = [k for k in fail_keys if k not in aside]
     roll_keys = [k for k in keys if k.startswith(ROLLUP_PREFIX) and k.endswith(".parquet")]
     workers = 4 if isinstance(store, LocalStore) else 16
     with stats.timed("store.read_rollups"):

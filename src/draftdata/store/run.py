@@ -23,11 +23,20 @@ that landed although its response was lost is recognised (identical bytes) and n
 
 Resume: ``Run.open`` validates everything before the caller sends a request: protected
 prefixes, that the prefix is empty or holds a manifest, that the settings hash matches (or the
-change is allowed and recorded). It then rebuilds the done-set from the rollups and the
-``id`` / ``sample`` columns of the shards no rollup covers (parallel column reads; on S3 the
-footer and id chunks), and rolls those up when there are many. Writer ids are
-unique per process (host-pid-random), so several processes or nodes can write one run as long
-as they work on disjoint prompts (e.g. partitioned by id hash).
+change is allowed and recorded: ``--allow-config-change``, or freely while the run holds no
+completion, since nothing committed can disagree with the new settings). A change recorded by
+this open retries the run's earlier fatal failures once: they were the servers' answer to the
+other settings. It then rebuilds the done-set from the rollups and the ``id`` / ``sample``
+columns of the shards no rollup covers (parallel column reads; on S3 the footer and id chunks),
+and rolls those up when there are many. Writer ids are unique per process (host-pid-random),
+so several processes or nodes can write one run as long as they work on disjoint prompts
+(e.g. partitioned by id hash).
+
+Nothing before the first commit (``defer_manifest``): a new run's manifest is written with its
+first shard, not at open, and no metrics object is written before it; so a command that never
+got an answer (a wrong URL, every endpoint refusing, prompts in another schema) leaves no run
+behind and the next command starts fresh. Until then the pending settings may still be
+completed (``settle``: generate fills in the model from the first completion).
 
 One writer per scope: with ``lease=`` (generate always passes one), ``Run.open`` takes the run
 lease of the whole run or of its partition (``lease.py``) before it reads the done-set, and
@@ -46,16 +55,27 @@ import numpy as np
 import numpy.typing as npt
 
 from draftdata.errors import (
+    AlreadyExistsError,
     ConfigError,
+    RunMismatchError,
 )
 from draftdata.formats import completions_table, failures_table
 from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS, Completion, Failure
 from draftdata.store.doneset import hash_pairs, pair_hash
 from draftdata.store.lease import Lease, LeaseOptions, acquire
-from draftdata.store.manifest import MANIFEST_KEY, check_empty, open_manifest
+from draftdata.store.manifest import (
+    MANIFEST_KEY,
+    check_empty,
+    load_manifest,
+    manifest_bytes,
+    new_manifest,
+    open_manifest,
+    settings_hash,
+)
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import (
+    COMPLETIONS_PREFIX,
     parquet_bytes,
 )
 from draftdata.store.resume import rebuild_done_sets
@@ -87,9 +107,14 @@ class Run:
         clock: Callable[[], float],
         keys: list[str],
         stats: StageStats,
+        written: bool = True,
+        changes: list[str] | None = None,
     ) -> None:
         self.store = store
         self.manifest = manifest
+        self.manifest_written = written  # False: written with the first shard (``settle``)
+        self._manifest_frozen = written
+        self.changes = changes or []  # settings changes this open recorded
         self.writer_id = writer_id
         self.retry_failed = retry_failed
         self.flush_records = flush_records
@@ -137,15 +162,18 @@ class Run:
         clock: Callable[[], float] = time.monotonic,
         lease: LeaseOptions | None = None,
         log: Callable[[str], None] | None = None,
+        defer_manifest: bool = False,
     ) -> Run:
         """Create or resume the run at ``url``; every safety check happens here, before any
         request is sent.
 
         Refuses (ProtectedPrefixError) an output overlapping a protected prefix; refuses
         (RunMismatchError) a non-empty prefix without a manifest, and a manifest whose settings
-        hash differs unless ``allow_config_change`` (then the change is recorded). Committed
+        hash differs unless ``allow_config_change`` or the run holds no completion (then the
+        change is recorded in ``changes``, and the fatal failures are retried once). Committed
         (id, sample) pairs, and fatal failures unless ``retry_failed``, count as done. With
         ``lease``, takes the run lease first (LeaseHeldError when a live process holds it).
+        ``defer_manifest``: a new run's manifest is written with its first shard (module doc).
         """
         if flush_records < 1:
             raise ConfigError(f"flush_records: {flush_records}; must be at least 1")
@@ -171,7 +199,24 @@ class Run:
         try:
             with stats.timed("store.list"):
                 keys = store.list()
-            manifest = open_manifest(store, keys, settings, allow_config_change)
+            written = True
+            before: str | None = None
+            if defer_manifest and MANIFEST_KEY not in keys:
+                check_empty(store, keys)
+                manifest = new_manifest(settings)
+                manifest.update(history=[], effective_settings=settings)
+                manifest["effective_hash"] = manifest["settings_hash"]
+                written = False
+            else:
+                if MANIFEST_KEY in keys:
+                    before = load_manifest(store)["effective_hash"]
+                # a run without a completion takes new settings: nothing can disagree with them
+                free = not any(k.startswith(COMPLETIONS_PREFIX) for k in keys)
+                manifest = open_manifest(store, keys, settings, allow_config_change or free)
+            changes: list[str] = []
+            if before is not None and before != manifest["effective_hash"]:
+                changes = list(manifest["history"][-1].get("changes") or [])
+                retry_failed = True  # earlier fatal failures answered other settings
             run = cls(
                 store,
                 manifest,
@@ -182,6 +227,8 @@ class Run:
                 clock=clock,
                 keys=keys,
                 stats=stats,
+                written=written,
+                changes=changes,
             )
         except BaseException:
             if held is not None:
@@ -189,6 +236,42 @@ class Run:
             raise
         run.lease = held
         return run
+
+    def settle(self, **settings: object) -> None:
+        """Complete the settings of a run whose manifest is not written yet (``defer_manifest``):
+        ``settle(model=...)``. Nothing once it is written (the run is what it recorded)."""
+        with self._lock:
+            if self._manifest_frozen:
+                return
+            merged = {**self.manifest["settings"], **settings}
+            fresh = new_manifest(merged)
+            fresh["run_id"] = self.manifest["run_id"]  # the metrics name one run id
+            fresh.update(history=[], effective_settings=merged)
+            fresh["effective_hash"] = fresh["settings_hash"]
+            self.manifest = fresh
+
+    def _write_manifest(self) -> None:
+        """(under the flush lock) Write the deferred manifest before the first shard; a run
+        created meanwhile by another writer (a partition) must have the same settings."""
+        if self.manifest_written:
+            return
+        if self.lease is not None:
+            self.lease.check()
+        with self._lock:
+            self._manifest_frozen = True  # ``settle`` changes nothing from here on
+            manifest = self.manifest
+        mine = {k: v for k, v in manifest.items() if not k.startswith(("effective", "hist"))}
+        try:
+            self.store.put_new(MANIFEST_KEY, manifest_bytes(mine))
+        except AlreadyExistsError:
+            theirs = load_manifest(self.store)
+            if theirs["effective_hash"] != settings_hash(manifest["settings"]):
+                raise RunMismatchError(
+                    f"{self.store.url}: another writer started this run with other settings "
+                    "meanwhile; run the same command again to compare them"
+                ) from None
+            self.manifest = theirs
+        self.manifest_written = True
 
     # -- the done-set -------------------------------------------------------------------------
 
@@ -285,17 +368,23 @@ class Run:
                 if comps:
                     table = completions_table(comps)
                     rows: _Rows = ([c.id for c in comps], [c.sample for c in comps], None)
-                    shards.append(("completions", parquet_bytes(table), len(comps), rows))
+                    shards.append(
+                        ("completions", parquet_bytes(table, checksums=True), len(comps), rows)
+                    )
                 if fails:
                     table = failures_table(fails)
                     ids = [f.id for f in fails]
                     rows = (ids, [f.sample for f in fails], [f.reason for f in fails])
-                    shards.append(("failures", parquet_bytes(table), len(fails), rows))
+                    shards.append(
+                        ("failures", parquet_bytes(table, checksums=True), len(fails), rows)
+                    )
             finally:
                 with self._lock:
                     self._pending.extend(shards)
                     self._encoding = 0
             committed = 0
+            if self._pending:
+                self._write_manifest()
             while self._pending:
                 kind, data, n, rows = self._pending[0]
                 if self.lease is not None:
@@ -318,8 +407,11 @@ class Run:
         if self._recent and self._writer.write_rollup(self._recent):
             self._recent = []
 
-    def write_metrics(self, data: dict[str, Any]) -> str:
-        """Write a create-only ``metrics/<writer>-<seq>.json`` object; returns its key."""
+    def write_metrics(self, data: dict[str, Any]) -> str | None:
+        """Write a create-only ``metrics/<writer>-<seq>.json`` object; returns its key (None,
+        writing nothing, while the run's manifest is not written: nothing is recorded yet)."""
+        if not self.manifest_written:
+            return None
         run_id = self.manifest.get("run_id")
         return self._writer.write_metrics({"writer": self.writer_id, "run_id": run_id, **data})
 

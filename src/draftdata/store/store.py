@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import urlparse
 
-from draftdata.errors import AlreadyExistsError, ConfigError, StoreError
+from draftdata.errors import DISK_ERRNOS, AlreadyExistsError, ConfigError, DiskError, StoreError
 
 _COPY_CHUNK = 1 << 20
 
@@ -229,13 +229,24 @@ class LocalStore(Store):
                 except FileExistsError:
                     self._settle_existing(path, size, same)
                     return
+                except OSError as exc:
+                    if exc.errno in DISK_ERRNOS:
+                        raise
+                    raise StoreError(
+                        f"{path}: cannot create it ({exc.strerror or exc}): the store needs "
+                        "hard links (os.link), which this file system refuses; write to a "
+                        "local disk or to s3://"
+                    ) from exc
             finally:
                 tmp.unlink(missing_ok=True)
             _fsync_dir(path.parent)
         except OSError as exc:
+            full = DiskError.of(exc, str(path), "write to another place")
+            if full is not None:
+                raise full from exc
             raise StoreError(
                 f"{path}: cannot write ({exc.strerror or exc}); check the directory exists "
-                "and is writable (the store needs hard links: os.link)"
+                "and is writable"
             ) from exc
 
     def _settle_existing(self, path: Path, size: int, same: Callable[[Path], bool]) -> None:

@@ -23,12 +23,21 @@ How a batch is tokenized:
    the same text with loss on the same text in another tokenization is
    ``verified.noncanonical``; an output that ended another way than the template's
    end-of-turn token (``<|endoftext|>``, a stop string, an end token the server left out) and
-   spells the rendered text up to that token is ``verified.other_end``. Anything else is
+   spells the rendered text up to that token is ``verified.other_end``. A served sample the
+   template cannot render back because of how the server split the reasoning (an answer
+   without ``</think>``: the reasoning parser puts all of it in the reasoning, which the
+   template renders inside a think block the target never wrote; every answer cut while
+   thinking, and models whose template opens ``<think>`` itself) is checked by decoding
+   instead: each turn's served prompt ids decode to the template's rendering of its context and
+   its output ids to the stored reasoning and content (think markers, special tokens,
+   whitespace and undecodable bytes aside: engines differ on a marker inside an unclosed
+   answer). It is ``verified.decoded`` and kept (the served ids are what the target produced;
+   ``reasoning.unclosed`` counts the answers without ``</think>``). Anything else is
    ``mismatched`` (the first few are described as decoded text around the first differing
-   token) and the sample is dropped (``dropped.unverified_ids``): served ids our tokenizer and
-   template cannot reproduce may come from another tokenizer, and re-rendering them would train
-   on a context the server may not have shown. A completion the renderer cannot reproduce (a
-   turn cut by max tokens where it cannot tell the cut) is ``unverifiable`` and kept.
+   token) and the sample is dropped (``dropped.unverified_ids``): served ids that do not decode
+   to the stored text come from another tokenizer, and re-rendering them would train on a
+   context the server may not have shown. A completion the renderer cannot reproduce (a turn
+   cut by max tokens where it cannot tell the cut) is ``unverifiable`` and kept.
 4. Length policy: longer than ``max_length`` is cut (``truncated``) or dropped (``too_long``);
    a sample without two consecutive loss tokens is dropped (``too_few_loss_tokens``).
 
@@ -63,11 +72,17 @@ from draftdata.tokenize.plan import (
     IdArray,
     Plan,
     RenderedSample,
+    contexts,
     plan_rendered,
     plan_token_ids,
 )
 from draftdata.tokenize.tables import samples_table, views_from_table
-from draftdata.tokenize.template import ChatTemplate, load_tokenizer, read_template_file
+from draftdata.tokenize.template import (
+    ChatTemplate,
+    TurnText,
+    load_tokenizer,
+    read_template_file,
+)
 
 COMPLETION_COLUMNS = (
     "id",
@@ -366,6 +381,90 @@ def verdict(
     return None
 
 
+THINK_MARKERS = ("<think>", "</think>")
+
+
+def _squash(text: str) -> str:
+    # think markers, whitespace and U+FFFD aside: engines treat a marker inside an unclosed
+    # answer differently (vLLM's qwen3 parser drops every <think> of the reasoning, SGLang's
+    # keeps them), parsers strip newlines around the reasoning, and a server's incremental
+    # detokenizer shows a byte token that is not valid UTF-8 (a random or a cut answer)
+    # differently from a whole decode, or not at all
+    for marker in (*THINK_MARKERS, "\ufffd"):
+        text = text.replace(marker, "")
+    return "".join(text.split())
+
+
+def _served_text(ctx: TokenizeContext, out: IdArray) -> str:
+    """Output ids as the server's detokenizer shows them: end tokens and special tokens left
+    out (a random model may write <|im_start|> mid-answer; the stored text does not have it)."""
+    ends = ctx.end_ids | ({ctx.eot_id} if ctx.eot_id is not None else set())
+    n = len(out)
+    while n and int(out[n - 1]) in ends:
+        n -= 1
+    return str(ctx.backend.decode([int(i) for i in out[:n]], skip_special_tokens=True))
+
+
+def unrenderable_split(text: str) -> bool:
+    """Whether an answer's think block is one the template cannot render back: no
+    ``</think>`` (cut while thinking, never closed: all reasoning for the parser), or no
+    leading ``<think>`` (the template's generation prompt opened it). A well-formed
+    ``<think>...</think>`` answer renders back, and is checked against the rendering only."""
+    return THINK_MARKERS[1] not in text or not text.lstrip().startswith(THINK_MARKERS[0])
+
+
+def output_spells(ctx: TokenizeContext, out: IdArray, turn: TurnText) -> bool:
+    """Whether served output ids decode to what the turn stored: its reasoning, then its content
+    (then its tool calls' names), think markers, special tokens, whitespace and undecodable
+    bytes aside. Text after the content is allowed only where a stop string ended the turn
+    (servers leave its text out and keep its token)."""
+    body = _squash(_served_text(ctx, out))
+    reasoning, content = _squash(turn.reasoning or ""), _squash(turn.content or "")
+    if not body.startswith(reasoning + content):
+        return False
+    rest = body[len(reasoning) + len(content) :]
+    if turn.tool_calls:
+        names = [str((c.get("function") or c).get("name", "")) for c in turn.tool_calls]
+        return all(_squash(name) in rest for name in names)
+    return not rest or turn.finish_reason == "stop"
+
+
+def decodes_as_stored(ctx: TokenizeContext, view: CompletionView, turns: tuple[int, ...]) -> bool:
+    """Whether the served ids of ``turns`` are the stored conversation in our tokenizer, each
+    turn an answer whose think block the template cannot render back (``unrenderable_split``):
+    its prompt ids decode to the template's rendering of the context it was sent, and its output
+    ids spell its stored text (``output_spells``)."""
+    pairs = view.token_ids
+    ctxs = contexts(view, ctx.keep_reasoning_history)
+    if pairs is None or not ctxs or not turns:
+        return False
+    for k in turns:
+        if k >= len(pairs) or k >= len(ctxs):
+            return False
+        try:
+            prompt, _ = ctx.template.render(
+                ctxs[k], view.tools, view.template_kwargs, add_generation_prompt=True
+            )
+        except InputError:
+            return False
+        out = pairs[k][1]
+        if not unrenderable_split(_served_text(ctx, out)):
+            return False  # a well-formed think block: the rendering decides
+        if ctx.decode(pairs[k][0]) != prompt or not output_spells(ctx, out, view.turns[k]):
+            return False
+    return True
+
+
+def _unclosed(ctx: TokenizeContext, view: CompletionView, turns: tuple[int, ...]) -> bool:
+    """Whether one of ``turns`` is reasoning whose served output has no ``</think>``."""
+    pairs = view.token_ids or []
+    return any(
+        view.turns[k].reasoning and THINK_MARKERS[1] not in ctx.decode(pairs[k][1])
+        for k in turns
+        if k < len(pairs)
+    )
+
+
 def _verify(
     ctx: TokenizeContext,
     view: CompletionView,
@@ -384,6 +483,10 @@ def _verify(
     for t in plan.tokens:
         got = by_id.get(t.id)
         found = verdict(ctx, t.ids, t.mask, *got) if got is not None else None
+        if found is None and decodes_as_stored(ctx, view, t.turns):
+            found = "verified.decoded"  # a reasoning split the template cannot render back
+            if _unclosed(ctx, view, t.turns):
+                counters.add("reasoning.unclosed")
         if found is not None:
             counters.add("verified")
             if found != "verified":

@@ -31,7 +31,10 @@ MAX_MISMATCH_EXAMPLES = 5
 class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Everything ``tokenize`` needs.
 
-    ``run`` is the run's URL (local folder or ``s3://``); ``tokenizer`` a Hugging Face tokenizer
+    ``run`` is the run's URL (local folder or ``s3://``), or a chat dataset's (conversation
+    files: SpecForge, ShareGPT or OpenAI rows; ``tokenize/conversations.py``); ``input`` is
+    what it holds (``run``, ``conversations`` or ``prompts``; None: found by ``stage.plan``).
+    ``tokenizer`` a Hugging Face tokenizer
     folder; ``chat_template`` an optional template file overriding the tokenizer's. ``out``
     defaults to ``<run>/tokenized``. ``max_length`` None means no limit. ``verify`` renders and
     encodes completions that carry server token ids to check them (off: the token-id path needs
@@ -56,6 +59,7 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     batch_rows: int = DEFAULT_BATCH_ROWS
     server_template_kwargs: dict[str, Any] | None = None
     protect: list[str] = msgspec.field(default_factory=list)  # prefixes never to write into
+    input: str | None = None  # run, conversations or prompts (None: found by stage.plan)
 
     def validate(self) -> TokenizeConfig:
         """Check every value; ConfigError naming the option on the first bad one."""
@@ -75,10 +79,20 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
 
     @property
     def out_url(self) -> str:
-        """Where the samples go: ``out``, else ``<run>/tokenized``."""
+        """Where the samples go: ``out``, else ``<run>/tokenized``; for conversation files,
+        a folder beside them, ``<file or folder without extension>-tokenized`` (never inside
+        a chat dataset, where its parquet would be read as the dataset's rows next time)."""
         if self.out:
             return self.out
-        return f"{self.run.rstrip('/')}/{TOKENIZED_PREFIX}"
+        base = self.run.rstrip("/")
+        if self.input in ("conversations", "prompts"):
+            head, _, name = base.rpartition("/")
+            for ext in (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".parquet"):
+                if name.endswith(ext) and len(name) > len(ext):
+                    name = name[: -len(ext)]
+                    break
+            return f"{head}/{name}-tokenized" if head else f"{name}-tokenized"
+        return f"{base}/{TOKENIZED_PREFIX}"
 
 
 class DomainTotals(msgspec.Struct, kw_only=True):
@@ -93,11 +107,13 @@ class TokenizeSummary(msgspec.Struct, kw_only=True):
     """What a tokenize run did; ``summary.json`` holds all of it except ``wall_s``.
 
     ``counts`` are the stage's counters: ``completions``, ``samples``, ``truncated``,
-    ``path.token_ids`` / ``path.rendered``, ``verified`` (of which ``verified.noncanonical`` and
-    ``verified.other_end``), ``mismatched`` (dropped as ``dropped.unverified_ids``),
+    ``path.token_ids`` / ``path.rendered``, ``verified`` (of which ``verified.noncanonical``,
+    ``verified.other_end`` and ``verified.decoded``, with ``reasoning.unclosed``: see
+    ``batch.py``), ``mismatched`` (dropped as ``dropped.unverified_ids``),
     ``unverifiable``, ``end.other_token`` / ``end.no_token`` (served outputs that stopped without
     the template's end-of-turn token), ``thinking_off_from_served_ids``, ``split_turns``
-    (completions emitted as per-turn samples) and ``dropped.<reason>``.
+    (completions emitted as per-turn samples) and ``dropped.<reason>`` (``dropped.duplicate``: a
+    completion whose (id, sample) an earlier shard holds too, a copied shard).
     """
 
     out: str

@@ -89,11 +89,12 @@ class RenderedSample:
 
 @dataclass(slots=True)
 class TokenSample:
-    """A sample as the server's token ids."""
+    """A sample as the server's token ids (``turns``: the completion's turns it holds)."""
 
     id: str
     ids: IdArray
     mask: npt.NDArray[np.int8]
+    turns: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -305,7 +306,9 @@ def plan_token_ids(
         if suffix is not None and len(suffix) and len(out) and int(out[-1]) == eot_id:
             ids = np.concatenate((ids, suffix.astype(np.int32, copy=False)))
             mask = np.concatenate((mask, np.zeros(len(suffix), dtype=np.int8)))
-        plan.tokens.append(TokenSample(id=_sample_id(view, last, named), ids=ids, mask=mask))
+        plan.tokens.append(
+            TokenSample(id=_sample_id(view, last, named), ids=ids, mask=mask, turns=tuple(chain))
+        )
     return plan
 
 

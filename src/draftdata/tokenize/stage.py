@@ -4,9 +4,11 @@ Reads ``<run>/completions/part-*.parquet`` shard by shard, in record batches of
 ``config.batch_rows`` completions (memory is one batch per worker, whatever the run's size),
 sends each batch through ``batch.tokenize_table`` and writes each batch's samples as one
 create-only parquet shard ``<out>/<input shard stem>-b<batch>.parquet`` through the store
-(local or ``s3://``). The names and bytes depend only on the inputs and settings, so a killed
-run reruns cleanly (identical shards are accepted as done) and a rerun with other settings into
-the same ``--out`` is refused before any work.
+(local or ``s3://``). Conversation files (an existing training set: SpecForge, ShareGPT or
+OpenAI rows) go the same way file by file, each row a view of a completion
+(``conversations.py``), so both sets are tokenized by one rule. The names and bytes depend
+only on the inputs and settings, so a killed run reruns cleanly (identical shards are accepted
+as done) and a rerun with other settings into the same ``--out`` is refused before any work.
 
 ``--workers N`` > 1 tokenizes input shards in N spawned processes (each loads the tokenizer
 once; the Rust tokenizer's threads are shared out between them); with 1 the tokenizer's own
@@ -24,26 +26,37 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError, StoreError
 from draftdata.formats import COMPLETION_FORMAT, check_format
-from draftdata.stats.readers import TOKENIZE_CONFIG
+from draftdata.stats.readers import DATA_EXT, TOKENIZE_CONFIG, Kind, open_dataset
+from draftdata.store.lease import refuse_live_writer
 from draftdata.store.protect import check_not_protected
+from draftdata.store.quarantine import unreadable
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
     parquet_file,
+    read_shards_parallel,
     shard_keys,
     write_parquet_shard,
 )
 from draftdata.store.store import Store, normalise_url, open_store
-from draftdata.tokenize.batch import COMPLETION_COLUMNS, Counters, TokenizeContext, tokenize_table
+from draftdata.tokenize import conversations
+from draftdata.tokenize.batch import (
+    COMPLETION_COLUMNS,
+    Counters,
+    TokenizeContext,
+    tokenize_table,
+    tokenize_views,
+)
 from draftdata.tokenize.config import SUMMARY_FORMAT, SUMMARY_KEY, TokenizeConfig, TokenizeSummary
 
 
@@ -63,21 +76,30 @@ def iter_shard_batches(store: Store, key: str, rows: int) -> Iterator[pa.Table]:
         for batch in pf.iter_batches(batch_size=rows, columns=columns):
             yield pa.Table.from_batches([batch])
     except (OSError, pa.ArrowException) as exc:
-        raise StoreError(f"{where}: cannot read parquet ({exc})") from exc
+        raise unreadable(store, key, str(exc)) from exc
 
 
 def tokenize_shard(
-    ctx: TokenizeContext, run: Store, out: Store, key: str, rows: int
+    ctx: TokenizeContext,
+    run: Store,
+    out: Store,
+    key: str,
+    rows: int,
+    kind: str = "run",
+    skip: Sequence[int] = (),
 ) -> tuple[Counters, list[str]]:
-    """Tokenize one completions shard into output shards; returns its counters and keys."""
+    """Tokenize one completions shard (``kind`` run), or one conversation file (``kind``
+    conversations or prompts), into output shards; returns its counters and keys.
+
+    ``skip``: indexes of a shard's rows that are duplicates (``duplicate_rows``), left out and
+    counted as ``dropped.duplicate``."""
     counters = Counters()
     written: list[str] = []
-    for i, table in enumerate(iter_shard_batches(run, key, rows)):
-        samples, c = tokenize_table(table, ctx)
+    for i, (samples, c) in enumerate(_input_batches(ctx, run, key, rows, kind, skip)):
         counters.merge(c)
         if samples.num_rows == 0:
             continue
-        name = output_key(key, i)
+        name = output_key(key, i) if kind == "run" else conversations.output_key(key, i)
         try:
             write_parquet_shard(out, name, samples)
         except AlreadyExistsError as exc:
@@ -87,6 +109,34 @@ def tokenize_shard(
             ) from exc
         written.append(name)
     return counters, written
+
+
+def _input_batches(
+    ctx: TokenizeContext, store: Store, key: str, rows: int, kind: str, skip: Sequence[int] = ()
+) -> Iterator[tuple[pa.Table, Counters]]:
+    if kind == "run":
+        dropped = np.asarray(sorted(skip), dtype=np.int64)
+        start = 0
+        for table in iter_shard_batches(store, key, rows):
+            gone = 0
+            if len(dropped):
+                keep = ~np.isin(np.arange(start, start + table.num_rows), dropped)
+                start += table.num_rows
+                gone = int((~keep).sum())
+                if gone:
+                    table = table.filter(pa.array(keep))
+            samples, c = tokenize_table(table, ctx)
+            if gone:
+                c.add("dropped.duplicate", gone)
+            yield samples, c
+        return
+    if kind not in conversations.CHAT_KINDS:
+        raise ConfigError(f"tokenize: input kind {kind!r}; expected run, conversations or prompts")
+    chat_kind: Kind = "prompts" if kind == "prompts" else "conversations"
+    for views, extra in conversations.iter_view_batches(store, key, chat_kind, rows):
+        samples, c = tokenize_views(views, ctx)
+        c.counts.update(extra)
+        yield samples, c
 
 
 # -- worker processes ------------------------------------------------------------------------------
@@ -99,13 +149,32 @@ def _init_worker(config: TokenizeConfig, threads: int) -> None:
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     _worker["ctx"] = TokenizeContext.from_config(config)
-    _worker["run"] = open_store(config.run)
+    _worker["run"], _, _worker["kind"] = locate_input(config.run)
     _worker["out"] = open_store(config.out_url, protect=config.protect)
     _worker["rows"] = config.batch_rows
 
 
-def _work(key: str) -> tuple[Counters, list[str]]:
-    return tokenize_shard(_worker["ctx"], _worker["run"], _worker["out"], key, _worker["rows"])
+def _work(key: str, skip: list[int]) -> tuple[Counters, list[str]]:
+    w = _worker
+    return tokenize_shard(w["ctx"], w["run"], w["out"], key, w["rows"], w["kind"], skip)
+
+
+def duplicate_rows(run: Store, keys: list[str]) -> dict[str, list[int]]:
+    """Row indexes, per shard, of the completions whose (id, sample) an earlier row holds (in
+    shard order: a copied shard). Export and stats keep the first copy of a pair; tokenize
+    leaves the others out too. Reads only the id and sample columns."""
+    from draftdata.store.doneset import DoneSet, hash_pairs
+
+    seen = DoneSet()
+    skip: dict[str, list[int]] = {}
+    tables = read_shards_parallel(run, keys, COMPLETION_FORMAT, ["id", "sample"])
+    for key, table in zip(keys, tables, strict=True):
+        ids = table.column("id").to_pylist()
+        samples = [int(s or 0) for s in table.column("sample").to_pylist()]
+        first = seen.first_seen(hash_pairs(ids, samples))
+        if not first.all():
+            skip[key] = np.flatnonzero(~first).tolist()
+    return skip
 
 
 # -- the stage -------------------------------------------------------------------------------------
@@ -151,6 +220,12 @@ def check_out(config: TokenizeConfig) -> None:
             )
     if out.startswith(completions + "/"):
         raise ConfigError(f"--out {config.out_url}: inside the run's completions/; choose another")
+    is_file = os.path.isfile(run) if "://" not in run else run.endswith(DATA_EXT)
+    if config.input in conversations.CHAT_KINDS and not is_file and out.startswith(run + "/"):
+        raise ConfigError(
+            f"--out {config.out_url}: inside the conversations folder {config.run} (its samples "
+            f"would be read as the folder's rows next time); use e.g. {run}-tokenized"
+        )
 
 
 def _fingerprint(paths: list[Path]) -> str | None:
@@ -170,7 +245,8 @@ def settings_of(config: TokenizeConfig, keep_reasoning_history: bool) -> dict[st
     folder = Path(config.tokenizer)
     files = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
     template = [Path(config.chat_template)] if config.chat_template else []
-    return {
+    kind = {"input": config.input} if config.input not in (None, "run") else {}
+    return kind | {
         "run": normalise_url(config.run),
         "tokenizer": config.tokenizer,
         "tokenizer_sha256": _fingerprint([folder / f for f in files]),
@@ -246,19 +322,25 @@ def tokenize(config: TokenizeConfig) -> TokenizeSummary:
     if job.previous is not None:
         job.previous.wall_s = time.perf_counter() - started
         check_verified(job.previous, config)
+        check_trainable(job.previous)
         return job.previous
 
     config = job.config
     ctx = start(job)
+    kind = config.input or "run"
     if config.workers == 1:
         results: Iterable[tuple[Counters, list[str]]] = (
-            tokenize_shard(ctx, job.run, job.out, key, config.batch_rows) for key in job.keys
+            tokenize_shard(
+                ctx, job.run, job.out, key, config.batch_rows, kind, job.skip.get(key, [])
+            )
+            for key in job.keys
         )
     else:
-        results = _parallel(config, job.keys)
+        results = _parallel(config, job.keys, job.skip)
     summary = finish(job, results)
     summary.wall_s = time.perf_counter() - started
     check_verified(summary, config)
+    check_trainable(summary)
     return summary
 
 
@@ -280,6 +362,19 @@ def check_verified(summary: TokenizeSummary, config: TokenizeConfig) -> None:
         )
 
 
+def check_trainable(summary: TokenizeSummary) -> None:
+    """InputError (one line) when a chat dataset gave no sample because none of its rows has
+    an assistant turn: prompts, not a training set (``summary.json`` is written first)."""
+    rows = summary.count("completions")
+    if summary.count("samples") or not rows or summary.count("dropped.no_turns") < rows:
+        return
+    run = summary.settings.get("run", "")
+    raise InputError(
+        f"tokenize: none of the {rows:,} rows of {run} has an assistant turn to train on (they "
+        f"are prompts); generate the answers first: draftdata generate --prompts {run} ..."
+    )
+
+
 class TokenizeJob(msgspec.Struct, kw_only=True):
     """What ``plan`` settled before any work: the resolved config, stores, inputs, settings."""
 
@@ -289,18 +384,51 @@ class TokenizeJob(msgspec.Struct, kw_only=True):
     keys: list[str]
     settings: dict[str, Any]
     previous: TokenizeSummary | None  # a finished output with the same settings
+    skip: dict[str, list[int]]  # shard -> indexes of duplicate rows (``duplicate_rows``)
+
+
+def locate_input(url: str) -> tuple[Store, list[str], str]:
+    """(store, data keys, kind) of what ``url`` holds: a run's completion shards (``run``), or
+    the files of a chat dataset (``conversations``, ``prompts``: ``conversations.py``).
+
+    InputError in one line for a location that does not exist, a run without shards, tokenized
+    samples (nothing to tokenize), or a file of which no row can be read.
+    """
+    if "://" not in url and not os.path.exists(url):
+        raise InputError(
+            f"tokenize: {url} does not exist; give a run (generate's --out) or conversations"
+        )
+    if "://" in url or os.path.isdir(url):
+        store = open_store(url)
+        keys = shard_keys(store, COMPLETIONS_PREFIX)
+        if keys:
+            return store, keys, "run"
+        if store.exists("manifest.json") or not store.list(""):
+            raise InputError(
+                f"{store.key_url(COMPLETIONS_PREFIX)}: no completion shards to tokenize"
+            )
+    ds = open_dataset(url)
+    if ds.kind == "tokenized":
+        raise InputError(
+            f"tokenize: {url} holds tokenized samples already; merge them as they are, or give "
+            "the run or conversations they came from"
+        )
+    if ds.kind == "run":
+        if not ds.keys:
+            raise InputError(f"{url}: no completion shards to tokenize")
+        return ds.store, list(ds.keys), "run"
+    conversations.check_readable(ds)
+    return ds.store, list(ds.keys), ds.kind
 
 
 def plan(config: TokenizeConfig) -> TokenizeJob:
-    """The checks every tokenize driver makes first (config, --out, inputs, previous summary)."""
+    """The checks every tokenize driver makes first (config, inputs, --out, previous summary)."""
     config.validate()
+    run, keys, kind = locate_input(config.run)
+    config = msgspec.structs.replace(config, input=kind)
     check_out(config)
-    if "://" not in config.run and not os.path.exists(config.run):
-        raise InputError(f"tokenize: {config.run} does not exist; give a run (generate's --out)")
-    run = open_store(config.run)
-    keys = shard_keys(run, COMPLETIONS_PREFIX)
-    if not keys:
-        raise InputError(f"{run.key_url(COMPLETIONS_PREFIX)}: no completion shards to tokenize")
+    if kind == "run":  # a moving run is not tokenized as if it were whole
+        refuse_live_writer(run, "tokenize")
     keep = history_policy(config, run)
     kwargs = server_template_kwargs(config, run)
     config = msgspec.structs.replace(
@@ -310,13 +438,15 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     settings = settings_of(config, keep) | {"inputs": keys}
     if kwargs:  # recorded only when there are some, so older summaries still compare equal
         settings["server_template_kwargs"] = kwargs
+    previous = previous_summary(out, settings)
     return TokenizeJob(
         config=config,
         run=run,
         out=out,
         keys=keys,
         settings=settings,
-        previous=previous_summary(out, settings),
+        previous=previous,
+        skip=duplicate_rows(run, keys) if previous is None and kind == "run" else {},
     )
 
 
@@ -366,27 +496,24 @@ def finish(job: TokenizeJob, results: Iterable[tuple[Counters, list[str]]]) -> T
     return summary
 
 
-def _parallel(config: TokenizeConfig, keys: list[str]) -> Iterator[tuple[Counters, list[str]]]:
+def _parallel(
+    config: TokenizeConfig, keys: list[str], skip: dict[str, list[int]]
+) -> Iterator[tuple[Counters, list[str]]]:
     # Results in key order (deterministic summary); at most 2 shards per worker in flight.
-    import multiprocessing
+    # The workers end with this process (workerpool.py), whatever signal ends it.
+    from draftdata.workerpool import worker_pool
 
     threads = max(1, (os.cpu_count() or 1) // config.workers)
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        max_workers=config.workers,
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(config, threads),
-    ) as pool:
+    with worker_pool(config.workers, _init_worker, (config, threads)) as pool:
         pending: list[Future[tuple[Counters, list[str]]]] = []
         queue = iter(keys)
         for key in queue:
-            pending.append(pool.submit(_work, key))
+            pending.append(pool.submit(_work, key, skip.get(key, [])))
             if len(pending) >= 2 * config.workers:
                 break
         while pending:
             result = pending.pop(0).result()
             nxt = next(queue, None)
             if nxt is not None:
-                pending.append(pool.submit(_work, nxt))
+                pending.append(pool.submit(_work, nxt, skip.get(nxt, [])))
             yield result

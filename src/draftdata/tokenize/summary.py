@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from draftdata.metrics import loss_warning, reasons, share
+
 if TYPE_CHECKING:
     from draftdata.tokenize.config import TokenizeSummary
 
@@ -16,14 +18,18 @@ if TYPE_CHECKING:
 def summary_lines(summary: TokenizeSummary) -> list[str]:
     """The plain-text lines of the final summary."""
     c = summary.count
+    chat = summary.settings.get("input") in ("conversations", "prompts")
+    unit = "rows" if chat else "completions"
     lines = [
-        f"tokenize: {c('samples')} samples from {c('completions')} completions "
+        f"tokenize: {c('samples')} samples from {c('completions')} {unit} "
         f"({c('path.token_ids')} with server token ids, {c('path.rendered')} rendered) "
-        f"in {summary.wall_s:.1f} s -> {summary.out}",
+        f"in {summary.wall_s:.1f} s -> {summary.out}; {losses(summary)}",
         f"verified {c('verified')} (non-canonical tokenization of the same text "
         f"{c('verified.noncanonical')}, ended other than by the template's end of turn "
-        f"{c('verified.other_end')}), mismatched {c('mismatched')} (dropped), unverifiable "
-        f"{c('unverifiable')}; split into per-turn samples {c('split_turns')}; "
+        f"{c('verified.other_end')}, checked by decoding where the template cannot render "
+        f"the reasoning split back {c('verified.decoded')}, of which answers without "
+        f"</think> {c('reasoning.unclosed')}), mismatched {c('mismatched')} (dropped), "
+        f"unverifiable {c('unverifiable')}; split into per-turn samples {c('split_turns')}; "
         f"truncated {c('truncated')}",
     ]
     checked = c("verified") + c("mismatched")
@@ -38,6 +44,46 @@ def summary_lines(summary: TokenizeSummary) -> list[str]:
         lines.append("dropped: " + ", ".join(f"{k} {v}" for k, v in dropped.items()))
     lines.extend(f"mismatch: {m}" for m in summary.mismatches)
     return lines
+
+
+def _lost(summary: TokenizeSummary) -> tuple[int, int, int]:
+    """(truncated, dropped, samples there would have been without drops)."""
+    dropped = sum(summary.dropped.values())
+    return summary.count("truncated"), dropped, summary.count("samples") + dropped
+
+
+def losses(summary: TokenizeSummary) -> str:
+    """What the summary line says was cut or left out: truncated and dropped, with shares."""
+    truncated, dropped, total = _lost(summary)
+    if not truncated and not dropped:
+        return "none truncated or dropped"
+    parts = []
+    if truncated:
+        limit = summary.settings.get("max_length")
+        parts.append(f"truncated {truncated:,} ({share(truncated, total)}) at {limit} tokens")
+    if dropped:
+        parts.append(f"dropped {dropped:,} ({share(dropped, total)}: {reasons(summary.dropped)})")
+    return ", ".join(parts)
+
+
+def warning_line(summary: TokenizeSummary) -> str | None:
+    """One warning line when more than 5% of the samples were truncated or dropped."""
+    truncated, dropped, total = _lost(summary)
+    advice = " and ".join(
+        a
+        for a, on in (
+            ("raise --max-length", truncated),
+            ("see the drop reasons in docs/tokenize.md", dropped),
+        )
+        if on
+    )
+    parts = []
+    if truncated:
+        parts.append(f"truncated {truncated:,} at {summary.settings.get('max_length')} tokens")
+    if dropped:
+        parts.append(f"dropped {reasons(summary.dropped)}")
+    detail = ", ".join(parts)
+    return loss_warning(truncated + dropped, total, "samples cut or left out", detail, advice)
 
 
 def print_summary(summary: TokenizeSummary) -> None:
@@ -62,3 +108,6 @@ def print_summary(summary: TokenizeSummary) -> None:
     console.print(table)
     for line in summary_lines(summary):
         console.print(line, markup=False, highlight=False)
+    warning = warning_line(summary)
+    if warning is not None:
+        tables.console(stderr=True).print(warning, markup=False, highlight=False)

@@ -110,6 +110,21 @@ def test_ray_data_tokenize_equals_single_process(
     assert cli.exit_code == 0, cli.output
     assert "already holds these samples" in cli.output
 
+    # Conversation files (the run exported, in two files): Ray gives the same shards too.
+    from draftdata.export.stage import export_run
+
+    chats = tmp_path / "chats"
+    export_run(run_url, "sharegpt", chats / "all.jsonl")
+    lines = (chats / "all.jsonl").read_text().splitlines(keepends=True)
+    (chats / "b.jsonl").write_text("".join(lines[20:]))
+    (chats / "a.jsonl").write_text("".join(lines[:20]))
+    (chats / "all.jsonl").unlink()
+    conv = TokenizeConfig(run=str(chats), tokenizer=str(demo_tokenizer), batch_rows=7)
+    single_c = tokenize(msgspec_replace(conv, out=str(tmp_path / "chats-single")))
+    ray_c = run(msgspec_replace(conv, out=str(tmp_path / "chats-ray")), RayTokenizeOptions())
+    assert ray_c.tasks == 2 and ray_c.summary.counts == single_c.counts
+    assert _samples(str(tmp_path / "chats-ray")) == _samples(str(tmp_path / "chats-single"))
+
 
 def msgspec_replace(config: TokenizeConfig, **changes: Any) -> TokenizeConfig:
     import msgspec

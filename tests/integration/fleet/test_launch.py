@@ -7,6 +7,7 @@ stops whatever it started even when it fails.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -335,3 +336,27 @@ def test_foreground_stops_the_fleet_on_sigint(fleet_file: Path, tmp_path: Path) 
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_dry_run_prints_the_command_lines_and_starts_nothing(fleet_file: Path) -> None:
+    """`--dry-run`: one line per server (added environment, then the command line with the
+    preset and `--extra-args` merged); no process, no fleet.yaml, no log."""
+    res = run_cli(
+        "fleet", "up", "--engine", "sglang", "--model", "/models/M", "--gpus", "0,3",
+        "--port-base", "31000", "--python", sys.executable, "--env", "HF_HUB_OFFLINE=1",
+        "--extra-args", "--attention-backend torch_native --device cpu",
+        "--out", str(fleet_file), "--log-dir", str(fleet_file.parent / "logs"), "--dry-run",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2
+    for gpu, port, line in zip(("0", "3"), (31000, 31001), lines, strict=True):
+        head, _, command = line.partition(": ")
+        assert head.endswith(f"http://127.0.0.1:{port}")
+        words = shlex.split(command)
+        assert words[:2] == [f"CUDA_VISIBLE_DEVICES={gpu}", "HF_HUB_OFFLINE=1"]
+        argv = words[2:]
+        assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+        assert argv[argv.index("--attention-backend") + 1] == "torch_native"
+        assert "flashinfer" not in argv and "--port" in argv
+    assert not fleet_file.exists() and not (fleet_file.parent / "logs").exists()

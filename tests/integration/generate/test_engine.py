@@ -14,6 +14,7 @@ import pytest
 from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import completions, failures, fast_config, write_prompts
 
+from draftdata.errors import ConfigError
 from draftdata.generate.stage import generate
 from draftdata.sim.run import FaultConfig, SimConfig, SimFleet
 
@@ -103,13 +104,14 @@ def test_retryable_faults_are_retried_and_committed(
 def test_context_length_is_a_failure_without_retry(tmp_path: Path, flavor: str) -> None:
     prompts = tmp_path / "p.jsonl"
     ids = write_prompts(prompts, 60)
-    # an explicit limit: a context-length answer to a computed (default) limit is first retried
+    # a strict limit: a context-length answer to a computed or lowerable limit is first retried
     # with a smaller one (test_output_limit.py)
+    strict = {"max_tokens": 256, "strict_limit": True}
     with SimFleet(1, sim(flavor, faults=FaultConfig(context_400=0.2))) as fleet:
-        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls, max_tokens=256))
+        summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls, **strict))
         injected = fleet.stats(0).faults["context_400"]
         # resume: fatal failures are settled, nothing is sent again
-        again = generate(fast_config(prompts, tmp_path / "run", fleet.urls, max_tokens=256))
+        again = generate(fast_config(prompts, tmp_path / "run", fleet.urls, **strict))
     assert again.requests == 0 and again.already_done == 60
     comp, fail = check_exactly_once(str(tmp_path / "run"), set(ids))
     assert fail == injected > 0 and comp == 60 - injected
@@ -120,14 +122,26 @@ def test_context_length_is_a_failure_without_retry(tmp_path: Path, flavor: str) 
 
 
 @pytest.mark.parametrize("flavor", ["sglang", "vllm"])
-def test_a_request_too_long_for_the_context_fails_as_context_length(
+def test_a_limit_longer_than_the_context_is_lowered_or_refused_never_a_prompt_failure(
     tmp_path: Path, flavor: str
 ) -> None:
+    """A limit no request can fit is the configuration's fault: each request gets the room its
+    prompt leaves (counted), or with --strict-limit the command is refused before anything is
+    sent or recorded. (It used to fail every prompt as context_length.)"""
     prompts = tmp_path / "p.jsonl"
     write_prompts(prompts, 4)
     with SimFleet(1, sim(flavor, context_length=256)) as fleet:
         summary = generate(fast_config(prompts, tmp_path / "run", fleet.urls, max_tokens=1000))
-    assert summary.failed == {"context_length": 4} and summary.requests == 0
+        with pytest.raises(ConfigError, match="cannot fit the context of 256 tokens"):
+            generate(
+                fast_config(
+                    prompts, tmp_path / "strict", fleet.urls, max_tokens=1000, strict_limit=True
+                )
+            )
+        assert fleet.stats(0).requests == 4
+    assert summary.failed == {} and summary.completed == 4 and summary.clamped == 4
+    assert all(c.sampling["max_tokens"] < 256 for c in completions(tmp_path / "run"))
+    assert not (tmp_path / "strict").exists()
 
 
 def test_exhausted_retries(tmp_path: Path) -> None:

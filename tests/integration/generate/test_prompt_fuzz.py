@@ -1,7 +1,9 @@
 """Fuzzed prompt files through a real ``generate`` run on the simulator: every valid line is
 generated once, every bad line is a reject (file:line and reason in ``rejects/``), no line
-ends the run. The reader-level fuzz with many more examples is tests/unit/generate/
-test_prompt_lines.py; this one proves the whole command holds on a few drawn files."""
+ends the run; a file with no prompt at all among its first lines stops before anything is
+recorded (a file in another schema, generate/rejects.py). The reader-level fuzz with many more
+examples is tests/unit/generate/test_prompt_lines.py; this one proves the whole command holds on
+a few drawn files."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import fast_config
 from tests.unit.generate.test_prompt_lines import _lines
 
+from draftdata.errors import InputError
 from draftdata.generate.stage import generate
 from draftdata.records import BOM
 from draftdata.sim.run import SimConfig, SimFleet
@@ -44,6 +47,11 @@ def test_fuzzed_prompt_file_through_generate(
         prompts = Path(tmp) / "p.jsonl"
         prompts.write_bytes((BOM if bom else b"") + b"\n".join(lines) + b"\n")
         out = Path(tmp) / "run"
+        if not any(good):  # no prompt among the first lines: a file in another schema
+            with pytest.raises(InputError, match=r"none of the first .* lines is a prompt"):
+                generate(fast_config(prompts, out, fleet.urls))
+            assert not (out / "completions").exists()  # nothing was recorded
+            return
         summary = generate(fast_config(prompts, out, fleet.urls))
         ids = {json.loads(line)["id"] for line, ok in zip(lines, good, strict=True) if ok}
         assert check_exactly_once(str(out), ids) == (len(ids), 0)

@@ -28,9 +28,12 @@ def test_report_of_a_generated_run(tmp_path: Path) -> None:
     )
     run = tmp_path / "run"
     with SimFleet(2, sim) as fleet:
-        # an explicit limit: an injected context error on a computed one is first retried smaller
+        # a strict limit: an injected context error on a computed or lowerable one is first
+        # retried smaller
         summary = generate(
-            fast_config(prompts, run, fleet.urls, metrics_interval=0.3, max_tokens=256)
+            fast_config(
+                prompts, run, fleet.urls, metrics_interval=0.3, max_tokens=256, strict_limit=True
+            )
         )
     assert summary.failures > 0 and summary.completed > 0
 

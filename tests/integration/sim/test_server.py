@@ -127,7 +127,7 @@ async def test_non_streaming_shape(fleet: SimFleet) -> None:
     assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
     if flavor == "sglang":
         assert choice["matched_stop"] == 151645
-        assert "token_ids" not in choice and "prompt_token_ids" not in choice
+        assert "response_token_ids" not in choice and "prompt_token_ids" not in choice
         assert msg["tool_calls"] is None
     else:
         assert choice["stop_reason"] is None
@@ -142,7 +142,7 @@ async def test_token_ids_where_each_engine_puts_them(fleet: SimFleet) -> None:
     _, out = await chat(fleet.urls[0], body)
     choice = out["choices"][0]
     if flavor == "sglang":
-        prompt_ids, output_ids = choice["prompt_token_ids"], choice["token_ids"]
+        prompt_ids, output_ids = choice["prompt_token_ids"], choice["response_token_ids"]
     else:
         prompt_ids, output_ids = out["prompt_token_ids"], choice["token_ids"]
     assert len(prompt_ids) == out["usage"]["prompt_tokens"]

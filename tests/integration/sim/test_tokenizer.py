@@ -74,7 +74,7 @@ async def test_token_ids_decode_to_the_text(
     choice = resp["choices"][0]
     flavor = fleet.config.flavor
     prompt_ids = choice["prompt_token_ids"] if flavor == "sglang" else resp["prompt_token_ids"]
-    output_ids = choice["token_ids"]
+    output_ids = choice["response_token_ids" if flavor == "sglang" else "token_ids"]
     expected_prompt = tok.apply_chat_template(
         messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
     )

@@ -11,9 +11,16 @@ entry does, and writes per row the token ids and loss mask the trainer would tra
   every column, so the row order is recovered from the same seeded permutation.
 - speculators 0.9.0: ``speculators.data_generation.preprocessing.load_raw_dataset`` then
   ``build_speculator_training_dataset`` (pre-tokenized rows pass through; no shuffle).
+- TensorRT Model Optimizer 0.47: what its ``examples/speculative_decoding`` online mode
+  builds (``make_speculative_data_module``): ``ShardedDataset("json", data_files=...)`` and
+  ``LanguageDataCollator(tokenizer, train_len, return_labels=True, answer_only_loss=True,
+  chat_template=<the file's text>)``, one row per batch. ``shift_labels=False`` (its DFlash
+  setting) so a label is the input token itself where it is trained and -100 elsewhere; the
+  padding is cut off by the attention mask.
 
 JOB: {"tokenizer": DIR, "max_length": N, "specforge": [{"name", "path", "template",
-"preformatted", "last_turn"}], "speculators": [{"name", "path"}]}.
+"preformatted", "last_turn"}], "speculators": [{"name", "path"}], "modelopt": [{"name",
+"path", "chat_template"}]}.
 OUT: {name: [{"id", "input_ids", "loss_mask"}]}. Imports nothing of draftdata.
 """
 
@@ -74,6 +81,48 @@ def speculators(item: dict[str, Any], tokenizer: Any, max_length: int) -> list[d
     ]
 
 
+def modelopt(item: dict[str, Any], tokenizer_path: str, max_length: int) -> list[dict[str, Any]]:
+    from modelopt.torch.utils.plugins.transformers_dataset import (
+        IGNORE_TOKEN_ID,
+        LanguageDataCollator,
+        ShardedDataset,
+    )
+    from transformers import AutoTokenizer
+
+    # A tokenizer of its own: the collator sets its chat_template (as main.py loads one).
+    tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer_path, local_files_only=True, model_max_length=max_length
+    )
+    with open(item["chat_template"], encoding="utf-8") as fh:
+        template = fh.read()
+    data = ShardedDataset("json", data_files=item["path"])
+    collator = LanguageDataCollator(
+        tokenizer=tokenizer,
+        train_len=max_length,
+        chat_template=template,
+        answer_only_loss=True,
+        shift_labels=False,
+        return_labels=True,
+    )
+    out = []
+    for i in range(len(data)):
+        row = data[i]
+        batch = collator([row])
+        ids = _flat(batch["input_ids"][0])
+        keep = _flat(batch["attention_mask"][0])
+        labels = _flat(batch["labels"][0])
+        out.append(
+            {
+                "id": row["id"],
+                "input_ids": [t for t, k in zip(ids, keep, strict=True) if k],
+                "loss_mask": [
+                    int(lab != IGNORE_TOKEN_ID) for lab, k in zip(labels, keep, strict=True) if k
+                ],
+            }
+        )
+    return out
+
+
 def main() -> None:
     from transformers import AutoTokenizer
 
@@ -85,6 +134,8 @@ def main() -> None:
         out[item["name"]] = specforge(item, tokenizer, job["max_length"])
     for item in job.get("speculators", []):
         out[item["name"]] = speculators(item, tokenizer, job["max_length"])
+    for item in job.get("modelopt", []):
+        out[item["name"]] = modelopt(item, job["tokenizer"], job["max_length"])
     with open(sys.argv[2], "w", encoding="utf-8") as fh:
         json.dump(out, fh)
 

@@ -11,23 +11,19 @@ down at the end."""
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from tests.integration import engine_checks
 from tests.integration.envs import cached_env_python, env_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 ROOT = Path(__file__).resolve().parents[3]
 VENV = env_dir("vllm")
-CLI = [sys.executable, "-c", "from draftdata.cli import main; main()"]
 # Server flags for a CPU box: small context and batch, eager mode, 1 GiB KV cache (env below),
 # structured outputs allowed inside the reasoning so a random model can be made to close </think>.
 CPU_ARGS = (
@@ -41,34 +37,15 @@ def _vllm_python() -> Path:
     return cached_env_python("vllm_env.sh", VENV, "vllm")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+_free_port = engine_checks.free_port
+_run = engine_checks.run_cli
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(vLLM python, model folder): demo tokenizer + random tiny Qwen3 weights."""
-    from draftdata.tokenize.train import ensure_demo_tokenizer
-
     py = _vllm_python()
-    base = tmp_path_factory.mktemp("vllm-tier")
-    model = base / "tiny-qwen3"
-    shutil.copytree(ensure_demo_tokenizer(base / "cache"), model)
-    res = subprocess.run(
-        [str(py), str(Path(__file__).with_name("tiny_model.py")), str(model)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    return py, model
+    return py, engine_checks.tiny_model(py, tmp_path_factory.mktemp("vllm-tier"))
 
 
 @pytest.fixture(scope="module")
@@ -299,3 +276,74 @@ def test_loss_only_on_served_output_tokens_however_turns_end(
     # The random model did end turns in the odd ways this test is about.
     assert endings.get("endoftext", 0) > 0 and endings.get("stop_string", 0) > 0, endings
     assert endings.get("length", 0) > 0, endings
+
+
+# -- what vLLM returns, used as the seed job would (tests/integration/engine_checks.py) ---------
+
+
+def _metrics_kv_tokens(url: str) -> int:
+    """The KV cache size vLLM reports in /metrics (read here, not with draftdata's parser)."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    m = re.search(r'vllm:cache_config_info\{[^}]*kv_cache_size_tokens="(\d+)"', text)
+    assert m is not None, "vLLM 0.32 lists kv_cache_size_tokens in vllm:cache_config_info"
+    return int(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def thinking_on(
+    vllm_fleet: tuple[Path, Path, str], tmp_path_factory: pytest.TempPathFactory
+) -> engine_checks.Tokenized:
+    """Thinking on, no grammar: the random model never writes </think>, so vLLM's qwen3 parser
+    puts all of each answer in `reasoning`; the `cut` domain is cut by its token limit."""
+    fleet, model, _ = vllm_fleet
+    tmp = tmp_path_factory.mktemp("thinking-on")
+    return engine_checks.thinking_on(fleet, model, tmp, max_tokens=40)
+
+
+@pytest.mark.timeout(900)
+def test_thinking_on_answers_without_think_close_keep_every_served_sample(
+    thinking_on: engine_checks.Tokenized,
+) -> None:
+    """The finding: tokenize called these "another tokenizer" and dropped 40/40."""
+    engine_checks.check_thinking_on(thinking_on)
+
+
+@pytest.mark.timeout(900)
+def test_capacity_model_and_context_from_vllm_itself(
+    vllm_fleet: tuple[Path, Path, str], thinking_on: engine_checks.Tokenized
+) -> None:
+    """Capacity: vLLM's KV cache (its /metrics) over the tokens a request holds, never above
+    its running cap (--max-num-seqs 16, which fleet.yaml records); model and context from
+    /v1/models."""
+    fleet, model, _ = vllm_fleet
+    t = thinking_on
+    ep = yaml.safe_load(fleet.read_text())["endpoints"][0]
+    assert ep["model"] == str(model) and ep["context_length"] == 1024
+    assert {r["model"] for r in t.rows} == {str(model)}
+    line = engine_checks.capacity_line(t.log)
+    assert line["kv"] == _metrics_kv_tokens(ep["url"])
+    assert line["cap"] == 16
+    assert line["capacity"] == min(16, line["kv"] // line["held"])
+    assert line["concurrency"] == line["capacity"] + 2  # a short queue on top
+
+
+@pytest.mark.timeout(900)
+def test_thinking_off_and_multi_turn_regeneration_are_token_exact(
+    vllm_fleet: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    fleet, model, _ = vllm_fleet
+    engine_checks.thinking_off_multi_turn(fleet, model, tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_a_cancelled_copy_stops_using_a_vllm_slot(vllm_fleet: tuple[Path, Path, str]) -> None:
+    """What the dispatcher does to a hedge's losing copy (cancel its task) frees the slot on
+    the server, by vLLM's own running count, while an identical twin still runs."""
+    fleet, model, _ = vllm_fleet
+    url = yaml.safe_load(fleet.read_text())["endpoints"][0]["url"]
+    freed = engine_checks.cancel_frees_the_slot(url, "vllm", str(model), max_tokens=900)
+    assert freed < 10, freed

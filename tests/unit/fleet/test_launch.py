@@ -101,13 +101,45 @@ def test_sglang_plan_one_server_per_gpu(tmp_path: Path) -> None:
     assert flag_value(argv, "--port") == "30003"
     assert flag_value(argv, "--host") == "127.0.0.1"
     assert flag_value(argv, "--attention-backend") == "flashinfer"
-    assert flag_value(argv, "--mamba-scheduler-strategy") == "no_buffer"
+    assert flag_value(argv, "--mamba-radix-cache-strategy") == "no_buffer"  # version unknown
+    assert "--mamba-scheduler-strategy" not in argv
     assert flag_value(argv, "--reasoning-parser") == "qwen3"
     assert flag_value(argv, "--mem-fraction-static") == "0.85"
     assert argv.count("--context-length") == 1
     assert flag_value(argv, "--context-length") == "16384"
     assert len({p.log for p in plans}) == 8
     assert plans[3].url == "http://127.0.0.1:30003"
+
+
+@pytest.mark.parametrize(
+    ("version", "flag"),
+    [
+        ("0.5.4", "--mamba-scheduler-strategy"),  # the seed job's SGLang
+        ("0.5.22.post3", "--mamba-scheduler-strategy"),
+        ("0.5.23", "--mamba-radix-cache-strategy"),  # refuses the old name
+        ("0.5.23rc1", "--mamba-radix-cache-strategy"),
+        ("0.6.0", "--mamba-radix-cache-strategy"),
+        (None, "--mamba-radix-cache-strategy"),
+    ],
+)
+def test_sglang_preset_names_the_mamba_flag_as_the_installed_sglang(
+    version: str | None, flag: str
+) -> None:
+    cfg = LaunchConfig(engine="sglang", model="m", engine_version=version, python="/opt/py")
+    (plan,) = plan_fleet(cfg, ("0",))
+    assert flag_value(plan.argv, flag) == "no_buffer"
+    names = {"--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"}
+    assert [a for a in plan.argv if a in names] == [flag]
+    assert launch.version_tuple("0.5.23.post1") == (0, 5, 23)
+    assert launch.version_tuple("1.2rc3") == (1, 2)
+
+
+def test_installed_version_reads_package_metadata() -> None:
+    import msgspec
+
+    assert launch.installed_version(sys.executable, "msgspec") == msgspec.__version__
+    assert launch.installed_version(sys.executable, "no-such-package-xyz") is None
+    assert launch.installed_version("/no/such/python", "msgspec") is None
 
 
 def test_vllm_plan_data_parallel_and_no_preset() -> None:

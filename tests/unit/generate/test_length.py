@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.unit.generate.fakes import cfg, endpoint, run_dispatch, write
 
-from draftdata.generate.dispatch import TailPlan, hedge_pays
+from draftdata.generate.dispatch import BLIND_HEDGE_S, TailPlan, hedge_pays
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.length import (
     LengthModel,
@@ -326,6 +326,24 @@ def test_hedge_pays_only_when_the_copy_should_win() -> None:
     assert not hedge_pays(5.0, 1000, 4000, a, b, m)
     a.latency = 1.0
     assert hedge_pays(5.0, 1000, 4000, a, b, m)
+
+
+def test_a_request_on_a_server_that_never_answered_is_hedged_in_bounded_time() -> None:
+    """Issue 24: a server that passes /health but never answers (or trickles) has no rate and
+    no latency; its requests are still copied onto an idle server, judged by that server."""
+    m = LengthModel()
+    wedged, good = endpoint(0, DomainClient()), endpoint(1, DomainClient())
+    good.seq_rate, good.latency = 100.0, 2.0
+    # 400 tokens (before any spread is learnt, the long draw is the estimate) take 4 s at the
+    # target's rate: not before twice that
+    assert not hedge_pays(7.0, 400, 4000, wedged, good, m)
+    assert hedge_pays(9.0, 400, 4000, wedged, good, m)
+    good.seq_rate = None  # only a latency known: three of them
+    assert not hedge_pays(5.0, 200, 4000, wedged, good, m)
+    assert hedge_pays(7.0, 200, 4000, wedged, good, m)
+    good.latency = None  # nothing measured anywhere: a minute
+    assert not hedge_pays(BLIND_HEDGE_S - 1, 200, 4000, wedged, good, m)
+    assert hedge_pays(BLIND_HEDGE_S + 1, 200, 4000, wedged, good, m)
 
 
 def test_a_request_past_its_estimate_is_expected_to_run_on() -> None:

@@ -38,9 +38,42 @@ def user(text: str) -> Message:
     return Message(role="user", content=text)
 
 
-def test_explicit_limit_wins_and_unknown_context_falls_back() -> None:
-    assert OutputLimit(100, endpoint(), None).limit([user("x" * 50_000)]) == 100
+def test_explicit_limit_that_fits_wins_and_unknown_context_falls_back() -> None:
+    lim = OutputLimit(100, endpoint(), None)
+    assert lim.limit([user("x" * 5_000)]) == 100 and not lim.clamped
+    assert OutputLimit(100, endpoint(None), None).limit([user("x" * 50_000)]) == 100
     assert OutputLimit(None, endpoint(None), None).limit([user("hi")]) == FALLBACK_MAX_TOKENS
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    context=st.integers(min_value=64, max_value=200_000),
+    explicit=st.integers(min_value=1, max_value=300_000),
+    prompt_bytes=st.integers(min_value=0, max_value=400_000),
+    tokens_per_byte=st.one_of(st.none(), st.floats(min_value=0.05, max_value=1.0)),
+    strict=st.booleans(),
+)
+def test_an_explicit_limit_is_clamped_to_the_room_the_context_leaves(
+    context: int, explicit: int, prompt_bytes: int, tokens_per_byte: float | None, strict: bool
+) -> None:
+    """Any context, limit and prompt: a limit that does not fit is lowered to the room the
+    estimated prompt leaves (never below MIN_LIMIT, never above the configured one) and says
+    so; one that fits, or any with ``strict``, is sent as configured."""
+    ep = endpoint(context)
+    ep.tokens_per_byte = tokens_per_byte
+    msgs = [user("x" * prompt_bytes)]
+    lim = OutputLimit(explicit, ep, None, strict=strict)
+    got = lim.limit(msgs)
+    room = lim.room(msgs)
+    assert room is not None
+    est = estimate_tokens(msgs, None, tokens_per_byte or 0.5)
+    assert room == context - est - 1
+    if strict or explicit <= room:
+        assert got == explicit and not lim.clamped
+    else:
+        assert got == min(explicit, max(MIN_LIMIT, room)) <= explicit
+        assert lim.clamped == (got < explicit)  # a limit below MIN_LIMIT is not lowered
+        assert got <= MIN_LIMIT or est + got < context  # it fits (SGLang: strictly below)
 
 
 def test_default_fills_the_context_minus_the_prompt() -> None:
@@ -138,9 +171,20 @@ async def test_context_length_answer_to_a_computed_limit_shrinks_and_retries() -
     assert [b["max_tokens"] for b in client.bodies] == [8000, 2000]
 
 
-async def test_context_length_with_an_explicit_limit_is_the_prompts_failure() -> None:
+async def test_context_length_with_a_strict_limit_is_the_prompts_failure() -> None:
     client = FakeClient(fail={1: ErrorClass.context_length})
-    lim = OutputLimit(8000, endpoint(8192, client), None)
+    lim = OutputLimit(8000, endpoint(8192, client), None, strict=True)
     with pytest.raises(RequestError):
         await lim.send({"messages": [{"role": "user", "content": "q"}], "max_tokens": 8000})
     assert len(client.bodies) == 1
+
+
+async def test_context_length_answer_to_an_explicit_limit_shrinks_unless_strict() -> None:
+    """The server knows the context better than an estimate (or than nothing, when the
+    context is unknown): its too-long answer to a configured limit lowers it, counted."""
+    client = FakeClient(fail={1: ErrorClass.context_length})
+    lim = OutputLimit(8000, endpoint(None, client), None)
+    assert lim.limit([user("q")]) == 8000 and not lim.clamped
+    body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 8000}
+    turns, sent = await lim.send(body)
+    assert turns and sent["max_tokens"] == 2000 and lim.clamped

@@ -196,6 +196,24 @@ def test_sglang_token_ids_on_choice() -> None:
     assert turn.output_token_ids == [7, 8, 151645]
 
 
+def test_sglang_05_response_token_ids_per_choice() -> None:
+    """SGLang 0.5.23 answers return_token_ids/return_prompt_token_ids with per-choice
+    ``prompt_token_ids`` and ``response_token_ids`` (not ``token_ids``)."""
+    body = sglang_body(prompt_token_ids=[1, 2, 3], response_token_ids=[7, 8, 151645])
+    (turn,) = parse_chat_response(body)
+    assert turn.prompt_token_ids == [1, 2, 3]
+    assert turn.output_token_ids == [7, 8, 151645]
+    raw = msgspec.json.encode(body)
+    (fast,) = decode_chat_response(raw)
+    assert fast.output_token_ids == [7, 8, 151645]
+    two = sglang_body(prompt_token_ids=[1], response_token_ids=[5])
+    second = {**two["choices"][0], "index": 1, "response_token_ids": [6, 9]}
+    two["choices"].append(second)
+    turns = parse_chat_response(two)
+    assert [t.output_token_ids for t in turns] == [[5], [6, 9]]
+    assert [t.usage.completion_tokens for t in turns] == [1, 2]  # each choice's own ids
+
+
 def test_sglang_meta_info_token_ids() -> None:
     body = sglang_body(meta_info={"prompt_token_ids": [1], "output_ids": [5, 6]})
     (turn,) = parse_chat_response(body)

@@ -49,6 +49,7 @@ def _config(existing: Path, added: Path, out: Path, **kw: Any) -> MergeConfig:
         "out": str(out),
         "eval_fraction": 0.05,
         "shard_rows": 700,
+        "allow_drop": True,  # the expansion's agent rows bound the mix: most code is dropped
     }
     base.update(kw)
     return MergeConfig(**base)
@@ -82,7 +83,7 @@ def test_same_inputs_and_seed_give_byte_identical_output(
 def test_mix_lands_within_one_point_and_the_report_has_the_agreed_shape(
     skewed: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    s = merge(_config(*skewed, tmp_path / "out"))
+    s = merge(_config(*skewed, tmp_path / "out", mix_by="rows"))
     report = json.loads((tmp_path / "out" / "merge_report.json").read_text())
     assert report == s.report
     for key in ("format", "version", "target", "before", "after", "inputs", "dropped", "seed"):
@@ -115,20 +116,36 @@ def test_eval_split_has_the_requested_size_and_no_row_in_both(
     assert len(evals) == s.eval_rows and not train & evals
 
 
-def test_unreachable_mix_is_reported_with_the_closest_mix(
-    skewed: tuple[Path, Path], tmp_path: Path
+def test_a_mix_domain_left_without_rows_by_dedup_is_reported_with_the_closest_mix(
+    tmp_path: Path,
 ) -> None:
-    existing, _ = skewed
-    s = merge(MergeConfig(existing=[str(existing)], mix=MIX, out=str(tmp_path / "o"), tolerance=0))
-    assert not s.reachable
-    assert s.report["missing"] == ["agent", "tool"]
-    msg = s.message or ""
-    assert msg.startswith("cannot reach the mix")
-    assert "tool (target 10.0%)" in msg and "agent (target 5.0%)" in msg
-    # the closest mix keeps code:math:general at 35:20:30
-    achieved = s.report["achieved"]
-    assert achieved["code"] == pytest.approx(35 / 85, abs=0.002)
-    assert achieved["math"] == pytest.approx(20 / 85, abs=0.002)
+    """The inputs hold tool rows, but every one repeats an existing row's content: the mix
+    cannot be reached; the other domains keep their ratios and the report says why."""
+    existing = token_samples(
+        tmp_path / "ex", {"code": 300, "math": 100, "general": 100}, prefix="e"
+    )
+    copies = token_samples(tmp_path / "dup", {"tool": 40}, prefix="d", content_from=0)
+    mix = {"code": 0.35, "math": 0.2, "general": 0.3, "tool": 0.15}
+    for mix_by in ("rows", "tokens"):
+        s = merge(
+            MergeConfig(
+                existing=[str(existing)],
+                add=[str(copies)],
+                mix=mix,
+                out=str(tmp_path / mix_by),
+                tolerance=0.01,
+                mix_by=mix_by,
+                allow_drop=True,
+            )
+        )
+        assert not s.reachable
+        assert s.report["missing"] == ["tool"]
+        msg = s.message or ""
+        assert msg.startswith("cannot reach the mix") and "tool (target 15.0%)" in msg
+        # the closest mix keeps code:math:general at 35:20:30 (in the mix's unit)
+        achieved = s.report["achieved"]
+        assert achieved["code"] == pytest.approx(35 / 85, abs=0.0101)
+        assert achieved["math"] == pytest.approx(20 / 85, abs=0.0101)
 
 
 def test_dedup_across_inputs_by_id_and_by_content(tmp_path: Path) -> None:
@@ -269,6 +286,8 @@ def test_upsample_repeats_train_rows_only(tmp_path: Path) -> None:
             max_repeat=3,
             tolerance=0,
             eval_fraction=0.05,
+            mix_by="rows",
+            allow_drop=True,
         )
     )
     train = _rows(tmp_path / "o" / "train")
@@ -294,6 +313,7 @@ def test_unnamed_domains_are_dropped_or_pooled_into_other(tmp_path: Path) -> Non
             out=str(tmp_path / "b"),
             tolerance=0,
             eval_fraction=0,
+            mix_by="rows",
         )
     )
     after = pooled.report["after"]["train"]
@@ -324,33 +344,21 @@ def test_refusals(skewed: tuple[Path, Path], tmp_path: Path) -> None:
     assert not (tmp_path / "m").exists() and not (tmp_path / "s").exists()
 
 
-def test_cli_prints_the_mix_table_and_the_warning(
+def test_cli_prints_the_plan_and_the_mix_tables(
     skewed: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from draftdata.cli import main
 
     existing, added = skewed
     out = tmp_path / "cli"
+    args = ["merge", "--existing", str(existing), "--add", str(added), "--out", str(out)]
     with pytest.raises(SystemExit) as ok:
-        main(
-            [
-                "merge",
-                "--existing",
-                str(existing),
-                "--add",
-                str(added),
-                "--mix",
-                "code=0.35,math=0.2,general=0.3,tool=0.1,chess=0.05",
-                "--out",
-                str(out),
-                "--seed",
-                "3",
-            ]
-        )
+        main([*args, "--mix", "code=0.4,math=0.3,general=0.3", "--seed", "3", "--allow-drop"])
     assert ok.value.code == 0
     text = capsys.readouterr().out
-    assert "domain mix (before / target / after)" in text
-    assert "cannot reach the mix" in text and "chess" in text
+    # the plan comes first, then the result
+    assert text.index("plan (loss tokens)") < text.index("domain mix (before / target / after)")
+    assert "loss tokens (before / target / after; exact)" in text
     assert json.loads((out / "merge_report.json").read_text())["seed"] == 3
     with pytest.raises(SystemExit) as exc:
         main(["merge", "--existing", str(existing), "--out", str(out), "-q"])
@@ -360,7 +368,10 @@ def test_cli_prints_the_mix_table_and_the_warning(
 
 def test_nothing_to_keep_still_writes_a_loadable_empty_train_split(tmp_path: Path) -> None:
     src = token_samples(tmp_path / "in", {"code": 10}, prefix="z")
-    s = merge(MergeConfig(existing=[str(src)], mix={"math": 1}, out=str(tmp_path / "o")))
+    same = token_samples(tmp_path / "dup", {"math": 10}, prefix="m", content_from=0)
+    s = merge(
+        MergeConfig(existing=[str(src)], add=[str(same)], mix={"math": 1}, out=str(tmp_path / "o"))
+    )
     assert s.train_rows == 0 and s.report["message"].startswith("cannot reach the mix")
     assert pq.read_table(tmp_path / "o" / "train" / "part-00000.parquet").num_rows == 0
 

@@ -236,3 +236,32 @@ def test_cli_write_samples(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["prepare", "--write-samples", str(tmp_path / "s")])
     assert res.exit_code == 0, res.output
     assert len(list((tmp_path / "s").iterdir())) == 6
+
+
+def test_a_row_id_that_ends_like_a_derived_id_is_rejected_with_its_reason(tmp_path: Path) -> None:
+    """Issue 24: a source row with id ``x#1`` would become prompt ``src/x#1``, which collides
+    with turn 1 of prompt ``src/x`` in tokenize and export; other ``#`` are kept."""
+    src = tmp_path / "src.jsonl"
+    rows = [
+        ("x", "What is 2 + 2?"),
+        ("x#1", "Name a prime number."),
+        ("x#s2", "Name a colour."),
+        ("x#blue", "Name a fruit."),
+    ]
+    src.write_text(
+        "".join(
+            json.dumps({"id": rid, "conversations": [{"from": "human", "value": text}]}) + "\n"
+            for rid, text in rows
+        )
+    )
+    out = tmp_path / "out"
+    cfg = PrepareConfig(
+        sources=[SourceConfig(name="src", schema="sharegpt", path=str(src), domain="general")],
+        out=str(out),
+    )
+    result = prepare(cfg)
+    ids = {parse_prompt(raw).id for n, raw in iter_prompt_lines(result.shards[0])}
+    assert ids == {"src/x", "src/x#blue"}
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert sorted(r["reason"] for r in rejects) == ["derived_id", "derived_id"]
+    assert all("#<turn>" in r["detail"] for r in rejects)

@@ -19,6 +19,7 @@ MERGE_REPORT = {
 
 PLOT_IDS = {
     "domain-mix",
+    "domain-mix-tokens",
     "output-length",
     "tokens-per-domain",
     "finish-reasons",

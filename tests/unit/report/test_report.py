@@ -123,7 +123,12 @@ def test_merged_without_report_uses_compared_inputs(tmp_path: Path) -> None:
     text = out.read_text()
     assert "existing.jsonl (conversations)" in text and "merged (conversations)" in text
     # no run: finish reasons, failures and throughput are notes, not empty charts
-    assert set(page.plots) == {"domain-mix", "output-length", "tokens-per-domain"}
+    assert set(page.plots) == {
+        "domain-mix",
+        "domain-mix-tokens",
+        "output-length",
+        "tokens-per-domain",
+    }
     assert text.count("no generate run in the inputs") == 3
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from draftdata.stats.runmetrics import headline, throughput_series
 
@@ -102,3 +104,34 @@ def test_variants_and_nothing_useful() -> None:
     assert headline([]) is None
     assert throughput_series([]) == {}
     assert throughput_series([{"writer": "w", "time": 5.0, "elapsed_s": 0.0}]) == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.integers(0, 500), min_size=2, max_size=40),
+    stale=st.lists(st.tuples(st.integers(0, 39), st.floats(0.01, 0.9)), max_size=6),
+)
+def test_the_series_integrates_to_the_tokens_whatever_stale_readings_come_between(
+    steps: list[int], stale: list[tuple[int, float]]
+) -> None:
+    """A cumulative counter read at times that drift (a snapshot's endpoint row, timed by its
+    own clock, may land after a later series entry) must never count a token twice: a reading
+    lower than one already seen is stale, not a restart of the count."""
+    totals = [sum(steps[: k + 1]) for k in range(len(steps))]
+    series: list[list[Any]] = [[float(k + 1), k, v, {E1: v}] for k, v in enumerate(totals)]
+    for k, frac in stale:  # an older (lower) reading placed just after a newer one
+        if 0 < k < len(totals):
+            series.append([k + 1 + frac, k, totals[k - 1], {E1: totals[k - 1]}])
+    snap = {
+        "writer": "w",
+        "kind": "progress",
+        "time": 1000.0 + len(steps),
+        "elapsed_s": float(len(steps)),
+        "endpoints": {E1: {"output_tokens": totals[-1]}},
+        "series": series,
+    }
+    points = throughput_series([snap]).get(E1, [])
+    if totals[-1] == 0:
+        return
+    width = points[1][0] - points[0][0] if len(points) > 1 else 2 * points[0][0]
+    assert sum(r for _, r in points) * width == pytest.approx(totals[-1], rel=1e-3, abs=0.5)

@@ -7,6 +7,7 @@ TTLs keep each test under a couple of seconds.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -16,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from draftdata.errors import ConfigError, LeaseHeldError, LeaseLostError, RunMismatchError
-from draftdata.store.lease import LEASE_PREFIX, _node, acquire, scope_of
+from draftdata.store.lease import (
+    LEASE_PREFIX,
+    _node,
+    acquire,
+    live_writer,
+    refuse_live_writer,
+    scope_of,
+)
 from draftdata.store.run import Run
 from draftdata.store.store import LocalStore
 
@@ -165,3 +173,44 @@ def test_run_open_takes_the_lease_and_refuses_a_foreign_prefix_first(tmp_path: P
     with pytest.raises(ConfigError):
         acquire(LocalStore(tmp_path / "x"), ttl=0)
     assert "|" in _node() or _node()
+
+
+def test_live_writer_sees_every_scope_and_judges_holders_like_acquire(tmp_path: Path) -> None:
+    """Readers ask ``live_writer``: a holder here is seen at once (whole run or a partition),
+    a released one is not; a foreign one is live while it heartbeats and not once silent for
+    its ttl (readers refuse a moving run, issue 24)."""
+    store = _store(tmp_path)
+    assert live_writer(store) is None  # no lease at all
+    for scope in ("run", "part-1-of-2"):
+        lease = acquire(store, scope, ttl=5)
+        t0 = time.monotonic()
+        holder = live_writer(store)
+        assert holder is not None and f"pid {os.getpid()}" in holder
+        assert time.monotonic() - t0 < 1.0
+        with pytest.raises(LeaseHeldError, match="generate is still writing this run"):
+            refuse_live_writer(store, "tokenize")
+        lease.release()
+        assert live_writer(store) is None
+    other = _store(tmp_path / "other")
+    claim = {"host": "elsewhere", "node": "elsewhere|x", "pid": 1, "since": 0, "ttl": 0.6}
+    other.put_new(f"{LEASE_PREFIX}scopes/run", b"{}")
+    other.put_new(f"{LEASE_PREFIX}run/00000001/claim", json.dumps(claim).encode())
+    t0 = time.monotonic()
+    assert live_writer(other) is None  # silent for its ttl: dead
+    assert 0.6 <= time.monotonic() - t0 < 3.0
+    stop = threading.Event()
+
+    def beat() -> None:
+        n = 0
+        while not stop.wait(0.1):
+            n += 1
+            other.put_new(f"{LEASE_PREFIX}run/00000001/hb-{n:08d}", b'{"time": 0}')
+
+    t = threading.Thread(target=beat, daemon=True)
+    t.start()
+    try:
+        holder = live_writer(other)
+        assert holder is not None and "host elsewhere, pid 1" in holder
+    finally:
+        stop.set()
+        t.join()

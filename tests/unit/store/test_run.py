@@ -66,7 +66,8 @@ def test_flush_seconds_with_injected_clock(tmp_path: Path) -> None:
 
 def test_config_change_refused_then_recorded(tmp_path: Path) -> None:
     url = str(tmp_path)
-    Run.open(url, settings=SETTINGS).close()
+    with Run.open(url, settings=SETTINGS) as run:
+        run.add_completion(completion(1))
     changed = {**SETTINGS, "sampling": {"temperature": 0.7}}
     with pytest.raises(RunMismatchError, match=r"sampling\.temperature: 0\.6 -> 0\.7"):
         Run.open(url, settings=changed)
@@ -194,9 +195,9 @@ def test_buffered_never_dips_while_a_flush_encodes(
         seen: list[int] = []
         real_bytes = run_module.parquet_bytes
 
-        def observing(table: object) -> bytes:
+        def observing(table: object, **options: bool) -> bytes:
             seen.append(run.buffered)  # read mid-flush, as the engine's thread would
-            return real_bytes(table)
+            return real_bytes(table, **options)  # type: ignore[arg-type]
 
         def down(self: LocalStore, key: str, data: bytes) -> None:
             raise TransientStoreError("store down")
@@ -221,3 +222,61 @@ def test_buffered_never_dips_while_a_flush_encodes(
         assert run.flush() == added  # the store is back: everything commits once
         assert run.buffered == 0
         run.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    failed=st.lists(st.sampled_from(["context_length", "invalid_request", "timeout"]), max_size=6),
+    completed=st.integers(min_value=0, max_value=3),
+    allow=st.booleans(),
+)
+def test_a_change_of_settings_retries_the_fatal_failures_once(
+    failed: list[str], completed: int, allow: bool
+) -> None:
+    """Fatal failures answer the settings they were sent with. A run without a completion takes
+    new settings (nothing committed disagrees with them); one with completions only with
+    ``allow_config_change``. Either way the open that records the change retries the run's
+    fatal failures (a limit that did not fit fails nothing under a smaller one); the next open
+    with the same settings does not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        url = str(Path(tmp) / "run")
+        with Run.open(url, settings=SETTINGS) as run:
+            for i in range(completed):
+                run.add_completion(completion(f"c{i}"))
+            for i, reason in enumerate(failed):
+                run.add_failure(failure(f"f{i}", reason=reason))
+        fatal = {f"f{i}" for i, r in enumerate(failed) if r != "timeout"}
+        changed = {**SETTINGS, "max_tokens": 4096}
+        if completed and not allow:
+            with pytest.raises(RunMismatchError, match="max_tokens: \\(unset\\) -> 4096"):
+                Run.open(url, settings=changed)
+            return
+        with Run.open(url, settings=changed, allow_config_change=allow) as again:
+            assert again.changes == ["max_tokens: (unset) -> 4096"]
+            assert not any(again.is_done(i) for i in fatal)
+            assert all(again.is_done(f"c{i}") for i in range(completed))
+        with Run.open(url, settings=changed) as third:
+            assert third.changes == []
+            assert all(third.is_done(i) for i in fatal)
+
+
+def test_a_deferred_manifest_is_written_with_the_first_shard(tmp_path: Path) -> None:
+    """Nothing is recorded before the first commit: no manifest, no metrics; ``settle``
+    completes the settings until then; a second writer with other settings is refused."""
+    url = str(tmp_path / "run")
+    run = Run.open(url, settings=SETTINGS, defer_manifest=True, writer_id="w1")
+    assert run.write_metrics({"done": 0}) is None
+    run.close()
+    assert not (tmp_path / "run" / "manifest.json").exists()
+    run = Run.open(url, settings=SETTINGS, defer_manifest=True, writer_id="w2")
+    run.settle(model="served")
+    other = Run.open(url, settings=SETTINGS, defer_manifest=True, writer_id="w3")
+    run.add_completion(completion(1))
+    run.close()
+    assert read_manifest(url)["settings"] == {**SETTINGS, "model": "served"}
+    run.settle(model="late")  # written: the run is what it recorded
+    assert read_manifest(url)["settings"]["model"] == "served"
+    other.add_completion(completion(2))
+    with pytest.raises(RunMismatchError, match="other settings"):
+        other.flush()
+    assert [c.id for c in iter_completions(url)] == ["p1"]

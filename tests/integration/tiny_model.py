@@ -1,12 +1,13 @@
-"""Write a tiny random-weight Qwen3 model beside a tokenizer folder (run with the vLLM python).
+"""Write a tiny random-weight Qwen3 model beside a tokenizer folder (run with an engine's python).
 
-    "$(scripts/env_path.sh vllm)"/bin/python tests/integration/vllm/tiny_model.py MODEL_DIR
+    ENGINE_PYTHON -P tests/integration/tiny_model.py MODEL_DIR   (-P: its folder holds tokenize/)
 
 MODEL_DIR must already hold the tokenizer files (tokenizer.json, tokenizer_config.json); this
 script adds config.json, generation_config.json and model.safetensors sized to that tokenizer.
-It imports torch and transformers, which live in the vLLM environment, not in draftdata's; it
-downloads nothing. Hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 32 (CPU attention supports
-head_dim 32): about 0.5 MB of weights, enough for vLLM to serve real (random) tokens.
+It imports torch and transformers, which live in the engines' environments (vLLM, SGLang), not
+in draftdata's; it downloads nothing. Hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 32 (CPU
+attention supports head_dim 32): about 0.5 MB of weights, enough for an engine to serve real
+(random) tokens.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Measuring the current drafter on speculative servers, per domain (``draftdata acceptance``)."""

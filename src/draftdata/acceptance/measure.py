@@ -1,0 +1,262 @@
+"""Running prompts on speculative servers and attributing what the drafter got right to domains.
+
+Each server is probed first (``probe_spec``): SGLang reports its speculative algorithm in
+``/server_info`` and gives per-request figures (``return_spec_tokens_details``); vLLM exposes
+``vllm:spec_decode_*`` counters in ``/metrics``. A server with neither does not decode
+speculatively and is refused in one line.
+
+Attribution: per-request figures (SGLang) are added to the request's domain directly, so any
+schedule works. Counters (vLLM) are global to the server, so the measurement isolates domains in
+time: the prompts are cut into *chunks* of one domain each, every server works on one chunk at a
+time (many requests at once, all of the chunk's domain), reads its counters before sending the
+chunk and after its last answer, and adds the difference to that domain. Nothing else is sent
+to a server meanwhile; the server's own generated-token counter is compared with the tokens the
+chunk's answers report, and a difference (another client on the same server) is a warning that
+names the server and the domain. Chunks of different domains run on different servers at once.
+
+A request that fails for a server fault is retried (three attempts); a chunk whose server dies
+goes back to the queue for the others, and its counts are thrown away (no partial chunk is
+attributed). A prompt that fails for its own reason (too long) is counted as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from draftdata.endpoints import base_url, parse_prometheus, probe_capacity
+from draftdata.errors import FleetError
+from draftdata.generate.client import EndpointClient, RequestError
+from draftdata.speculation import SpecCounts, from_sglang, from_vllm_metrics
+
+Log = Callable[[str], None]
+ATTEMPTS = 3
+GENERATED = "vllm:generation_tokens_total"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request to send: a prompt's first request, already a chat body but for the model."""
+
+    id: str
+    domain: str
+    body: dict[str, Any]
+
+
+@dataclass
+class SpecServer:
+    """A server that decodes speculatively, and how its figures are read."""
+
+    url: str
+    engine: str
+    model: str | None
+    per_request: bool  # SGLang's per-request details; else vLLM's global counters
+    capacity: int | None
+    client: EndpointClient = field(repr=False)
+
+
+@dataclass
+class DomainTally:
+    """What one domain has accrued so far."""
+
+    counts: SpecCounts = field(default_factory=SpecCounts)
+    prompts: int = 0
+    failed: int = 0
+    output_tokens: int = 0
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str] | None:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            return resp.status, await resp.text()
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        return None
+
+
+async def read_counters(
+    session: aiohttp.ClientSession, url: str
+) -> tuple[SpecCounts, float] | None:
+    """vLLM's spec-decode counters and its generated-token counter, or None."""
+    got = await _get(session, base_url(url) + "/metrics")
+    if got is None or got[0] != 200:
+        return None
+    counts = from_vllm_metrics(got[1])
+    if counts is None:
+        return None
+    return counts, parse_prometheus(got[1]).get(GENERATED, 0.0)
+
+
+async def probe_spec(
+    session: aiohttp.ClientSession, client: EndpointClient, warmup: dict[str, Any]
+) -> SpecServer:
+    """Find out whether ``client``'s server decodes speculatively; FleetError (one line) when
+    it does not answer or does not. ``warmup`` is a tiny request body: vLLM may list its
+    counters only after its first speculative step."""
+    url = client.base_url
+    cap = await probe_capacity(session, url)
+    if cap is None:
+        raise FleetError(f"acceptance: {url} does not answer (/v1/models)")
+    if cap.engine == "sglang":
+        got = await _get(session, url + "/server_info")
+        info: Any = None
+        if got is not None and got[0] == 200:
+            import msgspec
+
+            try:
+                info = msgspec.json.decode(got[1])
+            except msgspec.DecodeError:
+                info = None
+        algo = info.get("speculative_algorithm") if isinstance(info, dict) else None
+        if not algo:
+            raise FleetError(
+                f"acceptance: {url} (SGLang) does not decode speculatively "
+                "(/server_info speculative_algorithm is null); start it with a draft model, "
+                "e.g. --speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFTER"
+            )
+        return SpecServer(url, "sglang", cap.model, True, cap.max_running, client)
+    if await read_counters(session, url) is None:
+        body = {**warmup, "model": cap.model} if cap.model else dict(warmup)
+        try:
+            await client.chat_json(body)
+        except RequestError as exc:
+            raise FleetError(f"acceptance: {url} does not serve a chat request ({exc})") from exc
+        if await read_counters(session, url) is None:
+            raise FleetError(
+                f"acceptance: {url} does not decode speculatively (no vllm:spec_decode_* "
+                "counters in /metrics); start vLLM with --speculative-config, e.g. "
+                '\'{"method": "eagle3", "model": DRAFTER, "num_speculative_tokens": 3}\''
+            )
+    return SpecServer(url, cap.engine, cap.model, False, cap.max_running, client)
+
+
+def chunks(jobs: list[Job], size: int) -> list[list[Job]]:
+    """The jobs cut into chunks of one domain each, the domains taking turns (so servers work
+    on different domains at once), each domain's prompts in their given order."""
+    by_domain: dict[str, list[Job]] = collections.defaultdict(list)
+    for job in jobs:
+        by_domain[job.domain].append(job)
+    per_domain = {
+        d: [js[i : i + size] for i in range(0, len(js), size)] for d, js in by_domain.items()
+    }
+    out: list[list[Job]] = []
+    rounds = max((len(c) for c in per_domain.values()), default=0)
+    for r in range(rounds):
+        for d in sorted(per_domain):
+            if r < len(per_domain[d]):
+                out.append(per_domain[d][r])
+    return out
+
+
+class Measurement:
+    """The measurement over a set of servers (module docstring); ``run`` returns the tallies."""
+
+    def __init__(
+        self,
+        servers: list[SpecServer],
+        session: aiohttp.ClientSession,
+        *,
+        concurrency: int | None,
+        log: Log,
+    ) -> None:
+        self.servers = servers
+        self.session = session
+        self.concurrency = concurrency
+        self.log = log
+        self.tallies: dict[str, DomainTally] = collections.defaultdict(DomainTally)
+        self.warnings: list[str] = []
+        self.queue: collections.deque[list[Job]] = collections.deque()
+        self.done_jobs = 0
+        self.total_jobs = 0
+
+    def width(self, server: SpecServer) -> int:
+        """Requests in flight on ``server`` at once."""
+        cap = server.capacity or 16
+        return max(1, min(cap, self.concurrency) if self.concurrency else min(cap, 64))
+
+    async def run(self, chunk_list: list[list[Job]]) -> dict[str, DomainTally]:
+        """Measure every chunk; raise FleetError when no server is left to take the rest."""
+        self.queue.extend(chunk_list)
+        self.total_jobs = sum(len(c) for c in chunk_list)
+        await asyncio.gather(*(self._worker(s) for s in self.servers))
+        if self.queue:
+            left = sum(len(c) for c in self.queue)
+            raise FleetError(f"acceptance: every server failed; {left} prompt(s) were not measured")
+        return dict(self.tallies)
+
+    async def _worker(self, server: SpecServer) -> None:
+        while self.queue:
+            chunk = self.queue.popleft()
+            try:
+                await self._chunk(server, chunk)
+            except _ServerDown as exc:
+                self.queue.appendleft(chunk)
+                self.log(f"acceptance: {server.url} taken out ({exc}); its chunk goes elsewhere")
+                return
+
+    async def _chunk(self, server: SpecServer, chunk: list[Job]) -> None:
+        domain = chunk[0].domain
+        before = None
+        if not server.per_request:
+            before = await read_counters(self.session, server.url)
+            if before is None:
+                raise _ServerDown("its /metrics counters cannot be read")
+        sem = asyncio.Semaphore(self.width(server))
+        results = await asyncio.gather(*(self._one(server, job, sem) for job in chunk))
+        tally = DomainTally()
+        for answered, tokens, counts in results:
+            if answered:
+                tally.prompts += 1
+                tally.output_tokens += tokens
+                if counts is not None:
+                    tally.counts = tally.counts.plus(counts)
+            else:
+                tally.failed += 1
+        if before is not None:
+            after = await read_counters(self.session, server.url)
+            if after is None:
+                raise _ServerDown("its /metrics counters cannot be read")
+            tally.counts = after[0].minus(before[0])
+            generated = after[1] - before[1]
+            if generated and abs(generated - tally.output_tokens) > max(8, 0.01 * generated):
+                self.warnings.append(
+                    f"{server.url}: generated {generated:,.0f} tokens while measuring {domain} "
+                    f"but its answers hold {tally.output_tokens:,}: another client used the "
+                    "server, so this domain's counts are mixed"
+                )
+        total = self.tallies[domain]
+        total.counts = total.counts.plus(tally.counts)
+        total.prompts += tally.prompts
+        total.failed += tally.failed
+        total.output_tokens += tally.output_tokens
+        self.done_jobs += len(chunk)
+
+    async def _one(
+        self, server: SpecServer, job: Job, sem: asyncio.Semaphore
+    ) -> tuple[bool, int, SpecCounts | None]:
+        body = {**job.body, "model": server.model} if server.model else dict(job.body)
+        if server.per_request:
+            body["return_spec_tokens_details"] = True
+        async with sem:
+            for attempt in range(ATTEMPTS):
+                try:
+                    answer = await server.client.chat_json(body)
+                except RequestError as exc:
+                    if exc.fatal:
+                        return False, 0, None
+                    if attempt == ATTEMPTS - 1:
+                        raise _ServerDown(str(exc)) from exc
+                    await asyncio.sleep(0.5 * 2**attempt)
+                    continue
+                usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
+                tokens = int((usage or {}).get("completion_tokens") or 0)
+                return True, tokens, from_sglang(answer) if server.per_request else None
+        return False, 0, None  # unreachable: the loop returns or raises
+
+
+class _ServerDown(Exception):
+    """A server stopped answering during a chunk."""

@@ -1,0 +1,235 @@
+"""``measure_acceptance(config) -> Acceptance``: where the current drafter is weak, per domain.
+
+The fleet that generates the data can also run the current drafter: SGLang with a draft model
+(EAGLE-3, DFlash), vLLM with ``--speculative-config``. This stage sends an evaluation set of
+prompts (a prompts JSONL or prepare's folder, each prompt's first request as generate would send
+it) to such servers and reports, per domain, how often the drafter's tokens are accepted
+(``measure.py`` says how the counts are attributed). With ``out`` it writes ``acceptance.json``
+and ``suggested_mix.json`` (``result.py``: the mix rule) create-only, local or on S3.
+
+It generates no training data and writes no run: its answers are thrown away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as dt
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import msgspec
+
+from draftdata.acceptance.measure import Job, Measurement, SpecServer, chunks, probe_spec
+from draftdata.conversation import TurnPlan
+from draftdata.endpoints import base_url
+from draftdata.errors import AlreadyExistsError, ConfigError, InputError
+from draftdata.fleetspec import read_fleet
+from draftdata.generate.client import EndpointClient, build_body
+from draftdata.generate.config import Reasoning, Sampling
+from draftdata.generate.source import prompt_files
+from draftdata.records import parse_prompt
+from draftdata.speculation import (
+    ACCEPTANCE_FILE,
+    DEFAULT_MIN_SHARE,
+    MIX_FILE,
+    Acceptance,
+    DomainAcceptance,
+    mix_document,
+    suggest_mix,
+)
+from draftdata.store.prompts import iter_prompt_lines
+from draftdata.store.store import open_store
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class AcceptanceConfig:
+    """What to measure and how (every field but ``prompts`` and the servers has a default)."""
+
+    prompts: str
+    endpoints: tuple[str, ...] = ()
+    fleet: str | None = None
+    out: str | None = None
+    per_domain: int = 200
+    max_tokens: int = 512
+    temperature: float | None = None
+    seed: int | None = 0
+    reasoning: Reasoning = "server"
+    concurrency: int | None = None
+    chunk: int | None = None
+    api_key_env: str | None = None
+    min_share: float = DEFAULT_MIN_SHARE
+    domains: tuple[str, ...] = field(default_factory=tuple)
+
+
+def validate(config: AcceptanceConfig) -> None:
+    """One-line ConfigErrors for values that cannot work."""
+    if not config.endpoints and not config.fleet:
+        raise ConfigError("acceptance: give the servers with --endpoint URL ... or --fleet FILE")
+    if config.per_domain < 1:
+        raise ConfigError("acceptance: --per-domain must be at least 1")
+    if config.max_tokens < 1:
+        raise ConfigError("acceptance: --max-tokens must be at least 1")
+    if config.concurrency is not None and config.concurrency < 1:
+        raise ConfigError("acceptance: --concurrency must be at least 1")
+    if config.chunk is not None and config.chunk < 1:
+        raise ConfigError("acceptance: --chunk must be at least 1")
+    if not 0 <= config.min_share <= 1:
+        raise ConfigError("acceptance: --min-share must be in [0, 1]")
+    if config.reasoning not in ("on", "off", "server"):
+        raise ConfigError("acceptance: --reasoning must be on, off or server")
+
+
+def load_jobs(config: AcceptanceConfig, log: Log) -> list[Job]:
+    """Up to ``per_domain`` prompts of each domain, in file order, as first-request bodies;
+    lines that are not valid prompts are skipped and counted in one line."""
+    taken: dict[str, int] = collections.Counter()
+    wanted = set(config.domains)
+    sampling = Sampling(temperature=config.temperature, seed=config.seed)
+    jobs: list[Job] = []
+    bad = 0
+    for path in prompt_files(config.prompts):
+        for n, raw in iter_prompt_lines(path):
+            try:
+                prompt = parse_prompt(raw, f"{path}:{n}")
+            except InputError:
+                bad += 1
+                continue
+            domain = prompt.domain or "unknown"
+            if (wanted and domain not in wanted) or taken[domain] >= config.per_domain:
+                continue
+            plan = TurnPlan(prompt.messages)
+            if not len(plan):
+                bad += 1
+                continue
+            body = build_body(
+                plan.context(0, []),
+                tools=prompt.tools,
+                model="",
+                max_tokens=config.max_tokens,
+                sampling=sampling,
+                reasoning=config.reasoning,
+            )
+            body.pop("model")
+            jobs.append(Job(prompt.id, domain, body))
+            taken[domain] += 1
+    if bad:
+        log(f"acceptance: {bad} line(s) of {config.prompts} are not prompts and were skipped")
+    if not jobs:
+        raise InputError(f"acceptance: {config.prompts} holds no prompt to measure with")
+    missing = wanted - set(taken)
+    if missing:
+        raise InputError(
+            f"acceptance: no prompt of domain(s) {', '.join(sorted(missing))} in "
+            f"{config.prompts}; it holds {', '.join(sorted(taken))}"
+        )
+    return jobs
+
+
+def _urls(config: AcceptanceConfig) -> list[str]:
+    if config.fleet:
+        if not os.path.exists(config.fleet):
+            raise ConfigError(f"--fleet {config.fleet}: no such file")
+        return [base_url(e.url) for e in read_fleet(config.fleet).endpoints]
+    return list(dict.fromkeys(base_url(u) for u in config.endpoints))
+
+
+def _api_key(config: AcceptanceConfig) -> str | None:
+    if not config.api_key_env:
+        return None
+    value = os.environ.get(config.api_key_env)
+    if not value:
+        raise ConfigError(f"--api-key-env: ${config.api_key_env} is not set or empty")
+    return value
+
+
+async def _measure(
+    config: AcceptanceConfig, jobs: list[Job], log: Log
+) -> tuple[list[SpecServer], Measurement]:
+    key = _api_key(config)
+    clients = [EndpointClient(u, api_key=key) for u in _urls(config)]
+    warmup = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+    try:
+        async with aiohttp.ClientSession() as session:
+            servers = [await probe_spec(session, c, warmup) for c in clients]
+            models = {s.model for s in servers if s.model}
+            if len(models) > 1:
+                raise ConfigError(
+                    f"acceptance: the servers serve different models ({', '.join(sorted(models))})"
+                    "; measure one target's drafter at a time"
+                )
+            m = Measurement(servers, session, concurrency=config.concurrency, log=log)
+            size = config.chunk or max(4 * max(m.width(s) for s in servers), 8)
+            await m.run(chunks(jobs, size))
+            return servers, m
+    finally:
+        for c in clients:
+            await c.close()
+
+
+def measure_acceptance(config: AcceptanceConfig, log: Log | None = None) -> Acceptance:
+    """Measure, write ``acceptance.json`` and ``suggested_mix.json`` when ``out`` is given, and
+    return the measurement."""
+    say: Log = log or (lambda _line: None)
+    validate(config)
+    store = open_store(config.out) if config.out else None
+    if store is not None:
+        for name in (ACCEPTANCE_FILE, MIX_FILE):
+            if store.exists(name):
+                raise AlreadyExistsError(
+                    f"acceptance: {store.key_url(name)} exists; give another --out "
+                    "(a measurement is never overwritten)"
+                )
+    jobs = load_jobs(config, say)
+    servers, m = asyncio.run(_measure(config, jobs, say))
+    by_domain = {
+        d: DomainAcceptance.of(
+            t.counts, prompts=t.prompts, failed=t.failed, output_tokens=t.output_tokens
+        )
+        for d, t in sorted(m.tallies.items())
+    }
+    total_counts = None
+    for t in m.tallies.values():
+        total_counts = t.counts if total_counts is None else total_counts.plus(t.counts)
+    assert total_counts is not None
+    total = DomainAcceptance.of(
+        total_counts,
+        prompts=sum(t.prompts for t in m.tallies.values()),
+        failed=sum(t.failed for t in m.tallies.values()),
+        output_tokens=sum(t.output_tokens for t in m.tallies.values()),
+    )
+    result = Acceptance(
+        created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        model=next((s.model for s in servers if s.model), None),
+        endpoints=[
+            {
+                "url": s.url,
+                "engine": s.engine,
+                "figures": "per_request" if s.per_request else "counters",
+            }
+            for s in servers
+        ],
+        settings={
+            "prompts": config.prompts,
+            "per_domain": config.per_domain,
+            "max_tokens": config.max_tokens,
+            "temperature": config.temperature,
+            "seed": config.seed,
+            "reasoning": config.reasoning,
+        },
+        by_domain=by_domain,
+        total=total,
+        warnings=m.warnings,
+    )
+    for w in m.warnings:
+        say(f"warning: {w}")
+    if store is not None:
+        mix = suggest_mix({d: a.acceptance_rate for d, a in by_domain.items()}, config.min_share)
+        store.put_new(ACCEPTANCE_FILE, msgspec.json.format(msgspec.json.encode(result)) + b"\n")
+        doc = mix_document(mix, config.min_share, store.key_url(ACCEPTANCE_FILE))
+        store.put_new(MIX_FILE, msgspec.json.format(msgspec.json.encode(doc)) + b"\n")
+    return result

@@ -1,0 +1,61 @@
+"""`draftdata run check RUN [--quarantine]`: read every shard of a run; set unreadable ones aside.
+
+Parses the options, calls ``draftdata.store.check.check_run`` and prints one line per unreadable
+shard and what to do. Exit 0 when every shard reads (or every unreadable one is set aside now
+or was before), 1 when unreadable shards are left in the run.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from draftdata.cli.quiet import QUIET, quietable
+
+app = typer.Typer(help="Look after a generate run: check its shards.", no_args_is_help=True)
+
+
+@app.command("check")
+@quietable
+def _check(
+    run: str = typer.Argument(
+        ..., metavar="RUN_URL", help="The generate run: a folder or s3://BUCKET/PREFIX."
+    ),
+    quarantine: bool = typer.Option(
+        False,
+        "--quarantine",
+        help="Set every unreadable shard aside (a marker under quarantine/; nothing is "
+        "deleted): readers then leave it out and the same generate command generates its "
+        "prompts again.",
+    ),
+    quiet: bool = QUIET,
+) -> None:
+    """Read every completions and failures shard in full (pages, checksums, rows) and list
+    the ones that cannot be read."""
+    from draftdata import paths
+    from draftdata.store.check import check_run
+
+    paths.input_folder(run, "run check", "give a run (generate's --out)")
+    result = check_run(run, quarantine=quarantine)
+    typer.echo(
+        f"run check: {result.shards:,} shard(s) read in full, {result.rows:,} rows; "
+        f"{len(result.bad)} unreadable"
+        + (f"; {len(result.earlier)} set aside before (quarantine/)" if result.earlier else "")
+    )
+    for bad in result.bad:
+        rows = f"{bad.rows:,} rows" if bad.rows is not None else "rows unknown"
+        state = "set aside now" if bad.key in result.now else "unreadable"
+        typer.echo(f"  {bad.key} ({rows}): {state}: {bad.reason}")
+    if not result.bad:
+        return
+    if quarantine:
+        typer.echo(
+            f"run check: {len(result.now)} shard(s) set aside; run the same generate command "
+            "to generate their prompts again"
+        )
+        return
+    typer.echo(
+        f"error: {len(result.bad)} unreadable shard(s); set them aside with `draftdata run "
+        f"check {result.url} --quarantine`, then run the same generate command",
+        err=True,
+    )
+    raise typer.Exit(1)

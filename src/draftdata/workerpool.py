@@ -1,0 +1,137 @@
+"""Process pools whose workers end with their parent (``tokenize`` and ``merge`` ``--workers``).
+
+A bare ``ProcessPoolExecutor`` outlives a parent that dies: its spawned workers block on their
+queues for ever, and they and multiprocessing's resource tracker keep the parent's stdout and
+stderr open, so ``draftdata tokenize --workers 2 ... | tee log`` never returns after a SIGTERM;
+after a SIGINT the parent itself waits for every queued task before it exits. ``worker_pool``
+binds the workers to the process that started them:
+
+- In each worker: SIGINT is ignored (a Ctrl-C reaches the whole process group; the parent
+  decides); on Linux ``PR_SET_PDEATHSIG`` makes the kernel SIGKILL the worker when its parent
+  dies (kill -9 included); a thread polls the parent's pid every ``WATCH_S`` seconds as well
+  (other systems, a worker busy in C code when the signal came, and the moment between the
+  spawn and the ``prctl``).
+- In the parent, while the pool is open (main thread, and only where SIGINT and SIGTERM still
+  have Python's default handlers): SIGINT and SIGTERM SIGKILL the workers at once and raise
+  ``Interrupted``; a second signal while that unwinds ends the process at once
+  (``os._exit(128 + signal)``): the workers are already gone.
+- Leaving the pool by an exception (``Interrupted``, an error, a closed generator) kills the
+  workers instead of waiting for their queued tasks: what they write is create-only and a rerun
+  of the command redoes it. A normal exit waits for them as usual.
+
+The resource tracker needs nothing: it exits by itself once every process holding its pipe has
+gone. The workers are started by the thread that submits the first tasks (Python 3.11 spawns
+them on demand); ``PR_SET_PDEATHSIG`` follows that thread, so a pool is used by the thread that
+opened it, which outlives it (``with``).
+
+This module does not decide what a stage does with an interruption; the CLI prints it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from types import FrameType
+from typing import Any
+
+from draftdata.errors import Interrupted
+
+WATCH_S = 0.2  # how often a worker looks whether its parent is still there
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a worker: end this process when ``parent`` is gone (see the module docstring)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the prctl
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(WATCH_S)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="draftdata-parent-watch", daemon=True).start()
+
+
+def _bound_init(
+    parent: int, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]
+) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def kill_workers(pool: ProcessPoolExecutor) -> None:
+    """SIGKILL every worker process of ``pool`` (safe in a signal handler, idempotent)."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            proc.kill()
+
+
+_DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+
+
+@contextlib.contextmanager
+def _signals_kill(pool: ProcessPoolExecutor) -> Iterator[None]:
+    """While open: SIGINT/SIGTERM kill ``pool``'s workers and raise Interrupted (the first)
+    or end the process (any later one). Installed only in the main thread, and only over
+    Python's default handlers (a notebook's or Ray's own handlers are left alone)."""
+    if threading.current_thread() is not threading.main_thread() or any(
+        signal.getsignal(s) is not h for s, h in _DEFAULTS.items()
+    ):
+        yield
+        return
+    seen: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        kill_workers(pool)
+        if seen:
+            os._exit(128 + signum)
+        seen.append(signum)
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in _DEFAULTS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def worker_pool(
+    workers: int,
+    initializer: Callable[..., object] | None = None,
+    initargs: tuple[Any, ...] = (),
+) -> Iterator[ProcessPoolExecutor]:
+    """A ``ProcessPoolExecutor`` of ``workers`` spawned processes bound to this one (see the
+    module docstring); ``initializer(*initargs)`` runs in each worker first."""
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=get_context("spawn"),
+        initializer=_bound_init,
+        initargs=(os.getpid(), initializer, initargs),
+    )
+    with _signals_kill(pool):
+        try:
+            yield pool
+        except BaseException:
+            kill_workers(pool)
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)

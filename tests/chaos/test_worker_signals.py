@@ -1,0 +1,165 @@
+"""`tokenize --workers 2` and `merge --workers 2` stopped by a signal at a random moment: SIGTERM,
+SIGINT once or twice (to the process, or to its process group as a Ctrl-C does) and SIGKILL.
+Whatever the signal and the moment, every process of the command (the workers, the resource
+tracker) is gone within a bound, and a reader of its stdout gets EOF (``... | tee log`` returns).
+
+Real processes: the CLI in a new session, its descendants found with psutil by session id."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from draftdata.generate.config import GenerateConfig
+from draftdata.generate.stage import generate
+from draftdata.sim.run import SimConfig, SimFleet
+from draftdata.tokenize.train import ensure_demo_tokenizer
+
+pytestmark = pytest.mark.chaos
+
+CLI = "import sys; from draftdata.cli import main; main(sys.argv[1:])"
+EOF_WITHIN_S = 30.0  # from the signal to EOF on the command's stdout (a loaded 2-core box)
+GONE_WITHIN_S = 10.0  # from EOF to no process of the session left
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A run of 300 completions (for tokenize), its tokenizer, and 40,000 chat rows (merge)."""
+    root = tmp_path_factory.mktemp("signals")
+    tok = str(ensure_demo_tokenizer(root / "tok"))
+    prompts = root / "prompts.jsonl"
+    with prompts.open("w") as fh:
+        for i in range(300):
+            m = [{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}]
+            fh.write(json.dumps({"id": f"p{i:04d}", "messages": m}) + "\n")
+    sim = SimConfig(tokenizer=tok, time_scale=0, mean_output_tokens=120, tool_call_rate=0.0)
+    with SimFleet(1, sim) as fleet:
+        config = GenerateConfig(
+            prompts=str(prompts), endpoints=fleet.urls, out=str(root / "run"),
+            progress="off", max_tokens=240, flush_records=25,
+        )  # fmt: skip
+        generate(config, handle_signals=False, log=lambda _line: None)
+    chat = root / "chat.jsonl"
+    with chat.open("w") as fh:
+        for i in range(40_000):
+            conv = [
+                {"role": "user", "content": f"Write function {i} that sorts {i % 97} numbers."},
+                {"role": "assistant", "content": f"def f{i}(xs):\n    return sorted(xs)"},
+            ]
+            fh.write(json.dumps({"id": f"c{i}", "conversations": conv}) + "\n")
+    return {"run": str(root / "run"), "tok": tok, "chat": str(chat)}
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    """The live (not zombie) processes of session ``sid``."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def _args(command: str, inputs: dict[str, str], out: Path) -> list[str]:
+    if command == "tokenize":
+        return [
+            "tokenize", inputs["run"], "--tokenizer", inputs["tok"], "--out", str(out),
+            "--workers", "2", "--batch-rows", "2",
+        ]  # fmt: skip
+    return ["merge", "--add", inputs["chat"], "--out", str(out), "--workers", "2"]
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    command=st.sampled_from(["tokenize", "merge"]),
+    how=st.sampled_from(["SIGTERM", "SIGINT", "SIGINT twice", "Ctrl-C twice", "SIGKILL"]),
+    after_workers=st.booleans(),
+    delay=st.floats(0.0, 2.5),
+    gap=st.floats(0.0, 0.6),
+)
+def test_workers_end_with_their_parent(
+    inputs: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+    command: str,
+    how: str,
+    after_workers: bool,
+    delay: float,
+    gap: float,
+) -> None:
+    out = tmp_path_factory.mktemp("out") / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLI, *_args(command, inputs, out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    sid = proc.pid
+    output: list[bytes] = []
+    eof = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        output.append(proc.stdout.read())  # returns at EOF: every holder of the pipe is gone
+        eof.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        if after_workers:  # the moment the workers run (or the command has ended)
+            deadline = time.monotonic() + 120
+            while len(_session(sid)) < 3 and proc.poll() is None:
+                assert time.monotonic() < deadline, "the workers never started"
+                time.sleep(0.05)
+        time.sleep(delay)
+        sig = signal.SIGKILL if how == "SIGKILL" else getattr(signal, how.split()[0], None)
+        for i in range(2 if "twice" in how else 1):
+            if i:
+                time.sleep(gap)
+            if how.startswith("Ctrl-C"):
+                os.killpg(sid, signal.SIGINT)  # a terminal sends it to the foreground group
+            elif proc.poll() is None:
+                assert sig is not None
+                os.kill(proc.pid, sig)
+        assert eof.wait(EOF_WITHIN_S), (
+            f"{command} {how}: stdout still open {EOF_WITHIN_S:g} s after the signal; alive: "
+            f"{[p.cmdline()[-3:] for p in _session(sid)]}"
+        )
+        proc.wait(timeout=EOF_WITHIN_S)
+        left = _session(sid)
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = _session(sid)
+        assert not left, f"{command} {how}: processes left: {[p.cmdline() for p in left]}"
+        text = b"".join(output).decode(errors="replace")
+        code = proc.returncode
+        if how == "SIGKILL":
+            assert code in (0, -signal.SIGKILL), text[-2000:]
+        elif after_workers and code != 0:  # stopped in the pool: 128 + signal; a second
+            # SIGINT may land after the first was handled (-SIGINT); after the pool: Aborted (1)
+            sig = signal.SIGTERM if how == "SIGTERM" else signal.SIGINT
+            assert code in (128 + sig, -sig, 1), text[-2000:]
+    finally:
+        for p in _session(sid):  # only this test's own processes, by their session
+            try:
+                p.kill()
+            except psutil.Error:
+                continue
+        proc.wait(timeout=30)

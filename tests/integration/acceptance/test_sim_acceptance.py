@@ -1,0 +1,159 @@
+"""``draftdata acceptance`` against simulated speculative servers: configured rates recovered.
+
+Three servers answer at once, each domain with its own acceptance probability (by the prefix of
+the user message, as the simulator picks it). vLLM-shaped servers expose only global counters,
+so the measurement must isolate domains in time; SGLang-shaped ones give per-request figures.
+Either way each domain's acceptance rate must come back within 0.05 of the configured one and
+its mean acceptance length within 0.15.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from draftdata.acceptance.stage import AcceptanceConfig, measure_acceptance
+from draftdata.sim.run import SimConfig, SimFleet
+from draftdata.sim.spec import expected
+
+pytestmark = pytest.mark.integration
+
+K = 4
+RATES = {"code": 0.85, "math": 0.6, "general": 0.4, "tool": 0.72}
+PREFIX = {"code": "CODE", "math": "MATH", "general": "GEN", "tool": "TOOL"}
+CLI = [sys.executable, "-c", "from draftdata.cli import main; main()"]
+
+
+def write_prompts(path: Path, per_domain: int = 60) -> Path:
+    rows = [
+        {
+            "id": f"{d}-{i}",
+            "domain": d,
+            "messages": [{"role": "user", "content": f"{PREFIX[d]} task {i}: explain it"}],
+        }
+        for i in range(per_domain)
+        for d in RATES
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def sim_config(flavor: str, spec: bool = True) -> SimConfig:
+    return SimConfig(
+        flavor=flavor,  # type: ignore[arg-type]
+        time_scale=0.002,
+        mean_output_tokens=160,
+        max_running=12,
+        spec_tokens=K if spec else 0,
+        accept_rate_for={PREFIX[d]: r for d, r in RATES.items()},
+        seed=7,
+    )
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_each_domains_rate_is_recovered_with_three_servers_at_once(
+    flavor: str, tmp_path: Path
+) -> None:
+    prompts = write_prompts(tmp_path / "eval.jsonl")
+    with SimFleet(n=3, config=sim_config(flavor)) as fleet:
+        result = measure_acceptance(
+            AcceptanceConfig(
+                prompts=str(prompts),
+                endpoints=tuple(fleet.urls),
+                out=str(tmp_path / "acc"),
+                concurrency=8,
+                chunk=12,
+            )
+        )
+        # the measurement really ran on every server, several at once
+        assert all(fleet.stats(i).served > 0 for i in range(3))
+    assert set(result.by_domain) == set(RATES)
+    for d, p in RATES.items():
+        rate, length = expected(K, p)
+        got = result.by_domain[d]
+        assert got.prompts == 60 and got.failed == 0
+        assert got.acceptance_rate is not None and abs(got.acceptance_rate - rate) < 0.05, d
+        assert got.mean_accept_length is not None
+        assert abs(got.mean_accept_length - length) < 0.15, d
+        assert len(got.per_position) == K
+        assert got.per_position[0] == pytest.approx(p, abs=0.06)
+    assert result.warnings == []
+    saved = json.loads((tmp_path / "acc" / "acceptance.json").read_text())
+    assert saved["format"] == "draftdata.acceptance/1"
+    assert saved["by_domain"]["code"]["acceptance_rate"] == result.by_domain["code"].acceptance_rate
+    mix = json.loads((tmp_path / "acc" / "suggested_mix.json").read_text())["mix"]
+    # the weakest domain gets the most, the strongest the least
+    assert max(mix, key=mix.get) == "general" and min(mix, key=mix.get) == "code"
+
+
+def test_another_client_on_a_counter_server_is_a_warning(tmp_path: Path) -> None:
+    """vLLM's counters are global: traffic the measurement did not send mixes the counts, and
+    the measurement says so instead of attributing it silently."""
+    prompts = write_prompts(tmp_path / "eval.jsonl", per_domain=30)
+    with SimFleet(n=1, config=sim_config("vllm")) as fleet:
+        stop = threading.Event()
+
+        def other_client() -> None:
+            body = json.dumps(
+                {"messages": [{"role": "user", "content": "CODE other"}], "max_tokens": 64}
+            ).encode()
+            while not stop.is_set():
+                req = urllib.request.Request(
+                    fleet.urls[0] + "/v1/chat/completions",
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                )
+                urllib.request.urlopen(req, timeout=30).read()
+
+        t = threading.Thread(target=other_client, daemon=True)
+        t.start()
+        try:
+            result = measure_acceptance(
+                AcceptanceConfig(prompts=str(prompts), endpoints=(fleet.urls[0],), chunk=10)
+            )
+        finally:
+            stop.set()
+            t.join(timeout=30)
+    assert result.warnings and "another client" in result.warnings[0]
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_a_server_without_speculative_decoding_is_refused_in_one_line(
+    flavor: str, tmp_path: Path
+) -> None:
+    prompts = write_prompts(tmp_path / "eval.jsonl", per_domain=2)
+    with SimFleet(n=1, config=sim_config(flavor, spec=False)) as fleet:
+        res = subprocess.run(
+            [*CLI, "acceptance", "-p", str(prompts), "-e", fleet.urls[0]],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert res.returncode == 1, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "does not decode speculatively" in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_writes_and_never_overwrites_a_measurement(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "eval.jsonl", per_domain=5)
+    out = tmp_path / "acc"
+    with SimFleet(n=2, config=sim_config("sglang")) as fleet:
+        args = [*CLI, "acceptance", "-p", str(prompts), "--out", str(out)]
+        for u in fleet.urls:
+            args += ["-e", u]
+        first = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert first.returncode == 0, first.stderr
+        assert "code" in first.stdout and "acceptance.json" in first.stdout
+        before = (out / "acceptance.json").read_bytes()
+        again = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1 and "never overwritten" in again.stderr
+    assert (out / "acceptance.json").read_bytes() == before
+    as_json = json.loads((out / "suggested_mix.json").read_text())
+    assert as_json["mix_arg"].count("=") == len(RATES)
