@@ -1,15 +1,21 @@
-"""Benchmark: prepare end to end on a generated 193K-row corpus in the six source schemas.
+"""Benchmark: prepare end to end on a generated corpus in the six source schemas (193K rows, or
+any size with --rows: the issue's 2M).
 
 Generates (in a temporary folder) the expansion's shape — Infinity-Instruct ~98K (jsonl),
 WebInstructSub 40K (parquet), CodeFeedback 29K (jsonl), MetaMathQA 24K (json array), Hermes FC
-1.2K (jsonl, Python-literal tools) and AgentInstruct 553 (jsonl) — where about 10% of rows are
-planted near-duplicates of earlier rows (two word substitutions, a case change, extra spaces).
-Then runs ``draftdata prepare`` in a child process with near-dedup on and prints wall time,
-the child's peak RSS, and near-duplicate recall (planted copies dropped / planted) with the
-false-drop rate on originals. Targets: <= 60 s and <= 2 GiB on 2 cores.
+1.2K (jsonl, Python-literal tools) and AgentInstruct 553 (jsonl), scaled to --rows — where
+about 10% of rows are planted near-duplicates of earlier rows (two word substitutions, a case
+change, extra spaces). MetaMathQA's originals fill 40 fixed question templates (it is
+rephrasings of the same questions), so its template families grow with the rows: the shape
+that made candidate lists grow with the index. Then runs ``draftdata prepare`` in a child
+process with near-dedup on and prints wall time, the child's peak RSS, and near-duplicate
+recall (planted copies dropped / planted) with the false-drop rate on originals. Targets on
+2 cores: <= 60 s at 193K rows, <= 300 s at 2M (in proportion between), <= 2 GiB.
 
-    python benchmarks/bench_prepare.py           # full size, 193,010 rows
-    python benchmarks/bench_prepare.py --quick   # 20K rows
+    python benchmarks/bench_prepare.py                  # full size, 193,010 rows
+    python benchmarks/bench_prepare.py --quick          # 20K rows
+    python benchmarks/bench_prepare.py --rows 2000000   # the 2M-row case
+    python benchmarks/bench_prepare.py --rows 2000000 --data /tmp/corpus-2m   # keep the corpus
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,6 +75,35 @@ class Gen:
             self.planted.append(i)
         else:
             text = _text(self.rng, self.rng.randint(*self.words))
+        self.texts.append(text)
+        return text
+
+
+class TemplatedGen(Gen):
+    """Like Gen, but each original fills one of a fixed set of question templates (MetaMathQA
+    is rephrasings of a few thousand questions): 28 template words and 12 random ones, so two
+    rows of one template are ~0.55 alike (below the threshold, not duplicates) and share an
+    LSH band with ~1 in 10 of their template's rows. The templates stay fixed as rows grow,
+    so each template's family grows with the source: the shape that made candidate lists
+    grow with the index."""
+
+    TEMPLATES = 40
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__(rng, (40, 40))
+        self.templates = [
+            [rng.choice(VOCAB) if k % 10 < 7 else "" for k in range(40)]
+            for _ in range(self.TEMPLATES)
+        ]
+
+    def next(self) -> str:
+        i = len(self.texts)
+        if i > 10 and self.rng.random() < DUP_RATE:
+            text = _perturb(self.rng, self.texts[self.rng.randrange(i)])
+            self.planted.append(i)
+        else:
+            template = self.templates[self.rng.randrange(self.TEMPLATES)]
+            text = " ".join(w or self.rng.choice(VOCAB) for w in template)
         self.texts.append(text)
         return text
 
@@ -140,7 +176,7 @@ def generate(root: Path, scale: float, seed: int = 0) -> dict[str, list[int]]:
         ),
     )  # fmt: skip
     planted["codefeedback"] = g.planted
-    g = Gen(rng, (30, 120))
+    g = TemplatedGen(rng)
     rows = [
         {"type": "GSM_AnsAug", "query": f"How many {g.next()}?", "original_question": "q",
          "response": "The answer is: 3"}
@@ -204,14 +240,39 @@ dedup: {threshold: 0.8}
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="20K rows instead of 193K")
+    ap.add_argument(
+        "--rows", type=int, default=None, help="total rows (e.g. 2000000); the six sources scale"
+    )
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="keep the generated corpus in this folder and reuse it on the next run with the "
+        "same --rows (generating 2M rows takes minutes)",
+    )
     args = ap.parse_args()
-    scale = 20_000 / sum(SHAPE.values()) if args.quick else 1.0
+    total = args.rows if args.rows else 20_000 if args.quick else sum(SHAPE.values())
+    scale = total / sum(SHAPE.values())
+    target_s = (
+        60.0
+        if total <= sum(SHAPE.values())
+        else 60.0
+        + 240.0 * min(1.0, (total - sum(SHAPE.values())) / (2_000_000 - sum(SHAPE.values())))
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = Path(tmp) if args.data is None else args.data
         t0 = time.perf_counter()
-        planted = generate(root, scale)
+        marker = root / f"planted-{total}.json"
+        if args.data is not None and marker.exists():
+            planted = json.loads(marker.read_text())
+        else:
+            root.mkdir(parents=True, exist_ok=True)
+            planted = generate(root, scale)
+            marker.write_text(json.dumps(planted))
         gen_s = time.perf_counter() - t0
         (root / "prepare.yaml").write_text(CONFIG)
+        shutil.rmtree(root / "out", ignore_errors=True)
+        load_before = os.getloadavg()[0]
         t0 = time.perf_counter()
         exe = str(Path(sys.executable).parent / "draftdata")
         cmd = [exe, "prepare", str(root / "prepare.yaml"),
@@ -239,12 +300,16 @@ def main() -> None:
         )
         print(f"rows: {rows:,} (planted near-duplicates: {n_planted:,}); generated in {gen_s:.1f}s")
         print(
-            f"prepare wall time: {wall:.1f} s (target <= 60 s: {wall / 60:.2f} of budget) -> "
+            f"prepare wall time: {wall:.1f} s (target <= {target_s:.0f} s: "
+            f"{wall / target_s:.2f} of budget) -> "
             f"{rows / wall:,.0f} rows/s; CPU {cpu_s:.1f} s; load average "
-            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+            f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
         )
         print(f"peak RSS: {rss_mib:,.0f} MiB (target <= 2048 MiB: {rss_mib / 2048:.2f})")
-        print(f"near-duplicate recall: {(n_planted - missed) / max(n_planted, 1):.4f}")
+        print(
+            f"near-duplicate recall: {(n_planted - missed) / max(n_planted, 1):.4f} "
+            f"({n_planted - missed:,} of {n_planted:,})"
+        )
         print(f"originals dropped (false positives): {dropped_originals} of {originals:,}")
         print(
             f"taken: {report['totals']['taken']:,}; duplicates: {report['totals']['duplicates']:,}"

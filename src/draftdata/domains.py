@@ -32,7 +32,9 @@ Decision order (the first rule that fires wins):
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -167,37 +169,63 @@ def _has_tool_structure(messages: Sequence[Message], tools: Sequence[Any] | None
     return any(m.role == "tool" or m.tool_calls for m in messages)
 
 
-def _has_tool_text(text: str) -> bool:
-    low = text.lower()
-    return any(tag in low for tag in _TOOL_TAGS) or _TOOL_SHAPE.search(low) is not None
+def _has_tool_text(text: str, low: str | None = None) -> bool:
+    low = text.lower() if low is None else low
+    if any(tag in low for tag in _TOOL_TAGS):
+        return True
+    return ":" in low and _TOOL_SHAPE.search(low) is not None  # the shape needs a ":"
 
 
 def _count(text: str, phrases: Sequence[str]) -> int:
-    return sum(text.count(p) for p in phrases)
+    return sum(map(text.count, phrases))
+
+
+def _found(pattern: re.Pattern[str], low: str, needs: str) -> int:
+    """Matches of ``pattern`` in ``low``; 0 at once when none of the characters every match
+    contains (``needs``) is in the text (a C scan instead of the regex engine)."""
+    if not any(c in low for c in needs):
+        return 0
+    return len(pattern.findall(low))
+
+
+# Word counts in one C pass: each word maps to the classes it counts in (a token counts as a
+# language before a code word and as a strong math word before a weak one, hence the set
+# differences), a number (which _TOKEN_WORDS returns as "") to _NUMBER, and a Counter counts the
+# classes.
+_LANG, _CODE_WORD, _STRONG, _WEAK, _VERB, _NUMBER = 1, 2, 4, 8, 16, 32
+_TOKEN_WORDS = re.compile(r"([a-z][a-z0-9+#]*)|\d+(?:\.\d+)?")  # _TOKEN, numbers as ""
+_CLASS: dict[str, int] = {"": _NUMBER}
+for _set, _bit in (
+    (_CODE_LANGS, _LANG),
+    (_CODE_WORDS - _CODE_LANGS, _CODE_WORD),
+    (_MATH_STRONG, _STRONG),
+    (_MATH_WORDS - _MATH_STRONG, _WEAK),
+    (_CODE_VERBS, _VERB),
+):
+    for _word in _set:
+        _CLASS[_word] = _CLASS.get(_word, 0) | _bit
 
 
 def domain_scores(text: str) -> dict[str, float]:
     """The raw agent/code/math scores of ``text`` (for debugging a classification)."""
     low = text.lower()
-    tokens = _TOKEN.findall(low)
-    langs = words = strong = weak = numbers = 0
-    request = False
-    for i, tok in enumerate(tokens):
-        if tok[0].isdigit():
-            numbers += 1
-            continue
-        if tok in _CODE_LANGS:
-            langs += 1
-        elif tok in _CODE_WORDS:
-            words += 1
-        if tok in _MATH_STRONG:
-            strong += 1
-        elif tok in _MATH_WORDS:
-            weak += 1
-        if not request and tok in _CODE_VERBS:
-            request = any(t in _CODE_OBJECTS for t in tokens[i + 1 : i + 9])
+    tokens = _TOKEN_WORDS.findall(low)
+    per_class = Counter(map(_CLASS.get, tokens))
+    counted = [(c, n) for c, n in per_class.items() if c]
 
-    agent = len(_AGENT_MARKER.findall(low)) + 2 * _count(low, _AGENT_PHRASES)
+    def total(bit: int) -> int:
+        return sum(n for c, n in counted if c & bit)
+
+    numbers, langs, words = total(_NUMBER), total(_LANG), total(_CODE_WORD)
+    strong, weak = total(_STRONG), total(_WEAK)
+    request = False
+    if total(_VERB):
+        for i in itertools.compress(range(len(tokens)), map(_CODE_VERBS.__contains__, tokens)):
+            if not _CODE_OBJECTS.isdisjoint(tokens[i + 1 : i + 9]):
+                request = True
+                break
+
+    agent = _found(_AGENT_MARKER, low, ":") + 2 * _count(low, _AGENT_PHRASES)
     fences = low.count("```")
     code = (
         3 * (fences // 2 or (1 if fences else 0))
@@ -207,10 +235,10 @@ def domain_scores(text: str) -> dict[str, float]:
         + (2 if request else 0)
     )
     math = (
-        min(2 * len(_LATEX.findall(low)), 8)
-        + min(2 * len(_EQUATION.findall(low)), 4)
+        min(2 * _found(_LATEX, low, "\\$^_"), 8)
+        + min(2 * _found(_EQUATION, low, "="), 4)
         + min(2 * (strong + _count(low, _MATH_STRONG_PHRASES)), 6)
-        + min(weak + _count(low, _MATH_PHRASES) + len(_MONEY.findall(low)), 4)
+        + min(weak + _count(low, _MATH_PHRASES) + _found(_MONEY, low, "$"), 4)
         + min(0.5 * numbers, 2.0)
     )
     if numbers >= 1 and any(q in low for q in _QUESTIONS):

@@ -11,8 +11,8 @@ tokenizer check); with thinking off, all of it in the content.
   the served prompt ids then the served output ids of its last turn, with loss exactly on
   served output tokens, nothing under loss after the served end, and no served sample dropped.
 - ``cancel_frees_the_slot``: a request cancelled by draftdata (what the dispatcher does to a
-  hedge's losing copy) stops using the server's slot, by the server's own running count, while
-  its twin, sent at the same moment for as many tokens, still runs.
+  hedge's losing copy) stops using the server's slot, by the server's own counts (running plus
+  waiting), while its twin, sent at the same moment for as many tokens, still runs.
 - ``capacity_line``: the endpoint line generate prints, parsed (capacity, KV cache, running
   cap, concurrency), to compare with the server's own figures.
 """
@@ -231,8 +231,9 @@ def thinking_off_multi_turn(fleet: Path, model: Path, tmp: Path) -> Tokenized:
 
 def cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: int) -> float:
     """Send two identical long requests, cancel one as the dispatcher cancels a hedge's losing
-    copy (its task), and return how long the server took to drop it from its own running count
-    while the twin still ran."""
+    copy (its task), and return how long the server took to drop it from its own counts (running
+    plus waiting) while the twin still ran. A pair whose twin ends before that can be seen (a
+    loaded machine) is inconclusive and sent again, five times at most."""
     return asyncio.run(_cancel_frees_the_slot(url, engine, model, max_tokens))
 
 
@@ -251,16 +252,27 @@ async def _cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: 
         "temperature": 0.0,
     }
 
-    async def running(session: aiohttp.ClientSession) -> int:
+    async def held(session: aiohttp.ClientSession) -> int:
+        # running + waiting: a request the server preempted into its queue still holds a place
         load = await probe_load(session, url, engine)
         assert load is not None, f"{url} reports no load"
-        return load.running
+        return load.running + load.waiting
 
-    async def until(session: aiohttp.ClientSession, want: int, limit: float) -> float:
+    class TooShort(Exception):
+        """The twin ended before the check could tell: inconclusive, tried again."""
+
+    async def until(
+        session: aiohttp.ClientSession,
+        want: int,
+        limit: float,
+        kept: asyncio.Task[Any] | None = None,
+    ) -> float:
         t0 = time.monotonic()
-        while (n := await running(session)) != want:
-            assert time.monotonic() - t0 < limit, f"{url}: running {n}, waited for {want}"
-            await asyncio.sleep(0.1)
+        while (n := await held(session)) != want:
+            if kept is not None and kept.done():
+                raise TooShort
+            assert time.monotonic() - t0 < limit, f"{url}: holds {n} requests, waited for {want}"
+            await asyncio.sleep(0.02)
         return time.monotonic() - t0
 
     async with (
@@ -268,18 +280,31 @@ async def _cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: 
         EndpointClient(url) as twin,
         aiohttp.ClientSession() as session,
     ):
-        assert await running(session) == 0, "the server is busy before the check"
-        lost = asyncio.create_task(loser.chat(dict(body)))
-        kept = asyncio.create_task(twin.chat(dict(body)))
-        await until(session, 2, 60)
-        lost.cancel()
-        freed = await until(session, 1, 60)
-        assert not kept.done(), "the twin finished: the requests were too short to tell"
-        kept.cancel()
-        await until(session, 0, 60)
-        # the clients stay usable: the cancelled one's connection was dropped, not poisoned
-        await loser.chat({**body, "max_tokens": 2, "max_completion_tokens": 2})
-        return freed
+        for _ in range(5):  # a loaded machine can make one pair too quick to watch
+            await until(session, 0, 60)
+            lost = asyncio.create_task(loser.chat(dict(body)))
+            kept = asyncio.create_task(twin.chat(dict(body)))
+            try:
+                await until(session, 2, 60, kept)
+                lost.cancel()
+                freed = await until(session, 1, 60, kept)
+                if kept.done():
+                    raise TooShort
+            except TooShort:
+                for task in (lost, kept):
+                    task.cancel()
+                await asyncio.gather(lost, kept, return_exceptions=True)
+                continue
+            kept.cancel()
+            await asyncio.gather(lost, kept, return_exceptions=True)
+            await until(session, 0, 60)
+            # the clients stay usable: the cancelled one's connection was dropped, not poisoned
+            await loser.chat({**body, "max_tokens": 2, "max_completion_tokens": 2})
+            return freed
+        raise AssertionError(
+            f"{url}: in five pairs of {max_tokens}-token requests the twin ended before the "
+            "server dropped the cancelled copy: it kept its slot, or the requests are too short"
+        )
 
 
 _CAPACITY = re.compile(

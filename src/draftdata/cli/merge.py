@@ -220,6 +220,13 @@ def register(app: typer.Typer) -> None:
             f"({summary.elapsed_s:.1f}s, {rows / max(summary.elapsed_s, 1e-9):,.0f} rows/s); "
             f"{left_out}; report: merge_report.json"
         )
+        for fmt, why in summary.report.get("jsonl_left_out", {}).items():
+            from draftdata.metrics import reasons
+
+            console.print(
+                f"{fmt}/: {sum(why.values()):,} rows left out of the JSONL ({reasons(why)}): "
+                "its trainer's scripts cannot read them (docs/trainers.md); the parquet keeps them"
+            )
         if warning is not None:
             typer.echo(warning, err=True)
 

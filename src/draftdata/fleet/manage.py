@@ -51,6 +51,7 @@ from draftdata.fleetspec import (
     read_fleet,
     write_fleet,
 )
+from draftdata.redact import redact_url
 
 STATE_FORMAT = "draftdata.fleet-state/1"
 Echo = Callable[[str], None]
@@ -347,7 +348,8 @@ def fleet_down(path: Path, *, grace_s: float = 30.0) -> list[str]:
             if ident is None
             else stop_process(ident, grace_s=grace_s)
         )
-        lines.append(f"server {i} {ep.url}" + (f" pid {ep.pid}" if ep.pid else "") + f": {what}")
+        shown = redact_url(ep.url)
+        lines.append(f"server {i} {shown}" + (f" pid {ep.pid}" if ep.pid else "") + f": {what}")
     state_path(path).unlink(missing_ok=True)
     return lines
 
@@ -381,7 +383,7 @@ async def _status_all(spec: FleetSpec) -> list[ServerStatus]:
             load = await endpoints.probe_load(session, ep.url, ep.engine or "unknown", timeout=5)
             return ServerStatus(
                 index=i,
-                url=ep.url,
+                url=redact_url(ep.url),
                 process=process,
                 healthy=healthy,
                 running=load.running if load else None,

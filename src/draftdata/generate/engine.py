@@ -43,10 +43,10 @@ import aiohttp
 from rich.console import Console
 from rich.live import Live
 
+from draftdata.collector import fewer_collections
 from draftdata.endpoints import Capacity, probe_capacity
 from draftdata.errors import ConfigError, DraftdataError, FleetUnavailableError, StoreError
 from draftdata.generate.client import token_ids_refusal
-from draftdata.generate.collector import fewer_collections
 from draftdata.generate.committer import Committer
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher

@@ -6,7 +6,9 @@ order, in the format ``export`` writes (``draftdata.trainer_rows``):
 - chat inputs: ``sharegpt`` (whole conversations), ``specforge`` (one row per assistant turn,
   the history before it with earlier turns' reasoning removed, as the target's server saw it
   when its template drops that reasoning; train with ``train_only_last_turn``), ``openai``,
-  ``modelopt``, ``eagle``;
+  ``modelopt`` (whole conversations: ``export --format modelopt`` writes the per-turn rows
+  and the generation-tagged template ModelOpt's ``answer_only_loss`` needs), ``eagle`` (a row
+  EAGLE's scripts cannot read is left out, ``left_out`` says why, and counted);
 - tokenized inputs: ``speculators`` (``{"id", "primary_id", "input_ids", "loss_mask"}``, which
   speculators' preprocessing passes through).
 
@@ -27,7 +29,7 @@ import msgspec
 from draftdata.conversation import RULE_LEGACY, TurnPlan, message_dict
 from draftdata.records import Message, Turn
 from draftdata.stats.conversations import specforge_line
-from draftdata.trainer_rows import conversation_row, per_turn_id, specforge_row
+from draftdata.trainer_rows import conversation_row, eagle_problem, per_turn_id, specforge_row
 
 CHAT_FORMATS = ("sharegpt", "specforge", "openai", "modelopt", "eagle")
 SAMPLE_FORMATS = ("speculators",)
@@ -88,6 +90,14 @@ def _specforge_lines(row: dict[str, Any]) -> list[bytes]:
         )
         out.append(_json.encode(line))
     return out
+
+
+def left_out(fmt: str, row: dict[str, Any]) -> str | None:
+    """Why ``row`` has no line in ``fmt`` (None: it has): ``eagle`` rows with a system
+    message, tools, tool results or turns that do not alternate (``eagle_problem``)."""
+    if fmt == "eagle":
+        return eagle_problem(_messages(row), _tools(row))
+    return None
 
 
 def lines(fmt: str, row: dict[str, Any]) -> list[bytes]:

@@ -60,6 +60,7 @@ from draftdata.merge.inputs import (
     scan,
 )
 from draftdata.merge.jsonl import CHAT_FORMATS, SAMPLE_FORMATS, jsonl_key
+from draftdata.merge.jsonl import left_out as jsonl_left_out
 from draftdata.merge.jsonl import lines as jsonl_lines
 from draftdata.merge.plan import (
     Allocation,
@@ -559,9 +560,17 @@ def _route_chat(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
     flush_all()
 
 
-def _jsonl_writer(store: Store, keys: list[str], fmt: str) -> Callable[[pa.Table, str, int], None]:
+def _jsonl_writer(
+    store: Store, keys: list[str], fmt: str, left: Counter[str]
+) -> Callable[[pa.Table, str, int], None]:
     def write(shard: pa.Table, split: str, index: int) -> None:
-        out = [line for r in shard.to_pylist() for line in jsonl_lines(fmt, r)]
+        out = []
+        for r in shard.to_pylist():
+            why = jsonl_left_out(fmt, r)
+            if why is None:
+                out.extend(jsonl_lines(fmt, r))
+            else:
+                left[why] += 1
         key = jsonl_key(fmt, split, index)
         store.put_new(key, b"".join(line + b"\n" for line in out))
         keys.append(key)
@@ -712,9 +721,10 @@ def merge(
         claim_output(store, config_bytes(config, infos))
         with stats.timed("write"):
             jsonl: list[str] = []
+            left: Counter[str] = Counter()  # rows the trainer's JSONL leaves out, by reason
             extra = None
             if config.format != "parquet":
-                extra = _jsonl_writer(store, jsonl, config.format)
+                extra = _jsonl_writer(store, jsonl, config.format, left)
             for s, name in enumerate(SPLITS):
                 writer = ShardWriter(
                     store, name, schema, plan.rows_per_shard[s], extra, write_empty=s == 0
@@ -730,6 +740,8 @@ def merge(
         if jsonl:
             shards[config.format] = jsonl
     report = build_report(config, family, infos, alloc, facts, shards, bad_examples)
+    if left:
+        report["jsonl_left_out"] = {config.format: dict(sorted(left.items()))}
     store.put_new(CARD_KEY, dataset_card(report).encode())
     store.put_new(MERGE_REPORT.name, (json.dumps(report, indent=2) + "\n").encode())
     return MergeSummary(

@@ -75,7 +75,9 @@ class DedupConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     of the normalised user text. Unigrams (the default) suit prompts, which are short: two
     changed words in a 40-word prompt keep a unigram Jaccard near 0.9 but drop a 3-gram one to
     ~0.7. Raise ``ngram`` (e.g. 3) for long documents or templated sources where word order
-    carries the difference.
+    carries the difference. ``bucket_cap`` bounds the prompts an LSH band bucket keeps (see
+    ``prepare.dedup``): the work per prompt stays bounded on templated text, and below the
+    cap the result is the same as checking every prompt that shares a band.
     """
 
     exact: bool = True
@@ -83,6 +85,7 @@ class DedupConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     threshold: float = 0.8
     num_perm: int = 128
     ngram: int = 1
+    bucket_cap: int = 1024
     exclude: list[str] = msgspec.field(default_factory=list)
 
 
@@ -152,6 +155,8 @@ def check(config: PrepareConfig, where: str = "config") -> None:
         raise ConfigError(f"{where}: dedup.threshold: must be in (0, 1]")
     if config.dedup.num_perm < 16 or config.dedup.ngram < 1:
         raise ConfigError(f"{where}: dedup: num_perm must be >= 16 and ngram >= 1")
+    if config.dedup.bucket_cap < 1:
+        raise ConfigError(f"{where}: dedup.bucket_cap: must be >= 1 (default 1024)")
     if config.mix_by not in MIX_BY:
         raise ConfigError(f"{where}: mix_by: {config.mix_by!r}; use {', '.join(MIX_BY)}")
     if config.holdout < 0:

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
+from draftdata.collector import fewer_collections
 from draftdata.domains import classify_domain
 from draftdata.errors import ConfigError, disk_errors
 from draftdata.formats import (
@@ -40,21 +41,29 @@ from draftdata.formats import (
 )
 from draftdata.metrics import StageStats
 from draftdata.mix import Plan, Supply, plan_mix
-from draftdata.prepare.adapters import adapt, to_prompt
+from draftdata.prepare.adapters import Conversation, adapt, to_prompt
 from draftdata.prepare.config import PrepareConfig, SourceConfig, check
-from draftdata.prepare.dedup import Deduper, dedup_text
+from draftdata.prepare.dedup import BATCH, Deduper, dedup_text
 from draftdata.prepare.lengths import precheck as precheck_lengths
 from draftdata.prepare.lengths import resolve as resolve_lengths
 from draftdata.prepare.load import check_hub_reachable, iter_rows
 from draftdata.prepare.reference import load_exclusions, load_existing
 from draftdata.prepare.report import encode_report, to_markdown
 from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt
-from draftdata.records import DERIVED_ID, Prompt, content_hash, derived_id_fault, encode_prompt
+from draftdata.records import (
+    DERIVED_ID,
+    Message,
+    Prompt,
+    content_hash,
+    derived_id_fault,
+    encode_prompt,
+)
 from draftdata.store.forecast import read_forecast
 
 # (source name, rows read so far in it) -> None; called every PROGRESS_EVERY rows and at the end
 Progress = Callable[[str, int], None]
 PROGRESS_EVERY = 5_000
+DEDUP_BATCH = BATCH
 EVAL_DIR = "eval"  # the held-out evaluation split (``holdout``)
 OUR_FILES = (
     PREPARE_SHARDS,
@@ -124,7 +133,26 @@ def _pass_one(
     mode = source.prompt_mode or config.prompt_mode
     seen_ids: set[str] = set()
     run.spool = spool_dir / f"{source.name}.jsonl"
+    # Rows wait here, in row order, until DEDUP_BATCH of them are usable: the deduper checks a
+    # batch at a time (far faster than row by row), and rejects are written in row order.
+    pending: list[tuple[int, RowError | tuple[Conversation, list[Message]]]] = []
+    texts: list[str] = []
     with run.spool.open("wb") as spool:
+
+        def settle() -> None:
+            kinds = iter(deduper.check_many(texts))
+            for index, item in pending:
+                if isinstance(item, RowError):
+                    _reject(rejects, run, index, item)
+                    continue
+                kind = next(kinds)
+                if kind is not None:
+                    run.duplicates[kind] = run.duplicates.get(kind, 0) + 1
+                    continue
+                _keep(source, mode, run, seen_ids, domain_ids, spool, rejects, index, *item)
+            pending.clear()
+            texts.clear()
+
         for index, row in iter_rows(source):
             run.read += 1
             if progress is not None and run.read % PROGRESS_EVERY == 0:
@@ -136,43 +164,59 @@ def _pass_one(
                 messages = to_prompt(conv.messages, mode)
                 check_prompt(messages, config.max_chars)
             except RowError as err:
-                _reject(rejects, run, index, err)
+                pending.append((index, err))
                 continue
-            kind = deduper.check_add(dedup_text(messages))
-            if kind is not None:
-                run.duplicates[kind] = run.duplicates.get(kind, 0) + 1
-                continue
-            pid = (
-                f"{source.name}/{conv.source_id}"
-                if conv.source_id is not None
-                else f"{source.name}/{content_hash(messages, conv.tools)}"
-            )
-            if pid in seen_ids:
-                _reject(rejects, run, index, RowError(DUPLICATE_ID, f"id {pid!r} seen before"))
-                continue
-            if (fault := derived_id_fault(pid)) is not None:
-                _reject(rejects, run, index, RowError(DERIVED_ID, fault.partition(": ")[2]))
-                continue
-            seen_ids.add(pid)
-            domain = source.domain
-            if domain == "auto":
-                domain = classify_domain(messages, conv.tools)
-            meta = {**conv.meta, "row": index}
-            if mode != "last_assistant":
-                meta["prompt_mode"] = mode
-            prompt = Prompt(
-                id=pid,
-                messages=messages,
-                source=source.name,
-                domain=domain,
-                tools=conv.tools,
-                meta=meta,
-            )
-            spool.write(encode_prompt(prompt) + b"\n")
-            run.domains.append(domain_ids.setdefault(domain, len(domain_ids)))
+            pending.append((index, (conv, messages)))
+            texts.append(dedup_text(messages))
+            if len(texts) >= DEDUP_BATCH:
+                settle()
+        settle()
     if progress is not None:
         progress(source.name, run.read)
     return run
+
+
+def _keep(
+    source: SourceConfig,
+    mode: str,
+    run: _SourceRun,
+    seen_ids: set[str],
+    domain_ids: dict[str, int],
+    spool: BinaryIO,
+    rejects: BinaryIO | None,
+    index: int,
+    conv: Conversation,
+    messages: list[Message],
+) -> None:
+    """A usable, non-duplicate prompt: id check, domain, then onto the source's spool."""
+    pid = (
+        f"{source.name}/{conv.source_id}"
+        if conv.source_id is not None
+        else f"{source.name}/{content_hash(messages, conv.tools)}"
+    )
+    if pid in seen_ids:
+        _reject(rejects, run, index, RowError(DUPLICATE_ID, f"id {pid!r} seen before"))
+        return
+    if (fault := derived_id_fault(pid)) is not None:
+        _reject(rejects, run, index, RowError(DERIVED_ID, fault.partition(": ")[2]))
+        return
+    seen_ids.add(pid)
+    domain = source.domain
+    if domain == "auto":
+        domain = classify_domain(messages, conv.tools)
+    meta = {**conv.meta, "row": index}
+    if mode != "last_assistant":
+        meta["prompt_mode"] = mode
+    prompt = Prompt(
+        id=pid,
+        messages=messages,
+        source=source.name,
+        domain=domain,
+        tools=conv.tools,
+        meta=meta,
+    )
+    spool.write(encode_prompt(prompt) + b"\n")
+    run.domains.append(domain_ids.setdefault(domain, len(domain_ids)))
 
 
 def _choose(seed: int, source: str, domain: str, n: int, k: int) -> set[int]:
@@ -411,6 +455,17 @@ def prepare(
     ``progress(source, rows_read)`` is called every few thousand rows. A source that cannot be
     read is an InputError naming it; bad rows are rejected and counted, never raised.
     """
+    with fewer_collections():  # rows die young by the million: collector.py
+        return _run(config, plan_only=plan_only, force=force, progress=progress)
+
+
+def _run(
+    config: PrepareConfig,
+    *,
+    plan_only: bool = False,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> PrepareResult:
     check(config)
     if config.lengths:  # a file that is no forecast: refused before any source is read
         read_forecast(config.lengths)
@@ -430,29 +485,33 @@ def _prepare(
     out = Path(config.out)
     if not plan_only:
         _prepare_out(out, force)
-    deduper = Deduper(config.dedup)
-    with stats.timed("references"):
-        known = load_existing(config.existing, deduper)
-        existing, existing_bad = known.counts, known.bad
-        precheck_lengths(config, known)
-        excluded = load_exclusions(config.dedup.exclude, deduper)
     domain_ids: dict[str, int] = {}
     runs: list[_SourceRun] = []
     spool_root = Path(tempfile.mkdtemp(prefix=".spool-", dir=None if plan_only else out))
     try:
-        rejects_path = None if plan_only else out / PREPARE_REJECTS
-        with stats.timed("read"):
-            rejects = rejects_path.open("wb") if rejects_path is not None else None
-            try:
-                for source in config.sources:
-                    runs.append(
-                        _pass_one(
-                            config, source, deduper, domain_ids, spool_root, rejects, progress
+        deduper = Deduper(config.dedup, workdir=spool_root)
+        try:
+            with stats.timed("references"):
+                known = load_existing(config.existing, deduper)
+                existing, existing_bad = known.counts, known.bad
+                precheck_lengths(config, known)
+                excluded = load_exclusions(config.dedup.exclude, deduper)
+            rejects_path = None if plan_only else out / PREPARE_REJECTS
+            with stats.timed("read"):
+                rejects = rejects_path.open("wb") if rejects_path is not None else None
+                try:
+                    for source in config.sources:
+                        runs.append(
+                            _pass_one(
+                                config, source, deduper, domain_ids, spool_root, rejects, progress
+                            )
                         )
-                    )
-            finally:
-                if rejects is not None:
-                    rejects.close()
+                finally:
+                    if rejects is not None:
+                        rejects.close()
+        finally:
+            deduper.close()
+        del deduper  # the index is not needed to plan and write: its memory goes back first
         names = sorted(domain_ids, key=domain_ids.__getitem__)
         held = hold_out(config.seed, [run.domains for run in runs], names, config.holdout)
         supplies = []

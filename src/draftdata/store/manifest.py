@@ -21,12 +21,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import secrets
 from datetime import UTC, datetime
 from typing import Any
 
 from draftdata import __version__
-from draftdata.errors import AlreadyExistsError, FormatVersionError, RunMismatchError, StoreError
+from draftdata.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    FormatVersionError,
+    RunMismatchError,
+    StoreError,
+)
 from draftdata.store.base import Store
 from draftdata.store.lease import LEASE_PREFIX
 
@@ -37,8 +44,34 @@ _MISSING = object()
 
 
 def canonical_json(value: Any) -> bytes:
-    """Canonical JSON bytes (sorted keys, compact) used for hashing settings."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    """Canonical JSON bytes (sorted keys, compact) used for hashing settings.
+
+    NaN and infinities are refused (ConfigError naming the setting): Python would write them as
+    ``NaN``/``Infinity``, which is not JSON, and every reader of the run would then fail on
+    its manifest. The options are validated before this; it is the backstop for any other path.
+    """
+    try:
+        text = json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except ValueError as exc:
+        bad = [p or "(value)" for p in _not_finite(value, "")]
+        raise ConfigError(
+            f"run settings: {', '.join(bad[:5]) or 'a value'}: NaN or infinity, which a JSON "
+            "manifest cannot hold; pass a finite value"
+        ) from exc
+    return text.encode()
+
+
+def _not_finite(value: Any, path: str) -> list[str]:
+    """The dotted paths (``a.b[2]``) of the NaN and infinite floats in ``value``."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [path]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _not_finite(v, f"{path}.{k}".lstrip("."))]
+    if isinstance(value, list | tuple):
+        return [p for i, v in enumerate(value) for p in _not_finite(v, f"{path}[{i}]")]
+    return []
 
 
 def settings_hash(settings: dict[str, Any]) -> str:

@@ -165,3 +165,32 @@ def test_planted_key_and_password_appear_in_no_file_and_no_console_line(tmp_path
     # what was redacted is still said: the gateway's answer and the endpoint's user
     assert "***" in "".join(console)
     assert f"http://{USER}:***@" in "".join(console)
+
+
+def test_a_password_in_a_fleet_file_is_shown_by_no_fleet_command(tmp_path: Path) -> None:
+    """A hand-written fleet.yaml whose endpoint URL carries a password: ``fleet status`` (whose
+    probes still authenticate with it), ``fleet down`` and a generate on the fleet show the
+    URL with the password masked, never the password or its basic-auth form."""
+    password = "pw-fleet-" + secrets.token_hex(8)
+    planted = [password, base64.b64encode(f"{USER}:{password}".encode()).decode()]
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 8)
+    console: list[str] = []
+    with SimProcess(n=1, args=FAST) as sim:
+        fleet = tmp_path / "fleet.yaml"
+        url = _with_password(sim.urls[0], password)
+        fleet.write_text(f"endpoints:\n  - url: {url}\n    engine: sim\n")
+        status = _cli("fleet", "status", str(fleet))
+        console += [status.stdout, status.stderr]
+        assert status.returncode == 0, status.stdout + status.stderr  # healthy: probes got in
+        run = tmp_path / "run"
+        gen = _cli("generate", "--prompts", str(prompts), "--fleet", str(fleet), "--out", str(run))
+        console += [gen.stdout, gen.stderr]
+        assert gen.returncode == 0, gen.stderr[-3000:]
+        down = _cli("fleet", "down", str(fleet))
+        console += [down.stdout, down.stderr]
+        assert down.returncode == 0, down.stdout + down.stderr
+
+    assert f"http://{USER}:***@" in status.stdout and f"http://{USER}:***@" in down.stdout
+    texts = {f"console {i}": text for i, text in enumerate(console)} | _texts(run)
+    assert _leaks(texts, planted) == []

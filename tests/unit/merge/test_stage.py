@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.unit.merge.helpers import (
     chat_rows,
     file_hashes,
@@ -413,8 +416,14 @@ def test_trainer_formats_of_chat_inputs(fmt: str, tmp_path: Path) -> None:
     lines = _jsonl(tmp_path / "o" / fmt)
     by_id = {ln["id"]: ln for ln in lines}
     assert all(ln["domain"] for ln in lines)
+    if fmt == "eagle":  # lead does not start with the user: EAGLE's scripts cannot read it
+        assert len(lines) == 6 and "lead" not in by_id
+        report = json.loads((tmp_path / "o" / "merge_report.json").read_text())
+        assert report["jsonl_left_out"] == {"eagle": {"not_alternating": 1}}
+    elif fmt != "specforge":
+        assert len(lines) == 7
     if fmt != "specforge":
-        assert len(lines) == 7 and by_id["mt"]["domain"] == "math"
+        assert by_id["mt"]["domain"] == "math"
         assert by_id["mt"]["source"] == "chat"
         return
     assert len(lines) == 8  # mt: 2 turns; lead: its leading assistant answers nothing
@@ -482,3 +491,51 @@ def test_protect_refuses_an_overlapping_output_before_any_write(tmp_path: Path) 
     assert info.value.code == 1
     done = merge(MergeConfig(add=[str(chat)], out=str(tmp_path / "live_v2"), protect=[str(live)]))
     assert done.train_rows + done.eval_rows == 5
+
+
+_ROLES = st.sampled_from(["system", "user", "assistant", "tool"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    convs=st.lists(
+        st.tuples(st.lists(_ROLES, min_size=1, max_size=6), st.booleans()), min_size=1, max_size=8
+    )
+)
+def test_eagle_jsonl_holds_only_rows_its_scripts_read(
+    convs: list[tuple[list[str], bool]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Random speaker sequences (system, tool results, tools, any order) through
+    ``merge --format eagle``: every JSONL row alternates human/gpt from the human (what EAGLE's
+    scripts assert), and every merged row is either there or counted under the reason
+    ``eagle_problem`` gives it."""
+    from draftdata.records import Message
+    from draftdata.trainer_rows import eagle_problem
+
+    tmp = tmp_path_factory.mktemp("eagle")
+    rows, want = [], Counter[str]()
+    for i, (roles, tools) in enumerate(convs):
+        conv = [
+            {"role": r, "content": f"{r} {k} of row {i} about sorting lists in python"}
+            | ({"tool_call_id": f"c{k}"} if r == "tool" else {})
+            for k, r in enumerate(roles)
+        ]
+        tool_list = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+        rows.append(
+            {"id": f"r{i}", "domain": "code", "conversations": conv}
+            | ({"tools": tool_list} if tools else {})
+        )
+        why = eagle_problem(
+            [Message(role=r, content="x") for r in roles], tool_list if tools else None
+        )
+        if why:
+            want[why] += 1
+    src = write_jsonl(tmp / "in.jsonl", rows)
+    s = merge(MergeConfig(existing=[str(src)], out=str(tmp / "o"), format="eagle", eval_fraction=0))
+    lines = _jsonl(tmp / "o" / "eagle")
+    for ln in lines:
+        speakers = [t["from"] for t in ln["conversations"]]
+        assert speakers == ["human", "gpt"] * (len(speakers) // 2) + ["human"] * (len(speakers) % 2)
+    left = s.report.get("jsonl_left_out", {}).get("eagle", {})
+    assert len(lines) + sum(left.values()) == s.train_rows
+    assert Counter(left) == want

@@ -1,8 +1,10 @@
-"""Reading sources: jsonl with bad lines, json arrays, parquet via datasets, globs, errors."""
+"""Reading sources: jsonl with bad lines, json arrays, parquet in record batches, globs, errors."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +45,22 @@ def test_json_array_and_glob_order(tmp_path: Path) -> None:
     assert rows == [{"query": "a1"}, {"query": "b1"}, {"query": "b2"}]
 
 
-def test_parquet_through_datasets_streaming(tmp_path: Path) -> None:
+def test_parquet_in_record_batches(tmp_path: Path) -> None:
     pq.write_table(
         pa.Table.from_pylist([{"query": f"q{i}", "n": i} for i in range(5)]), tmp_path / "p.parquet"
     )
     rows = [r for _, r in iter_rows(_src(tmp_path / "p.parquet", max_rows=3))]
     assert rows == [{"query": "q0", "n": 0}, {"query": "q1", "n": 1}, {"query": "q2", "n": 2}]
+
+
+def test_parquet_files_of_a_glob_in_order_across_batches(tmp_path: Path) -> None:
+    """Several files, several row groups, more rows than one decoded batch: every row once,
+    in file then row order, nested values as Python lists and dicts."""
+    for name, lo in (("b.parquet", 3000), ("a.parquet", 0)):
+        rows = [{"query": f"q{i}", "turns": [{"n": i}]} for i in range(lo, lo + 3000)]
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / name, row_group_size=700)
+    got = [r for _, r in iter_rows(_src(tmp_path / "*.parquet"))]
+    assert got == [{"query": f"q{i}", "turns": [{"n": i}]} for i in range(6000)]
 
 
 def test_unreadable_sources_name_themselves(tmp_path: Path) -> None:
@@ -186,3 +198,32 @@ def test_json_array_cut_short_keeps_its_whole_elements(tmp_path: Path) -> None:
     for i in (1, 3):  # the empty element between two commas, the cut last one
         assert isinstance(got[i], RowError) and got[i].detail.startswith(f"{arr}: element {i}: ")
     assert len(got) == 4
+
+
+def test_parquet_memory_is_a_batch_not_a_row_group(tmp_path: Path) -> None:
+    """A file written as one row group (pyarrow's default up to 1M rows): reading it holds a
+    batch of decoded rows at a time, not the whole file (Arrow's own allocation peak, in a
+    fresh process so earlier tests do not count)."""
+    rows = 40_000
+    text = "x" * 500
+    pq.write_table(
+        pa.Table.from_pylist([{"query": f"{i} {text}"} for i in range(rows)]),
+        tmp_path / "one-group.parquet",
+        compression="zstd",
+    )
+    assert pq.ParquetFile(tmp_path / "one-group.parquet").metadata.num_row_groups == 1
+    script = (
+        "import sys, pyarrow as pa\n"
+        "from draftdata.prepare.config import SourceConfig\n"
+        "from draftdata.prepare.load import iter_rows\n"
+        "src = SourceConfig(name='s', schema='query_response', path=sys.argv[1])\n"
+        "n = sum(1 for _ in iter_rows(src))\n"
+        "print(n, pa.default_memory_pool().max_memory())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "one-group.parquet")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    n, peak = map(int, done.stdout.split())
+    assert n == rows
+    assert peak < rows * len(text) / 2  # the decoded strings alone are rows * 500 bytes

@@ -13,6 +13,7 @@ from draftdata.cli import app
 from draftdata.config import load_config
 from draftdata.errors import ConfigError, InputError
 from draftdata.formats import PREPARE_REPORT
+from draftdata.prepare import stage
 from draftdata.prepare.config import ExistingConfig, PrepareConfig, SourceConfig, resolve_paths
 from draftdata.prepare.dedup import DedupConfig
 from draftdata.prepare.samples import sample_config, write_sample_sources
@@ -79,6 +80,27 @@ def test_same_inputs_and_seed_give_identical_bytes(samples: Path, tmp_path: Path
     a, b, c = _files(tmp_path / "a"), _files(tmp_path / "b"), _files(tmp_path / "c")
     assert a == b
     assert a["prompts-00000.jsonl"] != c["prompts-00000.jsonl"]
+
+
+def test_dedup_batches_do_not_show_in_the_outputs(
+    samples: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows wait for the deduper in batches; whatever the batch size, the same files, byte for
+    byte (rejects still in row order), and no signature file left behind."""
+    cfg = sample_config(samples, tmp_path / "a", seed=5)
+    cfg = msgspec.structs.replace(cfg, dedup=DedupConfig(threshold=0.7))
+    prepare(cfg)
+    for n, name in ((1, "b"), (7, "c")):
+        monkeypatch.setattr(stage, "DEDUP_BATCH", n)
+        prepare(msgspec.structs.replace(cfg, out=str(tmp_path / name)))
+    a, b, c = _files(tmp_path / "a"), _files(tmp_path / "b"), _files(tmp_path / "c")
+    assert a == b == c
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(a)  # no spool, no .dedup-
+    by_source: dict[str, list[int]] = {}
+    for line in (tmp_path / "a" / "rejects.jsonl").open():
+        reject = json.loads(line)
+        by_source.setdefault(reject["source"], []).append(reject["row"])
+    assert by_source and all(rows == sorted(rows) for rows in by_source.values())
 
 
 def test_plan_only_writes_nothing(samples: Path, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The engine's collector settings: raised and frozen during a run, restored after it."""
+"""The collector settings of a long batch loop (generate's engine, prepare): raised and frozen
+during a run, restored after it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from draftdata.generate.collector import YOUNG_THRESHOLD, fewer_collections
+from draftdata.collector import YOUNG_THRESHOLD, fewer_collections
 
 
 @pytest.fixture
