@@ -64,7 +64,8 @@ from typing import Any
 import msgspec
 
 from draftdata.endpoints import parse_loads
-from draftdata.generate.client import EndpointClient, RequestError, build_body
+from draftdata.errors import FatalRequestError, ServerError
+from draftdata.generate.client import EndpointClient, build_body
 from draftdata.generate.config import GenerateConfig, Sampling
 from draftdata.generate.stage import generate
 from draftdata.records import Message, Prompt
@@ -526,8 +527,8 @@ async def _baseline(
                 client = clients[next(rr)]
                 try:
                     turns = await client.chat(body)
-                except RequestError as exc:
-                    if exc.fatal:
+                except ServerError as exc:
+                    if isinstance(exc, FatalRequestError):
                         break
                     await asyncio.sleep(min(2.0, 0.1 * 2**attempt) * random.random())
                     continue

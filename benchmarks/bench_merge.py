@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftdata.formats import SAMPLE_SCHEMA
-from draftdata.store.read import parquet_bytes
+from draftdata.store.write import parquet_bytes
 
 TARGET_RSS = 2 << 30
 MIX = "code=0.35,math=0.2,general=0.3,tool=0.1,agent=0.05"

@@ -1,4 +1,4 @@
-"""The one conversation rule (DESIGN invariant 8): a prompt plus generated turns -> a conversation.
+"""The one conversation rule: a prompt plus generated turns -> a conversation.
 
 generate, export, stats, merge and tokenize all go through this module, so the requests generate
 sends, the conversations export writes and the contexts tokenize trains on cannot disagree.

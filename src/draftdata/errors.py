@@ -9,6 +9,7 @@
     │   ├── AlreadyExistsError          a create-only write found the key already there
     │   ├── ProtectedPrefixError        the output overlaps a protected prefix
     │   ├── RunMismatchError            the run's manifest disagrees with this config
+    │   ├── LeaseUnconfirmedError       the run lease could not be renewed (an outage)
     │   └── TransientStoreError         worth retrying (throttling, 5xx, resets)
     ├── RunLeaseError                   the run lease (one writer per run, store/lease.py)
     │   ├── LeaseHeldError              another live process writes this run
@@ -17,25 +18,36 @@
     │   └── FleetUnavailableError       no endpoint could serve for a bounded time, or every
     │                                   endpoint refuses chat requests (generate stops, resumable)
     ├── RunAbortedError                 an unexpected error stopped a run (committed work kept)
-    └── ServerError                     one request failed
-        ├── RetryableServerError        429, 5xx, timeout, reset, malformed body
-        ├── EndpointRefusedError        401/403/404/405/501 for chat: the endpoint's fault,
-        │                               never the prompt's (it is taken out, work moves on)
-        └── FatalRequestError           the request itself is bad: do not retry
-            └── ContextLengthError      prompt (+ max tokens) exceeds the context
+    └── ServerError                     one request failed; ``reason`` names it in Failures
+        │                               and in the endpoints' error counts
+        ├── RetryableServerError        server_error: a 5xx, an answer the server aborted
+        │   ├── MalformedAnswerError    malformed: a body that is no chat completion
+        │   ├── RateLimitedError        rate_limited: 429 (with the server's Retry-After)
+        │   ├── RequestTimeoutError     timeout: no whole answer in time, or 408
+        │   └── ConnectionLostError     connection: cannot connect, reset, cut short
+        ├── EndpointFaultError          the endpoint's fault, never the prompt's (it is
+        │   │                           taken out, the work moves on uncharged)
+        │   ├── EndpointRefusedError    refused: 401/403/404/405/407/501 for chat
+        │   └── ImpossibleAnswerError   impossible: over its size bound, impossible usage
+        └── FatalRequestError           invalid_request: the request itself is bad (4xx)
+            └── ContextLengthError      context_length: prompt (+ max tokens) exceeds the
+                                        context
 
     Interrupted (a BaseException)      SIGINT/SIGTERM stopped a command that holds worker
                                         processes (``workerpool.py``); exit 128 + signal
 
 Retry decisions are made by type, never by matching message text; raw HTTP, S3 and file errors
-are mapped to these types in one place per layer (``raise ... from exc``). Anything that is not a
-DraftdataError is a bug and keeps its traceback.
+are mapped to these types in one place per layer (``raise ... from exc``): an inference server's
+answers in ``generate/client.py``, which raises only the leaves above (and
+``RetryableServerError`` itself), and the dispatcher catches them by type. Anything that is not
+a DraftdataError is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import signal
 from collections.abc import Iterator
 
 
@@ -143,26 +155,76 @@ class RunAbortedError(DraftdataError):
 
 
 class ServerError(DraftdataError):
-    """One request to an inference server failed."""
+    """One request to an inference server failed. ``reason`` is the failure's name in a
+    Failure record and in an endpoint's error counts; ``status`` the HTTP status (None without
+    an answer); ``retry_after`` the server's Retry-After in seconds, where it sent one."""
 
     reason: str = "server_error"
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
+        self.message = message
         self.status = status
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        where = f"HTTP {self.status}: " if self.status is not None else ""
+        return f"{self.reason}: {where}{self.message}"
 
 
 class RetryableServerError(ServerError):
-    """A failure that another attempt (perhaps on another endpoint) may not hit."""
+    """A failure that another attempt (perhaps on another endpoint) may not hit: a 5xx, an
+    answer the server aborted."""
 
-    reason = "retryable"
+    reason = "server_error"
 
 
-class EndpointRefusedError(ServerError):
+class MalformedAnswerError(RetryableServerError):
+    """An answer whose body is not a chat completion (or a transport failure nobody mapped)."""
+
+    reason = "malformed"
+
+
+class RateLimitedError(RetryableServerError):
+    """The server asked to slow down (429)."""
+
+    reason = "rate_limited"
+
+
+class RequestTimeoutError(RetryableServerError):
+    """No whole answer within the read timeout (or the server's 408); the endpoint's health
+    is checked."""
+
+    reason = "timeout"
+
+
+class ConnectionLostError(RetryableServerError):
+    """No connection, or it broke before the whole answer (reset, disconnect, cut short); the
+    endpoint's health is checked."""
+
+    reason = "connection"
+
+
+class EndpointFaultError(ServerError):
+    """The endpoint, not the prompt, is at fault: it is taken out at once and the request
+    moves on without counting as an attempt of the prompt."""
+
+    reason = "endpoint_fault"
+
+
+class EndpointRefusedError(EndpointFaultError):
     """The endpoint answers but refuses chat requests (a rotated key, a renamed model, not an
-    OpenAI-compatible server): an endpoint fault that never fails the prompt."""
+    OpenAI-compatible server: 401/403/404/405/407/501)."""
 
     reason = "refused"
+
+
+class ImpossibleAnswerError(EndpointFaultError):
+    """An answer over its size bound or with impossible usage (``generate/bounds.py``)."""
+
+    reason = "impossible"
 
 
 class FatalRequestError(ServerError):
@@ -183,8 +245,6 @@ class Interrupted(BaseException):
     ``except Exception`` clauses let it through, like KeyboardInterrupt."""
 
     def __init__(self, signum: int) -> None:
-        import signal
-
         self.signum = signum
         self.signame = signal.Signals(signum).name
         super().__init__(f"stopped by {self.signame}")

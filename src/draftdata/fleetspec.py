@@ -25,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+import psutil
 import yaml
 
 from draftdata.config import convert, read_yaml
@@ -61,7 +62,6 @@ class FleetSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
 def process_start_time(pid: int) -> float | None:
     """The kernel's start time of ``pid`` (seconds since the epoch), None if it is gone: the
     ``started`` of an EndpointSpec, which ``fleet status/down`` compare to tell a reused pid."""
-    import psutil
 
     try:
         return float(psutil.Process(pid).create_time())

@@ -1,22 +1,31 @@
-"""On-disk formats: Arrow schemas of our parquet files and their format versions.
+"""On-disk formats: Arrow schemas of our parquet files, the JSON files beside them, and their
+format versions.
 
 Every parquet file we write carries ``draftdata.format`` = ``<kind>/<version>`` in its schema
 metadata, and every reader calls ``check_format`` first. Heterogeneous JSON values (tool specs,
 tool calls, ``meta``, ``sampling``) are stored as JSON strings so the files stay loadable by
 Hugging Face ``datasets`` and any parquet reader; everything else is typed columns.
 
-This module converts between records and Arrow tables; it does not know where files live.
+Every JSON file a stage writes beside its data (a run's manifest, prepare's report, merge's
+config and report, tokenize's config and summary, a pilot's forecast) is a ``JsonFile`` here:
+its one name and its format, whose value its ``"format"`` key carries, and ``load``, the one
+checked way to read it (a file of another format is a FormatVersionError, one line).
+
+This module converts between records and Arrow tables and checks the JSON files' shape; it does
+not know where files live.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import pyarrow as pa
 
-from draftdata.errors import FormatVersionError
+from draftdata.errors import FormatVersionError, InputError
 from draftdata.records import Completion, Failure, Message, Sample, Turn, Usage
 
 FORMAT_KEY = b"draftdata.format"
@@ -29,6 +38,74 @@ SAMPLE_FORMAT = "sample/1"
 
 _json = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder()
+
+
+# -- the JSON files ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JsonFile:
+    """One kind of JSON file draftdata writes: its ``name`` in its folder or prefix, the
+    ``format`` its ``"format"`` key carries, and what it is and who writes it (for the one-line
+    errors)."""
+
+    name: str
+    format: str
+    what: str
+    writer: str
+
+    def load(self, raw: bytes, where: str) -> dict[str, Any]:
+        """The file's JSON object, read from ``raw`` (at ``where``): InputError when it is not
+        a JSON object, FormatVersionError when it carries another format."""
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise InputError(f"{where}: not valid JSON ({exc}); {self._hint()}") from exc
+        if not isinstance(doc, dict):
+            raise InputError(f"{where}: expected a JSON object; {self._hint()}")
+        found = doc.get("format")
+        if found != self.format:
+            raise FormatVersionError(
+                f"{where}: format {found!r}, this draftdata reads {self.format} ({self.what}); "
+                f"{self._hint()}"
+            )
+        return doc
+
+    def _hint(self) -> str:
+        return f"{self.name} is {self.what}, written by {self.writer}"
+
+
+RUN_MANIFEST = JsonFile(  # what makes a prefix a generate run (store/manifest.py)
+    "manifest.json", "draftdata.run/1", "a run's manifest", "draftdata generate"
+)
+PREPARE_REPORT = JsonFile(
+    "prepare_report.json", "draftdata.prepare_report/1", "prepare's report", "draftdata prepare"
+)
+MERGE_CONFIG = JsonFile(  # written first: without the report, the merge is unfinished
+    "merge_config.json", "draftdata.merge-config", "merge's settings", "draftdata merge"
+)
+MERGE_REPORT = JsonFile(
+    "merge_report.json", "draftdata.merge-report", "merge's report", "draftdata merge"
+)
+TOKENIZE_CONFIG = JsonFile(  # written first: without the summary, the tokenize is unfinished
+    "tokenize_config.json",
+    "draftdata.tokenize-summary/1",
+    "tokenize's settings",
+    "draftdata tokenize",
+)
+TOKENIZE_SUMMARY = JsonFile(
+    "summary.json", "draftdata.tokenize-summary/1", "tokenize's summary", "draftdata tokenize"
+)
+# prepare's other files beside its report: the prompt shards and the rejected lines
+PREPARE_SHARDS = "prompts-*.jsonl"  # prompts-00000.jsonl, ... (``prepare_shard``)
+PREPARE_REJECTS = "rejects.jsonl"
+PREPARE_REPORT_MD = "prepare_report.md"
+
+
+def prepare_shard(n: int) -> str:
+    """The name of prepare's ``n``-th prompt shard."""
+    return f"prompts-{n:05d}.jsonl"
+
 
 MESSAGE_TYPE = pa.struct(
     [

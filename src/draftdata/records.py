@@ -1,8 +1,9 @@
 """Records that flow between stages: Prompt, Completion, Failure, Sample.
 
-These are the public contracts of the pipeline (DESIGN.md "Records"). Prompts travel as JSONL,
-one object per line, where only ``id`` and ``messages`` are required; completions, failures and
-samples travel as parquet (see ``formats.py`` for the Arrow schemas and format versions).
+These are the public contracts of the pipeline (ARCHITECTURE.md: the layer everything rests
+on). Prompts travel as JSONL, one object per line, where only ``id`` and ``messages`` are
+required; completions, failures and samples travel as parquet (see ``formats.py`` for the
+Arrow schemas and format versions).
 
 Validation lives here: ``parse_prompt`` turns one raw JSON line into a Prompt or raises an
 InputError located as ``file:line: field: what is wrong``. This module does no file I/O (reading

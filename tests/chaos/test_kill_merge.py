@@ -30,7 +30,7 @@ pytestmark = pytest.mark.chaos
 # The merge CLI, SIGKILLed by itself right after its KILL_AFTER-th object write (0: before any).
 DRIVER = """
 import os, signal, sys
-from draftdata.store.store import Store
+from draftdata.store.base import Store
 after = int(os.environ["KILL_AFTER"])
 done = 0
 put_new = Store.put_new

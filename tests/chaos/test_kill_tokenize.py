@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tests.chaos.test_kill_merge import DRIVER
 from tests.unit.merge.helpers import file_hashes
 
+from draftdata.demo.tokenizer import ensure_demo_tokenizer
 from draftdata.errors import ConfigError, InputError
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
@@ -25,7 +26,6 @@ from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.stats.readers import open_dataset
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.stage import tokenize
-from draftdata.tokenize.train import ensure_demo_tokenizer
 
 pytestmark = pytest.mark.chaos
 

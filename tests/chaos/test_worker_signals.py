@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from draftdata.demo.tokenizer import ensure_demo_tokenizer
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
 from draftdata.sim.run import SimConfig, SimFleet
-from draftdata.tokenize.train import ensure_demo_tokenizer
 
 pytestmark = pytest.mark.chaos
 

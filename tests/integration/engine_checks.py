@@ -51,7 +51,7 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str
 def tiny_model(python: Path, base: Path) -> Path:
     """The demo tokenizer plus random tiny Qwen3 weights in ``base/tiny-qwen3``, written by the
     engine's python (torch and transformers live there)."""
-    from draftdata.tokenize.train import ensure_demo_tokenizer
+    from draftdata.demo.tokenizer import ensure_demo_tokenizer
 
     model = base / "tiny-qwen3"
     shutil.copytree(ensure_demo_tokenizer(base / "cache"), model)

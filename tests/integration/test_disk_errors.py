@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.integration.disk import can_mount, fill, read_only, tmpfs
 
+from draftdata.demo.tokenizer import ensure_demo_tokenizer
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
 from draftdata.sim.run import SimConfig, SimFleet
-from draftdata.tokenize.train import ensure_demo_tokenizer
 
 pytestmark = pytest.mark.integration
 

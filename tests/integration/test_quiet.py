@@ -56,7 +56,7 @@ def run(fleet: SimFleet, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from draftdata.tokenize.train import ensure_demo_tokenizer
+    from draftdata.demo.tokenizer import ensure_demo_tokenizer
 
     return ensure_demo_tokenizer(tmp_path_factory.mktemp("cache"))
 
@@ -170,7 +170,7 @@ def test_demo(tokenizer: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
     ]
     assert _run(*args, "-q") == 0
     _nothing(capfd)
-    assert (tmp_path / "d" / "report.html").is_file() or list((tmp_path / "d").rglob("*.html"))
+    assert (tmp_path / "d" / "report.html").is_file()  # the demo's last step ran
 
 
 def test_fleet_up_status_down_and_sim(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

@@ -3,13 +3,18 @@
 The layer table in ARCHITECTURE.md is the one source: every package and top-level module under
 ``src/draftdata`` has a row, and every import between two of them (module level, inside a
 function or under ``TYPE_CHECKING``; found with ``ast``, nothing is imported) must go to a
-strictly lower layer. Imports inside one package are free.
+strictly lower layer. Inside one package, the modules import each other freely, with two
+exceptions: no module may take part in an import circle (two or more modules that import each
+other, directly or around a loop; counted over every import, whatever its place), and the
+modules of the generate engine's table (ARCHITECTURE.md, "The generate engine") import only
+down that table.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,11 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "draftdata"
 DOC = ROOT / "ARCHITECTURE.md"
 
-# (importer, imported) -> why it is still there. Each entry must still occur (a stale entry
-# fails), so the list only shrinks. Both wait for the prompt-parsing branch (issue 13) to land.
-PENDING: dict[tuple[str, str], str] = {}
-
 _ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*`([\w.]+/?)`\s*\|", re.MULTILINE)
+_ENGINE_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*`generate/(\w+)\.py`\s*\|", re.MULTILINE)
 
 
 def layers(doc: str) -> dict[str, int]:
@@ -132,11 +134,7 @@ def test_the_layer_table_matches_the_tree() -> None:
 
 def test_imports_only_point_down() -> None:
     table = layers(DOC.read_text(encoding="utf-8"))
-    found = all_violations(table)
-    new = [str(v) for v in found if (v.importer, v.imported) not in PENDING]
-    assert new == []
-    stale = PENDING.keys() - {(v.importer, v.imported) for v in found}
-    assert sorted(stale) == [], "PENDING entries that no longer occur: remove them"
+    assert [str(v) for v in all_violations(table)] == []
 
 
 def test_the_check_catches_up_sibling_and_unknown_imports() -> None:
@@ -181,3 +179,133 @@ def test_the_table_parser_reads_packages_and_modules() -> None:
     doc = "| layer | module | owns |\n|--:|--|--|\n| 1 | `cli/` | a |\n| 12 | `errors.py` | b |\n"
     doc += "| 11 | `__init__.py` | c |\n"
     assert layers(doc) == {"cli": 1, "errors": 12, "draftdata": 11}
+
+
+# -- circles and the engine's layers ---------------------------------------------------------
+
+
+def modules() -> dict[str, tuple[Path, bool]]:
+    """``draftdata.x.y`` -> (its file, whether it is a package's ``__init__``)."""
+    out: dict[str, tuple[Path, bool]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        is_package = rel.name == "__init__"
+        out[".".join(rel.parts[:-1] if is_package else rel.parts)] = (path, is_package)
+    return out
+
+
+def module_edges(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The draftdata modules ``module`` imports (every import, wherever it stands): ``from
+    pkg import name`` is an import of ``pkg.name`` when that is a module, else of ``pkg``."""
+    package = module if is_package else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            targets = [
+                f"{target}.{a.name}" if f"{target}.{a.name}" in known else target
+                for a in node.names
+            ]
+        else:
+            continue
+        for t in targets:
+            while t not in known and "." in t:
+                t = t.rpartition(".")[0]
+            if t in known and t != module:
+                out.add(t)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every draftdata module -> the draftdata modules it imports."""
+    mods = modules()
+    known = set(mods)
+    return {
+        m: module_edges(path.read_text(encoding="utf-8"), m, is_package, known)
+        for m, (path, is_package) in mods.items()
+    }
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected parts of two or more modules
+    (Tarjan's algorithm, iterative), each sorted, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+            if low[v] == index[v]:
+                part: list[str] = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    part.append(w)
+                    if w == v:
+                        break
+                if len(part) > 1:
+                    found.append(sorted(part))
+    return sorted(found)
+
+
+def test_no_import_circles() -> None:
+    found = circles(import_graph())
+    assert found == [], "modules that import each other (move what both need down a module)"
+
+
+def test_the_circle_check_finds_loops_of_any_length() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}}
+    assert circles(graph) == [["a", "b", "c"], ["e", "f"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+    # `from pkg import mod` is an import of the module, `from pkg import name` of the package
+    known = {"draftdata.report", "draftdata.report.page", "draftdata.report.build"}
+    source = "def f():\n    from draftdata.report import page, build_report\n"
+    edges = module_edges(source, "draftdata.report.forecast", False, known)
+    assert edges == {"draftdata.report.page", "draftdata.report"}
+
+
+def engine_layers(doc: str) -> dict[str, int]:
+    """``generate module -> layer`` from ARCHITECTURE.md's engine table."""
+    return {f"draftdata.generate.{m}": int(n) for n, m in _ENGINE_ROW.findall(doc)}
+
+
+def test_the_engine_imports_only_down_its_layers() -> None:
+    table = engine_layers(DOC.read_text(encoding="utf-8"))
+    assert len(table) >= 6, "ARCHITECTURE.md has no table of the generate engine's layers"
+    assert not set(table) - set(modules()), "engine rows that name no module"
+    graph = import_graph()
+    wrong = [
+        f"{m} (layer {table[m]}) imports {t} (layer {table[t]})"
+        for m in table
+        for t in sorted(graph[m])
+        if t in table and table[t] <= table[m]
+    ]
+    assert wrong == []

@@ -327,7 +327,7 @@ def test_completion_1_shards_keep_the_rule_they_were_generated_under() -> None:
         completion_row,
         iter_completions,
     )
-    from draftdata.tokenize.tables import views_from_table
+    from draftdata.tokenize.arrow import views_from_table
 
     c = Completion(id="old", messages=[m("user", "u1"), m("user", "u2")], turns=[answer("A")])
     old_fields = [

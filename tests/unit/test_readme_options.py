@@ -48,6 +48,26 @@ def test_every_option_is_documented() -> None:
     assert missing == []
 
 
+def test_every_generate_config_key_is_an_option_or_documented() -> None:
+    """A gen.yaml key is a generate option (``--max-tokens`` for ``max_tokens``, ``--endpoint``
+    for ``endpoints``, ``--no-hedge`` for ``hedge``) or has its row in docs/generate.md's table
+    of the keys without one."""
+    from draftdata.generate.config import GenerateConfig
+
+    options = set(_long_options(typer.main.get_command(app).commands["generate"]))
+    page = (ROOT / "docs" / "generate.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `(\w+)` \|", page, re.MULTILINE))
+
+    def option(key: str) -> bool:
+        name = key.replace("_", "-")
+        return bool({f"--{name}", f"--{name.removesuffix('s')}", f"--no-{name}"} & options)
+
+    missing = [
+        key for key in GenerateConfig.__struct_fields__ if not option(key) and key not in rows
+    ]
+    assert missing == []
+
+
 def test_the_walk_reaches_subcommands_and_their_options() -> None:
     found = {
         p: set(_long_options(c)) for p, c in _commands(typer.main.get_command(app), "draftdata")

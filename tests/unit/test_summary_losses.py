@@ -51,7 +51,7 @@ def _number(pattern: str, line: str) -> int:
 
 @pytest.fixture(scope="module")
 def demo_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from draftdata.tokenize.train import ensure_demo_tokenizer
+    from draftdata.demo.tokenizer import ensure_demo_tokenizer
 
     return ensure_demo_tokenizer(tmp_path_factory.mktemp("tok"))
 

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from draftdata.endpoints import base_url, parse_prometheus, probe_capacity
-from draftdata.errors import FleetError
-from draftdata.generate.client import EndpointClient, RequestError
+from draftdata.errors import FatalRequestError, FleetError, ServerError
+from draftdata.generate.client import EndpointClient
 from draftdata.speculation import SpecCounts, from_sglang, from_vllm_metrics
 
 Log = Callable[[str], None]
@@ -105,8 +106,6 @@ async def probe_spec(
         got = await _get(session, url + "/server_info")
         info: Any = None
         if got is not None and got[0] == 200:
-            import msgspec
-
             try:
                 info = msgspec.json.decode(got[1])
             except msgspec.DecodeError:
@@ -123,7 +122,7 @@ async def probe_spec(
         body = {**warmup, "model": cap.model} if cap.model else dict(warmup)
         try:
             await client.chat_json(body)
-        except RequestError as exc:
+        except ServerError as exc:
             raise FleetError(f"acceptance: {url} does not serve a chat request ({exc})") from exc
         if await read_counters(session, url) is None:
             raise FleetError(
@@ -245,8 +244,8 @@ class Measurement:
             for attempt in range(ATTEMPTS):
                 try:
                     answer = await server.client.chat_json(body)
-                except RequestError as exc:
-                    if exc.fatal:
+                except ServerError as exc:
+                    if isinstance(exc, FatalRequestError):
                         return False, 0, None
                     if attempt == ATTEMPTS - 1:
                         raise _ServerDown(str(exc)) from exc

@@ -29,8 +29,24 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from rich.table import Table
 
+from draftdata.demo.existing import write_existing_set
+from draftdata.demo.tokenizer import ensure_demo_tokenizer
 from draftdata.errors import InputError
+from draftdata.generate.config import GenerateConfig, Sampling
+from draftdata.generate.stage import generate
+from draftdata.merge.config import MergeConfig
+from draftdata.merge.stage import merge
+from draftdata.prepare.config import ExistingConfig
+from draftdata.prepare.samples import sample_config, write_sample_sources
+from draftdata.prepare.stage import prepare
+from draftdata.report.build import build_report
+from draftdata.sim.config import SimConfig
+from draftdata.sim.run import SimFleet
+from draftdata.stats.compute import compute_stats
+from draftdata.tokenize.config import TokenizeConfig
+from draftdata.tokenize.stage import tokenize
 
 MARKER = ".draftdata-demo"
 CACHE = ".cache"  # the default tokenizer cache, kept when a rerun replaces the folder
@@ -92,21 +108,6 @@ def run_demo(
     log: Callable[[str], None] = print,
 ) -> DemoResult:
     """Run every stage on the embedded defaults into ``out``; return paths and figures."""
-    from draftdata.demo.existing import write_existing_set
-    from draftdata.generate.config import GenerateConfig, Sampling
-    from draftdata.generate.stage import generate
-    from draftdata.merge.config import MergeConfig
-    from draftdata.merge.stage import merge
-    from draftdata.prepare.config import ExistingConfig
-    from draftdata.prepare.samples import sample_config, write_sample_sources
-    from draftdata.prepare.stage import prepare
-    from draftdata.report.build import build_report
-    from draftdata.sim.config import SimConfig
-    from draftdata.sim.run import SimFleet
-    from draftdata.stats.compute import compute_stats
-    from draftdata.tokenize.config import TokenizeConfig
-    from draftdata.tokenize.stage import tokenize
-    from draftdata.tokenize.train import ensure_demo_tokenizer
 
     start = time.perf_counter()
     out = out.resolve()
@@ -249,7 +250,6 @@ def run_demo(
 
 def summary_table(result: DemoResult) -> Any:
     """A rich Table of the demo's figures (the CLI prints the output paths below it)."""
-    from rich.table import Table
 
     table = Table(title=f"draftdata demo ({result.wall_s:.1f} s)", title_justify="left")
     table.add_column("stage")

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from draftdata.errors import ConfigError, DraftdataError, FleetError
+from draftdata.fleetspec import read_fleet
 from draftdata.redact import redact_url
 
 FLEET_RESOURCE = "draftdata_fleet"
@@ -147,7 +148,6 @@ def resolve_fleet(
     """On the current node: (fleet path or None, endpoint URLs, description) from the
     per-node template, a fleet file (read here, so a node-local path) or endpoint URLs (which
     may use the same placeholders, e.g. ``http://{ip}:30000``)."""
-    from draftdata.fleetspec import read_fleet
 
     hostname, ip, node_id = here()
     if fleet_per_node:

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from draftdata.distributed import cluster
-from draftdata.errors import ConfigError, DraftdataError
+from draftdata.distributed.progress import committed_by_writer
+from draftdata.errors import DraftdataError
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.partition import Partition
+from draftdata.generate.stage import generate
+from draftdata.store.shards import default_writer_id
+from draftdata.store.store import open_store
 
 
 class RayOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -39,8 +42,6 @@ class RayOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     report_s: float = 5.0  # how often a partition reports its committed counts
     probe_timeout_s: float = 5.0
     forward_env: list[str] = msgspec.field(default_factory=list)
-    # The stage function each partition runs, as module:function (a seam for custom engines).
-    engine: str = "draftdata.generate.stage:generate"
 
 
 def _partition_config(
@@ -63,33 +64,6 @@ def _partition_config(
     return msgspec.structs.replace(config, **changes), kwargs
 
 
-def _load_engine(path: str) -> Callable[..., Any]:
-    import importlib
-
-    module_name, _, attr = path.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr or "generate")
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"--ray: cannot load the generate engine {path!r} ({exc})") from exc
-    if not callable(fn):
-        raise ConfigError(f"--ray: the generate engine {path!r} is not callable")
-    return fn  # type: ignore[no-any-return]
-
-
-def _summary(result: Any) -> dict[str, Any]:
-    for name in ("summary", "to_dict"):
-        fn = getattr(result, name, None)
-        if callable(fn):
-            value = fn()
-            if isinstance(value, dict):
-                return value
-    try:
-        value = msgspec.to_builtins(result)
-    except TypeError:
-        return {"result": repr(result)}
-    return value if isinstance(value, dict) else {"result": value}
-
-
 def run_partition(
     config: GenerateConfig,
     part: Partition,
@@ -102,10 +76,6 @@ def run_partition(
     engine's summary. Raises the engine's DraftdataError (Ray does not retry those).
     ``labels`` maps node ids to the names the driver shows (default: the hostname)."""
     import ray
-
-    from draftdata.distributed.progress import committed_by_writer
-    from draftdata.store.shards import default_writer_id
-    from draftdata.store.store import open_store
 
     hostname, _ip, node_id = cluster.here()
     hostname = (labels or {}).get(node_id, hostname)
@@ -130,10 +100,9 @@ def run_partition(
     thread = threading.Thread(target=reporter, name="draftdata-report", daemon=True)
     thread.start()
     try:
-        engine = _load_engine(opts.engine)
         fleet, urls, _ = cluster.resolve_fleet(config.fleet, config.endpoints, opts.fleet_per_node)
         part_config, kwargs = _partition_config(config, part, writer, fleet, urls)
-        summary = _summary(engine(part_config, **kwargs))
+        summary = generate(part_config, **kwargs).to_dict()
     except BaseException as exc:
         stop.set()
         report()

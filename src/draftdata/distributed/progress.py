@@ -23,10 +23,14 @@ from typing import Any
 
 import msgspec
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 
 from draftdata.formats import COMPLETION_FORMAT
+from draftdata.store.base import Store
 from draftdata.store.read import COMPLETIONS_PREFIX, FAILURES_PREFIX, read_shard
-from draftdata.store.store import Store
 
 STATES = ("queued", "running", "done", "failed")
 LOST = "worker lost"  # the error of an attempt whose worker died (Ray retried the partition)
@@ -152,8 +156,6 @@ def committed_by_writer(
 
 def _shard_counts(store: Store, key: str, completions: bool) -> tuple[int, int]:
     if not completions:
-        import pyarrow.parquet as pq
-
         path = store.local_path(key)
         pf = pq.ParquetFile(path if path is not None else store.open_input(key))
         return pf.metadata.num_rows, 0
@@ -286,9 +288,6 @@ def plain_line(t: Tracker) -> str:
 
 def render(t: Tracker) -> Any:
     """A rich renderable: the headline and one row per node."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
 
     nodes = t.nodes()
     table = Table(box=None, pad_edge=False)

@@ -28,14 +28,26 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+from rich.console import Console
+from rich.live import Live
 
 from draftdata.distributed import cluster
 from draftdata.distributed.partition_task import RayOptions as RayOptions
 from draftdata.distributed.partition_task import run_partition
-from draftdata.distributed.progress import Board, PartitionState, Tracker, plain_line, render
+from draftdata.distributed.progress import (
+    LOST,
+    Board,
+    PartitionState,
+    Tracker,
+    committed_by_writer,
+    plain_line,
+    render,
+)
 from draftdata.errors import ConfigError, DraftdataError
-from draftdata.generate.config import GenerateConfig
+from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.partition import Partition, count_by_partition
+from draftdata.generate.source import prompt_files
+from draftdata.store.store import open_store
 
 DEFAULT_PARTITIONS_PER_NODE = 4
 
@@ -76,7 +88,6 @@ class RayGenerateResult(msgspec.Struct, kw_only=True):
 
 
 def _check(config: GenerateConfig, opts: RayOptions) -> None:
-    from draftdata.generate.config import validate
 
     if opts.fleet_per_node and (config.fleet or config.endpoints):
         raise ConfigError("--fleet-per-node: give it instead of --fleet/--endpoint, not with them")
@@ -109,7 +120,6 @@ def _absolute(config: GenerateConfig, opts: RayOptions) -> tuple[GenerateConfig,
 
 def _totals(config: GenerateConfig, count: int) -> list[int | None]:
     """Records each partition will commit (prompts x n), when the driver can see the prompts."""
-    from draftdata.generate.source import prompt_files
 
     if config.limit is not None:
         return [None] * count
@@ -283,8 +293,6 @@ def _recount_lost(parts: list[PartitionState], out: str, board: Any, done: set[s
     """Count once, from the store, what each lost attempt committed after its last report
     (the board receives it before the driver's next snapshot: calls from one caller keep
     their order). ``done`` holds the writers already recounted."""
-    from draftdata.distributed.progress import LOST, committed_by_writer
-    from draftdata.store.store import open_store
 
     for p in parts:
         for a in p.attempts:
@@ -317,9 +325,6 @@ def _monitor(
     use_live = sys.stderr.isatty() if live is None else live
     display = None
     if use_live:
-        from rich.console import Console
-        from rich.live import Live
-
         display = Live(console=Console(stderr=True), refresh_per_second=2, transient=False)
         display.start()
     last_line = time.monotonic()

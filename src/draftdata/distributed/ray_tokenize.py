@@ -17,18 +17,24 @@ This module does not tokenize by itself (``tokenize.batch`` does) and defines no
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from typing import Any
 
 import msgspec
+import pyarrow as pa
 
 from draftdata.distributed import cluster
 from draftdata.errors import InputError
-from draftdata.tokenize.config import TokenizeConfig, TokenizeSummary
-
-if TYPE_CHECKING:  # the batch module imports transformers: loaded where it runs
-    from draftdata.tokenize.batch import Counters
+from draftdata.store.base import normalise_url
+from draftdata.store.store import open_store
+from draftdata.tokenize import stage
+from draftdata.tokenize.batch import Counters, TokenizeContext
+from draftdata.tokenize.config import DomainTotals, TokenizeConfig, TokenizeSummary
+from draftdata.tokenize.stage import locate_input, tokenize_shard
 
 
 class RayTokenizeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -59,11 +65,6 @@ _WORKER_STATE: dict[str, tuple[Any, Any, Any, str]] = {}
 def _worker_state(config_json: str) -> tuple[Any, Any, Any, str]:
     state = _WORKER_STATE.get(config_json)
     if state is None:
-        from draftdata.store.store import open_store
-        from draftdata.tokenize.batch import TokenizeContext
-        from draftdata.tokenize.config import TokenizeConfig
-        from draftdata.tokenize.stage import locate_input
-
         config = msgspec.json.decode(config_json, type=TokenizeConfig)
         ctx = TokenizeContext.from_config(config)
         out = open_store(config.out_url, protect=config.protect)
@@ -77,9 +78,6 @@ def _worker_state(config_json: str) -> tuple[Any, Any, Any, str]:
 def _tokenize_keys(batch: Any, config_json: str, rows: int) -> Any:
     """map_batches body: tokenize the shards named in ``batch`` (a pyarrow table with
     ``index`` and ``key``); returns their counters (JSON) and written shard names."""
-    import pyarrow as pa
-
-    from draftdata.tokenize.stage import tokenize_shard
 
     ctx, run, out, kind = _worker_state(config_json)
     indexes, counters, written = [], [], []
@@ -101,10 +99,6 @@ def _tokenize_keys(batch: Any, config_json: str, rows: int) -> Any:
 
 
 def _counters(doc: dict[str, Any]) -> Counters:
-    from collections import Counter
-
-    from draftdata.tokenize.batch import Counters
-    from draftdata.tokenize.config import DomainTotals
 
     return Counters(
         counts=Counter(doc["counts"]),
@@ -123,7 +117,6 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     the previous summary's settings); a finished output with the same settings is returned
     as it is. Raises the stage's DraftdataError of the first shard that fails.
     """
-    from draftdata.tokenize import stage
 
     opts = opts or RayTokenizeOptions()
     ray = cluster.require_ray()
@@ -158,9 +151,6 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
 def _for_workers(config: TokenizeConfig) -> TokenizeConfig:
     """``config`` with local paths absolute (workers run in other directories); the
     summary's settings keep the paths as given, as the single-process stage records them."""
-    import os
-
-    from draftdata.store.store import normalise_url
 
     def local(path: str | None) -> str | None:
         return os.path.abspath(path) if path and os.path.exists(path) else path
@@ -215,7 +205,6 @@ def _task_pool(ray: Any, size: int | None) -> dict[str, Any]:
     the older ``concurrency``."""
     if size is None:
         return {}
-    import inspect
 
     strategy = getattr(ray.data, "TaskPoolStrategy", None)
     if strategy is not None and "size" in inspect.signature(strategy).parameters:

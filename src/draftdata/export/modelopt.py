@@ -31,6 +31,7 @@ say a turn ended, so the end-of-turn token the target never wrote would be train
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -125,7 +126,6 @@ def generation_template(source: str, eot: str) -> str:
 
 
 def _literal(text: str) -> str:
-    import json
 
     return json.dumps(text)  # a JSON string is a Jinja string literal
 

@@ -38,12 +38,14 @@ from draftdata.export.turns import TurnRows
 from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, sample_key
+from draftdata.store.base import Store, split_s3_url
 from draftdata.store.doneset import DoneSet
 from draftdata.store.lease import refuse_live_writer
-from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS
+from draftdata.store.manifest import MANIFEST_KEY
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
-from draftdata.store.store import Store, open_store, split_s3_url
+from draftdata.store.settings import settings_of
+from draftdata.store.store import open_store
 from draftdata.trainer_rows import (
     CONVERSATION_FORMATS,
     PER_TURN_FORMATS,
@@ -310,14 +312,14 @@ def export_run(
     refuse_live_writer(src, "export")  # a moving run is not exported as if it were whole
     turns = None
     if fmt in PER_TURN_FORMATS:
-        settings = manifest.get("effective_settings") or {}
+        settings = settings_of(manifest, src.key_url(MANIFEST_KEY))
         turns = TurnRows(
             fmt,
             include_reasoning=include_reasoning,
-            keep_reasoning_history=bool(settings.get("keep_reasoning_history", False)),
+            keep_reasoning_history=settings.keep_reasoning_history,
             tokenizer=tokenizer,
             chat_template=chat_template,
-            template_kwargs=settings.get(SERVER_TEMPLATE_KWARGS) or None,
+            template_kwargs=settings.server_chat_template_kwargs or None,
         )
     dest = str(out)
     if dest.startswith("s3://"):

@@ -26,11 +26,22 @@ for one batch; ``stage.py`` writes them.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from draftdata.conversation import expand, message_dict
+from draftdata.errors import ConfigError
+from draftdata.export.modelopt import (
+    fold_tools,
+    generation_template,
+    render_like_modelopt,
+    with_kwargs,
+)
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, JsonDict, sample_key
+from draftdata.tokenize.batch import TokenizeContext, tokenize_views
+from draftdata.tokenize.plan import view_from_record
+from draftdata.tokenize.template import read_template_file
 from draftdata.trainer_rows import (
     TOKENIZER_FORMATS,
     clean_message,
@@ -61,10 +72,6 @@ class TurnRows:
         self.ctx: Any = None
         self.chat_template: str | None = None  # modelopt: the template written beside the rows
         if fmt in TOKENIZER_FORMATS:
-            from draftdata.errors import ConfigError
-            from draftdata.tokenize.batch import TokenizeContext
-            from draftdata.tokenize.template import read_template_file
-
             if not tokenizer:
                 raise ConfigError(
                     f"--format {fmt}: give the target's tokenizer with --tokenizer DIR "
@@ -79,8 +86,6 @@ class TurnRows:
                 per_turn=True,
             )
             if fmt == "modelopt":
-                from draftdata.export.modelopt import generation_template
-
                 self.chat_template = generation_template(
                     self.ctx.template.source, self.ctx.template.eot
                 )
@@ -114,8 +119,6 @@ class TurnRows:
         return out
 
     def _tokenized(self, batch: list[Completion], stats: StageStats) -> list[JsonDict]:
-        from draftdata.tokenize.batch import tokenize_views
-        from draftdata.tokenize.plan import view_from_record
 
         views = [view_from_record(c) for c in batch]
         table, counters = tokenize_views(views, self.ctx)  # views get their effective kwargs
@@ -176,7 +179,6 @@ class TurnRows:
     ) -> JsonDict | None:
         # The row of one turn, or None (left out and counted) when ModelOpt reading it with the
         # written template would not train exactly tokenize's sample of the turn.
-        from draftdata.export.modelopt import fold_tools, render_like_modelopt, with_kwargs
 
         assert self.chat_template is not None  # built with the context for modelopt
         if tc.turn.finish_reason == "length":
@@ -210,7 +212,6 @@ def _arguments_as_text(m: JsonDict) -> JsonDict:
     calls = m.get("tool_calls")
     if not calls:
         return m
-    import json
 
     fixed = []
     for call in calls:

@@ -24,8 +24,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import aiohttp
 import msgspec
 
+from draftdata import endpoints
 from draftdata.errors import ConfigError, FleetError
 from draftdata.fleet.launch import (
     LaunchConfig,
@@ -367,9 +369,6 @@ class ServerStatus(msgspec.Struct, kw_only=True, frozen=True):
 
 
 async def _status_all(spec: FleetSpec) -> list[ServerStatus]:
-    import aiohttp
-
-    from draftdata import endpoints
 
     async with aiohttp.ClientSession() as session:
 

@@ -28,8 +28,8 @@ import msgspec
 
 from draftdata import endpoints
 from draftdata.errors import FleetError
-from draftdata.fleet.launch import CAPACITY_FLAGS, CONTEXT_FLAGS, Started
-from draftdata.fleet.procs import Identity, describe_pid
+from draftdata.fleet.launch import CAPACITY_FLAGS, CONTEXT_FLAGS, Started, start_server
+from draftdata.fleet.procs import Identity, describe_pid, stop_process
 from draftdata.fleetspec import EndpointSpec
 
 # (pattern, what it means): matched against each new log line while a server starts.
@@ -304,7 +304,6 @@ async def watch(
     called with the new process and endpoint (to rewrite fleet.yaml). A server that stayed up
     ``backoff.stable_s`` before crashing starts again from the first delay.
     """
-    from draftdata.fleet.launch import start_server
 
     watched = [_Watched(s, p) for s, p in servers]
     tasks: set[asyncio.Task[None]] = set()
@@ -369,6 +368,5 @@ async def watch(
 
 
 def _stop_quietly(started: Started) -> None:
-    from draftdata.fleet.procs import stop_process
 
     stop_process(Identity(pid=started.pid, pgid=started.pgid, started=started.started), grace_s=10)

@@ -2,9 +2,9 @@
 
 This is the narrow transport seam of the generation engine: ``build_body`` turns messages and
 settings into a chat-completions body, ``EndpointClient.chat`` sends it and returns Turns or
-raises ``RequestError`` carrying an ``ErrorClass``. Every raw failure (HTTP status, aiohttp
-timeout, reset, disconnect, unreadable body) is mapped to a class here, in one place, so the
-engine decides retries by class and never by message text.
+raises one of the ``ServerError`` leaves of ``draftdata.errors``. Every raw failure (HTTP
+status, aiohttp timeout, reset, disconnect, unreadable body) is mapped to its type here, in one
+place, so the engine decides retries by type and never by message text.
 
 The client also detects once per endpoint whether the server returns token ids: the first
 requests ask for them; a server that rejects the fields (a 400 naming them) is asked again
@@ -13,8 +13,8 @@ without, and one that answers without ids is not asked again. Neither ever fails
 Answers are bounded (``bounds.py``): a body is read up to a limit tied to the request's
 ``max_tokens`` and a whole answer must arrive within the read timeout (a deadline per request,
 not per chunk, so a server that trickles bytes is timed out too); an answer over the limit or
-with impossible usage raises ``impossible``, the endpoint's fault. Every server text and error
-message passes through the client's ``Redactor`` (``draftdata.redact``): an echoed
+with impossible usage raises ``ImpossibleAnswerError``, the endpoint's fault. Every server text
+and error message passes through the client's ``Redactor`` (``draftdata.redact``): an echoed
 ``Authorization`` header, the API key or a URL password never reaches a log line, a Failure or
 an exception, and the URL it shows (``shown``) has no password.
 
@@ -25,13 +25,23 @@ dispatch, no logging of request contents (and never of the API key).
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 from typing import Any
 
 import aiohttp
 import msgspec
 
-from draftdata.errors import EndpointRefusedError, ServerError
+from draftdata.errors import (
+    ConnectionLostError,
+    ContextLengthError,
+    EndpointRefusedError,
+    FatalRequestError,
+    ImpossibleAnswerError,
+    MalformedAnswerError,
+    RateLimitedError,
+    RequestTimeoutError,
+    RetryableServerError,
+    ServerError,
+)
 from draftdata.generate.bounds import answer_fault, body_limit
 from draftdata.generate.config import Reasoning, Sampling
 from draftdata.generate.parse import MalformedResponse, decode_chat_response
@@ -41,73 +51,9 @@ from draftdata.redact import Redactor, redact_url
 TOKEN_ID_FIELDS = ("return_token_ids", "return_prompt_token_ids")  # ``chat`` reads them by name
 
 
-class ErrorClass(StrEnum):
-    """Why a request failed. The first two are fatal for the prompt; ``refused`` (it answers
-    but serves no chat request: 401/403/404/405/501) and ``impossible`` (an answer over its
-    size bound or with impossible usage, ``bounds.py``) are the endpoint's fault, never the
-    prompt's; the rest are worth a retry."""
-
-    context_length = "context_length"
-    invalid_request = "invalid_request"
-    refused = "refused"
-    impossible = "impossible"
-    rate_limited = "rate_limited"
-    server_error = "server_error"
-    timeout = "timeout"
-    connection = "connection"
-    malformed = "malformed"
-
-
-FATAL_CLASSES = frozenset({ErrorClass.context_length, ErrorClass.invalid_request})
-ENDPOINT_FAULTS = frozenset({ErrorClass.refused, ErrorClass.impossible})
 # Answers that say "this endpoint serves nothing here" (a rotated key, a renamed served model, a
 # server that is not OpenAI-compatible), whatever the request: the endpoint's fault.
 REFUSAL_STATUSES = frozenset({401, 403, 404, 405, 407, 501})
-
-
-class RequestError(ServerError):
-    """One chat request failed. ``fatal``: retrying the same request cannot succeed."""
-
-    def __init__(
-        self,
-        error_class: ErrorClass,
-        message: str,
-        *,
-        status: int | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message, status=status)
-        self.error_class = error_class
-        self.message = message
-        self.retry_after = retry_after
-        self.reason = error_class.value  # the Failure reason class
-
-    @property
-    def fatal(self) -> bool:
-        """Context-length and invalid-request failures are not retried."""
-        return self.error_class in FATAL_CLASSES
-
-    def __str__(self) -> str:
-        where = f"HTTP {self.status}: " if self.status is not None else ""
-        return f"{self.error_class.value}: {where}{self.message}"
-
-
-class RefusedRequestError(RequestError, EndpointRefusedError):
-    """The endpoint refused a chat request (class ``refused``) or gave an impossible answer
-    (``impossible``): its fault, not the prompt's."""
-
-
-def request_error(
-    error_class: ErrorClass,
-    message: str,
-    *,
-    status: int | None = None,
-    retry_after: float | None = None,
-) -> RequestError:
-    """The RequestError of ``error_class`` (a ``RefusedRequestError`` for the endpoint's
-    faults: refusals and impossible answers)."""
-    cls = RefusedRequestError if error_class in ENDPOINT_FAULTS else RequestError
-    return cls(error_class, message, status=status, retry_after=retry_after)
 
 
 # Too-long wording of SGLang ("longer than the model's context length", "exceeds the model's
@@ -121,23 +67,24 @@ _CONTEXT_RE = re.compile(
 )
 
 
-def classify_http_error(status: int, body_text: str) -> ErrorClass:
-    """The class of an HTTP error answer: 401/403/404/405/407/501 are refusals (the endpoint's
-    fault), other 4xx the request's (context-length wording gives ``context_length``), 408 is a
-    timeout, 429 rate limiting, other 5xx the server's fault."""
+def classify_http_error(status: int, body_text: str) -> type[ServerError]:
+    """The error type of an HTTP error answer: 401/403/404/405/407/501 are refusals (the
+    endpoint's fault), other 4xx the request's (context-length wording gives
+    ``ContextLengthError``), 408 is a timeout, 429 rate limiting, other 5xx the server's
+    fault."""
     if status in REFUSAL_STATUSES:
-        return ErrorClass.refused
+        return EndpointRefusedError
     if status == 429:
-        return ErrorClass.rate_limited
+        return RateLimitedError
     if status == 408:
-        return ErrorClass.timeout
+        return RequestTimeoutError
     if status >= 500:
-        return ErrorClass.server_error
+        return RetryableServerError
     if 400 <= status < 500:
         if status in (400, 413, 422) and _CONTEXT_RE.search(body_text):
-            return ErrorClass.context_length
-        return ErrorClass.invalid_request
-    return ErrorClass.malformed  # 1xx/2xx/3xx where a completion was expected
+            return ContextLengthError
+        return FatalRequestError
+    return MalformedAnswerError  # 1xx/2xx/3xx where a completion was expected
 
 
 def error_message(body_text: str, limit: int = 500) -> str:
@@ -328,8 +275,8 @@ class EndpointClient:
             session, self._session = self._session, None
             await session.close()
 
-    def _error(self, error_class: ErrorClass, message: str, **kw: Any) -> RequestError:
-        return request_error(error_class, self.redact(message), **kw)
+    def _error(self, kind: type[ServerError], message: str, **kw: Any) -> ServerError:
+        return kind(self.redact(message), **kw)
 
     async def _post(self, body: dict[str, Any]) -> tuple[int, bytes, str | None]:
         session = self._get_session()
@@ -342,56 +289,58 @@ class EndpointClient:
                 return resp.status, answer, resp.headers.get("Retry-After")
         except _TooLarge as exc:
             raise self._error(
-                ErrorClass.impossible,
+                ImpossibleAnswerError,
                 f"an answer of {'' if exc.exact else 'more than '}{exc.size:,} bytes to a "
                 "request for at most "
                 f"{cap or UNBOUNDED_TOKENS} tokens (the bound is {limit:,} bytes)",
             ) from None
         except aiohttp.ConnectionTimeoutError as exc:
             raise self._error(
-                ErrorClass.connection, f"cannot connect to {self.shown}: connect timed out"
+                ConnectionLostError, f"cannot connect to {self.shown}: connect timed out"
             ) from exc
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise self._error(
-                ErrorClass.timeout,
+                RequestTimeoutError,
                 f"no whole answer from {self.shown} within {self.read_timeout:g} s "
                 f"({exc or 'timeout'})",
             ) from exc
         except aiohttp.ClientConnectorError as exc:
             raise self._error(
-                ErrorClass.connection, f"cannot connect to {self.shown}: {exc.os_error}"
+                ConnectionLostError, f"cannot connect to {self.shown}: {exc.os_error}"
             ) from exc
         except (aiohttp.ClientError, OSError) as exc:
             # resets, disconnects, payloads cut short
             raise self._error(
-                ErrorClass.connection,
+                ConnectionLostError,
                 f"connection to {self.shown} lost: {type(exc).__name__}: {exc}",
             ) from exc
 
     async def chat_json(self, body: dict[str, Any]) -> dict[str, Any]:
         """Send one chat-completions body as it is; return the decoded answer object (for
-        fields the Turns do not carry, e.g. SGLang's ``sglext``) or raise RequestError."""
+        fields the Turns do not carry, e.g. SGLang's ``sglext``) or raise a ``ServerError``
+        leaf."""
         status, data, retry_after = await self._post(body)
         text = data.decode("utf-8", "replace")
         if status != 200:
-            raise request_error(
+            raise self._error(
                 classify_http_error(status, text),
-                error_message(text) or f"HTTP {status}",
+                error_message(self.redact(text)) or f"HTTP {status}",
                 status=status,
                 retry_after=_retry_after(retry_after),
             )
         try:
             answer = msgspec.json.decode(data)
         except msgspec.DecodeError as exc:
-            raise RequestError(ErrorClass.malformed, f"not JSON: {exc}", status=status) from exc
+            raise self._error(MalformedAnswerError, f"not JSON: {exc}", status=status) from exc
         if not isinstance(answer, dict):
-            raise RequestError(ErrorClass.malformed, "the answer is not a JSON object")
+            raise self._error(MalformedAnswerError, "the answer is not a JSON object")
         return answer
 
     async def chat(self, body: dict[str, Any]) -> list[Turn]:
-        """Send one chat-completions body; return its Turns or raise RequestError.
+        """Send one chat-completions body; return its Turns or raise a ``ServerError`` leaf.
 
-        A choice that the server aborted (``finish_reason: abort``) raises ``server_error``.
+        A choice that the server aborted (``finish_reason: abort``) raises
+        ``RetryableServerError``.
         """
         asked = bool(body.get("return_token_ids") or body.get("return_prompt_token_ids"))
         if asked and self.token_ids_supported is False:
@@ -416,7 +365,7 @@ class EndpointClient:
         try:
             turns = decode_chat_response(data)
         except MalformedResponse as exc:
-            raise self._error(ErrorClass.malformed, str(exc)[:500], status=status) from exc
+            raise self._error(MalformedAnswerError, str(exc)[:500], status=status) from exc
         fault = answer_fault(
             turns,
             max_tokens=_max_tokens(body),
@@ -424,9 +373,9 @@ class EndpointClient:
             n=int(body.get("n") or 1),
         )
         if fault is not None:
-            raise self._error(ErrorClass.impossible, f"an impossible answer: {fault}")
+            raise self._error(ImpossibleAnswerError, f"an impossible answer: {fault}")
         if asked and self.token_ids_supported is None:
             self.token_ids_supported = all(t.output_token_ids is not None for t in turns)
         if any(t.finish_reason == "abort" for t in turns):
-            raise RequestError(ErrorClass.server_error, "the server aborted the request")
+            raise RetryableServerError("the server aborted the request")
         return turns

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import msgspec
 
 from draftdata.errors import ConfigError
+from draftdata.generate.partition import parse_partition
 
 Reasoning = Literal["on", "off", "server"]
 ProgressMode = Literal["auto", "rich", "plain", "off"]
@@ -171,8 +172,6 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
         (cfg.order in ("length", "file"), f"--order: {cfg.order!r}; use length or file"),
     ]
     if cfg.partition is not None:
-        from draftdata.generate.partition import parse_partition
-
         parse_partition(cfg.partition)
     for i, o in enumerate(cfg.overrides):
         checks.append(

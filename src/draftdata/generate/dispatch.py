@@ -9,18 +9,22 @@ Policy, in the order the loop applies it:
 - **Longest expected first.** New jobs wait in a ``LookAhead`` (``length.py``): with
   ``order: length`` the one expected to answer longest goes first (the estimate is learned
   from the run's completions); retries and requeued jobs go before them.
-- **Retries** of 429/5xx/timeouts/resets/malformed bodies wait a jittered exponential backoff
-  (or the server's Retry-After) and then prefer another endpoint; after ``max_attempts`` the
-  job becomes a Failure ``exhausted_retries``. Context-length and invalid-request errors become
-  a Failure of that class at once.
-- **Endpoint refusals.** A 401/403/404/405/501 answer, or an impossible one (over its size
-  bound, impossible usage: ``bounds.py``), is the endpoint's fault (``EndpointRefusedError``):
-  it is taken out at once (one log line saying why), its work is requeued elsewhere, and the
-  refused attempt does not count against the prompt.
-- **Endpoint loss.** A connection error triggers a health check; an endpoint that fails it, or
-  fails ``breaker_failures`` requests in a row, is taken out, its in-flight copies are cancelled
-  and their jobs requeued at once, and it is probed every ``probe_interval`` until it answers
-  (then re-admitted half-open: one more failure takes it out again).
+- **Outcomes, by the type the client raised** (``draftdata.errors``; one method each):
+  ``RetryableServerError`` (429/5xx/timeouts/resets/malformed bodies) waits a jittered
+  exponential backoff (or the server's Retry-After) and then prefers another endpoint; after
+  ``max_attempts`` the job becomes a Failure ``exhausted_retries``. ``FatalRequestError``
+  (context length, invalid request) becomes a Failure of its ``reason`` at once.
+  ``EndpointFaultError`` (a 401/403/404/405/501 refusal, or an impossible answer: over its
+  size bound, impossible usage, ``bounds.py``) is the endpoint's fault: it is taken out at once
+  (one log line saying why), its work is requeued elsewhere, and the refused attempt does not
+  count against the prompt.
+- **Taking an endpoint out, three actions.** ``open_breaker``: it failed
+  ``breaker_failures`` retryable requests in a row; what runs there may finish, and a health
+  check decides. ``take_out_dead``: it fails its health check (a connection error or a timeout
+  triggers one) or serves another model; its in-flight copies are cancelled and their jobs
+  requeued at once. ``take_out_faulty``: it refused or answered impossibly; likewise, free of
+  charge. Each is probed every ``probe_interval`` until it answers (then re-admitted half-open:
+  one more failure takes it out again).
 - **Speed.** Whenever a clearly slower endpoint has a free slot, a ``TailPlan`` places each
   job where it is expected to finish first (a long draw of its length over the endpoint's
   per-sequence rate, after its next slot frees), holding a long job for a fast server rather
@@ -31,8 +35,10 @@ Policy, in the order the loop applies it:
 - **Memory.** Prompts are read lazily (in a thread) only while fewer than ``window`` jobs are
   queued or running (twice the fleet's limits, plus the look-ahead when ordering).
 
-Results go to a ``Sink`` (the engine buffers them in the Run). Endpoint probing and the
-concurrency controller live in ``endpoint.py``; this module holds no I/O but the chat calls.
+Results go to a ``Sink`` (the engine buffers them in the Run). The HTTP conversation of an
+attempt is the ``Caller``'s (``caller.py``); placement by speed and the hedge rule are
+``placement.py``; endpoint probing and the concurrency controller live in ``endpoint.py``. This
+module decides and holds no I/O.
 """
 
 from __future__ import annotations
@@ -45,18 +51,26 @@ import random
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
-from draftdata.conversation import STOP_CONTEXT, turn_message
-from draftdata.errors import EndpointRefusedError
-from draftdata.generate.client import ErrorClass, RequestError, build_body
+from draftdata.errors import (
+    ConnectionLostError,
+    EndpointFaultError,
+    FatalRequestError,
+    ImpossibleAnswerError,
+    MalformedAnswerError,
+    RateLimitedError,
+    RequestTimeoutError,
+    ServerError,
+)
+from draftdata.generate.caller import Answer, Caller
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
-from draftdata.generate.length import LengthModel, LookAhead, prompt_tokens, token_cap
-from draftdata.generate.limits import MIN_LIMIT, OutputLimit
+from draftdata.generate.length import LengthModel, LookAhead, prompt_tokens
+from draftdata.generate.placement import TailPlan, hedge_pays, job_cap
 from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
-from draftdata.records import Completion, Failure, Turn
+from draftdata.records import Completion, Failure
 
 _AFFINITY_SIZE = 4096
 _RETRY_PATIENCE_S = 2.0  # how long a retry waits for an endpoint other than the one it failed on
@@ -102,6 +116,7 @@ class Dispatcher:
         self.log = log
         self.clock = clock
         self.rng = random.Random(seed)
+        self.caller = Caller(config, model=model, clock=clock)  # talks HTTP for an attempt
         self._history = history
         self.lengths = LengthModel()
         # jobs read but never dispatched (longest expected first); ``ready`` holds the ones
@@ -126,11 +141,9 @@ class Dispatcher:
         # counters read by progress and the summary
         self._planned_settled = 0
         self.duplicates = 0
-        self.requests_ok = 0
         self.retries = 0
         self.hedges = 0  # hedge copies sent
         self.hedges_won = 0  # ... whose answer was the one committed
-        self.clamped = 0  # answered requests sent with less than max_tokens, to fit the context
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -138,7 +151,9 @@ class Dispatcher:
     def window(self) -> int:
         """Jobs held in memory at most: twice the fleet's current limits, plus the look-ahead
         when jobs are ordered by expected length."""
-        base = max(64, 2 * sum(e.limit for e in self.endpoints if e.state != "down"))
+        base = max(
+            64, 2 * sum(e.concurrency.limit for e in self.endpoints if e.breaker.state != "down")
+        )
         return base + (self.cfg.lookahead if self.fresh.ordered else 0)
 
     @property
@@ -278,15 +293,19 @@ class Dispatcher:
     # -- placing ------------------------------------------------------------------------------
 
     def _place(self, now: float) -> None:
-        rates = [e.seq_rate for e in self.endpoints if e.accepting and e.seq_rate]
+        rates = [e.meter.seq_rate for e in self.endpoints if e.accepting and e.meter.seq_rate]
         self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0)
         held: list[Job] = []
         plan = TailPlan.make(self, now) if self.queued and self.cfg.tail_plan else None
         # with a plan, a job may be held for a faster server's next slot; look at no more jobs
         # than the fleet has slots (by then every fast slot has one promised)
-        examine = sum(e.limit for e in self.endpoints) + 64
+        examine = sum(e.concurrency.limit for e in self.endpoints) + 64
         while self.ready or self.fresh:
-            free = [e for e in self.endpoints if e.state == "up" and e.limit > e.inflight]
+            free = [
+                e
+                for e in self.endpoints
+                if e.breaker.state == "up" and e.concurrency.limit > e.slots.inflight
+            ]
             if not free or (plan is not None and len(held) >= examine):
                 break
             job = self.ready.popleft() if self.ready else self.fresh.pop()
@@ -315,7 +334,7 @@ class Dispatcher:
             if ep is not None and ep in cands:
                 self.affinity.move_to_end(job.prefix)
                 return ep
-        best = max(cands, key=lambda e: (e.free, -e.outstanding_tokens, -e.index))
+        best = max(cands, key=lambda e: (e.free, -e.slots.outstanding_tokens, -e.index))
         if job.prefix is not None:
             self.affinity[job.prefix] = best
             if len(self.affinity) > _AFFINITY_SIZE:
@@ -323,12 +342,8 @@ class Dispatcher:
         return best
 
     def cap(self, job: Job) -> int:
-        """The most output tokens one sample of ``job`` may take: its ``--max-tokens``, or with
-        the context-filling default (``limits.py``) the largest context in the fleet."""
-        cap = token_cap(job)
-        if job.max_tokens is None:
-            cap = max(cap, max((e.context_length or 0 for e in self.endpoints), default=0))
-        return cap
+        """The most output tokens one sample of ``job`` may take (``placement.job_cap``)."""
+        return job_cap(job, self.endpoints)
 
     def _hedge(self, now: float) -> None:
         """Copy tail requests onto idle endpoints where the copy is expected to finish first
@@ -346,7 +361,7 @@ class Dispatcher:
             ]
             if not free:
                 return
-            ep = max(free, key=lambda e: (e.seq_rate or 0.0, e.free, -e.index))
+            ep = max(free, key=lambda e: (e.meter.seq_rate or 0.0, e.free, -e.index))
             expected = self.lengths.expect_job(job)
             if not hedge_pays(age, expected, self.cap(job), first.endpoint, ep, self.lengths):
                 continue
@@ -384,98 +399,35 @@ class Dispatcher:
             self.running.pop(job, None)
         self.wake.set()
 
-    # -- one attempt --------------------------------------------------------------------------
+    # -- one attempt and its outcome, by type ------------------------------------------------
 
     async def _attempt(self, copy: Copy) -> None:
-        error: RequestError | None = None
-        result: list[list[Turn]] = []
-        body: dict[str, Any] = {}
-        stop: str | None = None
+        """Run one copy through the ``Caller`` and act on its outcome (once it is detached)."""
+        outcome: Answer | ServerError
         try:
-            result, body, stop = await self._converse(copy)
-        except RequestError as exc:
-            error = exc
+            outcome = await self.caller.call(copy)
+        except ServerError as exc:
+            outcome = exc
         except Exception as exc:  # a transport failure nobody mapped: retry it, say so once
             said = copy.endpoint.redact(f"{type(exc).__name__}: {exc}")
             if not self._unmapped:
                 self.log(f"generate: unexpected {said} from {copy.endpoint.url}")
             self._unmapped += 1
-            error = RequestError(ErrorClass.malformed, said)
+            outcome = MalformedAnswerError(said)
         finally:
             self._detach(copy)
-        if error is not None:
-            self._failed(copy, error)
-        else:
-            self._succeeded(copy, result, body, stop)
+        match outcome:
+            case Answer():
+                self._succeeded(copy, outcome)
+            case EndpointFaultError():
+                self._endpoint_fault(copy, outcome)
+            case FatalRequestError():
+                self._request_failed(copy, outcome)
+            case _:
+                self._attempt_failed(copy, outcome)
 
-    async def _converse(self, copy: Copy) -> tuple[list[list[Turn]], dict[str, Any], str | None]:
-        """The copy's requests, one per remaining turn (``conversation.TurnPlan``): the turns
-        of each sample, the last request body, and why the conversation stopped before its
-        last request (None when it did not). A later request that does not fit the context
-        (no room left by the estimate, or the server's context-length answer) stops the
-        conversation with ``context``, keeping the turns that fit."""
-        job, ep = copy.job, copy.endpoint
-        if not len(job.plan):
-            raise RequestError(ErrorClass.invalid_request, "the prompt has no turn to answer")
-        turns = list(job.turns)
-        keep = self.cfg.keep_reasoning_history
-        answered: dict[str, Any] | None = None  # the body of the last answered request
-        body: dict[str, Any] = {}
-        strict = self.cfg.strict_limit
-        limit = OutputLimit(job.max_tokens, ep, job.prompt.tools, strict=strict)  # limits.py
-        for t in range(len(turns), len(job.plan)):
-            messages = job.plan.context(t, turns, keep_reasoning=keep)
-            body = build_body(
-                messages,
-                tools=job.prompt.tools,
-                model=self.cfg.model or ep.model or self.model,
-                max_tokens=limit.limit(messages),
-                sampling=job.request_sampling,
-                reasoning=job.reasoning,
-                n=len(job.samples),
-                token_ids=self.cfg.token_ids != "off",
-                extra_body=self.cfg.extra_body,
-            )
-            room = limit.room(messages) if turns and not strict else None
-            if room is not None and room < MIN_LIMIT:  # the history alone fills the context
-                return [turns], answered or body, STOP_CONTEXT
-            sent = copy.sent = self.clock()
-            try:
-                got, body = await limit.send(body)
-            except RequestError as exc:
-                if turns and exc.error_class is ErrorClass.context_length:
-                    return [turns], answered or body, STOP_CONTEXT
-                raise
-            answered = body
-            self.requests_ok += 1
-            self.clamped += limit.clamped
-            ep.record_success(
-                got[0].usage.completion_tokens
-                if len(got) == 1
-                else sum(x.usage.completion_tokens for x in got),
-                got[0].usage.prompt_tokens,
-                latency=self.clock() - sent,
-                seqs=len(got),
-            )
-            limit.answered(messages, got[0])
-            if not job.multi_turn:
-                return [[x] for x in got], body, None
-            turns.append(got[0])
-            stop = job.plan.stop_reason(t, got[0])
-            if stop is not None:  # the turn broke the conversation: keep what we have
-                return [turns], body, stop
-            limit.carried([*messages, turn_message(got[0], keep_reasoning=keep)])
-            if job.copies == [copy]:  # the only copy: checkpoint for a retry
-                job.turns = list(turns)
-        return [turns], body, None
-
-    def _succeeded(
-        self,
-        copy: Copy,
-        per_sample: list[list[Turn]],
-        body: dict[str, Any],
-        stop: str | None = None,
-    ) -> None:
+    def _succeeded(self, copy: Copy, answer: Answer) -> None:
+        """The first copy to answer wins: the others are cancelled, its records go out."""
         job, ep = copy.job, copy.endpoint
         if job.done:
             return
@@ -486,7 +438,8 @@ class Dispatcher:
             self._detach(other)
         if copy.hedge:
             self.hedges_won += 1
-            ep.hedges_won += 1
+            ep.meter.hedges_won += 1
+        per_sample = answer.per_sample
         p, prompt_len, cap = job.prompt, prompt_tokens(job), self.cap(job)
         for turns in per_sample:
             out = sum(t.usage.completion_tokens for t in turns)
@@ -502,63 +455,72 @@ class Dispatcher:
         done = completions(
             job,
             per_sample,
-            body,
+            answer.body,
             endpoint=ep.url,
             latency=latency,
-            stop_reason=stop,
+            stop_reason=answer.stop,
             model=ep.model,
         )
         for c in done:
             self.sink.completion(c)
-            ep.completed += 1
+            ep.meter.completed += 1
         self._settle(job)
 
-    def _failed(self, copy: Copy, err: RequestError) -> None:
+    def _attempt_failed(self, copy: Copy, err: ServerError) -> None:
+        """A failure another attempt may not hit (``RetryableServerError``): the job is retried
+        after a backoff, elsewhere if it can, up to ``max_attempts``; the endpoint's breaker
+        counts it, and a connection error or a timeout has its health checked."""
         job, ep = copy.job, copy.endpoint
-        if isinstance(err, EndpointRefusedError):
-            self._refused(copy, err)
-            return
-        retryable = not err.fatal
-        opened = ep.record_failure(err.error_class.value, retryable=retryable)
-        if not opened and err.error_class in (ErrorClass.connection, ErrorClass.timeout):
+        opened = ep.record_failure(err.reason, retryable=True)
+        if not opened and isinstance(err, ConnectionLostError | RequestTimeoutError):
             self.spawn(self._health_check(ep))
-        if err.error_class == ErrorClass.rate_limited:
+        if isinstance(err, RateLimitedError):
             ep.rate_limited()
-        job.last_error = err
         # (another copy still runs the job, or we are shutting down: resume redoes it)
         if not (job.done or job.copies or self.stopping):
-            if err.fatal:
-                self._fail(job, err.error_class.value, err.message, ep)
-            elif job.attempts >= self.cfg.max_attempts:
+            if job.attempts >= self.cfg.max_attempts:
                 self._fail(job, "exhausted_retries", f"after {job.attempts} attempts: {err}", ep)
             else:
-                delay = min(self.cfg.backoff_max, self.cfg.backoff_base * 2 ** (job.attempts - 1))
-                delay *= 0.5 + self.rng.random()
-                if err.retry_after is not None:
-                    delay = max(delay, min(err.retry_after, self.cfg.backoff_max))
-                job.avoid = {ep.url}
-                heapq.heappush(self.waiting, (self.clock() + delay, next(self._seq), job))
-                self.wake.set()
+                self._retry_later(job, ep, err.retry_after)
         if opened:  # after the job is placed, so the line counts it among the retried ones
-            self.take_down(ep, f"{ep.consecutive_failures} failures in a row ({err})")
+            self.open_breaker(ep, f"{ep.breaker.failures} failures in a row ({err})")
 
-    def _refused(self, copy: Copy, err: RequestError) -> None:
-        """The endpoint refused: take it out and move the job on, free of charge."""
+    def _request_failed(self, copy: Copy, err: FatalRequestError) -> None:
+        """The request itself is bad (``FatalRequestError``): the prompt's Failure at once."""
         job, ep = copy.job, copy.endpoint
-        ep.errors[err.error_class.value] += 1
+        ep.record_failure(err.reason, retryable=False)
+        if not (job.done or job.copies or self.stopping):
+            self._fail(job, err.reason, err.message, ep)
+
+    def _endpoint_fault(self, copy: Copy, err: EndpointFaultError) -> None:
+        """The endpoint refused or answered impossibly: take it out and move the job on, free
+        of charge."""
+        job, ep = copy.job, copy.endpoint
+        ep.meter.errors[err.reason] += 1
         if not copy.hedge:
             job.attempts -= 1  # the endpoint's fault, not an attempt of the prompt
         requeued = 0
         if not (job.done or job.copies or self.stopping):
-            job.avoid = {ep.url}
-            job.ready_since = self.clock()
-            self.ready.appendleft(job)
+            self._requeue(job, ep)
             requeued = 1
-        where = f"HTTP {err.status}: " if err.status is not None else ""
-        what = "gives impossible answers" if err.error_class is ErrorClass.impossible else None
-        self.take_down(
-            ep, f"{where}{err.message}"[:300], dead=True, refusal=what or True, moved=requeued
-        )
+        self.take_out_faulty(ep, err, moved=requeued)
+
+    def _retry_later(self, job: Job, ep: Endpoint, retry_after: float | None) -> None:
+        """Back ``job`` off (jittered, exponential, at least the server's Retry-After within
+        ``backoff_max``), then steer it away from ``ep``."""
+        delay = min(self.cfg.backoff_max, self.cfg.backoff_base * 2 ** (job.attempts - 1))
+        delay *= 0.5 + self.rng.random()
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.cfg.backoff_max))
+        job.avoid = {ep.url}
+        heapq.heappush(self.waiting, (self.clock() + delay, next(self._seq), job))
+        self.wake.set()
+
+    def _requeue(self, job: Job, ep: Endpoint) -> None:
+        """Put ``job`` back first in line, steered away from ``ep``."""
+        job.avoid = {ep.url}
+        job.ready_since = self.clock()
+        self.ready.appendleft(job)
 
     def _fail(self, job: Job, reason: str, message: str, ep: Endpoint) -> None:
         for f in failures(job, reason, ep.redact(message), endpoint=ep.url):
@@ -574,7 +536,7 @@ class Dispatcher:
         self.space.set()
         self.wake.set()
 
-    # -- endpoint health ----------------------------------------------------------------------
+    # -- taking an endpoint out: one method per action ------------------------------------------
 
     def spawn(self, coro: Awaitable[None]) -> None:
         """Run a background coroutine that ends with the dispatcher."""
@@ -593,56 +555,81 @@ class Dispatcher:
         finally:
             self._checking.discard(ep)
         if not alive:
-            self.take_down(ep, "does not answer its health check", dead=True)
+            self.take_out_dead(ep, "does not answer its health check")
 
-    def take_down(
-        self,
-        ep: Endpoint,
-        why: str,
-        *,
-        dead: bool = False,
-        refusal: bool | str = False,
-        moved: int = 0,
-    ) -> None:
-        """Open the circuit: no new work for ``ep``, probed until it is back. ``dead`` (its
-        health check failed): its in-flight copies are cancelled and requeued at once; else
-        they may finish (a server that fails new requests may still finish old ones) and a
-        health check decides. ``refusal``: ``why`` is the refusal ("HTTP 401: ..."); said
-        once, not again when a trial re-admission is refused too (their requeued copies do
-        not count as attempts); a string instead of True says what it does ("gives impossible
-        answers"; default "refuses chat requests"). ``moved``: jobs the caller already
-        requeued."""
-        was_up = ep.state != "down"
-        what = refusal if isinstance(refusal, str) else "refuses chat requests"
-        news = ep.mark_refused(why, what) if refusal else True
-        if refusal:
-            why = f"it {what} ({why})"
-        abandoned = 0
-        if dead:
-            for copy in list(self.on_endpoint[ep]):
-                if copy.task is not None:
-                    copy.task.cancel()
-                self._detach(copy)
-                job = copy.job
-                if not job.done and not job.copies and not self.stopping:
-                    if refusal and not copy.hedge:
-                        job.attempts -= 1
-                    job.avoid = {ep.url}
-                    job.ready_since = self.clock()
-                    self.ready.appendleft(job)
-                    moved += 1
-                elif not job.done and not job.copies:
-                    abandoned += 1
+    def open_breaker(self, ep: Endpoint, why: str) -> None:
+        """``ep`` failed too many requests in a row: no new work for it, probed until it is
+        back. What runs there may finish (a server that fails new requests may still finish
+        old ones); a health check decides whether they are lost."""
+        if ep.breaker.state == "down":
+            return
+        self._out(ep, why)
+        self.spawn(self._health_check(ep))
+        self._say_out(ep, why, moved=0, abandoned=0)
+
+    def take_out_dead(self, ep: Endpoint, why: str) -> None:
+        """``ep`` fails its health check (or serves another model): its in-flight copies are
+        cancelled and their jobs requeued at once; probed until it is back."""
+        was_up = ep.breaker.state != "down"
+        moved, abandoned = self._cancel_copies(ep, uncharged=False)
         if was_up:
-            ep.mark_down(why)
-            if not self.stopping:
-                self.spawn(self._revive(ep))
-            if not dead:
-                self.spawn(self._health_check(ep))
+            self._out(ep, why)
+        elif not (moved or abandoned):
+            return
+        self._say_out(ep, why, moved=moved, abandoned=abandoned)
+
+    def take_out_faulty(self, ep: Endpoint, err: EndpointFaultError, *, moved: int = 0) -> None:
+        """``ep`` refused a chat request or gave an impossible answer (``err``): out of
+        service with a trial after a growing wait, its in-flight copies requeued at once and
+        not charged to their prompts. Said once, not again when a trial is refused too.
+        ``moved``: jobs the caller already requeued."""
+        was_up = ep.breaker.state != "down"
+        what = (
+            "gives impossible answers"
+            if isinstance(err, ImpossibleAnswerError)
+            else "refuses chat requests"
+        )
+        where = f"HTTP {err.status}: " if err.status is not None else ""
+        refusal = f"{where}{err.message}"[:300]
+        news = ep.breaker.mark_refused(refusal, what)
+        why = f"it {what} ({refusal})"
+        cancelled, abandoned = self._cancel_copies(ep, uncharged=True)
+        moved += cancelled
+        if was_up:
+            self._out(ep, why)
         elif not (moved or abandoned):
             return
         if news:
-            self.log(f"endpoint {ep.url} taken out: {why}; {self._fates(ep, moved, abandoned)}")
+            self._say_out(ep, why, moved=moved, abandoned=abandoned)
+        else:
+            self.wake.set()
+
+    def _out(self, ep: Endpoint, why: str) -> None:
+        """Open the circuit of an endpoint that was up, and start probing it."""
+        ep.breaker.mark_down(why)
+        if not self.stopping:
+            self.spawn(self._revive(ep))
+
+    def _cancel_copies(self, ep: Endpoint, *, uncharged: bool) -> tuple[int, int]:
+        """Cancel what runs on ``ep``; requeue each job no other copy runs (``uncharged``:
+        its attempt does not count). Returns (requeued, abandoned because stopping)."""
+        moved = abandoned = 0
+        for copy in list(self.on_endpoint[ep]):
+            if copy.task is not None:
+                copy.task.cancel()
+            self._detach(copy)
+            job = copy.job
+            if not job.done and not job.copies and not self.stopping:
+                if uncharged and not copy.hedge:
+                    job.attempts -= 1
+                self._requeue(job, ep)
+                moved += 1
+            elif not job.done and not job.copies:
+                abandoned += 1
+        return moved, abandoned
+
+    def _say_out(self, ep: Endpoint, why: str, *, moved: int, abandoned: int) -> None:
+        self.log(f"endpoint {ep.url} taken out: {why}; {self._fates(ep, moved, abandoned)}")
         self.wake.set()
 
     def _fates(self, ep: Endpoint, moved: int, abandoned: int) -> str:
@@ -667,137 +654,3 @@ class Dispatcher:
         if not parts:
             return "no request of the run was in flight there"
         return "its requests: " + "; ".join(parts)
-
-
-# -- placement by expected finish time -------------------------------------------------------
-
-_SPEED_GAP = 1.5  # per-sequence rates closer than this: greedy placement is as good
-_BUSY_S = 1e-3  # the least time a busy slot is expected to stay busy
-_HEDGE_Q = 0.9  # hedges are judged on this quantile of the length (a long draw)
-BLIND_HEDGE_S = 60.0  # with no endpoint measured yet, a tail request this old is copied
-
-
-def hedge_pays(
-    age: float, expected: float, cap: int, origin: Endpoint, target: Endpoint, lengths: LengthModel
-) -> bool:
-    """Whether a copy on ``target`` of a request running on ``origin`` for ``age`` s is
-    expected to answer before the original, for a long draw of its length.
-
-    The original has produced about ``age * rate`` tokens. Hedges are only sent when nothing
-    is queued, so what ends the job is the requests that turn out long: the copy must win
-    when the length is a long draw given what is produced (the 90th percentile of the learnt
-    spread above it, ``LengthModel.long_total``, at most the token cap), the draw the
-    ``TailPlan`` places by too. A request past its cap by half again is stuck (a hung request,
-    a server that slowed down): any copy beats it. The copy starts from nothing, so it pays
-    only on a server that decodes enough faster: the whole length at the target's rate
-    against what is left at the origin's. On an origin that has never answered (no rate, no
-    latency: a server that passes its health check but never answers, or trickles), the copy
-    pays once the request has run twice what the target needs for a long draw (three times its
-    latency; ``BLIND_HEDGE_S`` when no endpoint has answered yet).
-    """
-    r_o, r_t = origin.seq_rate, target.seq_rate
-    if r_o is None or r_o <= 0:
-        if origin.latency is not None:
-            return age > 3 * origin.latency
-        # never answered (a wedged server passes /health too): judged by the target, a copy
-        # pays once the original has run twice what the target needs for a long draw
-        if r_t is not None and r_t > 0:
-            return age > 2 * max(1.0, lengths.long_total(expected, 0.0, cap, _HEDGE_Q)) / r_t
-        if target.latency is not None:
-            return age > 3 * target.latency
-        return age > BLIND_HEDGE_S  # nothing measured anywhere: the copy takes an idle slot
-    produced = age * r_o
-    if produced > 1.5 * cap:
-        return True
-    if r_t is None or r_t <= r_o:
-        return False
-    total = max(
-        lengths.expected_total(expected, produced, cap),
-        lengths.long_total(expected, produced, cap, _HEDGE_Q),
-    )
-    left = total - produced
-    if left <= 0:
-        return False
-    return total / r_t < left / r_o
-
-
-class TailPlan:
-    """Placement by expected finish time, made whenever a slower server has a free slot: each
-    job (longest expected first) goes where it is expected to finish first -- a free slot now,
-    or a faster server's slot that frees soon. Long answers go to fast servers, the slow ones
-    take the short answers, and no long answer starts on a slow server at the end of the job.
-
-    Every endpoint's slots are a heap of the times (from now) they are expected to free: 0 for
-    a free slot, for a busy one what its copy is expected to have left at the endpoint's
-    per-sequence rate (``LengthModel.expected_total``, given what it has produced). A job takes
-    the slot that minimises free time + its length / that endpoint's rate (a long draw: its
-    estimate times the 90th percentile of the learnt spread, since a long answer on a slow
-    server is what ends a job late); if that
-    slot is free now the job goes there, else it is held for it (and the slot counts as taken
-    by it, so the next job plans around it). With similar rates everywhere this is plain greedy
-    placement, so the plan is only made when the per-sequence rates differ by ``_SPEED_GAP``.
-    """
-
-    def __init__(
-        self, slots: dict[Endpoint, list[float]], rates: dict[Endpoint, float], high: float
-    ) -> None:
-        self.slots = slots
-        self.rates = rates
-        self.high = high
-
-    @classmethod
-    def make(cls, d: Dispatcher, now: float) -> TailPlan | None:
-        """The plan for ``d``'s fleet now, or None where greedy placement is as good: when all
-        rates are not known yet, or no endpoint slower than the fastest has a free slot (a
-        free slot on a fast server is always the place to go)."""
-        up = [e for e in d.endpoints if e.accepting]
-        rates = {e: e.seq_rate for e in up}
-        if len(up) < 2 or any(r is None or r <= 0 for r in rates.values()):
-            return None
-        known: dict[Endpoint, float] = {e: r for e, r in rates.items() if r is not None}
-        fastest, slowest = max(known.values()), min(known.values())
-        if not any(e.free > 0 and _SPEED_GAP * r < fastest for e, r in known.items()):
-            return None
-        # far from the end of the job a long answer on a slow server is harmless (it ends
-        # before the rest does): plan only once the queue drains sooner than the longest
-        # queued answer would take on the slowest server
-        high = d.lengths.high_ratio()
-        drain = d.queued * d.lengths.mean / sum(r * e.limit for e, r in known.items())
-        longest = max(d.fresh.longest(), d.lengths.mean) * high
-        if drain > longest / slowest:
-            return None
-        slots: dict[Endpoint, list[float]] = {}
-        for e in up:
-            heap = [0.0] * max(0, e.free)
-            rate = known[e]
-            for copy in d.on_endpoint[e]:
-                job = copy.job
-                produced = (now - copy.started) * rate
-                total = d.lengths.expected_total(d.lengths.expect_job(job), produced, d.cap(job))
-                # a busy slot is never free now, even for a copy past its expected length
-                left = max(_BUSY_S, (total - produced) / rate)
-                heap.extend([left] * copy.seqs)
-            heapq.heapify(heap)
-            slots[e] = heap
-        return cls(slots, known, high)
-
-    def place(self, job: Job, pick: Endpoint, expected: float) -> Endpoint | None:
-        """Where ``job`` goes now: ``pick`` (greedy's choice) or another free endpoint, or None
-        to hold it for a faster server's next free slot."""
-        best: tuple[float, int, Endpoint] | None = None
-        # plan for a long draw (the 90th percentile of the learnt spread): lengths are
-        # long-tailed, and a long answer on a slow server is what ends a job late
-        length = expected * self.high
-        for e, heap in self.slots.items():
-            if not heap or (e.url in job.avoid and e is not pick):
-                continue
-            finish = heap[0] + length / self.rates[e]
-            if best is None or (finish, e is not pick) < best[:2]:
-                best = (finish, int(e is not pick), e)
-        if best is None:
-            return pick
-        finish, _, ep = best
-        start = heapq.heapreplace(self.slots[ep], finish)
-        if start > 0:
-            return None
-        return ep

@@ -40,6 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+from rich.console import Console
+from rich.live import Live
 
 from draftdata.collector import fewer_collections
 from draftdata.endpoints import Capacity, probe_capacity
@@ -156,8 +158,8 @@ class Engine:
         t = self.tally
         return (
             t.done,
-            self.dispatcher.requests_ok,
-            sum(e.output_tokens for e in self.endpoints),
+            self.dispatcher.caller.requests_ok,
+            sum(e.meter.output_tokens for e in self.endpoints),
             (t.done - t.completed),
         )
 
@@ -226,27 +228,28 @@ class Engine:
                     self._abort(ConfigError(token_ids_refusal(bad[0].url)))
                     return
             for e in self.endpoints:
-                if e.recovered:
-                    e.recovered = False
+                if e.breaker.recovered:
+                    e.breaker.recovered = False
                     self.log(f"endpoint {e.url} answers chat requests again")
             if self.dispatcher.stopping:
                 continue
             now = self.clock()
-            if any(e.serving for e in self.endpoints):
+            if any(e.breaker.serving for e in self.endpoints):
                 self._unserved_since = None
                 continue
-            if all(e.refusal is not None for e in self.endpoints) and not any(
-                e.served for e in self.endpoints
+            if all(e.breaker.refusal is not None for e in self.endpoints) and not any(
+                e.meter.served for e in self.endpoints
             ):
-                if all(e.refused_how.startswith("refuses") for e in self.endpoints):
-                    each = ", ".join(f"{e.url} ({e.refusal})" for e in self.endpoints)
+                if all(e.breaker.refused_how.startswith("refuses") for e in self.endpoints):
+                    each = ", ".join(f"{e.url} ({e.breaker.refusal})" for e in self.endpoints)
                     said = (
                         f"every endpoint refuses chat requests: {each}; check the API key "
                         "(--api-key-env), --model and the URLs"
                     )
                 else:
                     each = ", ".join(
-                        f"{e.url} {e.refused_how} ({e.refusal})" for e in self.endpoints
+                        f"{e.url} {e.breaker.refused_how} ({e.breaker.refusal})"
+                        for e in self.endpoints
                     )
                     said = f"no endpoint gives a usable answer: {each}; fix the servers"
                 self._abort(FleetUnavailableError(f"generate: {said}, then run the same command"))
@@ -255,7 +258,9 @@ class Engine:
                 self._unserved_since = now
             elif now - self._unserved_since >= self.cfg.unavailable_timeout:
                 for e in self.endpoints:
-                    why = e.fault or ("on trial, no answer yet" if e.state == "up" else e.state)
+                    why = e.breaker.fault or (
+                        "on trial, no answer yet" if e.breaker.state == "up" else e.breaker.state
+                    )
                     self.log(f"endpoint {e.url}: out of service: {why}")
                 self._abort(
                     FleetUnavailableError(
@@ -275,11 +280,11 @@ class Engine:
             self.dispatcher.wake.set()
 
     async def _load_loop(self) -> None:
-        shown = {e: e.limit for e in self.endpoints}
+        shown = {e: e.concurrency.limit for e in self.endpoints}
         while not self._stop_loops.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_loops.wait(), self.cfg.load_interval)
-            ups = [e for e in self.endpoints if e.state == "up"]
+            ups = [e for e in self.endpoints if e.breaker.state == "up"]
             loads = await asyncio.gather(
                 *(load_of(self.session, e, self._probe_timeout) for e in ups)
             )
@@ -287,12 +292,14 @@ class Engine:
                 if load is not None:
                     e.adapt(load)
                 # the limit also moves when answers teach the fitted capacity (endpoint.py)
-                if abs(e.limit - shown[e]) >= max(2, shown[e] // 10):
-                    why = f"capacity {e.fitted() or '?'}"
+                if abs(e.concurrency.limit - shown[e]) >= max(2, shown[e] // 10):
+                    why = f"capacity {e.concurrency.fitted() or '?'}"
                     if load is not None:
                         why += f", server running {load.running}, waiting {load.waiting}"
-                    self.log(f"endpoint {e.url}: concurrency {shown[e]} -> {e.limit} ({why})")
-                    shown[e] = e.limit
+                    self.log(
+                        f"endpoint {e.url}: concurrency {shown[e]} -> {e.concurrency.limit} ({why})"
+                    )
+                    shown[e] = e.concurrency.limit
             self.dispatcher.wake.set()
 
     def _model_swap(self, ep: Endpoint, cap: Capacity | None) -> str | None:
@@ -318,7 +325,7 @@ class Engine:
         if not self.cfg.allow_mixed_models:
             cap = await probe_capacity(self.session, ep.address, timeout=self._probe_timeout)
             if (swap := self._model_swap(ep, cap)) is not None:
-                self.dispatcher.take_down(ep, swap, dead=True)
+                self.dispatcher.take_out_dead(ep, swap)
         return True
 
     async def _revive(self, ep: Endpoint) -> None:
@@ -328,31 +335,28 @@ class Engine:
         while not self.dispatcher.stopping:
             fast = self.clock() - since < _FAST_PROBE_S
             await asyncio.sleep(min(self.cfg.probe_interval, _FAST_PROBE_INTERVAL if fast else 1e9))
-            if ep.refusal is not None and self.clock() < ep.retry_refused_at:
+            if ep.breaker.refusal is not None and self.clock() < ep.breaker.retry_refused_at:
                 continue  # a refusing endpoint passes /health: wait for its trial
             if not await check_alive(self.session, ep.address, self._probe_timeout):
                 continue
             cap = await probe_capacity(self.session, ep.address, timeout=self._probe_timeout)
             if (swap := self._model_swap(ep, cap)) is not None:
-                if ep.fault != swap:  # said once, not at every probe
-                    ep.fault = swap
+                if ep.breaker.fault != swap:  # said once, not at every probe
+                    ep.breaker.fault = swap
                     self.log(f"endpoint {ep.url} stays out: {swap}")
                 continue
             if cap is not None:
                 ep.set_capacity(cap)
-            trial = ep.refusal is not None
-            ep.mark_up(half_open=ep.downs > 0)
+            trial = ep.breaker.refusal is not None
+            ep.breaker.mark_up(half_open=ep.breaker.downs > 0)
             if not trial:  # a trial is said only if it succeeds ("answers ... again")
-                self.log(f"endpoint {ep.url} is back; concurrency {ep.limit}")
+                self.log(f"endpoint {ep.url} is back; concurrency {ep.concurrency.limit}")
             self.dispatcher.wake.set()
             return
 
     async def _progress_loop(self) -> None:
         display = None
         if self.live:
-            from rich.console import Console
-            from rich.live import Live
-
             display = Live(
                 self.progress.render(), console=Console(), refresh_per_second=2, transient=False
             )
@@ -393,7 +397,7 @@ class Engine:
         """Run to the end (or to an interrupt); commit; return the summary."""
         t0 = self.clock()
         for e in self.endpoints:
-            if e.state != "up":
+            if e.breaker.state != "up":
                 self.dispatcher.spawn(self._revive(e))
         loops = [
             asyncio.create_task(self.committer.loop(self._stop_loops)),
@@ -443,19 +447,19 @@ class Engine:
             shares.append(
                 EndpointShare(
                     url=e.url,
-                    state=e.state,
+                    state=e.breaker.state,
                     engine=e.capacity.engine if e.capacity else None,
-                    capacity=e.fitted(),
-                    concurrency=e.limit,
-                    requests=e.requests,
-                    completed=e.completed,
+                    capacity=e.concurrency.fitted(),
+                    concurrency=e.concurrency.limit,
+                    requests=e.meter.requests,
+                    completed=e.meter.completed,
                     output_tokens=committed_tokens,
-                    generated_tokens=e.output_tokens,
+                    generated_tokens=e.meter.output_tokens,
                     share=round(self.tally.share(e.url), 4),
-                    errors=dict(e.errors),
-                    hedges_won=e.hedges_won,
-                    downs=e.downs,
-                    fault=e.fault,
+                    errors=dict(e.meter.errors),
+                    hedges_won=e.meter.hedges_won,
+                    downs=e.breaker.downs,
+                    fault=e.breaker.fault,
                 )
             )
         total = self._total
@@ -469,8 +473,8 @@ class Engine:
             total=total,
             already_done=d.already_done,
             max_tokens=self.cfg.max_tokens,
-            clamped=d.clamped,
-            requests=d.requests_ok,
+            clamped=d.caller.clamped,
+            requests=d.caller.requests_ok,
             retries=d.retries,
             hedges=d.hedges,
             hedges_won=d.hedges_won,

@@ -35,9 +35,18 @@ import pyarrow.compute as pc
 from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT
 from draftdata.generate.sample import PilotSample, Stratum, scope_keys
 from draftdata.generate.saturation import Throughput
+from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS
+from draftdata.store.base import Store
+from draftdata.store.doneset import hash_pairs
 from draftdata.store.forecast import FORECAST_FORMAT
-from draftdata.store.store import Store
+from draftdata.store.read import (
+    COMPLETIONS_PREFIX,
+    FAILURES_PREFIX,
+    read_shards_parallel,
+    shard_keys,
+)
+from draftdata.store.resume import rebuild_done_sets
 
 BOOTSTRAP = 1000
 MIN_PILOT = 30  # pilot pairs below which no interval is given
@@ -83,12 +92,6 @@ def _finish_reasons(turns: Any) -> list[list[str | None]]:
 def pilot_outcome(store: Store, sample: PilotSample) -> Outcome:
     """What the run holds for the sample's ids (committed completions and standing fatal
     failures), per stratum of the draw. Reads only the needed columns."""
-    from draftdata.store.read import (
-        COMPLETIONS_PREFIX,
-        FAILURES_PREFIX,
-        read_shards_parallel,
-        shard_keys,
-    )
 
     stratum_of = {pid: s for s, ids in sample.drawn.items() for pid in ids}
     wanted = pa.array(sorted(stratum_of), pa.string())
@@ -141,9 +144,6 @@ def remaining_pairs(
 ) -> tuple[dict[Stratum, int], dict[Stratum, int]]:
     """Per stratum of the prompts in scope: (pairs the run has not settled, prompts with such
     a pair). Settled: completed, or failed fatally (unless ``retry_failed``)."""
-    from draftdata.metrics import StageStats
-    from draftdata.store.doneset import hash_pairs
-    from draftdata.store.resume import rebuild_done_sets
 
     completed, fatal, _ = rebuild_done_sets(store, store.list(""), StageStats("forecast"))
     pairs: dict[Stratum, int] = {}

@@ -32,10 +32,13 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from draftdata.errors import StoreError
+from draftdata.formats import COMPLETION_FORMAT
 from draftdata.generate.work import Job
+from draftdata.store.read import COMPLETIONS_PREFIX, read_shard, shard_keys
 
 if TYPE_CHECKING:
-    from draftdata.store.store import Store
+    from draftdata.store.base import Store
 
 _SHRINK = 4.0  # pseudo-observations of the level above that every level's mean starts from
 _PRIOR_SHARE = 1 / 3  # the prior of a job nothing is known about: this share of its token cap
@@ -330,9 +333,6 @@ class LookAhead:
 def run_history(store: Store, *, rows: int = HISTORY_ROWS) -> Iterator[tuple[str, str, int]]:
     """(source, domain, output tokens) of a run's newest committed completions, at most
     ``rows`` of them (newest shards first); a shard that cannot be read is skipped."""
-    from draftdata.errors import StoreError
-    from draftdata.formats import COMPLETION_FORMAT
-    from draftdata.store.read import COMPLETIONS_PREFIX, read_shard, shard_keys
 
     left = rows
     for key in reversed(shard_keys(store, COMPLETIONS_PREFIX)):

@@ -33,15 +33,13 @@ when the server says it does not fit). This module holds no I/O but the chat cal
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from draftdata.generate.client import ErrorClass, RequestError
+from draftdata.errors import ContextLengthError
+from draftdata.generate.endpoint import Endpoint
 from draftdata.records import JsonDict, Message, Turn
-
-if TYPE_CHECKING:
-    from draftdata.generate.endpoint import Endpoint
 
 INITIAL_TOKENS_PER_BYTE = 0.5  # pessimistic for English and code (~0.25-0.3), fine for CJK
 PER_MESSAGE_TOKENS = 8  # role markers and separators of a chat template
@@ -195,15 +193,9 @@ class OutputLimit:
         while True:
             try:
                 return await self.ep.client.chat(body), body
-            except RequestError as exc:
+            except ContextLengthError:
                 limit = int(body.get("max_tokens") or 0)
-                retry = (
-                    self.shrinks
-                    and exc.error_class is ErrorClass.context_length
-                    and tries < SHRINK_TRIES
-                    and limit > MIN_LIMIT
-                )
-                if not retry:
+                if not (self.shrinks and tries < SHRINK_TRIES and limit > MIN_LIMIT):
                     raise
             tries += 1
             self.clamped = self.explicit is not None

@@ -15,12 +15,12 @@ It does not probe endpoints (``fleet/probe.py`` does) nor write anything.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from draftdata.errors import ConfigError, DraftdataError, RunMismatchError
-from draftdata.store.manifest import MANIFEST_KEY, load_manifest
+from draftdata.store.base import Store
 from draftdata.store.read import COMPLETIONS_PREFIX
-from draftdata.store.store import Store, open_store
+from draftdata.store.settings import recorded_settings
+from draftdata.store.store import open_store
 
 
 def _shown(urls: list[str]) -> str:
@@ -47,13 +47,12 @@ def _recorded(out: str) -> tuple[str | None, Store | None]:
     """The model the run at ``out`` recorded (None: no run, or none recorded) and its store."""
     try:
         store = open_store(out)
-        if not store.exists(MANIFEST_KEY):
-            return None, None
-        settings: dict[str, Any] = load_manifest(store).get("effective_settings") or {}
+        settings = recorded_settings(store)
     except DraftdataError:
         return None, None  # Run.open reports problems with the prefix itself
-    model = settings.get("model")
-    return (model if isinstance(model, str) else None), store
+    if settings is None:
+        return None, None
+    return settings.model, store
 
 
 def _has_completions(store: Store) -> bool:

@@ -51,11 +51,6 @@ def partition_of(prompt_id: str, count: int) -> int:
     return id_hash(prompt_id) % count
 
 
-def in_partition(prompt_id: str, index: int, count: int) -> bool:
-    """Whether ``prompt_id`` falls in partition ``index`` of ``count``."""
-    return count == 1 or partition_of(prompt_id, count) == index
-
-
 def parse_partition(value: str, option: str = "--partition") -> Partition:
     """``"I/P"`` -> Partition(I, P); ConfigError naming ``option`` on anything else."""
     text = value.strip()
@@ -69,13 +64,6 @@ def parse_partition(value: str, option: str = "--partition") -> Partition:
             f"{option}: {value!r}; use I/P with 0 <= I < P, e.g. 0/4 for the first of four"
         )
     return Partition(index, count)
-
-
-def all_partitions(count: int) -> list[Partition]:
-    """Partitions 0/count .. count-1/count."""
-    if count < 1:
-        raise ConfigError(f"--partitions: {count}; must be at least 1")
-    return [Partition(i, count) for i in range(count)]
 
 
 def iter_prompt_ids(path: Path | str) -> Iterator[str]:

@@ -26,6 +26,7 @@ import msgspec
 
 from draftdata.endpoints import base_url
 from draftdata.errors import ConfigError, InputError
+from draftdata.fleetspec import read_fleet
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.engine import Log, stderr_log
 from draftdata.generate.forecast import (
@@ -41,6 +42,7 @@ from draftdata.generate.saturation import Saturation, Throughput
 from draftdata.generate.source import prompt_files
 from draftdata.generate.stage import generate
 from draftdata.generate.summary import GenerateSummary
+from draftdata.stats.runfigures import run_figures
 from draftdata.store.forecast import latest_forecast, write_forecast
 from draftdata.store.store import open_store
 
@@ -65,7 +67,6 @@ def fleet_gpus(config: GenerateConfig) -> dict[str, int]:
     """Endpoint URL -> its GPUs (fleet.yaml's ``gpu``: "0,1" is two; else one each)."""
     if config.fleet is None:
         return {base_url(u): 1 for u in config.endpoints}
-    from draftdata.fleetspec import read_fleet
 
     eps = read_fleet(config.fleet).endpoints
     counts = gpu_count(e.gpu for e in eps)
@@ -127,8 +128,6 @@ def run_pilot(
     )  # fmt: skip
     figures = summary.run
     if figures is None:
-        from draftdata.stats.runfigures import run_figures
-
         figures = run_figures(store)
     data = forecast(
         sample,

@@ -92,7 +92,7 @@ class Progress:
                 round(now - self.started, 2),
                 done,
                 toks,
-                {e.url: e.output_tokens for e in self.endpoints},
+                {e.url: e.meter.output_tokens for e in self.endpoints},
             ]
         )
 
@@ -136,8 +136,9 @@ class Progress:
         """One plain log line: totals, rates, ETA, then each endpoint in short."""
         rw, rl, tw, tl = self.rates()
         eps = " ".join(
-            f"[{e.name} {e.state} {e.inflight}/{e.limit} {e.tokens_per_s(self.window):,.0f}t/s"
-            + (f" err {sum(e.errors.values()):,}" if e.errors else "")
+            f"[{e.name} {e.breaker.state} {e.slots.inflight}/{e.concurrency.limit} "
+            f"{e.meter.tokens_per_s(self.window):,.0f}t/s"
+            + (f" err {sum(e.meter.errors.values()):,}" if e.meter.errors else "")
             + "]"
             for e in self.endpoints
         )
@@ -161,17 +162,17 @@ class Progress:
         for col in (*cols, "errors"):
             table.add_column(col, justify="left" if col in ("endpoint", "state") else "right")
         for e in self.endpoints:
-            errs = ", ".join(f"{k} {v}" for k, v in sorted(e.errors.items())) or "-"
-            waiting = str(e.last_load.waiting) if e.last_load else "-"
-            style = {"up": "green", "down": "red"}.get(e.state, "yellow")
+            errs = ", ".join(f"{k} {v}" for k, v in sorted(e.meter.errors.items())) or "-"
+            waiting = str(e.concurrency.last_load.waiting) if e.concurrency.last_load else "-"
+            style = {"up": "green", "down": "red"}.get(e.breaker.state, "yellow")
             table.add_row(
                 e.name,
-                Text(e.state, style=style),
-                f"{e.inflight}/{e.limit}",
-                str(e.fitted() or "?"),
+                Text(e.breaker.state, style=style),
+                f"{e.slots.inflight}/{e.concurrency.limit}",
+                str(e.concurrency.fitted() or "?"),
                 waiting,
-                f"{e.tokens_per_s(self.window):,.0f}",
-                f"{e.completed:,}",
+                f"{e.meter.tokens_per_s(self.window):,.0f}",
+                f"{e.meter.completed:,}",
                 errs,
             )
         return Group(head, table)

@@ -34,6 +34,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftdata.generate.engine import Engine
+
 SAMPLE_INTERVAL_S = 0.1
 
 
@@ -110,8 +112,8 @@ class Saturation:
         self.queue_empty: float | None = None  # when nothing was left to dispatch
         self.task: asyncio.Task[None] | None = None
 
-    def attach(self, engine: Any, gpus: dict[str, int] | None = None) -> None:
-        """Start watching ``engine`` (a ``generate.engine.Engine``; call on its event loop
+    def attach(self, engine: Engine, gpus: dict[str, int] | None = None) -> None:
+        """Start watching ``engine`` (call on its event loop
         before it runs: ``generate(..., on_engine=saturation.attach)``)."""
         self.engine_start = self.clock()
         for ep in engine.endpoints:
@@ -123,7 +125,7 @@ class Saturation:
             ep.on_answer = answered
         self.task = asyncio.get_running_loop().create_task(self._sample(engine))
 
-    async def _sample(self, engine: Any) -> None:
+    async def _sample(self, engine: Engine) -> None:
         d = engine.dispatcher
         open_at: dict[str, float] = {}  # url -> when its current full stretch began
         try:
@@ -137,9 +139,13 @@ class Saturation:
                 for ep in engine.endpoints:
                     w = self.watches[ep.url]
                     cap = ep.capacity.max_running if ep.capacity is not None else None
-                    slots = min(ep.limit, cap) if cap else ep.limit
-                    if ep.state == "up" and queued and ep.inflight >= max(1, slots - 1):
-                        w.concurrency.append(ep.inflight)
+                    slots = min(ep.concurrency.limit, cap) if cap else ep.concurrency.limit
+                    if (
+                        ep.breaker.state == "up"
+                        and queued
+                        and ep.slots.inflight >= max(1, slots - 1)
+                    ):
+                        w.concurrency.append(ep.slots.inflight)
                         open_at.setdefault(ep.url, now)
                     elif ep.url in open_at:
                         w.full.append((open_at.pop(ep.url), now))

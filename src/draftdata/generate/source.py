@@ -29,6 +29,7 @@ from draftdata.generate.partition import Partition, parse_partition
 from draftdata.records import BOM, Prompt, derived_id_fault, parse_prompt, prompt_id
 from draftdata.store.doneset import DoneSet
 from draftdata.store.prompts import iter_prompt_lines, open_prompt_file, read_lines
+from draftdata.store.store import open_store
 
 PromptFile = Path | str  # a local file, or an s3://BUCKET/KEY object URL (kept a str)
 
@@ -58,7 +59,6 @@ def _pick(names: list[str]) -> list[str]:
 
 
 def _s3_prompt_files(url: str) -> list[PromptFile]:
-    from draftdata.store.store import open_store
 
     base = url.rstrip("/")
     try:

@@ -1,14 +1,23 @@
 """``generate(config) -> GenerateSummary``: the generate stage as one plain function.
 
-It checks everything before the first request: the config, the prompt files (and that their
-first lines are prompts at all: a file in another schema stops with one line naming the
-``prepare`` schema that converts it), the API key variable, that at least one endpoint answers
-(else a one-line FleetError), that the output limits can fit a request in the endpoints'
-context (``--strict-limit`` refuses one that cannot; otherwise each request's limit is lowered
-to fit, and the start says so in one line), and the run store (``Run.open``: protected
-prefixes, the manifest's settings hash). Then it runs the engine on a fresh event loop, with
-SIGINT/SIGTERM wired to the engine's graceful stop when called from the main thread, and
-returns the summary. Works in a fresh process (scripts, Ray workers).
+It runs on a fresh event loop in four phases, each a function a reader can stop at:
+
+1. ``preflight`` (``preflight.py``): everything checked before the first request: the config,
+   the prompt files (and that their first lines are prompts at all: a file in another schema
+   stops with one line naming the ``prepare`` schema that converts it), the API key variable,
+   that at least one endpoint answers (else a one-line FleetError), that the output limits
+   can fit a request in the endpoints' context (``--strict-limit`` refuses one that cannot;
+   otherwise each request's limit is lowered to fit, and the start says so in one line);
+2. ``open_run``: the run store (``Run.open``: protected prefixes, the manifest's settings
+   hash, the run lease);
+3. the engine (``engine.run_engine``) over the endpoints (``_endpoints``) and the prompt
+   reader, with SIGINT/SIGTERM wired to its graceful stop when called from the main thread
+   (``EngineHooks``), then, whatever happened, ``close_run``: the endpoints closed, the
+   invalid prompt lines written, the lease released;
+4. ``finish``: a run taken over raises LeaseLostError; the whole run's figures join the
+   summary.
+
+Works in a fresh process (scripts, Ray workers).
 
 Nothing is recorded before an endpoint has answered: the run's manifest is written with its
 first committed shard (``Run.open(defer_manifest=True)``), with the model of the endpoint that
@@ -30,111 +39,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Collection
-from typing import Any
+from functools import partial
 
 import msgspec
 import numpy as np
 
-from draftdata.endpoints import base_url, probe_capacity
-from draftdata.errors import ConfigError, DraftdataError, FleetError, LeaseLostError, StoreError
-from draftdata.fleetspec import read_fleet
+from draftdata.endpoints import Capacity
+from draftdata.errors import DraftdataError, LeaseLostError, StoreError
+from draftdata.formats import completions_table, failures_table
 from draftdata.generate.client import EndpointClient
+from draftdata.generate.concurrency import queue_target
 from draftdata.generate.config import GenerateConfig, validate
-from draftdata.generate.endpoint import Endpoint, queue_target
+from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.engine import Engine, Log, probe_session, run_engine, stderr_log
 from draftdata.generate.limits import FALLBACK_MAX_TOKENS, INITIAL_TOKENS_PER_BYTE
-from draftdata.generate.models import check_fleet_models, check_resume_model, recorded_model
-from draftdata.generate.partition import parse_partition
-from draftdata.generate.rejects import Rejects, check_schema
-from draftdata.generate.source import PromptReader, Scan, prompt_files, scan
+from draftdata.generate.preflight import (
+    Preflight,
+    api_key,
+    check_credentials,
+    endpoint_urls,
+    fleet_contexts,
+    preflight,
+)
+from draftdata.generate.rejects import Rejects
+from draftdata.generate.source import PromptFile, PromptReader, prompt_files
 from draftdata.generate.summary import GenerateSummary
-from draftdata.generate.thinking import server_kwargs
-from draftdata.redact import Redactor, redact_url
+from draftdata.records import Completion, Failure, Message, Turn
+from draftdata.redact import Redactor
+from draftdata.stats.runfigures import RunFigures, run_figures
 from draftdata.store.lease import LeaseOptions, scope_of
-from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS
 from draftdata.store.protect import check_not_protected
 from draftdata.store.run import Run
-
-
-def run_settings(config: GenerateConfig, prompts: Scan, model: str) -> dict[str, Any]:
-    """The settings whose hash identifies the run (module docstring)."""
-    kwargs: dict[str, Any] = dict(config.extra_body.get("chat_template_kwargs") or {})
-    if config.reasoning != "server":
-        kwargs["enable_thinking"] = config.reasoning == "on"
-    return {
-        "stage": "generate",
-        "prompts": {"sha256": prompts.sha256, "lines": prompts.prompts, "bytes": prompts.bytes},
-        "model": model,
-        "max_tokens": config.max_tokens if config.max_tokens is not None else "auto",
-        # only when set: the settings (and hash) of runs that never used it stay as they were
-        **({"strict_limit": True} if config.strict_limit else {}),
-        "sampling": msgspec.to_builtins(config.sampling),
-        "reasoning": config.reasoning,
-        "chat_template_kwargs": kwargs,
-        "keep_reasoning_history": config.keep_reasoning_history,
-        "n": config.n,
-        "overrides": msgspec.to_builtins(config.overrides),
-        "extra_body": config.extra_body,
-    }
-
-
-def endpoint_urls(config: GenerateConfig) -> tuple[list[str], list[int | None]]:
-    """The endpoints' base URLs and the capacity fleet.yaml records for each (if any)."""
-    if config.fleet is not None:
-        if not os.path.exists(config.fleet):
-            raise ConfigError(
-                f"--fleet {config.fleet}: {config.fleet} does not exist; start a fleet with "
-                "`draftdata fleet up` (it writes fleet.yaml) or give --endpoint URLs"
-            )
-        spec = read_fleet(config.fleet)
-        return [base_url(e.url) for e in spec.endpoints], [
-            e.max_running_requests for e in spec.endpoints
-        ]
-    urls = [base_url(u) for u in config.endpoints]
-    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
-    if bad:
-        raise ConfigError(
-            f"--endpoint {redact_url(bad[0])}: give a URL such as http://127.0.0.1:30000"
-        )
-    unique = list(dict.fromkeys(urls))
-    return unique, [None] * len(unique)
-
-
-def fleet_contexts(config: GenerateConfig, n: int) -> list[int | None]:
-    """The context length fleet.yaml records for each endpoint (None where it has none)."""
-    if config.fleet is None:
-        return [None] * n
-    return [e.context_length for e in read_fleet(config.fleet).endpoints]
-
-
-def api_key(config: GenerateConfig) -> str | None:
-    """The API key from the environment variable named by ``api_key_env`` (never logged)."""
-    if not config.api_key_env:
-        return None
-    value = os.environ.get(config.api_key_env)
-    if not value:
-        raise ConfigError(f"--api-key-env: ${config.api_key_env} is not set or empty")
-    return value
-
-
-def check_credentials(urls: list[str], key: str | None) -> None:
-    """ConfigError when a URL carries a user (HTTP basic auth) and an API key is given too:
-    both would be the one ``Authorization`` header of every request."""
-    if key is None:
-        return
-    from urllib.parse import urlsplit
-
-    with_user = [u for u in urls if urlsplit(u).username is not None]
-    if with_user:
-        raise ConfigError(
-            f"--api-key-env: {redact_url(with_user[0])} carries a user and password (sent as "
-            "HTTP basic auth) and --api-key-env sends a key in the same Authorization header; "
-            "give one of the two (the URL without user:password@, or no --api-key-env)"
-        )
+from draftdata.store.write import parquet_bytes
 
 
 def generate(
@@ -170,8 +110,6 @@ def generate(
     check_credentials(urls, key)
     redact = Redactor.of(key, urls)
     if live is None:
-        import sys
-
         live = config.progress == "rich" or (config.progress == "auto" and sys.stdout.isatty())
     sink = log or stderr_log
 
@@ -212,7 +150,7 @@ def generate(
 
 async def _generate(
     config: GenerateConfig,
-    files: list[Any],
+    files: list[PromptFile],
     urls: list[str],
     fleet_caps: list[int | None],
     key: str | None,
@@ -225,143 +163,113 @@ async def _generate(
     redact: Callable[[str], str] = str,
     only: Collection[str] | None = None,
 ) -> GenerateSummary:
-    timeout = min(10.0, config.connect_timeout)
-    shown = [redact_url(u) for u in urls]
+    """The phases (module docstring), on the event loop."""
     async with _warming() as warm, probe_session(key) as session:
-        caps = await asyncio.gather(*(probe_capacity(session, u, timeout=timeout) for u in urls))
-        if all(c is None for c in caps):
-            which = ", ".join(shown[:4]) + (f" and {len(urls) - 4} more" if len(urls) > 4 else "")
-            raise FleetError(
-                f"generate: no endpoint reachable ({which}); start the fleet "
-                "(draftdata fleet up / fleet sim) or check --endpoint/--fleet"
-            )
-        check_fleet_models(shown, [c.model if c else None for c in caps], config.allow_mixed_models)
-        served = next((c.model for c in caps if c and c.model), None)
-        if config.model is None and served is None:  # a resumed run stays what it recorded
-            served = await asyncio.to_thread(recorded_model, config.out)
-        model = config.model or served or "default"
-        await asyncio.to_thread(check_resume_model, config.out, model, config.allow_config_change)
-        check_limits(config, shown, caps, contexts, log)
-        if config.token_ids == "on":
-            await _check_token_ids(config, urls, caps, key, model)
-        part = parse_partition(config.partition) if config.partition else None
-        await asyncio.to_thread(check_schema, files, config.limit)
-        found = await asyncio.to_thread(scan, files, limit=config.limit, partition=part)
-        settings = run_settings(config, found, model)
-        alive = next((u for u, c in zip(urls, caps, strict=True) if c is not None), None)
-        if kwargs := await server_kwargs(
-            config.reasoning, config.token_ids, config.out, session, alive, model
-        ):
-            settings[SERVER_TEMPLATE_KWARGS] = kwargs  # what tokenize renders with (thinking.py)
-
-        stop_engine: list[Callable[[], object]] = []  # set once the engine runs
-
-        def lease_lost(message: str) -> None:  # from the heartbeat or the commit thread
-            log(f"generate: {message}")
-            for stop in stop_engine:
-                stop()
-
-        lease = LeaseOptions(scope_of(part), config.lease_ttl, config.lease_wait, lease_lost)
-        run = await asyncio.to_thread(
-            Run.open,
-            config.out,
-            settings=settings,
-            protect=config.protect,
-            allow_config_change=config.allow_config_change,
-            retry_failed=config.retry_failed,
-            flush_records=config.flush_records,
-            flush_seconds=config.flush_seconds,
-            writer_id=config.writer_id,
-            lease=lease,
-            log=log,
-            defer_manifest=True,
-        )
-        if run.changes:
-            changed = "; ".join(run.changes[:4]) + ("; ..." if len(run.changes) > 4 else "")
-            log(
-                f"generate: {config.out}: settings changed ({changed}); recorded in "
-                "manifest-history/; its earlier fatal failures are tried again"
-            )
+        pre = await preflight(config, files, urls, contexts, key, session, log)
+        hooks = EngineHooks(log, on_engine, signals=signals)
+        run = await open_run(config, pre, hooks.lease_lost, log)
         endpoints: list[Endpoint] = []
         rejects = Rejects(log)
-        restore: list[Callable[[], None]] = []
         try:  # from here on the lease is released whatever happens
             await warm
-            prompt_guess = found.bytes / max(1, found.prompts) * INITIAL_TOKENS_PER_BYTE
             endpoints = _endpoints(
-                config, urls, caps, fleet_caps, key, log, contexts, redact, prompt_guess
+                config, urls, pre.caps, fleet_caps, key, log, contexts, redact, _prompt_guess(pre)
             )
-            n = config.n
-
-            def settled(ids: list[str]) -> list[int]:
-                # all n samples of a prompt must be settled for the reader to skip it
-                if n == 1:
-                    done = run.done_mask(ids)
-                else:
-                    pairs = run.done_mask(
-                        [i for i in ids for _ in range(n)], list(range(n)) * len(ids)
-                    )
-                    done = np.asarray(pairs.reshape(-1, n).all(axis=1))
-                return [n if d else 0 for d in done.tolist()]
-
+            _say_resuming(config, pre, run, log)
             reader = PromptReader(
                 files,
                 limit=config.limit,
-                partition=part,
+                partition=pre.partition,
                 on_reject=rejects.add,
-                settled=settled,
+                settled=partial(settled_samples, run, config.n),
                 only=only,
             )
-            # a partition's done-set holds the other partitions' records too: it says what it
-            # skipped of its own in the summary ("already done before")
-            if part is None and (run.resumed_done or (run.resumed_fatal and not run.changes)):
-                fatal = 0 if run.retry_failed else run.resumed_fatal
-                log(
-                    f"generate: resuming {config.out}: {run.resumed_done:,} completed and "
-                    f"{fatal:,} fatally failed records are skipped"
-                )
-
-            def started(engine: Engine) -> None:
-                loop = asyncio.get_running_loop()
-                stop_engine.append(lambda: loop.call_soon_threadsafe(engine.dispatcher.abort))
-                if on_engine is not None:
-                    on_engine(engine)
-                if signals and (undo := _install_signals(engine)) is not None:
-                    restore.append(undo)
-
             summary = await run_engine(
                 config,
                 run,
                 endpoints,
                 reader,
-                model=model,
+                model=pre.model,
                 session=session,
-                total=(found.in_scope if only is None else len(only)) * config.n,
+                total=(pre.found.in_scope if only is None else len(only)) * config.n,
                 log=log,
                 live=live,
-                on_engine=started,
+                on_engine=hooks.started,
                 settle_model=config.model is None,
             )
         finally:
-            for undo in restore:
-                undo()
-            await asyncio.gather(*(e.client.close() for e in endpoints), return_exceptions=True)
-            try:
-                # a taken-over run is not ours; a run that recorded nothing gets no list either
-                if (run.lease is None or not run.lease.lost) and run.manifest_written:
-                    key = await asyncio.to_thread(rejects.write, run)
-                    if key is not None:
-                        log(rejects.summary(key))
-                elif rejects.rows:
-                    log(rejects.summary(None))
-            except StoreError as exc:
-                log(f"generate: could not write the invalid prompt lines: {exc}")
-            finally:
-                await asyncio.to_thread(run.release_lease)
-    if run.lease is not None and run.lease.lost:  # taken over: what we did not commit is theirs
+            hooks.unwire()
+            await close_run(run, endpoints, rejects, log)
+    return await finish(config, run, summary, log)
+
+
+async def open_run(
+    config: GenerateConfig, pre: Preflight, lease_lost: Callable[[str], None], log: Log
+) -> Run:
+    """Open (or resume) the run at ``config.out`` with the preflight's settings and take its
+    lease (``lease_lost`` is called, from any thread, if another process takes it over).
+    Nothing is recorded yet: the manifest is written with the first committed shard."""
+    lease = LeaseOptions(scope_of(pre.partition), config.lease_ttl, config.lease_wait, lease_lost)
+    run = await asyncio.to_thread(
+        Run.open,
+        config.out,
+        settings=pre.settings.to_json(),
+        protect=config.protect,
+        allow_config_change=config.allow_config_change,
+        retry_failed=config.retry_failed,
+        flush_records=config.flush_records,
+        flush_seconds=config.flush_seconds,
+        writer_id=config.writer_id,
+        lease=lease,
+        log=log,
+        defer_manifest=True,
+    )
+    if run.changes:
+        changed = "; ".join(run.changes[:4]) + ("; ..." if len(run.changes) > 4 else "")
+        log(
+            f"generate: {config.out}: settings changed ({changed}); recorded in "
+            "manifest-history/; its earlier fatal failures are tried again"
+        )
+    return run
+
+
+def _say_resuming(config: GenerateConfig, pre: Preflight, run: Run, log: Log) -> None:
+    """One line on what a resumed run skips. A partition's done-set holds the other
+    partitions' records too: it says what it skipped of its own in the summary ("already done
+    before")."""
+    if pre.partition is None and (run.resumed_done or (run.resumed_fatal and not run.changes)):
+        fatal = 0 if run.retry_failed else run.resumed_fatal
+        log(
+            f"generate: resuming {config.out}: {run.resumed_done:,} completed and "
+            f"{fatal:,} fatally failed records are skipped"
+        )
+
+
+async def close_run(run: Run, endpoints: list[Endpoint], rejects: Rejects, log: Log) -> None:
+    """Whatever happened: close the endpoints, write the invalid prompt lines (a run that
+    recorded nothing, or was taken over, gets no list) and release the lease."""
+    await asyncio.gather(*(e.client.close() for e in endpoints), return_exceptions=True)
+    try:
+        if (run.lease is None or not run.lease.lost) and run.manifest_written:
+            key = await asyncio.to_thread(rejects.write, run)
+            if key is not None:
+                log(rejects.summary(key))
+        elif rejects.rows:
+            log(rejects.summary(None))
+    except StoreError as exc:
+        log(f"generate: could not write the invalid prompt lines: {exc}")
+    finally:
+        await asyncio.to_thread(run.release_lease)
+
+
+async def finish(
+    config: GenerateConfig, run: Run, summary: GenerateSummary, log: Log
+) -> GenerateSummary:
+    """After the engine: a run taken over raises LeaseLostError (what we did not commit is
+    theirs); the whole run's figures join the summary (not a partition's: the Ray driver sums
+    them; not a run that recorded nothing); an interrupt says how to resume."""
+    if run.lease is not None and run.lease.lost:
         raise LeaseLostError(run.lease.lost)
-    # a partition (a Ray task) reports its own part (the driver sums); a run that recorded
-    # nothing has no whole-run figures
     if not config.partition and run.manifest_written:
         summary.run = await asyncio.to_thread(_whole_run, run, log)
     if summary.interrupted:
@@ -372,10 +280,59 @@ async def _generate(
     return summary
 
 
-def _whole_run(run: Run, log: Log) -> Any:
-    """The whole run's figures (all segments, committed only), or None if unreadable now."""
-    from draftdata.stats.runfigures import run_figures
+class EngineHooks:
+    """What the stage wires onto the engine once it runs: the lease's loss aborts it (from
+    the heartbeat or the commit thread), SIGINT/SIGTERM interrupt it (main thread only), and
+    the caller's ``on_engine`` sees it."""
 
+    def __init__(
+        self, log: Log, on_engine: Callable[[Engine], None] | None, *, signals: bool
+    ) -> None:
+        self.log = log
+        self.on_engine = on_engine
+        self.signals = signals
+        self._stops: list[Callable[[], object]] = []  # set once the engine runs
+        self._undo: list[Callable[[], None]] = []
+
+    def lease_lost(self, message: str) -> None:
+        """Another process took the run over: stop the engine (thread-safe)."""
+        self.log(f"generate: {message}")
+        for stop in self._stops:
+            stop()
+
+    def started(self, engine: Engine) -> None:
+        """The engine is about to run (on its event loop)."""
+        loop = asyncio.get_running_loop()
+        self._stops.append(lambda: loop.call_soon_threadsafe(engine.dispatcher.abort))
+        if self.on_engine is not None:
+            self.on_engine(engine)
+        if self.signals and (undo := _install_signals(engine)) is not None:
+            self._undo.append(undo)
+
+    def unwire(self) -> None:
+        """Give the signals back."""
+        for undo in self._undo:
+            undo()
+
+
+def settled_samples(run: Run, n: int, ids: list[str]) -> list[int]:
+    """How many samples of each prompt the run settled: ``n`` when all are (the reader skips
+    the prompt), else 0."""
+    if n == 1:
+        done = run.done_mask(ids)
+    else:
+        pairs = run.done_mask([i for i in ids for _ in range(n)], list(range(n)) * len(ids))
+        done = np.asarray(pairs.reshape(-1, n).all(axis=1))
+    return [n if d else 0 for d in done.tolist()]
+
+
+def _prompt_guess(pre: Preflight) -> float:
+    """Tokens of an average prompt line, from the files' size (``Endpoint`` capacity prior)."""
+    return pre.found.bytes / max(1, pre.found.prompts) * INITIAL_TOKENS_PER_BYTE
+
+
+def _whole_run(run: Run, log: Log) -> RunFigures | None:
+    """The whole run's figures (all segments, committed only), or None if unreadable now."""
     try:
         return run_figures(run.store)
     except Exception as exc:  # the figures are informational: a finished run stays finished
@@ -383,88 +340,10 @@ def _whole_run(run: Run, log: Log) -> Any:
         return None
 
 
-async def _check_token_ids(
-    config: GenerateConfig, urls: list[str], caps: list[Any], key: str | None, model: str
-) -> None:
-    """``--token-ids on``: one 1-token request per reachable endpoint; refuse (one line) before
-    the run is opened when one answers without token ids. An endpoint that cannot be asked now
-    is checked by the engine when it first answers."""
-    from draftdata.generate.client import RequestError, build_body, token_ids_refusal
-    from draftdata.generate.config import Sampling
-    from draftdata.records import Message
-
-    async def ask(url: str, served: str | None) -> bool | None:
-        body = build_body(
-            [Message(role="user", content="Say OK.")],
-            model=config.model or served or model,
-            max_tokens=1,
-            sampling=Sampling(),
-            token_ids=True,
-        )
-        read = min(config.read_timeout, 120.0)  # one token: a server that hangs is not asked
-        async with EndpointClient(
-            url, api_key=key, connect_timeout=config.connect_timeout, read_timeout=read
-        ) as c:
-            try:
-                await c.chat(body)
-            except RequestError:
-                return None
-            return c.token_ids_supported
-
-    up = [(u, c) for u, c in zip(urls, caps, strict=True) if c is not None]
-    answers = await asyncio.gather(*(ask(u, c.model) for u, c in up))
-    for (url, _), ok in zip(up, answers, strict=True):
-        if ok is False:
-            raise ConfigError(token_ids_refusal(redact_url(url)))
-
-
-def check_limits(
-    config: GenerateConfig,
-    urls: list[str],
-    caps: list[Any],
-    contexts: list[int | None],
-    log: Log,
-) -> None:
-    """The configured output limits (``max_tokens`` and the overrides') against each reachable
-    endpoint's context, before anything is recorded: a limit that leaves no room for any prompt
-    is refused with ``--strict-limit`` (ConfigError, one line) and otherwise said in one line
-    (each request's limit is then lowered to the context minus its prompt: ``limits.py``)."""
-    limits = [("max_tokens", config.max_tokens)] + [
-        (f"{o.domain or o.source}: {o.max_tokens}", o.max_tokens) for o in config.overrides
-    ]
-    named = [(what, n) for what, n in limits if n is not None]
-    if not named:
-        return
-    for url, cap, fleet_context in zip(urls, caps, contexts, strict=True):
-        context = (cap.context_length if cap is not None else None) or fleet_context
-        if cap is None or not context:
-            continue
-        unfit = [
-            (what if what != "max_tokens" else f"max_tokens {n}")
-            for what, n in named
-            if n >= context
-        ]
-        if not unfit:
-            continue
-        shown = ", ".join(unfit)
-        if config.strict_limit:
-            raise ConfigError(
-                f"generate: {shown} cannot fit the context of {context} tokens at {url} (a "
-                "request needs its prompt too); give a limit below the context, or leave out "
-                "--strict-limit to lower each request's limit to the context minus its prompt"
-            )
-        log(
-            f"generate: {shown} cannot fit the context of {context} tokens at {url}: each "
-            "request's limit is lowered to the context minus its prompt (counted in the "
-            "summary; --strict-limit refuses instead)"
-        )
-        return
-
-
 def _endpoints(
     config: GenerateConfig,
     urls: list[str],
-    caps: list[Any],
+    caps: list[Capacity | None],
     fleet_caps: list[int | None],
     key: str | None,
     log: Log,
@@ -506,22 +385,22 @@ def _endpoints(
         )
         context = (cap.context_length if cap is not None else None) or contexts[i]
         output_limit = config.max_tokens or context
-        ep.held_prior = prompt_guess + (output_limit or FALLBACK_MAX_TOKENS) / 2
+        ep.concurrency.held_prior = prompt_guess + (output_limit or FALLBACK_MAX_TOKENS) / 2
         ep.set_capacity(cap, fleet_max, contexts[i])
         if cap is None:
-            ep.state = "down"
-            ep.fault = "not reachable"
+            ep.breaker.state = "down"
+            ep.breaker.fault = "not reachable"
             log(f"endpoint {ep.url}: not reachable now; probing every {config.probe_interval:g} s")
         else:
-            ep.state = "up"
+            ep.breaker.state = "up"
             reported = cap.max_running if cap.max_running else "not reported"
-            if ep.kv_tokens:
-                fitted = ep.fitted()
+            if ep.concurrency.kv_tokens:
+                c = ep.concurrency
                 reported = (
-                    f"{fitted} (KV cache {ep.kv_tokens} tokens / ~{ep.held_tokens():.0f} "
-                    f"a request, running cap {ep.running_cap or 'none'})"
+                    f"{c.fitted()} (KV cache {c.kv_tokens} tokens / ~{c.held_tokens():.0f} "
+                    f"a request, running cap {c.running_cap or 'none'})"
                 )
-            how = "auto" if ep.auto else "fixed"
+            how = "auto" if ep.concurrency.auto else "fixed"
             if config.max_tokens is not None:
                 output = f"output limit {config.max_tokens}"
                 if ep.context_length and not config.strict_limit:
@@ -535,7 +414,7 @@ def _endpoints(
                 output = f"context length unknown: output limit {FALLBACK_MAX_TOKENS}"
             log(
                 f"endpoint {ep.url}: {cap.engine}, model {cap.model}, capacity {reported}, "
-                f"concurrency {ep.limit} ({how}), {output}"
+                f"concurrency {ep.concurrency.limit} ({how}), {output}"
             )
         out.append(ep)
     return out
@@ -555,10 +434,6 @@ async def _warming() -> AsyncIterator[asyncio.Future[None]]:
 def _warm_up() -> None:
     """Encode one throw-away shard, so the first real flush does not pay pyarrow's lazy
     imports (about a second, and several under a busy event loop) while results wait."""
-    from draftdata.formats import completions_table, failures_table
-    from draftdata.records import Completion, Failure, Message, Turn
-    from draftdata.store.read import parquet_bytes
-
     msg = [Message(role="user", content="warm-up")]
     parquet_bytes(completions_table([Completion(id="w", messages=msg, turns=[Turn(content="w")])]))
     parquet_bytes(failures_table([Failure(id="w", reason="warm_up")]))

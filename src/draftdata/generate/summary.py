@@ -97,10 +97,6 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
         data: dict[str, Any] = msgspec.to_builtins(self)
         return data
 
-    def summary(self) -> dict[str, Any]:
-        """The same as ``to_dict`` (the name the Ray driver looks for)."""
-        return self.to_dict()
-
     def lines(self) -> list[str]:
         """The final summary as printed by the CLI."""
         head = "generate: interrupted" if self.interrupted else "generate: done"

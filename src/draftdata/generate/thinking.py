@@ -24,21 +24,19 @@ from typing import Any
 import aiohttp
 
 from draftdata.errors import DraftdataError
-from draftdata.store.manifest import MANIFEST_KEY, SERVER_TEMPLATE_KWARGS, load_manifest
+from draftdata.store.settings import recorded_settings
 from draftdata.store.store import open_store
 
 
 def recorded(out: str) -> dict[str, Any] | None:
     """What the run at ``out`` recorded (``{}`` when it recorded nothing), None for a new run."""
     try:
-        store = open_store(out)
-        if not store.exists(MANIFEST_KEY):
-            return None
-        settings = load_manifest(store).get("effective_settings") or {}
+        settings = recorded_settings(open_store(out))
     except DraftdataError:
         return None  # Run.open reports the problem with the prefix
-    value = settings.get(SERVER_TEMPLATE_KWARGS)
-    return dict(value) if isinstance(value, dict) else {}
+    if settings is None:
+        return None
+    return dict(settings.server_chat_template_kwargs or {})
 
 
 async def _prompt_tokens(

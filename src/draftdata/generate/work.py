@@ -22,18 +22,15 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from draftdata.conversation import TurnPlan
 from draftdata.generate.config import GenerateConfig, Reasoning, Sampling
+from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.limits import FALLBACK_MAX_TOKENS
 from draftdata.records import Completion, Failure, Prompt, Turn, Usage
-
-if TYPE_CHECKING:
-    from draftdata.generate.client import RequestError
-    from draftdata.generate.endpoint import Endpoint
 
 
 class Job:
@@ -46,7 +43,6 @@ class Job:
         "cost",
         "done",
         "hedged",
-        "last_error",
         "max_tokens",
         "plan",
         "prefix",
@@ -86,7 +82,6 @@ class Job:
         self.done = False
         self.hedged = False
         self.prompt_chars = -1  # characters of the prompt's contents (length.prompt_tokens)
-        self.last_error: RequestError | None = None
         self.ready_since = 0.0
 
     @property

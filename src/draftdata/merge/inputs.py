@@ -32,6 +32,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from draftdata.domains import classify_domain
 from draftdata.errors import InputError
 from draftdata.merge.plan import hash64
 from draftdata.records import normalise_text
@@ -43,6 +44,8 @@ from draftdata.stats.readers import (
     open_dataset,
 )
 from draftdata.store.lease import refuse_live_writer
+from draftdata.tokens import conversation_tokens, counter
+from draftdata.workerpool import worker_pool
 
 Family = Literal["samples", "chat"]
 UNKNOWN = "unknown"
@@ -219,7 +222,6 @@ def _sample_chunk(table: pa.Table, keys: Keys) -> Counter[str]:
 
 
 def _classifier() -> Callable[..., str]:
-    from draftdata.domains import classify_domain
 
     return classify_domain
 
@@ -236,7 +238,6 @@ def chat_keys(convs: list[Conversation], tokenizer: str | None = None) -> ChatKe
     """(domain, content hash, size estimate, loss tokens) of each conversation: the costly part
     of pass 1 (the classifier, the token count), done in chunks so it can run in worker
     processes. ``tokenizer``: a folder whose tokenizer counts the tokens (else estimated)."""
-    from draftdata.tokens import conversation_tokens, counter
 
     classify = _classifier()
     _, loss = conversation_tokens([(c.messages, c.tools) for c in convs], counter(tokenizer))
@@ -286,8 +287,6 @@ class Workers:
                 yield chunk, chat_keys(chunk, self.tokenizer)
             return
         if self._pool is None:
-            from draftdata.workerpool import worker_pool
-
             self._pool = self._stack.enter_context(worker_pool(self.n))
         window: deque[tuple[list[Conversation], Future[ChatKeys]]] = deque()
         for chunk in chunks:

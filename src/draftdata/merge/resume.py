@@ -23,19 +23,18 @@ import json
 from typing import Any
 
 from draftdata.errors import AlreadyExistsError
+from draftdata.formats import MERGE_CONFIG, MERGE_REPORT
 from draftdata.merge.config import MergeConfig
 from draftdata.merge.inputs import InputInfo
-from draftdata.stats.readers import MERGE_CONFIG, MERGE_REPORT
-from draftdata.store.store import Store
+from draftdata.store.base import Store
 
-CONFIG_FORMAT = "draftdata.merge-config"
 CONFIG_VERSION = 1
 
 
 def config_bytes(config: MergeConfig, infos: list[InputInfo]) -> bytes:
     """``merge_config.json``: what decides the output's bytes (deterministic, no clocks)."""
     doc: dict[str, Any] = {
-        "format": CONFIG_FORMAT,
+        "format": MERGE_CONFIG.format,
         "version": CONFIG_VERSION,
         "settings": {
             "mix": dict(sorted(config.mix.items())),
@@ -68,12 +67,12 @@ def check_output(store: Store) -> None:
     """Refuse (AlreadyExistsError) a location holding a finished merge or anything but an
     unfinished merge; cheap (one listing), so it runs before any input is read."""
     listing = store.list("")
-    if MERGE_REPORT in listing:
+    if MERGE_REPORT.name in listing:
         raise AlreadyExistsError(
-            f"{store.url}: not empty: holds a finished merge ({MERGE_REPORT}); merge writes "
+            f"{store.url}: not empty: holds a finished merge ({MERGE_REPORT.name}); merge writes "
             "into a new, empty location (choose another --out)"
         )
-    if listing and MERGE_CONFIG not in listing:
+    if listing and MERGE_CONFIG.name not in listing:
         raise AlreadyExistsError(
             f"{store.url}: not empty; merge writes into a new, empty location (choose another "
             "--out or remove the old output yourself)"
@@ -84,17 +83,17 @@ def claim_output(store: Store, marker: bytes) -> bool:
     """Make ``store`` this merge's output (after ``check_output``): True when it finishes a
     killed merge of the same inputs and settings, False when the location was empty.
     AlreadyExistsError for an unfinished merge of other inputs or settings."""
-    if not store.exists(MERGE_CONFIG):
+    if not store.exists(MERGE_CONFIG.name):
         check_output(store)  # still empty?
         try:
-            store.put_new(MERGE_CONFIG, marker)  # an identical one written meanwhile is fine
+            store.put_new(MERGE_CONFIG.name, marker)  # an identical one written meanwhile is fine
         except AlreadyExistsError:
             pass  # another merge claimed it meanwhile: compared below
         else:
             return False
-    if store.read(MERGE_CONFIG) != marker:
+    if store.read(MERGE_CONFIG.name) != marker:
         raise AlreadyExistsError(
             f"{store.url}: holds an unfinished merge of other inputs or settings "
-            f"({MERGE_CONFIG}); rerun that merge to finish it, or choose another --out"
+            f"({MERGE_CONFIG.name}); rerun that merge to finish it, or choose another --out"
         )
     return True

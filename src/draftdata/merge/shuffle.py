@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from draftdata.store.read import write_parquet_shard
-from draftdata.store.store import Store
+from draftdata.store.base import Store
+from draftdata.store.write import write_parquet_shard
 
 # Helper columns carried through the buckets and removed before writing.
 KEY, ROW, COPY = "_key", "_row", "_copy"

@@ -47,7 +47,7 @@ import pyarrow as pa
 
 from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError, disk_errors
-from draftdata.formats import SAMPLE_SCHEMA
+from draftdata.formats import MERGE_REPORT, SAMPLE_SCHEMA
 from draftdata.merge.config import OTHER, MergeConfig, check_config, normalised_mix
 from draftdata.merge.inputs import (
     Family,
@@ -77,13 +77,14 @@ from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket
 from draftdata.merge.tokenplan import MAX_NODES
 from draftdata.metrics import StageStats
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
-from draftdata.stats.readers import MERGE_REPORT, iter_domain_labels, refuse_unreadable
+from draftdata.stats.readers import iter_domain_labels, refuse_unreadable
+from draftdata.store.base import Store
 from draftdata.store.protect import check_not_protected
-from draftdata.store.store import Store, open_store
+from draftdata.store.store import open_store
+from draftdata.tokenizer_folder import check_tokenizer_folder
+from draftdata.tokens import counter
 
-REPORT_KEY = MERGE_REPORT
 CARD_KEY = "README.md"
-REPORT_FORMAT = "draftdata.merge-report"
 REPORT_VERSION = 1
 SPLITS = ("train", "eval")
 DROP_REASONS = ("bad_row", "duplicate_id", "duplicate_content", "not_in_mix", "over_target")
@@ -636,9 +637,6 @@ def merge(
         store = open_store(config.out, protect=config.protect)  # every write re-checked
         check_output(store)
     if config.tokenizer is not None:
-        from draftdata.tokenizer_folder import check_tokenizer_folder
-        from draftdata.tokens import counter
-
         check_tokenizer_folder(config.tokenizer)
         counter(config.tokenizer)  # a bad tokenizer fails now, in one line
     infos, family = open_inputs(config.inputs)
@@ -745,7 +743,7 @@ def merge(
     if left:
         report["jsonl_left_out"] = {config.format: dict(sorted(left.items()))}
     store.put_new(CARD_KEY, dataset_card(report).encode())
-    store.put_new(REPORT_KEY, (json.dumps(report, indent=2) + "\n").encode())
+    store.put_new(MERGE_REPORT.name, (json.dumps(report, indent=2) + "\n").encode())
     return MergeSummary(
         out=store.url,
         report=report,
@@ -756,7 +754,7 @@ def merge(
             *shards["eval"],
             *(key for k, v in shards.items() if k not in SPLITS for key in v),
             CARD_KEY,
-            REPORT_KEY,
+            MERGE_REPORT.name,
         ],
         elapsed_s=stats.elapsed,
         stats=stats,
@@ -783,7 +781,7 @@ def build_report(
     """
     target = normalised_mix(config.mix)
     return {
-        "format": REPORT_FORMAT,
+        "format": MERGE_REPORT.format,
         "version": REPORT_VERSION,
         "target": target,
         "before": facts["before"],

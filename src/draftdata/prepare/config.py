@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 
+from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError
 
 SCHEMAS = (
@@ -194,7 +195,6 @@ def mix_warnings(config: PrepareConfig) -> list[str]:
     that is no domain (not one of the classifier's, a source's fixed domain or an existing
     count, e.g. a typo like ``kode``: it would get no prompts), and shares that do not sum to 1
     (they are normalised)."""
-    from draftdata.domains import DOMAINS
 
     known = set(DOMAINS) | {s.domain for s in config.sources if s.domain != "auto"}
     if config.existing is not None and config.existing.counts:

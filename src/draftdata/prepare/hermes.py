@@ -175,8 +175,3 @@ def parse_tool_responses(text: str) -> list[tuple[str | None, str]]:
         name = value.get("name") if isinstance(value, dict) else None
         out.append((name if isinstance(name, str) else None, json.dumps(value, sort_keys=True)))
     return out
-
-
-def render_tools_block(tools: list[dict[str, Any]]) -> str:
-    """Hermes-style ``<tools>`` text with Python-literal specs (used by tests and samples)."""
-    return "<tools>\n" + repr([t for t in tools]) + "\n</tools>"

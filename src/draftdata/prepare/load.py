@@ -25,6 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import glob as globlib
+import os
+import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -156,10 +160,6 @@ def check_hub_reachable(sources: list[SourceConfig], timeout: float = HUB_PROBE_
     ``datasets``' retries per source. Any HTTP answer counts as reachable; nothing is
     downloaded. Skipped with ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` set (the local cache is
     then used)."""
-    import os
-    import threading
-    import urllib.error
-    import urllib.request
 
     hub = [s for s in sources if s.hub is not None]
     if not hub:

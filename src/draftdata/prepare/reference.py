@@ -18,10 +18,12 @@ import msgspec
 
 from draftdata.domains import classify_domain
 from draftdata.errors import InputError
-from draftdata.prepare.config import ExistingConfig
+from draftdata.prepare.config import ExistingConfig, SourceConfig
 from draftdata.prepare.dedup import EXCLUDED, EXISTING, Deduper, dedup_text
 from draftdata.prepare.load import iter_rows
 from draftdata.prepare.validate import RowError
+from draftdata.stats.readers import iter_conversations, open_dataset
+from draftdata.tokens import conversation_tokens
 
 _TEXT_KEYS = ("prompt", "question", "query", "instruction", "problem", "input", "text")
 
@@ -54,8 +56,6 @@ def load_existing(config: ExistingConfig | None, deduper: Deduper | None) -> Exi
     out = Existing(counts=dict(config.counts or {}))
     if config.path is None:
         return out
-    from draftdata.stats.readers import iter_conversations, open_dataset
-    from draftdata.tokens import conversation_tokens
 
     def on_bad(where: str, reason: str) -> None:
         out.bad += 1
@@ -115,7 +115,6 @@ def _texts_of(row: Any) -> list[str]:
 
 def load_exclusions(files: list[str], deduper: Deduper) -> int:
     """Index every prompt of the exclusion ``files``; return how many were indexed."""
-    from draftdata.prepare.config import SourceConfig
 
     n = 0
     for path in files:

@@ -14,10 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from draftdata.errors import FormatVersionError
 from draftdata.mix import Plan
-
-REPORT_FORMAT = "draftdata.prepare_report/1"
 
 
 def _pct(x: float | None) -> str:
@@ -152,13 +149,3 @@ def to_markdown(report: dict[str, Any], plan: Plan) -> str:
 def encode_report(report: dict[str, Any]) -> bytes:
     """Stable JSON bytes of the report (sorted keys, two-space indent, trailing newline)."""
     return (json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
-
-
-def read_report(raw: bytes, where: str) -> dict[str, Any]:
-    """Decode a prepare_report.json, checking its format version."""
-    data: dict[str, Any] = json.loads(raw)
-    if data.get("format") != REPORT_FORMAT:
-        raise FormatVersionError(
-            f"{where}: format {data.get('format')!r}; this draftdata reads {REPORT_FORMAT}"
-        )
-    return data

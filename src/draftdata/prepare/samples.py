@@ -15,7 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from draftdata.prepare.config import DedupConfig, PrepareConfig, SourceConfig
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from draftdata.prepare.config import DedupConfig, ExistingConfig, PrepareConfig, SourceConfig
 
 Row = dict[str, Any]
 
@@ -307,8 +310,6 @@ def _write_jsonl(path: Path, rows: list[Row | str]) -> None:
 
 
 def _write_parquet(path: Path, rows: list[Row]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist(rows), path)
 
@@ -358,7 +359,6 @@ def sample_config(directory: Path, out: Path, *, budget: int = 100, seed: int = 
     The same settings as ``examples/quickstart.yaml``: an existing set of 1,000 rows at 77% code,
     a target mix, a budget of new prompts and near-dedup on (3-gram shingles, threshold 0.7).
     """
-    from draftdata.prepare.config import ExistingConfig
 
     sources = [
         SourceConfig(name=s, schema=s, path=str(directory / f), domain=_DOMAINS[s])

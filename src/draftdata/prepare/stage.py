@@ -32,6 +32,13 @@ import msgspec
 from draftdata.collector import fewer_collections
 from draftdata.domains import classify_domain
 from draftdata.errors import ConfigError, disk_errors
+from draftdata.formats import (
+    PREPARE_REJECTS,
+    PREPARE_REPORT,
+    PREPARE_REPORT_MD,
+    PREPARE_SHARDS,
+    prepare_shard,
+)
 from draftdata.metrics import StageStats
 from draftdata.mix import Plan, Supply, plan_mix
 from draftdata.prepare.adapters import Conversation, adapt, to_prompt
@@ -41,7 +48,7 @@ from draftdata.prepare.lengths import precheck as precheck_lengths
 from draftdata.prepare.lengths import resolve as resolve_lengths
 from draftdata.prepare.load import check_hub_reachable, iter_rows
 from draftdata.prepare.reference import load_exclusions, load_existing
-from draftdata.prepare.report import REPORT_FORMAT, encode_report, to_markdown
+from draftdata.prepare.report import encode_report, to_markdown
 from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt
 from draftdata.records import (
     DERIVED_ID,
@@ -51,19 +58,20 @@ from draftdata.records import (
     derived_id_fault,
     encode_prompt,
 )
+from draftdata.store.forecast import read_forecast
 
 # (source name, rows read so far in it) -> None; called every PROGRESS_EVERY rows and at the end
 Progress = Callable[[str, int], None]
 PROGRESS_EVERY = 5_000
 DEDUP_BATCH = BATCH
-OUR_FILES = (
-    "prompts-*.jsonl",
-    "rejects.jsonl",
-    "prepare_report.json",
-    "prepare_report.md",
-    "eval/prompts-*.jsonl",
-)
 EVAL_DIR = "eval"  # the held-out evaluation split (``holdout``)
+OUR_FILES = (
+    PREPARE_SHARDS,
+    PREPARE_REJECTS,
+    PREPARE_REPORT.name,
+    PREPARE_REPORT_MD,
+    f"{EVAL_DIR}/{PREPARE_SHARDS}",
+)
 
 
 class PrepareResult(msgspec.Struct, kw_only=True, frozen=True):
@@ -228,7 +236,7 @@ class _ShardWriter:
     def write(self, line: bytes) -> None:
         if self._fh is None or self._count == self.size:
             self.close()
-            path = self.out / f"prompts-{len(self.paths):05d}.jsonl"
+            path = self.out / prepare_shard(len(self.paths))
             self.paths.append(path)
             self._fh = path.open("wb")
             self._count = 0
@@ -412,7 +420,7 @@ def _report(
             }
         )
     return {
-        "format": REPORT_FORMAT,
+        "format": PREPARE_REPORT.format,
         "seed": config.seed,
         "budget": config.budget,
         "prompt_mode": config.prompt_mode,
@@ -460,8 +468,6 @@ def _run(
 ) -> PrepareResult:
     check(config)
     if config.lengths:  # a file that is no forecast: refused before any source is read
-        from draftdata.store.forecast import read_forecast
-
         read_forecast(config.lengths)
     check_hub_reachable(config.sources)
     # the sources are spooled into --out (with --plan-only into TMPDIR) and read back
@@ -490,7 +496,7 @@ def _prepare(
                 existing, existing_bad = known.counts, known.bad
                 precheck_lengths(config, known)
                 excluded = load_exclusions(config.dedup.exclude, deduper)
-            rejects_path = None if plan_only else out / "rejects.jsonl"
+            rejects_path = None if plan_only else out / PREPARE_REJECTS
             with stats.timed("read"):
                 rejects = rejects_path.open("wb") if rejects_path is not None else None
                 try:
@@ -570,10 +576,10 @@ def _prepare(
             out=None, shards=[], rejects=None, report_json=None, report_md=None,
             plan=plan, report=report, stats=stats,
         )  # fmt: skip
-    report_json, report_md = out / "prepare_report.json", out / "prepare_report.md"
+    report_json, report_md = out / PREPARE_REPORT.name, out / PREPARE_REPORT_MD
     report_json.write_bytes(encode_report(report))
     report_md.write_text(to_markdown(report, plan), encoding="utf-8")
     return PrepareResult(
-        out=out, shards=shards, rejects=out / "rejects.jsonl", report_json=report_json,
+        out=out, shards=shards, rejects=out / PREPARE_REJECTS, report_json=report_json,
         report_md=report_md, plan=plan, report=report, stats=stats,
     )  # fmt: skip

@@ -13,26 +13,23 @@ acceptance section, beside the mix; several are shown side by side in the order 
 
 from __future__ import annotations
 
+import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from draftdata.errors import DraftdataError, InputError
+from draftdata.formats import MERGE_REPORT
 from draftdata.report.find import Parts, find_parts
 from draftdata.speculation import Acceptance
 from draftdata.stats import DatasetStats, compute_stats
 from draftdata.stats.compute import STATS_FORMAT, run_metrics
-from draftdata.stats.readers import (
-    MERGE_REPORT,
-    acceptance_json,
-    read_json_object,
-    refuse_unreadable,
-)
+from draftdata.stats.readers import acceptance_json, read_json_file, refuse_unreadable
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
 from draftdata.store.forecast import latest_forecast
+from draftdata.store.read import read_manifest
 from draftdata.store.store import open_store
-
-MERGE_REPORT_FORMAT = "draftdata.merge-report"
 
 
 @dataclass
@@ -221,7 +218,6 @@ def _total(snaps: list[dict[str, Any]]) -> int | None:
 
 
 def _run(url: str) -> RunPart:
-    from draftdata.store.read import read_manifest
 
     stats = compute_stats(url)
     store = open_store(url)
@@ -241,9 +237,7 @@ def _run(url: str) -> RunPart:
 
 
 def _merged(url: str) -> MergedPart:
-    report = read_json_object(open_store(url), MERGE_REPORT)
-    if report is not None and report.get("format") not in (None, MERGE_REPORT_FORMAT):
-        report = None
+    report = read_json_file(open_store(url), MERGE_REPORT)
     return MergedPart(url, compute_stats(url), report)
 
 
@@ -301,8 +295,6 @@ def stats_json(url: str) -> list[DatasetStats] | None:
     None when ``url`` is not one. A JSON file with another ``format`` is refused in one line."""
     if not url.endswith(".json") or url.startswith("s3://"):
         return None
-    import json
-    import os
 
     path = os.path.expanduser(url)
     if not os.path.isfile(path):

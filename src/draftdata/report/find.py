@@ -22,17 +22,11 @@ import os
 from dataclasses import dataclass
 
 from draftdata.errors import InputError
-from draftdata.stats.readers import (
-    DATA_EXT,
-    MERGE_REPORT,
-    PREPARE_REPORT,
-    TOKENIZE_SUMMARY,
-    read_json_object,
-)
-from draftdata.store.store import Store, open_store
+from draftdata.formats import MERGE_REPORT, PREPARE_REPORT, RUN_MANIFEST, TOKENIZE_SUMMARY
+from draftdata.stats.readers import DATA_EXT, read_json_file
+from draftdata.store.base import Store
+from draftdata.store.store import open_store
 
-RUN_MARKER = "manifest.json"
-TOKENIZE_FORMAT = "draftdata.tokenize-summary/1"
 MAX_DEPTH = 2
 
 
@@ -112,16 +106,14 @@ def find_parts(url: str) -> Parts:
             continue
         prefix = "/".join(parts[:-1])
         name = parts[-1]
-        if name == RUN_MARKER:
+        if name == RUN_MANIFEST.name:
             runs.add(prefix)
-        elif name == MERGE_REPORT:
+        elif name == MERGE_REPORT.name:
             merged.add(prefix)
-        elif name == PREPARE_REPORT:
+        elif name == PREPARE_REPORT.name:
             prompts.add(prefix)
-        elif name == TOKENIZE_SUMMARY:
-            doc = read_json_object(store, key)
-            if doc is not None and doc.get("format") == TOKENIZE_FORMAT:
-                tokenized.add(prefix)
+        elif name == TOKENIZE_SUMMARY.name and read_json_file(store, TOKENIZE_SUMMARY, key):
+            tokenized.add(prefix)
     owners = runs | merged
 
     def inside(prefix: str) -> bool:

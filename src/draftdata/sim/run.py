@@ -164,7 +164,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from draftdata.errors import FleetError
-from draftdata.fleetspec import EndpointSpec, FleetSpec, read_fleet, write_fleet
+from draftdata.fleetspec import EndpointSpec, FleetSpec, process_start_time, read_fleet, write_fleet
 from draftdata.sim.config import FaultConfig, SimConfig, validate
 from draftdata.sim.server import ServerStats, SimServer
 from draftdata.sim.tokens import load_tokenizer
@@ -193,7 +193,6 @@ async def start_servers(n: int, config: SimConfig, port_base: int = 0) -> list[S
 
 def fleet_spec(servers: list[SimServer], config: SimConfig) -> FleetSpec:
     """The fleet.yaml contents for running servers (engine "sim", this process's pid)."""
-    from draftdata.fleetspec import process_start_time
 
     pid = os.getpid()
     # the kernel's start time, which `fleet status/down` compare to tell a reused pid

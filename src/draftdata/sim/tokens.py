@@ -25,6 +25,7 @@ import zlib
 from typing import Any, Protocol
 
 from draftdata.errors import ConfigError
+from draftdata.tokenizer_folder import check_tokenizer_folder, first_line
 
 # Qwen3's ids for its special markers, so synthetic ids look like the real ones.
 SPECIAL_IDS = {
@@ -155,7 +156,6 @@ class HFTokenizer:
     """A Hugging Face tokenizer folder with a chat template (Qwen3-style expected)."""
 
     def __init__(self, path: str) -> None:
-        from draftdata.tokenizer_folder import check_tokenizer_folder, first_line
 
         check_tokenizer_folder(path)
         try:

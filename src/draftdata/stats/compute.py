@@ -27,22 +27,28 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from draftdata.domains import classify_domain
 from draftdata.errors import DraftdataError
+from draftdata.formats import PREPARE_REPORT
+from draftdata.records import Completion
+from draftdata.stats.conversations import completion_to_conversation
 from draftdata.stats.readers import (
-    PREPARE_REPORT,
     SUMMARY_COLUMNS,
     Dataset,
     iter_conversations,
     iter_run_completions,
     iter_sample_summaries,
     open_dataset,
-    read_json_object,
+    read_json_file,
     refuse_unreadable,
 )
+from draftdata.stats.runfigures import completion_reason, run_figures
 from draftdata.stats.runmetrics import headline
 from draftdata.stats.sketch import Sketch
-from draftdata.store.store import Store
-from draftdata.tokens import TokenCounter, conversation_tokens
+from draftdata.store.base import Store
+from draftdata.store.doneset import DoneSet
+from draftdata.store.read import iter_failures, read_metrics
+from draftdata.tokens import TokenCounter, conversation_tokens, counter
 
 T = TypeVar("T")
 STATS_FORMAT = "draftdata.stats/1"
@@ -224,7 +230,6 @@ class StatsBuilder:
 
 
 def _classifier() -> Callable[..., str]:
-    from draftdata.domains import classify_domain
 
     return classify_domain
 
@@ -260,10 +265,6 @@ def _stats_chat(b: StatsBuilder) -> None:
 
 
 def _stats_run(b: StatsBuilder) -> None:
-    from draftdata.records import Completion
-    from draftdata.stats.conversations import completion_to_conversation
-    from draftdata.stats.runfigures import completion_reason
-    from draftdata.store.doneset import DoneSet
 
     classify = _classifier()
     seen = DoneSet()  # the first copy of an (id, sample) counts, as export and tokenize keep it
@@ -302,7 +303,6 @@ def _stats_samples(b: StatsBuilder) -> None:
 
 
 def _failures(ds: Dataset) -> dict[str, Any]:
-    from draftdata.store.read import iter_failures
 
     by_reason: Counter[str] = Counter()
     by_domain: Counter[str] = Counter()
@@ -318,7 +318,6 @@ def _failures(ds: Dataset) -> dict[str, Any]:
 
 def _run_figures(ds: Dataset, snaps: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The whole run's committed figures (``runfigures``), None when they cannot be read."""
-    from draftdata.stats.runfigures import run_figures
 
     try:
         return run_figures(ds.store, snaps).to_dict()
@@ -328,7 +327,6 @@ def _run_figures(ds: Dataset, snaps: list[dict[str, Any]]) -> dict[str, Any] | N
 
 def run_metrics(ds_or_store: Dataset | Store) -> list[dict[str, Any]]:
     """Every metrics snapshot of a run, in key order (``[]`` when there are none)."""
-    from draftdata.store.read import read_metrics
 
     store = ds_or_store.store if isinstance(ds_or_store, Dataset) else ds_or_store
     try:
@@ -357,7 +355,6 @@ def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
     ``tokenizer`` (a folder) counts chat rows' tokens with the target's tokenizer instead of the
     estimate; tokenized samples are exact either way.
     """
-    from draftdata.tokens import counter
 
     ds = open_dataset(url)
     count = counter(tokenizer) if tokenizer and ds.kind != "tokenized" else counter()
@@ -424,7 +421,7 @@ def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
             out["metrics"] = headline(snaps)
             out["run"] = _run_figures(ds, snaps)
     if ds.kind == "prompts":
-        report = read_json_object(ds.store, PREPARE_REPORT)
+        report = read_json_file(ds.store, PREPARE_REPORT)
         if report is not None:
             out["prepare_report"] = report
     return out

@@ -38,8 +38,15 @@ from draftdata.errors import DraftdataError, InputError
 from draftdata.formats import (
     COMPLETION_FORMAT,
     FORMAT_KEY,
+    MERGE_CONFIG,
+    MERGE_REPORT,
+    PREPARE_REPORT,
+    RUN_MANIFEST,
     SAMPLE_FORMAT,
     SAMPLE_SCHEMA,
+    TOKENIZE_CONFIG,
+    TOKENIZE_SUMMARY,
+    JsonFile,
     check_format,
     completion_from_row,
 )
@@ -54,12 +61,15 @@ from draftdata.records import (
 from draftdata.speculation import ACCEPTANCE_FILE, Acceptance, read_acceptance
 from draftdata.speculation import FORMAT as ACCEPTANCE_FORMAT
 from draftdata.stats.conversations import (
+    CONVERSATION_FORMAT,
     Conversation,
     completion_to_conversation,
     row_to_conversation,
 )
+from draftdata.store.base import Store
 from draftdata.store.quarantine import quarantined_in
-from draftdata.store.store import Store, open_store
+from draftdata.store.read import read_shard
+from draftdata.store.store import open_store
 
 Kind = Literal["run", "prompts", "tokenized", "conversations"]
 OnBad = Callable[[str, str], None]
@@ -69,11 +79,6 @@ DATA_EXT = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
 _NOT_DATA = ("report", "summary", "manifest", "stats", "metrics", "config")
 _MAX_JSON_ELEMENT = 256 << 20
 _DEEP = f"nesting deeper than {MAX_JSON_DEPTH} levels"
-MERGE_REPORT = "merge_report.json"
-MERGE_CONFIG = "merge_config.json"  # written first by merge: without the report, unfinished
-TOKENIZE_CONFIG = "tokenize_config.json"  # written first by tokenize: unfinished without
-TOKENIZE_SUMMARY = "summary.json"  # this, which it writes last
-PREPARE_REPORT = "prepare_report.json"
 
 
 @dataclass(frozen=True)
@@ -150,8 +155,6 @@ def _parquet_kind(store: Store, key: str) -> Kind:
         check_format(schema, COMPLETION_FORMAT, where)
         return "run"
     if fmt.startswith("conversation/"):
-        from draftdata.stats.conversations import CONVERSATION_FORMAT
-
         check_format(schema, CONVERSATION_FORMAT, where)
         return "conversations"
     if fmt:
@@ -197,7 +200,7 @@ def open_dataset(url: str) -> Dataset:
         keys = file_keys
     else:
         listing = store.list("")
-        if "manifest.json" in listing:
+        if RUN_MANIFEST.name in listing:
             is_run = True
             aside = quarantined_in(listing)  # shards set aside by `draftdata run check`
             keys = tuple(
@@ -207,25 +210,25 @@ def open_dataset(url: str) -> Dataset:
             )
             if not keys:
                 return Dataset(url, "run", store, (), is_run=True)
-        elif MERGE_CONFIG in listing and MERGE_REPORT not in listing:
+        elif MERGE_CONFIG.name in listing and MERGE_REPORT.name not in listing:
             raise InputError(
-                f"{store.url}: an unfinished merge output ({MERGE_CONFIG} but no "
-                f"{MERGE_REPORT}: the merge was stopped before it ended); run the same merge "
-                "command again to finish it"
+                f"{store.url}: an unfinished merge output ({MERGE_CONFIG.name} but no "
+                f"{MERGE_REPORT.name}: the merge was stopped before it ended); run the same "
+                "merge command again to finish it"
             )
-        elif TOKENIZE_CONFIG in listing and TOKENIZE_SUMMARY not in listing:
+        elif TOKENIZE_CONFIG.name in listing and TOKENIZE_SUMMARY.name not in listing:
             raise InputError(
-                f"{store.url}: an unfinished tokenize output ({TOKENIZE_CONFIG} but no "
-                f"{TOKENIZE_SUMMARY}: the tokenize was stopped before it ended); run the same "
-                "tokenize command again to finish it"
+                f"{store.url}: an unfinished tokenize output ({TOKENIZE_CONFIG.name} but no "
+                f"{TOKENIZE_SUMMARY.name}: the tokenize was stopped before it ended); run the "
+                "same tokenize command again to finish it"
             )
-        elif MERGE_REPORT in listing:
+        elif MERGE_REPORT.name in listing:
             # a merge output: its parquet shards (train and eval) wherever they lie in it;
             # the JSONL export, if any, holds the same rows and is read only without parquet
             keys = tuple(k for k in listing if _is_data(k))
             parquet = tuple(k for k in keys if k.endswith(".parquet"))
             keys = parquet or keys
-        elif PREPARE_REPORT in listing:
+        elif PREPARE_REPORT.name in listing:
             # prepare's output: prompts-NNNNN.jsonl shards (rejects.jsonl is not data)
             keys = tuple(
                 k
@@ -371,7 +374,6 @@ def _conversations_of_parquet(store: Store, key: str, on_bad: OnBad) -> Iterator
 
 def iter_completion_tables(ds: Dataset) -> Iterator[tuple[str, pa.Table]]:
     """(shard url, Arrow table) of every completions shard of a run, in shard order."""
-    from draftdata.store.read import read_shard
 
     for key in ds.keys:
         yield ds.where(key), read_shard(ds.store, key, COMPLETION_FORMAT)
@@ -557,15 +559,17 @@ def iter_domain_labels(ds: Dataset) -> Iterator[str]:
             yield label if isinstance(label, str) else ""
 
 
-def read_json_object(store: Store, key: str) -> dict[str, Any] | None:
-    """A JSON object stored at ``key`` (None if absent or not an object)."""
-    if not store.exists(key):
-        return None
+def read_json_file(store: Store, file: JsonFile, key: str | None = None) -> dict[str, Any] | None:
+    """``file`` at ``key`` (default: its name) through its checked loader (``formats.py``);
+    None when it is absent or is not that file (damaged, another format, another program's
+    JSON): what reads it here only adds it to a figure or a listing."""
+    key = file.name if key is None else key
     try:
-        value = json.loads(store.read(key))
-    except (ValueError, DraftdataError):
+        if not store.exists(key):
+            return None
+        return file.load(store.read(key), store.key_url(key))
+    except DraftdataError:
         return None
-    return value if isinstance(value, dict) else None
 
 
 def refuse_unreadable(url: str, rows: int, rejected: int, example: str = "") -> None:

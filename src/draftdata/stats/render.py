@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from draftdata import tables
+from draftdata.stats.runfigures import RunFigures
 
 
 def _pct(x: float | None) -> str:
@@ -187,9 +189,6 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
 
 def _run_lines(run: dict[str, Any]) -> list[str]:
     """The whole run's figures (``RunFigures.lines``) from their JSON form."""
-    import msgspec
-
-    from draftdata.stats.runfigures import RunFigures
 
     fields = set(RunFigures.__struct_fields__)
     data = {k: v for k, v in run.items() if k in fields}

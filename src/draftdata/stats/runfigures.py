@@ -35,29 +35,28 @@ import pyarrow.compute as pc
 
 from draftdata.formats import COMPLETION_FORMAT
 from draftdata.stats.runmetrics import (
+    SAME_START_S,
+    Segment,
+    segments_of,
     snapshot_elapsed,
     snapshot_endpoints,
     snapshot_time,
     summary_of,
+    union,
     writer_of,
 )
-from draftdata.store.store import Store
+from draftdata.store.base import Store
+from draftdata.store.doneset import DoneSet, hash_pairs
+from draftdata.store.quarantine import quarantined
+from draftdata.store.read import (
+    COMPLETIONS_PREFIX,
+    iter_failures,
+    read_metrics,
+    read_shards_parallel,
+    shard_keys,
+)
 
 _COLUMNS = ["id", "sample", "domain", "endpoint", "usage", "turns.list.element.finish_reason"]
-_SAME_START_S = 2.0  # two snapshots of one writer whose start times differ less are one process
-
-
-class Segment(msgspec.Struct, kw_only=True):
-    """One command's stretch of the run (epoch seconds)."""
-
-    writer: str
-    start: float
-    end: float
-
-    @property
-    def seconds(self) -> float:
-        """The segment's length."""
-        return max(0.0, self.end - self.start)
 
 
 class EndpointFigures(msgspec.Struct, kw_only=True):
@@ -223,44 +222,6 @@ def completion_reason(reasons: list[str | None]) -> str:
     return reasons[-1] or "unknown"
 
 
-def segments_of(snapshots: list[dict[str, Any]]) -> list[Segment]:
-    """One Segment per writer process, from its snapshots' clock times and elapsed seconds;
-    snapshots without a clock time are skipped. Sorted by start."""
-    spans: dict[str, list[Segment]] = {}
-    for snap in snapshots:
-        t = snapshot_time(snap)
-        if t is None:
-            continue
-        start = t - (snapshot_elapsed(snap) or 0.0)
-        mine = spans.setdefault(writer_of(snap), [])
-        for s in mine:
-            # the same process: the same start, or one inside its stretch (clock drift over a
-            # long run); a later command with the same --writer-id starts after it ended
-            if abs(s.start - start) < _SAME_START_S or s.start <= start < s.end:
-                s.start, s.end = min(s.start, start), max(s.end, t)
-                break
-        else:
-            mine.append(Segment(writer=writer_of(snap), start=start, end=t))
-    return sorted((s for segs in spans.values() for s in segs), key=lambda s: s.start)
-
-
-def union(segments: list[Segment]) -> tuple[float, list[tuple[float, float]]]:
-    """Seconds covered by ``segments`` and the gaps between them (start, end)."""
-    covered = 0.0
-    gaps: list[tuple[float, float]] = []
-    end: float | None = None
-    for s in sorted(segments, key=lambda s: s.start):
-        if end is None or s.start > end:
-            if end is not None:
-                gaps.append((end, s.start))
-            covered += s.seconds
-            end = s.end
-        elif s.end > end:
-            covered += s.end - end
-            end = s.end
-    return covered, gaps
-
-
 def _newest_per_segment(
     snapshots: list[dict[str, Any]], segments: list[Segment]
 ) -> list[dict[str, Any]]:
@@ -274,7 +235,7 @@ def _newest_per_segment(
             start = t - (snapshot_elapsed(snap) or 0.0)
             for i, s in enumerate(segments):
                 if s.writer == w and (
-                    abs(s.start - start) < _SAME_START_S or s.start <= start < s.end
+                    abs(s.start - start) < SAME_START_S or s.start <= start < s.end
                 ):
                     idx = i
                     break
@@ -323,15 +284,6 @@ def _finish_reasons(turns: Any) -> list[list[str | None]]:
 def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> RunFigures:
     """The whole run's figures (module docstring); ``snapshots`` default to the run's
     ``metrics/*.json``."""
-    from draftdata.store.doneset import DoneSet, hash_pairs
-    from draftdata.store.quarantine import quarantined
-    from draftdata.store.read import (
-        COMPLETIONS_PREFIX,
-        iter_failures,
-        read_metrics,
-        read_shards_parallel,
-        shard_keys,
-    )
 
     fig = RunFigures()
     ids: set[str] = set()

@@ -5,9 +5,10 @@ writer id, a time, and the running summary (``GenerateSummary.to_dict()``: compl
 output_tokens, wall_s, endpoints, ...) and/or per-endpoint rows (url, completed, output_tokens,
 tokens_per_s). This module accepts the variants: endpoints as a list of rows with ``url`` or as a
 ``{url: row}`` mapping, at the top level or under ``summary``; ``failed`` as a count or a
-``{reason: count}`` mapping; the time as epoch seconds or ISO-8601 under ``time``/``ts``/
-``timestamp``/``written``/``created``, else elapsed seconds. Anything unrecognised is skipped, so
-a run without (usable) metrics gives an empty series, never an error.
+``{reason: count}`` mapping; the time as epoch seconds or ISO-8601 under ``time``, else elapsed
+seconds. Anything unrecognised is skipped, so a run without (usable) metrics gives an empty
+series, never an error. A run's segments (``segments_of``: one per writer process) and the time
+they cover together (``union``) are read from the snapshots here too.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-_TIME_KEYS = ("time", "ts", "timestamp", "written", "written_at", "now", "created")
-_ELAPSED_KEYS = ("elapsed_s", "elapsed", "wall_s")
+import msgspec
+
+_ELAPSED_KEYS = ("elapsed_s", "wall_s")  # a progress snapshot's, the final summary's
+SAME_START_S = 2.0  # two snapshots of one writer whose start times differ less are one process
 
 
 def _num(value: Any) -> float | None:
@@ -47,12 +50,8 @@ def summary_of(snap: dict[str, Any]) -> dict[str, Any]:
 
 
 def snapshot_time(snap: dict[str, Any]) -> float | None:
-    """Epoch seconds of a snapshot, if it says."""
-    for k in _TIME_KEYS:
-        t = _num(snap.get(k))
-        if t is not None:
-            return t
-    return None
+    """Epoch seconds of a snapshot (its ``time``: epoch seconds or ISO-8601), if it says."""
+    return _num(snap.get("time"))
 
 
 def snapshot_elapsed(snap: dict[str, Any]) -> float | None:
@@ -131,8 +130,6 @@ def headline(snapshots: list[dict[str, Any]]) -> dict[str, Any] | None:
                 acc[k] += _count(e.get(k))
     if not useful:
         return None
-    from draftdata.stats.runfigures import segments_of, union
-
     active, _ = union(segments_of(snapshots))
     if active > 0:  # commands one after another add up; side by side they overlap
         out["wall_s"] = active
@@ -237,3 +234,57 @@ def throughput_series(
             (round(start + (k + 0.5) * width, 3), round(acc[k] / width, 3)) for k in range(nbins)
         ]
     return out
+
+
+# -- segments: the writer processes of a run, in time ------------------------------------------
+
+
+class Segment(msgspec.Struct, kw_only=True):
+    """One command's stretch of the run (epoch seconds)."""
+
+    writer: str
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        """The segment's length."""
+        return max(0.0, self.end - self.start)
+
+
+def segments_of(snapshots: list[dict[str, Any]]) -> list[Segment]:
+    """One Segment per writer process, from its snapshots' clock times and elapsed seconds;
+    snapshots without a clock time are skipped. Sorted by start."""
+    spans: dict[str, list[Segment]] = {}
+    for snap in snapshots:
+        t = snapshot_time(snap)
+        if t is None:
+            continue
+        start = t - (snapshot_elapsed(snap) or 0.0)
+        mine = spans.setdefault(writer_of(snap), [])
+        for s in mine:
+            # the same process: the same start, or one inside its stretch (clock drift over a
+            # long run); a later command with the same --writer-id starts after it ended
+            if abs(s.start - start) < SAME_START_S or s.start <= start < s.end:
+                s.start, s.end = min(s.start, start), max(s.end, t)
+                break
+        else:
+            mine.append(Segment(writer=writer_of(snap), start=start, end=t))
+    return sorted((s for segs in spans.values() for s in segs), key=lambda s: s.start)
+
+
+def union(segments: list[Segment]) -> tuple[float, list[tuple[float, float]]]:
+    """Seconds covered by ``segments`` and the gaps between them (start, end)."""
+    covered = 0.0
+    gaps: list[tuple[float, float]] = []
+    end: float | None = None
+    for s in sorted(segments, key=lambda s: s.start):
+        if end is None or s.start > end:
+            if end is not None:
+                gaps.append((end, s.start))
+            covered += s.seconds
+            end = s.end
+        elif s.end > end:
+            covered += s.end - end
+            end = s.end
+    return covered, gaps

@@ -24,10 +24,12 @@ from draftdata.errors import DraftdataError, StoreError
 from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT, check_format
 from draftdata.formats import iter_completions as _completions
 from draftdata.formats import iter_failures as _failures
+from draftdata.store.base import Store
 from draftdata.store.lease import refuse_live_writer
+from draftdata.store.local import LocalStore
 from draftdata.store.quarantine import quarantined_in, set_aside
 from draftdata.store.read import COMPLETIONS_PREFIX, FAILURES_PREFIX, parquet_file
-from draftdata.store.store import LocalStore, Store, open_store
+from draftdata.store.store import open_store
 
 # what a damaged shard can raise on the way from bytes to records
 _DAMAGE = (

@@ -14,11 +14,13 @@ line saying what the file is not (``prepare --lengths`` reads a forecast through
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
 from draftdata.errors import AlreadyExistsError, FormatVersionError, InputError
-from draftdata.store.store import Store, open_store
+from draftdata.store.base import Store
+from draftdata.store.store import open_store
 
 FORECAST_FORMAT = "draftdata.forecast/1"
 FORECAST_KEY = "forecast.json"
@@ -88,8 +90,6 @@ def latest_forecast(store: Store) -> tuple[str, dict[str, Any]] | None:
 def read_forecast(location: str) -> tuple[str, dict[str, Any]]:
     """A forecast from ``location``: a forecast file (local or s3://) or a run (its newest
     forecast). InputError (one line) when there is none or the file is no forecast."""
-    import os
-
     base = location.rstrip("/")
     parent, _, name = base.rpartition("/")
     is_file = os.path.isfile(base) if "://" not in base else name.endswith(".json")

@@ -1,6 +1,6 @@
 """The run lease: one live writer per run (or per partition of it), on a create-only store.
 
-DESIGN invariant 6. Without it, the same ``generate`` started twice on one run (two terminals,
+Without it, the same ``generate`` started twice on one run (two terminals,
 a rerun while the first still runs, a Ray retry beside a zombie worker) answers the same
 prompts twice and commits both. The lease makes the second one refuse in one line naming the
 holder, or wait for it; a holder that dies needs no cleanup, its claim expires on its own.
@@ -66,7 +66,7 @@ from draftdata.errors import (
     LeaseUnconfirmedError,
     StoreError,
 )
-from draftdata.store.store import Store
+from draftdata.store.base import Store
 
 LEASE_PREFIX = "lease/"
 DEFAULT_TTL = 30.0
@@ -307,9 +307,9 @@ def _plainly_free(store: Store, g: _Gen) -> bool:
     return g.claim.get("node") == _node() and isinstance(pid, int) and not _pid_alive(pid)
 
 
-def _alive_here(store: Store, g: _Gen, ttl: float) -> bool:
+def _alive_here(store: Store, g: _Gen, ttl: float, now: float) -> bool:
     """Alive without watching: its holder runs on this host (one clock: times compare), its
-    pid exists and its last heartbeat is younger than ``ttl``."""
+    pid exists and its last heartbeat is younger than ``ttl`` at ``now`` (epoch seconds)."""
     pid = g.claim.get("pid")
     if g.claim.get("node") != _node() or not isinstance(pid, int) or not _pid_alive(pid):
         return False
@@ -320,7 +320,7 @@ def _alive_here(store: Store, g: _Gen, ttl: float) -> bool:
             if n
             else (g.claim["since"])
         )
-        return bool(time.time() - float(last) < ttl)
+        return bool(now - float(last) < ttl)
     except (StoreError, ValueError, KeyError, TypeError):
         return False
 
@@ -361,11 +361,15 @@ def acquire(
     wait: float = 0.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    wall: Callable[[], float] = time.time,
     on_lost: Callable[[str], None] | None = None,
     log: Callable[[str], None] | None = None,
     writer_id: str = "",
 ) -> Lease:
     """Take the lease of ``scope`` on the run in ``store`` (see the module docstring).
+
+    ``clock`` and ``sleep`` time the watching (monotonic seconds); ``wall`` is the epoch clock
+    that a holder on this node's heartbeat times compare with.
 
     Raises LeaseHeldError (one line naming the holder) when a live process holds it or an
     overlapping scope, after waiting up to ``wait`` seconds for it to go. A dead holder's claim
@@ -379,7 +383,7 @@ def acquire(
     while True:
         g = _latest(store, scope)
         if g is not None and not _plainly_free(store, g):
-            if _alive_here(store, g, ttl):
+            if _alive_here(store, g, ttl, wall()):
                 alive: _Gen | None = g
             else:
                 if log is not None:
@@ -485,7 +489,7 @@ def live_writer(
         g = _latest(store, key.removeprefix(f"{LEASE_PREFIX}scopes/"))
         if g is None or _plainly_free(store, g):
             continue
-        if _alive_here(store, g, float(g.claim.get("ttl") or DEFAULT_TTL)):
+        if _alive_here(store, g, float(g.claim.get("ttl") or DEFAULT_TTL), time.time()):
             return g.describe()
         remote.append(g)  # elsewhere, or here but silent (frozen, or a reused pid): watch it
     if not remote:

@@ -5,8 +5,9 @@
     {"format": "draftdata.run/1", "run_id": "...", "created": "2026-12-03T08:50:00+00:00",
      "draftdata_version": "0.1.0", "settings": {...}, "settings_hash": "sha256:..."}
 
-``settings`` is whatever the caller says changes the output (the prompts' identity, model,
-sampling, template kwargs); its hash is sha256 over canonical JSON (sorted keys, no spaces).
+``settings`` is whatever the caller says changes the output (a generate run's is the typed
+``settings.RunSettings``: the prompts' identity, model, sampling, template kwargs, ...); its
+hash is sha256 over canonical JSON (sorted keys, no spaces).
 The store has no overwrite, so an allowed config change is recorded as a new create-only object
 ``manifest-history/<n>.json`` (n = 1, 2, ...) holding the new settings, their hash and the list
 of changed settings; the run's effective settings are those of the newest history entry.
@@ -33,15 +34,12 @@ from draftdata.errors import (
     RunMismatchError,
     StoreError,
 )
+from draftdata.store.base import Store
 from draftdata.store.lease import LEASE_PREFIX
-from draftdata.store.store import Store
 
 RUN_FORMAT = "draftdata.run/1"
 MANIFEST_KEY = "manifest.json"
 HISTORY_PREFIX = "manifest-history/"
-# the effective-settings key where generate records the chat-template kwargs the servers applied
-# by default (generate/thinking.py writes it, tokenize renders with it)
-SERVER_TEMPLATE_KWARGS = "server_chat_template_kwargs"
 _MISSING = object()
 
 

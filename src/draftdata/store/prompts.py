@@ -16,6 +16,7 @@ from typing import BinaryIO, cast
 
 from draftdata.errors import InputError, StoreError
 from draftdata.records import BOM, MAX_LINE_BYTES
+from draftdata.store.store import open_store
 
 
 def open_prompt_file(source: Path | str) -> BinaryIO:
@@ -23,8 +24,6 @@ def open_prompt_file(source: Path | str) -> BinaryIO:
     (read in 8 MiB ranged GETs). InputError when it cannot be opened."""
     text = str(source)
     if text.startswith("s3://"):
-        from draftdata.store.store import open_store  # only S3 prompts need a store
-
         parent, _, name = text.rstrip("/").rpartition("/")
         try:
             raw = open_store(parent).open_input(name)

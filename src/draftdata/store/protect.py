@@ -7,39 +7,20 @@ absolute and symlinks resolved), so ``s3://b/completions_v2`` does not overlap
 ``s3://b/completions``. The checks run before a run sends any request; the store repeats the
 key-level check on every write as a second line of defence.
 
-This module only compares locations and lists what is there for the message; it never writes.
+The rule itself (``overlap``, ``refuse_protected``) is in ``base.py``, where the store's every
+write checks it; this module adds the start-up check that lists what is stored under the
+protected prefix. It never writes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from draftdata.errors import ProtectedPrefixError
-from draftdata.store.store import normalise_url
-
-
-def _parts(url: str) -> tuple[str, ...]:
-    canon = normalise_url(url)
-    if canon.startswith("s3://"):
-        return ("s3:", *[p for p in canon[5:].split("/") if p])
-    return ("file:", *[p for p in canon.split("/") if p])
-
-
-def overlap(a: str, b: str) -> str | None:
-    """How location ``a`` relates to ``b``: 'equals', 'contains', 'lies inside', or None."""
-    pa, pb = _parts(a), _parts(b)
-    if pa == pb:
-        return "equals"
-    if pb[: len(pa)] == pa:
-        return "contains"
-    if pa[: len(pb)] == pb:
-        return "lies inside"
-    return None
+from draftdata.store.base import refuse_protected
+from draftdata.store.store import open_store
 
 
 def _found_there(prefix: str) -> str:
-    from draftdata.store.store import open_store
-
     try:
         keys = open_store(prefix).list()
     except Exception as exc:  # the message must not hide the refusal behind a listing error
@@ -59,13 +40,4 @@ def check_not_protected(
     ``describe=True`` lists what is stored under the protected prefix in the message (one
     listing; used by the run's start-up check, not by every write).
     """
-    for prot in protect:
-        rel = overlap(location, prot)
-        if rel is None:
-            continue
-        found = f"; {_found_there(prot)}" if describe else ""
-        raise ProtectedPrefixError(
-            f"{what} {normalise_url(location)} {rel} the protected prefix "
-            f"{normalise_url(prot)}{found}; choose an output prefix outside it "
-            "(or remove it from --protect / protect: if that is really intended)"
-        )
+    refuse_protected(location, protect, what=what, found=_found_there if describe else None)

@@ -3,7 +3,7 @@
 A shard whose bytes were damaged after it was committed (a bad disk, a copy cut short, a
 flipped page) cannot be read; every reader of the run (export, stats, tokenize, merge, report)
 then stops at it, and generate, which reads only the id columns on resume, still counts its
-prompts done. The store has no delete and no overwrite (DESIGN invariant 2), so the shard
+prompts done. The store has no delete and no overwrite (``base.py``), so the shard
 stays where it is and a *marker* sets it aside:
 
     quarantine/<shard key>.json     {format, key, size, reason, time}   (create-only)
@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable
 
 from draftdata.errors import AlreadyExistsError, StoreError
-from draftdata.store.store import Store
+from draftdata.store.base import Store
 
 QUARANTINE_PREFIX = "quarantine/"
 QUARANTINE_FORMAT = "draftdata.quarantine/1"

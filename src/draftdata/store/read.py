@@ -1,4 +1,4 @@
-"""Readers of a run (and the create-only parquet writer other stages use).
+"""Readers of a run.
 
 A run directory or prefix holds ``manifest.json``, ``completions/part-*.parquet``,
 ``failures/part-*.parquet`` and ``metrics/*.json`` (see ``run.py``). These functions take the
@@ -9,12 +9,11 @@ shard's ``draftdata.format`` before use.
 last recorded, and none for a pair that was later completed (a retried prompt). Pass
 ``all_attempts=True`` for every recorded failure.
 
-This module never writes except through ``write_parquet_shard`` (create-only).
+This module never writes; the parquet writer is ``write.py``.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,14 +27,15 @@ from draftdata.formats import (
     COMPLETION_FORMAT,
     FAILURE_FORMAT,
     check_format,
-    dictionary_columns,
 )
 from draftdata.formats import iter_completions as _rows_to_completions
 from draftdata.formats import iter_failures as _rows_to_failures
 from draftdata.records import Completion, Failure
+from draftdata.store.base import Store
+from draftdata.store.doneset import DoneSet, hash_pairs, pair_hash
 from draftdata.store.manifest import load_manifest
 from draftdata.store.quarantine import quarantined, unreadable
-from draftdata.store.store import Store, open_store
+from draftdata.store.store import open_store
 
 COMPLETIONS_PREFIX = "completions/"
 FAILURES_PREFIX = "failures/"
@@ -47,35 +47,6 @@ StoreLike = Store | str
 def as_store(where: StoreLike) -> Store:
     """An open Store for a URL (a Store is returned as is)."""
     return where if isinstance(where, Store) else open_store(where)
-
-
-def parquet_bytes(table: pa.Table, *, compression: str = "zstd", checksums: bool = False) -> bytes:
-    """Serialise ``table`` (schema metadata included) to parquet bytes, one row group.
-
-    ``checksums`` writes a CRC32 of every page (a run's completions and failures shards), which
-    every reader here verifies: a damaged page is then always an error, never other data."""
-    sink = io.BytesIO()
-    pq.write_table(
-        table,
-        sink,
-        compression=compression,
-        row_group_size=max(1, table.num_rows),
-        use_dictionary=dictionary_columns(table.schema),
-        write_page_checksum=checksums,
-    )
-    return sink.getvalue()
-
-
-def write_parquet_shard(
-    store: Store, key: str, table: pa.Table, *, compression: str = "zstd"
-) -> int:
-    """Write ``table`` as a create-only parquet object ``key``; returns its size in bytes.
-
-    AlreadyExistsError if ``key`` exists with other bytes (nothing is ever overwritten).
-    """
-    data = parquet_bytes(table, compression=compression)
-    store.put_new(key, data)
-    return len(data)
 
 
 def shard_keys(store: Store, prefix: str) -> list[str]:
@@ -182,8 +153,6 @@ def iter_failures(url: StoreLike, *, all_attempts: bool = False) -> Iterator[Fai
         for table in iter_failure_tables(store):
             yield from _rows_to_failures(table)
         return
-    from draftdata.store.doneset import DoneSet, pair_hash
-
     completed = DoneSet.from_chunks(_hash_tables(iter_completion_tables(store, ["id", "sample"])))
     last: dict[int, Failure] = {}
     for table in iter_failure_tables(store):
@@ -196,8 +165,6 @@ def iter_failures(url: StoreLike, *, all_attempts: bool = False) -> Iterator[Fai
 
 
 def _hash_tables(tables: Iterator[pa.Table]) -> Iterator[Any]:
-    from draftdata.store.doneset import hash_pairs
-
     for t in tables:
         yield hash_pairs(t.column("id").to_pylist(), t.column("sample").to_pylist())
 

@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 
 from draftdata.errors import DraftdataError
 from draftdata.formats import FORMAT_KEY
+from draftdata.store.base import Store
 from draftdata.store.read import read_shard
-from draftdata.store.store import Store
 
 ROLLUP_PREFIX = "index/"
 ROLLUP_FORMAT = "draftdata.rollup/1"

@@ -62,6 +62,7 @@ from draftdata.errors import (
 from draftdata.formats import completions_table, failures_table
 from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS, Completion, Failure
+from draftdata.store.base import Store
 from draftdata.store.doneset import hash_pairs, pair_hash
 from draftdata.store.lease import Lease, LeaseOptions, acquire
 from draftdata.store.manifest import (
@@ -74,17 +75,15 @@ from draftdata.store.manifest import (
     settings_hash,
 )
 from draftdata.store.protect import check_not_protected
-from draftdata.store.read import (
-    COMPLETIONS_PREFIX,
-    parquet_bytes,
-)
+from draftdata.store.read import COMPLETIONS_PREFIX
 from draftdata.store.resume import rebuild_done_sets
 from draftdata.store.rollup import (
     ROLLUP_EVERY,
     Entry,
 )
 from draftdata.store.shards import ShardWriter, check_writer_id, default_writer_id
-from draftdata.store.store import Store, open_store
+from draftdata.store.store import open_store
+from draftdata.store.write import parquet_bytes
 
 _Rows = tuple[list[str], list[int], list[str | None] | None]
 
@@ -294,12 +293,6 @@ class Run:
             if not self.retry_failed:
                 done |= self._fatal.contains_many(hashes)
         return done
-
-    @property
-    def done_count(self) -> int:
-        """How many pairs ``is_done`` answers True for (committed or buffered)."""
-        with self._lock:
-            return len(self._completed) + (0 if self.retry_failed else len(self._fatal))
 
     @property
     def buffered(self) -> int:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from draftdata.errors import AlreadyExistsError, StoreError, TransientStoreError
-from draftdata.store.store import Store, _check_key
+from draftdata.store.base import Store, check_key
 
 _TRANSIENT_CODES = frozenset(
     {
@@ -146,7 +146,7 @@ class S3Store(Store):
 
     def child(self, prefix: str) -> S3Store:
         """A store rooted at ``prefix`` inside this one."""
-        sub = _check_key(prefix.strip("/"))
+        sub = check_key(prefix.strip("/"))
         return S3Store(self.bucket, f"{self.prefix}/{sub}" if self.prefix else sub, self.protect)
 
     def _key(self, key: str) -> str:

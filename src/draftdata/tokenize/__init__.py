@@ -7,7 +7,8 @@
   and where the loss goes, as text spans (rendered path) or server ids (token-id path).
 - ``batch.py``: ``tokenize_table(table, ctx)``, the pure batch function (one batched encode,
   masks from offsets, verification, length policy) and ``TokenizeContext``.
-- ``tables.py``: Arrow completion rows -> views (token ids stay numpy), samples -> a table.
+- ``arrow.py``: Arrow completion rows -> views (token ids stay numpy), samples -> a table.
 - ``stage.py``: ``tokenize(config)``: shards in, create-only sample shards + summary.json out.
-- ``train.py``: the demo BPE tokenizer, trained locally.
+
+The demo's locally trained BPE tokenizer is ``demo/tokenizer.py``.
 """

@@ -60,6 +60,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from draftdata.errors import InputError
+from draftdata.tokenize.arrow import samples_table, views_from_table
 from draftdata.tokenize.config import (
     MAX_MISMATCH_EXAMPLES,
     MIN_LOSS_RUN,
@@ -76,7 +77,6 @@ from draftdata.tokenize.plan import (
     plan_rendered,
     plan_token_ids,
 )
-from draftdata.tokenize.tables import samples_table, views_from_table
 from draftdata.tokenize.template import (
     ChatTemplate,
     TurnText,

@@ -16,13 +16,10 @@ from typing import Any, Literal
 import msgspec
 
 from draftdata.errors import ConfigError
-from draftdata.stats.readers import TOKENIZE_SUMMARY
 
 LongPolicy = Literal["truncate", "drop"]
 
 TOKENIZED_PREFIX = "tokenized"
-SUMMARY_KEY = TOKENIZE_SUMMARY
-SUMMARY_FORMAT = "draftdata.tokenize-summary/1"
 MIN_LOSS_RUN = 2  # a DFlash-style drafter needs an anchor token and the next one, both with loss
 DEFAULT_BATCH_ROWS = 256
 MAX_MISMATCH_EXAMPLES = 5

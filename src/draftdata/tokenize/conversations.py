@@ -42,7 +42,7 @@ from draftdata.stats.readers import (
     iter_conversations,
     refuse_unreadable,
 )
-from draftdata.store.store import Store
+from draftdata.store.base import Store
 from draftdata.tokenize.plan import CompletionView
 from draftdata.tokenize.template import TurnText
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -341,7 +342,6 @@ def _ending(
 
 def view_from_record(record: Any) -> CompletionView:
     """A CompletionView of a ``records.Completion`` (tests and small callers)."""
-    import msgspec
 
     messages = [{k: v for k, v in msgspec.structs.asdict(m).items()} for m in record.messages]
     turns = [TurnText(t.content, t.reasoning, t.tool_calls, t.finish_reason) for t in record.turns]

@@ -35,20 +35,24 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from draftdata.errors import AlreadyExistsError, ConfigError, InputError, StoreError
-from draftdata.formats import COMPLETION_FORMAT, check_format
-from draftdata.stats.readers import DATA_EXT, TOKENIZE_CONFIG, Kind, open_dataset
+from draftdata.errors import AlreadyExistsError, ConfigError, InputError
+from draftdata.formats import (
+    COMPLETION_FORMAT,
+    RUN_MANIFEST,
+    TOKENIZE_CONFIG,
+    TOKENIZE_SUMMARY,
+    check_format,
+)
+from draftdata.stats.readers import DATA_EXT, Kind, open_dataset
+from draftdata.store.base import Store, normalise_url
+from draftdata.store.doneset import DoneSet, hash_pairs
 from draftdata.store.lease import refuse_live_writer
 from draftdata.store.protect import check_not_protected
 from draftdata.store.quarantine import unreadable
-from draftdata.store.read import (
-    COMPLETIONS_PREFIX,
-    parquet_file,
-    read_shards_parallel,
-    shard_keys,
-    write_parquet_shard,
-)
-from draftdata.store.store import Store, normalise_url, open_store
+from draftdata.store.read import COMPLETIONS_PREFIX, parquet_file, read_shards_parallel, shard_keys
+from draftdata.store.settings import recorded_settings
+from draftdata.store.store import open_store
+from draftdata.store.write import write_parquet_shard
 from draftdata.tokenize import conversations
 from draftdata.tokenize.batch import (
     COMPLETION_COLUMNS,
@@ -57,7 +61,8 @@ from draftdata.tokenize.batch import (
     tokenize_table,
     tokenize_views,
 )
-from draftdata.tokenize.config import SUMMARY_FORMAT, SUMMARY_KEY, TokenizeConfig, TokenizeSummary
+from draftdata.tokenize.config import TokenizeConfig, TokenizeSummary
+from draftdata.workerpool import worker_pool
 
 
 def output_key(shard_key: str, batch: int) -> str:
@@ -163,8 +168,6 @@ def duplicate_rows(run: Store, keys: list[str]) -> dict[str, list[int]]:
     """Row indexes, per shard, of the completions whose (id, sample) an earlier row holds (in
     shard order: a copied shard). Export and stats keep the first copy of a pair; tokenize
     leaves the others out too. Reads only the id and sample columns."""
-    from draftdata.store.doneset import DoneSet, hash_pairs
-
     seen = DoneSet()
     skip: dict[str, list[int]] = {}
     tables = read_shards_parallel(run, keys, COMPLETION_FORMAT, ["id", "sample"])
@@ -185,25 +188,16 @@ def server_template_kwargs(config: TokenizeConfig, run: Store) -> dict[str, Any]
     generate recorded in the manifest (``generate/thinking.py``), else none."""
     if config.server_template_kwargs is not None:
         return dict(config.server_template_kwargs)
-    if not run.exists("manifest.json"):
-        return {}
-    from draftdata.store.manifest import SERVER_TEMPLATE_KWARGS, load_manifest
-
-    settings = load_manifest(run).get("effective_settings") or {}
-    value = settings.get(SERVER_TEMPLATE_KWARGS)
-    return dict(value) if isinstance(value, dict) else {}
+    settings = recorded_settings(run)
+    return dict(settings.server_chat_template_kwargs or {}) if settings is not None else {}
 
 
 def history_policy(config: TokenizeConfig, run: Store) -> bool:
     """Whether to keep reasoning history: the config's choice, else the run manifest's."""
     if config.keep_reasoning_history is not None:
         return config.keep_reasoning_history
-    if not run.exists("manifest.json"):
-        return False
-    from draftdata.store.manifest import load_manifest
-
-    settings = load_manifest(run).get("effective_settings") or {}
-    return bool(settings.get("keep_reasoning_history", False))
+    settings = recorded_settings(run)
+    return settings.keep_reasoning_history if settings is not None else False
 
 
 def check_out(config: TokenizeConfig) -> None:
@@ -263,7 +257,7 @@ def settings_of(config: TokenizeConfig, keep_reasoning_history: bool) -> dict[st
 def summary_bytes(summary: TokenizeSummary, shards: list[str]) -> bytes:
     """summary.json: the summary without wall time, plus the shard list (deterministic)."""
     doc = {
-        "format": SUMMARY_FORMAT,
+        "format": TOKENIZE_SUMMARY.format,
         "out": summary.out,
         "settings": summary.settings,
         "shards": shards,
@@ -275,20 +269,16 @@ def summary_bytes(summary: TokenizeSummary, shards: list[str]) -> bytes:
 
 
 def read_summary(out: str | Store) -> dict[str, Any]:
-    """The ``summary.json`` of a tokenized output (StoreError if absent or unreadable)."""
+    """The ``summary.json`` of a tokenized output, checked (``formats.TOKENIZE_SUMMARY``; a
+    DraftdataError if absent or unreadable)."""
     store = out if isinstance(out, Store) else open_store(out)
-    try:
-        doc = json.loads(store.read(SUMMARY_KEY))
-    except ValueError as exc:
-        raise StoreError(f"{store.key_url(SUMMARY_KEY)}: not valid JSON ({exc})") from exc
-    if not isinstance(doc, dict) or doc.get("format") != SUMMARY_FORMAT:
-        raise StoreError(f"{store.key_url(SUMMARY_KEY)}: not a {SUMMARY_FORMAT} summary")
-    return doc
+    key = TOKENIZE_SUMMARY.name
+    return TOKENIZE_SUMMARY.load(store.read(key), store.key_url(key))
 
 
 def previous_summary(out: Store, settings: dict[str, Any]) -> TokenizeSummary | None:
     """The finished output's summary if its settings match; ConfigError if they differ."""
-    if not out.exists(SUMMARY_KEY):
+    if not out.exists(TOKENIZE_SUMMARY.name):
         return None
     doc = read_summary(out)
     before = dict(doc.get("settings") or {})
@@ -302,7 +292,7 @@ def previous_summary(out: Store, settings: dict[str, Any]) -> TokenizeSummary | 
     if doc.get("settings") != settings:
         raise ConfigError(
             f"{out.url} already holds samples tokenized with other settings "
-            f"({out.key_url(SUMMARY_KEY)}); choose another --out"
+            f"({out.key_url(TOKENIZE_SUMMARY.name)}); choose another --out"
         )
     return msgspec.convert(
         {k: doc[k] for k in ("out", "counts", "domains", "mismatches", "settings")}
@@ -356,8 +346,8 @@ def check_verified(summary: TokenizeSummary, config: TokenizeConfig) -> None:
     if checked and 2 * bad > checked:
         raise InputError(
             f"tokenize: {bad} of {checked} samples' server token ids do not match --tokenizer "
-            f"{config.tokenizer} and were dropped ({summary.out}/{SUMMARY_KEY}): the servers "
-            "most likely ran another tokenizer than this one; tokenize with the served "
+            f"{config.tokenizer} and were dropped ({summary.out}/{TOKENIZE_SUMMARY.name}): the "
+            "servers most likely ran another tokenizer than this one; tokenize with the served "
             "model's tokenizer into a new --out, or generate with --token-ids off"
         )
 
@@ -403,7 +393,7 @@ def locate_input(url: str) -> tuple[Store, list[str], str]:
         keys = shard_keys(store, COMPLETIONS_PREFIX)
         if keys:
             return store, keys, "run"
-        if store.exists("manifest.json") or not store.list(""):
+        if store.exists(RUN_MANIFEST.name) or not store.list(""):
             raise InputError(
                 f"{store.key_url(COMPLETIONS_PREFIX)}: no completion shards to tokenize"
             )
@@ -465,15 +455,15 @@ def claim_output(out: Store, settings: dict[str, Any]) -> None:
     rerun with other settings is refused before it writes (ConfigError). A killed tokenize's
     own marker is accepted: the same settings finish it, whatever the run committed since."""
     kept = {k: v for k, v in settings.items() if k != "inputs"}
-    doc = {"format": SUMMARY_FORMAT, "settings": kept}
+    doc = {"format": TOKENIZE_CONFIG.format, "settings": kept}
     data = (json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
     try:
-        out.put_new(TOKENIZE_CONFIG, data)
+        out.put_new(TOKENIZE_CONFIG.name, data)
     except AlreadyExistsError as exc:
         raise ConfigError(
             f"{out.url} holds an unfinished tokenize with other settings "
-            f"({out.key_url(TOKENIZE_CONFIG)}); rerun that one to finish it, or choose another "
-            "--out"
+            f"({out.key_url(TOKENIZE_CONFIG.name)}); rerun that one to finish it, or choose "
+            "another --out"
         ) from exc
 
 
@@ -492,7 +482,7 @@ def finish(job: TokenizeJob, results: Iterable[tuple[Counters, list[str]]]) -> T
         mismatches=total.mismatches,
         settings=job.settings,
     )
-    job.out.put_new(SUMMARY_KEY, summary_bytes(summary, written))
+    job.out.put_new(TOKENIZE_SUMMARY.name, summary_bytes(summary, written))
     return summary
 
 
@@ -500,8 +490,6 @@ def _parallel(
     config: TokenizeConfig, keys: list[str], skip: dict[str, list[int]]
 ) -> Iterator[tuple[Counters, list[str]]]:
     # Results in key order (deterministic summary); at most 2 shards per worker in flight.
-    # The workers end with this process (workerpool.py), whatever signal ends it.
-    from draftdata.workerpool import worker_pool
 
     threads = max(1, (os.cpu_count() or 1) // config.workers)
     with worker_pool(config.workers, _init_worker, (config, threads)) as pool:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.table import Table
+
+from draftdata import tables
 from draftdata.metrics import loss_warning, reasons, share
 
 if TYPE_CHECKING:
@@ -88,9 +91,6 @@ def warning_line(summary: TokenizeSummary) -> str | None:
 
 def print_summary(summary: TokenizeSummary) -> None:
     """Print the per-domain table and the summary lines."""
-    from rich.table import Table
-
-    from draftdata import tables
 
     table = Table(title="tokenized samples by domain")
     for name in ("domain", "samples", "tokens", "loss tokens", "loss %"):

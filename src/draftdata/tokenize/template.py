@@ -15,6 +15,7 @@ This module renders text; it does not encode (``plan.py`` and ``batch.py`` do).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +55,6 @@ def read_template_file(path: str) -> str:
     except OSError as exc:
         raise ConfigError(f"--chat-template {path}: cannot read ({exc.strerror})") from exc
     if path.endswith(".json"):
-        import json
-
         try:
             value = json.loads(text).get("chat_template")
         except (ValueError, AttributeError) as exc:

@@ -41,6 +41,6 @@ def fleet() -> Iterator[SimFleet]:
 @pytest.fixture(scope="session")
 def demo_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """draftdata's demo BPE with the Qwen3-style generation-marker template (trained once)."""
-    from draftdata.tokenize.train import ensure_demo_tokenizer
+    from draftdata.demo.tokenizer import ensure_demo_tokenizer
 
     return ensure_demo_tokenizer(tmp_path_factory.mktemp("tok"))

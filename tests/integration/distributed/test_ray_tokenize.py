@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from draftdata.cli import app
 from draftdata.distributed.ray_tokenize import RayTokenizeOptions, run
-from draftdata.formats import SAMPLE_FORMAT
+from draftdata.formats import SAMPLE_FORMAT, TOKENIZE_SUMMARY
 from draftdata.generate.config import GenerateConfig
 from draftdata.sim.run import SimFleet
 from draftdata.store import open_store
 from draftdata.store.read import read_shard, shard_keys
-from draftdata.tokenize.config import SUMMARY_KEY, TokenizeConfig
+from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.stage import tokenize
 
 pytestmark = [
@@ -101,7 +101,7 @@ def test_ray_data_tokenize_equals_single_process(
     names = sorted(k for k in a.list() if k.endswith(".parquet"))
     assert names == sorted(k for k in b.list() if k.endswith(".parquet"))
     assert all(a.read(k) == b.read(k) for k in names)  # the very same shards
-    doc_a, doc_b = (json.loads(s.read(SUMMARY_KEY)) for s in (a, b))
+    doc_a, doc_b = (json.loads(s.read(TOKENIZE_SUMMARY.name)) for s in (a, b))
     assert {**doc_a, "out": None} == {**doc_b, "out": None}
 
     # The CLI's --ray on the finished output: recognised, nothing redone.

@@ -3,9 +3,11 @@
 ``S3Outage(moto_endpoint)`` listens on 127.0.0.1 (ephemeral port) and forwards each request to
 moto unchanged; while ``mode`` is ``"503"`` it answers every request with 503 SlowDown (an
 overloaded or unreachable service), while ``"403"`` with 403 AccessDenied (expired credentials,
-a changed bucket policy). A request whose body ends early is dropped, as S3 drops it. Point a
-client at ``url`` with AWS_ENDPOINT_URL. Counts of forwarded, failed and dropped requests are
-kept for the test's assertions.
+a changed bucket policy). ``trip(text, mode)`` switches to ``mode`` by itself once a PUT
+whose path holds ``text`` has been answered (an outage that starts right after the first
+committed shard, whatever the test's polling). A request whose body ends early is dropped,
+as S3 drops it. Point a client at ``url`` with AWS_ENDPOINT_URL. Counts of forwarded, failed
+and dropped requests are kept for the test's assertions.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class S3Outage:
         self.forwarded = 0
         self.failed = 0
         self.truncated = 0
+        self._trip: tuple[str, Mode] | None = None
+        self._lock = threading.Lock()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -105,6 +109,8 @@ class S3Outage:
                         self.wfile.write(data)
                 finally:
                     conn.close()
+                if self.command == "PUT" and resp.status == 200:
+                    outer._tripped(self.path)
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
 
@@ -112,6 +118,17 @@ class S3Outage:
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def trip(self, text: str, mode: Mode) -> None:
+        """Switch to ``mode`` once a PUT to a path holding ``text`` has succeeded."""
+        with self._lock:
+            self._trip = (text, mode)
+
+    def _tripped(self, path: str) -> None:
+        with self._lock:
+            if self._trip is not None and self._trip[0] in path:
+                self.mode = self._trip[1]
+                self._trip = None
 
     def __enter__(self) -> S3Outage:
         self._thread.start()

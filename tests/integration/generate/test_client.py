@@ -1,5 +1,5 @@
 """EndpointClient against real servers on 127.0.0.1: the simulator in both flavours (every fault
-knob to its ErrorClass, reasoning modes, tools, n, token ids) and a strict server for token-id
+knob to its error type, reasoning modes, tools, n, token ids) and a strict server for token-id
 detection."""
 
 from __future__ import annotations
@@ -14,7 +14,18 @@ import pytest
 from aiohttp import web
 
 from draftdata.conversation import TurnPlan
-from draftdata.generate.client import EndpointClient, ErrorClass, RequestError, build_body
+from draftdata.errors import (
+    ConnectionLostError,
+    ContextLengthError,
+    EndpointRefusedError,
+    FatalRequestError,
+    MalformedAnswerError,
+    RateLimitedError,
+    RequestTimeoutError,
+    RetryableServerError,
+    ServerError,
+)
+from draftdata.generate.client import EndpointClient, build_body
 from draftdata.generate.config import Reasoning, Sampling
 from draftdata.records import Message
 from draftdata.sim.run import FaultConfig, SimConfig, SimFleet
@@ -164,52 +175,52 @@ async def test_many_concurrent_requests_share_a_small_pool(fleet: SimFleet) -> N
 # -- faults ------------------------------------------------------------------------------------
 
 FAULTS = [
-    ({"error_500": 1.0}, ErrorClass.server_error, 500),
-    ({"error_503": 1.0}, ErrorClass.server_error, 503),
-    ({"error_429": 1.0, "retry_after_s": 3}, ErrorClass.rate_limited, 429),
-    ({"context_400": 1.0}, ErrorClass.context_length, 400),
-    ({"reset": 1.0}, ErrorClass.connection, None),
-    ({"hang": 1.0}, ErrorClass.timeout, None),
-    ({"malformed": 1.0}, ErrorClass.malformed, 200),
+    ({"error_500": 1.0}, RetryableServerError, 500),
+    ({"error_503": 1.0}, RetryableServerError, 503),
+    ({"error_429": 1.0, "retry_after_s": 3}, RateLimitedError, 429),
+    ({"context_400": 1.0}, ContextLengthError, 400),
+    ({"reset": 1.0}, ConnectionLostError, None),
+    ({"hang": 1.0}, RequestTimeoutError, None),
+    ({"malformed": 1.0}, MalformedAnswerError, 200),
 ]
 
 
 @pytest.mark.parametrize(
-    ("knob", "expected", "status"), FAULTS, ids=[str(f[1]) + str(f[0]) for f in FAULTS]
+    ("knob", "expected", "status"), FAULTS, ids=[f[1].reason + str(f[0]) for f in FAULTS]
 )
 async def test_fault_knobs_map_to_classes(
-    flavor: str, knob: dict[str, Any], expected: ErrorClass, status: int | None
+    flavor: str, knob: dict[str, Any], expected: type[ServerError], status: int | None
 ) -> None:
     with sim(flavor, faults=FaultConfig(**knob)) as f:
         async with EndpointClient(f.urls[0], read_timeout=0.5) as client:
-            with pytest.raises(RequestError) as info:
+            with pytest.raises(ServerError) as info:
                 await client.chat(chat_body())
     err = info.value
-    assert err.error_class is expected
+    assert type(err) is expected
     assert err.status == status
-    assert err.fatal == (expected is ErrorClass.context_length)
-    if expected is ErrorClass.rate_limited:
+    assert isinstance(err, FatalRequestError) == (expected is ContextLengthError)
+    if expected is RateLimitedError:
         assert err.retry_after == 3.0
-    if expected is ErrorClass.context_length:
+    if expected is ContextLengthError:
         assert "context length" in err.message
 
 
 async def test_real_context_overflow_is_fatal(flavor: str) -> None:
     with sim(flavor, context_length=64) as f:
         async with EndpointClient(f.urls[0]) as client:
-            with pytest.raises(RequestError) as info:
+            with pytest.raises(ServerError) as info:
                 await client.chat(chat_body("word " * 200))
-    assert info.value.error_class is ErrorClass.context_length and info.value.fatal
+    assert type(info.value) is ContextLengthError
 
 
 async def test_unknown_model_is_a_refusal_not_the_prompts_fault() -> None:
     with sim("vllm") as f:
         async with EndpointClient(f.urls[0]) as client:
             body = {**chat_body(), "model": "no-such-model"}
-            with pytest.raises(RequestError) as info:
+            with pytest.raises(ServerError) as info:
                 await client.chat(body)
-    assert info.value.error_class is ErrorClass.refused and info.value.status == 404
-    assert not info.value.fatal
+    assert type(info.value) is EndpointRefusedError and info.value.status == 404
+    assert not isinstance(info.value, FatalRequestError)
 
 
 async def test_crashed_and_restarted_server(flavor: str) -> None:
@@ -217,13 +228,13 @@ async def test_crashed_and_restarted_server(flavor: str) -> None:
         async with EndpointClient(f.urls[0], connect_timeout=1) as client:
             await client.chat(chat_body())
             f.crash(0)
-            with pytest.raises(RequestError) as info:
+            with pytest.raises(ServerError) as info:
                 await client.chat(chat_body())
-            assert info.value.error_class is ErrorClass.connection
+            assert type(info.value) is ConnectionLostError
             f.restart(0)
-            with pytest.raises(RequestError) as info:
+            with pytest.raises(ServerError) as info:
                 await client.chat(chat_body())  # 503 while starting
-            assert info.value.error_class is ErrorClass.server_error
+            assert type(info.value) is RetryableServerError
             await asyncio.sleep(0.4)
             (turn,) = await client.chat(chat_body())
             assert turn.content
@@ -233,9 +244,9 @@ async def test_unreachable_endpoint_is_connection() -> None:
     with sim("sglang") as f:
         url = f.urls[0]
     async with EndpointClient(url, connect_timeout=1) as client:
-        with pytest.raises(RequestError) as info:
+        with pytest.raises(ServerError) as info:
             await client.chat(chat_body())
-        assert info.value.error_class is ErrorClass.connection
+        assert type(info.value) is ConnectionLostError
 
 
 # -- token-id detection against a strict and a plain server ------------------------------------
@@ -334,9 +345,9 @@ async def test_connections_are_kept_alive_and_pooled() -> None:
 
 async def test_aborted_answer_is_a_server_error() -> None:
     async with serve(Recorder(strict=False, finish="abort")) as url, EndpointClient(url) as c:
-        with pytest.raises(RequestError) as info:
+        with pytest.raises(ServerError) as info:
             await c.chat(chat_body())
-    assert info.value.error_class is ErrorClass.server_error and not info.value.fatal
+    assert type(info.value) is RetryableServerError
 
 
 async def test_token_id_support_detected_once(recorder: tuple[Recorder, str]) -> None:
@@ -355,6 +366,6 @@ async def test_token_id_support_detected_once(recorder: tuple[Recorder, str]) ->
 async def test_api_key_never_in_errors() -> None:
     with sim("sglang", faults=FaultConfig(error_500=1.0)) as f:
         async with EndpointClient(f.urls[0], api_key="sk-very-secret") as client:
-            with pytest.raises(RequestError) as info:
+            with pytest.raises(ServerError) as info:
                 await client.chat(chat_body())
             assert "sk-very-secret" not in str(info.value) + repr(client)

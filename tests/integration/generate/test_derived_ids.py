@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from draftdata.demo.tokenizer import ensure_demo_tokenizer
 from draftdata.export.stage import export_run
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
@@ -20,7 +21,6 @@ from draftdata.sim.run import SimFleet
 from draftdata.store.read import iter_completions
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.stage import tokenize
-from draftdata.tokenize.train import ensure_demo_tokenizer
 
 pytestmark = pytest.mark.integration
 

@@ -337,7 +337,14 @@ def test_recovered_server_gets_its_full_share_at_once(tmp_path: Path) -> None:
 
             async def sample() -> None:
                 while True:
-                    samples.append((time.monotonic(), ep.state, ep.inflight, ep.limit))
+                    samples.append(
+                        (
+                            time.monotonic(),
+                            ep.breaker.state,
+                            ep.slots.inflight,
+                            ep.concurrency.limit,
+                        )
+                    )
                     await asyncio.sleep(0.01)
 
             task = asyncio.get_running_loop().create_task(sample())

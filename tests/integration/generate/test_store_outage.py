@@ -1,6 +1,11 @@
-"""A store outage of more than a minute under a real `draftdata generate` on S3 (moto's server
-behind a switchable proxy): dispatch pauses while too many records wait, one log line per change
-of state, memory stays bounded, and every prompt is committed exactly once."""
+"""A store outage that outlasts the run lease many times over, under a real `draftdata generate`
+on S3 (moto's server behind a switchable proxy): dispatch pauses while too many records wait, one
+log line per change of state, memory stays bounded, and every prompt is committed exactly once.
+
+The outage is timed by what the process says and by its lease: it starts when the first shard is
+committed, goes on until generate says dispatch paused and the lease has been silent for several
+TTLs (a short ``--lease-ttl``: with the default 30 s that is the minute-long outage of a real
+store), and the store comes back when the credentials' failures have been seen too."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +31,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 CLI = [sys.executable, "-c", "from draftdata.cli import main; main()", "generate"]
 BOUND = 100
+LEASE_TTL = 2.0  # the outage outlasts it several times: no heartbeat lands, no commit may
+
+
+def _wait_for(done: Callable[[], bool], timeout: float, what: str, proc: Any, err: Path) -> None:
+    """Poll ``done`` until it holds; AssertionError naming ``what`` after ``timeout`` s or when
+    the process ends first."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert proc.poll() is None, f"generate ended while waiting for {what}: {err.read_text()}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s: {err.read_text()}"
+        time.sleep(0.05)
 
 
 def _served(fleet: SimFleet) -> int:
@@ -78,7 +95,7 @@ def _shards(moto_s3: MotoS3, out: str) -> int:
     return int(client.list_objects_v2(Bucket=moto_s3.bucket, Prefix=prefix).get("KeyCount", 0))
 
 
-def test_s3_outage_of_over_a_minute_pauses_dispatch_and_loses_nothing(
+def test_s3_outage_longer_than_the_lease_pauses_dispatch_and_loses_nothing(
     tmp_path: Path, moto_s3: MotoS3
 ) -> None:
     prompts = tmp_path / "p.jsonl"
@@ -87,28 +104,44 @@ def test_s3_outage_of_over_a_minute_pauses_dispatch_and_loses_nothing(
     gen = tmp_path / "gen.yaml"
     gen.write_text("store_retry_max: 3\n", encoding="utf-8")
     summary_json = tmp_path / "summary.json"
+    errs = tmp_path / "err.txt"
     config = SimConfig(time_scale=0.3, mean_output_tokens=60, output_sigma=0.3, max_running=8)
     with SimFleet(2, config) as fleet, S3Outage(moto_s3.endpoint_url) as proxy:
         cmd = [*CLI, "--prompts", str(prompts), "--out", out, "--config", str(gen)]
         cmd += ["--progress", "off", "--flush-records", "16", "--flush-seconds", "0.5"]
         cmd += ["--max-uncommitted", str(BOUND), "--summary-json", str(summary_json)]
+        cmd += ["--lease-ttl", str(LEASE_TTL)]
         for url in fleet.urls:
             cmd += ["--endpoint", url]
         env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url, "DRAFTDATA_S3_MAX_ATTEMPTS": "2"}
-        with (tmp_path / "err.txt").open("w") as err, (tmp_path / "out.txt").open("w") as std:
+        with errs.open("w") as err, (tmp_path / "out.txt").open("w") as std:
             proc = subprocess.Popen(cmd, stdout=std, stderr=err, env=env)
             rss = _RssSampler(proc.pid)
             try:
-                deadline = time.monotonic() + 60
-                while _shards(moto_s3, out) == 0 and time.monotonic() < deadline:
-                    assert proc.poll() is None, (tmp_path / "err.txt").read_text()
-                    time.sleep(0.05)
+                _wait_for(lambda: _shards(moto_s3, out) > 0, 60, "first shard", proc, errs)
                 served_before = _served(fleet)
                 rss.enter("outage")
                 proxy.mode = "503"  # S3 overloaded / unreachable ...
-                time.sleep(35)
+                began = time.monotonic()
+                _wait_for(
+                    lambda: (
+                        "dispatch paused" in errs.read_text()
+                        and time.monotonic() - began > 3 * LEASE_TTL
+                    ),
+                    120,
+                    "pause of dispatch, three lease TTLs into the outage",
+                    proc,
+                    errs,
+                )
                 proxy.mode = "403"  # ... then the credentials expire
-                time.sleep(30)
+                failed, began = proxy.failed, time.monotonic()
+                _wait_for(
+                    lambda: proxy.failed > failed + 4 and time.monotonic() - began > LEASE_TTL,
+                    120,
+                    "refused requests with expired credentials",
+                    proc,
+                    errs,
+                )
                 served_during = _served(fleet) - served_before
                 proxy.mode = "ok"
                 rss.enter("after")
@@ -177,20 +210,25 @@ def test_store_down_when_every_prompt_is_answered_waits_and_commits(
         for url in fleet.urls:
             cmd += ["--endpoint", url]
         env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url, "DRAFTDATA_S3_MAX_ATTEMPTS": "1"}
+        # the store refuses everything from the moment the first shard is committed: the
+        # proxy switches itself, so the outage cannot begin after the last commit
+        proxy.trip("/completions/", "403")
         with (tmp_path / "err.txt").open("w") as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
             try:
-                deadline = time.monotonic() + 60
-                while _shards(moto_s3, out) == 0 and time.monotonic() < deadline:
-                    assert proc.poll() is None, (tmp_path / "err.txt").read_text()
-                    time.sleep(0.05)
-                proxy.mode = "403"
-                deadline = time.monotonic() + 60
-                while _served(fleet) < 120 and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                time.sleep(3)
-                assert proc.poll() is None  # every prompt answered, still waiting for the store
-                assert "waiting for the store to accept" in (tmp_path / "err.txt").read_text()
+                errs = tmp_path / "err.txt"
+                _wait_for(lambda: proxy.mode == "403", 60, "first shard", proc, errs)
+                assert 0 < _shards(moto_s3, out) < 120 // 8
+                _wait_for(lambda: _served(fleet) >= 120, 60, "every prompt answered", proc, errs)
+                # every prompt answered: it says it waits for the store, and does
+                _wait_for(
+                    lambda: "waiting for the store to accept" in errs.read_text(),
+                    60,
+                    "the line saying it waits for the store",
+                    proc,
+                    errs,
+                )
+                assert proc.poll() is None
                 proxy.mode = "ok"
                 assert proc.wait(timeout=60) == 0, (tmp_path / "err.txt").read_text()
             finally:

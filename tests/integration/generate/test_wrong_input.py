@@ -184,8 +184,8 @@ def test_a_run_an_older_draftdata_opened_against_a_wrong_url_takes_the_right_mod
 ) -> None:
     """An older draftdata recorded the run (model 'default', nothing answered) at its first
     start; with no completion in it, the right fleet's model is taken, recorded as a change."""
+    from draftdata.generate.preflight import run_settings
     from draftdata.generate.source import scan
-    from draftdata.generate.stage import run_settings
     from draftdata.store.run import Run
 
     prompts = tmp_path / "p.jsonl"
@@ -195,7 +195,7 @@ def test_a_run_an_older_draftdata_opened_against_a_wrong_url_takes_the_right_mod
     with SimFleet(1, SIM) as fleet:
         config = fast_config(prompts, out, fleet.urls)
         found = scan([prompts], limit=None, partition=None)
-        Run.open(str(out), settings=run_settings(config, found, "default")).close()
+        Run.open(str(out), settings=run_settings(config, found, "default").to_json()).close()
         summary = generate(config, log=lines.append)
     assert summary.completed == 6 and {c.id for c in completions(out)} == set(ids)
     (changed,) = [x for x in lines if "settings changed" in x]

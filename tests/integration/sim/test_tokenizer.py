@@ -26,7 +26,7 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from draftdata.tokenize.train import ensure_demo_tokenizer
+    from draftdata.demo.tokenizer import ensure_demo_tokenizer
 
     return ensure_demo_tokenizer(tmp_path_factory.mktemp("tok"))
 

@@ -15,15 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from draftdata.demo.tokenizer import ensure_demo_tokenizer
 from draftdata.export.stage import export_run
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
 from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.stats import compute_stats
-from draftdata.store.read import parquet_bytes
+from draftdata.store.write import parquet_bytes
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.stage import tokenize
-from draftdata.tokenize.train import ensure_demo_tokenizer
 
 pytestmark = pytest.mark.integration
 

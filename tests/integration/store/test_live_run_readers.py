@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.integration.generate.helpers import write_prompts
 
+from draftdata.demo.tokenizer import ensure_demo_tokenizer
 from draftdata.sim.run import SimProcess
-from draftdata.tokenize.train import ensure_demo_tokenizer
 
 pytestmark = pytest.mark.integration
 

@@ -30,13 +30,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from draftdata.cli import main
+from draftdata.demo.tokenizer import ensure_demo_tokenizer
 from draftdata.export.stage import export_run
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
 from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.stats import compute_stats
 from draftdata.store.check import check_run
-from draftdata.tokenize.train import ensure_demo_tokenizer
 
 pytestmark = pytest.mark.integration
 

@@ -40,7 +40,8 @@ def test_run_resume_on_s3(moto_s3: MotoS3) -> None:
     run.add_failure(failure("bad"))
     run.close()
     again = Run.open(url, settings={"model": "m"})
-    assert again.done_count == 11 and again.is_done("p9") and again.is_done("bad")
+    assert (again.resumed_done, again.resumed_fatal) == (10, 1)
+    assert again.is_done("p9") and again.is_done("bad")
     assert sorted(c.id for c in iter_completions(url)) == sorted(f"p{i}" for i in range(10))
     assert [f.id for f in iter_failures(url)] == ["bad"]
 

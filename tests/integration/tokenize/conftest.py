@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from draftdata.tokenize.train import ensure_demo_tokenizer
+from draftdata.demo.tokenizer import ensure_demo_tokenizer
 
 
 @pytest.fixture(scope="session")

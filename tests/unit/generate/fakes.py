@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from draftdata.generate.client import ErrorClass, RequestError
+from draftdata.errors import ServerError
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.endpoint import ChatClient, Endpoint
@@ -17,15 +17,15 @@ from draftdata.records import Completion, Failure, Turn, Usage
 
 class FakeClient:
     """Answers after ``delay`` s with one Turn per asked choice (at most ``max_n``); ``fail``
-    maps a request number (1-based) to the ErrorClass it raises instead."""
+    maps a request number (1-based) to the ServerError type it raises instead."""
 
     def __init__(
         self,
         delay: float = 0.0,
         *,
         max_n: int = 128,
-        fail: dict[int, ErrorClass] | None = None,
-        fail_all: ErrorClass | None = None,
+        fail: dict[int, type[ServerError]] | None = None,
+        fail_all: type[ServerError] | None = None,
     ) -> None:
         self.delay = delay
         self.max_n = max_n
@@ -47,7 +47,7 @@ class FakeClient:
             self.running -= 1
         error = self.fail.get(number) or self.fail_all
         if error is not None:
-            raise RequestError(error, f"fake {error.value}", status=500)
+            raise error(f"fake {error.reason}", status=500)
         last = body["messages"][-1]["content"]
         n = min(body.get("n", 1), self.max_n)
         return [
@@ -99,7 +99,7 @@ def endpoint(i: int, client: ChatClient, limit: int = 4, **kw: Any) -> Endpoint:
         default_concurrency=limit,
         breaker_failures=kw.pop("breaker_failures", 3),
     )
-    ep.state = "up"
+    ep.breaker.state = "up"
     ep.model = "m"
     return ep
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tests.unit.generate.fakes import FakeClient, endpoint
 
 from draftdata.endpoints import Capacity, Load, parse_server_info, parse_vllm_kv_tokens
-from draftdata.generate.endpoint import queue_target
+from draftdata.generate.concurrency import queue_target
 
 # /server_info of the real SGLang 0.5.23 on CPU (the fields that matter, as it answered)
 SGLANG_INFO = {
@@ -65,35 +65,35 @@ def test_vllm_kv_cache_from_the_cache_config_gauge() -> None:
 def test_a_2048_running_cap_on_a_4096_token_pool_starts_small() -> None:
     """The finding: draftdata started at concurrency 2151 on a server that holds 4096 tokens."""
     ep = endpoint(0, FakeClient(), concurrency="auto", limit=32)
-    ep.held_prior = 64 + 16  # half a 128-token output limit, and the prompt
+    ep.concurrency.held_prior = 64 + 16  # half a 128-token output limit, and the prompt
     ep.set_capacity(parse_server_info(SGLANG_INFO))
-    assert ep.fitted() == 4096 // 80
-    assert ep.limit == 51 + queue_target(51)
+    assert ep.concurrency.fitted() == 4096 // 80
+    assert ep.concurrency.limit == 51 + queue_target(51)
     # answers teach what a request really holds: 20 prompt + 108 output tokens
     for _ in range(40):
         ep.record_success(108, 20, latency=1.0)
-    assert ep.fitted() == math.floor(4096 / ep.held_tokens())
-    assert 4096 // 128 <= ep.fitted() <= 4096 // 120
-    at = ep._fitted_at  # the limit moves in steps of 10% of the fitted capacity
-    assert at is not None and abs(at - ep.fitted()) < 0.1 * at
-    assert ep.limit == at + queue_target(at) < 45
+    assert ep.concurrency.fitted() == math.floor(4096 / ep.concurrency.held_tokens())
+    assert 4096 // 128 <= ep.concurrency.fitted() <= 4096 // 120
+    at = ep.concurrency._fitted_at  # the limit moves in steps of 10% of the fitted capacity
+    assert at is not None and abs(at - ep.concurrency.fitted()) < 0.1 * at
+    assert ep.concurrency.limit == at + queue_target(at) < 45
     # the queue follower grows no further than the fitted capacity
-    ep.inflight = ep.limit
-    assert ep.adapt(Load(running=ep.fitted(), waiting=0)) is None
+    ep.slots.inflight = ep.concurrency.limit
+    assert ep.adapt(Load(running=ep.concurrency.fitted(), waiting=0)) is None
 
 
 def test_without_a_kv_figure_the_running_cap_decides_as_before() -> None:
     ep = endpoint(0, FakeClient(), concurrency="auto", limit=32)
-    ep.held_prior = 500
+    ep.concurrency.held_prior = 500
     ep.set_capacity(Capacity(engine="sglang", max_running=64))
-    assert ep.fitted() == 64 and ep.limit == 68
+    assert ep.concurrency.fitted() == 64 and ep.concurrency.limit == 68
     ep.record_success(5000, 5000, latency=1.0)
-    assert ep.limit == 68  # nothing to fit: answers do not move it
+    assert ep.concurrency.limit == 68  # nothing to fit: answers do not move it
     vllm = endpoint(1, FakeClient(), concurrency="auto", limit=32)
     vllm.set_capacity(Capacity(engine="vllm", kv_tokens=2_097_152), fleet_max=16)
-    vllm.held_prior = 600
+    vllm.concurrency.held_prior = 600
     vllm.set_capacity(Capacity(engine="vllm", kv_tokens=2_097_152))  # revived: keeps the cap
-    assert vllm.fitted() == 16 and vllm.limit == 16 + 2
+    assert vllm.concurrency.fitted() == 16 and vllm.concurrency.limit == 16 + 2
 
 
 @settings(max_examples=300, deadline=None)
@@ -114,23 +114,23 @@ def test_capacity_is_the_kv_fit_never_above_the_running_cap(
     fixed: bool,
 ) -> None:
     ep = endpoint(0, FakeClient(), concurrency=7 if fixed else "auto", limit=32)
-    ep.held_prior = prior
+    ep.concurrency.held_prior = prior
     ep.set_capacity(Capacity(engine="sglang", max_running=running_cap, kv_tokens=kv))
     for out, prompt, seqs in answers:
         ep.record_success(out, prompt, latency=0.5, seqs=seqs)
-    got = ep.fitted()
-    held = ep.held_tokens()
+    got = ep.concurrency.fitted()
+    held = ep.concurrency.held_tokens()
     kv_fit = max(1, int(kv // held)) if kv and held else None
     want = min(c for c in (running_cap, kv_fit) if c) if (running_cap or kv_fit) else None
     assert got == want
     if got is not None:
         assert got >= 1 and (running_cap is None or got <= running_cap)
     if fixed:
-        assert ep.limit == 7  # a fixed --concurrency is never moved
+        assert ep.concurrency.limit == 7  # a fixed --concurrency is never moved
     elif got is not None:
         # the limit sits on the fitted capacity it was last set from, within the refit step
-        at = ep._fitted_at
-        assert at is not None and ep.limit == at + queue_target(at)
+        at = ep.concurrency._fitted_at
+        assert at is not None and ep.concurrency.limit == at + queue_target(at)
         assert abs(at - got) < max(1, 0.1 * at)
     if prior is None and any(o + p for o, p, _ in answers):
         # no prior: the mean of what the answers held, per sequence

@@ -5,16 +5,23 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+import draftdata.errors as errors
+from draftdata.errors import (
+    ContextLengthError,
+    EndpointFaultError,
+    EndpointRefusedError,
+    FatalRequestError,
+    RateLimitedError,
+    ServerError,
+)
 from draftdata.generate.client import (
     EndpointClient,
-    ErrorClass,
-    RequestError,
     build_body,
     classify_http_error,
     error_message,
 )
 from draftdata.generate.config import Sampling
-from draftdata.records import Message
+from draftdata.records import FATAL_REASONS, Message
 from draftdata.sim.shapes import context_message, error_body
 
 MSGS = [Message(role="system", content="s"), Message(role="user", content="u")]
@@ -107,7 +114,7 @@ def test_engine_context_errors_are_context_length(
     text = context_message(flavor, prompt, max_new, 8192)
     assert text is not None
     raw = msgspec.json.encode(error_body(flavor, 400, text)).decode()
-    assert classify_http_error(400, raw) is ErrorClass.context_length
+    assert classify_http_error(400, raw) is ContextLengthError
     assert error_message(raw) == text
 
 
@@ -125,7 +132,7 @@ def test_engine_context_errors_are_context_length(
     ],
 )
 def test_other_context_texts(text: str) -> None:
-    assert classify_http_error(400, text) is ErrorClass.context_length
+    assert classify_http_error(400, text) is ContextLengthError
 
 
 @pytest.mark.parametrize(
@@ -162,19 +169,16 @@ def test_other_context_texts(text: str) -> None:
     ],
 )
 def test_classify_statuses(status: int, text: str, expected: str) -> None:
-    assert classify_http_error(status, text) == ErrorClass(expected)
+    assert classify_http_error(status, text).reason == expected
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 405, 407, 501])
 def test_refusals_are_endpoint_refused_errors_by_type(status: int) -> None:
-    from draftdata.errors import EndpointRefusedError, FatalRequestError
-    from draftdata.generate.client import request_error
-
-    err = request_error(classify_http_error(status, ""), "no", status=status)
-    assert isinstance(err, EndpointRefusedError) and isinstance(err, RequestError)
-    assert not isinstance(err, FatalRequestError) and not err.fatal
-    other = request_error(classify_http_error(400, ""), "bad", status=400)
-    assert not isinstance(other, EndpointRefusedError)
+    err = classify_http_error(status, "")("no", status=status)
+    assert isinstance(err, EndpointRefusedError) and isinstance(err, EndpointFaultError)
+    assert not isinstance(err, FatalRequestError)
+    other = classify_http_error(400, "")("bad", status=400)
+    assert not isinstance(other, EndpointFaultError)
 
 
 def test_error_message_shapes() -> None:
@@ -186,13 +190,26 @@ def test_error_message_shapes() -> None:
 
 
 def test_request_error_fields() -> None:
-    e = RequestError(ErrorClass.context_length, "too long", status=400)
-    assert e.fatal and e.status == 400 and e.reason == "context_length" and e.retry_after is None
+    e = ContextLengthError("too long", status=400)
+    assert e.status == 400 and e.reason == "context_length" and e.retry_after is None
+    assert isinstance(e, FatalRequestError)
     assert str(e) == "context_length: HTTP 400: too long"
-    r = RequestError(ErrorClass.rate_limited, "slow down", status=429, retry_after=2.0)
-    assert not r.fatal and r.retry_after == 2.0
-    for cls in ErrorClass:
-        assert RequestError(cls, "m").fatal == (cls in ("context_length", "invalid_request"))
+    r = RateLimitedError("slow down", status=429, retry_after=2.0)
+    assert not isinstance(r, FatalRequestError) and r.retry_after == 2.0
+
+
+def test_the_fatal_error_types_are_the_fatal_failure_reasons() -> None:
+    """A Failure whose reason is fatal is skipped on resume (records.FATAL_REASONS): exactly
+    the reasons of the FatalRequestError types; every raised type has its own reason."""
+    leaves = [
+        c
+        for c in vars(errors).values()
+        if isinstance(c, type) and issubclass(c, ServerError) and c is not ServerError
+    ]
+    fatal = {c.reason for c in leaves if issubclass(c, FatalRequestError)}
+    assert fatal == FATAL_REASONS
+    raised = [c for c in leaves if c is not EndpointFaultError]
+    assert len({c.reason for c in raised}) == len(raised)
 
 
 def test_client_base_url_and_repr_hide_the_key() -> None:

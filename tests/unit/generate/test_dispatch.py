@@ -10,7 +10,12 @@ import pytest
 from tests.unit.generate.fakes import FakeClient, cfg, endpoint, run_dispatch, user, write
 
 from draftdata.conversation import TurnPlan
-from draftdata.generate.client import ErrorClass
+from draftdata.errors import (
+    ConnectionLostError,
+    ContextLengthError,
+    RequestTimeoutError,
+    RetryableServerError,
+)
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.work import Job
 from draftdata.records import Message, Prompt
@@ -67,7 +72,7 @@ async def test_every_prompt_once_and_slots_never_exceeded(tmp_path: Path) -> Non
     assert all(c.peak <= 4 for c in clients)
     # the faster endpoint answered more
     assert len(clients[0].bodies) > len(clients[1].bodies)
-    assert all(e.inflight == 0 and e.outstanding_tokens == 0 for e in eps)
+    assert all(e.slots.inflight == 0 and e.slots.outstanding_tokens == 0 for e in eps)
 
 
 @pytest.mark.parametrize(
@@ -109,14 +114,14 @@ async def test_memory_window_bounds_what_is_read(
 
 async def test_retry_moves_to_another_endpoint_then_exhausts(tmp_path: Path) -> None:
     prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(4)])
-    bad = FakeClient(fail_all=ErrorClass.server_error)
+    bad = FakeClient(fail_all=RetryableServerError)
     good = FakeClient()
     _, sink = await run_dispatch(
         cfg(), [endpoint(0, bad, breaker_failures=99), endpoint(1, good)], prompts
     )
     assert len(sink.completions) == 4 and not sink.failures
     assert all(c.endpoint == "http://fake-1:8000" for c in sink.completions)
-    only_bad = FakeClient(fail_all=ErrorClass.timeout)
+    only_bad = FakeClient(fail_all=RequestTimeoutError)
     _, sink = await run_dispatch(
         cfg(max_attempts=3), [endpoint(0, only_bad, breaker_failures=99)], prompts
     )
@@ -126,7 +131,7 @@ async def test_retry_moves_to_another_endpoint_then_exhausts(tmp_path: Path) -> 
 
 async def test_fatal_errors_are_not_retried(tmp_path: Path) -> None:
     prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(3)])
-    client = FakeClient(fail={2: ErrorClass.context_length})
+    client = FakeClient(fail={2: ContextLengthError})
     _, sink = await run_dispatch(cfg(), [endpoint(0, client, limit=1)], prompts)
     assert [f.reason for f in sink.failures] == ["context_length"]
     assert len(client.bodies) == 3 and len(sink.completions) == 2
@@ -134,12 +139,12 @@ async def test_fatal_errors_are_not_retried(tmp_path: Path) -> None:
 
 async def test_breaker_takes_endpoint_out_and_requeues_its_work(tmp_path: Path) -> None:
     prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(30)])
-    flaky = FakeClient(0.01, fail={i: ErrorClass.connection for i in range(1, 4)})
+    flaky = FakeClient(0.01, fail={i: ConnectionLostError for i in range(1, 4)})
     slow_ok = FakeClient(0.05)
     eps = [endpoint(0, flaky, breaker_failures=3), endpoint(1, slow_ok)]
     _, sink = await run_dispatch(cfg(), eps, prompts, alive=True)
     assert len(sink.completions) == 30 and not sink.failures
-    assert eps[0].state == "down" and eps[0].downs == 1
+    assert eps[0].breaker.state == "down" and eps[0].breaker.downs == 1
     assert Counter(c.id for c in sink.completions).most_common(1)[0][1] == 1
 
 
@@ -205,7 +210,7 @@ async def test_multi_turn_retry_continues_from_the_failed_turn(tmp_path: Path) -
         ],
     }
     prompts = write(tmp_path / "p.jsonl", [row])
-    client = FakeClient(fail={2: ErrorClass.server_error})
+    client = FakeClient(fail={2: RetryableServerError})
     _, sink = await run_dispatch(cfg(), [endpoint(0, client)], prompts)
     # turn 1, turn 2 (fails), turn 2 again: the first turn is not asked twice
     assert [b["messages"][-1]["content"] for b in client.bodies] == ["first", "second", "second"]
@@ -222,7 +227,7 @@ async def test_hedging_commits_one_answer(tmp_path: Path) -> None:
     original = fast.chat
 
     async def chat(body: dict[str, object]) -> list[object]:
-        eps[0].seq_rate = 1.0
+        eps[0].meter.seq_rate = 1.0
         return await original(body)  # type: ignore[arg-type]
 
     fast.chat = chat  # type: ignore[method-assign,assignment]
@@ -230,7 +235,7 @@ async def test_hedging_commits_one_answer(tmp_path: Path) -> None:
     assert Counter(c.id for c in sink.completions) == Counter(f"p{i}" for i in range(6))
     assert d.hedges >= 1 and d.hedges_won >= 1
     assert d.hedges == d.hedges_won + d.hedges_wasted
-    assert all(e.inflight == 0 for e in eps)
+    assert all(e.slots.inflight == 0 for e in eps)
 
 
 async def test_an_unmapped_transport_error_is_retried_not_lost(tmp_path: Path) -> None:
@@ -321,7 +326,7 @@ async def test_a_paused_dispatcher_does_not_spin_on_a_due_retry(tmp_path: Path) 
 
     prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(2)])
     # request 1 fails after 0.2 s and is retried after a short backoff, once dispatch resumes
-    client = FakeClient(delay=0.2, fail={1: ErrorClass.server_error})
+    client = FakeClient(delay=0.2, fail={1: RetryableServerError})
     config = GenerateConfig(prompts="x", endpoints=["x"], out="x", hedge=False, backoff_base=0.01)
     d, sink = dispatcher(config, [endpoint(0, client, limit=1)], prompts)
     d.wake = _CountingEvent()

@@ -12,9 +12,9 @@ from draftdata.endpoints import Capacity, Load
 from draftdata.errors import ConfigError, InputError
 from draftdata.generate.config import GenerateConfig, Override, Sampling, validate
 from draftdata.generate.partition import Partition, count_by_partition
+from draftdata.generate.preflight import endpoint_urls, run_settings
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader, prompt_files, scan
-from draftdata.generate.stage import endpoint_urls, run_settings
 from draftdata.generate.summary import Tally
 from draftdata.generate.work import plan, prefix_key
 from draftdata.records import Completion, Failure, Message, Prompt, Turn, Usage
@@ -22,32 +22,32 @@ from draftdata.records import Completion, Failure, Message, Prompt, Turn, Usage
 
 def test_auto_concurrency_starts_from_capacity_and_follows_the_queue() -> None:
     ep = endpoint(0, FakeClient(), concurrency="auto", limit=32)
-    assert ep.limit == 32  # nothing reported: the configured default
+    assert ep.concurrency.limit == 32  # nothing reported: the configured default
     ep.set_capacity(Capacity(engine="sglang", max_running=64))
-    assert ep.limit == 64 + 4  # capacity plus a short queue (5%, at least 2)
-    ep.inflight = 68
+    assert ep.concurrency.limit == 64 + 4  # capacity plus a short queue (5%, at least 2)
+    ep.slots.inflight = 68
     assert ep.adapt(Load(running=64, waiting=3)) is None  # waiting in the band: keep
     # too many waiting (other clients too): running + 4, which it already is
-    assert ep.adapt(Load(running=64, waiting=40)) is None and ep.limit == 68
-    ep.limit = 90
+    assert ep.adapt(Load(running=64, waiting=40)) is None and ep.concurrency.limit == 68
+    ep.concurrency.limit = 90
     ep.adapt(Load(running=64, waiting=3))
     assert ep.adapt(Load(running=64, waiting=30)) is None  # once may be a burst
     assert ep.adapt(Load(running=64, waiting=30)) == 81  # twice: shrink by 10%
     ep.adapt(Load(running=64, waiting=30))
     ep.adapt(Load(running=64, waiting=30))
     ep.adapt(Load(running=64, waiting=30))
-    assert ep.limit == 68  # ... but never below running + target
-    ep.inflight = ep.limit
+    assert ep.concurrency.limit == 68  # ... but never below running + target
+    ep.slots.inflight = ep.concurrency.limit
     assert ep.adapt(Load(running=64, waiting=0)) is None  # at its capacity: no point growing
     grown = ep.adapt(Load(running=50, waiting=0))  # below capacity, nothing waits: grow
     assert grown == 80  # up to capacity + a quarter (requests in transit)
     unknown = endpoint(2, FakeClient(), concurrency="auto", limit=32)
     unknown.set_capacity(Capacity(engine="vllm"))
-    unknown.inflight = 32
+    unknown.slots.inflight = 32
     assert unknown.adapt(Load(running=32, waiting=0)) == 40  # vLLM: found by growing
     fixed = endpoint(1, FakeClient(), concurrency=12)
     fixed.set_capacity(Capacity(engine="sglang", max_running=64))
-    assert fixed.limit == 12 and fixed.adapt(Load(running=0, waiting=50)) is None
+    assert fixed.concurrency.limit == 12 and fixed.adapt(Load(running=0, waiting=50)) is None
 
 
 def test_breaker_counts_only_retryable_failures_in_a_row() -> None:
@@ -59,8 +59,8 @@ def test_breaker_counts_only_retryable_failures_in_a_row() -> None:
     assert not ep.record_failure("timeout", retryable=True)
     assert not ep.record_failure("timeout", retryable=True)
     assert ep.record_failure("timeout", retryable=True)
-    ep.mark_down()
-    ep.mark_up(half_open=True)
+    ep.breaker.mark_down()
+    ep.breaker.mark_up(half_open=True)
     assert ep.record_failure("connection", retryable=True)  # one more failure: out again
 
 
@@ -184,9 +184,9 @@ def test_run_settings_cover_what_changes_the_output(tmp_path: Path) -> None:
         {"writer_id": "w"},
     ):
         assert not changed(**same), same
-    assert run_settings(base, found, "m")["chat_template_kwargs"] == {}
+    assert run_settings(base, found, "m").chat_template_kwargs == {}
     on = run_settings(GenerateConfig(prompts="p", out="o", reasoning="on"), found, "m")
-    assert on["chat_template_kwargs"] == {"enable_thinking": True}
+    assert on.chat_template_kwargs == {"enable_thinking": True}
 
 
 def test_config_validation_and_endpoint_urls() -> None:
@@ -264,7 +264,7 @@ def test_tally_and_summary_lines() -> None:
     s = t.freeze(out="run", wall_s=2.0)
     assert s.truncated == 1 and s.finish_reasons == {"length": 1, "stop": 1}
     assert s.domains["code"].failures == {"context_length": 1}
-    assert s.summary()["output_tokens"] == 9
+    assert s.to_dict()["output_tokens"] == 9
     text = "\n".join(s.lines())
     assert "2 completions, 1 failures (context_length 1)" in text
     assert "cut by max tokens: 1" in text and "domain math" in text

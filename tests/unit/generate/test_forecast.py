@@ -177,8 +177,9 @@ class _Clock:
 
 def _endpoint(url: str, slots: int) -> Any:
     return SimpleNamespace(
-        url=url, state="up", limit=slots + 2, inflight=0, on_answer=None,
-        capacity=SimpleNamespace(max_running=slots),
+        url=url, on_answer=None, capacity=SimpleNamespace(max_running=slots),
+        breaker=SimpleNamespace(state="up"), concurrency=SimpleNamespace(limit=slots + 2),
+        slots=SimpleNamespace(inflight=0),
     )  # fmt: skip
 
 
@@ -196,8 +197,8 @@ def test_saturation_measures_the_rate_while_full_not_the_ramp_or_the_tail() -> N
 
     def script(t: float) -> None:  # the state at clock time t
         disp.queued = 10 if t < 20.0 else 0
-        a.inflight = 4 if t < 21.5 else 0
-        b.inflight = 4 if t < 21.5 else (1 if t < 26.0 else 0)
+        a.slots.inflight = 4 if t < 21.5 else 0
+        b.slots.inflight = 4 if t < 21.5 else (1 if t < 26.0 else 0)
         for end, ep, latency, tokens in answers:
             if end == t:
                 ep.on_answer(end, latency, tokens)

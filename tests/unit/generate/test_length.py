@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.unit.generate.fakes import cfg, endpoint, run_dispatch, write
 
-from draftdata.generate.dispatch import BLIND_HEDGE_S, TailPlan, hedge_pays
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.length import (
     LengthModel,
@@ -23,6 +22,7 @@ from draftdata.generate.length import (
     run_history,
     token_cap,
 )
+from draftdata.generate.placement import BLIND_HEDGE_S, TailPlan, hedge_pays, job_cap
 from draftdata.generate.work import Job
 from draftdata.records import Completion, Message, Prompt, Turn, Usage
 
@@ -239,16 +239,14 @@ class _D:
         self.on_endpoint: dict[Endpoint, set[Any]] = {e: set() for e in endpoints}
 
     def cap(self, job: Job) -> int:
-        from draftdata.generate.dispatch import Dispatcher
-
-        return Dispatcher.cap(self, job)  # type: ignore[arg-type]
+        return job_cap(job, self.endpoints)
 
 
 def test_speed_plan_holds_long_work_for_the_fast_server() -> None:
     from draftdata.generate.work import Copy
 
     fast, slow = endpoint(0, DomainClient(), limit=2), endpoint(1, DomainClient(), limit=2)
-    fast.seq_rate, slow.seq_rate = 100.0, 50.0
+    fast.meter.seq_rate, slow.meter.seq_rate = 100.0, 50.0
     d = _D([fast, slow], queued=3)
     # the fast server is full; its copies (expected 333 tokens: 3.3 s) are near their end
     for k in range(2):
@@ -275,7 +273,7 @@ def test_speed_plan_holds_long_work_for_the_fast_server() -> None:
     d.queued = 3
     assert TailPlan.make(d, now=3.0) is not None  # type: ignore[arg-type]
     # with equal speeds there is no plan: greedy placement
-    slow.seq_rate = 95.0
+    slow.meter.seq_rate = 95.0
     assert TailPlan.make(d, now=3.0) is None
 
 
@@ -286,7 +284,7 @@ def test_a_busy_slot_past_its_expected_length_is_never_a_free_one() -> None:
     from draftdata.generate.work import Copy
 
     fast, slow = endpoint(0, DomainClient(), limit=1), endpoint(1, DomainClient(), limit=1)
-    fast.seq_rate, slow.seq_rate = 100.0, 50.0
+    fast.meter.seq_rate, slow.meter.seq_rate = 100.0, 50.0
     d = _D([fast, slow], queued=1)
     c = Copy(job(pid="long"), fast, hedge=False, seqs=1, started=0.0)
     d.on_endpoint[fast].add(c)
@@ -311,7 +309,7 @@ def test_the_context_filling_default_caps_a_job_at_the_fleet_context() -> None:
 def test_hedge_pays_only_when_the_copy_should_win() -> None:
     m = LengthModel()
     slow, fast = endpoint(0, DomainClient()), endpoint(1, DomainClient())
-    slow.seq_rate, fast.seq_rate = 10.0, 20.0
+    slow.meter.seq_rate, fast.meter.seq_rate = 10.0, 20.0
     # just started, 1000 expected: copy 50 s vs original ~99 s -> pays
     assert hedge_pays(1.0, 1000, 4000, slow, fast, m)
     # 700 of ~1050 done on a 2x slower server: the copy would finish later
@@ -324,7 +322,7 @@ def test_hedge_pays_only_when_the_copy_should_win() -> None:
     # nothing known about speeds: only a request far past the usual latency
     a, b = endpoint(2, DomainClient()), endpoint(3, DomainClient())
     assert not hedge_pays(5.0, 1000, 4000, a, b, m)
-    a.latency = 1.0
+    a.meter.latency = 1.0
     assert hedge_pays(5.0, 1000, 4000, a, b, m)
 
 
@@ -333,15 +331,15 @@ def test_a_request_on_a_server_that_never_answered_is_hedged_in_bounded_time() -
     no latency; its requests are still copied onto an idle server, judged by that server."""
     m = LengthModel()
     wedged, good = endpoint(0, DomainClient()), endpoint(1, DomainClient())
-    good.seq_rate, good.latency = 100.0, 2.0
+    good.meter.seq_rate, good.meter.latency = 100.0, 2.0
     # 400 tokens (before any spread is learnt, the long draw is the estimate) take 4 s at the
     # target's rate: not before twice that
     assert not hedge_pays(7.0, 400, 4000, wedged, good, m)
     assert hedge_pays(9.0, 400, 4000, wedged, good, m)
-    good.seq_rate = None  # only a latency known: three of them
+    good.meter.seq_rate = None  # only a latency known: three of them
     assert not hedge_pays(5.0, 200, 4000, wedged, good, m)
     assert hedge_pays(7.0, 200, 4000, wedged, good, m)
-    good.latency = None  # nothing measured anywhere: a minute
+    good.meter.latency = None  # nothing measured anywhere: a minute
     assert not hedge_pays(BLIND_HEDGE_S - 1, 200, 4000, wedged, good, m)
     assert hedge_pays(BLIND_HEDGE_S + 1, 200, 4000, wedged, good, m)
 
@@ -359,7 +357,7 @@ def test_a_request_past_its_estimate_is_expected_to_run_on() -> None:
     assert m.expected_total(expected, 400, 10_000) >= 400
     # so a 2x faster server pays for a request 60 tokens in (copy 75 s vs ~90 s left)...
     slow, fast = endpoint(0, DomainClient()), endpoint(1, DomainClient())
-    slow.seq_rate, fast.seq_rate = 1.0, 2.0
+    slow.meter.seq_rate, fast.meter.seq_rate = 1.0, 2.0
     assert hedge_pays(60.0, expected, 10_000, slow, fast, m)
     # ...but not for one 80 tokens in (copy 75 s vs ~70 s left)
     assert not hedge_pays(80.0, expected, 10_000, slow, fast, m)
@@ -416,7 +414,7 @@ def test_hedges_are_judged_on_a_long_draw() -> None:
         m.observe("s", "d", 10, min(580, round(rng.lognormvariate(mu, 0.8))), 580)
     e = m.expect("s", "d", 10, 580)
     slow, fast = endpoint(0, DomainClient()), endpoint(1, DomainClient())
-    slow.seq_rate, fast.seq_rate = 1.0, 2.0
+    slow.meter.seq_rate, fast.meter.seq_rate = 1.0, 2.0
     total = m.expected_total(e, 200, 580)
     assert total / 2 > total - 200  # on the expectation alone the copy would lose
     assert m.long_total(e, 200, 580) > 400

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.generate.fakes import FakeClient
 
-from draftdata.generate.client import ErrorClass, RequestError
+from draftdata.errors import ContextLengthError
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.limits import (
     FALLBACK_MAX_TOKENS,
@@ -161,7 +161,7 @@ def test_later_turns_carry_the_earlier_answers() -> None:
 
 
 async def test_context_length_answer_to_a_computed_limit_shrinks_and_retries() -> None:
-    client = FakeClient(fail={1: ErrorClass.context_length})
+    client = FakeClient(fail={1: ContextLengthError})
     ep = endpoint(8192, client)
     lim = OutputLimit(None, ep, None)
     body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 8000}
@@ -172,9 +172,9 @@ async def test_context_length_answer_to_a_computed_limit_shrinks_and_retries() -
 
 
 async def test_context_length_with_a_strict_limit_is_the_prompts_failure() -> None:
-    client = FakeClient(fail={1: ErrorClass.context_length})
+    client = FakeClient(fail={1: ContextLengthError})
     lim = OutputLimit(8000, endpoint(8192, client), None, strict=True)
-    with pytest.raises(RequestError):
+    with pytest.raises(ContextLengthError):
         await lim.send({"messages": [{"role": "user", "content": "q"}], "max_tokens": 8000})
     assert len(client.bodies) == 1
 
@@ -182,7 +182,7 @@ async def test_context_length_with_a_strict_limit_is_the_prompts_failure() -> No
 async def test_context_length_answer_to_an_explicit_limit_shrinks_unless_strict() -> None:
     """The server knows the context better than an estimate (or than nothing, when the
     context is unknown): its too-long answer to a configured limit lowers it, counted."""
-    client = FakeClient(fail={1: ErrorClass.context_length})
+    client = FakeClient(fail={1: ContextLengthError})
     lim = OutputLimit(8000, endpoint(None, client), None)
     assert lim.limit([user("q")]) == 8000 and not lim.clamped
     body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 8000}

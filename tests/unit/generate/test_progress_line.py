@@ -60,9 +60,9 @@ def test_every_number_has_thousands_separators_and_a_stuck_run_shows_its_state(
     progress.already_done = already
     counts[0] = (done, requests, tokens, failed)
     for e in eps:
-        e.output_tokens = tokens // 2
+        e.meter.output_tokens = tokens // 2
         if errors:
-            e.errors["timeout"] = errors
+            e.meter.errors["timeout"] = errors
     now[0] = seconds
     progress.tick()
     line = progress.line()

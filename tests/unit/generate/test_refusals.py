@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.generate.fakes import FakeClient, ListSink, endpoint, user, write
 
-from draftdata.generate.client import ErrorClass, request_error
+from draftdata.errors import EndpointRefusedError
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.source import PromptReader
@@ -28,7 +28,7 @@ class Refusing(FakeClient):
     async def chat(self, body: dict[str, Any]) -> list[Turn]:
         self.bodies.append(body)
         await asyncio.sleep(self.delay)
-        raise request_error(ErrorClass.refused, "refused (fake)", status=self.status)
+        raise EndpointRefusedError("refused (fake)", status=self.status)
 
 
 async def dispatch(tmp: Path, eps: list[Any], n: int) -> tuple[Dispatcher, ListSink, list[str]]:
@@ -80,4 +80,8 @@ def test_refusing_endpoints_never_fail_a_prompt(
     for ep, status in zip(refusing, statuses, strict=True):
         mine = [line for line in lines if ep.url + " " in line]
         assert len(mine) == 1 and f"HTTP {status}" in mine[0], lines
-        assert ep.state == "down" and ep.refusal is not None and ep.errors["refused"] >= 1
+        assert (
+            ep.breaker.state == "down"
+            and ep.breaker.refusal is not None
+            and ep.meter.errors["refused"] >= 1
+        )

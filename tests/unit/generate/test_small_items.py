@@ -85,12 +85,12 @@ async def test_hedge_age_is_per_request_not_per_conversation(tmp_path: Path) -> 
     prompts = write(tmp_path / "p.jsonl", [{"id": "m", "messages": turns[:-1]}])
     busy, idle = FakeClient(0.15), FakeClient(0.0)
     eps = [endpoint(0, busy, limit=2), endpoint(1, idle, limit=1)]
-    eps[0].state, eps[1].state = "up", "down"  # the first turn goes to endpoint 0
+    eps[0].breaker.state, eps[1].breaker.state = "up", "down"  # the first turn goes to endpoint 0
     config = cfg(hedge=True, hedge_min_age=0.3, backoff_base=0.001)
 
     async def admit_idle() -> None:
         await asyncio.sleep(0.05)
-        eps[1].state = "up"
+        eps[1].breaker.state = "up"
 
     admit = asyncio.ensure_future(admit_idle())
     d, sink = await run_dispatch(config, eps, prompts)

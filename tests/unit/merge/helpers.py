@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from draftdata.formats import SAMPLE_SCHEMA
 from draftdata.records import Completion, Message, Turn
-from draftdata.store.read import parquet_bytes
+from draftdata.store.write import parquet_bytes
 
 # Texts the domain classifier puts in each domain (checked in test_stage).
 CHAT_TEXT = {

@@ -22,7 +22,7 @@ from tests.unit.merge.helpers import file_hashes, write_jsonl
 
 from draftdata.formats import SAMPLE_SCHEMA
 from draftdata.records import Message
-from draftdata.store.read import parquet_bytes
+from draftdata.store.write import parquet_bytes
 from draftdata.tokens import conversation_tokens, counter
 
 MIX = {"code": 0.35, "math": 0.25, "general": 0.25, "tool": 0.1, "agent": 0.05}

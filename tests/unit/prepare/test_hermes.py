@@ -13,6 +13,12 @@ from draftdata.prepare import hermes
 from draftdata.prepare.adapters import adapt, to_prompt
 from draftdata.prepare.validate import RowError
 
+
+def tools_block(tools: list[dict[str, Any]]) -> str:
+    """Hermes-style ``<tools>`` text with Python-literal specs, as such datasets hold it."""
+    return "<tools>\n" + repr(list(tools)) + "\n</tools>"
+
+
 SYSTEM = (
     "You are a function calling AI model. You are provided with function signatures within "
     "<tools></tools> XML tags.\n{block}\nFor each function call return a json object."
@@ -44,7 +50,7 @@ _props = st.dictionaries(
 @given(st.lists(st.tuples(_names, _texts, _props), min_size=1, max_size=4))
 def test_tools_block_round_trip(specs: list[tuple[str, str, dict[str, Any]]]) -> None:
     tools = [_tool(n, d, p) for n, d, p in specs]
-    parsed, rest = hermes.parse_tools_block(SYSTEM.format(block=hermes.render_tools_block(tools)))
+    parsed, rest = hermes.parse_tools_block(SYSTEM.format(block=tools_block(tools)))
     assert parsed == tools
     assert "<tools>\n" not in rest and rest.startswith("You are a function calling AI model")
 
@@ -115,7 +121,7 @@ def _row() -> dict[str, Any]:
         "id": "h1",
         "category": "Utility",
         "conversations": [
-            {"from": "system", "value": SYSTEM.format(block=hermes.render_tools_block(tools))},
+            {"from": "system", "value": SYSTEM.format(block=tools_block(tools))},
             {"from": "human", "value": "Weather in Oslo?"},
             {
                 "from": "gpt",

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 from draftdata.cli import app
 from draftdata.config import load_config
 from draftdata.errors import ConfigError, InputError
+from draftdata.formats import PREPARE_REPORT
 from draftdata.prepare import stage
 from draftdata.prepare.config import ExistingConfig, PrepareConfig, SourceConfig, resolve_paths
 from draftdata.prepare.dedup import DedupConfig
-from draftdata.prepare.report import REPORT_FORMAT, read_report
 from draftdata.prepare.samples import sample_config, write_sample_sources
 from draftdata.prepare.stage import prepare
 from draftdata.records import parse_prompt
@@ -48,8 +48,8 @@ def test_quickstart_outputs(samples: Path, tmp_path: Path) -> None:
     assert all(p.id.startswith(p.source + "/") for p in prompts)
     tool = next(p for p in prompts if p.domain == "tool" and p.source == "hermes_fc" and p.tools)
     assert tool.tools is not None and tool.tools[0]["type"] == "function"
-    report = read_report((out / "prepare_report.json").read_bytes(), "report")
-    assert report["format"] == REPORT_FORMAT
+    report = PREPARE_REPORT.load((out / "prepare_report.json").read_bytes(), "report")
+    assert report["format"] == PREPARE_REPORT.format
     by_name = {s["name"]: s for s in report["sources"]}
     assert by_name["infinity_instruct"]["rejected"] == {
         "bad_json": 1, "empty_content": 1, "no_user_turn": 1, "non_string_content": 1,

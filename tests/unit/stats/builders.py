@@ -52,7 +52,8 @@ def prompts_dir(root: Path) -> Path:
     write_jsonl(root / "prompts-00000.jsonl", rows[:4])
     write_jsonl(root / "prompts-00001.jsonl", rows[4:])
     write_jsonl(root / "rejects.jsonl", [{"source": "misc", "row": 3, "reason": "empty"}])
-    (root / "prepare_report.json").write_text(json.dumps({"rows": 6}))
+    report = {"format": "draftdata.prepare_report/1", "rows": 6}
+    (root / "prepare_report.json").write_text(json.dumps(report))
     return root
 
 

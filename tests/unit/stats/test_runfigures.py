@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from draftdata.stats.runfigures import completion_reason, segments_of, union
+from draftdata.stats.runfigures import completion_reason
+from draftdata.stats.runmetrics import segments_of, union
 
 
 def snap(writer: str, start: float, elapsed: float, seq: int = 0) -> dict[str, Any]:

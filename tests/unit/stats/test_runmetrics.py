@@ -84,7 +84,7 @@ def test_variants_and_nothing_useful() -> None:
     snaps = [
         {
             "writer": "w",
-            "written": f"2026-12-03T10:00:{10 * t:02d}+00:00",
+            "time": f"2026-12-03T10:00:{10 * t:02d}+00:00",
             "summary": {
                 "completed": 2 * t,
                 "failed": {"context_length": t},

@@ -30,8 +30,20 @@ def test_prompts_dir_labels_and_classifier(tmp_path: Path) -> None:
     assert s.domain_shares()["code"] == pytest.approx(0.5)
     assert s["sources"]["codes"] == {"rows": 3, "share": 0.5}
     assert s["primary"] == "chars"
-    assert s["prepare_report"] == {"rows": 6}
+    assert s["prepare_report"] == {"format": "draftdata.prepare_report/1", "rows": 6}
     assert s.length()["max"] == max(len(q) for q in (b.CODE_Q, b.MATH_Q, b.GENERAL_Q))
+
+
+@pytest.mark.parametrize(
+    "report", [b'{"format": "draftdata.prepare_report/9", "rows": 6}', b'{"rows": 6}', b"[1]", b"{"]
+)
+def test_a_prepare_report_of_another_format_is_not_shown(tmp_path: Path, report: bytes) -> None:
+    """The report beside prepare's shards is read through its checked loader: one of another
+    format (or none, or damaged) is left out of the figures, never shown as if it were ours."""
+    out = b.prompts_dir(tmp_path)
+    (out / "prepare_report.json").write_bytes(report)
+    s = compute_stats(str(out))
+    assert s.rows == 6 and "prepare_report" not in s
 
 
 def test_prompts_folder_and_plain_prompts_file(tmp_path: Path) -> None:

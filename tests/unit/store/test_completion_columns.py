@@ -27,7 +27,7 @@ from draftdata.formats import (
     iter_completions,
 )
 from draftdata.records import Completion, Message, Turn, Usage
-from draftdata.store.read import parquet_bytes
+from draftdata.store.write import parquet_bytes
 
 _text = st.text(max_size=12)
 _opt_text = st.none() | _text

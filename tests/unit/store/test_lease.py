@@ -25,12 +25,32 @@ from draftdata.store.lease import (
     refuse_live_writer,
     scope_of,
 )
+from draftdata.store.local import LocalStore
 from draftdata.store.run import Run
-from draftdata.store.store import LocalStore
 
 
 def _store(tmp_path: Path) -> LocalStore:
     return LocalStore(tmp_path / "run")
+
+
+class FakeTime:
+    """acquire's clocks: ``sleep`` moves the monotonic clock on at once (and counts);
+    ``wall`` is the epoch clock, ``ahead`` seconds ahead of the real one."""
+
+    def __init__(self, ahead: float = 0.0) -> None:
+        self.now = 0.0
+        self.slept = 0.0
+        self.ahead = ahead
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+
+    def wall(self) -> float:
+        return time.time() + self.ahead
 
 
 def _foreign_claim(store: LocalStore, scope: str = "run", gen: int = 1) -> None:
@@ -41,10 +61,10 @@ def _foreign_claim(store: LocalStore, scope: str = "run", gen: int = 1) -> None:
 def test_second_holder_refuses_at_once_naming_the_first(tmp_path: Path) -> None:
     store = _store(tmp_path)
     first = acquire(store, ttl=5)
-    t0 = time.monotonic()
+    fake = FakeTime()
     with pytest.raises(LeaseHeldError) as info:
-        acquire(store, ttl=5)
-    assert time.monotonic() - t0 < 1.0  # same node, live pid, fresh heartbeat: no watching
+        acquire(store, ttl=5, clock=fake.clock, sleep=fake.sleep)
+    assert fake.slept == 0  # same node, live pid, fresh heartbeat: no watching
     msg = str(info.value)
     assert "being written by another process" in msg and "pid " in msg and "since " in msg
     assert len(msg.splitlines()) == 1
@@ -59,7 +79,7 @@ def test_a_killed_holder_on_this_node_is_taken_over_at_once(tmp_path: Path) -> N
     store = _store(tmp_path)
     code = (
         "import sys, time; from draftdata.store.lease import acquire; "
-        "from draftdata.store.store import LocalStore; "
+        "from draftdata.store.local import LocalStore; "
         f"acquire(LocalStore(__import__('pathlib').Path({str(store.root)!r})), ttl=30); "
         "print('held', flush=True); time.sleep(60)"
     )
@@ -70,9 +90,9 @@ def test_a_killed_holder_on_this_node_is_taken_over_at_once(tmp_path: Path) -> N
             acquire(store, ttl=30)
         child.kill()  # kill -9: no release, no more heartbeats
         child.wait()
-        t0 = time.monotonic()
-        lease = acquire(store, ttl=30)
-        assert time.monotonic() - t0 < 2.0 and lease.gen == 2
+        fake = FakeTime()
+        lease = acquire(store, ttl=30, clock=fake.clock, sleep=fake.sleep)
+        assert fake.slept == 0 and lease.gen == 2  # its pid is gone: no watching
         lease.release()
     finally:
         child.kill()
@@ -83,10 +103,10 @@ def test_a_silent_foreign_holder_expires_after_ttl(tmp_path: Path) -> None:
     store = _store(tmp_path)
     _foreign_claim(store)
     logs: list[str] = []
-    t0 = time.monotonic()
-    lease = acquire(store, ttl=0.6, log=logs.append)
-    waited = time.monotonic() - t0
-    assert 0.6 <= waited < 3.0 and lease.gen == 2
+    fake = FakeTime()
+    lease = acquire(store, ttl=30, clock=fake.clock, sleep=fake.sleep, log=logs.append)
+    # watched for the whole ttl on its own clock (polls of at most 1 s), then taken over
+    assert 30 <= fake.slept <= 31 and lease.gen == 2
     assert logs and "host elsewhere" in logs[0]
     lease.release()
 
@@ -128,9 +148,9 @@ def test_a_frozen_holder_is_taken_over_and_then_stops_committing(tmp_path: Path)
     first._thread.join()
     with pytest.raises(LeaseHeldError):  # same node, live pid, fresh heartbeat: alive
         acquire(store, ttl=0.6)
-    time.sleep(0.7)
-    second = acquire(store, ttl=0.6)  # its heartbeat aged past ttl: watched for ttl, taken
-    assert second.gen == 2
+    later = FakeTime(ahead=0.7)  # 0.7 s on: its last heartbeat aged past ttl
+    second = acquire(store, ttl=0.6, clock=later.clock, sleep=later.sleep, wall=later.wall)
+    assert second.gen == 2 and 0.6 <= later.slept <= 0.7  # watched for ttl, then taken
     with pytest.raises(LeaseLostError, match="lost the run lease"):
         first.check()
     assert lost and first.lost is not None

@@ -8,8 +8,8 @@ import pytest
 from tests.unit.store.helpers import completion, failure
 
 from draftdata.store import Run
-from draftdata.store.read import parquet_bytes
 from draftdata.store.rollup import rollup_table
+from draftdata.store.write import parquet_bytes
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +38,8 @@ def test_writer_rolls_up_and_resume_reads_the_rollups(tmp_path: Path) -> None:
     assert len(shards) == 8 and len(rollups) == 2  # one after 4 shards, one at close
     again = Run.open(url, settings={})
     assert again.stats.get("store.resumed_rolled_up_shards") == 8
-    assert again.done_count == 14 and again.is_done("p12") and again.is_done("fatal")
+    assert (again.resumed_done, again.resumed_fatal) == (13, 1)
+    assert again.is_done("p12") and again.is_done("fatal")
     assert not again.is_done("flaky") and not again.is_done("p13")
 
 
@@ -50,7 +51,8 @@ def test_rollup_rows_of_missing_shards_do_not_count(tmp_path: Path) -> None:
     (tmp_path / "run" / "index" / "rollup-junk-000000.parquet").write_bytes(b"not parquet")
     again = Run.open(url, settings={})
     assert not again.is_done("ghost")
-    assert again.is_done("p2") and again.is_done("fatal") and again.done_count == 4
+    assert again.is_done("p2") and again.is_done("fatal")
+    assert (again.resumed_done, again.resumed_fatal) == (3, 1)
 
 
 def test_open_rolls_up_many_uncovered_shards(tmp_path: Path) -> None:
@@ -66,7 +68,8 @@ def test_open_rolls_up_many_uncovered_shards(tmp_path: Path) -> None:
     assert first.stats.get("store.rollups") == 1
     second = Run.open(url, settings={})
     assert second.stats.get("store.resumed_rolled_up_shards") == 6
-    assert second.done_count == 6 and all(second.is_done(f"p{i}") for i in range(6))
+    assert (second.resumed_done, second.resumed_fatal) == (6, 0)
+    assert all(second.is_done(f"p{i}") for i in range(6))
 
 
 def test_completed_after_a_rolled_up_fatal_failure_is_completed(tmp_path: Path) -> None:

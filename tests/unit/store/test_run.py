@@ -12,7 +12,7 @@ from tests.unit.store.helpers import completion, failure
 
 from draftdata.errors import ProtectedPrefixError, RunMismatchError, TransientStoreError
 from draftdata.store import Run, iter_completions, iter_failures, read_manifest, read_metrics
-from draftdata.store.store import LocalStore
+from draftdata.store.local import LocalStore
 
 SETTINGS = {"model": "m", "sampling": {"temperature": 0.6}, "prompts": "sha1:abc"}
 
@@ -37,7 +37,7 @@ def test_commit_and_resume(tmp_path: Path) -> None:
     assert again.is_done("p0") and again.is_done("p6") and not again.is_done("p7")
     assert again.is_done("bad")  # fatal: skipped on resume
     assert not again.is_done("flaky")  # retryable: tried again
-    assert again.done_count == 8
+    assert (again.resumed_done, again.resumed_fatal) == (7, 1)
     again.add_completion(completion("flaky"))
     again.close()
     assert "completions/part-w1-000002.parquet" in again.store.list()  # seq continues
@@ -149,7 +149,7 @@ def test_two_writers_share_one_run(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     merged = Run.open(url, settings=SETTINGS)
-    assert merged.done_count == 40
+    assert (merged.resumed_done, merged.resumed_fatal) == (40, 0)
     ids = sorted(c.id for c in iter_completions(url))
     assert ids == sorted(f"p{i}" for i in range(40))
     writers = {k.split("part-")[1].rsplit("-", 1)[0] for k in merged.store.list("completions/")}

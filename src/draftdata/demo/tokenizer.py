@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from importlib import resources
@@ -117,7 +118,7 @@ def synthetic_corpus(n_docs: int = 3000, seed: int = 0) -> Iterator[str]:
 def chat_template_text() -> str:
     """The text of draftdata's Qwen3-style chat template (shipped as package data)."""
     return (
-        resources.files("draftdata.tokenize")
+        resources.files("draftdata.demo")
         .joinpath("templates/qwen3_style.jinja")
         .read_text(encoding="utf-8")
     )
@@ -241,7 +242,6 @@ def ensure_demo_tokenizer(cache_dir: Path) -> Path:
         os.rename(tmp, target)
     except OSError:
         # Another process won the race; its tokenizer is identical (seeded training).
-        import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
         if not config.is_file():

@@ -1,0 +1,121 @@
+"""The dispatcher's client: one attempt of a job (a ``Copy``) as HTTP requests, turn by turn.
+
+The engine's layers, top down, each a reader can stop at (as httpx's ``Client.send`` stacks
+``_send_handling_auth`` over ``_send_handling_redirects`` over one transport call):
+
+    Dispatcher._attempt        decides: place, retry, fail, take an endpoint out (dispatch.py)
+    Caller.call                one attempt: a request per remaining turn of the conversation
+    OutputLimit.send           one request, retried with a smaller limit on a context-length
+                               answer to a limit it computed (limits.py)
+    EndpointClient.chat        one HTTP request; raw failures -> ServerError leaves (client.py)
+
+``call`` returns an ``Answer`` (the turns of each sample, the body that was answered, why the
+conversation stopped early) or raises the ``ServerError`` leaf the client raised. A later turn
+that does not fit the context (no room left by the estimate, or the server's
+``ContextLengthError``) is not an error: the conversation stops with ``context``, keeping the
+turns that fit. Each answered request teaches the endpoint (``Endpoint.record_success``: its
+breaker, rates and fitted capacity).
+
+It decides nothing about retries, endpoints or the queue; it counts what it sent
+(``requests_ok``, ``clamped``) for the summary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from draftdata.conversation import STOP_CONTEXT, turn_message
+from draftdata.errors import ContextLengthError, FatalRequestError
+from draftdata.generate.client import build_body
+from draftdata.generate.config import GenerateConfig
+from draftdata.generate.limits import MIN_LIMIT, OutputLimit
+from draftdata.generate.work import Copy
+from draftdata.records import Turn
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What one attempt produced: the turns of each sample (one list per sample answered), the
+    last request body that was answered (the record's exact parameters), and why the
+    conversation stopped before its last request (None when it did not)."""
+
+    per_sample: list[list[Turn]]
+    body: dict[str, Any]
+    stop: str | None = None
+
+
+class Caller:
+    """Runs one attempt of a job on its endpoint (module docstring)."""
+
+    def __init__(
+        self, config: GenerateConfig, *, model: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.cfg = config
+        self.model = model  # the run's model, for an endpoint that reports none
+        self.clock = clock
+        self.requests_ok = 0  # requests answered
+        self.clamped = 0  # ... sent with less than max_tokens, to fit the context
+
+    async def call(self, copy: Copy) -> Answer:
+        """The copy's requests, one per remaining turn (``conversation.TurnPlan``)."""
+        job, ep = copy.job, copy.endpoint
+        if not len(job.plan):
+            raise FatalRequestError("the prompt has no turn to answer")
+        turns = list(job.turns)
+        keep = self.cfg.keep_reasoning_history
+        answered: dict[str, Any] | None = None  # the body of the last answered request
+        body: dict[str, Any] = {}
+        strict = self.cfg.strict_limit
+        limit = OutputLimit(job.max_tokens, ep, job.prompt.tools, strict=strict)
+        for t in range(len(turns), len(job.plan)):
+            messages = job.plan.context(t, turns, keep_reasoning=keep)
+            body = build_body(
+                messages,
+                tools=job.prompt.tools,
+                model=self.cfg.model or ep.model or self.model,
+                max_tokens=limit.limit(messages),
+                sampling=job.request_sampling,
+                reasoning=job.reasoning,
+                n=len(job.samples),
+                token_ids=self.cfg.token_ids != "off",
+                extra_body=self.cfg.extra_body,
+            )
+            room = limit.room(messages) if turns and not strict else None
+            if room is not None and room < MIN_LIMIT:  # the history alone fills the context
+                return Answer([turns], answered or body, STOP_CONTEXT)
+            sent = copy.sent = self.clock()
+            try:
+                got, body = await limit.send(body)
+            except ContextLengthError:
+                if turns:
+                    return Answer([turns], answered or body, STOP_CONTEXT)
+                raise
+            answered = body
+            self._answered(copy, got, self.clock() - sent, limit.clamped)
+            limit.answered(messages, got[0])
+            if not job.multi_turn:
+                return Answer([[x] for x in got], body)
+            turns.append(got[0])
+            stop = job.plan.stop_reason(t, got[0])
+            if stop is not None:  # the turn broke the conversation: keep what we have
+                return Answer([turns], body, stop)
+            limit.carried([*messages, turn_message(got[0], keep_reasoning=keep)])
+            if job.copies == [copy]:  # the only copy: checkpoint for a retry
+                job.turns = list(turns)
+        return Answer([turns], body)
+
+    def _answered(self, copy: Copy, got: list[Turn], latency: float, clamped: bool) -> None:
+        """Count one answered request and teach its endpoint."""
+        self.requests_ok += 1
+        self.clamped += clamped
+        output = (
+            got[0].usage.completion_tokens
+            if len(got) == 1
+            else sum(x.usage.completion_tokens for x in got)
+        )
+        copy.endpoint.record_success(
+            output, got[0].usage.prompt_tokens, latency=latency, seqs=len(got)
+        )

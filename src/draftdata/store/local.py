@@ -1,0 +1,186 @@
+"""The local side of the store: a directory, create-only by hard links.
+
+The bytes go to a temp file beside the target (``.<name>.tmp-<random>``), are fsynced, then
+hard-linked to the final name with ``os.link`` (which fails if the name exists: no replace),
+and the directory is fsynced. Names starting with ``.`` are never listed, so a temp file left
+by a killed process is invisible. A ``put_new`` that finds the key holding exactly its own bytes
+counts as done (a retried write whose first attempt landed); different bytes raise
+AlreadyExistsError. The contract is ``base.Store``'s.
+"""
+
+from __future__ import annotations
+
+import builtins
+import filecmp
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from draftdata.errors import DISK_ERRNOS, AlreadyExistsError, DiskError, StoreError
+from draftdata.store.base import Store, check_key
+
+_COPY_CHUNK = 1 << 20
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalStore(Store):
+    """A store in a local directory; created on the first write."""
+
+    def __init__(self, root: Path, protect: Sequence[str] = ()) -> None:
+        self.root = root
+        super().__init__(str(root), protect)
+
+    def child(self, prefix: str) -> LocalStore:
+        """A store rooted at ``prefix`` inside this one."""
+        return LocalStore(self.root / check_key(prefix.strip("/")), self.protect)
+
+    def local_path(self, key: str) -> str:
+        """The filesystem path of ``key``."""
+        return str(self.root / key)
+
+    def _path(self, key: str) -> Path:
+        return self.root.joinpath(*key.split("/"))
+
+    def _makedirs(self, path: Path) -> None:
+        # Create missing parents one by one and fsync each new one's parent, so a crash right
+        # after the write cannot lose the directory entry of a committed object.
+        missing: list[Path] = []
+        p = path
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except FileExistsError:
+                continue
+            _fsync_dir(d.parent)
+
+    def _put_new(self, key: str, data: bytes) -> None:
+        self._create(key, len(data), lambda fh: fh.write(data), lambda p: p.read_bytes() == data)
+
+    def _put_new_file(self, key: str, path: Path) -> None:
+        size = path.stat().st_size
+
+        def copy(fh: BinaryIO) -> None:
+            with path.open("rb") as src:
+                shutil.copyfileobj(src, fh, _COPY_CHUNK)
+
+        self._create(key, size, copy, lambda p: filecmp.cmp(p, path, shallow=False))
+
+    def _create(
+        self,
+        key: str,
+        size: int,
+        write: Callable[[BinaryIO], object],
+        same: Callable[[Path], bool],
+    ) -> None:
+        """Write a temp file beside ``key`` with ``write``, fsync it, link it to ``key``."""
+        path = self._path(key)
+        try:
+            self._makedirs(path.parent)
+            if path.exists():
+                self._settle_existing(path, size, same)
+                return
+            tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(6)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    write(fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    self._settle_existing(path, size, same)
+                    return
+                except OSError as exc:
+                    if exc.errno in DISK_ERRNOS:
+                        raise
+                    raise StoreError(
+                        f"{path}: cannot create it ({exc.strerror or exc}): the store needs "
+                        "hard links (os.link), which this file system refuses; write to a "
+                        "local disk or to s3://"
+                    ) from exc
+            finally:
+                tmp.unlink(missing_ok=True)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            full = DiskError.of(exc, str(path), "write to another place")
+            if full is not None:
+                raise full from exc
+            raise StoreError(
+                f"{path}: cannot write ({exc.strerror or exc}); check the directory exists "
+                "and is writable"
+            ) from exc
+
+    def _settle_existing(self, path: Path, size: int, same: Callable[[Path], bool]) -> None:
+        try:
+            ok = path.stat().st_size == size and same(path)
+        except OSError:
+            ok = False
+        if not ok:
+            raise AlreadyExistsError(f"{path}: already exists; the store never overwrites")
+
+    def _read(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+
+    def _read_range(self, key: str, start: int, length: int) -> bytes:
+        path = self._path(key)
+        try:
+            with path.open("rb") as fh:
+                fh.seek(start)
+                return fh.read(length)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+
+    def _list(self, prefix: str) -> builtins.list[str]:
+        head, _, _ = prefix.rpartition("/")
+        base = self._path(head) if head else self.root
+        if not base.is_dir():
+            return []
+        out: builtins.list[str] = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            rel = Path(dirpath).relative_to(self.root).as_posix()
+            for name in filenames:
+                if name.startswith("."):
+                    continue
+                key = name if rel == "." else f"{rel}/{name}"
+                if key.startswith(prefix):
+                    out.append(key)
+        return out
+
+    def _exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def _size(self, key: str) -> int:
+        path = self._path(key)
+        try:
+            return path.stat().st_size
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot stat ({exc.strerror or exc})") from exc
+
+    def _open_input(self, key: str) -> BinaryIO:
+        path = self._path(key)
+        try:
+            return path.open("rb")
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
