@@ -16,13 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.chaos.test_kill_merge import DRIVER
+from tests.integration.generate.helpers import simulated_run, user_prompts
 from tests.unit.merge.helpers import file_hashes
 
-from draftdata.demo.tokenizer import ensure_demo_tokenizer
 from draftdata.errors import ConfigError, InputError
-from draftdata.generate.config import GenerateConfig
-from draftdata.generate.stage import generate
-from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.stats.readers import open_dataset
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.stage import tokenize
@@ -34,22 +31,16 @@ pytestmark = pytest.mark.chaos
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """(a run of 60 prompts in 6 shards, some multi-turn, with n=2; the tokenizer it used)."""
     root = tmp_path_factory.mktemp("tok-run")
-    tok = str(ensure_demo_tokenizer(root / "tok"))
-    prompts = root / "prompts.jsonl"
-    with prompts.open("w") as fh:
-        for i in range(60):
-            m = [{"role": "user", "content": f"Question {i}: {i} + {i}?"}]
-            if i % 3 == 0:
-                m += [{"role": "assistant", "content": "(o)"}, {"role": "user", "content": "Why?"}]
-            fh.write(f'{{"id": "p{i:03d}", "messages": {__import__("json").dumps(m)}}}\n')
-    sim = SimConfig(tokenizer=tok, time_scale=0, mean_output_tokens=30, tool_call_rate=0.0)
-    with SimFleet(1, sim) as fleet:
-        config = GenerateConfig(
-            prompts=str(prompts), endpoints=fleet.urls, out=str(root / "run"), n=2,
-            progress="off", max_tokens=120, flush_records=20,
-        )  # fmt: skip
-        generate(config, handle_signals=False, log=lambda _line: None)
-    return str(root / "run"), tok
+    prompts = user_prompts(60, "Question {i}: {i} + {i}?", "p{:03d}")
+    for p in prompts[::3]:
+        p["messages"] += [
+            {"role": "assistant", "content": "(o)"},
+            {"role": "user", "content": "Why?"},
+        ]
+    run, tok = simulated_run(
+        root, prompts, n=2, mean_output_tokens=30, max_tokens=120, flush_records=20
+    )
+    return str(run), tok
 
 
 def _ids(out: Path) -> Counter[str]:

@@ -7,7 +7,6 @@ Real processes: the CLI in a new session, its descendants found with psutil by s
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,11 +19,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from draftdata.demo.tokenizer import ensure_demo_tokenizer
-from draftdata.generate.config import GenerateConfig
-from draftdata.generate.stage import generate
-from draftdata.sim.run import SimConfig, SimFleet
+from tests.integration.generate.helpers import code_chat_file, simulated_run, user_prompts
 
 pytestmark = pytest.mark.chaos
 
@@ -37,28 +32,12 @@ GONE_WITHIN_S = 10.0  # from EOF to no process of the session left
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A run of 300 completions (for tokenize), its tokenizer, and 40,000 chat rows (merge)."""
     root = tmp_path_factory.mktemp("signals")
-    tok = str(ensure_demo_tokenizer(root / "tok"))
-    prompts = root / "prompts.jsonl"
-    with prompts.open("w") as fh:
-        for i in range(300):
-            m = [{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}]
-            fh.write(json.dumps({"id": f"p{i:04d}", "messages": m}) + "\n")
-    sim = SimConfig(tokenizer=tok, time_scale=0, mean_output_tokens=120, tool_call_rate=0.0)
-    with SimFleet(1, sim) as fleet:
-        config = GenerateConfig(
-            prompts=str(prompts), endpoints=fleet.urls, out=str(root / "run"),
-            progress="off", max_tokens=240, flush_records=25,
-        )  # fmt: skip
-        generate(config, handle_signals=False, log=lambda _line: None)
-    chat = root / "chat.jsonl"
-    with chat.open("w") as fh:
-        for i in range(40_000):
-            conv = [
-                {"role": "user", "content": f"Write function {i} that sorts {i % 97} numbers."},
-                {"role": "assistant", "content": f"def f{i}(xs):\n    return sorted(xs)"},
-            ]
-            fh.write(json.dumps({"id": f"c{i}", "conversations": conv}) + "\n")
-    return {"run": str(root / "run"), "tok": tok, "chat": str(chat)}
+    run, tok = simulated_run(
+        root, user_prompts(300, "Question {i}: what is {i} + {i}?"),
+        mean_output_tokens=120, max_tokens=240, flush_records=25,
+    )  # fmt: skip
+    chat = code_chat_file(root / "chat.jsonl", 40_000, "Write function {i} that sorts {i} numbers.")
+    return {"run": str(run), "tok": tok, "chat": str(chat)}
 
 
 def _session(sid: int) -> list[psutil.Process]:

@@ -9,7 +9,6 @@ remounted read-only (EROFS). Each command is the CLI in its own process."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,11 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.integration.disk import can_mount, fill, read_only, tmpfs
-
-from draftdata.demo.tokenizer import ensure_demo_tokenizer
-from draftdata.generate.config import GenerateConfig
-from draftdata.generate.stage import generate
-from draftdata.sim.run import SimConfig, SimFleet
+from tests.integration.generate.helpers import code_chat_file, simulated_run, user_prompts
 
 pytestmark = pytest.mark.integration
 
@@ -68,34 +63,18 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     if (why := can_mount()) is not None:
         pytest.skip(why)
     root = tmp_path_factory.mktemp("disk-inputs")
-    tok = str(ensure_demo_tokenizer(root / "tok"))
-    prompts = root / "prompts.jsonl"
-    with prompts.open("w") as fh:
-        for i in range(300):
-            m = [{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}]
-            fh.write(json.dumps({"id": f"p{i:04d}", "messages": m}) + "\n")
-    sim = SimConfig(tokenizer=tok, time_scale=0, mean_output_tokens=150, tool_call_rate=0.0)
-    with SimFleet(1, sim) as fleet:
-        config = GenerateConfig(
-            prompts=str(prompts), endpoints=fleet.urls, out=str(root / "run"),
-            progress="off", max_tokens=300, flush_records=50,
-        )  # fmt: skip
-        generate(config, handle_signals=False, log=lambda _line: None)
-    chat = root / "chat.jsonl"
-    with chat.open("w") as fh:
-        for i in range(20_000):
-            conv = [
-                {"role": "user", "content": f"Sort {i % 97} numbers, case {i}, in Python."},
-                {"role": "assistant", "content": f"def f{i}(xs):\n    return sorted(xs)"},
-            ]
-            fh.write(json.dumps({"id": f"c{i}", "conversations": conv}) + "\n")
+    run, tok = simulated_run(
+        root, user_prompts(300, "Question {i}: what is {i} + {i}?"),
+        mean_output_tokens=150, max_tokens=300, flush_records=50,
+    )  # fmt: skip
+    chat = code_chat_file(root / "chat.jsonl", 20_000, "Sort numbers, case {i}, in Python.")
     samples = root / "samples"
     subprocess.run([*CLI, "prepare", "--write-samples", str(samples)], check=True)
     repo = Path(__file__).resolve().parents[2]
     text = (repo / "examples" / "quickstart.yaml").read_text(encoding="utf-8")
     cfg = root / "prepare.yaml"
     cfg.write_text(text.replace("path: samples/", f"path: {samples}/"), encoding="utf-8")
-    return {"run": str(root / "run"), "tok": tok, "chat": str(chat), "prepare": str(cfg)}
+    return {"run": str(run), "tok": tok, "chat": str(chat), "prepare": str(cfg)}
 
 
 def _run(name: str, disk: Path, inputs: dict[str, str], scratch: Path) -> tuple[int, str]:

@@ -60,14 +60,7 @@ def _mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
                     counts[d] = counts.get(d, 0) + n
             if counts:
                 series[f"{label} (merge input)"] = _shares(counts)
-        if isinstance(r.get("before"), dict):
-            series["before (merge inputs)"] = _shares(r["before"])
-        if isinstance(r.get("target"), dict):
-            series["target"] = {k: float(v) for k, v in r["target"].items()}
-        after = r.get("after") or {}
-        for split in ("train", "eval"):
-            if isinstance(after.get(split), dict):
-                series[f"after: {split}"] = _shares(after[split])
+        series |= _merge_series(r.get("before"), r.get("target"), r.get("after"))
         series = {k: v for k, v in series.items() if v}
         if series:
             return series, f"from {m.url}/merge_report.json"
@@ -78,6 +71,21 @@ def _mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
         series[f"{_name(url)} ({s.kind})"] = s.domain_shares()
     how = "domain shares of each input" + (" (compared)" if data.compare else "")
     return {k: v for k, v in series.items() if v}, how
+
+
+def _merge_series(before: Any, target: Any, after: Any) -> dict[str, dict[str, float]]:
+    """A merge report's before / target / after (train, eval) as named share series; counts
+    become shares, the target is already one; parts that are not mappings are left out."""
+    series: dict[str, dict[str, float]] = {}
+    if isinstance(before, dict):
+        series["before (merge inputs)"] = _shares(before)
+    if isinstance(target, dict):
+        series["target"] = {k: float(v) for k, v in target.items()}
+    after = after if isinstance(after, dict) else {}
+    for split in ("train", "eval"):
+        if isinstance(after.get(split), dict):
+            series[f"after: {split}"] = _shares(after[split])
+    return series
 
 
 def _token_mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
@@ -93,14 +101,8 @@ def _token_mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], st
         for url, st in data.compare:
             if st.kind != "run":
                 series[f"{_name(url)} ({st.kind})"] = st.domain_loss_token_shares()
-        if isinstance(tok.get("before"), dict):
-            series["before (merge inputs)"] = _shares(tok["before"])
-        if isinstance(r.get("target"), dict) and r.get("mix_by") == "loss_tokens":
-            series["target"] = {k: float(v) for k, v in r["target"].items()}
-        after = tok.get("after") or {}
-        for split in ("train", "eval"):
-            if isinstance(after.get(split), dict):
-                series[f"after: {split}"] = _shares(after[split])
+        target = r.get("target") if r.get("mix_by") == "loss_tokens" else None
+        series |= _merge_series(tok.get("before"), target, tok.get("after"))
         series = {k: v for k, v in series.items() if v}
         if series:
             return series, f"from {m.url}/merge_report.json ({tok.get('method', 'estimate')})"

@@ -81,3 +81,54 @@ def completions(out: Path) -> list[Completion]:
 def failures(out: Path) -> list[Failure]:
     """The run's unresolved failures."""
     return list(iter_failures(str(out)))
+
+
+def simulated_run(
+    root: Path,
+    prompts: list[dict[str, Any]],
+    *,
+    mean_output_tokens: int,
+    max_tokens: int,
+    flush_records: int,
+    n: int = 1,
+) -> tuple[Path, str]:
+    """``root/run``: ``prompts`` (rows of the prompts JSONL) generated on a one-server
+    simulator that answers with the demo tokenizer's ids (written to ``root/tok``), ``n``
+    samples each, a shard every ``flush_records`` completions; returns (run, tokenizer)."""
+    from draftdata.demo.tokenizer import ensure_demo_tokenizer
+    from draftdata.generate.stage import generate
+    from draftdata.sim.run import SimConfig, SimFleet
+
+    tok = str(ensure_demo_tokenizer(root / "tok"))
+    path = root / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    sim = SimConfig(
+        tokenizer=tok, time_scale=0, mean_output_tokens=mean_output_tokens, tool_call_rate=0.0
+    )
+    with SimFleet(1, sim) as fleet:
+        config = GenerateConfig(
+            prompts=str(path), endpoints=fleet.urls, out=str(root / "run"), n=n,
+            progress="off", max_tokens=max_tokens, flush_records=flush_records,
+        )  # fmt: skip
+        generate(config, handle_signals=False, log=lambda _line: None)
+    return root / "run", tok
+
+
+def user_prompts(n: int, question: str, id_format: str = "p{:04d}") -> list[dict[str, Any]]:
+    """``n`` one-turn prompts: ``question`` formatted with the row number ``i``."""
+    return [
+        {"id": id_format.format(i), "messages": [{"role": "user", "content": question.format(i=i)}]}
+        for i in range(n)
+    ]
+
+
+def code_chat_file(path: Path, n: int, question: str) -> Path:
+    """``n`` SpecForge chat rows (``question`` formatted with ``i``, a short Python answer)."""
+    with path.open("w") as fh:
+        for i in range(n):
+            conv = [
+                {"role": "user", "content": question.format(i=i)},
+                {"role": "assistant", "content": f"def f{i}(xs):\n    return sorted(xs)"},
+            ]
+            fh.write(json.dumps({"id": f"c{i}", "conversations": conv}) + "\n")
+    return path

@@ -5,7 +5,6 @@ tokenize wrote 700 samples). A real run from the simulator, with two samples per
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -14,12 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.integration.generate.helpers import simulated_run, user_prompts
 
-from draftdata.demo.tokenizer import ensure_demo_tokenizer
 from draftdata.export.stage import export_run
-from draftdata.generate.config import GenerateConfig
-from draftdata.generate.stage import generate
-from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.stats import compute_stats
 from draftdata.store.write import parquet_bytes
 from draftdata.tokenize.config import TokenizeConfig
@@ -32,20 +28,11 @@ pytestmark = pytest.mark.integration
 def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, int]:
     """(a run of 80 prompts x 2 samples in ~8 shards, its tokenizer, its completions)."""
     root = tmp_path_factory.mktemp("copied")
-    tok = str(ensure_demo_tokenizer(root / "tok"))
-    prompts = root / "prompts.jsonl"
-    with prompts.open("w") as fh:
-        for i in range(80):
-            m = [{"role": "user", "content": f"Question {i}: what is {i} * 3?"}]
-            fh.write(json.dumps({"id": f"p{i:03d}", "messages": m}) + "\n")
-    sim = SimConfig(tokenizer=tok, time_scale=0, mean_output_tokens=40, tool_call_rate=0.0)
-    with SimFleet(1, sim) as fleet:
-        config = GenerateConfig(
-            prompts=str(prompts), endpoints=fleet.urls, out=str(root / "run"), n=2,
-            progress="off", max_tokens=80, flush_records=20,
-        )  # fmt: skip
-        generate(config, handle_signals=False, log=lambda _line: None)
-    return root / "run", tok, 160
+    run, tok = simulated_run(
+        root, user_prompts(80, "Question {i}: what is {i} * 3?", "p{:03d}"),
+        n=2, mean_output_tokens=40, max_tokens=80, flush_records=20,
+    )  # fmt: skip
+    return run, tok, 160
 
 
 copies = st.lists(
