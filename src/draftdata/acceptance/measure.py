@@ -51,9 +51,12 @@ class Job:
 
 @dataclass
 class SpecServer:
-    """A server that decodes speculatively, and how its figures are read."""
+    """A server that decodes speculatively, and how its figures are read. ``url`` is the form
+    every message, table and file shows (a password masked); ``address`` the one requests go
+    to."""
 
     url: str
+    address: str
     engine: str
     model: str | None
     per_request: bool  # SGLang's per-request details; else vLLM's global counters
@@ -98,12 +101,12 @@ async def probe_spec(
     """Find out whether ``client``'s server decodes speculatively; FleetError (one line) when
     it does not answer or does not. ``warmup`` is a tiny request body: vLLM may list its
     counters only after its first speculative step."""
-    url = client.base_url
-    cap = await probe_capacity(session, url)
+    address, url = client.base_url, client.shown
+    cap = await probe_capacity(session, address)
     if cap is None:
         raise FleetError(f"acceptance: {url} does not answer (/v1/models)")
     if cap.engine == "sglang":
-        got = await _get(session, url + "/server_info")
+        got = await _get(session, address + "/server_info")
         info: Any = None
         if got is not None and got[0] == 200:
             try:
@@ -117,20 +120,20 @@ async def probe_spec(
                 "(/server_info speculative_algorithm is null); start it with a draft model, "
                 "e.g. --speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFTER"
             )
-        return SpecServer(url, "sglang", cap.model, True, cap.max_running, client)
-    if await read_counters(session, url) is None:
+        return SpecServer(url, address, "sglang", cap.model, True, cap.max_running, client)
+    if await read_counters(session, address) is None:
         body = {**warmup, "model": cap.model} if cap.model else dict(warmup)
         try:
             await client.chat_json(body)
         except ServerError as exc:
             raise FleetError(f"acceptance: {url} does not serve a chat request ({exc})") from exc
-        if await read_counters(session, url) is None:
+        if await read_counters(session, address) is None:
             raise FleetError(
                 f"acceptance: {url} does not decode speculatively (no vllm:spec_decode_* "
                 "counters in /metrics); start vLLM with --speculative-config, e.g. "
                 '\'{"method": "eagle3", "model": DRAFTER, "num_speculative_tokens": 3}\''
             )
-    return SpecServer(url, cap.engine, cap.model, False, cap.max_running, client)
+    return SpecServer(url, address, cap.engine, cap.model, False, cap.max_running, client)
 
 
 def chunks(jobs: list[Job], size: int) -> list[list[Job]]:
@@ -171,6 +174,8 @@ class Measurement:
         self.queue: collections.deque[list[Job]] = collections.deque()
         self.done_jobs = 0
         self.total_jobs = 0
+        self.in_flight = 0  # chunks being measured now
+        self.changed = asyncio.Event()  # a chunk finished or came back
 
     def width(self, server: SpecServer) -> int:
         """Requests in flight on ``server`` at once."""
@@ -188,24 +193,42 @@ class Measurement:
         return dict(self.tallies)
 
     async def _worker(self, server: SpecServer) -> None:
-        while self.queue:
+        # A worker with nothing to take stays while another server's chunk is in flight: that
+        # server may die and put its chunk back, and a live server must be there to take it.
+        while True:
+            if not self.queue:
+                if self.in_flight == 0:
+                    return
+                self.changed.clear()
+                await self.changed.wait()
+                continue
             chunk = self.queue.popleft()
+            self.in_flight += 1
             try:
                 await self._chunk(server, chunk)
             except _ServerDown as exc:
                 self.queue.appendleft(chunk)
                 self.log(f"acceptance: {server.url} taken out ({exc}); its chunk goes elsewhere")
                 return
+            finally:
+                self.in_flight -= 1
+                self.changed.set()
 
     async def _chunk(self, server: SpecServer, chunk: list[Job]) -> None:
         domain = chunk[0].domain
         before = None
         if not server.per_request:
-            before = await read_counters(self.session, server.url)
+            before = await read_counters(self.session, server.address)
             if before is None:
                 raise _ServerDown("its /metrics counters cannot be read")
         sem = asyncio.Semaphore(self.width(server))
-        results = await asyncio.gather(*(self._one(server, job, sem) for job in chunk))
+        got = await asyncio.gather(
+            *(self._one(server, job, sem) for job in chunk), return_exceptions=True
+        )
+        for r in got:  # every request has ended: none is left running on a dead server
+            if isinstance(r, BaseException):
+                raise r
+        results = [r for r in got if not isinstance(r, BaseException)]
         tally = DomainTally()
         for answered, tokens, counts in results:
             if answered:
@@ -216,7 +239,7 @@ class Measurement:
             else:
                 tally.failed += 1
         if before is not None:
-            after = await read_counters(self.session, server.url)
+            after = await read_counters(self.session, server.address)
             if after is None:
                 raise _ServerDown("its /metrics counters cannot be read")
             tally.counts = after[0].minus(before[0])

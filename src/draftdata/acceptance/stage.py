@@ -31,6 +31,7 @@ from draftdata.generate.client import EndpointClient, build_body
 from draftdata.generate.config import Reasoning, Sampling
 from draftdata.generate.source import prompt_files
 from draftdata.records import parse_prompt
+from draftdata.redact import redact_url
 from draftdata.speculation import (
     ACCEPTANCE_FILE,
     DEFAULT_MIN_SHARE,
@@ -88,6 +89,7 @@ def load_jobs(config: AcceptanceConfig, log: Log) -> list[Job]:
     """Up to ``per_domain`` prompts of each domain, in file order, as first-request bodies;
     lines that are not valid prompts are skipped and counted in one line."""
     taken: dict[str, int] = collections.Counter()
+    held: set[str] = set()  # every domain the file holds, measured or not
     wanted = set(config.domains)
     sampling = Sampling(temperature=config.temperature, seed=config.seed)
     jobs: list[Job] = []
@@ -100,6 +102,7 @@ def load_jobs(config: AcceptanceConfig, log: Log) -> list[Job]:
                 bad += 1
                 continue
             domain = prompt.domain or "unknown"
+            held.add(domain)
             if (wanted and domain not in wanted) or taken[domain] >= config.per_domain:
                 continue
             plan = TurnPlan(prompt.messages)
@@ -119,14 +122,14 @@ def load_jobs(config: AcceptanceConfig, log: Log) -> list[Job]:
             taken[domain] += 1
     if bad:
         log(f"acceptance: {bad} line(s) of {config.prompts} are not prompts and were skipped")
-    if not jobs:
-        raise InputError(f"acceptance: {config.prompts} holds no prompt to measure with")
     missing = wanted - set(taken)
-    if missing:
+    if missing and held:
         raise InputError(
             f"acceptance: no prompt of domain(s) {', '.join(sorted(missing))} in "
-            f"{config.prompts}; it holds {', '.join(sorted(taken))}"
+            f"{config.prompts}; it holds {', '.join(sorted(held))}"
         )
+    if not jobs:
+        raise InputError(f"acceptance: {config.prompts} holds no prompt to measure with")
     return jobs
 
 
@@ -135,7 +138,13 @@ def _urls(config: AcceptanceConfig) -> list[str]:
         if not os.path.exists(config.fleet):
             raise ConfigError(f"--fleet {config.fleet}: no such file")
         return [base_url(e.url) for e in read_fleet(config.fleet).endpoints]
-    return list(dict.fromkeys(base_url(u) for u in config.endpoints))
+    urls = [base_url(u) for u in config.endpoints]
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ConfigError(
+            f"--endpoint {redact_url(bad[0])}: give a URL such as http://127.0.0.1:30000"
+        )
+    return list(dict.fromkeys(urls))
 
 
 def _api_key(config: AcceptanceConfig) -> str | None:

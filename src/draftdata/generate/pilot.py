@@ -42,6 +42,7 @@ from draftdata.generate.saturation import Saturation, Throughput
 from draftdata.generate.source import prompt_files
 from draftdata.generate.stage import generate
 from draftdata.generate.summary import GenerateSummary
+from draftdata.redact import redact_url
 from draftdata.stats.runfigures import run_figures
 from draftdata.store.forecast import latest_forecast, write_forecast
 from draftdata.store.store import open_store
@@ -64,13 +65,14 @@ class PilotResult:
 
 
 def fleet_gpus(config: GenerateConfig) -> dict[str, int]:
-    """Endpoint URL -> its GPUs (fleet.yaml's ``gpu``: "0,1" is two; else one each)."""
+    """Endpoint URL -> its GPUs (fleet.yaml's ``gpu``: "0,1" is two; else one each). The URL
+    in the form the engine's endpoints carry and forecasts record: a password masked."""
     if config.fleet is None:
-        return {base_url(u): 1 for u in config.endpoints}
+        return {redact_url(base_url(u)): 1 for u in config.endpoints}
 
     eps = read_fleet(config.fleet).endpoints
     counts = gpu_count(e.gpu for e in eps)
-    return {base_url(e.url): g for e, g in zip(eps, counts, strict=True)}
+    return {redact_url(base_url(e.url)): g for e, g in zip(eps, counts, strict=True)}
 
 
 def run_pilot(

@@ -19,13 +19,14 @@ planning and writes nothing.
 
 from __future__ import annotations
 
+import fcntl
 import heapq
 import random
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import msgspec
 
@@ -111,6 +112,36 @@ def _prepare_out(out: Path, force: bool) -> None:
     for p in ours:
         p.unlink()
     out.mkdir(parents=True, exist_ok=True)
+    _remove_stale_spools(out)
+
+
+SPOOL_PREFIX = ".spool-"
+_SPOOL_LOCK = ".lock"
+
+
+def _open_spool(where: Path | None) -> tuple[Path, IO[bytes]]:
+    """A new spool folder in ``where`` (None: TMPDIR) and its lock, held until the handle is
+    closed: a folder whose lock nobody holds was left by a killed prepare."""
+    root = Path(tempfile.mkdtemp(prefix=SPOOL_PREFIX, dir=where))
+    lock = (root / _SPOOL_LOCK).open("wb")
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return root, lock
+
+
+def _remove_stale_spools(out: Path) -> None:
+    """Remove the spool folders in ``out`` that no live prepare holds (a prepare killed with
+    SIGKILL, or a power cut, leaves its spool behind: up to the size of the sources)."""
+    for folder in out.glob(SPOOL_PREFIX + "*"):
+        if not folder.is_dir():
+            continue
+        try:
+            with (folder / _SPOOL_LOCK).open("rb") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live prepare into the same folder holds it
+        except FileNotFoundError:
+            pass  # killed before it took its lock
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _reject(fh: BinaryIO | None, run: _SourceRun, index: int, err: RowError) -> None:
@@ -487,7 +518,7 @@ def _prepare(
         _prepare_out(out, force)
     domain_ids: dict[str, int] = {}
     runs: list[_SourceRun] = []
-    spool_root = Path(tempfile.mkdtemp(prefix=".spool-", dir=None if plan_only else out))
+    spool_root, spool_lock = _open_spool(None if plan_only else out)
     try:
         deduper = Deduper(config.dedup, workdir=spool_root)
         try:
@@ -547,6 +578,7 @@ def _prepare(
                 eval_shards = _write_eval(config, runs, held, names, out)
     finally:
         shutil.rmtree(spool_root, ignore_errors=True)
+        spool_lock.close()
     report = _report(config, runs, names, plan, shards, existing_bad, excluded)
     report["mix_by"] = plan.mix_by
     if config.holdout:

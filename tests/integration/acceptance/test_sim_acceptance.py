@@ -10,15 +10,21 @@ its mean acceptance length within 0.15.
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.request
 from pathlib import Path
 
+import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from draftdata.acceptance.stage import AcceptanceConfig, measure_acceptance
+from draftdata.sim.config import FaultConfig
 from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.sim.spec import expected
 
@@ -157,3 +163,74 @@ def test_cli_writes_and_never_overwrites_a_measurement(tmp_path: Path) -> None:
     assert (out / "acceptance.json").read_bytes() == before
     as_json = json.loads((out / "suggested_mix.json").read_text())
     assert as_json["mix_arg"].count("=") == len(RATES)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    flavor=st.sampled_from(["vllm", "sglang"]),
+    servers=st.integers(2, 3),
+    crash_at=st.integers(1, 60),
+    dead=st.data(),
+)
+def test_a_server_that_dies_mid_measurement_leaves_its_chunk_to_the_others(
+    flavor: str, servers: int, crash_at: int, dead: st.DataObject
+) -> None:
+    """One server crashes (never to return) at a random request; its chunk goes back to the
+    queue and a live server measures it, even one that had run out of work before the crash:
+    every prompt is measured, none twice, and the log names the server taken out."""
+    victim = dead.draw(st.integers(0, servers - 1))
+    config = msgspec.structs.replace(
+        sim_config(flavor), faults=FaultConfig(crash_after={victim: crash_at})
+    )
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts = write_prompts(Path(tmp) / "eval.jsonl", per_domain=12)
+        with SimFleet(n=servers, config=config) as fleet:
+            got = measure_acceptance(
+                AcceptanceConfig(prompts=str(prompts), endpoints=fleet.urls, chunk=8),
+                log=lines.append,
+            )
+            crashed = fleet.stats(victim).crashes
+    assert {d: v.prompts for d, v in got.by_domain.items()} == dict.fromkeys(RATES, 12)
+    assert all(v.failed == 0 for v in got.by_domain.values())
+    if crashed:
+        assert any("taken out" in line for line in lines), lines
+
+
+def test_a_password_in_an_endpoint_url_is_in_no_file_and_no_message(tmp_path: Path) -> None:
+    """The measurement authenticates with the URL's password but shows and writes the URL with
+    it masked: acceptance.json, suggested_mix.json, the table and every error line."""
+    password = "pw-acc-" + secrets.token_hex(6)
+    prompts = write_prompts(tmp_path / "eval.jsonl", per_domain=3)
+    out = tmp_path / "acc"
+    with SimFleet(n=1, config=sim_config("vllm")) as fleet:
+        url = fleet.urls[0].replace("http://", f"http://alice:{password}@", 1)
+        ok = subprocess.run(
+            [*CLI, "acceptance", "-p", str(prompts), "-e", url, "--out", str(out)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    dead = subprocess.run(
+        [*CLI, "acceptance", "-p", str(prompts), "-e", f"http://alice:{password}@127.0.0.1:1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert dead.returncode == 1 and "does not answer" in dead.stderr
+    shown = ok.stdout + ok.stderr + dead.stdout + dead.stderr
+    files = "".join(p.read_text() for p in out.iterdir())
+    assert "alice:***@" in files and "alice:***@" in dead.stderr
+    assert password not in shown and password not in files
+
+
+def test_wrong_domains_and_urls_are_named_in_one_line(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "eval.jsonl", per_domain=2)
+    for args, want in [
+        (["--domain", "nosuch", "-e", "http://127.0.0.1:1"], "no prompt of domain(s) nosuch"),
+        (["-e", "127.0.0.1:1"], "give a URL such as http://"),
+    ]:
+        res = subprocess.run(
+            [*CLI, "acceptance", "-p", str(prompts), *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert res.returncode == 1, res.stderr
+        assert want in res.stderr and "Traceback" not in res.stderr
+        assert len([x for x in res.stderr.splitlines() if x.strip()]) == 1, res.stderr

@@ -178,3 +178,29 @@ def test_the_cli_prints_the_forecast_and_refuses_bad_values(tmp_path: Path) -> N
             timeout=60, check=False,
         )  # fmt: skip
         assert ray.returncode == 1 and "a pilot runs on one machine" in ray.stderr
+
+
+@pytest.mark.parametrize("password", [None, "pw-pilot-x7"])
+@pytest.mark.parametrize("gpus", ["0", "0,1", "2,3,4"])
+def test_the_forecast_counts_each_endpoints_gpus_from_the_fleet_file(
+    tmp_path: Path, password: str | None, gpus: str
+) -> None:
+    """fleet.yaml's ``gpu`` of an endpoint (with or without a password in its URL) is the GPUs
+    its forecast counts, never a default of one; the password is in no forecast."""
+    prompts = tmp_path / "p.jsonl"
+    write_prompts(prompts, 60)
+    with SimFleet(1, fleet_config(time_scale=0.05)) as fleet:
+        url = fleet.urls[0]
+        if password:
+            url = url.replace("http://", f"http://alice:{password}@", 1)
+        fleet_file = tmp_path / "fleet.yaml"
+        fleet_file.write_text(f"endpoints:\n  - url: {url}\n    gpu: '{gpus}'\n")
+        cfg = fast_config(prompts, tmp_path / "run", [], max_tokens=200)
+        cfg = msgspec.structs.replace(cfg, endpoints=[], fleet=str(fleet_file))
+        pilot = run_pilot(cfg, PilotSpec(count=12), seed=1, handle_signals=False)
+    fc = pilot.forecast
+    assert fc is not None
+    (ep,) = fc["throughput"]["endpoints"]
+    assert ep["gpus"] == len(gpus.split(","))
+    if password:
+        assert password not in json.dumps(fc) and "alice:***@" in ep["url"]
