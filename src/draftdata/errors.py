@@ -4,13 +4,15 @@
     ├── ConfigError                     bad YAML, unknown key, wrong type, bad option value
     ├── InputError                      unreadable input file, malformed record (located)
     ├── FormatVersionError              a file written by an incompatible draftdata
-    ├── StoreError                      the run store refused or failed
+    ├── StoreError                      the run store refused or failed (``outage``: waiting
+    │   │                               can cure it; generate retries only those)
     │   ├── DiskError                   a local file: the disk is full, over quota or read-only
-    │   ├── AlreadyExistsError          a create-only write found the key already there
-    │   ├── ProtectedPrefixError        the output overlaps a protected prefix
-    │   ├── RunMismatchError            the run's manifest disagrees with this config
+    │   ├── AlreadyExistsError          a create-only write found the key already there (*)
+    │   ├── ProtectedPrefixError        the output overlaps a protected prefix (*)
+    │   ├── RunMismatchError            the run's manifest disagrees with this config (*)
     │   ├── LeaseUnconfirmedError       the run lease could not be renewed (an outage)
     │   └── TransientStoreError         worth retrying (throttling, 5xx, resets)
+    │                                   (*) not an outage: the same call fails again
     ├── RunLeaseError                   the run lease (one writer per run, store/lease.py)
     │   ├── LeaseHeldError              another live process writes this run
     │   └── LeaseLostError              another process took over: stop committing
@@ -49,6 +51,7 @@ import contextlib
 import errno
 import signal
 from collections.abc import Iterator
+from typing import ClassVar
 
 
 class DraftdataError(Exception):
@@ -68,7 +71,15 @@ class FormatVersionError(DraftdataError):
 
 
 class StoreError(DraftdataError):
-    """The run store refused an operation or failed to perform it."""
+    """The run store refused an operation or failed to perform it.
+
+    ``outage`` says whether waiting can cure it: True for the store's own conditions
+    (throttling, 5xx, resets, a full disk, expired credentials or a bucket policy an operator
+    restores), which generate's committer retries with backoff; False for a refusal that the
+    same call meets again however long it waits (a settings clash, a foreign object, a
+    protected prefix), which stops the command with its one line."""
+
+    outage: ClassVar[bool] = True
 
 
 class LeaseUnconfirmedError(StoreError):
@@ -116,13 +127,19 @@ def disk_errors(where: str, elsewhere: str) -> Iterator[None]:
 class AlreadyExistsError(StoreError):
     """A create-only write found an object already at that key."""
 
+    outage = False
+
 
 class ProtectedPrefixError(StoreError):
     """A write location equals, contains or lies inside a protected prefix."""
 
+    outage = False
+
 
 class RunMismatchError(StoreError):
     """The output prefix holds a run whose settings differ from the requested ones."""
+
+    outage = False
 
 
 class TransientStoreError(StoreError):

@@ -2,7 +2,8 @@
 
 Parses the options, calls ``draftdata.store.check.check_run`` and prints one line per unreadable
 shard and what to do. Exit 0 when every shard reads (or every unreadable one is set aside now
-or was before), 1 when unreadable shards are left in the run.
+or was before), 1 when unreadable shards are left in the run or a shard could not be read now
+because the store failed the read (run the check again; such a shard is never set aside).
 """
 
 from __future__ import annotations
@@ -39,12 +40,25 @@ def _check(
     typer.echo(
         f"run check: {result.shards:,} shard(s) read in full, {result.rows:,} rows; "
         f"{len(result.bad)} unreadable"
+        + (f"; {len(result.unread)} not read now (retry)" if result.unread else "")
         + (f"; {len(result.earlier)} set aside before (quarantine/)" if result.earlier else "")
     )
     for bad in result.bad:
         rows = f"{bad.rows:,} rows" if bad.rows is not None else "rows unknown"
         state = "set aside now" if bad.key in result.now else "unreadable"
         typer.echo(f"  {bad.key} ({rows}): {state}: {bad.reason}")
+    for later in result.unread:
+        typer.echo(f"  {later.key}: {later.reason}")
+    if result.unread:
+        typer.echo(
+            f"error: {len(result.unread)} shard(s) not read now: the store failed the read "
+            "(throttling, 5xx, a dropped connection), not the shard; nothing was set aside "
+            f"for them; run `draftdata run check {result.url}"
+            + (" --quarantine" if quarantine else "")
+            + "` again",
+            err=True,
+        )
+        raise typer.Exit(1)
     if not result.bad:
         return
     if quarantine:

@@ -4,14 +4,18 @@
 whenever it is due. What it does when the store misbehaves, each said in one log line per change
 of state, never one per retry:
 
-- **Store outage.** A flush that fails with a StoreError (S3 5xx after botocore's retries,
-  expired credentials, a changed bucket policy) keeps its records in the Run and is retried with
-  a capped exponential backoff (1 s doubling to ``store_retry_max``).
+- **Store outage.** A flush that fails with a StoreError that is an outage (S3 5xx after
+  botocore's retries, expired credentials, a changed bucket policy) keeps its records in the
+  Run and is retried with a capped exponential backoff (1 s doubling to ``store_retry_max``).
 - **Bounded memory.** ``over_bound`` tells the engine to pause dispatch while more than
   ``max_uncommitted`` records wait, and to resume when they are committed.
 - **No loss at the end.** ``drain`` keeps retrying after the last prompt is answered instead of
   closing with uncommitted records (a second interrupt, or the end of an interrupt's grace
   period, leaves; those are generated again on resume).
+- **A refusal is not an outage.** A StoreError that waiting cannot cure (``outage`` False:
+  another writer started the run with other settings, a foreign object, a protected prefix)
+  and any other DraftdataError (a run format this version does not read) stop the run at once
+  with that error's one line, like a lost lease; nothing committed is lost.
 - **A bug is not an outage.** Any other exception while committing calls ``abort`` with a
   RunAbortedError (one line, the run stops at once, the same command resumes).
 
@@ -91,6 +95,9 @@ class Committer:
         try:
             await asyncio.to_thread(self.run.flush)
         except StoreError as exc:
+            if not exc.outage:  # a refusal waiting cannot cure (a settings clash, ...)
+                self._stop(exc)
+                return False
             if self.down_since is None:
                 self.down_since = started  # the flush may have retried for a while
                 self.log(
@@ -99,9 +106,10 @@ class Committer:
                     f"{self.cfg.store_retry_max:g} s"
                 )
             return False
-        except RunLeaseError as exc:  # taken over: the other writer continues the run
-            self.failed = True
-            self._abort(exc, None)
+        except (RunLeaseError, DraftdataError) as exc:
+            # taken over (the other writer continues the run), or a user-facing problem that
+            # no retry changes (a run format this version does not read, bad settings)
+            self._stop(exc)
             return False
         except Exception as exc:  # a bug, not an outage: stop now, keep what is committed
             self.failed = True
@@ -121,6 +129,18 @@ class Committer:
                 "the waiting records are committed"
             )
         return True
+
+    def _stop(self, exc: DraftdataError) -> None:
+        """Stop the run on ``exc``, which no retry cures: it ends the command as one line
+        (what is committed is kept; the records waiting are generated again on resume)."""
+        self.failed = True
+        cause: BaseException | None = None
+        if isinstance(exc, StoreError):
+            exc, cause = (
+                type(exc)(f"generate: stopped: {exc} (what was committed is kept)"),
+                exc,
+            )
+        self._abort(exc, cause)
 
     def over_bound(self) -> bool | None:
         """The new pause state when it changes (True: pause dispatch), else None."""
@@ -149,6 +169,8 @@ class Committer:
         while self.run.buffered and not self.failed and not leave():
             if await self.flush():
                 continue
+            if self.failed:
+                break
             if not said:
                 said = True
                 if stopping:
@@ -183,6 +205,8 @@ class Committer:
                     "generated again when you run the same command"
                 )
                 return
+            if not exc.outage:
+                raise
             raise StoreError(
                 f"generate: the store refused the last {waiting} records ({exc}); they were not "
                 "committed and are generated again when you run the same command"

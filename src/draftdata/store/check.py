@@ -8,6 +8,12 @@ its row count where the footer still tells it. With ``quarantine=True`` it write
 each (``quarantine.py``: create-only, nothing deleted), after which every reader leaves those
 shards out and the same generate command generates their prompts again.
 
+A shard is damaged only on what its bytes show (a bad footer, a failed page checksum, records
+that do not decode). A read the store failed (S3 throttling or 5xx, a reset or timed-out
+connection, a file the OS cannot read now) leaves the shard *not read now* (``unread``): it is
+reported, never set aside, and the same check run again reads it. Before writing a marker the
+check reads a damaged shard once more.
+
 Shards set aside before are not read again; they are counted. A run that a live generate still
 writes is checked but not changed (its writer decides what is done until it stops).
 """
@@ -20,14 +26,14 @@ from dataclasses import dataclass, field
 import msgspec
 import pyarrow as pa
 
-from draftdata.errors import DraftdataError, StoreError
+from draftdata.errors import DraftdataError, StoreError, TransientStoreError
 from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT, check_format
 from draftdata.formats import iter_completions as _completions
 from draftdata.formats import iter_failures as _failures
 from draftdata.store.base import Store
 from draftdata.store.lease import refuse_live_writer
 from draftdata.store.local import LocalStore
-from draftdata.store.quarantine import quarantined_in, set_aside
+from draftdata.store.quarantine import not_read_now, quarantined_in, set_aside, store_condition
 from draftdata.store.read import COMPLETIONS_PREFIX, FAILURES_PREFIX, parquet_file
 from draftdata.store.store import open_store
 
@@ -62,12 +68,15 @@ class CheckResult:
     shards: int = 0
     rows: int = 0
     bad: list[BadShard] = field(default_factory=list)
+    unread: list[BadShard] = field(default_factory=list)  # the store failed the read: retry
     earlier: list[str] = field(default_factory=list)
     now: list[str] = field(default_factory=list)
 
 
 def check_shard(store: Store, key: str) -> tuple[int | None, str | None]:
-    """(rows, None) when shard ``key`` reads whole into records, else (rows or None, why)."""
+    """(rows, None) when shard ``key`` reads whole into records, else (rows or None, why) when
+    its bytes are damaged. TransientStoreError when the store failed a read (``store_condition``:
+    S3 throttling or 5xx, a reset or timed-out connection): the shard is not known to be bad."""
     rows: int | None = None
     try:
         pf = parquet_file(store, key)
@@ -81,6 +90,9 @@ def check_shard(store: Store, key: str) -> tuple[int | None, str | None]:
         if n != rows:
             return rows, f"{n} rows decoded of the {rows} its footer counts"
     except _DAMAGE as exc:
+        cause = store_condition(exc)
+        if cause is not None:
+            raise not_read_now(store, key, cause) from exc
         text = " ".join(str(exc).split())[:240] or type(exc).__name__
         return rows, text.replace(store.key_url(key) + ": ", "")
     return rows, None
@@ -106,16 +118,40 @@ def check_run(url: str, *, quarantine: bool = False) -> CheckResult:
     todo = [k for k in keys if k not in aside]
     workers = 4 if isinstance(store, LocalStore) else 16
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo) or 1))) as pool:
-        for key, (rows, why) in zip(
-            todo, pool.map(lambda k: check_shard(store, k), todo), strict=True
+        for key, (rows, why, later) in zip(
+            todo, pool.map(lambda k: _check(store, k), todo), strict=True
         ):
-            result.shards += 1
-            if why is None:
-                result.rows += rows or 0
-            else:
-                result.bad.append(BadShard(key, rows, why))
+            _tally(result, key, rows, why, later)
     if quarantine:
-        for bad in result.bad:
-            if set_aside(store, bad.key, bad.reason):
+        suspects, result.bad = result.bad, []
+        for bad in suspects:
+            # read once more before the create-only marker: a shard is set aside for good
+            rows, why, later = _check(store, bad.key)
+            result.shards -= 1  # counted again by its second read
+            _tally(result, bad.key, rows, why, later)
+            if why is not None and set_aside(store, bad.key, why):
                 result.now.append(bad.key)
     return result
+
+
+def _check(store: Store, key: str) -> tuple[int | None, str | None, str | None]:
+    """``check_shard`` as (rows, why damaged, why not read now)."""
+    try:
+        rows, why = check_shard(store, key)
+    except TransientStoreError as exc:
+        return None, None, str(exc).replace(store.key_url(key) + ": ", "")
+    return rows, why, None
+
+
+def _tally(
+    result: CheckResult, key: str, rows: int | None, why: str | None, later: str | None
+) -> None:
+    """Count one shard: read whole, damaged (``bad``) or not read now (``unread``)."""
+    if later is not None:
+        result.unread.append(BadShard(key, rows, later))
+        return
+    result.shards += 1
+    if why is None:
+        result.rows += rows or 0
+    else:
+        result.bad.append(BadShard(key, rows, why))

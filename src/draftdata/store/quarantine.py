@@ -25,7 +25,7 @@ import json
 import time
 from collections.abc import Iterable
 
-from draftdata.errors import AlreadyExistsError, StoreError
+from draftdata.errors import AlreadyExistsError, StoreError, TransientStoreError
 from draftdata.store.base import Store
 
 QUARANTINE_PREFIX = "quarantine/"
@@ -36,6 +36,8 @@ _RUN_SHARDS = ("completions/", "failures/")
 class UnreadableShardError(StoreError):
     """A run's shard cannot be read (damaged bytes, a cut footer, another format); the message
     says how to set it aside and regenerate its prompts."""
+
+    outage = False
 
 
 def marker_key(key: str) -> str:
@@ -72,6 +74,55 @@ def set_aside(store: Store, key: str, reason: str) -> bool:
     except AlreadyExistsError:
         return False
     return True
+
+
+def store_condition(exc: BaseException) -> BaseException | None:
+    """The error in ``exc`` or its causes that says the store failed a read, not the shard's
+    bytes (a throttled or cut S3 request, a reset or timed-out connection, a file the OS cannot
+    read now), or None when only the bytes are to blame (a bad footer or checksum, records
+    that do not decode). A shard is damaged only on what its bytes show: a read that failed
+    for the store is retried, never set aside."""
+    seen: set[int] = set()
+    err: BaseException | None = exc
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, StoreError) and not isinstance(err, UnreadableShardError):
+            return err
+        if isinstance(err, ConnectionError | TimeoutError):
+            return err
+        # an OS error with an errno is the OS's or the socket's; pyarrow's own (a failed page
+        # checksum is an OSError too) carry none
+        if isinstance(err, OSError) and err.errno is not None and not _arrow_error(err):
+            return err
+        err = err.__cause__
+    return None
+
+
+def _arrow_error(exc: BaseException) -> bool:
+    import pyarrow as pa
+
+    return isinstance(exc, pa.ArrowException)
+
+
+def not_read_now(store: Store, key: str, exc: BaseException) -> TransientStoreError:
+    """The error for a shard that could not be read now because of the store (``exc`` is the
+    ``store_condition``): retry, the shard is not known to be damaged."""
+    detail = " ".join(str(exc).split()).replace(store.key_url(key) + ": ", "")
+    if len(detail) > 240:
+        detail = detail[:239] + "…"
+    return TransientStoreError(
+        f"{store.key_url(key)}: not read now ({detail or type(exc).__name__}): the store "
+        "failed the read, not the shard; run the same command again"
+    )
+
+
+def read_error(store: Store, key: str, exc: BaseException, detail: str = "") -> StoreError:
+    """The error for ``exc`` met reading shard ``key``: ``not_read_now`` when the store failed
+    the read, else ``unreadable`` (``detail`` before the error's text)."""
+    cause = store_condition(exc)
+    if cause is not None:
+        return not_read_now(store, key, cause)
+    return unreadable(store, key, f"{detail}{exc}")
 
 
 def unreadable(store: Store, key: str, detail: str) -> StoreError:

@@ -34,7 +34,7 @@ from draftdata.records import Completion, Failure
 from draftdata.store.base import Store
 from draftdata.store.doneset import DoneSet, hash_pairs, pair_hash
 from draftdata.store.manifest import load_manifest
-from draftdata.store.quarantine import quarantined, unreadable
+from draftdata.store.quarantine import quarantined, read_error
 from draftdata.store.store import open_store
 
 COMPLETIONS_PREFIX = "completions/"
@@ -62,14 +62,15 @@ def shard_keys(store: Store, prefix: str) -> list[str]:
 def parquet_file(
     store: Store, key: str, read_dictionary: Sequence[str] | None = None
 ) -> pq.ParquetFile:
-    """Open one shard (a local path where the store has one; StoreError if unreadable)."""
+    """Open one shard (a local path where the store has one). UnreadableShardError when its
+    bytes are damaged; TransientStoreError when the store failed the read (retry)."""
     path = store.local_path(key)
     dicts = list(read_dictionary) if read_dictionary else None
     try:
         source = path if path is not None else store.open_input(key)
         return pq.ParquetFile(source, read_dictionary=dicts, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
-        raise unreadable(store, key, f"not a readable parquet file: {exc}") from exc
+        raise read_error(store, key, exc, "not a readable parquet file: ") from exc
 
 
 def read_shard(
@@ -92,7 +93,7 @@ def read_shard(
     try:
         return pf.read(columns=wanted)
     except (OSError, pa.ArrowException) as exc:
-        raise unreadable(store, key, str(exc)) from exc
+        raise read_error(store, key, exc) from exc
 
 
 def read_shards_parallel(

@@ -266,8 +266,9 @@ class Run:
             theirs = load_manifest(self.store)
             if theirs["effective_hash"] != settings_hash(manifest["settings"]):
                 raise RunMismatchError(
-                    f"{self.store.url}: another writer started this run with other settings "
-                    "meanwhile; run the same command again to compare them"
+                    f"{self.store.url}: another writer (a partition) started this run with "
+                    "other settings meanwhile; run the same command again to see what differs, "
+                    "then use the same settings as the other writer or another --out"
                 ) from None
             self.manifest = theirs
         self.manifest_written = True

@@ -109,8 +109,9 @@ class TokenizeSummary(msgspec.Struct, kw_only=True):
     ``batch.py``), ``mismatched`` (dropped as ``dropped.unverified_ids``),
     ``unverifiable``, ``end.other_token`` / ``end.no_token`` (served outputs that stopped without
     the template's end-of-turn token), ``thinking_off_from_served_ids``, ``split_turns``
-    (completions emitted as per-turn samples) and ``dropped.<reason>`` (``dropped.duplicate``: a
-    completion whose (id, sample) an earlier shard holds too, a copied shard).
+    (completions emitted as per-turn samples), ``dropped.<reason>`` (samples) and
+    ``duplicates`` (completions whose (id, sample) an earlier shard holds too, a copied shard:
+    counted in completions, as export and stats count them, never in the samples' shares).
     """
 
     out: str

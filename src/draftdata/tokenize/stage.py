@@ -48,7 +48,7 @@ from draftdata.store.base import Store, normalise_url
 from draftdata.store.doneset import DoneSet, hash_pairs
 from draftdata.store.lease import refuse_live_writer
 from draftdata.store.protect import check_not_protected
-from draftdata.store.quarantine import unreadable
+from draftdata.store.quarantine import read_error
 from draftdata.store.read import COMPLETIONS_PREFIX, parquet_file, read_shards_parallel, shard_keys
 from draftdata.store.settings import recorded_settings
 from draftdata.store.store import open_store
@@ -81,7 +81,7 @@ def iter_shard_batches(store: Store, key: str, rows: int) -> Iterator[pa.Table]:
         for batch in pf.iter_batches(batch_size=rows, columns=columns):
             yield pa.Table.from_batches([batch])
     except (OSError, pa.ArrowException) as exc:
-        raise unreadable(store, key, str(exc)) from exc
+        raise read_error(store, key, exc) from exc
 
 
 def tokenize_shard(
@@ -97,7 +97,7 @@ def tokenize_shard(
     conversations or prompts), into output shards; returns its counters and keys.
 
     ``skip``: indexes of a shard's rows that are duplicates (``duplicate_rows``), left out and
-    counted as ``dropped.duplicate``."""
+    counted as ``duplicates`` (completions, not samples: never part of the dropped share)."""
     counters = Counters()
     written: list[str] = []
     for i, (samples, c) in enumerate(_input_batches(ctx, run, key, rows, kind, skip)):
@@ -132,7 +132,7 @@ def _input_batches(
                     table = table.filter(pa.array(keep))
             samples, c = tokenize_table(table, ctx)
             if gone:
-                c.add("dropped.duplicate", gone)
+                c.add("duplicates", gone)  # completions, like export's duplicates_dropped
             yield samples, c
         return
     if kind not in conversations.CHAT_KINDS:

@@ -45,6 +45,12 @@ def summary_lines(summary: TokenizeSummary) -> list[str]:
     dropped = summary.dropped
     if dropped:
         lines.append("dropped: " + ", ".join(f"{k} {v}" for k, v in dropped.items()))
+    if c("duplicates"):
+        lines.append(
+            f"not counted: {c('duplicates')} duplicate completions (an (id, sample) an earlier "
+            "shard holds too: a copied shard; the first copy is tokenized, as export and stats "
+            "count it)"
+        )
     lines.extend(f"mismatch: {m}" for m in summary.mismatches)
     return lines
 

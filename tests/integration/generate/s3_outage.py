@@ -6,13 +6,15 @@ overloaded or unreachable service), while ``"403"`` with 403 AccessDenied (expir
 a changed bucket policy). ``trip(text, mode)`` switches to ``mode`` by itself once a PUT
 whose path holds ``text`` has been answered (an outage that starts right after the first
 committed shard, whatever the test's polling). A request whose body ends early is dropped,
-as S3 drops it. Point a client at ``url`` with AWS_ENDPOINT_URL. Counts of forwarded, failed
-and dropped requests are kept for the test's assertions.
+as S3 drops it. ``flaky(text, rate, rng)`` instead fails GETs at random (503 or a dropped
+connection), as a busy S3 does now and then. Point a client at ``url`` with AWS_ENDPOINT_URL.
+Counts of forwarded, failed and dropped requests are kept for the test's assertions.
 """
 
 from __future__ import annotations
 
 import http.client
+import random
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
@@ -37,6 +39,7 @@ class S3Outage:
         self.failed = 0
         self.truncated = 0
         self._trip: tuple[str, Mode] | None = None
+        self._flaky: tuple[str, float, random.Random, bool] | None = None
         self._lock = threading.Lock()
         outer = self
 
@@ -73,6 +76,13 @@ class S3Outage:
                     self.close_connection = True
                     return
                 mode = outer.mode
+                fault = outer._fault(self.command, self.path)
+                if fault == "reset":  # the connection drops before any answer
+                    outer.failed += 1
+                    self.close_connection = True
+                    return
+                if fault is not None:
+                    mode = fault
                 if mode != "ok":
                     outer.failed += 1
                     status, code, message = _ERRORS[mode]
@@ -103,7 +113,9 @@ class S3Outage:
                     for k, v in resp.getheaders():
                         if k.lower() not in _HOP and k.lower() != "content-length":
                             self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
+                    # a HEAD answer has no body: its Content-Length is the object's size
+                    length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                    self.send_header("Content-Length", length or str(len(data)))
                     self.end_headers()
                     if self.command != "HEAD":
                         self.wfile.write(data)
@@ -118,6 +130,25 @@ class S3Outage:
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def flaky(self, text: str, rate: float, rng: random.Random, first: bool = False) -> None:
+        """Fail each GET whose path holds ``text`` with probability ``rate``, as 503 SlowDown
+        or a connection dropped before the answer (chosen by ``rng``); ``first``: the first
+        such GET fails (503) whatever the draw."""
+        with self._lock:
+            self._flaky = (text, rate, rng, first)
+
+    def _fault(self, command: str, path: str) -> Literal["503", "reset"] | None:
+        with self._lock:
+            if self._flaky is None or command != "GET" or self._flaky[0] not in path:
+                return None
+            text, rate, rng, first = self._flaky
+            self._flaky = (text, rate, rng, False)
+            if first:
+                return "503"
+            if rng.random() >= rate:
+                return None
+            return "503" if rng.random() < 0.5 else "reset"
 
     def trip(self, text: str, mode: Mode) -> None:
         """Switch to ``mode`` once a PUT to a path holding ``text`` has succeeded."""

@@ -20,6 +20,7 @@ from draftdata.stats import compute_stats
 from draftdata.store.write import parquet_bytes
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.stage import tokenize
+from draftdata.tokenize.summary import losses, summary_lines, warning_line
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,17 @@ def test_every_reader_counts_a_copied_completion_once(
         out = Path(tmp) / "tok"
         summary = tokenize(TokenizeConfig(run=str(run), tokenizer=tok, out=str(out)))
         assert summary.count("completions") == total
-        assert summary.dropped.get("duplicate", 0) == duplicated
+        # one unit per figure: duplicates in completions, apart from the samples' drops and
+        # shares, which are those of the run without the copies
+        assert summary.count("duplicates") == duplicated
+        assert "duplicate" not in summary.dropped
+        lines = summary_lines(summary)
+        assert f"not counted: {duplicated} duplicate completions" in "\n".join(lines)
+        alone = tokenize(TokenizeConfig(run=str(source), tokenizer=tok, out=str(Path(tmp) / "t0")))
+        assert summary.count("samples") == alone.count("samples")
+        assert summary.dropped == alone.dropped
+        assert losses(summary) == losses(alone)
+        assert warning_line(summary) == warning_line(alone)
         ids = [i for p in out.glob("*.parquet") for i in pq.read_table(p).column("id").to_pylist()]
         assert len(ids) == len(set(ids)) == summary.count("samples")
 
