@@ -14,11 +14,14 @@ None (or a Capacity with ``None`` fields). It does not decide concurrency; the e
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 import aiohttp
 import msgspec
+
+from draftdata.errors import ConfigError
 
 
 class Capacity(msgspec.Struct, kw_only=True, frozen=True):
@@ -290,3 +293,14 @@ async def probe_load(
     if got is not None and got[0] == 200:
         return parse_vllm_metrics(got[1].decode("utf-8", "replace"))
     return None
+
+
+def api_key_from_env(name: str | None) -> str | None:
+    """The API key in the environment variable ``name`` (``--api-key-env``; None: no key);
+    ConfigError when it is unset or empty. The key is never logged."""
+    if not name:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"--api-key-env: ${name} is not set or empty")
+    return value

@@ -24,7 +24,7 @@ import msgspec
 
 from draftdata.acceptance.measure import Job, Measurement, SpecServer, chunks, probe_spec
 from draftdata.conversation import TurnPlan
-from draftdata.endpoints import base_url
+from draftdata.endpoints import api_key_from_env, base_url
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError
 from draftdata.fleetspec import read_fleet
 from draftdata.generate.client import EndpointClient, build_body
@@ -147,19 +147,10 @@ def _urls(config: AcceptanceConfig) -> list[str]:
     return list(dict.fromkeys(urls))
 
 
-def _api_key(config: AcceptanceConfig) -> str | None:
-    if not config.api_key_env:
-        return None
-    value = os.environ.get(config.api_key_env)
-    if not value:
-        raise ConfigError(f"--api-key-env: ${config.api_key_env} is not set or empty")
-    return value
-
-
 async def _measure(
     config: AcceptanceConfig, jobs: list[Job], log: Log
 ) -> tuple[list[SpecServer], Measurement]:
-    key = _api_key(config)
+    key = api_key_from_env(config.api_key_env)
     clients = [EndpointClient(u, api_key=key) for u in _urls(config)]
     warmup = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
     try:

@@ -45,6 +45,7 @@ from draftdata.store.read import (
     FAILURES_PREFIX,
     read_shards_parallel,
     shard_keys,
+    turn_finish_reasons,
 )
 from draftdata.store.resume import rebuild_done_sets
 
@@ -77,18 +78,6 @@ class Outcome:
         return self.tokens.get(stratum, []) + [0] * self.failed.get(stratum, 0)
 
 
-def _finish_reasons(turns: Any) -> list[list[str | None]]:
-    col = turns.combine_chunks() if isinstance(turns, pa.ChunkedArray) else turns
-    counts = [n or 0 for n in pc.list_value_length(col).to_pylist()]
-    flat = pc.struct_field(pc.list_flatten(col), "finish_reason").to_pylist()
-    out: list[list[str | None]] = []
-    at = 0
-    for n in counts:
-        out.append(flat[at : at + n])
-        at += n
-    return out
-
-
 def pilot_outcome(store: Store, sample: PilotSample) -> Outcome:
     """What the run holds for the sample's ids (committed completions and standing fatal
     failures), per stratum of the draw. Reads only the needed columns."""
@@ -108,7 +97,7 @@ def pilot_outcome(store: Store, sample: PilotSample) -> Outcome:
             table.column("id").to_pylist(),
             table.column("sample").to_pylist(),
             tokens,
-            _finish_reasons(table.column("turns")),
+            turn_finish_reasons(table.column("turns")),
             strict=True,
         )
         for pid, smp, tok, reasons in rows:

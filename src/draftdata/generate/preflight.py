@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
-from draftdata.endpoints import Capacity, base_url, probe_capacity
+from draftdata.endpoints import Capacity, api_key_from_env, base_url, probe_capacity
 from draftdata.errors import ConfigError, FleetError, ServerError
 from draftdata.fleetspec import read_fleet
 from draftdata.generate.client import EndpointClient, build_body, token_ids_refusal
@@ -146,12 +146,7 @@ def fleet_contexts(config: GenerateConfig, n: int) -> list[int | None]:
 
 def api_key(config: GenerateConfig) -> str | None:
     """The API key from the environment variable named by ``api_key_env`` (never logged)."""
-    if not config.api_key_env:
-        return None
-    value = os.environ.get(config.api_key_env)
-    if not value:
-        raise ConfigError(f"--api-key-env: ${config.api_key_env} is not set or empty")
-    return value
+    return api_key_from_env(config.api_key_env)
 
 
 def check_credentials(urls: list[str], key: str | None) -> None:

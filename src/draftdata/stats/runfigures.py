@@ -54,6 +54,7 @@ from draftdata.store.read import (
     read_metrics,
     read_shards_parallel,
     shard_keys,
+    turn_finish_reasons,
 )
 
 _COLUMNS = ["id", "sample", "domain", "endpoint", "usage", "turns.list.element.finish_reason"]
@@ -267,20 +268,6 @@ def _wasted(snapshots: list[dict[str, Any]], segments: list[Segment], committed:
     return w
 
 
-def _finish_reasons(turns: Any) -> list[list[str | None]]:
-    """Each row's turn finish reasons, read from the ``turns`` column without converting the
-    rest of the turns (texts, token ids) to Python."""
-    col = turns.combine_chunks() if isinstance(turns, pa.ChunkedArray) else turns
-    counts = [n or 0 for n in pc.list_value_length(col).to_pylist()]
-    flat = pc.struct_field(pc.list_flatten(col), "finish_reason").to_pylist()
-    out: list[list[str | None]] = []
-    at = 0
-    for n in counts:
-        out.append(flat[at : at + n])
-        at += n
-    return out
-
-
 def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> RunFigures:
     """The whole run's figures (module docstring); ``snapshots`` default to the run's
     ``metrics/*.json``."""
@@ -315,7 +302,7 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
         fig.output_tokens += sum(out_tokens)
         fig.prompt_tokens += sum(field("prompt_tokens"))
         fig.cached_tokens += sum(field("cached_tokens"))
-        rows = zip(_finish_reasons(table.column("turns")), domains, out_tokens, strict=True)
+        rows = zip(turn_finish_reasons(table.column("turns")), domains, out_tokens, strict=True)
         for reasons, domain, tokens in rows:
             fig.turns += len(reasons)
             finish[completion_reason(reasons)] += 1

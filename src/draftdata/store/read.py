@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from draftdata.errors import StoreError
@@ -183,4 +184,18 @@ def read_metrics(url: StoreLike) -> list[dict[str, Any]]:
             if isinstance(value, dict):
                 value.setdefault("key", key)
                 out.append(value)
+    return out
+
+
+def turn_finish_reasons(turns: Any) -> list[list[str | None]]:
+    """Each row's turn finish reasons, read from a completions shard's ``turns`` column without
+    converting the rest of the turns (texts, token ids) to Python."""
+    col = turns.combine_chunks() if isinstance(turns, pa.ChunkedArray) else turns
+    counts = [n or 0 for n in pc.list_value_length(col).to_pylist()]
+    flat = pc.struct_field(pc.list_flatten(col), "finish_reason").to_pylist()
+    out: list[list[str | None]] = []
+    at = 0
+    for n in counts:
+        out.append(flat[at : at + n])
+        at += n
     return out
