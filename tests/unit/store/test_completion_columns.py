@@ -125,7 +125,7 @@ _reasons = st.lists(
 @given(st.lists(_reasons, min_size=1, max_size=3))
 def test_finish_reasons_read_without_converting_turns(chunks: list[list[Any]]) -> None:
     from draftdata.formats import TURN_TYPE
-    from draftdata.stats.runfigures import _finish_reasons
+    from draftdata.store.read import turn_finish_reasons
 
     kind = pa.list_(TURN_TYPE)
     rows = [
@@ -142,4 +142,4 @@ def test_finish_reasons_read_without_converting_turns(chunks: list[list[Any]]) -
         [t.get("finish_reason") if t is not None else None for t in turns or []]
         for turns in col.to_pylist()
     ]
-    assert _finish_reasons(col) == expected
+    assert turn_finish_reasons(col) == expected
