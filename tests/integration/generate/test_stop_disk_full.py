@@ -4,7 +4,6 @@ resume, which then finishes the run exactly once."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from tests.chaos.invariants import check_exactly_once
+from tests.integration.disk import can_mount, fill, tmpfs
 from tests.integration.generate.helpers import write_prompts
 
 from draftdata.sim.run import SimProcess
@@ -26,33 +26,13 @@ CLI = [sys.executable, "-c", "from draftdata.cli import main; main()", "generate
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs (a real full disk: ENOSPC from the kernel), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    if (why := can_mount()) is not None:
+        pytest.skip(why)
     try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def _fill(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            os.write(fd, b"\0" * 65536)
-    except OSError:
-        pass  # ENOSPC: full
-    finally:
-        os.close(fd)
+        with tmpfs(tmp_path / "disk") as mnt:
+            yield mnt
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
 
 
 def test_sigterm_while_the_disk_is_full_exits_130_after_the_grace_period(
@@ -74,7 +54,7 @@ def test_sigterm_while_the_disk_is_full_exits_130_after_the_grace_period(
             while not (shards.exists() and any(shards.glob("*.parquet"))):
                 assert time.monotonic() < deadline and gen.poll() is None
                 time.sleep(0.1)
-            _fill(filler)
+            fill(small_disk)
             deadline = time.monotonic() + 30
             while "does not accept writes" not in log.read_text():
                 assert time.monotonic() < deadline and gen.poll() is None, log.read_text()
