@@ -48,7 +48,7 @@ import pyarrow as pa
 from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError, disk_errors
 from draftdata.formats import MERGE_REPORT, SAMPLE_SCHEMA
-from draftdata.merge.config import OTHER, MergeConfig, check_config, normalised_mix
+from draftdata.merge.config import MergeConfig, check_config
 from draftdata.merge.inputs import (
     Family,
     InputInfo,
@@ -76,6 +76,7 @@ from draftdata.merge.resume import check_output, claim_output, config_bytes
 from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket_schema
 from draftdata.merge.tokenplan import MAX_NODES
 from draftdata.metrics import StageStats
+from draftdata.mix import OTHER, normalised
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
 from draftdata.stats.readers import iter_domain_labels, refuse_unreadable
 from draftdata.store.base import Store
@@ -338,7 +339,7 @@ def _plan_output(
             "duplicate_content": int(dup_content[part].sum()),
         }
     del id_hash
-    target = normalised_mix(config.mix)
+    target = normalised(config.mix)
     # domain code -> group code (index into groups), -1 when the mix does not take it
     groups = sorted(target) if target else sorted(set(names))
     group_ix = {g: i for i, g in enumerate(groups)}
@@ -656,7 +657,7 @@ def merge(
         if len(bad_examples) < 5:
             bad_examples.append(f"{where}: {reason}")
 
-    target = normalised_mix(config.mix)
+    target = normalised(config.mix)
     check_named_domains(target, infos)
     keys = Keys()
     tokenizer = config.tokenizer if family == "chat" else None
@@ -779,7 +780,7 @@ def build_report(
     and how they were counted). No clocks or output paths, so two runs with the same inputs and
     seed write the same bytes.
     """
-    target = normalised_mix(config.mix)
+    target = normalised(config.mix)
     return {
         "format": MERGE_REPORT.format,
         "version": REPORT_VERSION,
