@@ -273,29 +273,37 @@ def _plan_doc(
 def _ways_out(
     config: MergeConfig, solve: Callable[[float, bool, int], float], kept_share: float
 ) -> list[dict[str, Any]]:
-    """What else would keep at least ``min_keep``: ``--upsample`` (or, with it, a higher
-    ``--max-repeat``), the smallest looser ``--tolerance`` that does (each with the share it
-    keeps), and ``--allow-drop``."""
+    """What else keeps at least ``min_keep``, each with the share it keeps, and only what does
+    (a way out the next command would refuse again is none): ``--upsample`` (with a higher
+    ``--max-repeat`` where the default is not enough), the smallest looser ``--tolerance``, the
+    two together when neither alone is enough, and ``--allow-drop``. When nothing but
+    ``--allow-drop`` passes, an entry with ``kept_share`` None says how far the search went."""
     out: list[dict[str, Any]] = []
-    if not config.upsample:
-        share = solve(config.tolerance, True, config.max_repeat)
-        out.append({"option": "--upsample", "kept_share": round(share, 6)})
-    else:
-        for repeat in (8, 16, 32, 64):
-            if repeat <= config.max_repeat:
-                continue
-            share = solve(config.tolerance, True, repeat)
+
+    def first(options: list[tuple[str, float, bool, int]]) -> bool:
+        # the first of (option, tolerance, upsample, max_repeat) that keeps enough
+        for option, tol, up, repeat in options:
+            share = solve(tol, up, repeat)
             if share >= config.min_keep:
-                out.append({"option": f"--max-repeat {repeat}", "kept_share": round(share, 6)})
-                break
-    for tol in _LOOSER:
-        if tol <= config.tolerance:
-            continue
-        share = solve(tol, config.upsample, config.max_repeat)
-        if share >= config.min_keep:
-            out.append({"option": f"--tolerance {tol:g}", "kept_share": round(share, 6)})
-            break
+                out.append({"option": option, "kept_share": round(share, 6)})
+                return True
+        return False
+
+    repeats = [r for r in (8, 16, 32, 64) if r > config.max_repeat]
+    looser = [t for t in _LOOSER if t > config.tolerance]
+    if config.upsample:
+        first([(f"--max-repeat {r}", config.tolerance, True, r) for r in repeats])
     else:
+        first(
+            [("--upsample", config.tolerance, True, config.max_repeat)]
+            + [(f"--upsample --max-repeat {r}", config.tolerance, True, r) for r in repeats]
+        )
+    found = first([(f"--tolerance {t:g}", t, config.upsample, config.max_repeat) for t in looser])
+    if not found and not config.upsample and not out:
+        found = first(
+            [(f"--upsample --tolerance {t:g}", t, True, config.max_repeat) for t in looser]
+        )
+    if not out and not found:
         out.append({"option": f"--tolerance {_LOOSER[-1]:g}", "kept_share": None})
     out.append({"option": "--allow-drop", "kept_share": round(kept_share, 6)})
     return out
@@ -308,7 +316,9 @@ def _stop_message(plan: dict[str, Any]) -> str:
         if w["option"] == "--allow-drop":
             ways.append("--allow-drop to write this plan")
         elif w["kept_share"] is None:
-            ways.append(f"no --tolerance up to {w['option'].split()[-1]} keeps enough")
+            ways.append(
+                f"no --upsample or --tolerance up to {w['option'].split()[-1]} keeps enough"
+            )
         else:
             ways.append(f"{w['option']} keeps {100 * w['kept_share']:.0f}%")
     return (
@@ -584,6 +594,7 @@ def dataset_card(report: dict[str, Any]) -> str:
     ``load_dataset(out)`` return ``train`` and ``eval`` splits, plus the mix in one table."""
     after = report["after"]
     domains = sorted(set(after["train"]) | set(after["eval"]))
+    unit = "loss tokens" if report.get("mix_by") == "loss_tokens" else "rows"
     lines = [
         "---",
         "configs:",
@@ -602,7 +613,7 @@ def dataset_card(report: dict[str, Any]) -> str:
         f"{report['rows']['train']:,} train and {report['rows']['eval']:,} eval rows of "
         f"{report['data']} (seed {report['seed']}); details in `merge_report.json`.",
         "",
-        "| domain | train | eval | target |",
+        f"| domain | train (rows) | eval (rows) | target (share of {unit}) |",
         "|---|---|---|---|",
     ]
     for d in domains:
