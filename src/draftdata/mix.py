@@ -164,6 +164,7 @@ class Plan(msgspec.Struct, kw_only=True, frozen=True):
     total_new: int
     shortfall: int
     mix_by: str = "rows"  # what the target shares count: rows, or (expected) tokens
+    fixed: int = 0  # new prompts taken by the sources' fixed ``take``, whatever the mix
 
 
 def largest_remainder(
@@ -274,6 +275,20 @@ def shares(counts: Mapping[str, float]) -> dict[str, float]:
     """Each key's fraction of the total (all 0 when the total is 0)."""
     total = sum(counts.values())
     return {k: (v / total if total else 0.0) for k, v in counts.items()}
+
+
+def off_target(plan: Plan, slack: float = 0.01) -> dict[str, tuple[float, float]]:
+    """domain -> (share after, target) for each domain of ``plan`` whose share of the combined
+    set (in the plan's unit: rows, or expected tokens) misses its target by more than
+    ``slack``; empty without a target."""
+    out: dict[str, tuple[float, float]] = {}
+    for r in plan.domains:
+        if r.target is None:
+            continue
+        after = r.tokens_after if plan.mix_by == "tokens" else r.after
+        if after is not None and abs(after - r.target) > slack:
+            out[r.domain] = (after, r.target)
+    return out
 
 
 def plan_mix(
@@ -404,6 +419,7 @@ def plan_mix(
         total_new=total_new,
         shortfall=max(fixed_total + want - total_new, 0) if budget is not None else 0,
         mix_by="tokens" if by_tokens else "rows",
+        fixed=fixed_total,
     )
 
 

@@ -169,6 +169,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"expected tokens per new prompt's answer from {lengths_info['source']}")
             for note in lengths_info["notes"]:
                 console.print(f"[yellow]note: {note}[/]")
+        if rep.get("mix_note"):
+            typer.echo(f"warning: {rep['mix_note']}", err=True)
         if result.plan.shortfall:
             console.print(
                 f"[yellow]the sources fall {result.plan.shortfall:,} prompts short of the budget[/]"

@@ -50,7 +50,7 @@ from draftdata.prepare.lengths import precheck as precheck_lengths
 from draftdata.prepare.lengths import resolve as resolve_lengths
 from draftdata.prepare.load import check_hub_reachable, iter_rows
 from draftdata.prepare.reference import load_exclusions, load_existing
-from draftdata.prepare.report import encode_report, to_markdown
+from draftdata.prepare.report import encode_report, take_note, to_markdown
 from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt
 from draftdata.records import (
     DERIVED_ID,
@@ -616,6 +616,8 @@ def _prepare(
         spool_lock.close()
     report = _report(config, runs, names, plan, shards, existing_bad, excluded)
     report["mix_by"] = plan.mix_by
+    if (note := take_note(plan)) is not None:
+        report["mix_note"] = note  # fixed takes hold the mix off its target
     if config.holdout:
         by_domain: dict[str, int] = {}
         for r, run in enumerate(runs):
