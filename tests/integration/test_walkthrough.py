@@ -13,8 +13,7 @@ simulator and a local S3 server, at small scale, with only the substitutions the
   hub sources on the bundled sample sources of the same schemas, the live set on the test's
   bucket and its budget scaled to ``BUDGET`` prompts; nothing else changes, so the mix acts on
   it as it does on the real one (step 4 must move the plan onto the suggested mix in tokens);
-- the live set ``s3://BUCKET/completions/`` holds the demo's 77%-code sample, ``LIVE_ROWS`` rows
-  (about as many as the new prompts, as in the real job: 100K live, 193K new).
+- the live set ``s3://BUCKET/completions/`` holds the demo's ``LIVE_ROWS``-row 77%-code sample.
 
 The whole run (step 6, the generate without ``--pilot``) is interrupted once with Ctrl-C
 (twice: leave now) and then run again, as the README says. The pilot of step 5 writes a forecast
@@ -112,9 +111,10 @@ def _sh(cmd: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProces
     )
 
 
-# examples/expansion.yaml's budget (193,010 new prompts) scaled down, and the live set beside it
+# examples/expansion.yaml's budget (193,010 new prompts) scaled down: below what the sources
+# hold beside the live set's code, so that the mix decides which prompts are taken
 BUDGET = 40
-LIVE_ROWS = 40
+LIVE_ROWS = 400
 
 
 def _write_config(work: Path, bucket: str) -> None:

@@ -289,11 +289,10 @@ def forecast(
         else:
             row["mean_output_tokens_90"] = row["output_tokens_90"] = None
         if prompts and settled < MIN_DOMAIN:
-            need = math.ceil(MIN_DOMAIN / prompts * sample.in_scope) if prompts else 0
             warnings.append(
                 f"domain {name}: {settled} pilot answers (< {MIN_DOMAIN}): its figures are "
                 + ("rough" if settled else "not measured (the overall mean is used)")
-                + (f"; a pilot of about {need:,} prompts measures it" if need else "")
+                + _pilot_needed(prompts * n, sample.in_scope)
             )
         by_domain[name] = row
     remaining_prompts = sum(left_prompts.values())
@@ -353,6 +352,16 @@ def forecast(
     out["by_domain"] = by_domain
     out["warnings"] = warnings
     return out
+
+
+def _pilot_needed(pairs: int, in_scope: int) -> str:
+    """What pilot measures a domain of ``pairs`` (prompt, sample) pairs in a job of
+    ``in_scope`` prompts to ``MIN_DOMAIN`` answers: a pilot of the job's share that holds them,
+    never more than the job, or that no pilot of this job can."""
+    if pairs < MIN_DOMAIN:
+        return f"; it cannot be measured in this job (it has {pairs:,} to answer in all)"
+    need = min(math.ceil(MIN_DOMAIN / pairs * in_scope), in_scope)
+    return f"; a pilot of about {need:,} of the job's {in_scope:,} prompts measures it"
 
 
 def _num(x: Any) -> str:
