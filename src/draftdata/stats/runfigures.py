@@ -51,11 +51,13 @@ from draftdata.store.quarantine import quarantined
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
     iter_failures,
+    output_tokens,
     read_metrics,
     read_shards_parallel,
     shard_keys,
     turn_finish_reasons,
 )
+from draftdata.tokens import ESTIMATE_ERROR
 
 _COLUMNS = ["id", "sample", "domain", "endpoint", "usage", "turns.list.element.finish_reason"]
 
@@ -108,6 +110,10 @@ class RunFigures(msgspec.Struct, kw_only=True):
     stopped: dict[str, int] = msgspec.field(default_factory=dict)
     prompt_tokens: int = 0
     output_tokens: int = 0
+    # completions whose servers counted no output tokens (no usage, or 0): estimated from their
+    # text (draftdata.tokens.turns_tokens), and those estimated tokens, part of output_tokens
+    estimated_answers: int = 0
+    estimated_tokens: int = 0
     cached_tokens: int = 0
     endpoints: list[EndpointFigures] = msgspec.field(default_factory=list)
     domains: dict[str, DomainFigures] = msgspec.field(default_factory=dict)
@@ -135,6 +141,14 @@ class RunFigures(msgspec.Struct, kw_only=True):
         data["output_tokens_per_s"] = round(rate, 2) if rate is not None else None
         data["wasted"]["failed_requests"] = self.wasted.failed_requests
         return data
+
+    def estimate_line(self) -> str:
+        """What part of the output tokens is an estimate, why, and how far off it can be."""
+        return (
+            f"  ~{self.estimated_tokens:,} of the output tokens are estimated from the text of "
+            f"{self.estimated_answers:,} answers the servers counted none for (no usage, or "
+            f"0): {ESTIMATE_ERROR}"
+        )
 
     def when(self) -> str:
         """``active S s`` plus, for several segments, how many and the span with the gaps."""
@@ -169,8 +183,9 @@ class RunFigures(msgspec.Struct, kw_only=True):
                 else []
             ),
             f"  tokens: {self.prompt_tokens:,} prompt ({self.cached_tokens:,} cached), "
-            f"{self.output_tokens:,} output"
+            f"{'~' if self.estimated_answers else ''}{self.output_tokens:,} output"
             + (f" ({rate:,.0f} output tok/s over the active time)" if rate is not None else ""),
+            *([self.estimate_line()] if self.estimated_answers else []),
             f"  finish reasons per completion: {finish}; cut by max tokens: {self.cut:,}",
             *(
                 [
@@ -280,14 +295,19 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
     keys = shard_keys(store, COMPLETIONS_PREFIX)
     fig.set_aside = len(quarantined(store))
     seen = DoneSet()  # the first copy of an (id, sample) counts, as every reader keeps it
-    for table in read_shards_parallel(
+    tables = read_shards_parallel(
         store, keys, COMPLETION_FORMAT, _COLUMNS, optional=["stop_reason"]
-    ):
+    )
+    for key, table in zip(keys, tables, strict=True):
+        out_tokens, estimated = output_tokens(store, key, table)
         pairs = hash_pairs(table.column("id").to_pylist(), table.column("sample").to_pylist())
         first = seen.first_seen(pairs)
         if not first.all():
             fig.duplicates += int((~first).sum())
             table = table.filter(pa.array(first))
+            keep = first.tolist()
+            out_tokens = [n for n, k in zip(out_tokens, keep, strict=True) if k]
+            estimated = [e for e, k in zip(estimated, keep, strict=True) if k]
         ids.update(table.column("id").to_pylist())
         if "stop_reason" in table.column_names:
             stopped.update(r for r in table.column("stop_reason").to_pylist() if r)
@@ -296,10 +316,11 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
         def field(name: str, usage: Any = usage) -> list[int]:
             return [int(x or 0) for x in pc.struct_field(usage, name).to_pylist()]
 
-        out_tokens = field("completion_tokens")
         fig.completions += table.num_rows
         domains = table.column("domain").to_pylist()
         fig.output_tokens += sum(out_tokens)
+        fig.estimated_answers += sum(estimated)
+        fig.estimated_tokens += sum(n for n, e in zip(out_tokens, estimated, strict=True) if e)
         fig.prompt_tokens += sum(field("prompt_tokens"))
         fig.cached_tokens += sum(field("cached_tokens"))
         rows = zip(turn_finish_reasons(table.column("turns")), domains, out_tokens, strict=True)
