@@ -12,10 +12,13 @@ an interrupt, retried attempts). ``run_figures(store)`` counts instead from what
   when any turn was cut by max tokens, else its last turn's reason), and each endpoint's committed
   completions and output tokens, so the endpoint shares sum to 100%;
 - the standing failures (one per (id, sample) not later completed), by class;
-- the metrics snapshots for time only: each segment is one writer process (a writer id plus its
-  start time), spanning from its start to its last snapshot; the run's active time is the union
-  of the segments (parallel writers overlap, sequential commands add up) and the gaps between
-  them are listed; tokens/s is committed output tokens over active time;
+- the metrics snapshots for time: each segment is one writer process (a writer id plus its
+  start time), spanning from its start to its last snapshot; the committed answers' requests
+  (start and answer times) extend a segment past its last snapshot, and are a segment of their
+  own where no snapshot covers them (a command killed before its first snapshot: bounded by its
+  first request and last answer); the run's active time is the union of the segments (parallel
+  writers overlap, sequential commands add up) and the gaps between them are listed; tokens/s
+  is committed output tokens over active time;
 - wasted work, as its own figure: output tokens the endpoints returned beyond those committed
   (from each segment's newest snapshot), hedged copies (and how many won), retried attempts and
   failed requests by class.
@@ -43,6 +46,7 @@ from draftdata.stats.runmetrics import (
     snapshot_time,
     summary_of,
     union,
+    with_commits,
     writer_of,
 )
 from draftdata.store.base import Store
@@ -59,7 +63,16 @@ from draftdata.store.read import (
 )
 from draftdata.tokens import ESTIMATE_ERROR
 
-_COLUMNS = ["id", "sample", "domain", "endpoint", "usage", "turns.list.element.finish_reason"]
+_COLUMNS = [
+    "id",
+    "sample",
+    "domain",
+    "endpoint",
+    "usage",
+    "created",
+    "latency_s",
+    "turns.list.element.finish_reason",
+]
 
 
 class EndpointFigures(msgspec.Struct, kw_only=True):
@@ -292,6 +305,7 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
     finish: Counter[str] = Counter()
     stopped: Counter[str] = Counter()
     per_ep: dict[str, list[int]] = {}  # url -> [completions, output tokens]
+    answered: list[tuple[float, float]] = []  # (request start, answer) of each completion
     keys = shard_keys(store, COMPLETIONS_PREFIX)
     fig.set_aside = len(quarantined(store))
     seen = DoneSet()  # the first copy of an (id, sample) counts, as every reader keeps it
@@ -317,6 +331,11 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
             return [int(x or 0) for x in pc.struct_field(usage, name).to_pylist()]
 
         fig.completions += table.num_rows
+        for created, latency in zip(
+            table.column("created").to_pylist(), table.column("latency_s").to_pylist(), strict=True
+        ):
+            if created:  # the answer's request, in time
+                answered.append((created - (latency or 0.0), created))
         domains = table.column("domain").to_pylist()
         fig.output_tokens += sum(out_tokens)
         fig.estimated_answers += sum(estimated)
@@ -358,10 +377,12 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
         for url, (n, t) in sorted(per_ep.items())
     ]
     snaps = read_metrics(store) if snapshots is None else snapshots
-    fig.segments = segments_of(snaps)
+    logged = segments_of(snaps)
+    # a command killed before its first snapshot (or after its last) shows in its answers
+    fig.segments = with_commits(logged, answered)
     fig.active_s, fig.gaps = union(fig.segments)
     fig.active_s = round(fig.active_s, 3)
     if fig.segments:
         fig.span_s = round(max(s.end for s in fig.segments) - fig.segments[0].start, 3)
-    fig.wasted = _wasted(snaps, fig.segments, fig.output_tokens)
+    fig.wasted = _wasted(snaps, logged, fig.output_tokens)
     return fig

@@ -8,7 +8,9 @@ tokens_per_s). This module accepts the variants: endpoints as a list of rows wit
 ``{reason: count}`` mapping; the time as epoch seconds or ISO-8601 under ``time``, else elapsed
 seconds. Anything unrecognised is skipped, so a run without (usable) metrics gives an empty
 series, never an error. A run's segments (``segments_of``: one per writer process) and the time
-they cover together (``union``) are read from the snapshots here too.
+they cover together (``union``) are read from the snapshots here too; ``with_commits`` adds the
+stretches the committed answers show but no snapshot covers (a command killed before its first
+snapshot, or after its last), bounded by their requests' first start and last answer.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import msgspec
 
 _ELAPSED_KEYS = ("elapsed_s", "wall_s")  # a progress snapshot's, the final summary's
 SAME_START_S = 2.0  # two snapshots of one writer whose start times differ less are one process
+COMMIT_GAP_S = 1.0  # answers further apart than this with no request between: two stretches
+UNLOGGED = "(no metrics snapshot)"  # the writer of a stretch only its committed answers show
 
 
 def _num(value: Any) -> float | None:
@@ -288,3 +292,29 @@ def union(segments: list[Segment]) -> tuple[float, list[tuple[float, float]]]:
             covered += s.end - end
             end = s.end
     return covered, gaps
+
+
+def with_commits(segments: list[Segment], answers: list[tuple[float, float]]) -> list[Segment]:
+    """``segments`` plus what the committed ``answers`` (each its request's start and its
+    answer's time, epoch seconds) show beyond them: requests that overlap (or follow within
+    ``COMMIT_GAP_S``) form a stretch; a stretch that overlaps a segment extends it (a command
+    killed after its last snapshot), one that overlaps none is a segment of its own (a command
+    killed before its first snapshot: its time bounded by its first request and last answer).
+    Sorted by start."""
+    stretches: list[list[float]] = []
+    for start, end in sorted(answers):
+        if stretches and start <= stretches[-1][1] + COMMIT_GAP_S:
+            stretches[-1][1] = max(stretches[-1][1], end)
+        else:
+            stretches.append([start, end])
+    out = [Segment(writer=s.writer, start=s.start, end=s.end) for s in segments]
+    for start, end in stretches:
+        hit = [s for s in out if s.start <= end and start <= s.end]
+        if not hit:
+            out.append(Segment(writer=UNLOGGED, start=start, end=end))
+            continue
+        for s in hit:  # the commits of a segment after its last snapshot (or before its first)
+            if s.writer != UNLOGGED:
+                s.start, s.end = min(s.start, start), max(s.end, end)
+                break
+    return sorted(out, key=lambda s: s.start)
