@@ -40,6 +40,7 @@ from draftdata.formats import COMPLETION_FORMAT
 from draftdata.stats.runmetrics import (
     SAME_START_S,
     Segment,
+    answer_throughput,
     segments_of,
     snapshot_elapsed,
     snapshot_endpoints,
@@ -135,6 +136,9 @@ class RunFigures(msgspec.Struct, kw_only=True):
     active_s: float = 0.0  # union of the segments
     span_s: float = 0.0  # first start to last end, gaps included
     wasted: Wasted = msgspec.field(default_factory=Wasted)
+    # committed output tokens/s per endpoint over time: (seconds since the first segment
+    # started, tok/s), each answer's tokens spread over its request's life (runmetrics)
+    throughput: dict[str, list[tuple[float, float]]] = msgspec.field(default_factory=dict)
 
     @property
     def failures(self) -> int:
@@ -306,6 +310,7 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
     stopped: Counter[str] = Counter()
     per_ep: dict[str, list[int]] = {}  # url -> [completions, output tokens]
     answered: list[tuple[float, float]] = []  # (request start, answer) of each completion
+    by_endpoint: dict[str, list[tuple[float, float, int]]] = {}  # url -> (start, end, tokens)
     keys = shard_keys(store, COMPLETIONS_PREFIX)
     fig.set_aside = len(quarantined(store))
     seen = DoneSet()  # the first copy of an (id, sample) counts, as every reader keeps it
@@ -331,11 +336,17 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
             return [int(x or 0) for x in pc.struct_field(usage, name).to_pylist()]
 
         fig.completions += table.num_rows
-        for created, latency in zip(
-            table.column("created").to_pylist(), table.column("latency_s").to_pylist(), strict=True
+        for created, latency, url, tokens in zip(
+            table.column("created").to_pylist(),
+            table.column("latency_s").to_pylist(),
+            table.column("endpoint").to_pylist(),
+            out_tokens,
+            strict=True,
         ):
             if created:  # the answer's request, in time
-                answered.append((created - (latency or 0.0), created))
+                span = (created - (latency or 0.0), created)
+                answered.append(span)
+                by_endpoint.setdefault(url or "(unknown)", []).append((*span, tokens))
         domains = table.column("domain").to_pylist()
         fig.output_tokens += sum(out_tokens)
         fig.estimated_answers += sum(estimated)
@@ -384,5 +395,6 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
     fig.active_s = round(fig.active_s, 3)
     if fig.segments:
         fig.span_s = round(max(s.end for s in fig.segments) - fig.segments[0].start, 3)
+        fig.throughput = answer_throughput(by_endpoint, fig.segments[0].start)
     fig.wasted = _wasted(snaps, logged, fig.output_tokens)
     return fig

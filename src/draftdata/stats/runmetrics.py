@@ -15,6 +15,7 @@ snapshot, or after its last), bounded by their requests' first start and last an
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
@@ -318,3 +319,44 @@ def with_commits(segments: list[Segment], answers: list[tuple[float, float]]) ->
                 s.start, s.end = min(s.start, start), max(s.end, end)
                 break
     return sorted(out, key=lambda s: s.start)
+
+
+def answer_throughput(
+    answers: dict[str, list[tuple[float, float, int]]], origin: float, max_points: int = 60
+) -> dict[str, list[tuple[float, float]]]:
+    """Output tokens/s over time per endpoint from committed answers: ``{url: [(start, end,
+    tokens)]}`` (epoch seconds of each request's start and answer) -> ``{url: [(seconds since
+    origin, tok/s)]}``. Each answer's tokens are spread evenly over its request's life, the time
+    they were generated in, and the bins are never narrower than the median request life: an
+    endpoint counts an answer's tokens when it ends, so bins narrower than a request show
+    bursts and empty stretches (several times the true rate, then 0) where the fleet decoded
+    steadily. ``{}`` without answers, or when most answers carry no request life (latency 0:
+    records that do not say when their request started)."""
+    spans = [a for iv in answers.values() for a in iv]
+    if not spans:
+        return {}
+    start = min(a[0] for a in spans)
+    end = max(a[1] for a in spans)
+    lives = sorted(e - s for s, e, _ in spans)
+    life = lives[len(lives) // 2]
+    if life <= 0:
+        return {}
+    width = max((end - start) / max_points, life)
+    nbins = max(1, math.ceil((end - start) / width))
+    out: dict[str, list[tuple[float, float]]] = {}
+    for url, iv in sorted(answers.items()):
+        acc = [0.0] * nbins
+        for s, e, tokens in iv:
+            first = min(nbins - 1, int((s - start) // width))
+            last = min(nbins - 1, int((e - start) // width))
+            if e <= s or first == last:
+                acc[first] += tokens
+                continue
+            for k in range(first, last + 1):
+                lo, hi = start + k * width, start + (k + 1) * width
+                acc[k] += tokens * max(0.0, min(hi, e) - max(lo, s)) / (e - s)
+        out[url] = [
+            (round(start - origin + (k + 0.5) * width, 3), round(acc[k] / width, 3))
+            for k in range(nbins)
+        ]
+    return out
