@@ -265,12 +265,13 @@ def answer_tokens(
     *,
     calls: int = 0,
     reasoning: bool = False,
+    count: TokenCounter | None = None,
 ) -> tuple[int, bool]:
     """(output tokens, estimated) of one answered turn (module docstring): ``counted`` (the
-    server's usage) when above 0, else the length of its output token ``ids``, else the
-    estimate of its ``texts`` (content, reasoning, tool calls) with the template's frame around
-    them (``calls`` tool calls, a ``reasoning`` block), ``estimated`` True. An answer with no
-    text is 0, measured."""
+    server's usage) when above 0, else the length of its output token ``ids``, else its
+    ``texts`` (content, reasoning, tool calls) counted by ``count`` (default: the estimate)
+    with the template's frame around them (``calls`` tool calls, a ``reasoning`` block),
+    ``estimated`` True (the server did not count them). An answer with no text is 0."""
     if counted is not None and counted > 0:
         return int(counted), False
     if ids:
@@ -279,10 +280,11 @@ def answer_tokens(
     if not texts:
         return 0, False
     frame = END_OF_TURN_TOKENS + TOOL_CALL_TOKENS * calls + REASONING_TOKENS * reasoning
-    return max(1, round(float(estimate_tokens(texts).sum()) + frame)), True
+    counts = (count or counter()).count(texts)
+    return max(1, round(float(counts.sum()) + frame)), True
 
 
-def turn_tokens(turn: Turn) -> tuple[int, bool]:
+def turn_tokens(turn: Turn, count: TokenCounter | None = None) -> tuple[int, bool]:
     """``answer_tokens`` of one ``Turn``."""
     calls = turn.tool_calls or []
     texts = [turn.content or "", turn.reasoning or "", *(tool_call_text(c) for c in calls)]
@@ -292,22 +294,25 @@ def turn_tokens(turn: Turn) -> tuple[int, bool]:
         texts,
         calls=len(calls),
         reasoning=bool(turn.reasoning),
+        count=count,
     )
 
 
-def turns_tokens(turns: Sequence[Turn]) -> tuple[int, bool]:
+def turns_tokens(turns: Sequence[Turn], count: TokenCounter | None = None) -> tuple[int, bool]:
     """(output tokens, any estimated) of a completion's turns, each counted by ``turn_tokens``."""
     total, estimated = 0, False
     for t in turns:
-        n, est = turn_tokens(t)
+        n, est = turn_tokens(t, count)
         total += n
         estimated |= est
     return total, estimated
 
 
-def completion_tokens(counted: int, turns: Sequence[Turn]) -> tuple[int, bool]:
+def completion_tokens(
+    counted: int, turns: Sequence[Turn], count: TokenCounter | None = None
+) -> tuple[int, bool]:
     """(output tokens, any estimated) of a completion: its usage's count (``counted``, the sum
     over its turns) when above 0, else its turns counted by ``turns_tokens``."""
     if counted > 0:
         return counted, False
-    return turns_tokens(turns)
+    return turns_tokens(turns, count)

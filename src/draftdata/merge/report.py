@@ -11,7 +11,13 @@ from rich.console import Console
 
 from draftdata import tables
 from draftdata.tables import compact, table
+from draftdata.tokens import ESTIMATE_ERROR
 
+# what an estimate of loss tokens is, and the way to count them exactly
+ESTIMATE_NOTE = (
+    f"~ loss tokens estimated from the text: {ESTIMATE_ERROR}; --tokenizer DIR counts them "
+    "with the target's tokenizer"
+)
 MIX_HEADER = ["domain", "before", "before %", "unique", "target", "train", "eval", "after %"]
 
 
@@ -166,6 +172,8 @@ def print_plan(plan: dict[str, Any], console: Console | None = None) -> None:
     console.print(table(f"plan ({unit})", header, plan_rows(plan, estimated)))
     for line in plan_lines(plan):
         console.print(line, highlight=False)
+    if plan["unit"] == "loss_tokens" and plan.get("method", "estimate") == "estimate":
+        console.print(ESTIMATE_NOTE, highlight=False)
 
 
 def token_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -217,6 +225,8 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
         ]  # fmt: skip
         title = f"loss tokens (before / target / after; {how})"
         console.print(table(title, head, token_rows(report)))
+        if report["tokens"].get("method") == "estimate":
+            console.print(ESTIMATE_NOTE, highlight=False)
     dropped = ", ".join(f"{k} {v:,}" for k, v in report["dropped"].items() if v) or "none"
     console.print(f"dropped: {dropped}")
     for i in report["inputs"]:

@@ -683,6 +683,9 @@ def merge(
     with stats.timed("plan"):
         plan, alloc, facts = _plan_output(config, keys, infos, stats)
     facts["plan"]["estimated"] = family == "chat"  # tokens of text, not of tokenized samples
+    facts["plan"]["method"] = (
+        "exact" if family == "samples" else ("tokenizer" if config.tokenizer else "estimate")
+    )
     if on_plan is not None:
         on_plan(facts["plan"])
     if config.plan_only:

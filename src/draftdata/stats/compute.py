@@ -284,7 +284,7 @@ def _stats_run(b: StatsBuilder) -> None:
             domain = _label(b, c.domain) or classify(conv.messages, c.tools)
             out_chars = sum(len(t.content or "") + len(t.reasoning or "") for t in c.turns)
             # usage, else token ids, else the text
-            out_tokens, estimated = completion_tokens(c.usage.completion_tokens, c.turns)
+            out_tokens, estimated = completion_tokens(c.usage.completion_tokens, c.turns, b.count)
             b.output_estimated += estimated
             measures: dict[str, float] = {"output_chars": out_chars}
             if out_tokens:
@@ -317,11 +317,13 @@ def _failures(ds: Dataset) -> dict[str, Any]:
     }
 
 
-def _run_figures(ds: Dataset, snaps: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _run_figures(
+    ds: Dataset, snaps: list[dict[str, Any]], count: TokenCounter
+) -> dict[str, Any] | None:
     """The whole run's committed figures (``runfigures``), None when they cannot be read."""
 
     try:
-        return run_figures(ds.store, snaps).to_dict()
+        return run_figures(ds.store, snaps, count).to_dict()
     except DraftdataError:
         return None
 
@@ -422,7 +424,7 @@ def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
             out["failures"] = _failures(ds)
             snaps = run_metrics(ds)
             out["metrics"] = headline(snaps)
-            out["run"] = _run_figures(ds, snaps)
+            out["run"] = _run_figures(ds, snaps, count)
     if ds.kind == "prompts":
         report = read_json_file(ds.store, PREPARE_REPORT)
         if report is not None:

@@ -175,10 +175,15 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
             t.add_row(k, _n(v))
         parts.append(t)
     if stats.get("output_tokens_estimated"):
+        how = (
+            f"counted with the tokenizer in {stats.get('tokenizer')}"
+            if stats.get("token_method") == "tokenizer"
+            else ESTIMATE_ERROR
+        )
         parts.append(
             Text(
                 f"~ output tokens of {_n(stats['output_tokens_estimated'])} answers are "
-                f"estimated from their text (their servers counted none): {ESTIMATE_ERROR}",
+                f"counted from their text (their servers counted none): {how}",
                 style="yellow",
             )
         )

@@ -62,7 +62,7 @@ from draftdata.store.read import (
     shard_keys,
     turn_finish_reasons,
 )
-from draftdata.tokens import ESTIMATE_ERROR
+from draftdata.tokens import ESTIMATE_ERROR, TokenCounter
 
 _COLUMNS = [
     "id",
@@ -128,6 +128,7 @@ class RunFigures(msgspec.Struct, kw_only=True):
     # text (draftdata.tokens.turns_tokens), and those estimated tokens, part of output_tokens
     estimated_answers: int = 0
     estimated_tokens: int = 0
+    estimated_with: str | None = None  # the tokenizer folder that counted them (None: estimate)
     cached_tokens: int = 0
     endpoints: list[EndpointFigures] = msgspec.field(default_factory=list)
     domains: dict[str, DomainFigures] = msgspec.field(default_factory=dict)
@@ -161,10 +162,15 @@ class RunFigures(msgspec.Struct, kw_only=True):
 
     def estimate_line(self) -> str:
         """What part of the output tokens is an estimate, why, and how far off it can be."""
+        how = (
+            f"counted with the tokenizer in {self.estimated_with}"
+            if self.estimated_with
+            else ESTIMATE_ERROR
+        )
         return (
-            f"  ~{self.estimated_tokens:,} of the output tokens are estimated from the text of "
+            f"  ~{self.estimated_tokens:,} of the output tokens are counted from the text of "
             f"{self.estimated_answers:,} answers the servers counted none for (no usage, or "
-            f"0): {ESTIMATE_ERROR}"
+            f"0): {how}"
         )
 
     def when(self) -> str:
@@ -300,11 +306,16 @@ def _wasted(snapshots: list[dict[str, Any]], segments: list[Segment], committed:
     return w
 
 
-def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> RunFigures:
+def run_figures(
+    store: Store, snapshots: list[dict[str, Any]] | None = None, count: TokenCounter | None = None
+) -> RunFigures:
     """The whole run's figures (module docstring); ``snapshots`` default to the run's
-    ``metrics/*.json``."""
+    ``metrics/*.json``; ``count`` counts the text of answers their servers counted no tokens
+    for (default: the estimate)."""
 
     fig = RunFigures()
+    if count is not None and count.tokenizer:
+        fig.estimated_with = count.tokenizer
     ids: set[str] = set()
     finish: Counter[str] = Counter()
     stopped: Counter[str] = Counter()
@@ -318,7 +329,7 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
         store, keys, COMPLETION_FORMAT, _COLUMNS, optional=["stop_reason"]
     )
     for key, table in zip(keys, tables, strict=True):
-        out_tokens, estimated = output_tokens(store, key, table)
+        out_tokens, estimated = output_tokens(store, key, table, count)
         pairs = hash_pairs(table.column("id").to_pylist(), table.column("sample").to_pylist())
         first = seen.first_seen(pairs)
         if not first.all():

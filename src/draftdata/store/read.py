@@ -43,7 +43,7 @@ from draftdata.store.doneset import DoneSet, hash_pairs, pair_hash
 from draftdata.store.manifest import load_manifest
 from draftdata.store.quarantine import quarantined, read_error
 from draftdata.store.store import open_store
-from draftdata.tokens import turns_tokens
+from draftdata.tokens import TokenCounter, turns_tokens
 
 COMPLETIONS_PREFIX = "completions/"
 FAILURES_PREFIX = "failures/"
@@ -208,11 +208,13 @@ def turn_finish_reasons(turns: Any) -> list[list[str | None]]:
     return out
 
 
-def output_tokens(store: Store, key: str, table: pa.Table) -> tuple[list[int], list[bool]]:
+def output_tokens(
+    store: Store, key: str, table: pa.Table, count: TokenCounter | None = None
+) -> tuple[list[int], list[bool]]:
     """(output tokens, estimated) of each row of ``table``: every row of the completions shard
     ``key`` in order, with its ``usage`` column. The usage's count where it has one; the rows
     whose usage counts none (a server that sent no usage, or 0) are counted from their turns
-    (``draftdata.tokens.turns_tokens``), which are read only then."""
+    (``draftdata.tokens.turns_tokens``, their text with ``count``), read only then."""
     counted = pc.struct_field(table.column("usage"), "completion_tokens").to_pylist()
     tokens = [int(x or 0) for x in counted]
     estimated = [False] * len(tokens)
@@ -223,5 +225,5 @@ def output_tokens(store: Store, key: str, table: pa.Table) -> tuple[list[int], l
     if len(turns) != len(tokens):
         raise StoreError(f"{store.key_url(key)}: changed while it was read; read it again")
     for i, row in zip(zero, turns.take(pa.array(zero)).to_pylist(), strict=True):
-        tokens[i], estimated[i] = turns_tokens([turn_from_row(t) for t in row or []])
+        tokens[i], estimated[i] = turns_tokens([turn_from_row(t) for t in row or []], count)
     return tokens, estimated

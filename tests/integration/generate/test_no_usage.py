@@ -74,14 +74,14 @@ def test_every_figure_counts_answers_whose_servers_counted_none(
     assert run.estimated_answers == estimated == summary.estimated_answers
     assert run.output_tokens_per_s is not None and run.output_tokens_per_s > 0
     text = "\n".join(summary.lines())
-    assert ("are estimated from the text" in text) == (not ids), text
+    assert ("are counted from the text" in text and "another family" in text) == (not ids), text
     # stats of the run: the same figures, the per-domain lengths, the flag
     stats = compute_stats(str(out))
     assert stats["run"]["output_tokens"] == want
     assert stats["output_tokens_estimated"] == estimated
     assert stats["lengths"]["output_tokens"]["count"] == N
     rendered = str(stats_renderable(stats).renderables)
-    assert ("estimated from their text" in rendered) == (not ids)
+    assert ("counted from their text" in rendered and "another family" in rendered) == (not ids)
     # the length model's history
     assert sum(n for _, _, n in run_history(open_store(str(out)))) == want
 
