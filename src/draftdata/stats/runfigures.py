@@ -33,12 +33,14 @@ from collections import Counter
 from typing import Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftdata.formats import COMPLETION_FORMAT
 from draftdata.stats.runmetrics import (
     SAME_START_S,
+    Answers,
     Segment,
     answer_throughput,
     segments_of,
@@ -320,8 +322,12 @@ def run_figures(
     finish: Counter[str] = Counter()
     stopped: Counter[str] = Counter()
     per_ep: dict[str, list[int]] = {}  # url -> [completions, output tokens]
-    answered: list[tuple[float, float]] = []  # (request start, answer) of each completion
-    by_endpoint: dict[str, list[tuple[float, float, int]]] = {}  # url -> (start, end, tokens)
+    # each committed answer in time: request start, answer, tokens, endpoint (per shard)
+    starts: list[np.ndarray[Any, Any]] = []
+    ends: list[np.ndarray[Any, Any]] = []
+    toks: list[np.ndarray[Any, Any]] = []
+    eps: list[np.ndarray[Any, Any]] = []
+    urls: dict[str, int] = {}
     keys = shard_keys(store, COMPLETIONS_PREFIX)
     fig.set_aside = len(quarantined(store))
     seen = DoneSet()  # the first copy of an (id, sample) counts, as every reader keeps it
@@ -347,17 +353,15 @@ def run_figures(
             return [int(x or 0) for x in pc.struct_field(usage, name).to_pylist()]
 
         fig.completions += table.num_rows
-        for created, latency, url, tokens in zip(
-            table.column("created").to_pylist(),
-            table.column("latency_s").to_pylist(),
-            table.column("endpoint").to_pylist(),
-            out_tokens,
-            strict=True,
-        ):
-            if created:  # the answer's request, in time
-                span = (created - (latency or 0.0), created)
-                answered.append(span)
-                by_endpoint.setdefault(url or "(unknown)", []).append((*span, tokens))
+        endpoints = table.column("endpoint").to_pylist()
+        created = table.column("created").fill_null(0.0).to_numpy().astype(np.float64)
+        latency = table.column("latency_s").fill_null(0.0).to_numpy().astype(np.float64)
+        timed = created > 0  # the answer's request, in time
+        where = [urls.setdefault(u or "(unknown)", len(urls)) for u in endpoints]
+        starts.append((created - latency)[timed])
+        ends.append(created[timed])
+        toks.append(np.asarray(out_tokens, dtype=np.float64)[timed])
+        eps.append(np.asarray(where, dtype=np.int64)[timed])
         domains = table.column("domain").to_pylist()
         fig.output_tokens += sum(out_tokens)
         fig.estimated_answers += sum(estimated)
@@ -374,7 +378,7 @@ def run_figures(
             d.completions += 1
             d.output_tokens += tokens
             d.cut += cut
-        for url, tokens in zip(table.column("endpoint").to_pylist(), out_tokens, strict=True):
+        for url, tokens in zip(endpoints, out_tokens, strict=True):
             acc = per_ep.setdefault(url or "(unknown)", [0, 0])
             acc[0] += 1
             acc[1] += tokens
@@ -401,11 +405,18 @@ def run_figures(
     snaps = read_metrics(store) if snapshots is None else snapshots
     logged = segments_of(snaps)
     # a command killed before its first snapshot (or after its last) shows in its answers
-    fig.segments = with_commits(logged, answered)
+    answers = Answers(
+        start=np.concatenate(starts) if starts else np.zeros(0),
+        end=np.concatenate(ends) if ends else np.zeros(0),
+        tokens=np.concatenate(toks) if toks else np.zeros(0),
+        endpoint=np.concatenate(eps) if eps else np.zeros(0, np.int64),
+        urls=sorted(urls, key=urls.__getitem__),
+    )
+    fig.segments = with_commits(logged, answers)
     fig.active_s, fig.gaps = union(fig.segments)
     fig.active_s = round(fig.active_s, 3)
     if fig.segments:
         fig.span_s = round(max(s.end for s in fig.segments) - fig.segments[0].start, 3)
-        fig.throughput = answer_throughput(by_endpoint, fig.segments[0].start)
+        fig.throughput = answer_throughput(answers, fig.segments[0].start)
     fig.wasted = _wasted(snaps, logged, fig.output_tokens)
     return fig
