@@ -317,6 +317,19 @@ def _usage(d: dict[str, Any] | None) -> Usage:
     )
 
 
+def turn_from_row(t: dict[str, Any]) -> Turn:
+    """One element of a completions shard's ``turns`` column (as ``to_pylist`` gives it)."""
+    return Turn(
+        content=t.get("content"),
+        reasoning=t.get("reasoning"),
+        tool_calls=_unj(t.get("tool_calls")),
+        finish_reason=t.get("finish_reason"),
+        prompt_token_ids=t.get("prompt_token_ids"),
+        output_token_ids=t.get("output_token_ids"),
+        usage=_usage(t.get("usage")),
+    )
+
+
 def completion_from_row(d: dict[str, Any]) -> Completion:
     """Inverse of ``completion_row``."""
     return Completion(
@@ -326,18 +339,7 @@ def completion_from_row(d: dict[str, Any]) -> Completion:
         domain=d.get("domain") or "",
         messages=[_message(m) for m in d.get("messages") or []],
         tools=_unj(d.get("tools")),
-        turns=[
-            Turn(
-                content=t.get("content"),
-                reasoning=t.get("reasoning"),
-                tool_calls=_unj(t.get("tool_calls")),
-                finish_reason=t.get("finish_reason"),
-                prompt_token_ids=t.get("prompt_token_ids"),
-                output_token_ids=t.get("output_token_ids"),
-                usage=_usage(t.get("usage")),
-            )
-            for t in d.get("turns") or []
-        ],
+        turns=[turn_from_row(t) for t in d.get("turns") or []],
         usage=_usage(d.get("usage")),
         model=d.get("model") or "",
         sampling=_unj(d.get("sampling")) or {},

@@ -154,6 +154,12 @@ def register(app: typer.Typer) -> None:
             "--no-token-ids",
             help="Ignore return_token_ids (answer without ids, as an engine that cannot).",
         ),
+        usage: str = typer.Option(
+            "full",
+            "--usage",
+            help="The usage each answer reports: full (the counts), none (no usage object, "
+            "as a server that sends none) or zero (0 completion tokens).",
+        ),
         max_choices: int | None = typer.Option(
             None,
             "--max-choices",
@@ -246,6 +252,7 @@ def register(app: typer.Typer) -> None:
                 tool_call_rate=tool_call_rate,
                 startup_s=startup_seconds,
                 token_ids=not no_token_ids,
+                usage=usage,  # type: ignore[arg-type]
                 max_choices=max_choices,
                 spec_tokens=spec_tokens,
                 accept_rate=accept_rate,

@@ -71,6 +71,7 @@ from draftdata.generate.placement import TailPlan, hedge_pays, job_cap
 from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
 from draftdata.records import Completion, Failure
+from draftdata.tokens import turns_tokens
 
 _AFFINITY_SIZE = 4096
 _RETRY_PATIENCE_S = 2.0  # how long a retry waits for an endpoint other than the one it failed on
@@ -442,7 +443,7 @@ class Dispatcher:
         per_sample = answer.per_sample
         p, prompt_len, cap = job.prompt, prompt_tokens(job), self.cap(job)
         for turns in per_sample:
-            out = sum(t.usage.completion_tokens for t in turns)
+            out = turns_tokens(turns)[0]  # usage, else token ids, else the text
             self.lengths.observe(p.source, p.domain, prompt_len, out, cap)
         samples = job.samples
         if len(per_sample) < len(samples):  # the server ignored n: ask for the rest one by one

@@ -128,9 +128,11 @@ def _ordered(series: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, f
 def _mix_section(data: ReportData) -> page.Section:
     series, how = _mix_series(data)
     series = _ordered(series)
+    palette = plots.Palette()  # a series keeps its colour in the row and the token chart
     plot = plots.grouped_bars(
-        "domain-mix", "Domain mix", series, "share of rows (%)", how, percent=True
-    )
+        "domain-mix", "Domain mix", series, "share of rows (%)", how, percent=True,
+        palette=palette,
+    )  # fmt: skip
     domains = list(next(iter(series.values()), {}))
     rows = [[d, *(f"{100 * v.get(d, 0.0):.1f}%" for v in series.values())] for d in domains]
     tables = [page.table(["domain", *series], rows)] if rows else []
@@ -144,6 +146,7 @@ def _mix_section(data: ReportData) -> page.Section:
         "share of loss tokens (%)",
         thow,
         percent=True,
+        palette=palette,
     )
     if tplot:
         figures.append(tplot)
@@ -151,6 +154,33 @@ def _mix_section(data: ReportData) -> page.Section:
         trows = [[d, *(f"{100 * v.get(d, 0.0):.1f}%" for v in tseries.values())] for d in tdomains]
         tables.append(page.table(["domain (loss tokens)", *tseries], trows))
     return page.Section("Domain mix", figures, "no domain counts", tables)
+
+
+def _subject_token_shares(data: ReportData) -> tuple[str, dict[str, float]]:
+    """The report's subject (its first input) as shares of loss tokens, and its name: the
+    training set it holds (a merge output's result, else tokenized samples), else its run or
+    dataset; ("", {}) when the subject has no token counts."""
+    main = data.parts[0] if data.parts else None
+    if main is None:
+        return "", {}
+    for m in data.merged:
+        if m.url not in main.merged:
+            continue
+        after: dict[str, float] = {}
+        for split in ((m.report or {}).get("tokens") or {}).get("after", {}).values():
+            for d, n in (split or {}).items():
+                after[d] = after.get(d, 0.0) + float(n)
+        shares = _shares(after) or m.stats.domain_loss_token_shares()
+        if shares:
+            return f"{_name(m.url)} (merged)", shares
+    own = [(u, s) for u, s in data.tokenized if u in main.tokenized]
+    own += [(r.url, r.stats) for r in data.runs if r.url in main.runs]
+    own += data.datasets + [(u, s) for u, s in data.prompts if u in main.prompts]
+    for url, st in own:
+        shares = st.domain_loss_token_shares()
+        if shares:
+            return f"{_name(url)} ({st.kind})", shares
+    return "", {}
 
 
 def _acceptance_section(data: ReportData) -> page.Section | None:
@@ -174,8 +204,7 @@ def _acceptance_section(data: ReportData) -> page.Section | None:
         "each measurement's acceptance rate per domain (draftdata acceptance)",
         percent=True,
     )
-    tseries, _ = _token_mix_series(data) if data.parts else ({}, "")
-    mix_name, mix = next(iter(tseries.items()), ("", {}))
+    mix_name, mix = _subject_token_shares(data)
     domains = list(next(iter(series.values()), {}))
     header = ["domain"]
     if mix:
@@ -312,7 +341,12 @@ def _throughput_section(data: ReportData) -> page.Section:
         data.throughput(),
         "seconds since the run started",
         "output tokens/s",
-        "from the run's metrics snapshots (metrics/*.json)"
+        (
+            "committed output tokens, each answer's spread over its request's life, in bins no "
+            "narrower than a request"
+            if all(r.figures and r.figures.get("throughput") for r in data.runs)
+            else "from the run's metrics snapshots (metrics/*.json)"
+        )
         + ("; shaded: gaps between the run's segments (not running)" if gaps else ""),
         gaps=gaps,
     )

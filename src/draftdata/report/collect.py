@@ -226,7 +226,11 @@ def _run(url: str) -> RunPart:
         manifest = read_manifest(store)
     except DraftdataError:
         manifest = {}
-    part = RunPart(url, stats, manifest, headline(snaps), throughput_series(snaps), _total(snaps))
+    run = stats.get("run")
+    # committed answers over their requests' lives; the snapshots' counts for a run without
+    throughput = (run or {}).get("throughput") or throughput_series(snaps)
+    throughput = {u: [(float(x), float(y)) for x, y in pts] for u, pts in throughput.items()}
+    part = RunPart(url, stats, manifest, headline(snaps), throughput, _total(snaps))
     try:
         found = latest_forecast(store)
     except DraftdataError:  # a damaged forecast does not stop the report

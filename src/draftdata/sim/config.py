@@ -23,6 +23,8 @@ from draftdata.errors import ConfigError
 
 Flavor = Literal["sglang", "vllm"]
 ReasoningMode = Literal["parsed", "inline", "off"]
+# what ``usage`` a server reports: the counts, no ``usage`` object at all, or 0 completion tokens
+UsageMode = Literal["full", "none", "zero"]
 
 
 class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -95,6 +97,7 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     reasoning_share: float = 0.6
     tool_call_rate: float = 0.5
     cache_report: bool = True
+    usage: UsageMode = "full"
     token_ids: bool = True  # False: ignore return_token_ids (an engine that cannot return ids)
     max_choices: int | None = None  # answer at most this many of ``n`` choices (None: all)
     time_scale: float = 1.0
@@ -141,6 +144,10 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         (
             config.reasoning in ("parsed", "inline", "off"),
             f"--reasoning: {config.reasoning!r}; use parsed, inline or off",
+        ),
+        (
+            config.usage in ("full", "none", "zero"),
+            f"--usage: {config.usage!r}; use full, none or zero",
         ),
         (config.max_running >= 1, "--max-running: must be at least 1"),
         (config.dp_size >= 1, "--dp-size: must be at least 1"),

@@ -398,11 +398,15 @@ class SimServer:
         details = [c.spec.details(len(c.ids)) for c in prep.choices if c.spec is not None]
         return details if len(prep.choices) > 1 else (details[0] if details else None)
 
-    def _usage(self, prep: Prepared) -> dict[str, Any]:
+    def _usage(self, prep: Prepared) -> dict[str, Any] | None:
+        # --usage none: no usage object (a server that sends none); zero: 0 completion tokens
+        if self.config.usage == "none":
+            return None
+        completion = sum(len(c.ids) for c in prep.choices) if self.config.usage == "full" else 0
         return shapes.usage(
             self.config.flavor,
             len(prep.prompt_ids),
-            sum(len(c.ids) for c in prep.choices),
+            completion,
             prep.cached_tokens,
             sum(c.reasoning_tokens for c in prep.choices),
         )
@@ -470,8 +474,9 @@ class SimServer:
                     upto = min(targets[i], sent[i] + step)
                     await out.tokens(i, c, sent[i], upto)
                     sent[i] = upto
-        if prep.include_usage:
-            await out.send([], usage_=self._usage(prep))
+        usage = self._usage(prep)
+        if prep.include_usage and usage is not None:
+            await out.send([], usage_=usage)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
 

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from draftdata import tables
 from draftdata.stats.runfigures import RunFigures
+from draftdata.tokens import ESTIMATE_ERROR
 
 
 def _pct(x: float | None) -> str:
@@ -43,7 +44,10 @@ def token_note(stats: dict[str, Any]) -> str:
     if method == "tokenizer":
         return f"~ tokens counted with the tokenizer in {stats.get('tokenizer')}"
     if method == "estimate":
-        return "~ tokens estimated from the text (--tokenizer DIR counts them with the target's)"
+        return (
+            f"~ tokens estimated from the text: {ESTIMATE_ERROR}; --tokenizer DIR counts them "
+            "with the target's"
+        )
     return ""
 
 
@@ -170,6 +174,19 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
         for k, v in failures["by_reason"].items():
             t.add_row(k, _n(v))
         parts.append(t)
+    if stats.get("output_tokens_estimated"):
+        how = (
+            f"counted with the tokenizer in {stats.get('tokenizer')}"
+            if stats.get("token_method") == "tokenizer"
+            else ESTIMATE_ERROR
+        )
+        parts.append(
+            Text(
+                f"~ output tokens of {_n(stats['output_tokens_estimated'])} answers are "
+                f"counted from their text (their servers counted none): {how}",
+                style="yellow",
+            )
+        )
     run = stats.get("run")
     metrics = stats.get("metrics")
     if run:
