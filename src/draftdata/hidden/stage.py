@@ -240,7 +240,6 @@ def _run(
         lease=(lease.scope, lease.gen),
     )
     todo_tokens = int(sum(int(plan.num_tokens[r]) for r in todo))
-    progress = Progress(len(todo), todo_tokens, show=say if config.progress else None)
     candidates = _Candidates(config.verify)
     written = already = tokens_written = bytes_written = 0
     predicted_written = 0
@@ -255,6 +254,7 @@ def _run(
                 f"{workers.facts.hidden_size}, its config.json says {facts.num_layers} × "
                 f"{facts.hidden_size}"
             )
+        progress = Progress(len(todo), todo_tokens, show=say if config.progress else None)
 
         def account(results: list[BatchResult]) -> None:
             nonlocal written, already, tokens_written, bytes_written, predicted_written
