@@ -41,7 +41,7 @@ from draftdata.hidden.layers import Capture, parse_layers
 from draftdata.hidden.plan import Plan, batches, iter_rows, make_plan, rows_of_pilot, windows
 from draftdata.hidden.progress import Progress
 from draftdata.hidden.run import BatchResult, Workers, WorkerSpec
-from draftdata.hidden.setfiles import open_manifest, write_index, write_summary
+from draftdata.hidden.setfiles import check_prefix, open_manifest, write_index, write_summary
 from draftdata.hidden.verify import choose_rows, summarise, tolerance
 from draftdata.hidden.writer import SampleRow, Writer
 from draftdata.hidden.writers import writer_for
@@ -158,6 +158,7 @@ def hidden_states(
     say(f"hidden-states: layers {capture.describe(facts.num_layers)}, {config.format} files")
     check_budget(bill, config.max_bytes)
     # -- claim
+    check_prefix(store)
     lease = acquire(store, RUN_SCOPE, ttl=config.lease_ttl, wait=config.lease_wait)
     try:
         open_manifest(store, settings)
@@ -313,7 +314,7 @@ def _run(
                 )
     summary = HiddenSummary(
         out=store.url,
-        format=config.format,
+        trainer_format=config.format,
         model=config.model,
         layers=capture.describe(facts.num_layers),
         dtype=config.dtype,
