@@ -38,6 +38,14 @@ def speculators(item: dict[str, Any], max_len: int) -> dict[str, Any]:
     transfer = FP8Transfer(folder) if item["fp8"] else FileTransfer(folder)
     ds = ArrowDataset(max_len, item["path"], transfer=transfer, on_missing="raise")
     out = {}
+    import torch
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    freq = torch.load(str(Path(item["path"]) / "token_freq.pt"), weights_only=True)
+    d2t, _t2d = build_vocab_mappings_from_distribution(freq, 8, max(freq) + 1)
+    out["token_freq.ids"] = torch.tensor(sorted(freq), dtype=torch.long)
+    out["token_freq.counts"] = torch.tensor([freq[k] for k in sorted(freq)], dtype=torch.long)
+    out["token_freq.d2t"] = d2t
     for i in range(len(ds)):
         d = ds[i]
         out[f"{i}.aux"] = d["hidden_states"]

@@ -111,10 +111,18 @@ def _ours(tier: dict[str, Any], name: str) -> dict[int, tuple[str, Any]]:
 
 @pytest.mark.parametrize("name", [n for n in SETS if SETS[n][0] == "speculators"])
 def test_speculators_reads_exactly_our_tensors(tier: dict[str, Any], name: str) -> None:
+    from collections import Counter
+
     import torch
 
     got = _read(tier, name)
     ours = _ours(tier, name)
+    freq: Counter[int] = Counter()
+    for sample in tier["samples"].values():
+        freq.update(i for i, m in zip(sample["input_ids"], sample["loss_mask"], strict=True) if m)
+    assert got.pop("token_freq.ids").tolist() == sorted(freq)  # token_freq.pt, as its trainer
+    assert got.pop("token_freq.counts").tolist() == [freq[k] for k in sorted(freq)]  # reads it
+    assert len(got.pop("token_freq.d2t")) == 8  # and builds its draft vocabulary from it
     assert {int(k.split(".")[0]) for k in got} == set(ours)
     for row, (sid, states) in ours.items():
         sample = tier["samples"][sid]
