@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from tests.integration.hidden.helpers import samples_of, stats_of, target_for
+from tests.unit.hidden.helpers import write_samples
 
 from draftdata.cli import main
 from draftdata.errors import LeaseHeldError, RunMismatchError, VerificationError
@@ -159,10 +160,8 @@ def test_another_model_or_dataset_is_refused(
     other = target_for(tok, tmp_path / "other", layers=9)
     with pytest.raises(RunMismatchError, match="model"):
         hidden_states(HiddenConfig(**{**_fields(config), "model": str(other)}), log=None)
-    fewer = tmp_path / "fewer"
-    fewer.mkdir()
-    first = sorted(tok_dir.glob("*.parquet"))[0]
-    (fewer / first.name).write_bytes(first.read_bytes())
+    rows = list(samples_of(tok_dir).values())  # the same samples but the last one
+    fewer = write_samples(tmp_path / "fewer", rows[:-1])
     with pytest.raises(RunMismatchError, match="dataset"):
         hidden_states(HiddenConfig(**{**_fields(config), "tokenized": str(fewer)}), log=None)
 
