@@ -86,8 +86,23 @@ class Sink(Protocol):
         """Take one failure."""
 
 
+class AttemptCaller(Protocol):
+    """What runs one attempt of a job on its endpoint (``caller.Caller``, the chat
+    conversation, unless another is given: ``hidden-states --engine vllm`` sends one
+    prefill-only request per sample through the same dispatcher)."""
+
+    requests_ok: int
+    clamped: int
+
+    async def call(self, copy: Copy) -> Answer:
+        """The attempt's answer, or the ``ServerError`` leaf it failed with."""
+        ...
+
+
 class Dispatcher:
-    """Runs every job of ``reader`` over ``endpoints`` until all are settled or it is stopped."""
+    """Runs every job of ``reader`` over ``endpoints`` until all are settled or it is stopped.
+
+    ``caller`` runs each attempt (default: generate's chat ``Caller``)."""
 
     def __init__(
         self,
@@ -104,6 +119,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
         history: Callable[[], Iterable[tuple[str, str, int]]] | None = None,
+        caller: AttemptCaller | None = None,
     ) -> None:
         self.cfg = config
         self.endpoints = endpoints
@@ -116,7 +132,8 @@ class Dispatcher:
         self.log = log
         self.clock = clock
         self.rng = random.Random(seed)
-        self.caller = Caller(config, model=model, clock=clock)  # talks HTTP for an attempt
+        # talks HTTP for an attempt
+        self.caller: AttemptCaller = caller or Caller(config, model=model, clock=clock)
         self._history = history
         self.lengths = LengthModel()
         # jobs read but never dispatched (longest expected first); ``ready`` holds the ones
