@@ -96,6 +96,20 @@ TOKENIZE_CONFIG = JsonFile(  # written first: without the summary, the tokenize 
 TOKENIZE_SUMMARY = JsonFile(
     "summary.json", "draftdata.tokenize-summary/1", "tokenize's summary", "draftdata tokenize"
 )
+HIDDEN_MANIFEST = JsonFile(  # what makes a prefix a hidden-state set; written before any pass
+    "hidden_manifest.json",
+    "draftdata.hidden-manifest/1",
+    "a hidden-state set's manifest",
+    "draftdata hidden-states",
+)
+HIDDEN_SUMMARY = JsonFile(  # one per finished command: hidden_summary.json, hidden_summary-2.json
+    "hidden_summary.json",
+    "draftdata.hidden-summary/1",
+    "a hidden-state set's summary",
+    "draftdata hidden-states",
+)
+HIDDEN_INDEX = "hidden_index.parquet"  # row, id, file, counts: which file holds which sample
+HIDDEN_INDEX_FORMAT = "hidden-index/1"
 # prepare's other files beside its report: the prompt shards and the rejected lines
 PREPARE_SHARDS = "prompts-*.jsonl"  # prompts-00000.jsonl, ... (``prepare_shard``)
 PREPARE_REJECTS = "rejects.jsonl"
@@ -216,6 +230,21 @@ def dictionary_columns(schema: pa.Schema) -> list[str] | bool:
     else every column (the parquet writer's default)."""
     meta = schema.metadata or {}
     return DICTIONARY_COLUMNS.get(meta.get(FORMAT_KEY, b"").decode(), True)
+
+
+HIDDEN_INDEX_SCHEMA = _schema(
+    [
+        ("row", pa.int64()),  # the file's number: its position in the plan
+        ("id", pa.string()),
+        ("file", pa.string()),  # the key of its file under the set's prefix
+        ("source", pa.string()),
+        ("domain", pa.string()),
+        ("num_tokens", pa.int32()),
+        ("num_loss_tokens", pa.int32()),
+        ("truncated", pa.bool_()),  # cut to --max-length here (or by tokenize)
+    ],
+    HIDDEN_INDEX_FORMAT,
+)
 
 
 def check_format(schema: pa.Schema, expected: str, where: str) -> None:
