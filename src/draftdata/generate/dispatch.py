@@ -68,9 +68,8 @@ from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.length import LengthModel, LookAhead, prompt_tokens
 from draftdata.generate.placement import TailPlan, hedge_pays, job_cap
-from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
-from draftdata.records import Completion, Failure
+from draftdata.records import Completion, Failure, Prompt
 
 _AFFINITY_SIZE = 4096
 _RETRY_PATIENCE_S = 2.0  # how long a retry waits for an endpoint other than the one it failed on
@@ -84,6 +83,17 @@ class Sink(Protocol):
 
     def failure(self, f: Failure) -> None:
         """Take one failure."""
+
+
+class Reader(Protocol):
+    """Where jobs come from (``source.PromptReader``: a run's prompt files, read lazily)."""
+
+    exhausted: bool
+    invalid: int
+
+    def take(self, k: int) -> Iterable[Prompt]:
+        """Up to ``k`` more prompts (runs in a thread)."""
+        ...
 
 
 class AttemptCaller(Protocol):
@@ -108,7 +118,7 @@ class Dispatcher:
         self,
         config: GenerateConfig,
         endpoints: list[Endpoint],
-        reader: PromptReader,
+        reader: Reader,
         sink: Sink,
         *,
         model: str,

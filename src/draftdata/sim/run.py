@@ -164,7 +164,14 @@ from typing import Any, TypeVar
 import msgspec
 
 from draftdata.errors import FleetError
-from draftdata.fleetspec import EndpointSpec, FleetSpec, process_start_time, read_fleet, write_fleet
+from draftdata.fleetspec import (
+    EndpointSpec,
+    FleetSpec,
+    HiddenStatesSpec,
+    process_start_time,
+    read_fleet,
+    write_fleet,
+)
 from draftdata.sim.config import FaultConfig, SimConfig, validate
 from draftdata.sim.server import ServerStats, SimServer
 from draftdata.sim.tokens import load_tokenizer
@@ -197,9 +204,13 @@ def fleet_spec(servers: list[SimServer], config: SimConfig) -> FleetSpec:
     pid = os.getpid()
     # the kernel's start time, which `fleet status/down` compare to tell a reused pid
     started = process_start_time(pid) or time.time()
+    hidden = None
+    if config.hidden_states is not None:
+        hidden = HiddenStatesSpec(path=config.hidden_states, layers=list(config.hidden_layers))
     return FleetSpec(
         engine="sim",
         model=config.model,
+        hidden_states=hidden,
         endpoints=[
             EndpointSpec(
                 url=s.url,
