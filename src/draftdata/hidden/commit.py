@@ -29,19 +29,28 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 from draftdata.errors import AlreadyExistsError, disk_errors
 from draftdata.hidden.writer import HIDDEN_FOLDER, Writer
 from draftdata.store.base import Store
-from draftdata.store.lease import Lease
 
 ELSEWHERE = "choose another --out"
+
+
+class LeaseCheck(Protocol):
+    """What the commit layer needs of a lease: ``check`` raises once it is lost
+    (``store.lease.Lease`` in the command's process, ``run.LeaseWatch`` in a worker)."""
+
+    def check(self) -> None:
+        """Raise LeaseLostError (or a StoreError) unless the lease is still held."""
+        ...
 
 
 class Commits:
     """The set's sample files in ``store``: what is done, and committing one more."""
 
-    def __init__(self, store: Store, writer: Writer, lease: Lease | None = None) -> None:
+    def __init__(self, store: Store, writer: Writer, lease: LeaseCheck | None = None) -> None:
         self.store = store
         self.writer = writer
         self.lease = lease

@@ -38,9 +38,16 @@ def eagle3_layers(num_layers: int) -> tuple[int, int, int]:
     if num_layers < 4:
         raise ConfigError(
             f"--layers eagle3: the target has {num_layers} decoder layers; EAGLE-3's choice "
-            f"[2, N//2, N-3] needs at least 4 (give explicit --layers I,J,K)"
+            "[2, N//2, N-3] needs at least 7 (give explicit --layers I,J,K)"
         )
-    return (2, num_layers // 2, num_layers - 3)
+    ids = (2, num_layers // 2, num_layers - 3)
+    if len(set(ids)) != 3:
+        raise ConfigError(
+            f"--layers eagle3: for {num_layers} decoder layers EAGLE-3's choice [2, N//2, N-3] "
+            f"is {list(ids)}, not three distinct layers (speculators refuses it too); give "
+            "explicit --layers I,J,K"
+        )
+    return ids
 
 
 @dataclass(frozen=True)
