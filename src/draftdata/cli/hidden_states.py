@@ -7,9 +7,35 @@ prints the summary (the bill, progress and verification lines come from the stag
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from draftdata.cli.quiet import QUIET, quietable
+from draftdata.errors import ConfigError
+
+
+def _engine_options(
+    engine: str, fleet: str | None, concurrency: str, api_key_env: str | None
+) -> dict[str, Any]:
+    """What ``--engine vllm`` reads for itself (``HiddenConfig.options``)."""
+    if engine != "vllm":
+        given = [n for n, v in (("--fleet", fleet), ("--api-key-env", api_key_env)) if v]
+        if given:
+            raise ConfigError(f"{given[0]} is only used with --engine vllm")
+        return {}
+    if fleet is None:
+        raise ConfigError(
+            "--engine vllm needs --fleet FLEET.yaml (from `draftdata fleet up --engine vllm "
+            "--hidden-states DIR`)"
+        )
+    from draftdata import paths
+
+    paths.input_file(fleet, "--fleet")
+    out: dict[str, Any] = {"fleet": fleet, "concurrency": concurrency}
+    if api_key_env:
+        out["api_key_env"] = api_key_env
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -125,6 +151,25 @@ def register(app: typer.Typer) -> None:
             metavar="S",
             help="Wait up to S seconds for another live writer of the set to finish.",
         ),
+        fleet: str | None = typer.Option(
+            None,
+            "--fleet",
+            metavar="FLEET.yaml",
+            help="--engine vllm: the fleet `fleet up --engine vllm --hidden-states DIR` wrote "
+            "(its servers extract the hidden states; --batch-tokens is then what it holds in "
+            "flight).",
+        ),
+        concurrency: str = typer.Option(
+            "auto",
+            "--concurrency",
+            help="--engine vllm: requests in flight per server, auto or a number.",
+        ),
+        api_key_env: str | None = typer.Option(
+            None,
+            "--api-key-env",
+            metavar="VAR",
+            help="--engine vllm: the environment variable holding the servers' API key.",
+        ),
         quiet: bool = QUIET,
     ) -> None:
         """The target's hidden states for offline drafter training, one file per sample.
@@ -160,6 +205,7 @@ def register(app: typer.Typer) -> None:
             lease_ttl=lease_ttl,
             lease_wait=lease_wait,
             progress=not quiet,
+            options=_engine_options(engine, fleet, concurrency, api_key_env),
         ).validate()
         paths.input_path(tokenized, "", "give tokenize's output or a merged tokenized dataset")
         paths.input_folder(model, "--model", "give the target's local Hugging Face folder")

@@ -343,7 +343,7 @@ def hidden_states_args(cfg: LaunchConfig) -> list[str]:
         return []
     layers = [int(i) for i in cfg.hidden_layers]
     if cfg.engine == "sim":
-        args = ["--hidden-states", cfg.hidden_states]
+        args = ["--flavor", "vllm", "--hidden-states", cfg.hidden_states]
         args += ["--hidden-layers", ",".join(str(i) for i in layers)]
         return [*args, "--hidden-size", str(cfg.hidden_size)]
     module, _, name = (cfg.hidden_connector or VLLM_HIDDEN_CONNECTOR).rpartition(":")

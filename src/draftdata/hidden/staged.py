@@ -68,9 +68,7 @@ def _shared_lock(fd: int, timeout_s: float) -> bool:
         time.sleep(_POLL_S)
 
 
-def read_staged(
-    path: str, expect: npt.NDArray[np.int64], timeout_s: float
-) -> torch.Tensor:
+def read_staged(path: str, expect: npt.NDArray[np.int64], timeout_s: float) -> torch.Tensor:
     """The ``hidden_states`` of ``path`` (``[T, layers, hidden]``, the dtype written), once its
     writer has released the lock and its ``token_ids`` are ``expect``; StagedMissing or
     StagedWrong otherwise (module docstring)."""
