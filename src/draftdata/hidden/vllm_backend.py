@@ -92,6 +92,7 @@ if TYPE_CHECKING:
 
 Log = Callable[[str], None]
 SWEEP_AGE_S = 3600.0  # staged files older than this whose lock nobody holds are removed
+STRAGGLER_WAIT_S = 30.0  # at close, how long cancelled attempts may take to remove their files
 
 
 def _log(line: str) -> None:
@@ -203,21 +204,40 @@ class PrefillCaller:
         self.lock_timeout = lock_timeout
         self.clock = clock
         self.results: dict[str, torch.Tensor] = {}
+        self.stragglers: set[asyncio.Future[tuple[torch.Tensor, str]]] = set()
         self.requests_ok = 0
         self.clamped = 0  # never: a prefill asks one token
 
     async def call(self, copy: Copy) -> Answer:
-        """Send the request and read its file; the ``ServerError`` leaf on failure."""
+        """Send the request and read its file; the ``ServerError`` leaf on failure.
+
+        The request, the read and the removal run as a task of their own that a cancelled
+        attempt (its endpoint taken out, the batch stopped) does not cancel: it still waits
+        for the server's file and removes it, so no staged file outlives its request
+        (``stragglers`` holds those still running)."""
         key = copy.job.prompt.id
-        ids = self.ids[key]
         ep = copy.endpoint
+        sent = copy.sent = self.clock()
+        fetch = asyncio.ensure_future(self._fetch(ep, key))
+        self.stragglers.add(fetch)
+        fetch.add_done_callback(self.stragglers.discard)
+        fetch.add_done_callback(_retrieved)  # a straggler's failure is nobody's to raise
+        states, model = await asyncio.shield(fetch)
+        ids = self.ids[key]
+        self.results[key] = states
+        self.requests_ok += 1
+        ep.record_success(1, len(ids), latency=self.clock() - sent, seqs=1)
+        usage = Usage(prompt_tokens=len(ids), completion_tokens=1)
+        return Answer([[Turn(finish_reason="length", usage=usage)]], {"model": model})
+
+    async def _fetch(self, ep: Endpoint, key: str) -> tuple[torch.Tensor, str]:
+        ids = self.ids[key]
         body: dict[str, Any] = {
             "model": ep.model or self.model,
             "prompt": ids.tolist(),
             "max_tokens": 1,
             "temperature": 0.0,
         }
-        sent = copy.sent = self.clock()
         answer = await self.clients[ep.url].completion_json(body)
         params = answer.get("kv_transfer_params")
         path = params.get("hidden_states_path") if isinstance(params, dict) else None
@@ -234,11 +254,12 @@ class PrefillCaller:
             raise ImpossibleAnswerError(ep.redact(str(exc))) from exc
         finally:
             await asyncio.to_thread(remove_staged, path)
-        self.results[key] = states
-        self.requests_ok += 1
-        ep.record_success(1, len(ids), latency=self.clock() - sent, seqs=1)
-        usage = Usage(prompt_tokens=len(ids), completion_tokens=1)
-        return Answer([[Turn(finish_reason="length", usage=usage)]], {"model": body["model"]})
+        return states, str(body["model"])
+
+
+def _retrieved(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()
 
 
 # -- the batch's jobs through the dispatcher ---------------------------------------------------
@@ -368,6 +389,7 @@ class VllmBackend:
             assert isinstance(ep.client, EndpointClient)
             self.clients[ep.url] = ep.client
         self.keeper = EndpointKeeper(cfg, self.endpoints, self.session, log=self.log)
+        self._stragglers: set[asyncio.Future[Any]] = set()
 
     @property
     def facts(self) -> ModelFacts:
@@ -414,6 +436,7 @@ class VllmBackend:
                 await watch
             dispatcher.abort()
             await asyncio.gather(*dispatcher.tasks, return_exceptions=True)
+        self._stragglers |= caller.stragglers  # cancelled attempts still cleaning up
         if fatal:
             raise fatal[0]
         if sink.failures:
@@ -479,6 +502,9 @@ class VllmBackend:
             return
 
         async def shut() -> None:
+            pending = [f for f in getattr(self, "_stragglers", ()) if not f.done()]
+            if pending:  # attempts cancelled mid-request: let them remove their files
+                await asyncio.wait(pending, timeout=STRAGGLER_WAIT_S)
             for c in getattr(self, "clients", {}).values():
                 await c.close()
             session = getattr(self, "session", None)

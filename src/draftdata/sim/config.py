@@ -54,7 +54,8 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     refuse: dict[int, int] = msgspec.field(default_factory=dict)
     refuse_after: int = 0
     # hidden states (sim/hidden.py), per /v1/completions request, drawn apart from the rates
-    # above: answered with a path whose file is never written, or written with other token ids
+    # above (``server`` limits them too): answered with a path whose file is never written, or
+    # written with other token ids
     hidden_missing: float = 0.0
     hidden_wrong_ids: float = 0.0
 

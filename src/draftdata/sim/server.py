@@ -394,8 +394,8 @@ class SimServer:
         pending = PendingWrite(path)
         await asyncio.to_thread(pending.open)
         data: bytes | None = None
-        u = self._hidden_rng.random()
         f = cfg.faults
+        u = self._hidden_rng.random() if f.applies_to(self.index) else 1.0
         if u < f.hidden_missing:
             self.stats.faults["hidden_missing"] = self.stats.faults.get("hidden_missing", 0) + 1
         else:
