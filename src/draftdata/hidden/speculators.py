@@ -127,25 +127,22 @@ class SpeculatorsWriter:
         )
 
     def predicted_bytes(self, num_tokens: int, layers: int, hidden: int) -> int:
-        """The safetensors file's size: the 8-byte header length, the JSON header (padded to
-        8; offsets counted at their largest width) and the tensors."""
-        tensors = {
-            "hidden_states": (
-                [num_tokens, layers, hidden],
-                self.dtype.upper().replace("FP8", "F8_E4M3"),
-                num_tokens * layers * hidden * DTYPE_BYTES[self.dtype],
-            ),
-            "token_ids": ([num_tokens], "I64", 8 * num_tokens),
-        }
+        """The safetensors file's size, exactly: the 8-byte header length, the JSON header
+        (tensors ordered as safetensors orders them: by dtype, widest first; padded with
+        spaces to 8 bytes) and the tensors."""
+        dt = {"bf16": "BF16", "fp16": "F16", "fp32": "F32", "fp8": "F8_E4M3"}[self.dtype]
+        tensors = [("token_ids", "I64", [num_tokens], 8 * num_tokens)]
         if self.dtype == "fp8":
-            tensors[SCALES] = ([num_tokens, 1, 1], "F32", 4 * num_tokens)
-        data = sum(n for _, _, n in tensors.values())
-        header = {
-            name: {"dtype": dt, "shape": shape, "data_offsets": [data, data]}
-            for name, (shape, dt, _) in tensors.items()
-        }
+            tensors.append((SCALES, "F32", [num_tokens, 1, 1], 4 * num_tokens))
+        states = num_tokens * layers * hidden * DTYPE_BYTES[self.dtype]
+        tensors.append(("hidden_states", dt, [num_tokens, layers, hidden], states))
+        header: dict[str, object] = {}
+        offset = 0
+        for name, dtype, shape, size in tensors:
+            header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+            offset += size
         text = len(json.dumps(header, separators=(",", ":")))
-        return 8 + (text + 7) // 8 * 8 + data
+        return 8 + (text + 7) // 8 * 8 + offset
 
     def dataset_files(
         self, samples: Iterable[SampleRow], scratch: Path

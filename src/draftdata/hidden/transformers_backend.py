@@ -12,10 +12,11 @@ output; the last layer is the final norm's input (``pre_norm``) or output (``pos
 **Padding.** A batch is padded on the right, with an attention mask: every real token keeps
 its position ids (0..len-1, what the model computes by default) and, under the causal mask,
 attends to exactly the tokens before it in its own sample; the padded positions come after
-every real one and are dropped (row ``t`` of a sample's states is position ``t``). Left
-padding would shift the positions of all but the longest sample unless position ids were
-passed; that is the class of bug (speculators issue #279, wrong states at batch size > 1) the
-stage's verification exists to catch.
+every real one, and a sample's states are the first ``len`` rows (row ``t`` is position
+``t``). Left padding with a mask gives the same states for a RoPE model (attention sees only
+relative positions) but puts a sample in the *last* ``len`` rows; keeping the wrong rows, or
+attending to pads without a mask, is the class of bug (speculators issue #279, wrong states at
+batch size > 1) the stage's verification exists to catch (``tests/unit/hidden``).
 
 Runs on the CPU for tests and small targets, in float32 unless ``--compute-dtype`` says
 otherwise (bf16 matmuls are emulated on CPUs without bf16 units, many times slower); on a GPU
