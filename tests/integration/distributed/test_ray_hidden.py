@@ -121,3 +121,40 @@ def test_one_partition_in_one_process(job: dict[str, Any], tmp_path: Path) -> No
     want = sum(1 for i in job["ids"] if Partition(2, 3).contains(i))
     assert s.written == want and s.remaining == 60 - want
     assert (out / "lease" / "scopes" / "part-2-of-3").exists()
+
+
+def test_vllm_engine_partitions_over_the_fleet_nodes(ray_local: Any, tmp_path: Path) -> None:
+    """``--engine vllm --ray``: each partition task drives the fleet its node sees (here the
+    simulator speaking vLLM's hidden-states protocol), into the one set."""
+    from tests.integration.hidden.test_vllm_engine_sim import (
+        AUX,
+        HIDDEN,
+        LAYERS,
+        sim_config,
+        write_model,
+    )
+    from tests.integration.hidden.test_vllm_engine_sim import write_samples as sim_samples
+
+    from draftdata.sim.hidden import states_for
+    from draftdata.sim.run import SimFleet
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    model = write_model(tmp_path / "model")
+    samples = sim_samples(tmp_path / "tok", 40)
+    with SimFleet(n=2, config=sim_config(staging)) as fleet:
+        fleet_yaml = fleet.write(tmp_path / "fleet.yaml")
+        config = HiddenConfig(
+            tokenized=str(tmp_path / "tok"), model=str(model), out=str(tmp_path / "set"),
+            format="speculators", layers=",".join(map(str, AUX)), engine="vllm",
+            batch_tokens=400, verify=2, progress=False, options={"fleet": str(fleet_yaml)},
+        )  # fmt: skip
+        result = run(config, RayHiddenOptions(partitions=3, gpus_per_task=0.0, tasks_per_node=2))
+    assert result.complete and not result.failed_partitions, summary_lines(result)
+    from safetensors.torch import load_file
+
+    for sid, row in _rows_of(tmp_path / "set").items():
+        got = load_file(str(tmp_path / "set" / "hidden_states" / f"hs_{row}.safetensors"))
+        want = states_for(samples[sid], [*AUX, LAYERS], HIDDEN)
+        assert torch.equal(got["hidden_states"].float(), torch.from_numpy(want))
+    assert list(staging.iterdir()) == []
