@@ -191,7 +191,7 @@ class HiddenSummary(msgspec.Struct, kw_only=True):
     pass; ``tokens_per_s`` the forward-and-write rate of this command over its own samples."""
 
     out: str
-    format: str
+    trainer_format: str  # --format (the file's own "format" key is its format version)
     model: str
     layers: str
     dtype: str

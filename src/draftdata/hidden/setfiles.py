@@ -60,20 +60,26 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def check_prefix(store: Store) -> None:
+    """RunMismatchError unless the prefix holds a set's manifest or nothing (but a lease):
+    called before the lease is taken, so a foreign folder is left as it was."""
+    if store.exists(HIDDEN_MANIFEST.name):
+        return
+    others = [k for k in store.list("") if not k.startswith(LEASE_PREFIX)]
+    if others:
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        raise RunMismatchError(
+            f"{store.url}: not empty and holds no {HIDDEN_MANIFEST.name} (found "
+            f"{', '.join(others[:3])}{more}); give an empty --out or an existing hidden-state set"
+        )
+
+
 def open_manifest(store: Store, settings: HiddenSettings) -> dict[str, Any]:
     """The set's manifest: created in an empty prefix, else checked against ``settings``
     (RunMismatchError naming the changes, or naming what else the prefix holds)."""
     compared = settings.compared()
     if not store.exists(HIDDEN_MANIFEST.name):
-        others = [k for k in store.list("") if not k.startswith(LEASE_PREFIX)]
-        if others:
-            shown = ", ".join(others[:3]) + (
-                f" and {len(others) - 3} more" if len(others) > 3 else ""
-            )
-            raise RunMismatchError(
-                f"{store.url}: not empty and holds no {HIDDEN_MANIFEST.name} (found {shown}); "
-                "give an empty --out or an existing hidden-state set"
-            )
+        check_prefix(store)
         manifest = {
             "format": HIDDEN_MANIFEST.format,
             "set_id": datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(4),
@@ -128,7 +134,10 @@ def write_index(store: Store, table: pa.Table) -> None:
 
 def write_summary(store: Store, summary: HiddenSummary) -> str:
     """Commit ``summary`` as the next ``hidden_summary[-N].json``; its key."""
-    doc = {"format": HIDDEN_SUMMARY.format, "at": _now(), **msgspec.to_builtins(summary)}
+    body = msgspec.to_builtins(summary)
+    # the summary's own ``format`` (the trainer's) must not hide the file's format marker
+    body["trainer_format"] = body.pop("format")
+    doc = {"format": HIDDEN_SUMMARY.format, "at": _now(), **body}
     doc["complete"] = summary.complete
     raw = json.dumps(doc, indent=1).encode()
     stem = HIDDEN_SUMMARY.name[: -len(".json")]

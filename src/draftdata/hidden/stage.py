@@ -42,7 +42,7 @@ from draftdata.hidden.layers import Capture, parse_layers
 from draftdata.hidden.plan import Plan, batches, iter_rows, make_plan, rows_of_pilot, windows
 from draftdata.hidden.progress import Progress
 from draftdata.hidden.run import BatchResult, Workers, WorkerSpec
-from draftdata.hidden.setfiles import open_manifest, write_index, write_summary
+from draftdata.hidden.setfiles import check_prefix, open_manifest, write_index, write_summary
 from draftdata.hidden.verify import choose_rows, summarise, tolerance
 from draftdata.hidden.writer import SampleRow, Writer
 from draftdata.hidden.writers import writer_for
@@ -159,6 +159,7 @@ def hidden_states(
     say(f"hidden-states: layers {capture.describe(facts.num_layers)}, {config.format} files")
     check_budget(bill, config.max_bytes)
     # -- claim
+    check_prefix(store)
     part = parse_partition(config.partition) if config.partition is not None else None
     lease = acquire(store, scope_of(part), ttl=config.lease_ttl, wait=config.lease_wait)
     try:
@@ -318,7 +319,7 @@ def _run(
                 )
     summary = HiddenSummary(
         out=store.url,
-        format=config.format,
+        trainer_format=config.format,
         model=config.model,
         layers=capture.describe(facts.num_layers),
         dtype=config.dtype,

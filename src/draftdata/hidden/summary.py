@@ -20,7 +20,7 @@ def print_summary(s: HiddenSummary) -> None:
     done = s.planned - s.remaining
     rows = [
         ["set", s.out],
-        ["format / dtype", f"{s.format} / {s.dtype}"],
+        ["format / dtype", f"{s.trainer_format} / {s.dtype}"],
         ["layers", s.layers],
         ["engine", f"{s.engine} on {', '.join(s.devices)}"],
         ["samples done", f"{done:,} / {s.planned:,}" + ("" if s.remaining else " (complete)")],
