@@ -134,10 +134,7 @@ def write_index(store: Store, table: pa.Table) -> None:
 
 def write_summary(store: Store, summary: HiddenSummary) -> str:
     """Commit ``summary`` as the next ``hidden_summary[-N].json``; its key."""
-    body = msgspec.to_builtins(summary)
-    # the summary's own ``format`` (the trainer's) must not hide the file's format marker
-    body["trainer_format"] = body.pop("format")
-    doc = {"format": HIDDEN_SUMMARY.format, "at": _now(), **body}
+    doc = {"format": HIDDEN_SUMMARY.format, "at": _now(), **msgspec.to_builtins(summary)}
     doc["complete"] = summary.complete
     raw = json.dumps(doc, indent=1).encode()
     stem = HIDDEN_SUMMARY.name[: -len(".json")]

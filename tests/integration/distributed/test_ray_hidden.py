@@ -126,14 +126,14 @@ def test_one_partition_in_one_process(job: dict[str, Any], tmp_path: Path) -> No
 def test_vllm_engine_partitions_over_the_fleet_nodes(ray_local: Any, tmp_path: Path) -> None:
     """``--engine vllm --ray``: each partition task drives the fleet its node sees (here the
     simulator speaking vLLM's hidden-states protocol), into the one set."""
-    from tests.integration.hidden.test_vllm_engine_sim import (
+    from tests.integration.hidden.simfleet import (
         AUX,
         HIDDEN,
         LAYERS,
         sim_config,
         write_model,
     )
-    from tests.integration.hidden.test_vllm_engine_sim import write_samples as sim_samples
+    from tests.integration.hidden.simfleet import write_samples as sim_samples
 
     from draftdata.sim.hidden import states_for
     from draftdata.sim.run import SimFleet

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.integration.hidden.test_vllm_engine_sim import (  # noqa: E402
+from tests.integration.hidden.simfleet import (  # noqa: E402
     AUX,
     FLEET_LAYERS,
     HIDDEN,
