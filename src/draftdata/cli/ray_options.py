@@ -30,7 +30,8 @@ RayFlag = Annotated[
         # "\\[" is a literal "[" in rich markup (Typer renders help with rich).
         help="Run on a Ray cluster (generate: id-hash partitions, one engine per fleet node, "
         "all writing into the one --out run; tokenize: a Ray Data job over the completion "
-        "shards). Needs pip install 'draftdata\\[ray]'.",
+        "shards; hidden-states: id-hash partitions, one task per GPU or fleet node, into the "
+        "one --out set). Needs pip install 'draftdata\\[ray]'.",
         rich_help_panel=PANEL,
     ),
 ]
@@ -50,9 +51,9 @@ Partitions = Annotated[
         "--partitions",
         metavar="P",
         min=1,
-        help="Number of id-hash partitions: with --ray, one Ray task each (default: 4 per fleet "
-        "node; any value resumes any earlier run, since the run's done-set is shared); without, "
-        "the P of --partition I.",
+        help="Number of id-hash partitions: with --ray, one Ray task each (default: generate 4 "
+        "per fleet node, hidden-states 2 per worker; any value resumes any earlier run, since "
+        "the done-set is shared); without, the P of --partition I.",
         rich_help_panel=PANEL,
     ),
 ]

@@ -47,6 +47,9 @@ Endpoints (both flavours unless noted)
   ``vllm:request_success_total{finished_reason}``; sglang flavour (as with --enable-metrics)
   ``sglang:num_running_reqs{model_name="M"}``, ``sglang:num_queue_reqs``,
   ``sglang:gen_throughput``, ``sglang:prompt_tokens_total``, ``sglang:generation_tokens_total``.
+- vllm only, with ``--hidden-states DIR``: ``POST /v1/completions`` with a prompt of token ids,
+  vLLM's hidden-state extraction protocol (``sim/hidden.py``: the answer's
+  ``kv_transfer_params.hidden_states_path``, the file and its lock).
 - vllm only: ``GET /version`` -> ``{"version": "0.11.0"}``. Endpoints the real engine lacks
   (/server_info on vLLM, ...) are 404.
 
