@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start one inference server per GPU, wait until each serves, write fleet.yaml."""
         from draftdata import paths
-        from draftdata.fleet.launch import LaunchConfig, parse_env, parse_gpus
+        from draftdata.fleet.launch import HIDDEN_ENGINES, LaunchConfig, parse_env, parse_gpus
         from draftdata.fleet.manage import fleet_up, plan_servers
 
         paths.output_file(out, "--out")
@@ -159,11 +159,10 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--extra-args {extra_args!r}: {exc}") from None
         layer_ids: tuple[int, ...] = ()
         width: int | None = None
-        if hidden_states is not None:
+        if hidden_states is not None and engine in HIDDEN_ENGINES:  # else LaunchConfig says no
             paths.output_folder(hidden_states, "--hidden-states")
             layer_ids, width = _hidden_launch(model, hidden_layers)
-            hidden_states.mkdir(parents=True, exist_ok=True)
-        elif hidden_connector is not None:
+        elif hidden_connector is not None and hidden_states is None:
             raise ConfigError("--hidden-connector is only used with --hidden-states DIR")
         cfg = LaunchConfig(
             engine=engine,
@@ -188,6 +187,8 @@ def register(app: typer.Typer) -> None:
                 added = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env)
                 typer.echo(f"server {plan.index} {plan.url}: {added} {shlex.join(plan.argv)}")
             return
+        if cfg.hidden_states is not None:  # where the servers write; vLLM expects it there
+            Path(cfg.hidden_states).mkdir(parents=True, exist_ok=True)
         fleet_up(
             cfg,
             out,

@@ -74,8 +74,10 @@ def test_a_server_killed_and_back(sim_job: dict[str, Any], sim_fleet: Any) -> No
 def test_a_slow_server_gets_less_and_delays_nothing_wrong(
     sim_job: dict[str, Any], sim_fleet: Any
 ) -> None:
-    fleet, yaml = sim_fleet(2, faults=FaultConfig(slow={1: 30.0}), hidden_write_s=0.0)
-    summary, _ = run(sim_job, yaml)
+    """Two requests at a time per server and batches of many samples: the fast server frees
+    its slots sooner and takes more of each batch; the slow one still serves its share."""
+    fleet, yaml = sim_fleet(2, faults=FaultConfig(slow={1: 40.0}), hidden_write_s=0.0)
+    summary, _ = run(sim_job, yaml, batch_tokens=4000, options={"concurrency": 2})
     assert summary.complete
     check_files(sim_job)
     assert 0 < fleet.stats(1).served < fleet.stats(0).served

@@ -105,3 +105,43 @@ def test_a_fleet_without_hidden_states_writes_no_such_key(tmp_path: Path) -> Non
     write_fleet(spec, out)
     assert "hidden_states" not in out.read_text()
     assert read_fleet(out).hidden_states is None
+
+
+def _model(folder: Path, layers: int) -> Path:
+    folder.mkdir()
+    config = {"model_type": "qwen3", "num_hidden_layers": layers, "hidden_size": 64}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_fleet_up_resolves_eagle3_against_the_model_and_adds_the_last(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from draftdata.cli import app
+
+    model = _model(tmp_path / "m", 40)
+    res = CliRunner().invoke(
+        app,
+        ["fleet", "up", "--engine", "vllm", "--model", str(model), "--gpus", "0",
+         "--hidden-states", str(tmp_path / "hs"), "--dry-run"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert '"eagle_aux_hidden_state_layer_ids":[2,20,37,40]' in res.output
+    assert not (tmp_path / "hs").exists()  # a dry run creates nothing
+
+
+def test_another_engine_is_refused_before_the_layers_are_read(tmp_path: Path) -> None:
+    """The engine is the first thing wrong with `--engine sglang --hidden-states`, whatever
+    the model's depth (a 2-layer model has no EAGLE-3 choice)."""
+    from typer.testing import CliRunner
+
+    from draftdata.cli import app
+
+    model = _model(tmp_path / "m", 2)
+    res = CliRunner().invoke(
+        app,
+        ["fleet", "up", "--engine", "sglang", "--model", str(model), "--gpus", "0",
+         "--hidden-states", str(tmp_path / "hs"), "--dry-run"],
+    )  # fmt: skip
+    assert res.exit_code == 1
+    assert "--engine sglang cannot extract hidden states" in str(res.exception)
