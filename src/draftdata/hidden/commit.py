@@ -58,23 +58,10 @@ class Commits:
     def done_rows(self) -> dict[int, int]:
         """row -> size of every sample file the store holds now (one listing)."""
         done: dict[int, int] = {}
-        path = self.store.local_path(HIDDEN_FOLDER)
-        if path is not None:  # local: one scandir, sizes from its stat
-            import os
-
-            try:
-                entries = list(os.scandir(path))
-            except FileNotFoundError:
-                return done
-            for e in entries:
-                row = self.writer.row_of(HIDDEN_FOLDER + e.name)
-                if row is not None:
-                    done[row] = e.stat().st_size
-            return done
-        for key in self.store.list(HIDDEN_FOLDER):
+        for key, size in self.store.list_sizes(HIDDEN_FOLDER).items():
             row = self.writer.row_of(key)
             if row is not None:
-                done[row] = self.store.size(key)
+                done[row] = size
         return done
 
     def commit(self, row: int, data: bytes) -> bool:

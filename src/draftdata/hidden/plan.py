@@ -150,17 +150,23 @@ def _digest(h: hashlib._Hash, s: SampleRow) -> None:
     h.update(s.loss_mask.astype(np.int8).tobytes())
 
 
-def make_plan(url: str, max_length: int | None) -> Plan:
-    """Read the tokenized dataset at ``url`` once and plan it (see the module docstring).
-
-    InputError when it holds no tokenized samples (conversations, a run, prompts: tokenize
-    them first) or a damaged sample."""
+def open_input(url: str) -> Dataset:
+    """The tokenized dataset at ``url`` (found, not read): InputError when it holds no
+    tokenized samples (conversations, a run, prompts: tokenize them first)."""
     ds = open_dataset(url)
     if ds.kind != "tokenized":
         raise InputError(
             f"{url}: holds {ds.kind}, not tokenized samples; run `draftdata tokenize` first "
             "(hidden states are computed over token ids)"
         )
+    return ds
+
+
+def make_plan(url: str, max_length: int | None) -> Plan:
+    """Read the tokenized dataset at ``url`` once and plan it (see the module docstring).
+
+    InputError when it holds no tokenized samples or a damaged sample."""
+    ds = open_input(url)
     reader = _Reader(ds, max_length)
     h = hashlib.sha256()
     ids: list[str] = []

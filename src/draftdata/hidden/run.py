@@ -234,10 +234,12 @@ class Workers:
 
     def __exit__(self, *exc: object) -> None:
         with contextlib.ExitStack() as stack:
-            stack.callback(self._stack.close)
-            if exc[0] is None:
-                for w in self._workers:
+            stack.callback(self._stack.close)  # worker processes: killed on an error
+            for w in self._workers:
+                if exc[0] is None:
                     w.close()
+                elif isinstance(w, _Local):  # queued files are dropped, not waited for
+                    w.state.uploader.abandon()
 
     def _collect(self, block: bool) -> None:
         pending = [f for fs in self._inflight for f in fs]

@@ -20,12 +20,16 @@ The loss mask is read from the dataset, not the file. So this writer also writes
 features in their schema metadata, ``dataset_info.json`` and ``state.json`` (format ``torch``),
 the layout ``Dataset.save_to_disk`` produces, written here directly so that the same samples
 always give the same bytes (a rerun finds them already there). Its row ``i`` is plan row ``i``.
+Beside it ``token_freq.pt`` (the loss tokens' counts, what speculators' ``prepare-data``
+writes there), from which its trainer builds the draft vocabulary. So ``--data-path DIR`` is
+all speculators' offline training needs.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -153,7 +157,8 @@ class SpeculatorsWriter:
         parts: list[Path] = []
         out: pa.RecordBatchStreamWriter | None = None
         size = 0
-        for batch in _batches(samples):
+        freq: Counter[int] = Counter()
+        for batch in _batches(samples, freq):
             if out is None or size >= SHARD_BYTES:
                 if out is not None:
                     out.close()
@@ -187,6 +192,9 @@ class SpeculatorsWriter:
             )
         )
         yield "dataset_info.json", info
+        tf = scratch / "token_freq.pt"
+        _save_token_freq(freq, tf)
+        yield "token_freq.pt", tf
         state = scratch / "state.json"
         state.write_text(
             json.dumps(
@@ -205,9 +213,22 @@ class SpeculatorsWriter:
         yield "state.json", state
 
 
-def _batches(samples: Iterable[SampleRow], rows: int = 1024) -> Iterator[pa.RecordBatch]:
+def _save_token_freq(freq: Counter[int], path: Path) -> None:
+    """``token_freq.pt``: {token id: count of its loss tokens}, as speculators'
+    ``save_token_frequency_distribution`` writes it (its trainer builds the draft vocabulary's
+    d2t/t2d maps from it), keys in increasing order so the bytes are the same each time."""
+    import torch
+
+    torch.save({int(k): int(freq[k]) for k in sorted(freq)}, str(path))
+
+
+def _batches(
+    samples: Iterable[SampleRow], freq: Counter[int], rows: int = 1024
+) -> Iterator[pa.RecordBatch]:
     chunk: list[SampleRow] = []
     for s in samples:
+        ids, counts = np.unique(s.input_ids[s.loss_mask.astype(bool)], return_counts=True)
+        freq.update(dict(zip(ids.tolist(), counts.tolist(), strict=True)))
         chunk.append(s)
         if len(chunk) >= rows:
             yield _batch(chunk)

@@ -39,7 +39,15 @@ from draftdata.hidden.config import (
     ModelIdentity,
 )
 from draftdata.hidden.layers import Capture, parse_layers
-from draftdata.hidden.plan import Plan, batches, iter_rows, make_plan, rows_of_pilot, windows
+from draftdata.hidden.plan import (
+    Plan,
+    batches,
+    iter_rows,
+    make_plan,
+    open_input,
+    rows_of_pilot,
+    windows,
+)
 from draftdata.hidden.progress import Progress
 from draftdata.hidden.run import BatchResult, Workers, WorkerSpec
 from draftdata.hidden.setfiles import check_prefix, open_manifest, write_index, write_summary
@@ -127,6 +135,7 @@ def hidden_states(
     say: Log = log if log is not None else (lambda _line: None)
     config = config.validate()
     # -- check
+    open_input(config.tokenized)
     writer = writer_for(config.format, dtype=config.dtype, compress=config.compress)
     engine = engine_named(config.engine)
     facts = read_model_facts(config.model)

@@ -20,8 +20,10 @@ command wrote nothing (a rerun of a finished set), drawn from every sample file.
 The tolerance (rms_rel) is the larger of the storage's and the computation's rounding: bf16
 stores 8 significant bits (a value's rounding is at most 2^-9 of it, about 0.1% RMS) and a bf16
 forward pass that batches differently drifts by a few tenths of a percent per layer; fp8 e4m3
-keeps 4 bits (about 2.5% RMS). Measured on the CPU (``tests/unit/hidden``): batched against
-alone in bf16, rms_rel stays under 0.5%; the planted bugs give 30% and more.
+keeps 4 bits (about 2.6% RMS measured). Measured on the CPU (float32 compute, bf16 storage):
+0.17% rms; float32 batched against alone differs by less than 0.01% (``tests/unit/hidden``);
+the planted faults there (left padding with the first rows kept, pads attended without a mask)
+are more than ten times the bf16 tolerance.
 """
 
 from __future__ import annotations
