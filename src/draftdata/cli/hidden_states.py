@@ -7,9 +7,36 @@ prints the summary (the bill, progress and verification lines come from the stag
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
+from draftdata.cli import ray_options as ray_opts
 from draftdata.cli.quiet import QUIET, quietable
+from draftdata.errors import ConfigError
+
+
+def _engine_options(
+    engine: str, fleet: str | None, concurrency: str, api_key_env: str | None
+) -> dict[str, Any]:
+    """What ``--engine vllm`` reads for itself (``HiddenConfig.options``)."""
+    if engine != "vllm":
+        given = [n for n, v in (("--fleet", fleet), ("--api-key-env", api_key_env)) if v]
+        if given:
+            raise ConfigError(f"{given[0]} is only used with --engine vllm")
+        return {}
+    if fleet is None:
+        raise ConfigError(
+            "--engine vllm needs --fleet FLEET.yaml (from `draftdata fleet up --engine vllm "
+            "--hidden-states DIR`)"
+        )
+    from draftdata import paths
+
+    paths.input_file(fleet, "--fleet")
+    out: dict[str, Any] = {"fleet": fleet, "concurrency": concurrency}
+    if api_key_env:
+        out["api_key_env"] = api_key_env
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -125,6 +152,39 @@ def register(app: typer.Typer) -> None:
             metavar="S",
             help="Wait up to S seconds for another live writer of the set to finish.",
         ),
+        fleet: str | None = typer.Option(
+            None,
+            "--fleet",
+            metavar="FLEET.yaml",
+            help="--engine vllm: the fleet `fleet up --engine vllm --hidden-states DIR` wrote "
+            "(its servers extract the hidden states; --batch-tokens is then what it holds in "
+            "flight).",
+        ),
+        concurrency: str = typer.Option(
+            "auto",
+            "--concurrency",
+            help="--engine vllm: requests in flight per server, auto or a number.",
+        ),
+        api_key_env: str | None = typer.Option(
+            None,
+            "--api-key-env",
+            metavar="VAR",
+            help="--engine vllm: the environment variable holding the servers' API key.",
+        ),
+        partition: str | None = typer.Option(
+            None,
+            "--partition",
+            metavar="I",
+            help="Only the samples whose id hash falls in partition I of --partitions P (I/P "
+            "says both), under that partition's own lease; with --ray, the partitions I,J,... "
+            "to run.",
+        ),
+        ray: ray_opts.RayFlag = False,
+        ray_address: ray_opts.RayAddress = None,
+        partitions: ray_opts.Partitions = None,
+        fleet_per_node: ray_opts.FleetPerNode = None,
+        tasks_per_node: ray_opts.TasksPerNode = 1,
+        ray_env: ray_opts.RayEnv = None,
         quiet: bool = QUIET,
     ) -> None:
         """The target's hidden states for offline drafter training, one file per sample.
@@ -138,6 +198,10 @@ def register(app: typer.Typer) -> None:
         from draftdata import paths
         from draftdata.hidden.bill import parse_size
         from draftdata.hidden.config import HiddenConfig
+
+        single, count, only = ray_opts.resolve_partitions(partition, partitions, None, ray=ray)
+        if fleet_per_node is not None and not (ray and engine == "vllm"):
+            raise ConfigError("--fleet-per-node is for --ray --engine vllm")
 
         config = HiddenConfig(
             tokenized=tokenized,
@@ -160,10 +224,23 @@ def register(app: typer.Typer) -> None:
             lease_ttl=lease_ttl,
             lease_wait=lease_wait,
             progress=not quiet,
+            options=_engine_options(engine, fleet, concurrency, api_key_env),
+            partition=single,
         ).validate()
         paths.input_path(tokenized, "", "give tokenize's output or a merged tokenized dataset")
         paths.input_folder(model, "--model", "give the target's local Hugging Face folder")
         paths.output_folder(out, "--out")
+        if ray:
+            code = ray_opts.hidden_on_ray(
+                config,
+                address=ray_address,
+                partitions=count,
+                only=only,
+                fleet_per_node=fleet_per_node,
+                tasks_per_node=tasks_per_node,
+                forward_env=ray_env,
+            )
+            raise typer.Exit(code)
         from draftdata.hidden.stage import hidden_states
         from draftdata.hidden.summary import print_summary
 

@@ -124,7 +124,10 @@ def engine_named(name: str) -> Engine:
 
 
 # engine name -> the module that registers it when imported
-_BUILTIN = {"transformers": "draftdata.hidden.transformers_backend"}
+_BUILTIN = {
+    "transformers": "draftdata.hidden.transformers_backend",
+    "vllm": "draftdata.hidden.vllm_backend",
+}
 
 
 def _load_builtin(name: str) -> None:

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from draftdata.errors import ConfigError
 from draftdata.hidden.writer import Writer
+from draftdata.tables import human_bytes as human_bytes
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
@@ -37,15 +38,6 @@ def parse_size(text: str, option: str = "--max-bytes") -> int:
     if size < 1:
         raise ConfigError(f"{option} {text!r}: must be at least 1 byte")
     return size
-
-
-def human_bytes(n: float) -> str:
-    """``7.0 TB``, ``412 GB``, ``3.1 MB``, ``870 B`` (decimal units)."""
-    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:.1f} {unit}" if v < 100 else f"{v:,.0f} {unit}"
-    return f"{int(n)} B"
 
 
 def human_count(n: float) -> str:

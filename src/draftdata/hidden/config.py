@@ -74,6 +74,10 @@ class HiddenConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     lease_wait: float = 0.0
     progress: bool = True
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+    # "I/P": only the samples whose id hash falls in partition I of P (generate's rule,
+    # ``generate/partition.py``), under that partition's own lease: how ``hidden-states
+    # --ray`` spreads one set over a cluster (``distributed/ray_hidden.py``)
+    partition: str | None = None
 
     def validate(self) -> HiddenConfig:
         """Self, or a ConfigError naming the first bad option."""
@@ -103,6 +107,10 @@ class HiddenConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             raise ConfigError(f"--pilot {self.pilot:g}: must be greater than 0")
         if self.staging_bytes < 1 << 20:
             raise ConfigError(f"--staging-bytes {self.staging_bytes}: at least 1 MiB")
+        if self.partition is not None:
+            from draftdata.generate.partition import parse_partition
+
+            parse_partition(self.partition)
         if not self.lease_ttl > 0:
             raise ConfigError(f"--lease-ttl {self.lease_ttl:g}: must be greater than 0")
         return self

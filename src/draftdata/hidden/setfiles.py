@@ -24,7 +24,8 @@ refuses a change in one line naming what changed (a changed model, layers, dtype
 dataset: the files would mix two sets), as generate refuses a changed run. The verification is
 not in the manifest (written before any pass, never rewritten) but in the summaries.
 
-``read_set`` is the reading side (for stats, report and tests).
+The reading side (``read_set``, ``read_index``, ``summary_keys``) is
+``stats/hiddenset.py``, below the stages, where ``stats`` and ``report`` read a set too.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from __future__ import annotations
 import io
 import json
 import secrets
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,19 +41,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from draftdata import __version__
-from draftdata.errors import AlreadyExistsError, InputError, RunMismatchError
+from draftdata.errors import AlreadyExistsError, RunMismatchError
 from draftdata.formats import (
     HIDDEN_INDEX,
-    HIDDEN_INDEX_FORMAT,
     HIDDEN_MANIFEST,
     HIDDEN_SUMMARY,
-    check_format,
 )
 from draftdata.hidden.config import HiddenSettings, HiddenSummary
+from draftdata.stats.hiddenset import HiddenSet as HiddenSet
+from draftdata.stats.hiddenset import read_index, summary_keys
+from draftdata.stats.hiddenset import read_set as read_set
 from draftdata.store.base import Store
 from draftdata.store.lease import LEASE_PREFIX
 from draftdata.store.manifest import diff_settings, settings_hash
-from draftdata.store.store import open_store
 
 
 def _now() -> str:
@@ -132,30 +132,6 @@ def write_index(store: Store, table: pa.Table) -> None:
         write_index(store, table)
 
 
-def read_index(store: Store) -> pa.Table:
-    """The set's index table (``formats.HIDDEN_INDEX_SCHEMA``)."""
-    where = store.key_url(HIDDEN_INDEX)
-    try:
-        table = pq.read_table(io.BytesIO(store.read(HIDDEN_INDEX)))
-    except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"{where}: cannot read the index ({exc})") from exc
-    check_format(table.schema, HIDDEN_INDEX_FORMAT, where)
-    return table
-
-
-def summary_keys(store: Store) -> list[str]:
-    """The set's summary keys, oldest first."""
-    stem = HIDDEN_SUMMARY.name[: -len(".json")]
-    found = []
-    for key in store.list(stem):
-        rest = key[len(stem) : -len(".json")] if key.endswith(".json") else None
-        if rest == "":
-            found.append((1, key))
-        elif rest is not None and rest.startswith("-") and rest[1:].isdigit():
-            found.append((int(rest[1:]), key))
-    return [k for _, k in sorted(found)]
-
-
 def write_summary(store: Store, summary: HiddenSummary) -> str:
     """Commit ``summary`` as the next ``hidden_summary[-N].json``; its key."""
     doc = {"format": HIDDEN_SUMMARY.format, "at": _now(), **msgspec.to_builtins(summary)}
@@ -170,31 +146,3 @@ def write_summary(store: Store, summary: HiddenSummary) -> str:
             return key
         except AlreadyExistsError:
             n += 1
-
-
-@dataclass(frozen=True)
-class HiddenSet:
-    """A hidden-state set as read back: its manifest, index and newest summary (None before
-    a command finished it)."""
-
-    url: str
-    store: Store
-    manifest: dict[str, Any]
-    index: pa.Table
-    summary: dict[str, Any] | None
-
-
-def read_set(url: str) -> HiddenSet:
-    """Read the set at ``url``; InputError when it holds no hidden-state manifest."""
-    store = open_store(url)
-    if not store.exists(HIDDEN_MANIFEST.name):
-        raise InputError(f"{url}: no {HIDDEN_MANIFEST.name}; not a hidden-state set")
-    manifest = HIDDEN_MANIFEST.load(
-        store.read(HIDDEN_MANIFEST.name), store.key_url(HIDDEN_MANIFEST.name)
-    )
-    index = read_index(store) if store.exists(HIDDEN_INDEX) else None
-    if index is None:
-        raise InputError(f"{url}: no {HIDDEN_INDEX}; the first command was stopped before it")
-    keys = summary_keys(store)
-    summary = HIDDEN_SUMMARY.load(store.read(keys[-1]), store.key_url(keys[-1])) if keys else None
-    return HiddenSet(url=url, store=store, manifest=manifest, index=index, summary=summary)

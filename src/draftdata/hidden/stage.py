@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from draftdata.errors import ConfigError, InputError, VerificationError
+from draftdata.generate.partition import parse_partition
 from draftdata.hidden.backend import BackendSpec, ModelFacts, Opener, engine_named, read_model_facts
 from draftdata.hidden.bill import check_budget, eta_line, human_bytes, make_bill
 from draftdata.hidden.config import (
@@ -54,7 +55,7 @@ from draftdata.hidden.verify import choose_rows, summarise, tolerance
 from draftdata.hidden.writer import SampleRow, Writer
 from draftdata.hidden.writers import writer_for
 from draftdata.store.base import Store, refuse_protected
-from draftdata.store.lease import RUN_SCOPE, Lease, acquire
+from draftdata.store.lease import Lease, acquire, scope_of
 from draftdata.store.store import open_store
 
 Log = Callable[[str], None]
@@ -168,7 +169,8 @@ def hidden_states(
     check_budget(bill, config.max_bytes)
     # -- claim
     check_prefix(store)
-    lease = acquire(store, RUN_SCOPE, ttl=config.lease_ttl, wait=config.lease_wait)
+    part = parse_partition(config.partition) if config.partition is not None else None
+    lease = acquire(store, scope_of(part), ttl=config.lease_ttl, wait=config.lease_wait)
     try:
         open_manifest(store, settings)
         _dataset_files(store, writer, plan)
@@ -224,6 +226,9 @@ def _run(
     done = Commits(store, writer).done_rows()
     done_before = len(done)
     todo = set(range(plan.samples)) - set(done)
+    if config.partition is not None:  # the other partitions' rows are other commands' work
+        part = parse_partition(config.partition)
+        todo = {r for r in todo if part.contains(plan.ids[r])}
     if config.pilot is not None:
         todo = rows_of_pilot(plan, config.pilot, todo)
     if plan.dropped:

@@ -5,7 +5,8 @@ from a merge output's ``merge_report.json``, else the domain shares of the subje
 compared input; loss tokens are estimated for chat rows and runs, see ``stats``);
 output length per domain; tokens per domain; finish reasons; failures by class; throughput over
 time per endpoint (from the run's metrics snapshots); a pilot's forecast against the actual run
-(``forecast.py``); the inputs read. A section without data
+(``forecast.py``); each hidden-state set (samples, tokens, bytes, layers, dtype,
+verification); the inputs read. A section without data
 says why in one line instead of drawing an empty chart.
 """
 
@@ -18,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from draftdata import tables
 from draftdata.errors import InputError, disk_errors
 from draftdata.report import page, plots
 from draftdata.report.collect import ReportData, collect
@@ -398,6 +400,42 @@ def _throughput_section(data: ReportData) -> page.Section:
     return page.Section(title, [plot] if plot else [], note, tables)
 
 
+def _hidden_section(data: ReportData) -> page.Section | None:
+    """Each hidden-state set: samples and tokens done of planned, bytes (per token, and the
+    bill), layers, dtype and format, the target, and its verification."""
+    if not data.hidden:
+        return None
+    rows: list[list[Any]] = []
+    for url, h in data.hidden:
+        size, v = h["bytes"], h.get("verification")
+        layers = h["layers"]
+        where = "before" if layers["last_norm"] == "pre_norm" else "after"
+        if v:
+            worst = max(v["layers"], key=lambda lc: lc["rms_rel"]) if v["layers"] else None
+            check = ("passed" if v["passed"] else "FAILED") + f" ({v['samples']} samples"
+            check += f", worst rms {worst['rms_rel']:.3%})" if worst else ")"
+        else:
+            check = "-"
+        rows.append(
+            [
+                url,
+                f"{h['samples']['done']:,} / {h['samples']['planned']:,}",
+                f"{h['tokens']['done']:,}",
+                tables.human_bytes(size["in_set"]) if size["in_set"] is not None else "-",
+                f"{size['per_token']:,.0f}" if size["per_token"] else "-",
+                f"{layers['aux']} + {layers['last']} ({where} norm)",
+                f"{h['dtype']} / {h['trainer_format']}",
+                f"{h['model']['name']} ({h['model']['num_layers']}x{h['model']['hidden_size']})",
+                check,
+            ]
+        )
+    header = [
+        "set", "samples", "tokens", "bytes", "bytes/token", "layers", "dtype / format",
+        "target", "verification",
+    ]  # fmt: skip
+    return page.Section("Hidden states", tables=[page.table(header, rows)])
+
+
 def _inputs_section(data: ReportData) -> page.Section:
     rows: list[list[Any]] = []
     for r in data.runs:
@@ -412,6 +450,8 @@ def _inputs_section(data: ReportData) -> page.Section:
         rows.append([s.kind, u, s.rows, s["rejected"]["count"]])
     for u, s in data.compare:
         rows.append([f"compared ({s.kind})", u, s.rows, s["rejected"]["count"]])
+    for u, h in data.hidden:
+        rows.append(["hidden states", u, h["samples"]["done"], 0])
     return page.Section(
         "Inputs", tables=[page.table(["part", "location", "rows", "rejected"], rows)]
     )
@@ -420,6 +460,7 @@ def _inputs_section(data: ReportData) -> page.Section:
 def render_report(data: ReportData, title: str | None = None) -> str:
     """The page for collected data."""
     accepted = _acceptance_section(data)
+    hidden = _hidden_section(data)
     sections = [
         _mix_section(data),
         *([accepted] if accepted is not None else []),
@@ -429,6 +470,7 @@ def render_report(data: ReportData, title: str | None = None) -> str:
         _failures_section(data),
         _throughput_section(data),
         forecast_section(data),
+        *([hidden] if hidden is not None else []),
         _inputs_section(data),
     ]
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")

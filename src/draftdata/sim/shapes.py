@@ -437,3 +437,35 @@ def metrics(
         f"sglang:generation_tokens_total{{{lab}}} {float(generated)}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def hidden_completion(config: SimConfig, rid: str, prompt_tokens: int, path: str) -> dict[str, Any]:
+    """vLLM 0.32's ``/v1/completions`` answer with the hidden-states connector: one generated
+    token and ``kv_transfer_params.hidden_states_path`` (sim/hidden.py)."""
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": config.model,
+        "choices": [
+            {
+                "index": 0,
+                "text": " the",
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": f"vllm-{config.version}-sim",
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + 1,
+            "completion_tokens": 1,
+            "prompt_tokens_details": None,
+        },
+        "kv_transfer_params": {"hidden_states_path": path},
+    }
