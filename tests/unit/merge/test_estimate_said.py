@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.unit.merge.test_token_mix import chat, run_cli
 from tests.unit.merge.helpers import write_jsonl
+from tests.unit.merge.test_token_mix import chat, run_cli
 
 from draftdata.records import Completion, Message, Turn
 from draftdata.store.run import Run
