@@ -47,7 +47,7 @@ from draftdata.errors import ConfigError, DraftdataError
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.partition import Partition, count_by_partition
 from draftdata.generate.source import prompt_files
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 DEFAULT_PARTITIONS_PER_NODE = 4
 

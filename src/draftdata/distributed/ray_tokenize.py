@@ -30,10 +30,10 @@ import pyarrow as pa
 from draftdata.distributed import cluster
 from draftdata.errors import InputError
 from draftdata.store.base import normalise_url
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 from draftdata.tokenize import stage
-from draftdata.tokenize.batch import Counters, TokenizeContext
 from draftdata.tokenize.config import DomainTotals, TokenizeConfig, TokenizeSummary
+from draftdata.tokenize.encode import Counters, TokenizeContext
 from draftdata.tokenize.stage import locate_input, tokenize_shard
 
 

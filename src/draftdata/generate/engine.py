@@ -43,9 +43,9 @@ import aiohttp
 from rich.console import Console
 from rich.live import Live
 
-from draftdata.collector import fewer_collections
 from draftdata.endpoints import Capacity, probe_capacity
 from draftdata.errors import ConfigError, DraftdataError, FleetUnavailableError, StoreError
+from draftdata.gc_tuning import fewer_collections
 from draftdata.generate.client import token_ids_refusal
 from draftdata.generate.committer import Committer
 from draftdata.generate.config import GenerateConfig
@@ -507,7 +507,7 @@ async def run_engine(
     ``on_engine`` sees the Engine first (to wire signals or to interrupt it from a test);
     ``settle_model``: a new run records the model of the endpoint that answered first."""
     async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(fewer_collections())  # collector.py: a third of the CPU otherwise
+        stack.enter_context(fewer_collections())  # gc_tuning.py: a third of the CPU otherwise
         if session is None:
             session = await stack.enter_async_context(probe_session(api_key))
         engine = Engine(

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT
-from draftdata.generate.sample import PilotSample, Stratum, scope_keys
+from draftdata.generate.pilot_sample import PilotSample, Stratum, scope_keys
 from draftdata.generate.saturation import Throughput
 from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS

@@ -30,7 +30,6 @@ from typing import IO, Any, BinaryIO
 
 import msgspec
 
-from draftdata.collector import fewer_collections
 from draftdata.domains import classify_domain
 from draftdata.errors import ConfigError, disk_errors
 from draftdata.formats import (
@@ -40,6 +39,7 @@ from draftdata.formats import (
     PREPARE_SHARDS,
     prepare_shard,
 )
+from draftdata.gc_tuning import fewer_collections
 from draftdata.metrics import StageStats
 from draftdata.mix import Plan, Supply, plan_mix
 from draftdata.prepare.adapters import Conversation, adapt, to_prompt
@@ -486,7 +486,7 @@ def prepare(
     ``progress(source, rows_read)`` is called every few thousand rows. A source that cannot be
     read is an InputError naming it; bad rows are rejected and counted, never raised.
     """
-    with fewer_collections():  # rows die young by the million: collector.py
+    with fewer_collections():  # rows die young by the million: gc_tuning.py
         return _run(config, plan_only=plan_only, force=force, progress=progress)
 
 

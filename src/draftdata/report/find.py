@@ -25,7 +25,7 @@ from draftdata.errors import InputError
 from draftdata.formats import MERGE_REPORT, PREPARE_REPORT, RUN_MANIFEST, TOKENIZE_SUMMARY
 from draftdata.stats.readers import DATA_EXT, read_json_file
 from draftdata.store.base import Store
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 MAX_DEPTH = 2
 

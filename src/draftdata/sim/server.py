@@ -22,9 +22,9 @@ from aiohttp import web
 
 from draftdata.sim import shapes
 from draftdata.sim.answers import digest, split_chunk
-from draftdata.sim.batch import Batcher, Seq
 from draftdata.sim.config import SimConfig
 from draftdata.sim.request import ChoiceOut, PrefixCache, Prepared, RequestError, prepare
+from draftdata.sim.scheduler import Batcher, Seq
 from draftdata.sim.spec import SpecCounters
 from draftdata.sim.tokens import Tokenizer
 

@@ -67,9 +67,9 @@ from draftdata.stats.conversations import (
     row_to_conversation,
 )
 from draftdata.store.base import Store
+from draftdata.store.opener import open_store
 from draftdata.store.quarantine import quarantined_in
 from draftdata.store.read import read_shard
-from draftdata.store.store import open_store
 
 Kind = Literal["run", "prompts", "tokenized", "conversations"]
 OnBad = Callable[[str, str], None]

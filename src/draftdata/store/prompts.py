@@ -16,7 +16,7 @@ from typing import BinaryIO, cast
 
 from draftdata.errors import InputError, StoreError
 from draftdata.records import BOM, MAX_LINE_BYTES
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 
 def open_prompt_file(source: Path | str) -> BinaryIO:

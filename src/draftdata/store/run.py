@@ -74,6 +74,7 @@ from draftdata.store.manifest import (
     open_manifest,
     settings_hash,
 )
+from draftdata.store.opener import open_store
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import COMPLETIONS_PREFIX
 from draftdata.store.resume import rebuild_done_sets
@@ -82,7 +83,6 @@ from draftdata.store.rollup import (
     Entry,
 )
 from draftdata.store.shards import ShardWriter, check_writer_id, default_writer_id
-from draftdata.store.store import open_store
 from draftdata.store.write import parquet_bytes
 
 _Rows = tuple[list[str], list[int], list[str | None] | None]
