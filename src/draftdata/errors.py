@@ -3,6 +3,8 @@
     DraftdataError                      a user-facing problem: the CLI prints one line, exit 1
     ├── ConfigError                     bad YAML, unknown key, wrong type, bad option value
     ├── InputError                      unreadable input file, malformed record (located)
+    │   └── RowError                    one row rejected (``reason`` code, ``detail``: where
+    │                                   and what); counted and written to a rejects file
     ├── FormatVersionError              a file written by an incompatible draftdata
     ├── StoreError                      the run store refused or failed (``outage``: waiting
     │   │                               can cure it; generate retries only those)
@@ -10,6 +12,7 @@
     │   ├── AlreadyExistsError          a create-only write found the key already there (*)
     │   ├── ProtectedPrefixError        the output overlaps a protected prefix (*)
     │   ├── RunMismatchError            the run's manifest disagrees with this config (*)
+    │   ├── UnreadableShardError        a run's shard cannot be read: set it aside (*)
     │   ├── LeaseUnconfirmedError       the run lease could not be renewed (an outage)
     │   └── TransientStoreError         worth retrying (throttling, 5xx, resets)
     │                                   (*) not an outage: the same call fails again
@@ -20,6 +23,8 @@
     │   └── FleetUnavailableError       no endpoint could serve for a bounded time, or every
     │                                   endpoint refuses chat requests (generate stops, resumable)
     ├── RunAbortedError                 an unexpected error stopped a run (committed work kept)
+    ├── RefusedRequestError             the simulator refuses a chat request (HTTP ``status``;
+    │                                   ``sim/`` answers it as the engine's error body)
     └── ServerError                     one request failed; ``reason`` names it in Failures
         │                               and in the endpoints' error counts
         ├── RetryableServerError        server_error: a 5xx, an answer the server aborted
@@ -64,6 +69,17 @@ class ConfigError(DraftdataError):
 
 class InputError(DraftdataError):
     """An input file that cannot be read, or a record that does not validate."""
+
+
+class RowError(InputError):
+    """One row rejected for ``reason`` (a reason code, e.g. prepare's ``bad_json``); ``detail``
+    says where and what. Readers and adapters raise (or yield) it; the stage counts it under
+    its reason and writes it to its rejects file, and goes on with the next row."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
 
 
 class FormatVersionError(DraftdataError):
@@ -142,6 +158,13 @@ class RunMismatchError(StoreError):
     outage = False
 
 
+class UnreadableShardError(StoreError):
+    """A run's shard cannot be read (damaged bytes, a cut footer, another format); the message
+    says how to set it aside (``store/quarantine.py``) and regenerate its prompts."""
+
+    outage = False
+
+
 class TransientStoreError(StoreError):
     """A store failure worth retrying (throttling, 5xx, connection reset)."""
 
@@ -169,6 +192,16 @@ class FleetUnavailableError(FleetError):
 class RunAbortedError(DraftdataError):
     """An unexpected error (a bug, not a store outage) stopped a run; what was committed is
     kept and the same command resumes."""
+
+
+class RefusedRequestError(DraftdataError):
+    """A chat request the simulated server refuses as an engine would: HTTP ``status`` with
+    ``message`` (``sim/request.py`` raises it, ``sim/server.py`` answers it)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 class ServerError(DraftdataError):

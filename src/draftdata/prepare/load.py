@@ -35,9 +35,9 @@ from typing import Any
 
 import msgspec
 
-from draftdata.errors import InputError
+from draftdata.errors import InputError, RowError
 from draftdata.prepare.config import SourceConfig
-from draftdata.prepare.validate import BAD_JSON, UNDECODABLE_TEXT, RowError
+from draftdata.prepare.validate import BAD_JSON, UNDECODABLE_TEXT
 from draftdata.records import BOM, JsonArraySplitter, decode_json_line, strip_bom
 
 _raw_list = msgspec.json.Decoder(list[msgspec.Raw])

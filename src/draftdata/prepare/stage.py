@@ -31,7 +31,7 @@ from typing import IO, Any, BinaryIO
 import msgspec
 
 from draftdata.domains import classify_domain
-from draftdata.errors import ConfigError, disk_errors
+from draftdata.errors import ConfigError, RowError, disk_errors
 from draftdata.formats import (
     PREPARE_REJECTS,
     PREPARE_REPORT,
@@ -50,7 +50,7 @@ from draftdata.prepare.lengths import resolve as resolve_lengths
 from draftdata.prepare.load import check_hub_reachable, iter_rows
 from draftdata.prepare.reference import load_exclusions, load_existing
 from draftdata.prepare.report import encode_report, to_markdown
-from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt
+from draftdata.prepare.validate import DUPLICATE_ID, check_prompt
 from draftdata.records import (
     DERIVED_ID,
     Message,

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from draftdata.errors import RowError
 from draftdata.prepare.adapters import ADAPTERS, SHAREGPT_ROLES, adapt, to_prompt
 from draftdata.prepare.config import PROMPT_MODES
-from draftdata.prepare.validate import REASONS, RowError, check_prompt
+from draftdata.prepare.validate import REASONS, check_prompt
 from draftdata.records import Message
 
 

@@ -14,10 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.errors import InputError
+from draftdata.errors import InputError, RowError
 from draftdata.prepare.config import SourceConfig
 from draftdata.prepare.load import iter_rows
-from draftdata.prepare.validate import RowError
 
 
 def _src(path: Path | str, **kw: object) -> SourceConfig:
