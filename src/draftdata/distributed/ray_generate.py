@@ -151,7 +151,7 @@ def _outcomes(parts: list[PartitionState], errors: dict[int, str]) -> list[Parti
     return out
 
 
-def _node_totals(outcomes: list[PartitionOutcome], parts: list[PartitionState]) -> Any:
+def _node_totals(parts: list[PartitionState]) -> Any:
     nodes: dict[str, dict[str, float]] = {}
     for p in parts:
         for a in p.attempts:
@@ -249,7 +249,7 @@ def run(
             out=config.out,
             partitions=count,
             outcomes=outcomes,
-            nodes=_node_totals(outcomes, parts),
+            nodes=_node_totals(parts),
             committed=tracker.committed,
             tokens=tracker.tokens,
             wall_s=time.monotonic() - t0,

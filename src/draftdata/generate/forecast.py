@@ -428,11 +428,6 @@ def _span_t(iv: Any, point: float) -> str:
     return f" (90%: {iv[0] / 3600:,.2f}-{iv[1] / 3600:,.2f} h)"
 
 
-def committed_by_domain(figures: Any) -> dict[str, int]:
-    """domain -> committed output tokens, from ``stats.runfigures.RunFigures``."""
-    return {d: f.output_tokens for d, f in figures.domains.items()}
-
-
 def gpu_count(gpu_fields: Iterable[str | None]) -> list[int]:
     """GPUs of each endpoint from fleet.yaml's ``gpu`` ("0", "0,1", ...; none: 1)."""
     return [len([g for g in (f or "").split(",") if g.strip()]) or 1 for f in gpu_fields]

@@ -83,11 +83,6 @@ class TokenPlan:
         """Loss tokens in the output."""
         return sum(self.kept.values())
 
-    @property
-    def unique_total(self) -> int:
-        """Distinct loss tokens kept."""
-        return sum(self.unique_kept.values())
-
     def shares(self) -> dict[str, float]:
         """Each group's share of the output's loss tokens."""
         total = self.total
