@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from draftdata.records import Completion, Failure
-from draftdata.stats.runfigures import RunFigures, completion_reason
+from draftdata.stats.runfigures import RunFigures, completion_reason, stopped_lines
 
 
 class DomainStats(msgspec.Struct, kw_only=True):
@@ -109,14 +109,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             f"{head}: {self.completed} completions, {self.failures} failures ({fails}) in "
             f"{self.wall_s:.1f} s into {self.out}",
             f"  finish reasons per completion: {finish}; cut by max tokens: {self.truncated}",
-            *(
-                [
-                    "  conversations stopped early: "
-                    + ", ".join(f"{k} {v}" for k, v in sorted(self.stopped.items()))
-                ]
-                if self.stopped
-                else []
-            ),
+            *stopped_lines(self.stopped),
             f"  tokens: {self.prompt_tokens} prompt ({self.cached_tokens} cached), "
             f"{self.output_tokens} output ({rate:.0f} output tok/s)",
             f"  requests: {self.requests}, retries: {self.retries}, hedges sent: {self.hedges} "

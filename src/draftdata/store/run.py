@@ -48,7 +48,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -431,10 +430,5 @@ class Run:
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
