@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from draftdata.conversation import Conversation
 from draftdata.errors import RowError
 from draftdata.prepare import hermes
 from draftdata.prepare.validate import (
@@ -52,15 +53,6 @@ SHAREGPT_ROLES = {
 }
 
 
-class Conversation(msgspec.Struct, kw_only=True, frozen=True):
-    """A whole source conversation in OpenAI form, before it is cut into a prompt."""
-
-    messages: list[Message]
-    tools: list[JsonDict] | None = None
-    source_id: str | None = None
-    meta: JsonDict = msgspec.field(default_factory=dict)
-
-
 def _turns(row: JsonDict, key: str = "conversations") -> list[Any]:
     if key not in row or row[key] is None:
         raise RowError(MISSING_FIELD, f"{key}: missing")
@@ -86,11 +78,12 @@ def _speaker_text(turn: Any, i: int, key: str) -> tuple[str, str]:
     return speaker.strip().lower(), value
 
 
-def _row_id(row: JsonDict) -> str | None:
+def _row_id(row: JsonDict) -> str:
+    """The row's own id ("" when it has none)."""
     value = row.get("id")
     if isinstance(value, str | int) and not isinstance(value, bool) and str(value).strip():
         return str(value).strip()
-    return None
+    return ""
 
 
 def _function_call(value: str, i: int) -> list[JsonDict]:
@@ -133,7 +126,7 @@ def sharegpt(row: JsonDict, key: str = "conversations") -> Conversation:
             )
         else:
             messages.append(Message(role=role, content=value))
-    return Conversation(messages=messages, source_id=_row_id(row))
+    return Conversation(messages=messages, id=_row_id(row))
 
 
 def infinity_instruct(row: JsonDict) -> Conversation:
@@ -159,7 +152,7 @@ def _pair(
     if system is not None and isinstance(row.get(system), str) and row[system].strip():
         messages.insert(0, Message(role="system", content=row[system]))
     meta = {k: row[k] for k in meta_keys if row.get(k) is not None}
-    return Conversation(messages=messages, source_id=_row_id(row), meta=meta)
+    return Conversation(messages=messages, id=_row_id(row), meta=meta)
 
 
 def question_answer(row: JsonDict) -> Conversation:
@@ -200,7 +193,7 @@ def alpaca(row: JsonDict) -> Conversation:
         messages.append(Message(role="assistant", content=output))
     if isinstance(row.get("system"), str) and row["system"].strip():
         messages.insert(0, Message(role="system", content=row["system"]))
-    return Conversation(messages=messages, source_id=_row_id(row))
+    return Conversation(messages=messages, id=_row_id(row))
 
 
 def openai(row: JsonDict) -> Conversation:
@@ -227,7 +220,7 @@ def openai(row: JsonDict) -> Conversation:
         parsed = hermes.tools_from_column(tools)
     except RowError as exc:
         raise RowError(BAD_TOOL_SPEC, f"tools: {exc.detail}") from exc
-    return Conversation(messages=messages, tools=parsed, source_id=_row_id(row))
+    return Conversation(messages=messages, tools=parsed, id=_row_id(row))
 
 
 def hermes_fc(row: JsonDict, keep_original: bool = True) -> Conversation:
@@ -270,7 +263,7 @@ def hermes_fc(row: JsonDict, keep_original: bool = True) -> Conversation:
     meta: JsonDict = {k: row[k] for k in ("category", "subcategory", "task") if row.get(k)}
     if keep_original:
         meta["original"] = original
-    return Conversation(messages=messages, tools=tools, source_id=_row_id(row), meta=meta)
+    return Conversation(messages=messages, tools=tools, id=_row_id(row), meta=meta)
 
 
 Adapter = Callable[[JsonDict], Conversation]

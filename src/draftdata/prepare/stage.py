@@ -30,6 +30,7 @@ from typing import IO, Any, BinaryIO
 
 import msgspec
 
+from draftdata.conversation import Conversation
 from draftdata.domains import classify_domain
 from draftdata.errors import ConfigError, RowError, disk_errors
 from draftdata.formats import (
@@ -42,7 +43,7 @@ from draftdata.formats import (
 from draftdata.gc_tuning import fewer_collections
 from draftdata.metrics import StageStats
 from draftdata.mix import Plan, Supply, plan_mix
-from draftdata.prepare.adapters import Conversation, adapt, to_prompt
+from draftdata.prepare.adapters import adapt, to_prompt
 from draftdata.prepare.config import PrepareConfig, SourceConfig, check
 from draftdata.prepare.dedup import BATCH, Deduper, dedup_text
 from draftdata.prepare.lengths import precheck as precheck_lengths
@@ -61,9 +62,9 @@ from draftdata.records import (
 )
 from draftdata.store.forecast import read_forecast
 
-# (source name, rows read so far in it) -> None; called every PROGRESS_EVERY rows and at the end
+# (source name, rows read so far in it) -> None; called every few thousand rows (the reader's
+# PROGRESS_EVERY) and at the end of each source
 Progress = Callable[[str, int], None]
-PROGRESS_EVERY = 5_000
 DEDUP_BATCH = BATCH
 EVAL_DIR = "eval"  # the held-out evaluation split (``holdout``)
 OUR_FILES = (
@@ -184,10 +185,9 @@ def _pass_one(
             pending.clear()
             texts.clear()
 
-        for index, row in iter_rows(source):
+        shown = None if progress is None else (lambda n: progress(source.name, n))
+        for index, row in iter_rows(source, shown):
             run.read += 1
-            if progress is not None and run.read % PROGRESS_EVERY == 0:
-                progress(source.name, run.read)
             try:
                 if isinstance(row, RowError):
                     raise row
@@ -202,8 +202,6 @@ def _pass_one(
             if len(texts) >= DEDUP_BATCH:
                 settle()
         settle()
-    if progress is not None:
-        progress(source.name, run.read)
     return run
 
 
@@ -221,8 +219,8 @@ def _keep(
 ) -> None:
     """A usable, non-duplicate prompt: id check, domain, then onto the source's spool."""
     pid = (
-        f"{source.name}/{conv.source_id}"
-        if conv.source_id is not None
+        f"{source.name}/{conv.id}"
+        if conv.id
         else f"{source.name}/{content_hash(messages, conv.tools)}"
     )
     if pid in seen_ids:

@@ -11,18 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from draftdata.errors import RowError
+from draftdata.readers.base import BAD_JSON, TOO_LONG, UNDECODABLE_TEXT
 from draftdata.records import DERIVED_ID, ROLES, Message, tool_order_fault
 
-BAD_JSON = "bad_json"
 WRONG_TYPE = "wrong_type"
 MISSING_FIELD = "missing_field"
 EMPTY_CONTENT = "empty_content"
 NON_STRING_CONTENT = "non_string_content"
 UNKNOWN_ROLE = "unknown_role"
 NO_USER_TURN = "no_user_turn"
-TOO_LONG = "too_long"
 BAD_TOOL_SPEC = "bad_tool_spec"
-UNDECODABLE_TEXT = "undecodable_text"
 DUPLICATE_ID = "duplicate_id"
 ORPHAN_TOOL = "orphan_tool"
 

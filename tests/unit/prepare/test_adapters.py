@@ -32,7 +32,7 @@ def test_infinity_instruct_keeps_labels_in_meta() -> None:
     }
     conv = adapt("infinity_instruct", row)
     assert [m.role for m in conv.messages] == ["user", "assistant"]
-    assert conv.source_id == "7"
+    assert conv.id == "7"
     assert conv.meta == {
         "label": {"ability_en": ["chat"]},
         "langdetect": "en",
@@ -92,7 +92,7 @@ def test_agentinstruct_trajectory() -> None:
     }
     conv = adapt("agentinstruct", row)
     assert [m.role for m in conv.messages] == ["user", "assistant", "user", "assistant"]
-    assert conv.source_id == "os_1"
+    assert conv.id == "os_1"
 
 
 @pytest.mark.parametrize(
@@ -124,7 +124,7 @@ def test_pair_schemas(schema: str, row: dict[str, Any], meta: dict[str, Any]) ->
         Message(role="assistant", content="A"),
     ]
     assert conv.meta == meta
-    assert conv.source_id is None
+    assert conv.id == ""
 
 
 @pytest.mark.parametrize(
