@@ -47,6 +47,7 @@ from draftdata.errors import ConfigError, DraftdataError
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.partition import Partition, count_by_partition
 from draftdata.generate.source import prompt_files
+from draftdata.progress import REFRESH_PER_SECOND
 from draftdata.store.opener import open_store
 
 DEFAULT_PARTITIONS_PER_NODE = 4
@@ -325,7 +326,9 @@ def _monitor(
     use_live = sys.stderr.isatty() if live is None else live
     display = None
     if use_live:
-        display = Live(console=Console(stderr=True), refresh_per_second=2, transient=False)
+        display = Live(
+            console=Console(stderr=True), refresh_per_second=REFRESH_PER_SECOND, transient=False
+        )
         display.start()
     last_line = time.monotonic()
     interrupted = False

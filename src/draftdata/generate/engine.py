@@ -55,6 +55,7 @@ from draftdata.generate.length import run_history
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
+from draftdata.progress import REFRESH_PER_SECOND
 from draftdata.records import Completion, Failure
 from draftdata.store.run import Run
 
@@ -358,7 +359,10 @@ class Engine:
         display = None
         if self.live:
             display = Live(
-                self.progress.render(), console=Console(), refresh_per_second=2, transient=False
+                self.progress.render(),
+                console=Console(),
+                refresh_per_second=REFRESH_PER_SECOND,
+                transient=False,
             )
             display.start()
         last_line = last_metrics = self.clock()
