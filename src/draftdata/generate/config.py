@@ -110,7 +110,7 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     protect: list[str] = msgspec.field(default_factory=list)
     retry_failed: bool = False
     allow_config_change: bool = False
-    allow_mixed_models: bool = False  # endpoints reporting different models (models.py)
+    allow_mixed_models: bool = False  # endpoints reporting different models (run_model.py)
     flush_records: int = 256
     flush_seconds: float = 5.0
     max_uncommitted: int = 4096  # dispatch pauses while more records wait for the store

@@ -43,8 +43,8 @@ import aiohttp
 from rich.console import Console
 from rich.live import Live
 
-from draftdata.collector import fewer_collections
 from draftdata.errors import ConfigError, DraftdataError, FleetUnavailableError, StoreError
+from draftdata.gc_tuning import fewer_collections
 from draftdata.generate.client import token_ids_refusal
 from draftdata.generate.committer import Committer
 from draftdata.generate.config import GenerateConfig
@@ -55,6 +55,7 @@ from draftdata.generate.length import run_history
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
+from draftdata.progress import REFRESH_PER_SECOND
 from draftdata.records import Completion, Failure
 from draftdata.store.run import Run
 
@@ -306,7 +307,10 @@ class Engine:
         display = None
         if self.live:
             display = Live(
-                self.progress.render(), console=Console(), refresh_per_second=2, transient=False
+                self.progress.render(),
+                console=Console(),
+                refresh_per_second=REFRESH_PER_SECOND,
+                transient=False,
             )
             display.start()
         last_line = last_metrics = self.clock()
@@ -455,7 +459,7 @@ async def run_engine(
     ``on_engine`` sees the Engine first (to wire signals or to interrupt it from a test);
     ``settle_model``: a new run records the model of the endpoint that answered first."""
     async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(fewer_collections())  # collector.py: a third of the CPU otherwise
+        stack.enter_context(fewer_collections())  # gc_tuning.py: a third of the CPU otherwise
         if session is None:
             session = await stack.enter_async_context(probe_session(api_key))
         engine = Engine(

@@ -161,7 +161,6 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 import msgspec
@@ -279,12 +278,7 @@ class SimFleet:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._loop is not None and self.servers:
             self._call(self._stop_all())
         self._shutdown()
@@ -436,12 +430,7 @@ class SimProcess:
     def __enter__(self) -> SimProcess:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
         if self._tmp is not None:
             self._tmp.cleanup()

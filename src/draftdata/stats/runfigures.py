@@ -78,6 +78,17 @@ _COLUMNS = [
 ]
 
 
+def stopped_lines(stopped: dict[str, int]) -> list[str]:
+    """The summary line of the conversations that stopped before their last turn, by reason
+    (generate's summary and the run figures print it alike); none when none stopped."""
+    if not stopped:
+        return []
+    return [
+        "  conversations stopped early: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(stopped.items()))
+    ]
+
+
 class EndpointFigures(msgspec.Struct, kw_only=True):
     """One endpoint's committed part of the run."""
 
@@ -212,14 +223,7 @@ class RunFigures(msgspec.Struct, kw_only=True):
             + (f" ({rate:,.0f} output tok/s over the active time)" if rate is not None else ""),
             *([self.estimate_line()] if self.estimated_answers else []),
             f"  finish reasons per completion: {finish}; cut by max tokens: {self.cut:,}",
-            *(
-                [
-                    "  conversations stopped early: "
-                    + ", ".join(f"{k} {v}" for k, v in sorted(self.stopped.items()))
-                ]
-                if self.stopped
-                else []
-            ),
+            *stopped_lines(self.stopped),
             f"  wasted (not committed): {w.output_tokens:,} output tokens, "
             f"{w.hedges:,} hedged requests (one copy of each cancelled; the hedge won "
             f"{w.hedges_won:,}), {w.retries:,} retried attempts, "

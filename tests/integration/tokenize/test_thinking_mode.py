@@ -20,8 +20,8 @@ from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
 from draftdata.sim.config import SimConfig
 from draftdata.sim.run import SimFleet
-from draftdata.tokenize.batch import TokenizeContext
 from draftdata.tokenize.config import TokenizeConfig
+from draftdata.tokenize.encode import TokenizeContext
 from draftdata.tokenize.stage import tokenize
 
 pytestmark = pytest.mark.integration
