@@ -4,7 +4,8 @@
 turns together). Its levels, each shrunk toward the one above it so that a key seen once does
 not swing the estimate: a prior of a third of the job's own token cap (``max_tokens`` times its
 turns: the limit is a feature too) -> the whole run's mean -> the domain's -> the source's within
-its domain -> the prompt's length (a power-of-two bucket of its estimated tokens) within that.
+its domain -> the prompt's length (a power-of-two bucket of its estimated tokens) within that,
+as a factor (its bucket's answers against all the run's answers of the source/domain).
 What is known before the first answer seeds it (``LengthPriors``, read by ``known_lengths``):
 
 - this run's committed answers (a resumed run, or the rest after ``--pilot``, whose answers are
@@ -64,8 +65,11 @@ _PREPARE_WEIGHT = 4.0  # pseudo-answers a prepare estimate counts for (the run's
 _FORECAST_WEIGHT = 200.0  # at most this many for a pilot's per-domain mean
 HISTORY_ROWS = 50_000  # a resumed run's newest completions that seed the model, at most
 ANY_SOURCE = "\x00*"  # the source of the domain level's keys (no prompt has it)
+_ONLINE = -3  # the bucket of a source/domain's key for the answers this run saw with a prompt
 
-Key = tuple[str, str, int]  # (source, domain, prompt-length bucket; -1: the source/domain level)
+# (source, domain, prompt-length bucket; -1: the source/domain level, _ONLINE: its answers seen
+# with their prompt's length)
+Key = tuple[str, str, int]
 
 
 def prompt_tokens(job: Job) -> int:
@@ -192,7 +196,12 @@ class LengthModel:
         keys: Iterable[Key] = (
             ((ANY_SOURCE, domain, -1), (source, domain, -1))
             if prompt is None
-            else ((ANY_SOURCE, domain, -1), (source, domain, -1), (source, domain, bucket(prompt)))
+            else (
+                (ANY_SOURCE, domain, -1),
+                (source, domain, -1),
+                (source, domain, _ONLINE),
+                (source, domain, bucket(prompt)),
+            )
         )
         for key in keys:
             s = self._stats.get(key)
@@ -256,9 +265,14 @@ class LengthModel:
             n = r[0] + (s[0] if s is not None else 0.0)
             total = self.rate * (r[0] * self.now - r[1]) + (s[1] if s is not None else 0.0)
             mean = max(mean, (total + _SHRINK * above) / (n + _SHRINK))
+        # the prompt's length, as a factor: its bucket's answers against all of this run's
+        # answers of the source/domain (both seen as this run goes, so both lean the same way
+        # while the long answers are still running)
         s = self._stats.get((source, domain, bucket(prompt)))
-        if s is not None:
-            mean = (s[1] + _SHRINK * mean) / (s[0] + _SHRINK)
+        o = self._stats.get((source, domain, _ONLINE))
+        if s is not None and o is not None and o[0] > 0 and o[1] > 0:
+            seen = o[1] / o[0]
+            mean *= (s[1] + _SHRINK * seen) / ((s[0] + _SHRINK) * seen)
         return min(float(cap), mean)
 
     def answers(self, source: str, domain: str) -> float:

@@ -43,7 +43,7 @@ def job_cap(job: Job, endpoints: list[Endpoint]) -> int:
 
 
 _SPEED_GAP = 1.5  # per-sequence rates closer than this: greedy placement is as good
-_TAIL_Q = 0.95  # a slower endpoint's start is judged on this quantile of the length
+_TAIL_Q = 0.99  # a slower endpoint's start is judged on this quantile of the length
 _HEDGE_Q = 0.9  # hedges are judged on this quantile of the length (a long draw)
 BLIND_HEDGE_S = 60.0  # with no endpoint measured yet, a tail request this old is copied
 
