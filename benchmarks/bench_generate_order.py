@@ -183,6 +183,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="run each configuration this often")
     ap.add_argument("--only", default=",".join(RUNS), help="which runs (comma-separated)")
     ap.add_argument("--verbose", action="store_true", help="print the engine's per-domain lines")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the runs in this folder")
     args = ap.parse_args()
     names = [n for n in args.only.split(",") if n]
     drawn = {
@@ -199,6 +200,9 @@ def main() -> None:
     got: dict[str, list[Result]] = {n: [] for n in names}
     bounds: dict[str, tuple[float, float | None]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-order-") as tmp:
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.keep)
         for _ in range(args.repeat):
             for name in names:
                 load = os.getloadavg()[0]

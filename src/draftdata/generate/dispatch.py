@@ -343,7 +343,15 @@ class Dispatcher:
         self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0)
         tail = None
         if self.queue and self.cfg.tail_plan:
-            tail = TailPlan.make(self.endpoints, self.queue, self.lengths, read_all=self.fed_all)
+            tail = TailPlan.make(
+                self.endpoints,
+                self.queue,
+                self.lengths,
+                self.on_endpoint,
+                read_all=self.fed_all,
+                now=now,
+                hedge=self.cfg.hedge,
+            )
         held: list[Job] = []
         while self.queue:
             free = [

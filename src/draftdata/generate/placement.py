@@ -22,12 +22,12 @@ per-sequence rate. Arithmetic over what the dispatcher holds: no I/O, nothing se
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.length import LengthModel, job_key, token_cap
 from draftdata.generate.queue import JobQueue
-from draftdata.generate.work import Job
+from draftdata.generate.work import Copy, Job
 
 _AFFINITY_SIZE = 4096  # shared prefixes remembered (least recently used go first)
 _RETRY_PATIENCE_S = 2.0  # how long a retry waits for an endpoint other than the one it failed on
@@ -44,6 +44,7 @@ def job_cap(job: Job, endpoints: list[Endpoint]) -> int:
 
 _SPEED_GAP = 1.5  # per-sequence rates closer than this: greedy placement is as good
 _TAIL_Q = 0.99  # a slower endpoint's start is judged on this quantile of the length
+_ALIKE = 1.05  # long draws within this factor of the shortest queued one count as as short
 _HEDGE_Q = 0.9  # hedges are judged on this quantile of the length (a long draw)
 BLIND_HEDGE_S = 60.0  # with no endpoint measured yet, a tail request this old is copied
 
@@ -100,23 +101,43 @@ class TailPlan:
     every endpoint takes the queue's head). The fleet is expected to finish at about the
     horizon: the queue's expected work over the fleet's rate (each endpoint's per-sequence
     rate times its slots), plus a long draw of the shortest queued job on the fastest endpoint
-    (the job's own last answers). A slower endpoint may start a job whose long draw (the
-    ``_TAIL_Q`` quantile of the learnt spread, widened while its mean is uncertain:
-    ``LengthModel.long_draw``) it finishes by then; otherwise a faster endpoint will, sooner.
+    (the job's own last answers), or when the request running now that is expected to end
+    last does (one past its estimate runs on), whichever is later. A slower endpoint may start
+    a job whose long draw (the ``_TAIL_Q`` quantile of the learnt spread, widened while its
+    mean is uncertain: ``LengthModel.long_draw``) it finishes by then; otherwise a faster
+    endpoint will, sooner.
     So the slow server takes the longest jobs early on and ever shorter ones as the end nears;
-    it idles rather than start what would end the job late. Fast endpoints are not limited: a
-    job has nowhere faster to go.
+    it idles rather than start what would end the job late. With hedging on it may also start
+    a job as short as the shortest queued one (on a one-domain job: any): should that one run
+    long, once the queue is dry a copy on an idle fast endpoint ends it no later than the fast
+    endpoints' own last answers. Fast endpoints are not limited: a job has nowhere faster to
+    go.
     """
 
-    def __init__(self, budgets: dict[Endpoint, float], lengths: LengthModel) -> None:
+    def __init__(
+        self, budgets: dict[Endpoint, float], lengths: LengthModel, shortest: float = 0.0
+    ) -> None:
         self.budgets = budgets  # endpoint -> tokens of a long draw it may start now
         self.lengths = lengths
+        # with hedging: the long draw of the shortest queued job (one as short as any queued
+        # may start anywhere: if it runs long, a copy on an idle fast server once the queue is
+        # dry ends no later than the fast servers' own last answers)
+        self.shortest = shortest
 
     @classmethod
     def make(
-        cls, endpoints: Iterable[Endpoint], queue: JobQueue, lengths: LengthModel, *, read_all: bool
+        cls,
+        endpoints: Iterable[Endpoint],
+        queue: JobQueue,
+        lengths: LengthModel,
+        running: Mapping[Endpoint, Iterable[Copy]],
+        *,
+        read_all: bool,
+        now: float,
+        hedge: bool = True,
     ) -> TailPlan | None:
-        """The plan now, or None where every endpoint may take the queue's head."""
+        """The plan now, or None where every endpoint may take the queue's head (also when no
+        slower endpoint has a free slot: the plan would limit nothing)."""
         if not read_all or not queue:
             return None
         up = [e for e in endpoints if e.accepting]
@@ -130,22 +151,50 @@ class TailPlan:
             return None
         fastest = max(rates.values())
         slow = {e: r for e, r in rates.items() if _SPEED_GAP * r < fastest}
-        if not slow:
+        if not any(e.free > 0 for e in slow):
             return None
         fleet = sum(r * max(1, e.concurrency.limit) for e, r in rates.items())
-        shortest = queue.shortest()
-        last = lengths.long_draw(shortest, _TAIL_Q) / fastest if shortest is not None else 0.0
-        horizon = queue.work() / fleet + last
-        return cls({e: r * horizon for e, r in slow.items()}, lengths)
+        key = queue.shortest()
+        shortest = lengths.long_draw(key, _TAIL_Q) if key is not None else 0.0
+        horizon = max(
+            queue.work() / fleet + shortest / fastest, _running_end(running, rates, lengths, now)
+        )
+        return cls({e: r * horizon for e, r in slow.items()}, lengths, shortest if hedge else 0.0)
 
     def budget(self, ep: Endpoint) -> float | None:
         """The longest draw (tokens) ``ep`` may start now; None: any job."""
         return self.budgets.get(ep)
 
     def fits(self, job: Job, ep: Endpoint) -> bool:
-        """Whether ``ep`` may start ``job`` now."""
+        """Whether ``ep`` may start ``job`` now: it finishes a long draw of it in time, or
+        (with hedging) no queued job is expected shorter."""
         budget = self.budgets.get(ep)
-        return budget is None or self.lengths.long_draw(job_key(job), _TAIL_Q) <= budget
+        if budget is None:
+            return True
+        draw = self.lengths.long_draw(job_key(job), _TAIL_Q)
+        return draw <= budget or draw <= self.shortest * _ALIKE
+
+
+def _running_end(
+    running: Mapping[Endpoint, Iterable[Copy]],
+    rates: dict[Endpoint, float],
+    lengths: LengthModel,
+    now: float,
+) -> float:
+    """Seconds until the request running now that is expected to end last does: what each
+    has left of its expected length given what it has produced (``expected_total``: one past
+    its estimate runs on), at its endpoint's rate."""
+    end = 0.0
+    for ep, copies in running.items():
+        rate = rates.get(ep)
+        if rate is None:
+            continue
+        for copy in copies:
+            job = copy.job
+            produced = (now - copy.started) * rate
+            total = lengths.expected_total(lengths.expect_job(job), produced, token_cap(job))
+            end = max(end, (total - produced) / rate)
+    return end
 
 
 class Placement:

@@ -230,7 +230,12 @@ async def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if hasattr(signal, "SIGUSR1"):  # a --crash-after server crashes now (a crash at a time)
-        loop.add_signal_handler(signal.SIGUSR1, lambda: [s.crash_pending_now() for s in servers])
+
+        def crash_now() -> None:
+            for s in servers:
+                s.crash_pending_now()
+
+        loop.add_signal_handler(signal.SIGUSR1, crash_now)
     try:
         if out is not None:
             write_fleet(fleet_spec(servers, config), out)

@@ -248,7 +248,7 @@ def test_tail_plan_gives_a_slow_server_ever_shorter_jobs() -> None:
     for i in range(4):
         for d in LENGTHS:
             q.push(job(d, pid=f"{d}{i}"))
-    plan = TailPlan.make([fast, slow], q, m, read_all=True)
+    plan = TailPlan.make([fast, slow], q, m, {}, read_all=True, now=0.0)
     assert plan is not None and plan.budget(fast) is None
     budget = plan.budget(slow)
     assert budget is not None
@@ -261,11 +261,11 @@ def test_tail_plan_gives_a_slow_server_ever_shorter_jobs() -> None:
     got = q.pop_fitting(lambda j: plan.fits(j, slow))
     assert got is not None and got.prompt.domain in ("general", "tool")
     # far from the end (prompts still unread), similar speeds, an unmeasured rate: no plan
-    assert TailPlan.make([fast, slow], q, m, read_all=False) is None
+    assert TailPlan.make([fast, slow], q, m, {}, read_all=False, now=0.0) is None
     slow.meter.seq_rate = 80.0
-    assert TailPlan.make([fast, slow], q, m, read_all=True) is None
+    assert TailPlan.make([fast, slow], q, m, {}, read_all=True, now=0.0) is None
     slow.meter.seq_rate = None
-    assert TailPlan.make([fast, slow], q, m, read_all=True) is None
+    assert TailPlan.make([fast, slow], q, m, {}, read_all=True, now=0.0) is None
 
 
 async def test_a_slow_server_starts_no_long_answer_at_the_end(tmp_path: Path) -> None:
@@ -595,3 +595,84 @@ def test_lengths_known_from_a_forecast_and_from_prepare(tmp_path: Path) -> None:
     )
     # nothing there: nothing known, no error
     assert not known_lengths(open_store(str(tmp_path / "empty")), None, history=True)
+
+
+def test_queue_parts_ready_first_then_fitting_then_backoff() -> None:
+    """Ready jobs go before fresh ones (in their order); ``pop_fitting`` takes the first job
+    in that order a predicate accepts; ``work`` counts every queued sample's expected tokens;
+    due backoffs come back first in line."""
+    m = LengthModel()
+    _learnt(m)
+    for ordered in (True, False):
+        q = JobQueue(m, ordered=ordered)
+        for i, d in enumerate(["tool", "math", "code", "tool"]):
+            q.push(job(d, pid=f"f{i}"))
+        multi = job("general", pid="n3")
+        multi.samples = [0, 1, 2]
+        q.push(multi)
+        back = [job("agent", pid="r0"), job("math", pid="r1")]
+        q.put_back(back)
+        assert len(q) == 7 and q.fresh == 5
+        expected = sum(LENGTHS[d] for d in ["tool", "math", "code", "tool", "math"])
+        expected += 3 * LENGTHS["general"] + 0  # (agent: unknown to _learnt, its prior)
+        assert q.work() == pytest.approx(expected + m.expect("", "agent", 0, 1000), rel=0.05)
+        got = q.pop_fitting(lambda j: j.prompt.domain == "math")
+        assert got is not None and got.prompt.id == "r1"  # ready first
+        got = q.pop_fitting(lambda j: j.prompt.domain in ("tool", "code"))
+        assert got is not None
+        assert got.prompt.id == ("f2" if ordered else "f0")  # longest first / file order
+        taken = got.prompt.id
+        assert q.pop_fitting(lambda j: False) is None
+        assert q.pop().prompt.id == "r0"
+        q.later(job("code", pid="w0"), due=5.0)
+        q.promote(4.0)
+        assert [j.prompt.id for j in q.backing_off()] == ["w0"] and q.next_due() == 5.0
+        q.promote(5.0)
+        assert q.pop().prompt.id == "w0" and not list(q.backing_off())
+        rest = []
+        while q:
+            rest.append(q.pop().prompt.id)
+        assert sorted(rest) == sorted({"f0", "f1", "f2", "f3", "n3"} - {taken})
+        if ordered:
+            assert rest == ["f1", "n3", "f0", "f3"]
+
+
+def test_a_slow_server_may_start_a_job_as_short_as_any_queued_when_hedging() -> None:
+    """On a one-domain job every queued job is alike: with hedging the slower server keeps
+    taking them (one that runs long is copied to a fast idle server once the queue is dry);
+    without hedging it stops when a long draw no longer ends in time. A request running now
+    that is expected to end late pushes the horizon out."""
+    from draftdata.generate.work import Copy
+
+    fast, slow = endpoint(0, DomainClient(), limit=10), endpoint(1, DomainClient(), limit=10)
+    fast.meter.seq_rate, slow.meter.seq_rate = 100.0, 50.0
+    m = LengthModel()
+    _learnt(m)
+    q = JobQueue(m, ordered=True)
+    for i in range(4):
+        q.push(job("code", pid=f"c{i}"))
+    hedged = TailPlan.make([fast, slow], q, m, {}, read_all=True, now=0.0)
+    plain = TailPlan.make([fast, slow], q, m, {}, read_all=True, now=0.0, hedge=False)
+    assert hedged is not None and plain is not None
+    assert hedged.fits(job("code"), slow) and not plain.fits(job("code"), slow)
+    assert not hedged.fits(job("math"), slow)  # longer than any queued: not that
+    # a math answer running for 20 s on the fast server (2,000 tokens of a 4,000 cap, far past
+    # its estimate): the fleet is not done before it, so the slow server has time
+    running = Copy(job("math", max_tokens=4000, pid="m0"), fast, hedge=False, seqs=1, started=0.0)
+    late = TailPlan.make(
+        [fast, slow], q, m, {fast: [running]}, read_all=True, now=20.0, hedge=False
+    )
+    assert late is not None and late.fits(job("code"), slow)
+
+
+def test_a_short_answer_moves_the_per_sequence_rate_little() -> None:
+    """The rate is tokens over latency averaged apart: a 20-token answer whose latency is
+    mostly prefill and queueing does not make a fast server look slow."""
+    from draftdata.generate.endpoint import Meter
+
+    m = Meter()
+    for _ in range(20):
+        m.answered(0.0, 1000, 10, 10.0, 1)  # 100 tokens/s
+    for _ in range(3):
+        m.answered(0.0, 20, 10, 1.0, 1)  # 20 tokens/s, mostly waiting
+    assert m.seq_rate is not None and m.seq_rate > 90  # an average of the rates: 78
