@@ -363,11 +363,11 @@ class Dispatcher:
                 break
             open_ = [e for e in free if tail is None or tail.budget(e) is None]
             ep: Endpoint | None
-            if open_:
+            if open_ or tail is None:
                 job = self.queue.pop()
                 ep = self.placement.pick(job, open_, now)
             else:
-                found = self._fit(tail, free, now)
+                found = self.placement.fit(tail, self.queue, free, now)
                 if found is None:
                     break  # nothing queued that a slower endpoint can finish in time
                 job, ep = found
@@ -380,25 +380,6 @@ class Dispatcher:
                 continue
             self._launch(job, ep, hedge=False, now=now)
         self.queue.put_back(held)
-
-    def _fit(
-        self, tail: TailPlan | None, free: list[Endpoint], now: float
-    ) -> tuple[Job, Endpoint] | None:
-        """The longest queued job one of the slower endpoints in ``free`` may start now."""
-        assert tail is not None
-        for ep in sorted(free, key=lambda e: -(e.meter.seq_rate or 0.0)):
-
-            def fits(job: Job, ep: Endpoint = ep) -> bool:
-                return tail.fits(job, ep) and self.placement.may_take(job, ep, now)
-
-            found = self.queue.pop_fitting(fits)
-            if found is not None:
-                return found, ep
-        return None
-
-    def cap(self, job: Job) -> int:
-        """The most output tokens one sample of ``job`` may take (``placement.job_cap``)."""
-        return self.placement.cap(job)
 
     def _hedge(self, now: float) -> None:
         """Send the copies ``Placement.hedges`` finds worth it (only asked when nothing is
@@ -489,7 +470,7 @@ class Dispatcher:
             self.hedges_won += 1
             ep.meter.hedges_won += 1
         per_sample = answer.per_sample
-        p, prompt_len, cap = job.prompt, prompt_tokens(job), self.cap(job)
+        p, prompt_len, cap = job.prompt, prompt_tokens(job), self.placement.cap(job)
         for turns in per_sample:
             out = sum(t.usage.completion_tokens for t in turns)
             self.lengths.observe(p.source, p.domain, prompt_len, out, cap)
@@ -665,28 +646,32 @@ class Dispatcher:
         return moved, abandoned
 
     def _say_out(self, ep: Endpoint, why: str, *, moved: int, abandoned: int) -> None:
-        self.log(f"endpoint {ep.url} taken out: {why}; {self._fates(ep, moved, abandoned)}")
-        self.wake.set()
-
-    def _fates(self, ep: Endpoint, moved: int, abandoned: int) -> str:
-        """What became of the requests ``ep`` held when it was taken out, in a few words."""
         running = len(self.on_endpoint[ep])
         retried = sum(1 for job in self.queue.backing_off() if ep.url in job.avoid)
-        parts = []
-        if moved:
-            parts.append(f"{moved:,} requeued on the other endpoints")
-        if retried:
-            parts.append(f"{retried:,} failed there and are retried elsewhere after a backoff")
-        if running:
-            parts.append(
-                f"{running:,} still running there (kept if they finish; retried elsewhere if "
-                "they fail; requeued at once if it fails its health check)"
-            )
-        if abandoned:
-            parts.append(
-                f"{abandoned:,} abandoned (stopping: not committed, the same command generates "
-                "them again)"
-            )
-        if not parts:
-            return "no request of the run was in flight there"
-        return "its requests: " + "; ".join(parts)
+        said = fates(moved=moved, retried=retried, running=running, abandoned=abandoned)
+        self.log(f"endpoint {ep.url} taken out: {why}; {said}")
+        self.wake.set()
+
+
+def fates(*, moved: int, retried: int, running: int, abandoned: int) -> str:
+    """What became of the requests an endpoint held when it was taken out, in a few words:
+    ``moved`` requeued at once, ``retried`` failed there and backing off, ``running`` still
+    running there, ``abandoned`` because the run is stopping."""
+    parts = []
+    if moved:
+        parts.append(f"{moved:,} requeued on the other endpoints")
+    if retried:
+        parts.append(f"{retried:,} failed there and are retried elsewhere after a backoff")
+    if running:
+        parts.append(
+            f"{running:,} still running there (kept if they finish; retried elsewhere if "
+            "they fail; requeued at once if it fails its health check)"
+        )
+    if abandoned:
+        parts.append(
+            f"{abandoned:,} abandoned (stopping: not committed, the same command generates "
+            "them again)"
+        )
+    if not parts:
+        return "no request of the run was in flight there"
+    return "its requests: " + "; ".join(parts)

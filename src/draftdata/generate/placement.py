@@ -242,6 +242,21 @@ class Placement:
         others = any(e.accepting and e.url not in job.avoid for e in self.endpoints)
         return not others or now - job.ready_since >= _RETRY_PATIENCE_S
 
+    def fit(
+        self, tail: TailPlan, queue: JobQueue, free: list[Endpoint], now: float
+    ) -> tuple[Job, Endpoint] | None:
+        """The longest queued job one of the slower endpoints in ``free`` may start now
+        (``TailPlan.fits``), taken out of ``queue``, with its endpoint; None when none may."""
+        for ep in sorted(free, key=lambda e: -(e.meter.seq_rate or 0.0)):
+
+            def fits(job: Job, ep: Endpoint = ep) -> bool:
+                return tail.fits(job, ep) and self.may_take(job, ep, now)
+
+            found = queue.pop_fitting(fits)
+            if found is not None:
+                return found, ep
+        return None
+
     def hedges(self, running: Iterable[Job], now: float) -> list[tuple[Job, Endpoint]]:
         """Copies worth sending now: for each job running as one copy for at least
         ``hedge_min_age``, the fastest idle endpoint where ``hedge_pays`` (each endpoint's
