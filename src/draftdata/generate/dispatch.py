@@ -68,7 +68,7 @@ from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
 from draftdata.records import Completion, Failure
 
-_FIRST_WINDOW_S = 1.0  # with lengths known at the start, wait this long at most for the window
+_FIRST_WINDOW_S = 0.5  # with lengths known at the start, wait this long at most for the window
 
 
 class Sink(Protocol):
