@@ -61,7 +61,7 @@ from draftdata.generate.caller import Answer, Caller
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.length import LengthModel, LengthPriors, prompt_tokens
-from draftdata.generate.placement import Placement, TailPlan
+from draftdata.generate.placement import Placement
 from draftdata.generate.queue import JobQueue
 from draftdata.generate.retry import Fail, MoveOn, Retry, RetryPolicy
 from draftdata.generate.source import PromptReader
@@ -343,14 +343,8 @@ class Dispatcher:
         self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0)
         tail = None
         if self.queue and self.cfg.tail_plan:
-            tail = TailPlan.make(
-                self.endpoints,
-                self.queue,
-                self.lengths,
-                self.on_endpoint,
-                read_all=self.fed_all,
-                now=now,
-                hedge=self.cfg.hedge,
+            tail = self.placement.tail_plan(
+                self.queue, self.on_endpoint, read_all=self.fed_all, now=now, hedge=self.cfg.hedge
             )
         held: list[Job] = []
         while self.queue:

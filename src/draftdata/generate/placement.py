@@ -22,7 +22,7 @@ per-sequence rate. Arithmetic over what the dispatcher holds: no I/O, nothing se
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.length import LengthModel, job_key, token_cap
@@ -45,6 +45,7 @@ def job_cap(job: Job, endpoints: list[Endpoint]) -> int:
 _SPEED_GAP = 1.5  # per-sequence rates closer than this: greedy placement is as good
 _TAIL_Q = 0.99  # a slower endpoint's start is judged on this quantile of the length
 _ALIKE = 1.05  # long draws within this factor of the shortest queued one count as as short
+_ENDS_S = 0.25  # how often the running requests' expected ends are reckoned again
 _HEDGE_Q = 0.9  # hedges are judged on this quantile of the length (a long draw)
 BLIND_HEDGE_S = 60.0  # with no endpoint measured yet, a tail request this old is copied
 
@@ -130,14 +131,15 @@ class TailPlan:
         endpoints: Iterable[Endpoint],
         queue: JobQueue,
         lengths: LengthModel,
-        running: Mapping[Endpoint, Iterable[Copy]],
+        running: Mapping[Endpoint, Iterable[Copy]] | Callable[[dict[Endpoint, float]], float],
         *,
         read_all: bool,
         now: float,
         hedge: bool = True,
     ) -> TailPlan | None:
         """The plan now, or None where every endpoint may take the queue's head (also when no
-        slower endpoint has a free slot: the plan would limit nothing)."""
+        slower endpoint has a free slot: the plan would limit nothing). ``running``: the
+        copies running on each endpoint, or what ``running_end`` says of them (cached)."""
         if not read_all or not queue:
             return None
         up = [e for e in endpoints if e.accepting]
@@ -156,9 +158,8 @@ class TailPlan:
         fleet = sum(r * max(1, e.concurrency.limit) for e, r in rates.items())
         key = queue.shortest()
         shortest = lengths.long_draw(key, _TAIL_Q) if key is not None else 0.0
-        horizon = max(
-            queue.work() / fleet + shortest / fastest, _running_end(running, rates, lengths, now)
-        )
+        ends = running(rates) if callable(running) else running_end(running, rates, lengths, now)
+        horizon = max(queue.work() / fleet + shortest / fastest, ends)
         return cls({e: r * horizon for e, r in slow.items()}, lengths, shortest if hedge else 0.0)
 
     def budget(self, ep: Endpoint) -> float | None:
@@ -175,7 +176,7 @@ class TailPlan:
         return draw <= budget or draw <= self.shortest * _ALIKE
 
 
-def _running_end(
+def running_end(
     running: Mapping[Endpoint, Iterable[Copy]],
     rates: dict[Endpoint, float],
     lengths: LengthModel,
@@ -208,6 +209,31 @@ class Placement:
         self.lengths = lengths
         self.hedge_min_age = hedge_min_age
         self.affinity: OrderedDict[str, Endpoint] = OrderedDict()  # prefix -> endpoint
+        self._ends: tuple[float, float] = (-1.0, 0.0)  # (when, running_end then)
+
+    def tail_plan(
+        self,
+        queue: JobQueue,
+        running: Mapping[Endpoint, Iterable[Copy]],
+        *,
+        read_all: bool,
+        now: float,
+        hedge: bool,
+    ) -> TailPlan | None:
+        """``TailPlan.make`` for this fleet now; what the running requests have left
+        (``running_end``, a pass over every running copy) is reckoned at most every
+        ``_ENDS_S`` seconds and counted down in between."""
+
+        def ends(rates: dict[Endpoint, float]) -> float:
+            at, end = self._ends
+            if at < 0 or now - at >= _ENDS_S:
+                at, end = now, running_end(running, rates, self.lengths, now)
+                self._ends = (at, end)
+            return max(0.0, end - (now - at))
+
+        return TailPlan.make(
+            self.endpoints, queue, self.lengths, ends, read_all=read_all, now=now, hedge=hedge
+        )
 
     def cap(self, job: Job) -> int:
         """The most output tokens one sample of ``job`` may take (``job_cap``)."""
