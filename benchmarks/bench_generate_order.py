@@ -23,14 +23,17 @@ fleet (``greedy_on``: every freed slot refilled at once, no start-up, no hedging
 work requeued at once), once in file order and once knowing each domain's mean and sending
 the longest-expected domain first, run on the job's actual answer lengths (the simulator
 draws each prompt's length from the prompt, so every run of a job answers the same lengths;
-they are read back from the first run's completions). A model bound from fresh draws moves by
+they are read back from each run's completions). A model bound from fresh draws moves by
 +-0.05 from one draw to the next (a few capped answers, where the crash lands), so the
 reference is the same job, not a job like it; the mean over five draws is printed beside.
+``--jobs N`` runs N jobs of each shape (their prompts' texts drawn with other seeds: the
+simulator answers other lengths) and prints the medians.
 Targets: five domains >= 1.0 of the greedy that knows the means and >= 0.86 of ideal; one
 domain >= 0.85 of ideal; learnt online within 0.02 of the pilot's figure.
 
-    python benchmarks/bench_generate_order.py                  # all runs, ~3 min
-    python benchmarks/bench_generate_order.py --repeat 3       # each run three times
+    python benchmarks/bench_generate_order.py                  # all runs, ~4 min
+    python benchmarks/bench_generate_order.py --jobs 3         # three jobs of each shape
+    python benchmarks/bench_generate_order.py --repeat 2       # each run twice
     python benchmarks/bench_generate_order.py --only five-pilot,five-online
 
 The simulator, the engine and this script share the machine's cores: the load average is
@@ -140,12 +143,14 @@ def pilot(shape: Shape, scale: float, out: Path, prompts_path: Path) -> Callable
     return run
 
 
-def one_run(name: str, work: Path) -> tuple[Result, list[str], Shape, Path]:
+def one_run(name: str, work: Path, job: int) -> tuple[Result, list[str], Shape, Path]:
+    """Run ``name`` on job ``job`` (its prompts' texts drawn with seed ``job + 1``: another
+    job draws other answer lengths)."""
     shape, with_pilot, order = RUNS[name]
     scale = time_scale_for(shape)
-    prompts_path = work / f"{'five' if shape.mixed else 'one'}.jsonl"
+    prompts_path = work / f"{'five' if shape.mixed else 'one'}-{job}.jsonl"
     if not prompts_path.exists():
-        write_prompts(prompts_path, shape, seed=1)
+        write_prompts(prompts_path, shape, seed=job + 1)
     prompts: list[Prompt] = []  # read by the baseline client only
     out = work / f"run-{name}-{time.time_ns()}"
     lines: list[str] = []
@@ -180,7 +185,8 @@ def job_bounds(out: Path, shape: Shape, since: float) -> tuple[float, float | No
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeat", type=int, default=1, help="run each configuration this often")
+    ap.add_argument("--jobs", type=int, default=1, help="jobs of each shape (other lengths)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration per job")
     ap.add_argument("--only", default=",".join(RUNS), help="which runs (comma-separated)")
     ap.add_argument("--verbose", action="store_true", help="print the engine's per-domain lines")
     ap.add_argument("--keep", type=Path, default=None, help="keep the runs in this folder")
@@ -192,69 +198,76 @@ def main() -> None:
     }
     print(
         f"jobs: {FIVE.prompts:,} prompts, 8 sim servers x {FIVE.slots} seqs, server 0 at half "
-        f"speed, server 1 down {DOWN * FIVE.seconds:.0f} s from ~40%; five domains "
+        f"speed, server 1 down {DOWN * FIVE.seconds:.0f} s from 8 s; five domains "
         + ", ".join(f"{d} {m}" for d, m in FIVE.domain_means().items())
-        + f" tokens; one domain mean {ONE.mean_tokens}; pilot {PILOT} prompts"
+        + f" tokens; one domain mean {ONE.mean_tokens}; pilot {PILOT} prompts; "
+        + f"{args.jobs} job(s) of each, {args.repeat} run(s) each"
+    )
+    print(
+        "greedy bound (zero overhead, no hedging) on fresh draws of the shapes: five domains "
+        f"knowing each domain's mean {statistics.mean(drawn['five']):.3f} "
+        f"({min(drawn['five']):.3f}-{max(drawn['five']):.3f}), one domain "
+        f"{statistics.mean(drawn['one']):.3f} ({min(drawn['one']):.3f}-{max(drawn['one']):.3f})"
     )
     load0 = os.getloadavg()[0]
-    got: dict[str, list[Result]] = {n: [] for n in names}
-    bounds: dict[str, tuple[float, float | None]] = {}
+    # per run: (name, job, result); per (name, job): the greedy bounds on its answer lengths
+    runs: list[tuple[str, int, Result]] = []
+    bounds: dict[tuple[str, int], tuple[float, float | None]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-order-") as tmp:
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
             tmp = str(args.keep)
-        for _ in range(args.repeat):
-            for name in names:
-                load = os.getloadavg()[0]
-                result, lines, shape, out = one_run(name, Path(tmp))
-                got[name].append(result)
-                if name not in bounds:  # the same prompts' actual lengths
-                    bounds[name] = job_bounds(out, shape, result.start)
-                print(f"{report(result, shape.slots)}; load {load:.1f}")
-                if args.verbose:
-                    for line in lines:
-                        if line.startswith(("domain ", "engine:", "generate: output lengths")):
-                            print(f"    {line}")
+        for job in range(args.jobs):
+            for _ in range(args.repeat):
+                for name in names:
+                    load = os.getloadavg()[0]
+                    result, lines, shape, out = one_run(name, Path(tmp), job)
+                    runs.append((name, job, result))
+                    if (name, job) not in bounds:  # the same prompts' actual lengths
+                        bounds[(name, job)] = job_bounds(out, shape, result.start)
+                    fifo, lef = bounds[(name, job)]
+                    ref = lef if lef is not None else fifo
+                    print(
+                        f"job {job} {report(result, shape.slots)}; greedy on its lengths: file "
+                        f"order {fifo:.3f}"
+                        + (f", knowing the means {lef:.3f}" if lef is not None else "")
+                        + f" -> {result.efficiency / ref:.3f} of it; load {load:.1f}"
+                    )
+                    if args.verbose:
+                        for line in lines:
+                            if line.startswith(("domain ", "engine:", "generate: output lengths")):
+                                print(f"    {line}")
     load1 = os.getloadavg()[0]
 
-    def eff(name: str) -> float | None:
-        runs = got.get(name)
-        return statistics.median(r.efficiency for r in runs) if runs else None
+    def median(name: str, of: Callable[[str, int, Result], float]) -> float | None:
+        got = [of(n, j, r) for n, j, r in runs if n == name]
+        return statistics.median(got) if got else None
 
-    def wall(name: str) -> float | None:
-        runs = got.get(name)
-        return statistics.median(r.last - r.start for r in runs) if runs else None
+    def eff(n: str, j: int, r: Result) -> float:
+        return r.efficiency
 
-    many = " (medians)" if args.repeat > 1 else ""
-    for job in ("five", "one"):
-        for name in (f"{job}-online", f"{job}-pilot"):
-            if name not in bounds:
-                continue
-            fifo, lef = bounds[name]
-            what = "the job's" if name.endswith("online") else "the rest's (after the pilot)"
-            line = f"greedy bound (zero overhead, no hedging) on {what} answer lengths, "
-            line += f"{'five domains' if job == 'five' else 'one domain'}: file order {fifo:.3f}"
-            if lef is not None:
-                line += f", knowing each domain's mean and longest first {lef:.3f}"
-            mean = statistics.mean(drawn[job])
-            line += f" (on fresh draws of its shape: {mean:.3f}, {min(drawn[job]):.3f}-"
-            print(line + f"{max(drawn[job]):.3f})")
+    def to_known(n: str, j: int, r: Result) -> float:
+        fifo, lef = bounds[(n, j)]
+        return r.efficiency / (lef if lef is not None else fifo)
+
+    many = " (medians)" if len(runs) > len(names) else ""
     for job, target in (("five", TARGET_FIVE), ("one", TARGET_ONE)):
-        p, o = eff(f"{job}-pilot"), eff(f"{job}-online")
+        p, o = median(f"{job}-pilot", eff), median(f"{job}-online", eff)
         parts = []
         for label, e, name in (
             ("with a pilot", p, f"{job}-pilot"),
             ("learnt online", o, f"{job}-online"),
         ):
-            if e is None or name not in bounds:
+            if e is None:
                 continue
-            fifo, known = bounds[name]
+            ratio = median(name, to_known)
+            assert ratio is not None
             part = f"{label} {e:.3f} of ideal"
-            if known is not None:
-                part += f" = {e / known:.3f} of the greedy that knows each domain's mean"
-                ok = e >= target and e / known >= TARGET_KNOWN
+            if job == "five":
+                part += f" = {ratio:.3f} of the greedy that knows each domain's mean"
+                ok = e >= target and ratio >= TARGET_KNOWN
             else:
-                part += f" = {e / fifo:.3f} of the file-order greedy"
+                part += f" = {ratio:.3f} of the file-order greedy"
                 ok = e >= target
             parts.append(part + f" ({'PASS' if ok else 'BELOW TARGET'})")
         if p is not None and o is not None:
@@ -266,14 +279,22 @@ def main() -> None:
         if parts:
             head = "five domains" if job == "five" else "one domain"
             print(f"efficiency{many}, {head}: " + "; ".join(parts))
-    f_wall, o_wall = wall("five-file"), wall("five-online")
-    if f_wall is not None and o_wall is not None:
-        e_file = eff("five-file")
+    saved = [
+        (rf.last - rf.start) - (ro.last - ro.start)
+        for nf, jf, rf in runs
+        if nf == "five-file"
+        for no, jo, ro in runs
+        if no == "five-online" and jo == jf
+    ]
+    file_walls = [r.last - r.start for n, _, r in runs if n == "five-file"]
+    if saved and file_walls:
+        e_file = median("five-file", eff)
         assert e_file is not None
+        wall = statistics.median(file_walls)
+        gain = statistics.median(saved)
         print(
-            f"the order saved{many}: {f_wall - o_wall:.2f} s of {f_wall:.2f} s "
-            f"({(f_wall - o_wall) / f_wall:.1%}) on the five-domain job "
-            f"(--order file {e_file:.3f} of ideal)"
+            f"the order saved{many}: {gain:.2f} s of {wall:.2f} s ({gain / wall:.1%}) on the "
+            f"five-domain job (--order file {e_file:.3f} of ideal, learnt online against it)"
         )
     print(f"load average at start / end: {load0:.2f} / {load1:.2f} on {os.cpu_count()} cores")
 
