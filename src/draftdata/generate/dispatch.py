@@ -46,7 +46,7 @@ import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from draftdata.errors import (
@@ -64,9 +64,9 @@ from draftdata.generate.length import LengthModel, LengthPriors, prompt_tokens
 from draftdata.generate.placement import Placement
 from draftdata.generate.queue import JobQueue
 from draftdata.generate.retry import Fail, MoveOn, Retry, RetryPolicy
-from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
-from draftdata.records import Completion, Failure
+from draftdata.records import Completion, Failure, Prompt
+from draftdata.tokens import turns_tokens
 
 _FIRST_WINDOW_S = 0.5  # with lengths known at the start, wait this long at most for the window
 
@@ -79,6 +79,30 @@ class Sink(Protocol):
 
     def failure(self, f: Failure) -> None:
         """Take one failure."""
+
+
+class Reader(Protocol):
+    """Where jobs come from (``source.PromptReader``: a run's prompt files, read lazily)."""
+
+    exhausted: bool
+    invalid: int
+
+    def take(self, k: int) -> Iterable[Prompt]:
+        """Up to ``k`` more prompts (runs in a thread)."""
+        ...
+
+
+class AttemptCaller(Protocol):
+    """What runs one attempt of a job on its endpoint (``caller.Caller``, the chat
+    conversation, unless another is given: ``hidden-states --engine vllm`` sends one
+    prefill-only request per sample through the same dispatcher)."""
+
+    requests_ok: int
+    clamped: int
+
+    async def call(self, copy: Copy) -> Answer:
+        """The attempt's answer, or the ``ServerError`` leaf it failed with."""
+        ...
 
 
 class LengthFigures:
@@ -113,13 +137,15 @@ class LengthFigures:
 
 
 class Dispatcher:
-    """Runs every job of ``reader`` over ``endpoints`` until all are settled or it is stopped."""
+    """Runs every job of ``reader`` over ``endpoints`` until all are settled or it is stopped.
+
+    ``caller`` runs each attempt (default: generate's chat ``Caller``)."""
 
     def __init__(
         self,
         config: GenerateConfig,
         endpoints: list[Endpoint],
-        reader: PromptReader,
+        reader: Reader,
         sink: Sink,
         *,
         model: str,
@@ -130,6 +156,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
         priors: Callable[[], LengthPriors] | None = None,
+        caller: AttemptCaller | None = None,
     ) -> None:
         self.cfg = config
         self.endpoints = endpoints
@@ -142,7 +169,8 @@ class Dispatcher:
         self.log = log
         self.clock = clock
         self.rng = random.Random(seed)
-        self.caller = Caller(config, model=model, clock=clock)  # talks HTTP for an attempt
+        # talks HTTP for an attempt
+        self.caller: AttemptCaller = caller or Caller(config, model=model, clock=clock)
         self._priors = priors
         self.lengths = LengthModel()
         # its parts: the queue, placement, the retry policy (module docstring)
@@ -466,7 +494,7 @@ class Dispatcher:
         per_sample = answer.per_sample
         p, prompt_len, cap = job.prompt, prompt_tokens(job), self.placement.cap(job)
         for turns in per_sample:
-            out = sum(t.usage.completion_tokens for t in turns)
+            out = turns_tokens(turns)[0]  # usage, else token ids, else the text
             self.lengths.observe(p.source, p.domain, prompt_len, out, cap)
             self.figures.add(p.domain, max(0.0, job.expected), job.expected_se, out)
         samples = job.samples

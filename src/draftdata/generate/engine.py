@@ -47,13 +47,13 @@ from rich.console import Console
 from rich.live import Live
 
 from draftdata.collector import fewer_collections
-from draftdata.endpoints import Capacity, probe_capacity
 from draftdata.errors import ConfigError, DraftdataError, FleetUnavailableError, StoreError
 from draftdata.generate.client import token_ids_refusal
 from draftdata.generate.committer import Committer
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
-from draftdata.generate.endpoint import Endpoint, check_alive, load_of
+from draftdata.generate.endpoint import Endpoint, load_of
+from draftdata.generate.keeper import EndpointKeeper
 from draftdata.generate.length import known_lengths
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader
@@ -62,8 +62,6 @@ from draftdata.records import Completion, Failure
 from draftdata.store.run import Run
 
 Log = Callable[[str], None]
-_FAST_PROBE_S = 30.0  # a taken-out endpoint is probed every _FAST_PROBE_INTERVAL s this long
-_FAST_PROBE_INTERVAL = 0.2
 
 
 def probe_session(api_key: str | None) -> aiohttp.ClientSession:
@@ -132,6 +130,7 @@ class Engine:
         self._interrupts = 0
         self._leave = False  # the grace period is over (or a second interrupt): stop waiting
         self._probe_timeout = min(5.0, config.connect_timeout)
+        self.keeper = EndpointKeeper(config, endpoints, session, log=log, clock=clock)
         self.dispatcher = Dispatcher(
             config,
             endpoints,
@@ -139,14 +138,15 @@ class Engine:
             _Sink(run, self.tally, settle_model=settle_model),
             model=model,
             is_done=run.is_done,
-            check_alive=self._check_alive,
-            revive=self._revive,
+            check_alive=self.keeper.check_alive,
+            revive=self.keeper.revive,
             log=log,
             clock=clock,
             priors=partial(
                 known_lengths, run.store, config.prompts, history=bool(run.resumed_done)
             ),
         )
+        self.keeper.attach(self.dispatcher)
         self.progress = Progress(
             endpoints, self._counters, total=total, clock=clock, state=self._state
         )
@@ -307,58 +307,6 @@ class Engine:
                     shown[e] = e.concurrency.limit
             self.dispatcher.wake.set()
 
-    def _model_swap(self, ep: Endpoint, cap: Capacity | None) -> str | None:
-        """Why ``ep`` may not serve this run (None when it may): it reports another model
-        than it served before (or, never seen, than the fleet served), a server restarted
-        with another model on the same URL. ``--allow-mixed-models`` lets it serve."""
-        if self.cfg.allow_mixed_models or cap is None or not cap.model:
-            return None
-        expected = ep.model or next((e.model for e in self.endpoints if e.model), None)
-        if expected is None or cap.model == expected:
-            return None
-        return (
-            f"it now serves model {cap.model!r}, not {expected!r} as before (a server "
-            "restarted with another model?); a run is one model's answers: it stays out "
-            "until it serves that model again (--allow-mixed-models takes both)"
-        )
-
-    async def _check_alive(self, ep: Endpoint) -> bool:
-        """The dispatcher's health check: the server answers, and still serves the run's
-        model (else it is taken out here, saying both models)."""
-        if not await check_alive(self.session, ep.address, self._probe_timeout):
-            return False
-        if not self.cfg.allow_mixed_models:
-            cap = await probe_capacity(self.session, ep.address, timeout=self._probe_timeout)
-            if (swap := self._model_swap(ep, cap)) is not None:
-                self.dispatcher.take_out_dead(ep, swap)
-        return True
-
-    async def _revive(self, ep: Endpoint) -> None:
-        # probed often at first (most outages are restarts of seconds: every second late is a
-        # server's share lost), every probe_interval after _FAST_PROBE_S
-        since = self.clock()
-        while not self.dispatcher.stopping:
-            fast = self.clock() - since < _FAST_PROBE_S
-            await asyncio.sleep(min(self.cfg.probe_interval, _FAST_PROBE_INTERVAL if fast else 1e9))
-            if ep.breaker.refusal is not None and self.clock() < ep.breaker.retry_refused_at:
-                continue  # a refusing endpoint passes /health: wait for its trial
-            if not await check_alive(self.session, ep.address, self._probe_timeout):
-                continue
-            cap = await probe_capacity(self.session, ep.address, timeout=self._probe_timeout)
-            if (swap := self._model_swap(ep, cap)) is not None:
-                if ep.breaker.fault != swap:  # said once, not at every probe
-                    ep.breaker.fault = swap
-                    self.log(f"endpoint {ep.url} stays out: {swap}")
-                continue
-            if cap is not None:
-                ep.set_capacity(cap)
-            trial = ep.breaker.refusal is not None
-            ep.breaker.mark_up(half_open=ep.breaker.downs > 0)
-            if not trial:  # a trial is said only if it succeeds ("answers ... again")
-                self.log(f"endpoint {ep.url} is back; concurrency {ep.concurrency.limit}")
-            self.dispatcher.wake.set()
-            return
-
     async def _progress_loop(self) -> None:
         display = None
         if self.live:
@@ -405,7 +353,7 @@ class Engine:
         t0 = self.clock()
         for e in self.endpoints:
             if e.breaker.state != "up":
-                self.dispatcher.spawn(self._revive(e))
+                self.dispatcher.spawn(self.keeper.revive(e))
         loops = [
             asyncio.create_task(self.committer.loop(self._stop_loops)),
             asyncio.create_task(self._load_loop()),

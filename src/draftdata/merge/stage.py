@@ -48,7 +48,7 @@ import pyarrow as pa
 from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError, disk_errors
 from draftdata.formats import MERGE_REPORT, SAMPLE_SCHEMA
-from draftdata.merge.config import OTHER, MergeConfig, check_config, normalised_mix
+from draftdata.merge.config import MergeConfig, check_config
 from draftdata.merge.inputs import (
     Family,
     InputInfo,
@@ -76,6 +76,7 @@ from draftdata.merge.resume import check_output, claim_output, config_bytes
 from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket_schema
 from draftdata.merge.tokenplan import MAX_NODES
 from draftdata.metrics import StageStats
+from draftdata.mix import OTHER, normalised
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
 from draftdata.stats.readers import iter_domain_labels, refuse_unreadable
 from draftdata.store.base import Store
@@ -272,29 +273,37 @@ def _plan_doc(
 def _ways_out(
     config: MergeConfig, solve: Callable[[float, bool, int], float], kept_share: float
 ) -> list[dict[str, Any]]:
-    """What else would keep at least ``min_keep``: ``--upsample`` (or, with it, a higher
-    ``--max-repeat``), the smallest looser ``--tolerance`` that does (each with the share it
-    keeps), and ``--allow-drop``."""
+    """What else keeps at least ``min_keep``, each with the share it keeps, and only what does
+    (a way out the next command would refuse again is none): ``--upsample`` (with a higher
+    ``--max-repeat`` where the default is not enough), the smallest looser ``--tolerance``, the
+    two together when neither alone is enough, and ``--allow-drop``. When nothing but
+    ``--allow-drop`` passes, an entry with ``kept_share`` None says how far the search went."""
     out: list[dict[str, Any]] = []
-    if not config.upsample:
-        share = solve(config.tolerance, True, config.max_repeat)
-        out.append({"option": "--upsample", "kept_share": round(share, 6)})
-    else:
-        for repeat in (8, 16, 32, 64):
-            if repeat <= config.max_repeat:
-                continue
-            share = solve(config.tolerance, True, repeat)
+
+    def first(options: list[tuple[str, float, bool, int]]) -> bool:
+        # the first of (option, tolerance, upsample, max_repeat) that keeps enough
+        for option, tol, up, repeat in options:
+            share = solve(tol, up, repeat)
             if share >= config.min_keep:
-                out.append({"option": f"--max-repeat {repeat}", "kept_share": round(share, 6)})
-                break
-    for tol in _LOOSER:
-        if tol <= config.tolerance:
-            continue
-        share = solve(tol, config.upsample, config.max_repeat)
-        if share >= config.min_keep:
-            out.append({"option": f"--tolerance {tol:g}", "kept_share": round(share, 6)})
-            break
+                out.append({"option": option, "kept_share": round(share, 6)})
+                return True
+        return False
+
+    repeats = [r for r in (8, 16, 32, 64) if r > config.max_repeat]
+    looser = [t for t in _LOOSER if t > config.tolerance]
+    if config.upsample:
+        first([(f"--max-repeat {r}", config.tolerance, True, r) for r in repeats])
     else:
+        first(
+            [("--upsample", config.tolerance, True, config.max_repeat)]
+            + [(f"--upsample --max-repeat {r}", config.tolerance, True, r) for r in repeats]
+        )
+    found = first([(f"--tolerance {t:g}", t, config.upsample, config.max_repeat) for t in looser])
+    if not found and not config.upsample and not out:
+        found = first(
+            [(f"--upsample --tolerance {t:g}", t, True, config.max_repeat) for t in looser]
+        )
+    if not out and not found:
         out.append({"option": f"--tolerance {_LOOSER[-1]:g}", "kept_share": None})
     out.append({"option": "--allow-drop", "kept_share": round(kept_share, 6)})
     return out
@@ -307,7 +316,9 @@ def _stop_message(plan: dict[str, Any]) -> str:
         if w["option"] == "--allow-drop":
             ways.append("--allow-drop to write this plan")
         elif w["kept_share"] is None:
-            ways.append(f"no --tolerance up to {w['option'].split()[-1]} keeps enough")
+            ways.append(
+                f"no --upsample or --tolerance up to {w['option'].split()[-1]} keeps enough"
+            )
         else:
             ways.append(f"{w['option']} keeps {100 * w['kept_share']:.0f}%")
     return (
@@ -338,7 +349,7 @@ def _plan_output(
             "duplicate_content": int(dup_content[part].sum()),
         }
     del id_hash
-    target = normalised_mix(config.mix)
+    target = normalised(config.mix)
     # domain code -> group code (index into groups), -1 when the mix does not take it
     groups = sorted(target) if target else sorted(set(names))
     group_ix = {g: i for i, g in enumerate(groups)}
@@ -583,6 +594,7 @@ def dataset_card(report: dict[str, Any]) -> str:
     ``load_dataset(out)`` return ``train`` and ``eval`` splits, plus the mix in one table."""
     after = report["after"]
     domains = sorted(set(after["train"]) | set(after["eval"]))
+    unit = "loss tokens" if report.get("mix_by") == "loss_tokens" else "rows"
     lines = [
         "---",
         "configs:",
@@ -601,7 +613,7 @@ def dataset_card(report: dict[str, Any]) -> str:
         f"{report['rows']['train']:,} train and {report['rows']['eval']:,} eval rows of "
         f"{report['data']} (seed {report['seed']}); details in `merge_report.json`.",
         "",
-        "| domain | train | eval | target |",
+        f"| domain | train (rows) | eval (rows) | target (share of {unit}) |",
         "|---|---|---|---|",
     ]
     for d in domains:
@@ -656,7 +668,7 @@ def merge(
         if len(bad_examples) < 5:
             bad_examples.append(f"{where}: {reason}")
 
-    target = normalised_mix(config.mix)
+    target = normalised(config.mix)
     check_named_domains(target, infos)
     keys = Keys()
     tokenizer = config.tokenizer if family == "chat" else None
@@ -671,6 +683,9 @@ def merge(
     with stats.timed("plan"):
         plan, alloc, facts = _plan_output(config, keys, infos, stats)
     facts["plan"]["estimated"] = family == "chat"  # tokens of text, not of tokenized samples
+    facts["plan"]["method"] = (
+        "exact" if family == "samples" else ("tokenizer" if config.tokenizer else "estimate")
+    )
     if on_plan is not None:
         on_plan(facts["plan"])
     if config.plan_only:
@@ -779,7 +794,7 @@ def build_report(
     and how they were counted). No clocks or output paths, so two runs with the same inputs and
     seed write the same bytes.
     """
-    target = normalised_mix(config.mix)
+    target = normalised(config.mix)
     return {
         "format": MERGE_REPORT.format,
         "version": REPORT_VERSION,
