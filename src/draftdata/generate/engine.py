@@ -18,7 +18,9 @@ The watch, every 0.25 s, says each change of state in one line:
   line per endpoint saying why and raises FleetUnavailableError; the same command resumes.
 - **``--token-ids on``** and an endpoint found (after start) to return no ids: ConfigError.
 
-A bug in the commit path stops the run at once (RunAbortedError, one line, resumable).
+A bug in the commit path stops the run at once (RunAbortedError, one line, resumable). An
+exception an attempt raised that nobody mapped (a bug, not a server fault) stops it too: what
+finished is committed, and ``run`` raises that exception with its traceback (resumable).
 
 Shutdown (``interrupt``): the first call stops dispatch and lets running requests finish for up
 to ``grace_seconds``; the second (or the end of the grace) cancels them. Either way whatever
@@ -37,6 +39,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -51,7 +54,7 @@ from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.endpoint import Endpoint, load_of
 from draftdata.generate.keeper import EndpointKeeper
-from draftdata.generate.length import run_history
+from draftdata.generate.length import known_lengths
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
@@ -140,7 +143,9 @@ class Engine:
             revive=self.keeper.revive,
             log=log,
             clock=clock,
-            history=(lambda: run_history(run.store)) if run.resumed_done else None,
+            priors=partial(
+                known_lengths, run.store, config.prompts, history=bool(run.resumed_done)
+            ),
         )
         self.keeper.attach(self.dispatcher)
         self.progress = Progress(
@@ -329,7 +334,9 @@ class Engine:
                     last_line = now
                 if now - last_metrics >= self.cfg.metrics_interval:
                     last_metrics = now
-                    await self._write_metrics(self.progress.snapshot())
+                    snap = self.progress.snapshot()
+                    snap["lengths"] = self.dispatcher.figures.to_dict()
+                    await self._write_metrics(snap)
         finally:
             if display is not None:
                 display.update(self.progress.render())
@@ -368,7 +375,8 @@ class Engine:
             self.dispatcher.abort()
             await asyncio.gather(*self.dispatcher.tasks, return_exceptions=True)
             await asyncio.gather(*loops, return_exceptions=True)
-            await self.committer.close(stopping=self.fatal is not None or self.interrupted)
+            stopping = self.fatal is not None or self.interrupted or self.dispatcher.bug is not None
+            await self.committer.close(stopping=stopping)
         if self.fatal is not None:
             raise self.fatal
         summary = self._summary(self.clock() - t0)
@@ -437,6 +445,7 @@ class Engine:
             remaining=max(0, answerable - settled) if answerable is not None else None,
             peak_uncommitted=self.committer.peak_uncommitted,
             endpoints=shares,
+            lengths=d.figures.to_dict(),
         )
 
 

@@ -87,6 +87,9 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     peak_uncommitted: int = 0  # most records waiting for the store at once
     endpoints: list[EndpointShare] = msgspec.field(default_factory=list)
     domains: dict[str, DomainStats] = msgspec.field(default_factory=dict)
+    # per domain, of this command's committed answers: how many, the output tokens expected of
+    # them when they were sent (and the estimates' standard errors), and what they took (sums)
+    lengths: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
     run: RunFigures | None = None  # the whole run (all segments), counted from its shards
 
     @property

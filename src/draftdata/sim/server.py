@@ -132,6 +132,12 @@ class SimServer:
         self._ready_at = time.monotonic() + starting_s
         self.state = "up"
 
+    def crash_pending_now(self) -> None:
+        """The crash ``--crash-after`` has in store for this server, now (once)."""
+        if self._crash_pending:
+            self._crash_pending = False
+            self.crash()
+
     def crash(self) -> None:
         """Die like a killed process: close the socket, drop every connection and the batch."""
         if self.state == "down" or self._runner is None:
