@@ -46,8 +46,8 @@ from draftdata.errors import DraftdataError, StoreError
 from draftdata.formats import COMPLETION_FORMAT, PREPARE_REPORT, PREPARE_SHARDS
 from draftdata.generate.work import Job
 from draftdata.store.forecast import latest_forecast
+from draftdata.store.opener import open_store
 from draftdata.store.read import COMPLETIONS_PREFIX, output_tokens, read_shard, shard_keys
-from draftdata.store.store import open_store
 
 if TYPE_CHECKING:
     from draftdata.store.base import Store

@@ -14,13 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from draftdata.generate.sample import PilotSpec
 from tests.integration.generate.helpers import completions, fast_config, write_prompts
 from tests.integration.generate.test_engine import sim
 
 from draftdata.errors import InputError
 from draftdata.generate.length import run_history
 from draftdata.generate.pilot import run_pilot
+from draftdata.generate.pilot_sample import PilotSpec
 from draftdata.generate.stage import generate
 from draftdata.sim.run import SimFleet
 from draftdata.stats import compute_stats

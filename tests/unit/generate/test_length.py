@@ -558,7 +558,7 @@ def test_lengths_known_from_a_forecast_and_from_prepare(tmp_path: Path) -> None:
     import json
 
     from draftdata.store.forecast import FORECAST_FORMAT, write_forecast
-    from draftdata.store.store import open_store
+    from draftdata.store.opener import open_store
 
     run = open_store(str(tmp_path / "run"))
     write_forecast(
