@@ -67,6 +67,7 @@ from draftdata.store.read import (
     shard_keys,
     turn_finish_reasons,
 )
+from draftdata.store.shards import shard_writer
 from draftdata.tokens import ESTIMATE_ERROR, TokenCounter
 
 _COLUMNS = [
@@ -372,7 +373,9 @@ def run_figures(
     ends: list[np.ndarray[Any, Any]] = []
     toks: list[np.ndarray[Any, Any]] = []
     eps: list[np.ndarray[Any, Any]] = []
+    wrs: list[np.ndarray[Any, Any]] = []
     urls: dict[str, int] = {}
+    writers: dict[str, int] = {}  # a shard's writer id -> its index in Answers.writers
     keys = shard_keys(store, COMPLETIONS_PREFIX)
     fig.set_aside = len(quarantined(store))
     seen = DoneSet()  # the first copy of an (id, sample) counts, as every reader keeps it
@@ -407,6 +410,9 @@ def run_figures(
         ends.append(created[timed])
         toks.append(np.asarray(out_tokens, dtype=np.float64)[timed])
         eps.append(np.asarray(where, dtype=np.int64)[timed])
+        name = shard_writer(key)
+        code = -1 if name is None else writers.setdefault(name, len(writers))
+        wrs.append(np.full(int(timed.sum()), code, dtype=np.int64))
         domains = table.column("domain").to_pylist()
         fig.output_tokens += sum(out_tokens)
         fig.estimated_answers += sum(estimated)
@@ -456,6 +462,8 @@ def run_figures(
         tokens=np.concatenate(toks) if toks else np.zeros(0),
         endpoint=np.concatenate(eps) if eps else np.zeros(0, np.int64),
         urls=sorted(urls, key=urls.__getitem__),
+        writer=np.concatenate(wrs) if wrs else np.zeros(0, np.int64),
+        writers=sorted(writers, key=writers.__getitem__),
     )
     fig.segments = with_commits(logged, answers)
     fig.active_s, fig.gaps = union(fig.segments)

@@ -299,26 +299,52 @@ def union(segments: list[Segment]) -> tuple[float, list[tuple[float, float]]]:
 
 class Answers(msgspec.Struct, kw_only=True):
     """A run's committed answers in time, as arrays (one entry per answer): its request's start
-    and its answer's time (epoch seconds), its output tokens, and its endpoint (an index into
-    ``urls``)."""
+    and its answer's time (epoch seconds), its output tokens, its endpoint (an index into
+    ``urls``) and the writer process that committed it (an index into ``writers``: the writer
+    id in its shard's name, which is the id its metrics snapshots carry)."""
 
     start: npt.NDArray[np.float64]
     end: npt.NDArray[np.float64]
     tokens: npt.NDArray[np.float64]
     endpoint: npt.NDArray[np.int64]
     urls: list[str]
+    writer: npt.NDArray[np.int64] = msgspec.field(default_factory=lambda: np.zeros(0, np.int64))
+    writers: list[str] = msgspec.field(default_factory=list)
 
 
 def with_commits(segments: list[Segment], answers: Answers) -> list[Segment]:
-    """``segments`` plus what the committed ``answers`` show beyond them: requests that overlap
-    (or follow within ``COMMIT_GAP_S``) form a stretch; a stretch that overlaps a segment
-    extends it (a command killed after its last snapshot), one that overlaps none is a segment
-    of its own (a command killed before its first snapshot: its time bounded by its first
-    request and last answer). Sorted by start."""
+    """``segments`` plus what the committed ``answers`` show beyond them, per writer process:
+    a writer's answers span its first request's start to its last answer. A writer with
+    snapshots has its segment extended to that span (a command killed after its last
+    snapshot); a writer with none is a segment of its own over that span (a command killed
+    before its first snapshot: its time bounded by its first request and last answer). Answers
+    whose writer is unknown (a shard named otherwise) are grouped by time instead: requests that
+    overlap (or follow within ``COMMIT_GAP_S``) form a stretch, which extends a segment it
+    overlaps or is one of its own. Sorted by start."""
     out = [Segment(writer=s.writer, start=s.start, end=s.end) for s in segments]
-    if len(answers.start):
-        order = np.argsort(answers.start, kind="stable")
-        starts, ends = answers.start[order], np.maximum.accumulate(answers.end[order])
+    if not len(answers.start):
+        return out
+    known = dict(enumerate(answers.writers))
+    codes = answers.writer if len(answers.writer) == len(answers.start) else None
+    loose = np.ones(len(answers.start), bool)
+    if codes is not None:
+        for code in np.unique(codes).tolist():
+            name = known.get(int(code))
+            if name is None:
+                continue
+            mine = codes == code
+            loose &= ~mine
+            lo, hi = float(answers.start[mine].min()), float(answers.end[mine].max())
+            own = [s for s in out if s.writer == name]
+            if own:  # its snapshots' segments: the one its commits touch, else the nearest
+                s = min(own, key=lambda s: max(0.0, s.start - hi, lo - s.end))
+                s.start, s.end = min(s.start, lo), max(s.end, hi)
+            else:
+                out.append(Segment(writer=UNLOGGED, start=lo, end=hi))
+    if loose.any():
+        order = np.argsort(answers.start[loose], kind="stable")
+        starts = answers.start[loose][order]
+        ends = np.maximum.accumulate(answers.end[loose][order])
         # a stretch begins where a request starts after every earlier one ended (plus the gap)
         new = np.flatnonzero(starts[1:] > ends[:-1] + COMMIT_GAP_S) + 1
         firsts = np.concatenate(([0], new))

@@ -42,6 +42,12 @@ def check_writer_id(writer_id: str) -> str:
     return writer_id
 
 
+def shard_writer(key: str) -> str | None:
+    """The writer id in a shard's key (``.../part-<writer>-<seq>.parquet``), None if it has none."""
+    m = _SHARD_RE.search(key)
+    return m.group("writer") if m else None
+
+
 def next_seq(keys: list[str], writer_id: str, pattern: re.Pattern[str] | None = None) -> int:
     """The next free sequence number of ``writer_id`` among ``keys`` (shards by default)."""
     seq = 0

@@ -95,8 +95,15 @@ def test_a_command_killed_around_its_snapshots_keeps_its_time(
     t0 = end = 1_700_000_000.0
     true_s = 0.0
     lower_s = 0.0
-    with Run.open(str(root / "run"), settings={}, flush_records=1000, flush_seconds=3600) as run:
-        for k, (length, answers, how) in enumerate(commands):
+    for k, (length, answers, how) in enumerate(commands):
+        # each command is its own process: its own writer id, in its shards' and snapshots' names
+        with Run.open(
+            str(root / "run"),
+            settings={},
+            flush_records=1000,
+            flush_seconds=3600,
+            writer_id=f"w{k}",
+        ) as run:
             start = t0 if k == 0 else end + gap
             end = start + length
             latency = min(2.0, length / 2)
