@@ -92,6 +92,9 @@ PATH_OPTIONS: dict[tuple[str, str], Role] = {
     ("hidden-states", "tokenized"): Role(IN_DATA),
     ("hidden-states", "--model"): Role(IN_DIR),
     ("hidden-states", "--out"): Role(OUT_DIR),
+    ("hidden-states", "--fleet"): Role(IN_FILE),
+    ("fleet sim", "--hidden-states"): Role(OUT_DIR),
+    ("fleet up", "--hidden-states"): Role(OUT_DIR),
 }
 
 # options the heuristic below takes for paths that are none, and why
@@ -113,6 +116,11 @@ NOT_PATHS: dict[tuple[str, str], str] = {
     ("prepare", "--force"): "a flag",
     ("tokenize", "--verify"): "a flag",
     ("hidden-states", "--format"): "a format name",
+    ("hidden-states", "--fleet-per-node"): "a template resolved on each Ray node, never here",
+    ("hidden-states", "--ray-env"): "an environment variable's name",
+    ("fleet sim", "--hidden-write-seconds"): "a number",
+    ("fleet sim", "--fault-hidden-missing"): "a rate",
+    ("fleet sim", "--fault-hidden-wrong-ids"): "a rate",
     ("hidden-states", "--protect"): "a prefix compared with outputs, never read or written",
     ("hidden-states", "--staging-bytes"): "a size",
     ("hidden-states", "--max-bytes"): "a size",

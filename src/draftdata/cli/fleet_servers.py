@@ -159,8 +159,9 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--extra-args {extra_args!r}: {exc}") from None
         layer_ids: tuple[int, ...] = ()
         width: int | None = None
-        if hidden_states is not None and engine in HIDDEN_ENGINES:  # else LaunchConfig says no
+        if hidden_states is not None:  # a wrong path first, whatever the engine
             paths.output_folder(hidden_states, "--hidden-states")
+        if hidden_states is not None and engine in HIDDEN_ENGINES:  # else LaunchConfig says no
             layer_ids, width = _hidden_launch(model, hidden_layers)
         elif hidden_connector is not None and hidden_states is None:
             raise ConfigError("--hidden-connector is only used with --hidden-states DIR")

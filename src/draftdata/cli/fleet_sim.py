@@ -268,6 +268,9 @@ def register(app: typer.Typer) -> None:
         )
         layers: list[int] = []
         if hidden_states is not None:
+            from draftdata import paths
+
+            paths.output_folder(hidden_states, "--hidden-states")
             if flavor != "vllm":
                 raise ConfigError("--hidden-states: vLLM's protocol; use --flavor vllm")
             try:

@@ -20,6 +20,10 @@ def _engine_options(
     engine: str, fleet: str | None, concurrency: str, api_key_env: str | None
 ) -> dict[str, Any]:
     """What ``--engine vllm`` reads for itself (``HiddenConfig.options``)."""
+    from draftdata import paths
+
+    if fleet is not None:  # a wrong path is named first, whatever the engine
+        paths.input_file(fleet, "--fleet")
     if engine != "vllm":
         given = [n for n, v in (("--fleet", fleet), ("--api-key-env", api_key_env)) if v]
         if given:
@@ -30,9 +34,6 @@ def _engine_options(
             "--engine vllm needs --fleet FLEET.yaml (from `draftdata fleet up --engine vllm "
             "--hidden-states DIR`)"
         )
-    from draftdata import paths
-
-    paths.input_file(fleet, "--fleet")
     out: dict[str, Any] = {"fleet": fleet, "concurrency": concurrency}
     if api_key_env:
         out["api_key_env"] = api_key_env
