@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import write_prompts
@@ -27,7 +27,8 @@ from draftdata.sim.run import SimConfig, SimFleet
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 CLI = [sys.executable, "-c", "import sys; from draftdata.cli import main; main(sys.argv[1:])"]
-# a generate whose Run.flush raises errors.<argv[1]> from commit number argv[2] on (0: the first)
+# a generate whose Run.flush raises errors.<argv[1]> from commit number argv[2] on (0: the first),
+# and at the latest in the run's closing flush
 REFUSING = [
     sys.executable,
     "-c",
@@ -38,15 +39,21 @@ from draftdata.cli import main
 from draftdata.store.run import Run
 
 kind, good = sys.argv[1], int(sys.argv[2])
-real, calls = Run.flush, [0]
+real, real_close, calls, closing = Run.flush, Run.close, [0], [False]
 
 def flush(self):
     calls[0] += 1
-    if calls[0] > good:
+    # the last commit (close's flush) refuses too: a run may end in fewer commits than `good`
+    if calls[0] > good or closing[0]:
         raise getattr(errors, kind)(f"injected refusal {kind}; fix it and run again")
     return real(self)
 
+def close(self):
+    closing[0] = True
+    return real_close(self)
+
 Run.flush = flush
+Run.close = close
 main(sys.argv[3:])
 """,
 ]
@@ -88,6 +95,8 @@ def _errors(err: str) -> list[str]:
     n=st.integers(40, 160),
     flush_records=st.integers(4, 40),
 )
+# a run that ends in fewer commits than `good`: the refusal comes at its closing commit
+@example(kind="InputError", good=3, n=40, flush_records=40)
 def test_a_refusal_no_wait_cures_ends_generate_in_one_line(
     tmp_path_factory: pytest.TempPathFactory,
     fleet: SimFleet,
