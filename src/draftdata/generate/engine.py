@@ -37,6 +37,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -55,6 +56,8 @@ from draftdata.generate.length import run_history
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
+from draftdata.generate.thinking import RETRIES as THINKING_RETRIES
+from draftdata.generate.thinking import needs_probe, probe_thinking
 from draftdata.records import Completion, Failure
 from draftdata.store.run import Run
 
@@ -129,6 +132,14 @@ class Engine:
         self._interrupts = 0
         self._leave = False  # the grace period is over (or a second interrupt): stop waiting
         self._probe_timeout = min(5.0, config.connect_timeout)
+        # whether answers need their server's default thinking mode (thinking.py)
+        self._probe_thinking = needs_probe(
+            config.reasoning, [o.reasoning for o in config.overrides], config.token_ids
+        )
+        self._thinking_probes: set[Endpoint] = set()  # endpoints being probed now
+        if self._probe_thinking:
+            for e in endpoints:
+                e.thinking.probe = partial(self._ask_thinking, e)
         self.dispatcher = Dispatcher(
             config,
             endpoints,
@@ -285,6 +296,11 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_loops.wait(), self.cfg.load_interval)
             ups = [e for e in self.endpoints if e.breaker.state == "up"]
+            if self._probe_thinking:  # a mode a probe could not learn: ask again, a few times
+                for e in ups:
+                    t = e.thinking
+                    if t.asked and t.value is None and t.untold < THINKING_RETRIES:
+                        self.dispatcher.spawn(self._learn_thinking(e))
             loads = await asyncio.gather(
                 *(load_of(self.session, e, self._probe_timeout) for e in ups)
             )
@@ -320,17 +336,39 @@ class Engine:
     async def _check_alive(self, ep: Endpoint) -> bool:
         """The dispatcher's health check: the server answers, and still serves the run's
         model (else it is taken out here, saying both models)."""
+        ep.thinking.suspect()  # after a connection error or timeout: restarted?
         if not await check_alive(self.session, ep.address, self._probe_timeout):
             return False
         if not self.cfg.allow_mixed_models:
             cap = await probe_capacity(self.session, ep.address, timeout=self._probe_timeout)
             if (swap := self._model_swap(ep, cap)) is not None:
                 self.dispatcher.take_out_dead(ep, swap)
+        await self._learn_thinking(ep)  # a connection error: restarted with other kwargs?
         return True
+
+    async def _learn_thinking(self, ep: Endpoint) -> None:
+        """Probe ``ep``'s default thinking mode again where answers need it and it was asked
+        before (its first requests ask: ``ThinkingMode.first``; thinking.py). A busy server
+        queues the probe's one-token requests behind its batch: they get longer than a health
+        probe."""
+        if not self._probe_thinking or not ep.thinking.asked or ep in self._thinking_probes:
+            return
+        self._thinking_probes.add(ep)
+        try:
+            at = ep.thinking.changes
+            ep.thinking.learn(await self._ask_thinking(ep), at)
+        finally:
+            self._thinking_probes.discard(ep)
+
+    async def _ask_thinking(self, ep: Endpoint) -> bool | None:
+        model = self.cfg.model or ep.model or self.model
+        timeout = max(self._probe_timeout, 30.0)
+        return await probe_thinking(self.session, ep.address, model, timeout=timeout)
 
     async def _revive(self, ep: Endpoint) -> None:
         # probed often at first (most outages are restarts of seconds: every second late is a
         # server's share lost), every probe_interval after _FAST_PROBE_S
+        ep.thinking.suspect()  # out of service: it may come back with other kwargs
         since = self.clock()
         while not self.dispatcher.stopping:
             fast = self.clock() - since < _FAST_PROBE_S
@@ -347,6 +385,7 @@ class Engine:
                 continue
             if cap is not None:
                 ep.set_capacity(cap)
+            await self._learn_thinking(ep)  # back: maybe restarted with other kwargs
             trial = ep.breaker.refusal is not None
             ep.breaker.mark_up(half_open=ep.breaker.downs > 0)
             if not trial:  # a trial is said only if it succeeds ("answers ... again")

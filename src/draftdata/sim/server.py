@@ -75,6 +75,9 @@ class SimServer:
         self._crash_pending = index in config.faults.crash_after
         self._restart_task: asyncio.Task[None] | None = None
         self.spec = SpecCounters(config.spec_tokens) if config.spec_tokens > 0 else None
+        # the template's default enable_thinking here (None: config.reasoning decides); a test
+        # changes it to model a server restarted with other default chat-template kwargs
+        self.default_thinking: bool | None = config.default_thinking.get(index)
 
     @property
     def url(self) -> str:
@@ -308,7 +311,7 @@ class SimServer:
         if fault == "reset":
             return await self._reset(request)
         try:
-            prep = prepare(body, self.config, self.tokenizer, self._cache)
+            prep = prepare(body, self.config, self.tokenizer, self._cache, self.default_thinking)
         except RequestError as exc:
             self.stats.rejected += 1
             return self._error(exc.status, exc.message)

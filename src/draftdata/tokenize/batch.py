@@ -83,6 +83,7 @@ from draftdata.tokenize.template import (
     load_tokenizer,
     read_template_file,
 )
+from draftdata.tokenize.thinking import counted_modes, decide, left_to_server, switch_matters
 
 COMPLETION_COLUMNS = (
     "id",
@@ -94,6 +95,7 @@ COMPLETION_COLUMNS = (
     "turns",
     "sampling",
     "conversation_rule",
+    "server_thinking",
 )
 
 
@@ -148,7 +150,7 @@ class TokenizeContext:
         long: LongPolicy = "truncate",
         verify: bool = True,
         keep_reasoning_history: bool = False,
-        template_kwargs: dict[str, Any] | None = None,
+        server_thinking: bool | None = None,
         per_turn: bool = False,
     ) -> None:
         self.tokenizer_path = tokenizer_path
@@ -157,8 +159,8 @@ class TokenizeContext:
         self.long = long
         self.verify = verify
         self.keep_reasoning_history = keep_reasoning_history
-        # the servers' default template kwargs; each completion's request kwargs win
-        self.template_kwargs = dict(template_kwargs or {})
+        # the servers' default thinking mode the user states, for answers the run cannot tell
+        self.server_thinking = server_thinking
         self.per_turn = per_turn  # one sample per generated turn (the trainer exports)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.backend = self.tokenizer.backend_tokenizer
@@ -170,6 +172,7 @@ class TokenizeContext:
         self.thinking_off_tail_tokens = len(
             self.backend.encode(self.thinking_off_tail, add_special_tokens=False).ids
         )
+        self.thinking_switch = switch_matters(self.template)
         suffix = self.template.turn_suffix()
         self.suffix_ids = np.asarray(
             self.backend.encode(suffix, add_special_tokens=False).ids if suffix else [],
@@ -191,7 +194,7 @@ class TokenizeContext:
             long=config.long,
             verify=config.verify,
             keep_reasoning_history=bool(config.keep_reasoning_history),
-            template_kwargs=config.server_template_kwargs,
+            server_thinking=config.server_thinking,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -205,9 +208,14 @@ class TokenizeContext:
             "long": self.long,
             "verify": self.verify,
             "keep_reasoning_history": self.keep_reasoning_history,
-            "template_kwargs": self.template_kwargs,
+            "server_thinking": self.server_thinking,
             "per_turn": self.per_turn,
         }
+
+    def prompt_lengths(self, texts: list[str]) -> list[int]:
+        """Token counts of rendered prompts, encoded as a server encodes them."""
+        encs = self.backend.encode_batch(texts, add_special_tokens=False)
+        return [len(e.ids) for e in encs]
 
     def decode(self, ids: IdArray | list[int]) -> str:
         """Token ids back to text, special tokens shown."""
@@ -537,6 +545,25 @@ def _served_thinking_off(ctx: TokenizeContext, view: CompletionView) -> bool:
     return ctx.decode(prompt[-(ctx.thinking_off_tail_tokens + 2) :]).endswith(tail)
 
 
+def _thinking_known(ctx: TokenizeContext, view: CompletionView, counters: Counters) -> bool:
+    """Set the thinking mode of a rendered served answer whose request left it to the server
+    (``thinking.py``); False (counted as a drop) when it is not known."""
+    if view.token_ids is not None or not ctx.thinking_switch or not left_to_server(view):
+        return True
+    ctxs = contexts(view, ctx.keep_reasoning_history)
+    if ctxs is None:
+        return True  # turns that do not fit the prompt: the plan drops it for that
+    counted = counted_modes(view, ctxs, ctx.template, ctx.prompt_lengths)
+    found = decide(view, counted, ctx.server_thinking)
+    if isinstance(found, str):
+        counters.add(f"dropped.thinking_{found}")
+        return False
+    mode, source = found
+    view.template_kwargs = {**view.template_kwargs, "enable_thinking": mode}
+    counters.add(f"thinking.{source}")
+    return True
+
+
 def _has_loss_run(mask: npt.NDArray[np.int8]) -> bool:
     if len(mask) < MIN_LOSS_RUN:
         return False
@@ -550,11 +577,11 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
     to_encode: list[RenderedSample] = []
     for view in views:
         counters.add("completions")
-        if ctx.template_kwargs:
-            view.template_kwargs = {**ctx.template_kwargs, **view.template_kwargs}
         if _served_thinking_off(ctx, view):
             view.template_kwargs = {**view.template_kwargs, "enable_thinking": False}
             counters.add("thinking_off_from_served_ids")
+        if not _thinking_known(ctx, view, counters):
+            continue
         if view.token_ids is not None:
             counters.add("path.token_ids")
             tokens = plan_token_ids(

@@ -72,6 +72,9 @@ class CompletionView:
     rule: int = RULE  # the conversation rule the turns were generated under
     # per turn: (prompt ids, output ids), or None when the server did not return both
     token_ids: list[tuple[IdArray, IdArray]] | None = None
+    served: bool = False  # a run's completion (a server wrote it), not a conversation row
+    server_thinking: bool | None = None  # the server's default mode generate recorded
+    prompt_tokens: list[int] = field(default_factory=list)  # per turn, as the server counted
 
     @property
     def base_id(self) -> str:
@@ -365,4 +368,7 @@ def view_from_record(record: Any) -> CompletionView:
         template_kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
         rule=record.conversation_rule,
         token_ids=ids,
+        served=True,
+        server_thinking=record.server_thinking,
+        prompt_tokens=[t.usage.prompt_tokens for t in record.turns],
     )

@@ -183,15 +183,6 @@ def duplicate_rows(run: Store, keys: list[str]) -> dict[str, list[int]]:
 # -- the stage -------------------------------------------------------------------------------------
 
 
-def server_template_kwargs(config: TokenizeConfig, run: Store) -> dict[str, Any]:
-    """The chat-template kwargs the servers applied by default: the config's, else what
-    generate recorded in the manifest (``generate/thinking.py``), else none."""
-    if config.server_template_kwargs is not None:
-        return dict(config.server_template_kwargs)
-    settings = recorded_settings(run)
-    return dict(settings.server_chat_template_kwargs or {}) if settings is not None else {}
-
-
 def history_policy(config: TokenizeConfig, run: Store) -> bool:
     """Whether to keep reasoning history: the config's choice, else the run manifest's."""
     if config.keep_reasoning_history is not None:
@@ -420,14 +411,11 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     if kind == "run":  # a moving run is not tokenized as if it were whole
         refuse_live_writer(run, "tokenize")
     keep = history_policy(config, run)
-    kwargs = server_template_kwargs(config, run)
-    config = msgspec.structs.replace(
-        config, keep_reasoning_history=keep, server_template_kwargs=kwargs
-    )
+    config = msgspec.structs.replace(config, keep_reasoning_history=keep)
     out = open_store(config.out_url, protect=config.protect)  # every write re-checked
     settings = settings_of(config, keep) | {"inputs": keys}
-    if kwargs:  # recorded only when there are some, so older summaries still compare equal
-        settings["server_template_kwargs"] = kwargs
+    if config.server_thinking is not None:  # only when stated: older summaries compare equal
+        settings["server_thinking"] = config.server_thinking
     previous = previous_summary(out, settings)
     return TokenizeJob(
         config=config,
