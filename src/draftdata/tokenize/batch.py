@@ -73,6 +73,7 @@ from draftdata.tokenize.plan import (
     IdArray,
     Plan,
     RenderedSample,
+    TokenSample,
     contexts,
     plan_rendered,
     plan_token_ids,
@@ -389,6 +390,43 @@ def verdict(
     return None
 
 
+def cut_verdict(ctx: TokenizeContext, sample: TokenSample, cut: RenderedSample) -> str | None:
+    """How a sample whose last turn was cut by the token limit verifies against that turn's
+    whole rendering (``cut.full``), of which the target wrote a prefix: ``verified.cut`` when
+    the served ids spell a prefix of it at least as long as the rendered cut, with loss on the
+    same text (the ids show where the cut fell, right after ``</think>`` or inside the
+    template's closing newlines, where the stored text cannot); ``verified.cut_trimmed`` when
+    they spell that much and then text the stored turn lost (a parser that drops a tool call
+    cut half-way): the sample is trimmed in place to the served ids the rendering vouches for.
+    None: mismatched."""
+    assert cut.full is not None
+    ids, mask = sample.ids, sample.mask
+    text = ctx.decode(ids)
+    keep = len(ids)
+    if not cut.full.startswith(text):  # the longest run of served ids the rendering spells
+        lo, hi = 0, len(ids)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cut.full.startswith(ctx.decode(ids[:mid])):
+                lo = mid
+            else:
+                hi = mid - 1
+        keep = lo
+        text = ctx.decode(ids[:keep])
+    if len(text) < len(cut.text) or not cut.text or not cut.full.startswith(cut.text):
+        return None
+    upto = len(text)
+    spans = [s for s in cut.spans if s[1] <= cut.cut_from]
+    spans += [(a, min(b, upto)) for a, b in cut.full_spans if a < upto]
+    ((want, want_mask),) = encode_rendered(ctx, [RenderedSample(cut.id, text, spans)])
+    if not verdict(ctx, ids[:keep], mask[:keep], want, want_mask):
+        return None
+    if keep == len(ids):
+        return "verified.cut"
+    sample.ids, sample.mask = ids[:keep], mask[:keep]
+    return "verified.cut_trimmed"
+
+
 THINK_MARKERS = ("<think>", "</think>")
 
 
@@ -487,10 +525,13 @@ def _verify(
         counters.add("unverifiable", len(plan.tokens))
         return set()
     by_id = {r.id: (ids, mask) for r, ids, mask in rendered}
+    cut_of = {r.id: r for r, _, _ in rendered if r.full is not None}
     failed: set[str] = set()
     for t in plan.tokens:
         got = by_id.get(t.id)
         found = verdict(ctx, t.ids, t.mask, *got) if got is not None else None
+        if found is None and (cut := cut_of.get(t.id)) is not None:
+            found = cut_verdict(ctx, t, cut)
         if found is None and decodes_as_stored(ctx, view, t.turns):
             found = "verified.decoded"  # a reasoning split the template cannot render back
             if _unclosed(ctx, view, t.turns):
@@ -598,6 +639,7 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
                     keep_reasoning_history=ctx.keep_reasoning_history,
                     breaks=frozenset(k for k, ok in enumerate(tokens.links) if not ok),
                     per_turn=ctx.per_turn,
+                    checking=True,
                 )
                 if ctx.verify
                 else None
@@ -629,7 +671,7 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
             counters.add("split_turns")
         candidates: list[tuple[str, IdArray, npt.NDArray[np.int8]]]
         if view.token_ids is not None:
-            candidates = [(t.id, t.ids, t.mask) for t in plan.tokens]
+            failed: set[str] = set()
             if check is not None:
                 checked = [(r, *next(encoded)) for r in check.rendered]
                 failed = _verify(
@@ -642,7 +684,7 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
                 )
                 if failed:  # never written with ids that do not verify (module docstring)
                     counters.add("dropped.unverified_ids", len(failed))
-                    candidates = [c for c in candidates if c[0] not in failed]
+            candidates = [(t.id, t.ids, t.mask) for t in plan.tokens if t.id not in failed]
         else:
             candidates = [(r.id, *next(encoded)) for r in plan.rendered]
         for sample_id, ids, mask in candidates:

@@ -34,6 +34,7 @@ from draftdata.store.run import Run
 from draftdata.tokenize.batch import TokenizeContext
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.stage import tokenize
+from draftdata.tokenize.summary import summary_lines
 
 pytestmark = pytest.mark.integration
 
@@ -107,6 +108,8 @@ def _check(run: Path, tokenizer: Path, root: Path, thinking_of: dict[str, bool])
         if not usage and not recorded:  # nothing tells: dropped and counted, never guessed
             assert summary.count("samples") == 0
             assert summary.dropped == {"thinking_unknown": N}, summary.counts
+            said = [x for x in summary_lines(summary) if x.startswith("thinking mode")]
+            assert said and f"unknown {N}," in said[0] and "--server-thinking" in said[0]
             modes = set(thinking_of.values())
             if len(modes) == 1:  # the user knows the one mode: stated, it is rendered so
                 stated = tokenize(
