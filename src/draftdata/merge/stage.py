@@ -62,6 +62,7 @@ from draftdata.merge.inputs import (
 from draftdata.merge.jsonl import CHAT_FORMATS, SAMPLE_FORMATS, jsonl_key
 from draftdata.merge.jsonl import left_out as jsonl_left_out
 from draftdata.merge.jsonl import lines as jsonl_lines
+from draftdata.merge.models import all_models, check_models, input_models
 from draftdata.merge.plan import (
     Allocation,
     Selection,
@@ -133,6 +134,7 @@ class _Plan:
     buckets: npt.NDArray[np.int64]
     nbuckets: dict[int, int]
     rows_per_shard: dict[int, int]
+    copy_suffix: str = "~r"  # a copy's id: the row's id, this, its copy number (inputs.Keys)
 
 
 def _workers(config: MergeConfig, family: Family, infos: list[InputInfo]) -> int:
@@ -446,7 +448,7 @@ def _plan_output(
         avg = max(1, nbytes // max(n, 1))
         per_shard[s] = max(1, min(config.shard_rows, config.shard_bytes // avg))
         bucket[mask] = bucket_of(sel.key[mask], nbuckets[s])
-    plan = _Plan(domain, size, names, sel, bucket, nbuckets, per_shard)
+    plan = _Plan(domain, size, names, sel, bucket, nbuckets, per_shard, keys.copy_suffix)
 
     def by_domain(split: int) -> dict[str, int]:
         return _counts(names, domain[sel.row[sel.split == split]])
@@ -462,6 +464,7 @@ def _plan_output(
         "after": {"train": by_domain(0), "eval": by_domain(1)},
         "dropped": dropped,
         "upsampled": copies,
+        "copy_ids": f"ID{keys.copy_suffix}K",
         "pooled": sorted(pooled),
         "unique_kept": unique_out,
         "total_unique": int(keep.sum()),
@@ -496,7 +499,10 @@ def _route_samples(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
         if (copy > 0).any():
             base = ids.to_pylist()
             ids = pa.array(
-                [f"{b}~r{k}" if k else b for b, k in zip(base, copy.tolist(), strict=True)],
+                [
+                    f"{b}{plan.copy_suffix}{k}" if k else b
+                    for b, k in zip(base, copy.tolist(), strict=True)
+                ],
                 pa.string(),
             )
         sub = sub.set_column(sub.schema.get_field_index("id"), "id", ids)
@@ -542,7 +548,7 @@ def _route_chat(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
             domain = plan.domain_names[int(plan.keys_domain[g])]
             row = conversation_row(conv, domain=domain)
             if copies[p]:
-                row["id"] = f"{conv.id}~r{copies[p]}"
+                row["id"] = f"{conv.id}{plan.copy_suffix}{copies[p]}"
             row[KEY], row[ROW], row[COPY] = keys[p], g, copies[p]
             k = (splits[p], bks[p])
             buf = pending.setdefault(k, [])
@@ -640,6 +646,8 @@ def merge(
         check_tokenizer_folder(config.tokenizer)
         counter(config.tokenizer)  # a bad tokenizer fails now, in one line
     infos, family = open_inputs(config.inputs)
+    models = input_models(infos)
+    check_models(infos, models, config.allow_models)
     if config.format in CHAT_FORMATS and family == "samples":
         raise ConfigError(
             f"--format {config.format}: the inputs are tokenized samples (token ids, no text); "
@@ -673,6 +681,7 @@ def merge(
     facts["plan"]["estimated"] = family == "chat"  # tokens of text, not of tokenized samples
     if on_plan is not None:
         on_plan(facts["plan"])
+    facts["models"] = models
     if config.plan_only:
         report = build_report(config, family, infos, alloc, facts, {}, bad_examples)
         return MergeSummary(
@@ -795,9 +804,11 @@ def build_report(
                 "by_domain": dict(sorted(Counter(i.by_domain).items())),
                 "bad_rows": i.bad,
                 "duplicates": i.dropped,
+                "models": found,  # the target models that answered it (None: not known)
             }
-            for i in infos
+            for i, found in zip(infos, facts["models"], strict=True)
         ],
+        "models": all_models(facts["models"]),
         "dropped": facts["dropped"],
         "seed": config.seed,
         "data": "tokenized" if family == "samples" else "conversations",
@@ -824,6 +835,7 @@ def build_report(
         },
         "pooled_into_other": facts["pooled"],
         "upsampled": facts["upsampled"],
+        "copy_ids": facts["copy_ids"],  # how a copy is named: never an input row's id
         "settings": {
             "tolerance": config.tolerance,
             "eval_fraction": config.eval_fraction,
@@ -835,6 +847,7 @@ def build_report(
             "min_keep": config.min_keep,
             "allow_drop": config.allow_drop,
             "tokenizer": config.tokenizer,
+            "allow_models": config.allow_models,
         },
         "bad_row_examples": bad_examples,
         "files": shards,

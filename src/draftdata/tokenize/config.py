@@ -112,6 +112,7 @@ class TokenizeSummary(msgspec.Struct, kw_only=True):
     (completions emitted as per-turn samples), ``dropped.<reason>`` (samples) and
     ``duplicates`` (completions whose (id, sample) an earlier shard holds too, a copied shard:
     counted in completions, as export and stats count them, never in the samples' shares).
+    ``models``: the target models that answered the run (``merge`` refuses to mix two).
     """
 
     out: str
@@ -120,6 +121,8 @@ class TokenizeSummary(msgspec.Struct, kw_only=True):
     domains: dict[str, DomainTotals] = msgspec.field(default_factory=dict)
     mismatches: list[str] = msgspec.field(default_factory=list)
     settings: dict[str, Any] = msgspec.field(default_factory=dict)
+    # the target models that answered the run (its completions' ``model``; [] when not a run)
+    models: list[str] = msgspec.field(default_factory=list)
     wall_s: float = 0.0
 
     def count(self, name: str) -> int:

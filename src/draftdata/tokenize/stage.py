@@ -43,6 +43,7 @@ from draftdata.formats import (
     TOKENIZE_SUMMARY,
     check_format,
 )
+from draftdata.stats.models import run_models
 from draftdata.stats.readers import DATA_EXT, Kind, open_dataset
 from draftdata.store.base import Store, normalise_url
 from draftdata.store.doneset import DoneSet, hash_pairs
@@ -255,6 +256,7 @@ def summary_bytes(summary: TokenizeSummary, shards: list[str]) -> bytes:
         "counts": summary.counts,
         "domains": msgspec.to_builtins(summary.domains),
         "mismatches": summary.mismatches,
+        "models": summary.models,
     }
     return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
@@ -287,7 +289,7 @@ def previous_summary(out: Store, settings: dict[str, Any]) -> TokenizeSummary | 
         )
     return msgspec.convert(
         {k: doc[k] for k in ("out", "counts", "domains", "mismatches", "settings")}
-        | {"shards": len(doc.get("shards", []))},
+        | {"shards": len(doc.get("shards", [])), "models": doc.get("models") or []},
         TokenizeSummary,
     )
 
@@ -366,6 +368,7 @@ class TokenizeJob(msgspec.Struct, kw_only=True):
     settings: dict[str, Any]
     previous: TokenizeSummary | None  # a finished output with the same settings
     skip: dict[str, list[int]]  # shard -> indexes of duplicate rows (``duplicate_rows``)
+    models: list[str] = msgspec.field(default_factory=list)  # the run's (stats/models.py)
 
 
 def locate_input(url: str) -> tuple[Store, list[str], str]:
@@ -425,6 +428,7 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
         settings=settings,
         previous=previous,
         skip=duplicate_rows(run, keys) if previous is None and kind == "run" else {},
+        models=run_models(run, keys) if previous is None and kind == "run" else [],
     )
 
 
@@ -469,6 +473,7 @@ def finish(job: TokenizeJob, results: Iterable[tuple[Counters, list[str]]]) -> T
         domains=dict(sorted(total.domains.items())),
         mismatches=total.mismatches,
         settings=job.settings,
+        models=job.models,
     )
     job.out.put_new(TOKENIZE_SUMMARY.name, summary_bytes(summary, written))
     return summary
