@@ -68,10 +68,12 @@ from draftdata.merge.plan import (
     Selection,
     bucket_of,
     dedup,
+    eval_rows,
     select,
     selection_order,
     solve_counts,
     solve_tokens,
+    with_eval,
 )
 from draftdata.merge.resume import check_output, claim_output, config_bytes
 from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket_schema
@@ -354,20 +356,25 @@ def _plan_output(
             pooled.append(name)
     group = to_group[domain] if len(domain) else np.zeros(0, np.int32)
     in_mix = keep & (group >= 0)
-    supply_codes = np.bincount(group[in_mix], minlength=len(groups))
-    supply = {g: int(supply_codes[i]) for i, g in enumerate(groups)}
     rows = np.flatnonzero(in_mix)
-    cand_group, cand_content = group[rows], content[rows]
     unit = "loss_tokens" if config.mix_by == "tokens" and target else "rows"
     note = None
     if unit == "loss_tokens" and not loss[rows].any():
         unit, note = "rows", "the inputs hold no answers (no loss tokens): mixed by rows"
-    order = selection_order(rows.astype(np.int64), cand_group, cand_content, config.seed)
-    bounds = np.searchsorted(cand_group[order], np.arange(len(groups) + 1, dtype=np.int32))
-    weights = {
-        g: loss[rows[order[bounds[i] : bounds[i + 1]]]].astype(np.int64)
-        for i, g in enumerate(groups)
-    }
+
+    def pool(
+        rows: npt.NDArray[np.intp], content: npt.NDArray[np.uint64] = content
+    ) -> tuple[dict[str, int], dict[str, npt.NDArray[np.int64]]]:
+        # (unique rows per group, each group's loss tokens in selection order) of a pool
+        codes = np.bincount(group[rows], minlength=len(groups))
+        order = selection_order(rows.astype(np.int64), group[rows], content[rows], config.seed)
+        bounds = np.searchsorted(group[rows][order], np.arange(len(groups) + 1, dtype=np.int32))
+        return {g: int(codes[i]) for i, g in enumerate(groups)}, {
+            g: loss[rows[order[bounds[i] : bounds[i + 1]]]].astype(np.int64)
+            for i, g in enumerate(groups)
+        }
+
+    supply, weights = pool(rows)
     token_plan = None
 
     def solve(tolerance: float, upsample: bool, repeat: int, nodes: int) -> Allocation:
@@ -400,6 +407,21 @@ def _plan_output(
             distinct[g] = int(w[: min(n, len(w))].sum())
         return distinct, out
 
+    held = np.zeros(0, dtype=np.intp)  # the eval rows, set aside before any copy (plan.py)
+    kept_rows: dict[int, int] = {}
+    if config.eval_fraction > 0 and len(rows):
+        first = solve(config.tolerance, config.upsample, config.max_repeat, MAX_NODES)
+        kept_rows = {group_ix[g]: min(n, supply.get(g, 0)) for g, n in first.counts.items()}
+        mask = eval_rows(
+            rows.astype(np.int64),
+            group[rows],
+            content[rows],
+            kept_rows,
+            seed=config.seed,
+            fraction=config.eval_fraction,
+        )
+        held, rows = rows[mask], rows[~mask]
+        supply, weights = pool(rows)  # the train split is planned on the rest
     alloc = solve(config.tolerance, config.upsample, config.max_repeat, MAX_NODES)
     plan_tokens = token_plan
     have = supply if unit == "rows" else {g: int(w.sum()) for g, w in weights.items()}
@@ -415,15 +437,23 @@ def _plan_output(
             return sum(other.values()) / plan_doc["have"] if plan_doc["have"] else 1.0
 
         plan_doc["ways_out"] = _ways_out(config, share_of, plan_doc["kept_share"])
+    # the eval split, set aside before the plan: rows per group, of the unique rows kept by a
+    # plan on every row (what it is stratified over)
+    plan_doc["eval"] = {
+        "rows": _counts(groups, group[held]),
+        "kept": {groups[c]: n for c, n in sorted(kept_rows.items()) if n},
+        "of_rows": sum(kept_rows.values()),
+    }
     sel = select(
         rows.astype(np.int64),
-        cand_group,
-        cand_content,
+        group[rows],
+        content[rows],
         {group_ix[g]: n for g, n in alloc.counts.items()},
         seed=config.seed,
-        eval_fraction=config.eval_fraction,
+        eval_fraction=0.0,
         cyclic=unit == "loss_tokens",
     )
+    sel = with_eval(sel, held.astype(np.int64), content[held], seed=config.seed)
     del content
     unique_out = int((sel.copy == 0).sum())
     dropped = {
