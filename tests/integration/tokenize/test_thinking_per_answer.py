@@ -126,9 +126,9 @@ def _check(run: Path, tokenizer: Path, root: Path, thinking_of: dict[str, bool])
             continue
         assert summary.count("samples") == N, summary.counts
         assert not summary.dropped, summary.counts
+        _loss_ok(tokenizer, out, thinking_of)
         source_of = "prompt_tokens" if usage else "recorded"
         assert summary.count(f"thinking.{source_of}") == N, summary.counts
-        _loss_ok(tokenizer, out, thinking_of)
 
 
 @pytest.mark.parametrize(("first", "second"), MODES)

@@ -94,3 +94,25 @@ def test_an_input_whose_files_do_not_tell_is_not_known(tmp_path: Path) -> None:
 
 def _fields(c: MergeConfig) -> dict[str, object]:
     return {f: getattr(c, f) for f in c.__struct_fields__}
+
+
+def test_the_cli_says_it_in_one_line_and_allow_models_merges(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from draftdata.cli import main
+
+    a = run_dir(str(tmp_path / "a"), {"math": 6, "general": 6}, prefix="a", model="Qwen3-8B")
+    b = run_dir(str(tmp_path / "b"), {"math": 6, "general": 6}, prefix="b", model="Llama-3-8B")
+    args = ["merge", "--existing", a, "--add", b, "--out", str(tmp_path / "o"), "-q"]
+    with pytest.raises(SystemExit) as refused:
+        main(args)
+    assert refused.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "predicts neither" in err and "--allow-models" in err
+    with pytest.raises(SystemExit) as merged:
+        main([*args, "--allow-models"])
+    assert merged.value.code == 0
+    assert json.loads((tmp_path / "o" / "merge_report.json").read_text())["models"] == [
+        "Llama-3-8B",
+        "Qwen3-8B",
+    ]
