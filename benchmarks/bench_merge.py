@@ -113,7 +113,8 @@ def _write_dups(folder: Path, ids: pa.Array, input_ids: pa.Array, n: int) -> Non
 
 _CHILD = """
 import json, sys
-from draftdata.merge.config import MergeConfig, parse_mix
+from draftdata.merge.config import MergeConfig
+from draftdata.mix import parse_mix
 from draftdata.merge.stage import merge
 a = json.loads(sys.argv[1])
 s = merge(MergeConfig(existing=a["existing"], add=a["add"], mix=parse_mix(a["mix"]),

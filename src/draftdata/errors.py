@@ -20,6 +20,8 @@
     │   └── FleetUnavailableError       no endpoint could serve for a bounded time, or every
     │                                   endpoint refuses chat requests (generate stops, resumable)
     ├── RunAbortedError                 an unexpected error stopped a run (committed work kept)
+    ├── VerificationError               hidden states written differ from the same samples
+    │                                   computed one at a time beyond the dtype's tolerance
     └── ServerError                     one request failed; ``reason`` names it in Failures
         │                               and in the endpoints' error counts
         ├── RetryableServerError        server_error: a 5xx, an answer the server aborted
@@ -169,6 +171,12 @@ class FleetUnavailableError(FleetError):
 class RunAbortedError(DraftdataError):
     """An unexpected error (a bug, not a store outage) stopped a run; what was committed is
     kept and the same command resumes."""
+
+
+class VerificationError(DraftdataError):
+    """The hidden states a command wrote differ from the same samples computed one at a time
+    by more than rounding (a batching, padding or offset fault of the engine): the command
+    stops, naming the layer and the difference."""
 
 
 class ServerError(DraftdataError):

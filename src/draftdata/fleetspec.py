@@ -15,6 +15,10 @@ hand for servers they started themselves (only ``endpoints[].url`` is required):
         context_length: 8192
         max_running_requests: 72
         log: fleet-logs/server-0.log
+    hidden_states:                # only a fleet launched with `fleet up --hidden-states DIR`
+      path: /shared/hs-staging    # where every server writes each request's hidden states
+      layers: [2, 18, 33, 36]     # the layer ids it captures (vLLM's index space)
+      connector: ExampleHiddenStatesConnector
 
 This module reads and writes that file (the schema sits next to the records, below both
 ``fleet`` and ``generate``, ARCHITECTURE.md); it starts and probes nothing.
@@ -50,6 +54,18 @@ class EndpointSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     log: str | None = None
 
 
+class HiddenStatesSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """A fleet that extracts hidden states (``fleet up --hidden-states``): every server writes
+    each request's states under ``path`` (a folder the reader must see: the same host or a
+    shared file system), capturing the layer ids ``layers`` (the residual stream after that
+    many decoder layers: 0 the embeddings, N the last layer before the final norm), with the
+    KV connector ``connector`` (vLLM's class name, ``MODULE:CLASS`` for one of your own)."""
+
+    path: str
+    layers: list[int]
+    connector: str | None = None
+
+
 class FleetSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """A whole fleet: what was launched and where each server listens."""
 
@@ -57,6 +73,7 @@ class FleetSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     engine: str = "custom"
     model: str | None = None
     endpoints: list[EndpointSpec] = msgspec.field(default_factory=list)
+    hidden_states: HiddenStatesSpec | None = None
 
 
 def process_start_time(pid: int) -> float | None:
@@ -96,6 +113,8 @@ def write_fleet(spec: FleetSpec, path: Path | str) -> None:
     """Write ``spec`` as YAML (atomically: temp file then rename)."""
     p = Path(path)
     data = msgspec.to_builtins(spec)
+    if data.get("hidden_states") is None:  # written only for a fleet that extracts them
+        data.pop("hidden_states", None)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     tmp.replace(p)

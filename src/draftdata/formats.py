@@ -97,6 +97,20 @@ TOKENIZE_CONFIG = JsonFile(  # written first: without the summary, the tokenize 
 TOKENIZE_SUMMARY = JsonFile(
     "summary.json", "draftdata.tokenize-summary/1", "tokenize's summary", "draftdata tokenize"
 )
+HIDDEN_MANIFEST = JsonFile(  # what makes a prefix a hidden-state set; written before any pass
+    "hidden_manifest.json",
+    "draftdata.hidden-manifest/1",
+    "a hidden-state set's manifest",
+    "draftdata hidden-states",
+)
+HIDDEN_SUMMARY = JsonFile(  # one per finished command: hidden_summary.json, hidden_summary-2.json
+    "hidden_summary.json",
+    "draftdata.hidden-summary/1",
+    "a hidden-state set's summary",
+    "draftdata hidden-states",
+)
+HIDDEN_INDEX = "hidden_index.parquet"  # row, id, file, counts: which file holds which sample
+HIDDEN_INDEX_FORMAT = "hidden-index/1"
 # prepare's other files beside its report: the prompt shards and the rejected lines
 PREPARE_SHARDS = "prompts-*.jsonl"  # prompts-00000.jsonl, ... (``prepare_shard``)
 PREPARE_REJECTS = "rejects.jsonl"
@@ -220,6 +234,21 @@ def dictionary_columns(schema: pa.Schema) -> list[str] | bool:
     return DICTIONARY_COLUMNS.get(meta.get(FORMAT_KEY, b"").decode(), True)
 
 
+HIDDEN_INDEX_SCHEMA = _schema(
+    [
+        ("row", pa.int64()),  # the file's number: its position in the plan
+        ("id", pa.string()),
+        ("file", pa.string()),  # the key of its file under the set's prefix
+        ("source", pa.string()),
+        ("domain", pa.string()),
+        ("num_tokens", pa.int32()),
+        ("num_loss_tokens", pa.int32()),
+        ("truncated", pa.bool_()),  # cut to --max-length here (or by tokenize)
+    ],
+    HIDDEN_INDEX_FORMAT,
+)
+
+
 def check_format(schema: pa.Schema, expected: str, where: str) -> None:
     """Raise FormatVersionError unless ``schema`` carries the ``expected`` kind/version (or an
     older version the reader of ``expected`` still reads, ``READABLE_FORMATS``)."""
@@ -320,6 +349,19 @@ def _usage(d: dict[str, Any] | None) -> Usage:
     )
 
 
+def turn_from_row(t: dict[str, Any]) -> Turn:
+    """One element of a completions shard's ``turns`` column (as ``to_pylist`` gives it)."""
+    return Turn(
+        content=t.get("content"),
+        reasoning=t.get("reasoning"),
+        tool_calls=_unj(t.get("tool_calls")),
+        finish_reason=t.get("finish_reason"),
+        prompt_token_ids=t.get("prompt_token_ids"),
+        output_token_ids=t.get("output_token_ids"),
+        usage=_usage(t.get("usage")),
+    )
+
+
 def completion_from_row(d: dict[str, Any]) -> Completion:
     """Inverse of ``completion_row``."""
     return Completion(
@@ -329,18 +371,7 @@ def completion_from_row(d: dict[str, Any]) -> Completion:
         domain=d.get("domain") or "",
         messages=[_message(m) for m in d.get("messages") or []],
         tools=_unj(d.get("tools")),
-        turns=[
-            Turn(
-                content=t.get("content"),
-                reasoning=t.get("reasoning"),
-                tool_calls=_unj(t.get("tool_calls")),
-                finish_reason=t.get("finish_reason"),
-                prompt_token_ids=t.get("prompt_token_ids"),
-                output_token_ids=t.get("output_token_ids"),
-                usage=_usage(t.get("usage")),
-            )
-            for t in d.get("turns") or []
-        ],
+        turns=[turn_from_row(t) for t in d.get("turns") or []],
         usage=_usage(d.get("usage")),
         model=d.get("model") or "",
         sampling=_unj(d.get("sampling")) or {},

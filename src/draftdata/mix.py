@@ -22,14 +22,110 @@ existing set's ``E_d`` tokens plus ``x_d * L_d``. For a token total ``T`` each d
 to ``R`` (``token_fill``), so every domain the supply and the existing set leave free lands on
 its token share exactly, up to one row; the integers come from the same largest-remainder rule.
 Rows left over when the targeted domains run out go to the others in proportion to supply.
+
+A mix itself (what ``--mix`` and a config's ``mix:`` give) is read and checked here for every
+stage: ``parse_mix`` (``code=0.35,math=0.2``), ``mix_from_json`` (a ``suggested_mix.json`` or
+``{domain: share}``, already decoded), ``check_shares`` (finite, >= 0, not all zero),
+``check_domains`` (every key a domain the data can have), ``sum_warning`` and ``normalised``.
+Errors are one-line ConfigErrors naming where the mix came from (``--mix``, ``config: mix``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import msgspec
+
+from draftdata.errors import ConfigError
+
+# The pseudo-domain of a mix that pools every domain the mix does not name (merge).
+OTHER = "other"
+
+
+def parse_mix(text: str | None, where: str = "--mix") -> dict[str, float]:
+    """``"code=0.35,math=0.2"`` -> ``{"code": 0.35, "math": 0.2}`` (shares as given).
+
+    ConfigError names the bad piece: a missing ``=``, a non-number, a negative share, a domain
+    given twice, or shares that are all zero.
+    """
+    if text is None or not text.strip():
+        return {}
+    mix: dict[str, float] = {}
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        name, eq, value = piece.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise ConfigError(f"{where}: {piece!r}: expected DOMAIN=SHARE, e.g. code=0.35")
+        try:
+            share = float(value)
+        except ValueError:
+            raise ConfigError(f"{where}: {piece!r}: {value.strip()!r} is not a number") from None
+        if name in mix:
+            raise ConfigError(f"{where}: domain {name!r} given twice")
+        mix[name] = share
+    return check_shares(mix, where)
+
+
+def mix_from_json(doc: Any, where: str) -> dict[str, float]:
+    """The mix a decoded JSON document holds: a ``suggested_mix.json`` (its ``mix`` object) or
+    any object of domain -> share; checked like every mix (``check_shares``)."""
+    mix = doc.get("mix") if isinstance(doc, dict) and isinstance(doc.get("mix"), dict) else doc
+    if not isinstance(mix, dict) or not mix:
+        raise ConfigError(f"{where}: holds no mix (a suggested_mix.json or {{domain: share}})")
+    return check_shares({str(k): v for k, v in mix.items()}, where)
+
+
+def check_shares(mix: Mapping[str, Any], where: str) -> dict[str, float]:
+    """``mix`` as floats, or ConfigError in one line: a share that is not a number, not finite
+    or negative (naming its domain), or shares that are all zero. An empty mix is no mix."""
+    out: dict[str, float] = {}
+    for name, share in mix.items():
+        if isinstance(share, bool) or not isinstance(share, int | float):
+            raise ConfigError(f"{where}: {name}: {share!r} is not a number")
+        if not math.isfinite(share) or share < 0:
+            raise ConfigError(f"{where}: {name}={share:g}: shares must be finite and >= 0")
+        out[name] = float(share)
+    if out and sum(out.values()) <= 0:
+        raise ConfigError(f"{where}: the shares are all zero")
+    return out
+
+
+def check_domains(
+    mix: Mapping[str, float], known: Iterable[str], where: str, fix: str = ""
+) -> None:
+    """ConfigError in one line when a key of ``mix`` is none of the ``known`` domains (a typo
+    like ``kode`` would otherwise get nothing while the others share its part). ``fix`` is
+    appended as the way out."""
+    have = set(known)
+    unknown = sorted(d for d in mix if d not in have)
+    if unknown:
+        names = ", ".join(repr(d) for d in unknown)
+        raise ConfigError(
+            f"{where}: {names} {'is' if len(unknown) == 1 else 'are'} no domain of the data "
+            f"(the domains are {', '.join(sorted(have))}); fix the name"
+            + (f", {fix}" if fix else "")
+        )
+
+
+def sum_warning(mix: Mapping[str, float], where: str = "--mix") -> str | None:
+    """A one-line warning when the shares do not sum to 1 (they are normalised), else None."""
+    total = sum(mix.values())
+    if not mix or abs(total - 1.0) <= 1e-6:
+        return None
+    shown = ",".join(f"{k}={v / total:.3g}" for k, v in sorted(mix.items()))
+    return f"warning: {where} shares sum to {total:g}, not 1; normalised to {shown}"
+
+
+def normalised(mix: Mapping[str, float]) -> dict[str, float]:
+    """The mix scaled to sum 1 (rounded to 12 digits), zero shares removed, keys sorted."""
+    total = sum(mix.values())
+    if total <= 0:
+        return {}
+    return {d: round(mix[d] / total, 12) for d in sorted(mix) if mix[d] > 0}
 
 
 class Supply(msgspec.Struct, kw_only=True, frozen=True):
@@ -68,6 +164,7 @@ class Plan(msgspec.Struct, kw_only=True, frozen=True):
     total_new: int
     shortfall: int
     mix_by: str = "rows"  # what the target shares count: rows, or (expected) tokens
+    fixed: int = 0  # new prompts taken by the sources' fixed ``take``, whatever the mix
 
 
 def largest_remainder(
@@ -174,10 +271,24 @@ def token_fill(
     return largest_remainder(real, total, caps)
 
 
-def shares(counts: Mapping[str, int]) -> dict[str, float]:
+def shares(counts: Mapping[str, float]) -> dict[str, float]:
     """Each key's fraction of the total (all 0 when the total is 0)."""
     total = sum(counts.values())
     return {k: (v / total if total else 0.0) for k, v in counts.items()}
+
+
+def off_target(plan: Plan, slack: float = 0.01) -> dict[str, tuple[float, float]]:
+    """domain -> (share after, target) for each domain of ``plan`` whose share of the combined
+    set (in the plan's unit: rows, or expected tokens) misses its target by more than
+    ``slack``; empty without a target."""
+    out: dict[str, tuple[float, float]] = {}
+    for r in plan.domains:
+        if r.target is None:
+            continue
+        after = r.tokens_after if plan.mix_by == "tokens" else r.after
+        if after is not None and abs(after - r.target) > slack:
+            out[r.domain] = (after, r.target)
+    return out
 
 
 def plan_mix(
@@ -226,7 +337,7 @@ def plan_mix(
     supply_total = sum(min(sum(room[s.name].values()), cap_left[s.name]) for s in flexible)
     remaining = supply_total if budget is None else max(budget - fixed_total, 0)
     want = remaining
-    target = {d: v / sum(mix.values()) for d, v in mix.items()} if mix else {}
+    target = shares(mix) if mix else {}
 
     for _ in range(8):  # rounds: caps can leave a domain short; hand the rest to others
         if remaining <= 0 or not flexible:
@@ -308,6 +419,7 @@ def plan_mix(
         total_new=total_new,
         shortfall=max(fixed_total + want - total_new, 0) if budget is not None else 0,
         mix_by="tokens" if by_tokens else "rows",
+        fixed=fixed_total,
     )
 
 

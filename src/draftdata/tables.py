@@ -1,6 +1,6 @@
 """``table(title, header, rows)``: the rich summary table the CLIs print (first column left),
-``console()``: the Console they print with, and ``compact(n)``: a large count in a few
-characters (token counts)."""
+``console()``: the Console they print with, ``compact(n)``: a large count in a few
+characters (token counts), and ``human_bytes(n)``: a size (hidden-states' bill, stats)."""
 
 from __future__ import annotations
 
@@ -44,3 +44,12 @@ def compact(value: float, estimated: bool = False) -> str:
     else:
         text = f"{v:,.0f}"
     return f"~{text}" if estimated else text
+
+
+def human_bytes(n: float) -> str:
+    """``7.0 TB``, ``412 GB``, ``3.1 MB``, ``870 B`` (decimal units)."""
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.1f} {unit}" if v < 100 else f"{v:,.0f} {unit}"
+    return f"{int(n)} B"

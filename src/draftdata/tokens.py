@@ -31,6 +31,13 @@ ratio (``CHARS_PER_TOKEN``: 3.77, the mean over the chat domains) ranges from 3.
 ``OTHER_TOKENS`` is measured on the 500 most common Chinese characters (0.98 tokens each), an
 upper bound for running CJK text, where common pairs merge.
 
+**The output tokens of an answer** (``answer_tokens``, ``turn_tokens``): what every figure that
+counts a run's output tokens counts (stats, the whole run's figures, generate's summary and live
+rates, the pilot's forecast, the length model). The server's ``usage.completion_tokens`` when it
+counted any; else the turn's output token ids (exact); else, for a server that sent no usage (or
+0 for a non-empty answer), an estimate from its text, flagged as one so that a figure built on it
+says so, never 0 tokens for an answer that has text.
+
 This module reads no files but a tokenizer folder; it knows nothing of datasets.
 """
 
@@ -46,7 +53,7 @@ import numpy as np
 import numpy.typing as npt
 
 from draftdata.errors import ConfigError
-from draftdata.records import JsonDict, Message
+from draftdata.records import JsonDict, Message, Turn
 
 # Measured with the Qwen3 tokenizer: see the module docstring.
 WORD_TOKENS = 1.19
@@ -54,6 +61,14 @@ DIGIT_TOKENS = 1.28
 PUNCT_TOKENS = 0.52
 OTHER_TOKENS = 0.98
 CHARS_PER_TOKEN = 3.77  # the plain ratio, for a rough figure from a character count alone
+
+# How far an estimate can be off, said wherever one is shown: the weights are fitted to Qwen3's
+# tokenizer (benchmarks/bench_token_estimate.py); a tokenizer of another family splits text
+# differently (one measured at 2.2x the estimate's count).
+ESTIMATE_ERROR = (
+    "an estimate fitted to Qwen3's tokenizer (within about 11% of its count; a tokenizer of "
+    "another family can count 2x as many or more)"
+)
 
 MESSAGE_TOKENS = 5  # <|im_start|>role\n ... <|im_end|>\n
 END_OF_TURN_TOKENS = 1  # <|im_end|>: the assistant writes it, so it is trained
@@ -241,3 +256,63 @@ def conversation_tokens(
         mask = np.asarray(is_loss, dtype=bool)
         np.add.at(loss, rows[mask], counts[mask])
     return np.rint(total).astype(np.int64), np.rint(loss).astype(np.int64)
+
+
+def answer_tokens(
+    counted: int | None,
+    ids: Sequence[int] | None,
+    texts: Sequence[str],
+    *,
+    calls: int = 0,
+    reasoning: bool = False,
+    count: TokenCounter | None = None,
+) -> tuple[int, bool]:
+    """(output tokens, estimated) of one answered turn (module docstring): ``counted`` (the
+    server's usage) when above 0, else the length of its output token ``ids``, else its
+    ``texts`` (content, reasoning, tool calls) counted by ``count`` (default: the estimate)
+    with the template's frame around them (``calls`` tool calls, a ``reasoning`` block),
+    ``estimated`` True (the server did not count them). An answer with no text is 0."""
+    if counted is not None and counted > 0:
+        return int(counted), False
+    if ids:
+        return len(ids), False
+    texts = [t for t in texts if t]
+    if not texts:
+        return 0, False
+    frame = END_OF_TURN_TOKENS + TOOL_CALL_TOKENS * calls + REASONING_TOKENS * reasoning
+    counts = (count or counter()).count(texts)
+    return max(1, round(float(counts.sum()) + frame)), True
+
+
+def turn_tokens(turn: Turn, count: TokenCounter | None = None) -> tuple[int, bool]:
+    """``answer_tokens`` of one ``Turn``."""
+    calls = turn.tool_calls or []
+    texts = [turn.content or "", turn.reasoning or "", *(tool_call_text(c) for c in calls)]
+    return answer_tokens(
+        turn.usage.completion_tokens,
+        turn.output_token_ids,
+        texts,
+        calls=len(calls),
+        reasoning=bool(turn.reasoning),
+        count=count,
+    )
+
+
+def turns_tokens(turns: Sequence[Turn], count: TokenCounter | None = None) -> tuple[int, bool]:
+    """(output tokens, any estimated) of a completion's turns, each counted by ``turn_tokens``."""
+    total, estimated = 0, False
+    for t in turns:
+        n, est = turn_tokens(t, count)
+        total += n
+        estimated |= est
+    return total, estimated
+
+
+def completion_tokens(
+    counted: int, turns: Sequence[Turn], count: TokenCounter | None = None
+) -> tuple[int, bool]:
+    """(output tokens, any estimated) of a completion: its usage's count (``counted``, the sum
+    over its turns) when above 0, else its turns counted by ``turns_tokens``."""
+    if counted > 0:
+        return counted, False
+    return turns_tokens(turns, count)

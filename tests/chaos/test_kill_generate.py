@@ -112,3 +112,48 @@ def test_kill_9_generate_s3(moto_s3: MotoS3, prompts: Path, fleet: SimFleet) -> 
     mid_run = _kill_and_resume(_command(prompts, fleet, out), out, kills=3, seed=8)
     assert mid_run >= 2
     _check(out)
+
+
+def test_a_command_killed_before_its_first_metrics_snapshot_keeps_its_time(
+    tmp_path: Path, prompts: Path, fleet: SimFleet
+) -> None:
+    """kill -9 a generate after it committed some answers and before its first metrics snapshot
+    (every 60 s): the whole run's figures still hold that command's answering time, bounded by
+    its first request and last answer and never more than it lived; the tokens/s over the whole
+    run is no more than its committed tokens over the time the commands really ran."""
+    from draftdata.records import Completion
+    from draftdata.stats.runfigures import run_figures
+    from draftdata.stats.runmetrics import UNLOGGED
+    from draftdata.store import iter_completions
+
+    out = str(tmp_path / "run")
+    cmd = _command(prompts, fleet, out)
+    started = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline and _shards(out) < 4:
+            time.sleep(0.05)
+        assert proc.poll() is None, "generate ended before it was killed"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    lived = time.time() - started
+    assert not open_store(out).list("metrics/")  # killed before its first snapshot
+    killed: list[Completion] = list(iter_completions(out))
+    assert killed
+    first = min(c.created - c.latency_s for c in killed)
+    last = max(c.created for c in killed)
+    rest_started = time.time()
+    final = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+    assert final.returncode == 0, final.stderr[-3000:]
+    rest = time.time() - rest_started
+    fig = run_figures(open_store(out))
+    assert len(fig.segments) == 2 and fig.segments[0].writer == UNLOGGED, fig.segments
+    seg = fig.segments[0]
+    assert seg.start == pytest.approx(first, abs=1e-3) and seg.end == pytest.approx(last, abs=1e-3)
+    assert last - first <= seg.seconds + 1e-3 <= lived
+    assert fig.active_s <= lived + rest
+    rate = fig.output_tokens_per_s
+    bound = last - first + fig.segments[1].seconds - 2e-3  # active_s is rounded to 1 ms
+    assert rate is not None and rate <= fig.output_tokens / bound

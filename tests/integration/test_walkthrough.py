@@ -9,11 +9,11 @@ simulator and a local S3 server, at small scale, with only the substitutions the
   the simulator's ``--spec-tokens 3`` (in vLLM's shapes, 8 requests at a time: see
   ``_interrupt_once``), ``--gpus 0-7`` -> ``--gpus 0-1``, ``--port-base 30000`` -> a free port;
 - ``/models/Qwen3.6-27B`` -> the demo's small local tokenizer folder;
-- ``examples/expansion.yaml`` is, in the test's working folder, the same config over the
-  bundled sample sources: each source's fixed ``take`` scaled down from the real config's (at
-  least 2, 63 prompts in all, so every domain of the mix has rows), deduplicated against the
-  live set;
-- the live set ``s3://BUCKET/completions/`` holds the demo's 400-row 77%-code sample.
+- ``examples/expansion.yaml`` is, in the test's working folder, the shipped config with its
+  hub sources on the bundled sample sources of the same schemas, the live set on the test's
+  bucket and its budget scaled to ``BUDGET`` prompts; nothing else changes, so the mix acts on
+  it as it does on the real one (step 4 must move the plan onto the suggested mix in tokens);
+- the live set ``s3://BUCKET/completions/`` holds the demo's ``LIVE_ROWS``-row 77%-code sample.
 
 The whole run (step 6, the generate without ``--pilot``) is interrupted once with Ctrl-C
 (twice: leave now) and then run again, as the README says. The pilot of step 5 writes a forecast
@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.conftest import MotoS3
@@ -110,34 +111,23 @@ def _sh(cmd: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProces
     )
 
 
-# examples/expansion.yaml's fixed takes (193,010 prompts) scaled to 63, at least 2 a source
-_TAKES = {
-    "infinity_instruct": 31,
-    "webinstruct": 12,
-    "codefeedback": 9,
-    "metamath": 7,
-    "hermes_fc": 2,
-    "agentinstruct": 2,
-}
+# examples/expansion.yaml's budget (193,010 new prompts) scaled down: below what the sources
+# hold beside the live set's code, so that the mix decides which prompts are taken
+BUDGET = 40
+LIVE_ROWS = 400
 
 
 def _write_config(work: Path, bucket: str) -> None:
-    """examples/expansion.yaml in the working folder: the bundled sample sources, small."""
+    """examples/expansion.yaml as shipped, in the working folder: its sources on the bundled
+    sample sources (same schemas), the live set on the test's bucket, the budget scaled."""
     import msgspec
+    from tests.unit.prepare.expansion import local_expansion
 
-    from draftdata.prepare.config import ExistingConfig
-    from draftdata.prepare.samples import sample_config, write_sample_sources
+    from draftdata.prepare.samples import write_sample_sources
 
     samples = work / "samples"
     write_sample_sources(samples)
-    cfg = sample_config(samples, Path("prompts"))
-    cfg = msgspec.structs.replace(
-        cfg,
-        existing=ExistingConfig(path=f"{bucket}/completions/"),
-        mix={"code": 0.40, "general": 0.30, "math": 0.25, "tool": 0.03, "agent": 0.02},
-        budget=None,
-        sources=[msgspec.structs.replace(s, take=_TAKES[s.name]) for s in cfg.sources],
-    )
+    cfg = local_expansion(samples, f"{bucket}/completions/", BUDGET)
     (work / "examples").mkdir()
     (work / "examples" / "expansion.yaml").write_bytes(
         msgspec.yaml.encode(msgspec.to_builtins(cfg))
@@ -167,7 +157,7 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
     work.mkdir()
     bucket = moto_s3.url("walkthrough")
     live = tmp_path / "live.jsonl"
-    write_existing_set(live, rows=400, seed=0)
+    write_existing_set(live, rows=LIVE_ROWS, seed=0)
     open_store(f"{bucket}/completions/").put_new("part-0.jsonl", live.read_bytes())
     _write_config(work, bucket)
     tokenizer = ensure_demo_tokenizer(tmp_path / "cache")
@@ -175,6 +165,7 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
     protect_ok = "--protect" in merge_help
     port_base = _free_port_base()
     sub = [_substitute(c, bucket, tokenizer, port_base, protect_ok) for c in commands]
+    plans: list[dict[str, Any]] = []  # prepare_report.json of steps 2 and 4
     try:
         for cmd in sub:
             whole_run = cmd.startswith("draftdata generate") and "--pilot" not in cmd
@@ -184,13 +175,16 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
             assert res.returncode == 0, f"{cmd}\n{res.stdout}\n{res.stderr}"
             if whole_run:
                 summary = res.stdout
+            if cmd.startswith("draftdata prepare"):
+                assert "take:" not in res.stderr, res.stderr  # no fixed take holds the mix
+                plans.append(json.loads((work / "prompts" / "prepare_report.json").read_text()))
     finally:
         if (work / "fleet.yaml").exists():
             _sh("draftdata fleet down", work, 60)
 
     # step 0's stats are JSON that the report reads back
     before = json.loads((work / "before.json").read_text())
-    assert before["format"] == "draftdata.stats/1" and before["rows"] == 400
+    assert before["format"] == "draftdata.stats/1" and before["rows"] == LIVE_ROWS
     # generate's summary after the resume is over all three commands (pilot, interrupted, rest)
     assert "in the whole run" in summary and "3 segments" in summary, summary
     # the evaluation split was held out of the prompts, and the drafter measured on it
@@ -208,6 +202,21 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
     acc = json.loads(open_store(f"{bucket}/acceptance_v1/").read("acceptance.json"))
     assert acc["total"]["drafts"] > 0 and acc["total"]["prompts"] == len(held)
     suggested = json.loads(open_store(f"{bucket}/acceptance_v1/").read("suggested_mix.json"))
+    # step 4 planned the prompts onto the suggested mix in loss tokens, and the mix moved the
+    # plan: other counts per domain than step 2's, closer to the suggested shares in tokens
+    second = plans[1]
+    assert second["mix"] == suggested["mix"] and second["mix_by"] == "tokens"
+    assert sum(s["taken"] for s in second["sources"]) == BUDGET
+    taken = [{d["domain"]: d["new"] for d in p["domains"]} for p in plans]
+    assert taken[0] != taken[1], taken
+    after = {d["domain"]: d["tokens_after"] for d in second["domains"]}
+    target = {d: v / sum(suggested["mix"].values()) for d, v in suggested["mix"].items()}
+    moved = sum(abs(after.get(d, 0.0) - t) for d, t in target.items())
+    lengths = second["lengths"]["tokens_per_row"]
+    ex = {d["domain"]: d["existing_tokens"] for d in second["domains"]}
+    kept = {d: ex.get(d, 0.0) + n * lengths.get(d, 0.0) for d, n in taken[0].items()}
+    unmoved = sum(abs(kept.get(d, 0.0) / sum(kept.values()) - t) for d, t in target.items())
+    assert moved < unmoved, (moved, unmoved, taken)
     merged = json.loads(open_store(f"{bucket}/train_v2/").read("merge_report.json"))
     assert set(merged["target"]) == set(suggested["mix"])
     assert open_store(f"{bucket}/expansion_v1/").exists("forecast.json")

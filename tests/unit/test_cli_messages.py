@@ -51,17 +51,13 @@ def _prepare_config(tmp_path: Path, **changes: object) -> Path:
     return path
 
 
-def test_prepare_mix_key_that_is_no_domain_is_one_warning(
+def test_prepare_mix_key_that_is_no_domain_is_one_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     mix = {"kode": 0.4, "math": 0.3, "general": 0.3}
     cfg = _prepare_config(tmp_path, mix=mix)
-    _ok(["prepare", str(cfg), "--plan-only"])
-    err = capsys.readouterr().err
-    # the samples' messy rows (over 5% rejected) have their own warning line
-    warnings = [x for x in err.splitlines() if x.startswith("warning:") and "rejected" not in x]
-    assert len(warnings) == 1, err
-    assert "'kode' is no domain" in warnings[0] and "code" in warnings[0]
+    line = _error_line(["prepare", str(cfg), "--plan-only"], capsys)
+    assert "'kode' is no domain" in line and "code" in line
 
 
 def test_merge_mix_not_summing_to_one_is_one_warning(

@@ -89,6 +89,9 @@ PATH_OPTIONS: dict[tuple[str, str], Role] = {
     ("fleet status", "fleet"): Role(IN_FILE),
     ("fleet down", "fleet"): Role(IN_FILE),
     ("run check", "run"): Role(IN_DIR),
+    ("hidden-states", "tokenized"): Role(IN_DATA),
+    ("hidden-states", "--model"): Role(IN_DIR),
+    ("hidden-states", "--out"): Role(OUT_DIR),
 }
 
 # options the heuristic below takes for paths that are none, and why
@@ -109,6 +112,10 @@ NOT_PATHS: dict[tuple[str, str], str] = {
     ("tokenize", "--ray-env"): "an environment variable's name",
     ("prepare", "--force"): "a flag",
     ("tokenize", "--verify"): "a flag",
+    ("hidden-states", "--format"): "a format name",
+    ("hidden-states", "--protect"): "a prefix compared with outputs, never read or written",
+    ("hidden-states", "--staging-bytes"): "a size",
+    ("hidden-states", "--max-bytes"): "a size",
 }
 
 # commands that never end on their own when they start (they serve until Ctrl-C)
@@ -317,6 +324,12 @@ def _base(command: str, w: World, new: Path) -> tuple[list[str], dict[str, list[
         "fleet status": {"fleet": [str(w.fleet)]},
         "fleet down": {"fleet": [str(w.fleet)]},
         "run check": {"run": [str(w.run)]},
+        "hidden-states": {
+            "tokenized": [str(w.run)],
+            "--model": [str(w.tokenizer)],
+            "--out": [str(new / "hs")],
+            "--format": ["specforge"],
+        },
     }
     return words, args[command]
 

@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 
+import msgspec
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -133,6 +134,53 @@ def test_the_token_formats_count_cut_and_dropped_turns(
     assert _number(r"left out ([\d,]+) of", line) == 12 - rows
     assert _number(r"; ([\d,]+) rows end where the token limit cut", line) == 2
     assert len(warnings) == 1 and "2 of 12 turns left out or cut" in warnings[0]
+
+
+def _ids_completion(i: int, turns: int, cut: bool, bad: bool) -> Completion:
+    """A completion whose turns carry token ids: the served ones (``bad``: ids that are not
+    the turn's text, which tokenize drops as unverified)."""
+    c = _completion(i, turns, cut)
+    made = [
+        msgspec.structs.replace(
+            t,
+            prompt_token_ids=[1, 2, 3] if bad else None,
+            output_token_ids=[7] * (k + 2) if bad else None,
+        )
+        for k, t in enumerate(c.turns)
+    ]
+    return msgspec.structs.replace(c, turns=made)
+
+
+@SLOW
+@given(
+    shapes=st.lists(
+        st.tuples(st.integers(1, 3), st.booleans(), st.booleans()), min_size=1, max_size=12
+    ),
+    fmt=st.sampled_from(["modelopt", "speculators", "specforge-text", "specforge"]),
+)
+def test_every_per_turn_format_counts_each_turn_once(
+    shapes: list[tuple[int, bool, bool]],
+    fmt: str,
+    demo_tokenizer: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Cut turns, turns tokenize drops and turns it keeps, in any mix: the line's turns are the
+    run's turns, and what it says it left out is exactly the turns without a row (a cut turn
+    tokenize also drops is one turn left out, not two)."""
+    root = tmp_path_factory.mktemp("perturn")
+    with Run.open(str(root / "run"), settings={}, flush_records=8, flush_seconds=3600) as run:
+        for i, (turns, cut, bad) in enumerate(shapes):
+            run.add_completion(_ids_completion(i, turns, cut, bad))
+    out = root / "out.jsonl"
+    argv = ["export", str(root / "run"), "--format", fmt, "--out", str(out)]
+    if fmt != "specforge":
+        argv += ["--tokenizer", str(demo_tokenizer)]
+    line, _ = _run_cli(argv, capsys)
+    turns = sum(n for n, _, _ in shapes)
+    rows = len(out.read_text().splitlines())
+    assert _number(r"of ([\d,]+) turns", line) == turns, line
+    assert _number(r"left out ([\d,]+) of", line) == turns - rows, line
 
 
 # -- tokenize -----------------------------------------------------------------------------------

@@ -151,3 +151,31 @@ def test_a_folder_without_a_tokenizer_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ConfigError, match=r"tokenizer\.json unreadable"):
         tokens.TokenCounter(str(tmp_path))
+
+
+@given(
+    counted=st.integers(0, 5000),
+    ids=st.one_of(st.none(), st.lists(st.integers(0, 1000), max_size=50)),
+    content=st.text(max_size=200),
+    reasoning=st.one_of(st.none(), st.text(max_size=200)),
+)
+def test_an_answer_is_counted_by_usage_else_ids_else_its_text_and_never_zero_with_text(
+    counted: int, ids: list[int] | None, content: str, reasoning: str | None
+) -> None:
+    from draftdata.records import Turn, Usage
+    from draftdata.tokens import completion_tokens, turn_tokens
+
+    turn = Turn(
+        content=content or None,
+        reasoning=reasoning,
+        output_token_ids=ids,
+        usage=Usage(completion_tokens=counted),
+    )
+    n, estimated = turn_tokens(turn)
+    if counted:
+        assert (n, estimated) == (counted, False)
+    elif ids:
+        assert (n, estimated) == (len(ids), False)
+    elif content.strip() or (reasoning or "").strip():
+        assert n > 0 and estimated
+    assert completion_tokens(counted, [turn]) == (n, estimated)

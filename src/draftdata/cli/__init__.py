@@ -29,6 +29,7 @@ from draftdata.cli import (
     export,
     fleet,
     generate,
+    hidden_states,
     merge,
     prepare,
     report,
@@ -85,7 +86,18 @@ def _root(
     """Build self-distillation training data for speculative-decoding drafters."""
 
 
-for _module in (prepare, generate, export, tokenize, merge, stats, report, acceptance, demo):
+for _module in (
+    prepare,
+    generate,
+    export,
+    tokenize,
+    merge,
+    hidden_states,
+    stats,
+    report,
+    acceptance,
+    demo,
+):
     _module.register(app)
 app.add_typer(fleet.app, name="fleet")
 app.add_typer(run.app, name="run")

@@ -119,15 +119,19 @@ def _losses(stats: Any, fmt: str) -> tuple[str, str | None]:
     from draftdata.metrics import loss_warning, reasons, share
     from draftdata.trainer_rows import PER_TURN_FORMATS, TOKENIZER_FORMATS
 
-    why = {"cut by the token limit": stats.get("export.cut_turns_skipped")}
-    why |= stats.group("export.tokenize.dropped")
-    why |= {  # a missing tokenize sample is counted above, by tokenize's reason
-        k: v for k, v in stats.group("export.left_out").items() if k != "no_tokenize_sample"
-    }
-    lost = sum(why.values())
     per_turn = fmt in PER_TURN_FORMATS
+    why = {"cut by the token limit": stats.get("export.cut_turns_skipped")}
+    if per_turn:
+        # each turn once, by the one reason it has no row (tokenize's own reasons, which may
+        # also count a cut turn, are in the stats as export.tokenize.dropped.*)
+        left = stats.group("export.left_out")
+        why["dropped by tokenize"] = left.pop("no_tokenize_sample", 0)
+        why |= left
+    else:
+        why |= stats.group("export.left_out")
+    lost = sum(why.values())
     unit = "turns" if per_turn else "completions"
-    total = stats.get("export.rows") + lost if per_turn else stats.get("export.records")
+    total = stats.get("export.turns") if per_turn else stats.get("export.records")
     line = f"left out {lost:,} of {total:,} {unit} ({share(lost, total)}"
     line += f": {reasons(why)})" if lost else ")"
     cut = 0

@@ -21,6 +21,22 @@ NO_FLEET_HINT = (
 )
 
 
+def _hidden_launch(model: str, layers: str) -> tuple[tuple[int, ...], int]:
+    """``--hidden-layers`` resolved against the target's depth (its config.json): the aux
+    layers plus the last (vLLM's id N), and the hidden size (what the simulator writes)."""
+    from draftdata.hidden.backend import read_model_facts
+    from draftdata.hidden.layers import parse_layers
+
+    if not Path(model).is_dir():
+        raise ConfigError(
+            f"--hidden-states: --model {model!r} is not a local model folder; its config.json "
+            "gives the layers to capture"
+        )
+    facts = read_model_facts(model)
+    aux = parse_layers(layers, facts.num_layers)
+    return (*aux, facts.num_layers), facts.hidden_size
+
+
 def register(app: typer.Typer) -> None:
     """Add `up`, `status` and `down` to the fleet sub-app."""
 
@@ -102,6 +118,25 @@ def register(app: typer.Typer) -> None:
             "--allow-partial",
             help="Keep the servers that started when some failed (default: stop them all).",
         ),
+        hidden_states: Path | None = typer.Option(
+            None,
+            "--hidden-states",
+            help="Launch for `hidden-states --engine vllm`: every server extracts hidden states "
+            "(vLLM's extract_hidden_states method and hidden-states KV connector) and writes "
+            "them under this folder, which the hidden-states command must see too.",
+        ),
+        hidden_layers: str = typer.Option(
+            "eagle3",
+            "--hidden-layers",
+            help="With --hidden-states: the layers captured, eagle3 or I,J,K (the ids of "
+            "hidden-states --layers); the last layer is always captured too.",
+        ),
+        hidden_connector: str | None = typer.Option(
+            None,
+            "--hidden-connector",
+            help="With --hidden-states: the KV connector class, or MODULE:CLASS for one the "
+            "engine's python imports. Default: vLLM's ExampleHiddenStatesConnector.",
+        ),
         dry_run: bool = typer.Option(
             False,
             "--dry-run",
@@ -111,7 +146,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start one inference server per GPU, wait until each serves, write fleet.yaml."""
         from draftdata import paths
-        from draftdata.fleet.launch import LaunchConfig, parse_env, parse_gpus
+        from draftdata.fleet.launch import HIDDEN_ENGINES, LaunchConfig, parse_env, parse_gpus
         from draftdata.fleet.manage import fleet_up, plan_servers
 
         paths.output_file(out, "--out")
@@ -122,6 +157,13 @@ def register(app: typer.Typer) -> None:
             extra = tuple(shlex.split(extra_args))
         except ValueError as exc:
             raise ConfigError(f"--extra-args {extra_args!r}: {exc}") from None
+        layer_ids: tuple[int, ...] = ()
+        width: int | None = None
+        if hidden_states is not None and engine in HIDDEN_ENGINES:  # else LaunchConfig says no
+            paths.output_folder(hidden_states, "--hidden-states")
+            layer_ids, width = _hidden_launch(model, hidden_layers)
+        elif hidden_connector is not None and hidden_states is None:
+            raise ConfigError("--hidden-connector is only used with --hidden-states DIR")
         cfg = LaunchConfig(
             engine=engine,
             model=model,
@@ -135,12 +177,18 @@ def register(app: typer.Typer) -> None:
             preset_args=not no_preset,
             python=python,
             log_dir=str(log_dir),
+            hidden_states=str(hidden_states.resolve()) if hidden_states is not None else None,
+            hidden_connector=hidden_connector,
+            hidden_layers=layer_ids,
+            hidden_size=width,
         )
         if dry_run:
             for plan in plan_servers(cfg):
                 added = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env)
                 typer.echo(f"server {plan.index} {plan.url}: {added} {shlex.join(plan.argv)}")
             return
+        if cfg.hidden_states is not None:  # where the servers write; vLLM expects it there
+            Path(cfg.hidden_states).mkdir(parents=True, exist_ok=True)
         fleet_up(
             cfg,
             out,

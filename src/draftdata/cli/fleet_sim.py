@@ -176,6 +176,12 @@ def register(app: typer.Typer) -> None:
             "--no-token-ids",
             help="Ignore return_token_ids (answer without ids, as an engine that cannot).",
         ),
+        usage: str = typer.Option(
+            "full",
+            "--usage",
+            help="The usage each answer reports: full (the counts), none (no usage object, "
+            "as a server that sends none) or zero (0 completion tokens).",
+        ),
         max_choices: int | None = typer.Option(
             None,
             "--max-choices",
@@ -210,6 +216,37 @@ def register(app: typer.Typer) -> None:
             "--accept-rate-for",
             help="PREFIX:P: requests whose last user message starts with PREFIX accept drafts "
             "at rate P (repeatable; per-domain acceptance).",
+        ),
+        hidden_states: Path | None = typer.Option(
+            None,
+            "--hidden-states",
+            help="Serve hidden-state extraction as vLLM's extract_hidden_states does: "
+            "/v1/completions with token ids writes each request's states under this folder "
+            "and answers kv_transfer_params.hidden_states_path (vllm flavour).",
+        ),
+        hidden_layers: str = typer.Option(
+            "",
+            "--hidden-layers",
+            help="With --hidden-states: the layer ids captured, e.g. 2,18,33,36.",
+        ),
+        hidden_size: int = typer.Option(
+            64, "--hidden-size", help="With --hidden-states: the simulated model's hidden size."
+        ),
+        hidden_write_seconds: float = typer.Option(
+            0.0,
+            "--hidden-write-seconds",
+            help="With --hidden-states: a file is written (and its lock released) this long "
+            "after the answer.",
+        ),
+        fault_hidden_missing: float = typer.Option(
+            0.0,
+            "--fault-hidden-missing",
+            help="Rate of hidden-state answers whose file is never written.",
+        ),
+        fault_hidden_wrong_ids: float = typer.Option(
+            0.0,
+            "--fault-hidden-wrong-ids",
+            help="Rate of hidden-state files whose token_ids are not the prompt's.",
         ),
         quiet: bool = QUIET,
     ) -> None:
@@ -248,7 +285,20 @@ def register(app: typer.Typer) -> None:
             starting_s=starting_seconds,
             refuse={i: int(c) for i, c in _pairs(refuse, "--refuse", int).items()},
             refuse_after=refuse_after,
+            hidden_missing=fault_hidden_missing,
+            hidden_wrong_ids=fault_hidden_wrong_ids,
         )
+        layers: list[int] = []
+        if hidden_states is not None:
+            if flavor != "vllm":
+                raise ConfigError("--hidden-states: vLLM's protocol; use --flavor vllm")
+            try:
+                layers = [int(x) for x in hidden_layers.split(",") if x.strip()]
+            except ValueError:
+                raise ConfigError(
+                    f"--hidden-layers {hidden_layers!r}: comma-separated layer ids, e.g. 2,4,5"
+                ) from None
+            hidden_states.mkdir(parents=True, exist_ok=True)
         config = validate(
             SimConfig(
                 flavor=flavor,  # type: ignore[arg-type]
@@ -269,6 +319,7 @@ def register(app: typer.Typer) -> None:
                 tool_call_rate=tool_call_rate,
                 startup_s=startup_seconds,
                 token_ids=not no_token_ids,
+                usage=usage,  # type: ignore[arg-type]
                 max_choices=max_choices,
                 spec_tokens=spec_tokens,
                 accept_rate=accept_rate,
@@ -276,6 +327,10 @@ def register(app: typer.Typer) -> None:
                     accept_rate_for, "--accept-rate-for", float, "PREFIX:P, e.g. MATH:0.6"
                 ),
                 faults=faults,
+                hidden_states=str(hidden_states) if hidden_states is not None else None,
+                hidden_layers=layers,
+                hidden_size=hidden_size,
+                hidden_write_s=hidden_write_seconds,
             ),
             servers,
         )

@@ -167,9 +167,10 @@ def register(app: typer.Typer) -> None:
         """
         from draftdata import paths, tables
         from draftdata.cli.mixarg import mix_option
-        from draftdata.merge.config import MergeConfig, mix_warning
+        from draftdata.merge.config import MergeConfig
         from draftdata.merge.report import print_plan, print_summary
         from draftdata.merge.stage import merge
+        from draftdata.mix import sum_warning
 
         for flag, urls in (("--existing", existing), ("--add", add)):
             for url in urls:
@@ -200,7 +201,7 @@ def register(app: typer.Typer) -> None:
             plan_only=plan_only,
             tokenizer=tokenizer,
         )
-        if (warning := mix_warning(config.mix)) is not None:
+        if (warning := sum_warning(config.mix)) is not None:
             typer.echo(warning, err=True)
         console = tables.console()
         progress = None if quiet else _Progress()

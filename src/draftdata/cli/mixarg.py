@@ -2,7 +2,8 @@
 
 The file is a ``suggested_mix.json`` (``draftdata acceptance --out``: its ``mix`` object), or
 any JSON object of domain -> share; local or ``s3://``. So the mix a measurement suggests goes
-straight into the next ``prepare`` and ``merge``::
+straight into the next ``prepare`` and ``merge``. The shares are parsed and checked by
+``draftdata.mix``; this module only finds the text or reads the file::
 
     draftdata merge ... --mix s3://BUCKET/acceptance_v1/suggested_mix.json
 """
@@ -10,11 +11,11 @@ straight into the next ``prepare`` and ``merge``::
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from draftdata.errors import ConfigError, DraftdataError
+from draftdata.mix import mix_from_json, parse_mix
 
 
 def is_mix_file(text: str) -> bool:
@@ -42,19 +43,7 @@ def read_mix_file(text: str) -> dict[str, float]:
         doc: Any = json.loads(raw)
     except ValueError as exc:
         raise ConfigError(f"{where}: not JSON ({exc})") from None
-    mix = doc.get("mix") if isinstance(doc, dict) and isinstance(doc.get("mix"), dict) else doc
-    if not isinstance(mix, dict) or not mix:
-        raise ConfigError(f"{where}: holds no mix (a suggested_mix.json or {{domain: share}})")
-    out: dict[str, float] = {}
-    for name, share in mix.items():
-        if isinstance(share, bool) or not isinstance(share, int | float):
-            raise ConfigError(f"{where}: {name}: {share!r} is not a number")
-        if not math.isfinite(share) or share < 0:
-            raise ConfigError(f"{where}: {name}: shares must be finite and >= 0")
-        out[str(name)] = float(share)
-    if sum(out.values()) <= 0:
-        raise ConfigError(f"{where}: the shares are all zero")
-    return out
+    return mix_from_json(doc, where)
 
 
 def mix_option(text: str | None) -> dict[str, float] | None:
@@ -63,6 +52,4 @@ def mix_option(text: str | None) -> dict[str, float] | None:
         return None
     if is_mix_file(text):
         return read_mix_file(text)
-    from draftdata.merge.config import parse_mix
-
     return parse_mix(text)

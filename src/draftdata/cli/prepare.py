@@ -113,7 +113,12 @@ def register(app: typer.Typer) -> None:
         from draftdata.cli.mixarg import mix_option
         from draftdata.config import load_config
         from draftdata.errors import ConfigError
-        from draftdata.prepare.config import PrepareConfig, mix_warnings, resolve_paths
+        from draftdata.prepare.config import (
+            PrepareConfig,
+            check_mix_domains,
+            mix_warnings,
+            resolve_paths,
+        )
         from draftdata.prepare.report import SOURCE_HEADER, plan_header, plan_rows, source_rows
         from draftdata.prepare.stage import prepare
         from draftdata.tables import table
@@ -146,6 +151,8 @@ def register(app: typer.Typer) -> None:
             cfg = msgspec.structs.replace(cfg, mix=given)
         if not plan_only:
             paths.output_folder(cfg.out, "--out" if out is not None else f"{config}: out")
+        if cfg.existing is None or cfg.existing.path is None:
+            check_mix_domains(cfg)  # a refusal is the one line, before any warning
         for warning in mix_warnings(cfg):
             typer.echo(warning, err=True)
         result = prepare(
@@ -162,6 +169,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"expected tokens per new prompt's answer from {lengths_info['source']}")
             for note in lengths_info["notes"]:
                 console.print(f"[yellow]note: {note}[/]")
+        if rep.get("mix_note"):
+            typer.echo(f"warning: {rep['mix_note']}", err=True)
         if result.plan.shortfall:
             console.print(
                 f"[yellow]the sources fall {result.plan.shortfall:,} prompts short of the budget[/]"

@@ -1,9 +1,10 @@
-"""The ``--ray`` options of ``generate`` and ``tokenize``, and what those commands call.
+"""The ``--ray`` options of ``generate``, ``tokenize`` and ``hidden-states``, and what they call.
 
-The generate and tokenize commands (``cli/generate.py``, ``cli/tokenize.py``) add these
-annotated parameters to their signatures and, when ``--ray`` is given, hand their finished
-config to ``generate_on_ray`` / ``tokenize_on_ray``, which print the summary and return the exit
-code. Help texts live here so both commands describe Ray the same way. It is part of the CLI
+The generate, tokenize and hidden-states commands (``cli/generate.py``, ``cli/tokenize.py``,
+``cli/hidden_states.py``) add these annotated parameters to their signatures and, when
+``--ray`` is given, hand their finished config to ``generate_on_ray`` / ``tokenize_on_ray`` /
+``hidden_on_ray``, which print the summary and return the exit code. Help texts live here so
+the commands describe Ray the same way. It is part of the CLI
 (it parses options and prints); ``draftdata.distributed`` below it runs the job. Importing this
 module imports Typer only (``draftdata --help`` stays instant); Ray is imported when a run
 starts, and a missing Ray is a one-line error saying how to install it.
@@ -17,6 +18,7 @@ import typer
 
 if TYPE_CHECKING:
     from draftdata.generate.config import GenerateConfig
+    from draftdata.hidden.config import HiddenConfig
     from draftdata.tokenize.config import TokenizeConfig
 
 PANEL = "Ray cluster (multi-node)"
@@ -28,7 +30,8 @@ RayFlag = Annotated[
         # "\\[" is a literal "[" in rich markup (Typer renders help with rich).
         help="Run on a Ray cluster (generate: id-hash partitions, one engine per fleet node, "
         "all writing into the one --out run; tokenize: a Ray Data job over the completion "
-        "shards). Needs pip install 'draftdata\\[ray]'.",
+        "shards; hidden-states: id-hash partitions, one task per GPU or fleet node, into the "
+        "one --out set). Needs pip install 'draftdata\\[ray]'.",
         rich_help_panel=PANEL,
     ),
 ]
@@ -48,9 +51,9 @@ Partitions = Annotated[
         "--partitions",
         metavar="P",
         min=1,
-        help="Number of id-hash partitions: with --ray, one Ray task each (default: 4 per fleet "
-        "node; any value resumes any earlier run, since the run's done-set is shared); without, "
-        "the P of --partition I.",
+        help="Number of id-hash partitions: with --ray, one Ray task each (default: generate 4 "
+        "per fleet node, hidden-states 2 per worker; any value resumes any earlier run, since "
+        "the done-set is shared); without, the P of --partition I.",
         rich_help_panel=PANEL,
     ),
 ]
@@ -221,3 +224,46 @@ def tokenize_on_ray(
         typer.echo(line)
     print_summary(result.summary)
     return 0
+
+
+def hidden_on_ray(
+    config: HiddenConfig,
+    *,
+    address: str | None = None,
+    partitions: int | None = None,
+    only: str | None = None,
+    fleet_per_node: str | None = None,
+    tasks_per_node: int = 1,
+    forward_env: list[str] | None = None,
+) -> int:
+    """Run hidden-states ``config`` over Ray (id-hash partitions, one task per GPU or per fleet
+    node), print the summary and return the exit code: 130 after Ctrl-C, 1 when a partition
+    did not finish, else 0. ``--gpus`` picks the workers: ``auto`` one GPU each, ``cpu`` CPU
+    workers."""
+    from draftdata.distributed.cluster import require_ray
+    from draftdata.errors import ConfigError
+
+    require_ray()
+    from draftdata.distributed.ray_hidden import RayHiddenOptions, run, summary_lines
+
+    gpus = config.gpus.strip().lower()
+    if config.engine != "vllm" and gpus not in ("auto", "cpu"):
+        raise ConfigError(
+            f"--gpus {config.gpus} with --ray: each task takes the GPU Ray gives it; use "
+            "--gpus auto (one task per GPU of the cluster) or cpu (CPU workers)"
+        )
+    opts = RayHiddenOptions(
+        address=address,
+        partitions=partitions,
+        only=parse_only(only),
+        gpus_per_task=0.0 if gpus == "cpu" or config.engine == "vllm" else 1.0,
+        fleet_per_node=fleet_per_node,
+        tasks_per_node=tasks_per_node,
+        forward_env=list(forward_env or []),
+    )
+    result = run(config, opts)
+    for line in summary_lines(result):
+        typer.echo(line)
+    if result.interrupted:
+        return 130
+    return 1 if result.failed_partitions else 0

@@ -21,7 +21,9 @@ def register(app: typer.Typer) -> None:
             "merge output, or conversations jsonl/json/parquet (SpecForge, ShareGPT, OpenAI "
             "messages); local path or s3://BUCKET/PREFIX. Several may be given. An acceptance "
             "measurement (acceptance.json, or its folder) shows the drafter's acceptance per "
-            "domain; two or more are also compared side by side.",
+            "domain; two or more are also compared side by side. A hidden-state set "
+            "(hidden-states' --out) shows its samples, tokens, bytes, layers, dtype and "
+            "verification, beside its dataset when both are given.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
         tokenizer: str | None = typer.Option(
@@ -53,12 +55,20 @@ def register(app: typer.Typer) -> None:
         import msgspec
 
         from draftdata.cli.acceptance import print_acceptance, print_acceptance_compare
+        from draftdata.stats.hiddenset import hidden_set_stats, is_hidden_set
         from draftdata.stats.readers import acceptance_json
+        from draftdata.stats.render import print_hidden_set
 
-        # an acceptance measurement is shown as one, beside the datasets' mix
-        measured = {url: acceptance_json(url) for url in dataset}
+        # an acceptance measurement is shown as one, beside the datasets' mix; so is a
+        # hidden-state set (hidden-states' output), beside the dataset it was made from
+        hidden = {url for url in dataset if is_hidden_set(url)}
+        measured = {url: None if url in hidden else acceptance_json(url) for url in dataset}
         results: list[Any] = [
-            msgspec.to_builtins(a) if a is not None else compute_stats(url, tokenizer)
+            hidden_set_stats(url)
+            if url in hidden
+            else msgspec.to_builtins(a)
+            if a is not None
+            else compute_stats(url, tokenizer)
             for url, a in measured.items()
         ]
         with disk_errors("the standard output", "redirect it to another place"):
@@ -67,7 +77,9 @@ def register(app: typer.Typer) -> None:
                 return
             for url, item in zip(measured, results, strict=True):
                 a = measured[url]
-                if a is None:
+                if url in hidden:
+                    print_hidden_set(item)
+                elif a is None:
                     print_stats(item)
                 else:
                     print_acceptance(a, None, title=url)

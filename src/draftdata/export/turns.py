@@ -98,6 +98,7 @@ class TurnRows:
         base = sample_key(c.id, c.sample)
         out = []
         for tc in expand(c, keep_reasoning=self.keep_reasoning_history):
+            stats.add("export.turns")
             if tc.turn.finish_reason == "length":
                 stats.add("export.cut_turns_skipped")
                 continue
@@ -136,6 +137,7 @@ class TurnRows:
         for c, view in zip(batch, views, strict=True):
             base = sample_key(c.id, c.sample)
             for tc in expand(c, keep_reasoning=self.keep_reasoning_history):
+                stats.add("export.turns")  # each turn ends in one row or one reason
                 rid = per_turn_id(base, tc.index, len(c.turns))
                 if self.fmt == "modelopt":
                     row = self._modelopt(c, tc, rid, samples.get(rid), view.template_kwargs, stats)
@@ -143,7 +145,8 @@ class TurnRows:
                         out.append(row)
                     continue
                 got = samples.get(rid)
-                if got is None:  # dropped by tokenize (counted above)
+                if got is None:  # dropped by tokenize (its reasons counted above)
+                    stats.add("export.left_out.no_tokenize_sample")
                     continue
                 ids, mask = got
                 text = self.ctx.decode(ids)
@@ -182,7 +185,7 @@ class TurnRows:
         if tc.turn.finish_reason == "length":
             stats.add("export.cut_turns_skipped")
             return None
-        if sample is None:  # dropped by tokenize (counted as export.tokenize.dropped.*)
+        if sample is None:  # dropped by tokenize (its reasons: export.tokenize.dropped.*)
             stats.add("export.left_out.no_tokenize_sample")
             return None
         msgs = [_arguments_as_text(message_dict(m)) for m in [*tc.context, tc.message]]

@@ -34,6 +34,9 @@ from draftdata.fleetspec import process_start_time
 from draftdata.tokenizer_folder import TOKENIZER_FILES
 
 ENGINES = ("sglang", "vllm", "sim", "command")
+HIDDEN_ENGINES = ("vllm", "sim")  # the engines `--hidden-states` launches
+# vLLM 0.32's hidden-state KV connector (docs/engines.md, "vLLM's hidden-state extraction")
+VLLM_HIDDEN_CONNECTOR = "ExampleHiddenStatesConnector"
 
 # Tuning flags per engine: what worked for the 193K expansion (SGLang 0.5.x on SM120 GPUs:
 # FA3/FA4 unsupported there, so flashinfer; ``no_buffer`` mamba scheduling doubled concurrency
@@ -148,6 +151,15 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     python: str | None = None
     log_dir: str = "fleet-logs"
     engine_version: str | None = None  # the installed engine's (fleet_up finds SGLang's)
+    # hidden states (``--hidden-states DIR``): servers that write each request's hidden states
+    # under DIR for ``hidden-states --engine vllm``, capturing ``hidden_layers`` (vLLM's index
+    # space: N = the last layer before the final norm) with the KV connector
+    # ``hidden_connector`` (None: vLLM's ExampleHiddenStatesConnector; ``MODULE:CLASS``: one
+    # the engine's python imports); ``hidden_size`` is the simulator's width (from config.json)
+    hidden_states: str | None = None
+    hidden_layers: tuple[int, ...] = ()
+    hidden_connector: str | None = None
+    hidden_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -163,6 +175,27 @@ class LaunchConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             raise ConfigError(f"--port-base {self.port_base}: expected a TCP port 1-65535")
         if self.dp < 1:
             raise ConfigError(f"--dp {self.dp}: expected >= 1")
+        if self.hidden_states is not None:
+            if self.engine not in HIDDEN_ENGINES:
+                raise ConfigError(
+                    f"--hidden-states: --engine {self.engine} cannot extract hidden states; "
+                    "use --engine vllm (or sim, the simulator speaking the same protocol)"
+                )
+            if not self.hidden_layers:
+                raise ConfigError("--hidden-states: no layer to capture (--hidden-layers)")
+            if min(self.hidden_layers) < 0 or len(set(self.hidden_layers)) != len(
+                self.hidden_layers
+            ):
+                raise ConfigError(
+                    f"--hidden-layers {list(self.hidden_layers)}: layer ids are distinct and >= 0"
+                )
+            if self.engine == "sim" and not self.hidden_size:
+                raise ConfigError(
+                    "--engine sim --hidden-states: the simulator needs the target's hidden size; "
+                    "give --model a model folder with config.json"
+                )
+        elif self.hidden_connector is not None:
+            raise ConfigError("--hidden-connector is only used with --hidden-states DIR")
 
 
 class ServerPlan(msgspec.Struct, kw_only=True, frozen=True):
@@ -299,6 +332,39 @@ def merge_args(preset: Sequence[str], extra: Sequence[str]) -> list[str]:
     return [a for g in kept for a in g] + list(extra)
 
 
+def hidden_states_args(cfg: LaunchConfig) -> list[str]:
+    """The flags that make a server write hidden states (empty without ``--hidden-states``).
+
+    vLLM: the ``extract_hidden_states`` speculative method capturing ``hidden_layers`` and the
+    hidden-states KV connector writing under the folder (``MODULE:CLASS`` loads a connector of
+    one's own through ``kv_connector_module_path``). The simulator: the same protocol
+    (``fleet sim --hidden-states``)."""
+    if cfg.hidden_states is None:
+        return []
+    layers = [int(i) for i in cfg.hidden_layers]
+    if cfg.engine == "sim":
+        args = ["--flavor", "vllm", "--hidden-states", cfg.hidden_states]
+        args += ["--hidden-layers", ",".join(str(i) for i in layers)]
+        return [*args, "--hidden-size", str(cfg.hidden_size)]
+    module, _, name = (cfg.hidden_connector or VLLM_HIDDEN_CONNECTOR).rpartition(":")
+    kv: dict[str, object] = {"kv_connector": name, "kv_role": "kv_producer"}
+    if module:
+        kv["kv_connector_module_path"] = module
+    kv["kv_connector_extra_config"] = {"shared_storage_path": cfg.hidden_states}
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}},
+    }
+    encode = msgspec.json.encode
+    return [
+        "--speculative-config",
+        encode(spec).decode(),
+        "--kv-transfer-config",
+        encode(kv).decode(),
+    ]
+
+
 def engine_python(cfg: LaunchConfig) -> str:
     """The interpreter that runs the engine module: ``--python``, the env var, or this one."""
     return cfg.python or os.environ.get("DRAFTDATA_ENGINE_PYTHON") or sys.executable
@@ -345,7 +411,7 @@ def base_argv(cfg: LaunchConfig, port: int, gpu: str, index: int) -> list[str]:
         values["index"] = str(index)
         values["python"] = py
         return _fill(cfg.command, values)
-    return argv + (list(preset) if cfg.preset_args else [])
+    return argv + (list(preset) if cfg.preset_args else []) + hidden_states_args(cfg)
 
 
 # the module each engine preset runs (``base_argv``), asked for before launching

@@ -30,6 +30,7 @@ import msgspec
 from draftdata import endpoints
 from draftdata.errors import ConfigError, FleetError
 from draftdata.fleet.launch import (
+    VLLM_HIDDEN_CONNECTOR,
     LaunchConfig,
     ServerPlan,
     Started,
@@ -46,6 +47,7 @@ from draftdata.fleet.supervise import Backoff, Fate, fate_line, wait_ready, watc
 from draftdata.fleetspec import (
     EndpointSpec,
     FleetSpec,
+    HiddenStatesSpec,
     no_fleet_file,
     process_start_time,
     read_fleet,
@@ -129,6 +131,20 @@ def _stop_all(started: Sequence[Started], echo: Echo, grace_s: float = 15.0) -> 
         echo(f"server {s.plan.index} {s.plan.url} pid {s.pid}: {what}")
 
 
+def fleet_spec(cfg: LaunchConfig, endpoints: list[EndpointSpec]) -> FleetSpec:
+    """fleet.yaml's contents for the fleet ``cfg`` launches, with ``endpoints`` (and, for a
+    fleet that extracts hidden states, where they are written and which layers)."""
+    hidden = None
+    if cfg.hidden_states is not None:
+        hidden = HiddenStatesSpec(
+            path=cfg.hidden_states,
+            layers=list(cfg.hidden_layers),
+            connector=cfg.hidden_connector
+            or (VLLM_HIDDEN_CONNECTOR if cfg.engine == "vllm" else None),
+        )
+    return FleetSpec(engine=cfg.engine, model=cfg.model, endpoints=endpoints, hidden_states=hidden)
+
+
 def plan_servers(cfg: LaunchConfig) -> list[ServerPlan]:
     """The fleet's servers as ``fleet up`` would start them: the GPUs (detected when not
     given), and SGLang's preset named as the installed SGLang knows its flags."""
@@ -173,14 +189,12 @@ def fleet_up(
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     servers: list[tuple[Started, subprocess.Popen[bytes]]] = []
-    spec = FleetSpec(engine=cfg.engine, model=cfg.model)
+    spec = fleet_spec(cfg, [])
     try:
         for plan in plans:
             servers.append(start_server(plan))
         started = [s for s, _ in servers]
-        spec = FleetSpec(
-            engine=cfg.engine, model=cfg.model, endpoints=[_provisional(s) for s in started]
-        )
+        spec = fleet_spec(cfg, [_provisional(s) for s in started])
         write_fleet(spec, out)
         write_state(out, FleetState(plans=plans, restart=restart, backoff=backoff))
         echo(f"started {len(started)} {cfg.engine} servers; waiting up to {timeout_s:.0f}s")
@@ -220,7 +234,7 @@ def _finish(
         )
     _stop_all(bad, echo)
     endpoints = [f.endpoint for f in fates if f.ok and f.endpoint is not None]
-    spec = FleetSpec(engine=cfg.engine, model=cfg.model, endpoints=endpoints)
+    spec = fleet_spec(cfg, endpoints)
     write_fleet(spec, out)
     state = msgspec.structs.replace(state, plans=[s.plan for s, _ in good])
     write_state(out, state)

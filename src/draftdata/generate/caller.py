@@ -35,6 +35,7 @@ from draftdata.generate.limits import MIN_LIMIT, OutputLimit
 from draftdata.generate.thinking import joined
 from draftdata.generate.work import Copy
 from draftdata.records import Turn
+from draftdata.tokens import turn_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +129,7 @@ class Caller:
         """Count one answered request and teach its endpoint."""
         self.requests_ok += 1
         self.clamped += clamped
-        output = (
-            got[0].usage.completion_tokens
-            if len(got) == 1
-            else sum(x.usage.completion_tokens for x in got)
-        )
+        output = sum(turn_tokens(x)[0] for x in got)  # usage, else ids, else the text
         copy.endpoint.record_success(
             output, got[0].usage.prompt_tokens, latency=latency, seqs=len(got)
         )

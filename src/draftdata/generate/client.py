@@ -230,6 +230,7 @@ class EndpointClient:
         self.shown = redact_url(root)  # the form of the URL any message may carry
         self.redact = Redactor.of(api_key, [root])
         self.chat_url = f"{root}/v1/chat/completions"
+        self.completions_url = f"{root}/v1/completions"
         self.token_ids_supported: bool | None = None
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:
@@ -278,13 +279,15 @@ class EndpointClient:
     def _error(self, kind: type[ServerError], message: str, **kw: Any) -> ServerError:
         return kind(self.redact(message), **kw)
 
-    async def _post(self, body: dict[str, Any]) -> tuple[int, bytes, str | None]:
+    async def _post(
+        self, body: dict[str, Any], url: str | None = None
+    ) -> tuple[int, bytes, str | None]:
         session = self._get_session()
         data = self._encode(body)
         cap = _max_tokens(body)
         limit = body_limit(len(data), cap or UNBOUNDED_TOKENS, int(body.get("n") or 1))
         try:
-            async with session.post(self.chat_url, data=data) as resp:
+            async with session.post(url or self.chat_url, data=data) as resp:
                 answer = await _read_bounded(resp, limit)
                 return resp.status, answer, resp.headers.get("Retry-After")
         except _TooLarge as exc:
@@ -319,7 +322,16 @@ class EndpointClient:
         """Send one chat-completions body as it is; return the decoded answer object (for
         fields the Turns do not carry, e.g. SGLang's ``sglext``) or raise a ``ServerError``
         leaf."""
-        status, data, retry_after = await self._post(body)
+        return await self._post_json(body, self.chat_url)
+
+    async def completion_json(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Send one ``/v1/completions`` body as it is (a prompt of token ids: the prefill-only
+        requests of ``hidden-states --engine vllm``); the decoded answer object or a
+        ``ServerError`` leaf, mapped as for chat."""
+        return await self._post_json(body, self.completions_url)
+
+    async def _post_json(self, body: dict[str, Any], url: str) -> dict[str, Any]:
+        status, data, retry_after = await self._post(body, url)
         text = data.decode("utf-8", "replace")
         if status != 200:
             raise self._error(

@@ -68,9 +68,9 @@ from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.length import LengthModel, LookAhead, prompt_tokens
 from draftdata.generate.placement import TailPlan, hedge_pays, job_cap
-from draftdata.generate.source import PromptReader
 from draftdata.generate.work import Copy, Job, completions, failures, plan
-from draftdata.records import Completion, Failure
+from draftdata.records import Completion, Failure, Prompt
+from draftdata.tokens import turns_tokens
 
 _AFFINITY_SIZE = 4096
 _RETRY_PATIENCE_S = 2.0  # how long a retry waits for an endpoint other than the one it failed on
@@ -86,14 +86,40 @@ class Sink(Protocol):
         """Take one failure."""
 
 
+class Reader(Protocol):
+    """Where jobs come from (``source.PromptReader``: a run's prompt files, read lazily)."""
+
+    exhausted: bool
+    invalid: int
+
+    def take(self, k: int) -> Iterable[Prompt]:
+        """Up to ``k`` more prompts (runs in a thread)."""
+        ...
+
+
+class AttemptCaller(Protocol):
+    """What runs one attempt of a job on its endpoint (``caller.Caller``, the chat
+    conversation, unless another is given: ``hidden-states --engine vllm`` sends one
+    prefill-only request per sample through the same dispatcher)."""
+
+    requests_ok: int
+    clamped: int
+
+    async def call(self, copy: Copy) -> Answer:
+        """The attempt's answer, or the ``ServerError`` leaf it failed with."""
+        ...
+
+
 class Dispatcher:
-    """Runs every job of ``reader`` over ``endpoints`` until all are settled or it is stopped."""
+    """Runs every job of ``reader`` over ``endpoints`` until all are settled or it is stopped.
+
+    ``caller`` runs each attempt (default: generate's chat ``Caller``)."""
 
     def __init__(
         self,
         config: GenerateConfig,
         endpoints: list[Endpoint],
-        reader: PromptReader,
+        reader: Reader,
         sink: Sink,
         *,
         model: str,
@@ -104,6 +130,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
         history: Callable[[], Iterable[tuple[str, str, int]]] | None = None,
+        caller: AttemptCaller | None = None,
     ) -> None:
         self.cfg = config
         self.endpoints = endpoints
@@ -116,7 +143,8 @@ class Dispatcher:
         self.log = log
         self.clock = clock
         self.rng = random.Random(seed)
-        self.caller = Caller(config, model=model, clock=clock)  # talks HTTP for an attempt
+        # talks HTTP for an attempt
+        self.caller: AttemptCaller = caller or Caller(config, model=model, clock=clock)
         self._history = history
         self.lengths = LengthModel()
         # jobs read but never dispatched (longest expected first); ``ready`` holds the ones
@@ -442,7 +470,7 @@ class Dispatcher:
         per_sample = answer.per_sample
         p, prompt_len, cap = job.prompt, prompt_tokens(job), self.cap(job)
         for turns in per_sample:
-            out = sum(t.usage.completion_tokens for t in turns)
+            out = turns_tokens(turns)[0]  # usage, else token ids, else the text
             self.lengths.observe(p.source, p.domain, prompt_len, out, cap)
         samples = job.samples
         if len(per_sample) < len(samples):  # the server ignored n: ask for the rest one by one

@@ -37,7 +37,6 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import aiohttp
@@ -45,25 +44,21 @@ from rich.console import Console
 from rich.live import Live
 
 from draftdata.collector import fewer_collections
-from draftdata.endpoints import Capacity, probe_capacity
 from draftdata.errors import ConfigError, DraftdataError, FleetUnavailableError, StoreError
 from draftdata.generate.client import token_ids_refusal
 from draftdata.generate.committer import Committer
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
-from draftdata.generate.endpoint import Endpoint, check_alive, load_of
+from draftdata.generate.endpoint import Endpoint, load_of
+from draftdata.generate.keeper import EndpointKeeper
 from draftdata.generate.length import run_history
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
-from draftdata.generate.thinking import RETRIES as THINKING_RETRIES
-from draftdata.generate.thinking import needs_probe, probe_thinking
 from draftdata.records import Completion, Failure
 from draftdata.store.run import Run
 
 Log = Callable[[str], None]
-_FAST_PROBE_S = 30.0  # a taken-out endpoint is probed every _FAST_PROBE_INTERVAL s this long
-_FAST_PROBE_INTERVAL = 0.2
 
 
 def probe_session(api_key: str | None) -> aiohttp.ClientSession:
@@ -132,14 +127,7 @@ class Engine:
         self._interrupts = 0
         self._leave = False  # the grace period is over (or a second interrupt): stop waiting
         self._probe_timeout = min(5.0, config.connect_timeout)
-        # whether answers need their server's default thinking mode (thinking.py)
-        self._probe_thinking = needs_probe(
-            config.reasoning, [o.reasoning for o in config.overrides], config.token_ids
-        )
-        self._thinking_probes: set[Endpoint] = set()  # endpoints being probed now
-        if self._probe_thinking:
-            for e in endpoints:
-                e.thinking.probe = partial(self._ask_thinking, e)
+        self.keeper = EndpointKeeper(config, endpoints, session, log=log, clock=clock, model=model)
         self.dispatcher = Dispatcher(
             config,
             endpoints,
@@ -147,12 +135,13 @@ class Engine:
             _Sink(run, self.tally, settle_model=settle_model),
             model=model,
             is_done=run.is_done,
-            check_alive=self._check_alive,
-            revive=self._revive,
+            check_alive=self.keeper.check_alive,
+            revive=self.keeper.revive,
             log=log,
             clock=clock,
             history=(lambda: run_history(run.store)) if run.resumed_done else None,
         )
+        self.keeper.attach(self.dispatcher)
         self.progress = Progress(
             endpoints, self._counters, total=total, clock=clock, state=self._state
         )
@@ -296,11 +285,8 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_loops.wait(), self.cfg.load_interval)
             ups = [e for e in self.endpoints if e.breaker.state == "up"]
-            if self._probe_thinking:  # a mode a probe could not learn: ask again, a few times
-                for e in ups:
-                    t = e.thinking
-                    if t.asked and t.value is None and t.untold < THINKING_RETRIES:
-                        self.dispatcher.spawn(self._learn_thinking(e))
+            for e in self.keeper.untold(ups):  # a thinking mode a probe could not learn
+                self.dispatcher.spawn(self.keeper.learn_thinking(e))
             loads = await asyncio.gather(
                 *(load_of(self.session, e, self._probe_timeout) for e in ups)
             )
@@ -317,81 +303,6 @@ class Engine:
                     )
                     shown[e] = e.concurrency.limit
             self.dispatcher.wake.set()
-
-    def _model_swap(self, ep: Endpoint, cap: Capacity | None) -> str | None:
-        """Why ``ep`` may not serve this run (None when it may): it reports another model
-        than it served before (or, never seen, than the fleet served), a server restarted
-        with another model on the same URL. ``--allow-mixed-models`` lets it serve."""
-        if self.cfg.allow_mixed_models or cap is None or not cap.model:
-            return None
-        expected = ep.model or next((e.model for e in self.endpoints if e.model), None)
-        if expected is None or cap.model == expected:
-            return None
-        return (
-            f"it now serves model {cap.model!r}, not {expected!r} as before (a server "
-            "restarted with another model?); a run is one model's answers: it stays out "
-            "until it serves that model again (--allow-mixed-models takes both)"
-        )
-
-    async def _check_alive(self, ep: Endpoint) -> bool:
-        """The dispatcher's health check: the server answers, and still serves the run's
-        model (else it is taken out here, saying both models)."""
-        ep.thinking.suspect()  # after a connection error or timeout: restarted?
-        if not await check_alive(self.session, ep.address, self._probe_timeout):
-            return False
-        if not self.cfg.allow_mixed_models:
-            cap = await probe_capacity(self.session, ep.address, timeout=self._probe_timeout)
-            if (swap := self._model_swap(ep, cap)) is not None:
-                self.dispatcher.take_out_dead(ep, swap)
-        await self._learn_thinking(ep)  # a connection error: restarted with other kwargs?
-        return True
-
-    async def _learn_thinking(self, ep: Endpoint) -> None:
-        """Probe ``ep``'s default thinking mode again where answers need it and it was asked
-        before (its first requests ask: ``ThinkingMode.first``; thinking.py). A busy server
-        queues the probe's one-token requests behind its batch: they get longer than a health
-        probe."""
-        if not self._probe_thinking or not ep.thinking.asked or ep in self._thinking_probes:
-            return
-        self._thinking_probes.add(ep)
-        try:
-            at = ep.thinking.changes
-            ep.thinking.learn(await self._ask_thinking(ep), at)
-        finally:
-            self._thinking_probes.discard(ep)
-
-    async def _ask_thinking(self, ep: Endpoint) -> bool | None:
-        model = self.cfg.model or ep.model or self.model
-        timeout = max(self._probe_timeout, 30.0)
-        return await probe_thinking(self.session, ep.address, model, timeout=timeout)
-
-    async def _revive(self, ep: Endpoint) -> None:
-        # probed often at first (most outages are restarts of seconds: every second late is a
-        # server's share lost), every probe_interval after _FAST_PROBE_S
-        ep.thinking.suspect()  # out of service: it may come back with other kwargs
-        since = self.clock()
-        while not self.dispatcher.stopping:
-            fast = self.clock() - since < _FAST_PROBE_S
-            await asyncio.sleep(min(self.cfg.probe_interval, _FAST_PROBE_INTERVAL if fast else 1e9))
-            if ep.breaker.refusal is not None and self.clock() < ep.breaker.retry_refused_at:
-                continue  # a refusing endpoint passes /health: wait for its trial
-            if not await check_alive(self.session, ep.address, self._probe_timeout):
-                continue
-            cap = await probe_capacity(self.session, ep.address, timeout=self._probe_timeout)
-            if (swap := self._model_swap(ep, cap)) is not None:
-                if ep.breaker.fault != swap:  # said once, not at every probe
-                    ep.breaker.fault = swap
-                    self.log(f"endpoint {ep.url} stays out: {swap}")
-                continue
-            if cap is not None:
-                ep.set_capacity(cap)
-            await self._learn_thinking(ep)  # back: maybe restarted with other kwargs
-            trial = ep.breaker.refusal is not None
-            ep.breaker.mark_up(half_open=ep.breaker.downs > 0)
-            if not trial:  # a trial is said only if it succeeds ("answers ... again")
-                self.log(f"endpoint {ep.url} is back; concurrency {ep.concurrency.limit}")
-            self.dispatcher.wake.set()
-            return
 
     async def _progress_loop(self) -> None:
         display = None
@@ -437,7 +348,7 @@ class Engine:
         t0 = self.clock()
         for e in self.endpoints:
             if e.breaker.state != "up":
-                self.dispatcher.spawn(self._revive(e))
+                self.dispatcher.spawn(self.keeper.revive(e))
         loops = [
             asyncio.create_task(self.committer.loop(self._stop_loops)),
             asyncio.create_task(self._load_loop()),

@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from draftdata.errors import InputError
 from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT
 from draftdata.generate.sample import PilotSample, Stratum, scope_keys
 from draftdata.generate.saturation import Throughput
@@ -43,11 +44,13 @@ from draftdata.store.forecast import FORECAST_FORMAT
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
     FAILURES_PREFIX,
+    output_tokens,
     read_shards_parallel,
     shard_keys,
     turn_finish_reasons,
 )
 from draftdata.store.resume import rebuild_done_sets
+from draftdata.tokens import ESTIMATE_ERROR
 
 BOOTSTRAP = 1000
 MIN_PILOT = 30  # pilot pairs below which no interval is given
@@ -63,11 +66,19 @@ class Outcome:
         self.tokens: dict[Stratum, list[int]] = {}
         self.cut: dict[Stratum, list[bool]] = {}
         self.failed: dict[Stratum, int] = {}
+        self.estimated = 0  # completions whose tokens are estimated from their text
 
-    def add(self, stratum: Stratum, tokens: int, cut: bool) -> None:
-        """One completed pair."""
+    def add(self, stratum: Stratum, tokens: int, cut: bool, estimated: bool = False) -> None:
+        """One completed pair (``estimated``: its servers counted no output tokens, so they
+        are estimated from its text, ``draftdata.tokens.turns_tokens``)."""
         self.tokens.setdefault(stratum, []).append(tokens)
         self.cut.setdefault(stratum, []).append(cut)
+        self.estimated += estimated
+
+    @property
+    def completions(self) -> int:
+        """Completed pairs."""
+        return sum(len(v) for v in self.tokens.values())
 
     def fail(self, stratum: Stratum) -> None:
         """One fatally failed pair."""
@@ -88,23 +99,27 @@ def pilot_outcome(store: Store, sample: PilotSample) -> Outcome:
     done: set[tuple[str, int]] = set()
     cols = ["id", "sample", "usage", "turns.list.element.finish_reason"]
     keys = shard_keys(store, COMPLETIONS_PREFIX)
-    for table in read_shards_parallel(store, keys, COMPLETION_FORMAT, cols):
-        table = table.filter(pc.is_in(table.column("id"), value_set=wanted))
-        if not table.num_rows:
+    tables = read_shards_parallel(store, keys, COMPLETION_FORMAT, cols)
+    for key, table in zip(keys, tables, strict=True):
+        mine = pc.is_in(table.column("id"), value_set=wanted)
+        if not pc.any(mine).as_py():
             continue
-        tokens = pc.struct_field(table.column("usage"), "completion_tokens").to_pylist()
+        counted, estimated = output_tokens(store, key, table)  # the shard's rows, in order
+        keep = mine.to_pylist()
+        table = table.filter(mine)
         rows = zip(
             table.column("id").to_pylist(),
             table.column("sample").to_pylist(),
-            tokens,
+            (n for n, k in zip(counted, keep, strict=True) if k),
+            (e for e, k in zip(estimated, keep, strict=True) if k),
             turn_finish_reasons(table.column("turns")),
             strict=True,
         )
-        for pid, smp, tok, reasons in rows:
+        for pid, smp, tok, est, reasons in rows:
             if (pid, smp) in done:
                 continue
             done.add((pid, smp))
-            out.add(stratum_of[pid], int(tok or 0), "length" in reasons)
+            out.add(stratum_of[pid], tok, "length" in reasons, est)
     failed: set[tuple[str, int]] = set()
     keys = shard_keys(store, FAILURES_PREFIX)
     for table in read_shards_parallel(store, keys, FAILURE_FORMAT, ["id", "sample", "reason"]):
@@ -220,6 +235,18 @@ def forecast(
         )
     if not everything:
         warnings.append("the pilot has no answer: no lengths measured; the forecast is empty")
+    if outcome.completions and outcome.estimated == outcome.completions:
+        raise InputError(
+            f"--pilot: the servers counted no output tokens for any of the pilot's "
+            f"{outcome.completions:,} answers (no usage, or 0) and returned no token ids: "
+            "nothing measured to forecast from; use servers that report usage, or ask for "
+            "token ids (--token-ids on); the answers are kept in the run"
+        )
+    if outcome.estimated:
+        warnings.append(
+            f"{outcome.estimated:,} of the pilot's {outcome.completions:,} answers had no "
+            f"output token count from their servers: their tokens are {ESTIMATE_ERROR}"
+        )
 
     def resampled(values: list[int]) -> np.ndarray[Any, Any]:
         arr = np.asarray(values, dtype=np.float64)
@@ -289,11 +316,10 @@ def forecast(
         else:
             row["mean_output_tokens_90"] = row["output_tokens_90"] = None
         if prompts and settled < MIN_DOMAIN:
-            need = math.ceil(MIN_DOMAIN / prompts * sample.in_scope) if prompts else 0
             warnings.append(
                 f"domain {name}: {settled} pilot answers (< {MIN_DOMAIN}): its figures are "
                 + ("rough" if settled else "not measured (the overall mean is used)")
-                + (f"; a pilot of about {need:,} prompts measures it" if need else "")
+                + _pilot_needed(prompts * n, sample.in_scope)
             )
         by_domain[name] = row
     remaining_prompts = sum(left_prompts.values())
@@ -353,6 +379,16 @@ def forecast(
     out["by_domain"] = by_domain
     out["warnings"] = warnings
     return out
+
+
+def _pilot_needed(pairs: int, in_scope: int) -> str:
+    """What pilot measures a domain of ``pairs`` (prompt, sample) pairs in a job of
+    ``in_scope`` prompts to ``MIN_DOMAIN`` answers: a pilot of the job's share that holds them,
+    never more than the job, or that no pilot of this job can."""
+    if pairs < MIN_DOMAIN:
+        return f"; it cannot be measured in this job (it has {pairs:,} to answer in all)"
+    need = min(math.ceil(MIN_DOMAIN / pairs * in_scope), in_scope)
+    return f"; a pilot of about {need:,} of the job's {in_scope:,} prompts measures it"
 
 
 def _num(x: Any) -> str:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from draftdata.errors import StoreError
 from draftdata.formats import COMPLETION_FORMAT
 from draftdata.generate.work import Job
-from draftdata.store.read import COMPLETIONS_PREFIX, read_shard, shard_keys
+from draftdata.store.read import COMPLETIONS_PREFIX, output_tokens, read_shard, shard_keys
 
 if TYPE_CHECKING:
     from draftdata.store.base import Store
@@ -340,12 +340,12 @@ def run_history(store: Store, *, rows: int = HISTORY_ROWS) -> Iterator[tuple[str
             return
         try:
             table = read_shard(store, key, COMPLETION_FORMAT, ["source", "domain", "usage"])
+            counted, _ = output_tokens(store, key, table)  # usage, else ids, else the text
         except StoreError:
             continue
         table = table.slice(0, left)
+        tokens = counted[:left]
         left -= table.num_rows
-        usage = table.column("usage").combine_chunks()
-        tokens = usage.field("completion_tokens").to_pylist()
         sources = table.column("source").to_pylist()
         domains = table.column("domain").to_pylist()
         for s, d, n in zip(sources, domains, tokens, strict=True):

@@ -40,6 +40,7 @@ import msgspec
 from draftdata.errors import ContextLengthError
 from draftdata.generate.endpoint import Endpoint
 from draftdata.records import JsonDict, Message, Turn
+from draftdata.tokens import turn_tokens
 
 INITIAL_TOKENS_PER_BYTE = 0.5  # pessimistic for English and code (~0.25-0.3), fine for CJK
 PER_MESSAGE_TOKENS = 8  # role markers and separators of a chat template
@@ -159,7 +160,7 @@ class OutputLimit:
                 seen = max(0.05, (usage.prompt_tokens - overhead) / size)
                 self.ep.tokens_per_byte = max(self.ep.tokens_per_byte or 0.0, min(1.0, seen))
         self._prompt_tokens = usage.prompt_tokens
-        self._answer_tokens = usage.completion_tokens
+        self._answer_tokens = turn_tokens(turn)[0]  # usage, else token ids, else the text
         self._answer = turn  # sized by ``carried`` only (a single-turn job never asks)
 
     def carried(self, history: list[Message]) -> None:

@@ -172,7 +172,7 @@ async def _generate(
         rejects = Rejects(log)
         try:  # from here on the lease is released whatever happens
             await warm
-            endpoints = _endpoints(
+            endpoints = make_endpoints(
                 config, urls, pre.caps, fleet_caps, key, log, contexts, redact, _prompt_guess(pre)
             )
             _say_resuming(config, pre, run, log)
@@ -340,7 +340,7 @@ def _whole_run(run: Run, log: Log) -> RunFigures | None:
         return None
 
 
-def _endpoints(
+def make_endpoints(
     config: GenerateConfig,
     urls: list[str],
     caps: list[Capacity | None],

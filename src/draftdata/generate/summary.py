@@ -22,6 +22,7 @@ import msgspec
 
 from draftdata.records import Completion, Failure
 from draftdata.stats.runfigures import RunFigures, completion_reason
+from draftdata.tokens import ESTIMATE_ERROR, completion_tokens
 
 
 class DomainStats(msgspec.Struct, kw_only=True):
@@ -72,6 +73,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     stopped: dict[str, int] = msgspec.field(default_factory=dict)
     prompt_tokens: int = 0
     output_tokens: int = 0
+    estimated_answers: int = 0  # whose servers counted no output tokens: estimated from text
     cached_tokens: int = 0
     requests: int = 0
     retries: int = 0
@@ -118,7 +120,14 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
                 else []
             ),
             f"  tokens: {self.prompt_tokens} prompt ({self.cached_tokens} cached), "
-            f"{self.output_tokens} output ({rate:.0f} output tok/s)",
+            f"{'~' if self.estimated_answers else ''}{self.output_tokens} output "
+            f"({rate:.0f} output tok/s)"
+            + (
+                f"; {self.estimated_answers} answers had no output token count from their "
+                f"servers: their tokens are {ESTIMATE_ERROR}"
+                if self.estimated_answers
+                else ""
+            ),
             f"  requests: {self.requests}, retries: {self.retries}, hedges sent: {self.hedges} "
             f"(won {self.hedges_won}, wasted {self.hedges_wasted}); "
             f"already done before: {self.already_done}"
@@ -212,6 +221,7 @@ class Tally:
         self.stopped: Counter[str] = Counter()
         self.prompt_tokens = 0
         self.output_tokens = 0
+        self.estimated_answers = 0
         self.cached_tokens = 0
         self.domains: dict[str, DomainStats] = {}
         self.endpoint_tokens: Counter[str] = Counter()  # url -> committed output tokens
@@ -232,14 +242,17 @@ class Tally:
         self.finish[reason] += 1
         d.finish_reasons[reason] = d.finish_reasons.get(reason, 0) + 1
         self.truncated += "length" in reasons
-        self.endpoint_tokens[c.endpoint] += c.usage.completion_tokens
+        # usage, else token ids, else the text
+        out, estimated = completion_tokens(c.usage.completion_tokens, c.turns)
+        self.estimated_answers += estimated
+        self.endpoint_tokens[c.endpoint] += out
         if c.stop_reason:
             self.stopped[c.stop_reason] += 1
         self.prompt_tokens += c.usage.prompt_tokens
-        self.output_tokens += c.usage.completion_tokens
+        self.output_tokens += out
         self.cached_tokens += c.usage.cached_tokens
         d.prompt_tokens += c.usage.prompt_tokens
-        d.output_tokens += c.usage.completion_tokens
+        d.output_tokens += out
 
     def failure(self, f: Failure) -> None:
         """Count one failure handed to the store."""
@@ -266,6 +279,7 @@ class Tally:
             stopped=dict(self.stopped),
             prompt_tokens=self.prompt_tokens,
             output_tokens=self.output_tokens,
+            estimated_answers=self.estimated_answers,
             cached_tokens=self.cached_tokens,
             domains=dict(sorted(self.domains.items())),
             **fields,

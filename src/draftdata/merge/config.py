@@ -1,25 +1,23 @@
 """The merge stage's settings: inputs, target mix, sampling, split and output format.
 
 ``MergeConfig`` is what ``draftdata merge`` builds from its flags and what the demo builds in
-code; ``parse_mix`` reads the ``--mix code=0.35,math=0.2`` form. Values YAML/flag types cannot
-check (shares, fractions, formats) are checked in ``check_config``. No logic lives here.
+code (``--mix`` is read and checked by ``draftdata.mix``, as for every stage). Values YAML/flag
+types cannot check (shares, fractions, formats) are checked in ``check_config``. No logic lives
+here.
 """
 
 from __future__ import annotations
 
-import math
-
 import msgspec
 
 from draftdata.errors import ConfigError
+from draftdata.mix import check_shares
 
 # parquet, plus the trainers' JSONL (merge/jsonl.py): chat formats for chat inputs, speculators
 # for tokenized ones
 FORMATS = ("parquet", "sharegpt", "specforge", "openai", "modelopt", "eagle", "speculators")
 # What a mix's shares count: the loss tokens a drafter trains on (default), or rows.
 MIX_BY = ("tokens", "rows")
-# The pseudo-domain of a mix that pools every domain the mix does not name.
-OTHER = "other"
 
 
 class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -79,51 +77,6 @@ class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
         return [("existing", p) for p in self.existing] + [("add", p) for p in self.add]
 
 
-def parse_mix(text: str | None) -> dict[str, float]:
-    """``"code=0.35,math=0.2"`` -> ``{"code": 0.35, "math": 0.2}`` (shares as given).
-
-    ConfigError names the bad piece: a missing ``=``, a non-number, a negative share, a domain
-    given twice, or shares that are all zero.
-    """
-    if text is None or not text.strip():
-        return {}
-    mix: dict[str, float] = {}
-    for piece in (p.strip() for p in text.split(",")):
-        if not piece:
-            continue
-        name, eq, value = piece.partition("=")
-        name = name.strip()
-        if not eq or not name:
-            raise ConfigError(f"--mix: {piece!r}: expected DOMAIN=SHARE, e.g. code=0.35")
-        try:
-            share = float(value)
-        except ValueError:
-            raise ConfigError(f"--mix: {piece!r}: {value.strip()!r} is not a number") from None
-        if not math.isfinite(share) or share < 0:
-            raise ConfigError(f"--mix: {piece!r}: shares must be finite and >= 0")
-        if name in mix:
-            raise ConfigError(f"--mix: domain {name!r} given twice")
-        mix[name] = share
-    if mix and sum(mix.values()) <= 0:
-        raise ConfigError("--mix: the shares are all zero")
-    return mix
-
-
-def mix_warning(mix: dict[str, float]) -> str | None:
-    """A one-line warning when the ``--mix`` shares do not sum to 1 (they are normalised)."""
-    total = sum(mix.values())
-    if not mix or abs(total - 1.0) <= 1e-6:
-        return None
-    shares = ",".join(f"{k}={v / total:.3g}" for k, v in sorted(mix.items()))
-    return f"warning: --mix shares sum to {total:g}, not 1; normalised to {shares}"
-
-
-def normalised_mix(mix: dict[str, float]) -> dict[str, float]:
-    """The mix scaled to sum 1 (rounded to 12 digits), zero shares removed, keys sorted."""
-    total = sum(mix.values())
-    return {d: round(mix[d] / total, 12) for d in sorted(mix) if mix[d] > 0}
-
-
 def check_config(config: MergeConfig) -> None:
     """Raise ConfigError for values the types allow but merge cannot use."""
     if not config.existing and not config.add:
@@ -144,10 +97,6 @@ def check_config(config: MergeConfig) -> None:
         raise ConfigError(f"--max-repeat: {config.max_repeat}; expected >= 1")
     if min(config.shard_rows, config.shard_bytes, config.bucket_bytes) < 1:
         raise ConfigError("merge: shard_rows, shard_bytes and bucket_bytes must be >= 1")
-    if config.mix:
-        if any(v < 0 or not math.isfinite(v) for v in config.mix.values()):
-            raise ConfigError("--mix: shares must be finite and >= 0")
-        if sum(config.mix.values()) <= 0:
-            raise ConfigError("--mix: the shares are all zero")
+    check_shares(config.mix, "--mix")
     if not config.out.strip():
         raise ConfigError("--out: empty output location")

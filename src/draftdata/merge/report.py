@@ -11,9 +11,32 @@ from rich.console import Console
 
 from draftdata import tables
 from draftdata.tables import compact, table
+from draftdata.tokens import ESTIMATE_ERROR
 
+# what an estimate of loss tokens is, and the way to count them exactly
+ESTIMATE_NOTE = (
+    f"~ loss tokens estimated from the text: {ESTIMATE_ERROR}; --tokenizer DIR counts them "
+    "with the target's tokenizer"
+)
 # the mix merge aims at is the train split's (eval is a stratified split taken before the plan)
 MIX_HEADER = ["domain", "before", "before %", "unique", "target", "train", "eval", "train %"]
+
+
+def target_unit(report: dict[str, Any]) -> str:
+    """What the report's target shares count: ``loss tokens`` or ``rows``."""
+    return "loss tokens" if report.get("mix_by") == "loss_tokens" else "rows"
+
+
+def mix_header(report: dict[str, Any]) -> list[str]:
+    """The row table's header, each share labelled with what it counts: the rows' shares are
+    of rows, the target of what the mix was planned in (loss tokens by default), so a token
+    target beside a row share never reads as a miss."""
+    unit = target_unit(report)
+    target = "target (of tokens)" if unit == "loss tokens" else "target (of rows)"
+    return [
+        "domain", "before", "before % (rows)", "unique", target, "train", "eval",
+        "train % (rows)",
+    ]  # fmt: skip
 
 
 def _pct(x: float | None) -> str:
@@ -128,11 +151,13 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
         lines.append(f"that is under --min-keep {plan['min_keep']:g}: {verdict}; ways out:")
         for w in ways:
             if w["option"] == "--allow-drop":
-                lines.append("  --allow-drop           write this plan anyway")
+                lines.append(f"  {'--allow-drop':<28} write this plan anyway")
             elif w["kept_share"] is None:
-                lines.append(f"  {w['option']:<22} (even this keeps less than --min-keep)")
+                lines.append(
+                    f"  (no --upsample or --tolerance up to {w['option'].split()[-1]} keeps enough)"
+                )
             else:
-                lines.append(f"  {w['option']:<22} keeps {100 * w['kept_share']:.0f}%")
+                lines.append(f"  {w['option']:<28} keeps {100 * w['kept_share']:.0f}%")
     return lines
 
 
@@ -147,6 +172,8 @@ def print_plan(plan: dict[str, Any], console: Console | None = None) -> None:
     console.print(table(f"plan ({unit})", header, plan_rows(plan, estimated)))
     for line in plan_lines(plan):
         console.print(line, highlight=False)
+    if plan["unit"] == "loss_tokens" and plan.get("method", "estimate") == "estimate":
+        console.print(ESTIMATE_NOTE, highlight=False)
 
 
 def token_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -184,7 +211,10 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
         for i in report["inputs"]
     ]
     console.print(table("inputs", ["input", "role", "kind", "rows", "bad rows"], inputs))
-    console.print(table("domain mix (before / target / train, eval)", MIX_HEADER, mix_rows(report)))
+    title = "domain mix in rows (before / target / train, eval)"
+    if target_unit(report) == "loss tokens" and report["target"]:
+        title += "; the target is of loss tokens: the next table"
+    console.print(table(title, mix_header(report), mix_rows(report)))
     held = (report.get("plan") or {}).get("eval") or {}
     if held.get("rows"):
         each = ", ".join(f"{d} {n:,}" for d, n in held["rows"].items())
@@ -196,9 +226,14 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
         how = {"exact": "exact", "tokenizer": "~ counted with --tokenizer"}.get(
             report["tokens"].get("method"), "~ estimated from the text"
         )
-        head = ["domain", "before", "before %", "target", "train", "train %"]
+        head = [
+            "domain", "before", "before % (tokens)", mix_header(report)[4], "train",
+            "train % (tokens)",
+        ]  # fmt: skip
         title = f"loss tokens (before / target / train; {how})"
         console.print(table(title, head, token_rows(report)))
+        if report["tokens"].get("method") == "estimate":
+            console.print(ESTIMATE_NOTE, highlight=False)
     dropped = ", ".join(f"{k} {v:,}" for k, v in report["dropped"].items() if v) or "none"
     console.print(f"dropped: {dropped}")
     for i in report["inputs"]:

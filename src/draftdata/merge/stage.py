@@ -48,7 +48,7 @@ import pyarrow as pa
 from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError, disk_errors
 from draftdata.formats import MERGE_REPORT, SAMPLE_SCHEMA
-from draftdata.merge.config import OTHER, MergeConfig, check_config, normalised_mix
+from draftdata.merge.config import MergeConfig, check_config
 from draftdata.merge.inputs import (
     Family,
     InputInfo,
@@ -77,8 +77,9 @@ from draftdata.merge.plan import (
 )
 from draftdata.merge.resume import check_output, claim_output, config_bytes
 from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket_schema
-from draftdata.merge.tokenplan import MAX_NODES
+from draftdata.merge.tokenplan import MAX_NODES, TokenPlan
 from draftdata.metrics import StageStats
+from draftdata.mix import OTHER, normalised
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
 from draftdata.stats.readers import iter_domain_labels, refuse_unreadable
 from draftdata.store.base import Store
@@ -276,29 +277,37 @@ def _plan_doc(
 def _ways_out(
     config: MergeConfig, solve: Callable[[float, bool, int], float], kept_share: float
 ) -> list[dict[str, Any]]:
-    """What else would keep at least ``min_keep``: ``--upsample`` (or, with it, a higher
-    ``--max-repeat``), the smallest looser ``--tolerance`` that does (each with the share it
-    keeps), and ``--allow-drop``."""
+    """What else keeps at least ``min_keep``, each with the share it keeps, and only what does
+    (a way out the next command would refuse again is none): ``--upsample`` (with a higher
+    ``--max-repeat`` where the default is not enough), the smallest looser ``--tolerance``, the
+    two together when neither alone is enough, and ``--allow-drop``. When nothing but
+    ``--allow-drop`` passes, an entry with ``kept_share`` None says how far the search went."""
     out: list[dict[str, Any]] = []
-    if not config.upsample:
-        share = solve(config.tolerance, True, config.max_repeat)
-        out.append({"option": "--upsample", "kept_share": round(share, 6)})
-    else:
-        for repeat in (8, 16, 32, 64):
-            if repeat <= config.max_repeat:
-                continue
-            share = solve(config.tolerance, True, repeat)
+
+    def first(options: list[tuple[str, float, bool, int]]) -> bool:
+        # the first of (option, tolerance, upsample, max_repeat) that keeps enough
+        for option, tol, up, repeat in options:
+            share = solve(tol, up, repeat)
             if share >= config.min_keep:
-                out.append({"option": f"--max-repeat {repeat}", "kept_share": round(share, 6)})
-                break
-    for tol in _LOOSER:
-        if tol <= config.tolerance:
-            continue
-        share = solve(tol, config.upsample, config.max_repeat)
-        if share >= config.min_keep:
-            out.append({"option": f"--tolerance {tol:g}", "kept_share": round(share, 6)})
-            break
+                out.append({"option": option, "kept_share": round(share, 6)})
+                return True
+        return False
+
+    repeats = [r for r in (8, 16, 32, 64) if r > config.max_repeat]
+    looser = [t for t in _LOOSER if t > config.tolerance]
+    if config.upsample:
+        first([(f"--max-repeat {r}", config.tolerance, True, r) for r in repeats])
     else:
+        first(
+            [("--upsample", config.tolerance, True, config.max_repeat)]
+            + [(f"--upsample --max-repeat {r}", config.tolerance, True, r) for r in repeats]
+        )
+    found = first([(f"--tolerance {t:g}", t, config.upsample, config.max_repeat) for t in looser])
+    if not found and not config.upsample and not out:
+        found = first(
+            [(f"--upsample --tolerance {t:g}", t, True, config.max_repeat) for t in looser]
+        )
+    if not out and not found:
         out.append({"option": f"--tolerance {_LOOSER[-1]:g}", "kept_share": None})
     out.append({"option": "--allow-drop", "kept_share": round(kept_share, 6)})
     return out
@@ -311,7 +320,9 @@ def _stop_message(plan: dict[str, Any]) -> str:
         if w["option"] == "--allow-drop":
             ways.append("--allow-drop to write this plan")
         elif w["kept_share"] is None:
-            ways.append(f"no --tolerance up to {w['option'].split()[-1]} keeps enough")
+            ways.append(
+                f"no --upsample or --tolerance up to {w['option'].split()[-1]} keeps enough"
+            )
         else:
             ways.append(f"{w['option']} keeps {100 * w['kept_share']:.0f}%")
     return (
@@ -342,7 +353,7 @@ def _plan_output(
             "duplicate_content": int(dup_content[part].sum()),
         }
     del id_hash
-    target = normalised_mix(config.mix)
+    target = normalised(config.mix)
     # domain code -> group code (index into groups), -1 when the mix does not take it
     groups = sorted(target) if target else sorted(set(names))
     group_ix = {g: i for i, g in enumerate(groups)}
@@ -374,16 +385,18 @@ def _plan_output(
             for i, g in enumerate(groups)
         }
 
-    supply, weights = pool(rows)
-    token_plan = None
+    Pool = tuple[dict[str, int], dict[str, npt.NDArray[np.int64]]]
 
-    def solve(tolerance: float, upsample: bool, repeat: int, nodes: int) -> Allocation:
-        nonlocal token_plan
+    def solve(
+        at: Pool, tolerance: float, upsample: bool, repeat: int, nodes: int
+    ) -> tuple[Allocation, TokenPlan | None]:
+        supply, weights = at
         if unit == "rows":
-            return solve_counts(
+            alloc = solve_counts(
                 supply, target, tolerance=tolerance, upsample=upsample, max_repeat=repeat
             )
-        alloc, token_plan = solve_tokens(
+            return alloc, None
+        return solve_tokens(
             weights,
             target,
             tolerance=tolerance,
@@ -391,10 +404,10 @@ def _plan_output(
             max_repeat=repeat,
             max_nodes=nodes,
         )
-        return alloc
 
-    def kept_of(alloc: Allocation) -> tuple[dict[str, int], dict[str, int]]:
+    def kept_of(alloc: Allocation, at: Pool) -> tuple[dict[str, int], dict[str, int]]:
         # (distinct, with copies) per group in the plan's unit
+        supply, weights = at
         if unit == "rows":
             distinct = {g: min(n, supply.get(g, 0)) for g, n in alloc.counts.items()}
             return distinct, dict(alloc.counts)
@@ -407,25 +420,45 @@ def _plan_output(
             distinct[g] = int(w[: min(n, len(w))].sum())
         return distinct, out
 
-    held = np.zeros(0, dtype=np.intp)  # the eval rows, set aside before any copy (plan.py)
-    kept_rows: dict[int, int] = {}
-    if config.eval_fraction > 0 and len(rows):
-        first = solve(config.tolerance, config.upsample, config.max_repeat, MAX_NODES)
-        kept_rows = {group_ix[g]: min(n, supply.get(g, 0)) for g, n in first.counts.items()}
+    candidates = rows  # the unique rows of the mix's groups, before the eval split
+    everything = pool(candidates)
+
+    def planned(
+        tolerance: float,
+        upsample: bool,
+        repeat: int,
+        nodes: int,
+        content: npt.NDArray[np.uint64] = content,
+    ) -> tuple[npt.NDArray[np.intp], dict[int, int], npt.NDArray[np.intp], Pool, Allocation,
+               TokenPlan | None]:  # fmt: skip
+        # (eval rows, the unique rows per group they are stratified over, train rows, the
+        # train pool, the train plan, its token plan): the eval split is taken first, from a
+        # plan on every row, before any copy; the train split is planned on the rest (plan.py)
+        rows = candidates
+        if config.eval_fraction <= 0 or not len(rows):
+            alloc, tokens = solve(everything, tolerance, upsample, repeat, nodes)
+            return rows[:0], {}, rows, everything, alloc, tokens
+        first, _ = solve(everything, tolerance, upsample, repeat, MAX_NODES)
+        kept = {group_ix[g]: min(n, everything[0].get(g, 0)) for g, n in first.counts.items()}
         mask = eval_rows(
             rows.astype(np.int64),
             group[rows],
             content[rows],
-            kept_rows,
+            kept,
             seed=config.seed,
             fraction=config.eval_fraction,
         )
-        held, rows = rows[mask], rows[~mask]
-        supply, weights = pool(rows)  # the train split is planned on the rest
-    alloc = solve(config.tolerance, config.upsample, config.max_repeat, MAX_NODES)
-    plan_tokens = token_plan
+        train = rows[~mask]
+        at = pool(train)
+        alloc, tokens = solve(at, tolerance, upsample, repeat, nodes)
+        return rows[mask], kept, train, at, alloc, tokens
+
+    held, kept_rows, rows, at, alloc, plan_tokens = planned(
+        config.tolerance, config.upsample, config.max_repeat, MAX_NODES
+    )
+    supply, weights = at
     have = supply if unit == "rows" else {g: int(w.sum()) for g, w in weights.items()}
-    distinct, with_copies = kept_of(alloc)
+    distinct, with_copies = kept_of(alloc, at)
     plan_doc = _plan_doc(config, unit, alloc, have, distinct, with_copies, supply)
     plan_doc["note"] = note
     if plan_tokens is not None:
@@ -433,8 +466,17 @@ def _plan_output(
     if target and plan_doc["kept_share"] < config.min_keep:
 
         def share_of(tolerance: float, upsample: bool, repeat: int) -> float:
-            other = kept_of(solve(tolerance, upsample, repeat, _HINT_NODES))[0]
-            return sum(other.values()) / plan_doc["have"] if plan_doc["have"] else 1.0
+            # what the next command with these settings keeps: its own eval split (from a
+            # full plan, as it will take it), then its train plan (searched less far: a
+            # lower bound of what it finds)
+            *_, other_at, other, _ = planned(tolerance, upsample, repeat, _HINT_NODES)
+            kept = sum(kept_of(other, other_at)[0].values())
+            other_have = (
+                sum(other_at[0].values())
+                if unit == "rows"
+                else sum(int(w.sum()) for w in other_at[1].values())
+            )
+            return kept / other_have if other_have else 1.0
 
         plan_doc["ways_out"] = _ways_out(config, share_of, plan_doc["kept_share"])
     # the eval split, set aside before the plan: rows per group, of the unique rows kept by a
@@ -619,6 +661,7 @@ def dataset_card(report: dict[str, Any]) -> str:
     ``load_dataset(out)`` return ``train`` and ``eval`` splits, plus the mix in one table."""
     after = report["after"]
     domains = sorted(set(after["train"]) | set(after["eval"]))
+    unit = "loss tokens" if report.get("mix_by") == "loss_tokens" else "rows"
     lines = [
         "---",
         "configs:",
@@ -637,7 +680,7 @@ def dataset_card(report: dict[str, Any]) -> str:
         f"{report['rows']['train']:,} train and {report['rows']['eval']:,} eval rows of "
         f"{report['data']} (seed {report['seed']}); details in `merge_report.json`.",
         "",
-        "| domain | train | eval | target |",
+        f"| domain | train (rows) | eval (rows) | target (share of {unit}) |",
         "|---|---|---|---|",
     ]
     for d in domains:
@@ -694,7 +737,7 @@ def merge(
         if len(bad_examples) < 5:
             bad_examples.append(f"{where}: {reason}")
 
-    target = normalised_mix(config.mix)
+    target = normalised(config.mix)
     check_named_domains(target, infos)
     keys = Keys()
     tokenizer = config.tokenizer if family == "chat" else None
@@ -709,6 +752,9 @@ def merge(
     with stats.timed("plan"):
         plan, alloc, facts = _plan_output(config, keys, infos, stats)
     facts["plan"]["estimated"] = family == "chat"  # tokens of text, not of tokenized samples
+    facts["plan"]["method"] = (
+        "exact" if family == "samples" else ("tokenizer" if config.tokenizer else "estimate")
+    )
     if on_plan is not None:
         on_plan(facts["plan"])
     facts["models"] = models
@@ -818,7 +864,7 @@ def build_report(
     and how they were counted). No clocks or output paths, so two runs with the same inputs and
     seed write the same bytes.
     """
-    target = normalised_mix(config.mix)
+    target = normalised(config.mix)
     return {
         "format": MERGE_REPORT.format,
         "version": REPORT_VERSION,

@@ -28,6 +28,7 @@ from draftdata.prepare.validate import (
     UNKNOWN_ROLE,
     WRONG_TYPE,
     RowError,
+    check_prompt,
     text_field,
 )
 from draftdata.records import Message
@@ -322,3 +323,19 @@ def to_prompt(messages: list[Message], mode: str) -> list[Message]:
         if messages[i].role == "assistant":
             return messages[:i]
     return messages
+
+
+def fitting_schemas(rows: list[Any], mode: str, max_chars: int) -> list[str]:
+    """The schemas under which the most of ``rows`` become a valid prompt (in ``ADAPTERS``
+    order; empty when none reads any): the likely schema of a source whose rows the configured
+    one rejects all of."""
+    fits: dict[str, int] = {}
+    for schema in ADAPTERS:
+        for row in rows:
+            try:
+                check_prompt(to_prompt(adapt(schema, row, False).messages, mode), max_chars)
+            except RowError:
+                continue
+            fits[schema] = fits.get(schema, 0) + 1
+    best = max(fits.values(), default=0)
+    return [s for s, n in fits.items() if n == best and best > 0]

@@ -8,12 +8,14 @@ working directory. This module holds no logic beyond checking values that YAML t
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 
 from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError
+from draftdata.mix import check_domains, check_shares, sum_warning
 
 SCHEMAS = (
     "infinity_instruct",
@@ -149,8 +151,7 @@ def check(config: PrepareConfig, where: str = "config") -> None:
         raise ConfigError(f"{where}: prompt_mode: expected one of {', '.join(PROMPT_MODES)}")
     if config.budget is not None and config.budget < 0:
         raise ConfigError(f"{where}: budget: must be >= 0")
-    if any(v < 0 for v in config.mix.values()) or (config.mix and sum(config.mix.values()) <= 0):
-        raise ConfigError(f"{where}: mix: shares must be >= 0 and not all zero")
+    check_shares(config.mix, f"{where}: mix")
     if not 0.0 < config.dedup.threshold <= 1.0:
         raise ConfigError(f"{where}: dedup.threshold: must be in (0, 1]")
     if config.dedup.num_perm < 16 or config.dedup.ngram < 1:
@@ -190,23 +191,19 @@ def resolve_paths(config: PrepareConfig, base: Path) -> PrepareConfig:
     )
 
 
-def mix_warnings(config: PrepareConfig) -> list[str]:
-    """One line per doubtful ``mix`` entry, for the CLI to print before the work starts: a key
-    that is no domain (not one of the classifier's, a source's fixed domain or an existing
-    count, e.g. a typo like ``kode``: it would get no prompts), and shares that do not sum to 1
-    (they are normalised)."""
-
+def check_mix_domains(config: PrepareConfig, existing: Iterable[str] = ()) -> None:
+    """Refuse a ``mix`` key that is no domain the prompts can have (not one of the classifier's,
+    a source's fixed ``domain``, the existing set's ``counts`` or ``existing``: the domains its
+    rows were found to hold), as ``merge --mix`` refuses one: a typo like ``kode`` would get no
+    prompts while the other domains share its part."""
     known = set(DOMAINS) | {s.domain for s in config.sources if s.domain != "auto"}
     if config.existing is not None and config.existing.counts:
         known |= set(config.existing.counts)
-    out = [
-        f"warning: mix: {key!r} is no domain of the sources or the existing set "
-        f"({', '.join(sorted(known))}); it gets no prompts"
-        for key in config.mix
-        if key not in known
-    ]
-    total = sum(config.mix.values())
-    if config.mix and abs(total - 1.0) > 1e-6:
-        shares = ", ".join(f"{k}={v / total:.3g}" for k, v in sorted(config.mix.items()))
-        out.append(f"warning: mix: shares sum to {total:g}, not 1; normalised to {shares}")
-    return out
+    check_domains(config.mix, known | set(existing), "mix", "or drop it from the mix")
+
+
+def mix_warnings(config: PrepareConfig) -> list[str]:
+    """One line when the ``mix`` shares do not sum to 1 (they are normalised), for the CLI to
+    print before the work starts."""
+    warning = sum_warning(config.mix, "mix:")
+    return [] if warning is None else [warning]

@@ -25,6 +25,7 @@ from draftdata.errors import ConfigError
 from draftdata.prepare.config import PrepareConfig
 from draftdata.prepare.reference import Existing
 from draftdata.store.forecast import read_forecast
+from draftdata.tokens import ESTIMATE_ERROR
 
 
 class Lengths(msgspec.Struct, kw_only=True, frozen=True):
@@ -110,6 +111,8 @@ def resolve(
             ex_tokens[d] = existing.loss_tokens[d] / answered * rows  # scaled to the mix's rows
         else:
             ex_tokens[d] = rows * lengths[d]
+    if source == "existing answers":
+        notes.append(f"the existing answers' loss tokens are {ESTIMATE_ERROR}")
     if existing.counts and not measured:
         notes.append(
             "the existing set holds no answers to measure: its tokens are its rows times "

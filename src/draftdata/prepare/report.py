@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from draftdata.mix import Plan
+from draftdata.mix import Plan, off_target
 
 
 def _pct(x: float | None) -> str:
@@ -23,6 +23,27 @@ def _pct(x: float | None) -> str:
 
 def _tok(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
+
+
+def take_note(plan: Plan) -> str | None:
+    """One line when sources' fixed ``take:`` hold the mix off its target (more than a point
+    on some domain): how many prompts they fix and the shares that result, in the plan's unit;
+    None when the mix acts or there is none."""
+    missed = off_target(plan)
+    if not plan.fixed or not missed:
+        return None
+    unit = "expected loss tokens" if plan.mix_by == "tokens" else "rows"
+    shares = ", ".join(
+        f"{r.domain} {_pct(r.tokens_after if plan.mix_by == 'tokens' else r.after)} "
+        f"(target {_pct(r.target)})"
+        for r in plan.domains
+        if r.target is not None
+    )
+    return (
+        f"mix: the sources' fixed `take:` decide {plan.fixed:,} of the {plan.total_new:,} new "
+        f"prompts and hold the mix off its target; the shares of {unit} are {shares}; give "
+        "`max_take:` instead of `take:` (and a `budget:`) to let the mix plan them"
+    )
 
 
 def plan_rows(plan: Plan) -> list[list[str]]:
@@ -138,6 +159,8 @@ def to_markdown(report: dict[str, Any], plan: Plan) -> str:
             *([""] if lengths.get("notes") else []),
         ]
     parts += [_md_table(plan_header(plan), plan_rows(plan)), ""]
+    if report.get("mix_note"):
+        parts += [f"Note: {report['mix_note']}.", ""]
     if report["shortfall"]:
         parts += [
             f"The sources could not fill the budget: {report['shortfall']:,} prompts short.",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import heapq
+import itertools
 import random
 import shutil
 import tempfile
@@ -32,7 +33,7 @@ import msgspec
 
 from draftdata.collector import fewer_collections
 from draftdata.domains import classify_domain
-from draftdata.errors import ConfigError, disk_errors
+from draftdata.errors import ConfigError, InputError, disk_errors
 from draftdata.formats import (
     PREPARE_REJECTS,
     PREPARE_REPORT,
@@ -42,14 +43,14 @@ from draftdata.formats import (
 )
 from draftdata.metrics import StageStats
 from draftdata.mix import Plan, Supply, plan_mix
-from draftdata.prepare.adapters import Conversation, adapt, to_prompt
-from draftdata.prepare.config import PrepareConfig, SourceConfig, check
+from draftdata.prepare.adapters import Conversation, adapt, fitting_schemas, to_prompt
+from draftdata.prepare.config import PrepareConfig, SourceConfig, check, check_mix_domains
 from draftdata.prepare.dedup import BATCH, Deduper, dedup_text
 from draftdata.prepare.lengths import precheck as precheck_lengths
 from draftdata.prepare.lengths import resolve as resolve_lengths
 from draftdata.prepare.load import check_hub_reachable, iter_rows
 from draftdata.prepare.reference import load_exclusions, load_existing
-from draftdata.prepare.report import encode_report, to_markdown
+from draftdata.prepare.report import encode_report, take_note, to_markdown
 from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt
 from draftdata.records import (
     DERIVED_ID,
@@ -204,7 +205,34 @@ def _pass_one(
         settle()
     if progress is not None:
         progress(source.name, run.read)
+    if not run.domains and run.rejected:
+        raise InputError(_all_rejected(config, source, run, mode))
     return run
+
+
+_GUESS_ROWS = 20  # rows of a wholly rejected source re-read to find the schema that reads them
+
+
+def _all_rejected(config: PrepareConfig, source: SourceConfig, run: _SourceRun, mode: str) -> str:
+    """The one line for a source that yields no prompt because every row it gave was rejected
+    (a wrong ``schema:`` above all): what was rejected, and the schema its first rows read as."""
+    where = source.path or source.hub
+    why = ", ".join(f"{k} {v:,}" for k, v in sorted(run.rejected.items(), key=lambda kv: -kv[1]))
+    rows = []
+    for _, row in itertools.islice(iter_rows(source), _GUESS_ROWS):
+        if not isinstance(row, RowError):
+            rows.append(row)
+    fits = fitting_schemas(rows, mode, config.max_chars)
+    if source.schema in fits:
+        fix = "its schema reads its first rows: the reasons above are the rows' own"
+    elif fits:
+        fix = f"its rows read as schema {' or '.join(fits)}: set `schema: {fits[0]}`"
+    else:
+        fix = "no schema reads its first rows: check the file, `max_chars` and `prompt_mode`"
+    return (
+        f"source {source.name} ({where}): all {sum(run.rejected.values()):,} rows rejected under "
+        f"schema {source.schema} ({why}); it would give no prompts; {fix}"
+    )
 
 
 def _keep(
@@ -498,6 +526,8 @@ def _run(
     progress: Progress | None = None,
 ) -> PrepareResult:
     check(config)
+    if config.existing is None or config.existing.path is None:
+        check_mix_domains(config)  # else once the existing rows' domains are known
     if config.lengths:  # a file that is no forecast: refused before any source is read
         read_forecast(config.lengths)
     check_hub_reachable(config.sources)
@@ -525,6 +555,7 @@ def _prepare(
             with stats.timed("references"):
                 known = load_existing(config.existing, deduper)
                 existing, existing_bad = known.counts, known.bad
+                check_mix_domains(config, existing)
                 precheck_lengths(config, known)
                 excluded = load_exclusions(config.dedup.exclude, deduper)
             rejects_path = None if plan_only else out / PREPARE_REJECTS
@@ -537,6 +568,10 @@ def _prepare(
                                 config, source, deduper, domain_ids, spool_root, rejects, progress
                             )
                         )
+                except BaseException:
+                    if rejects_path is not None:  # nothing of a refused prepare stays
+                        rejects_path.unlink(missing_ok=True)
+                    raise
                 finally:
                     if rejects is not None:
                         rejects.close()
@@ -581,6 +616,8 @@ def _prepare(
         spool_lock.close()
     report = _report(config, runs, names, plan, shards, existing_bad, excluded)
     report["mix_by"] = plan.mix_by
+    if (note := take_note(plan)) is not None:
+        report["mix_note"] = note  # fixed takes hold the mix off its target
     if config.holdout:
         by_domain: dict[str, int] = {}
         for r, run in enumerate(runs):

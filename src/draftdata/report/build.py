@@ -5,7 +5,8 @@ from a merge output's ``merge_report.json``, else the domain shares of the subje
 compared input; loss tokens are estimated for chat rows and runs, see ``stats``);
 output length per domain; tokens per domain; finish reasons; failures by class; throughput over
 time per endpoint (from the run's metrics snapshots); a pilot's forecast against the actual run
-(``forecast.py``); the inputs read. A section without data
+(``forecast.py``); each hidden-state set (samples, tokens, bytes, layers, dtype,
+verification); the inputs read. A section without data
 says why in one line instead of drawing an empty chart.
 """
 
@@ -18,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from draftdata import tables
 from draftdata.errors import InputError, disk_errors
 from draftdata.report import page, plots
 from draftdata.report.collect import ReportData, collect
@@ -128,9 +130,11 @@ def _ordered(series: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, f
 def _mix_section(data: ReportData) -> page.Section:
     series, how = _mix_series(data)
     series = _ordered(series)
+    palette = plots.Palette()  # a series keeps its colour in the row and the token chart
     plot = plots.grouped_bars(
-        "domain-mix", "Domain mix", series, "share of rows (%)", how, percent=True
-    )
+        "domain-mix", "Domain mix", series, "share of rows (%)", how, percent=True,
+        palette=palette,
+    )  # fmt: skip
     domains = list(next(iter(series.values()), {}))
     rows = [[d, *(f"{100 * v.get(d, 0.0):.1f}%" for v in series.values())] for d in domains]
     tables = [page.table(["domain", *series], rows)] if rows else []
@@ -144,6 +148,7 @@ def _mix_section(data: ReportData) -> page.Section:
         "share of loss tokens (%)",
         thow,
         percent=True,
+        palette=palette,
     )
     if tplot:
         figures.append(tplot)
@@ -151,6 +156,33 @@ def _mix_section(data: ReportData) -> page.Section:
         trows = [[d, *(f"{100 * v.get(d, 0.0):.1f}%" for v in tseries.values())] for d in tdomains]
         tables.append(page.table(["domain (loss tokens)", *tseries], trows))
     return page.Section("Domain mix", figures, "no domain counts", tables)
+
+
+def _subject_token_shares(data: ReportData) -> tuple[str, dict[str, float]]:
+    """The report's subject (its first input) as shares of loss tokens, and its name: the
+    training set it holds (a merge output's result, else tokenized samples), else its run or
+    dataset; ("", {}) when the subject has no token counts."""
+    main = data.parts[0] if data.parts else None
+    if main is None:
+        return "", {}
+    for m in data.merged:
+        if m.url not in main.merged:
+            continue
+        after: dict[str, float] = {}
+        for split in ((m.report or {}).get("tokens") or {}).get("after", {}).values():
+            for d, n in (split or {}).items():
+                after[d] = after.get(d, 0.0) + float(n)
+        shares = _shares(after) or m.stats.domain_loss_token_shares()
+        if shares:
+            return f"{_name(m.url)} (merged)", shares
+    own = [(u, s) for u, s in data.tokenized if u in main.tokenized]
+    own += [(r.url, r.stats) for r in data.runs if r.url in main.runs]
+    own += data.datasets + [(u, s) for u, s in data.prompts if u in main.prompts]
+    for url, st in own:
+        shares = st.domain_loss_token_shares()
+        if shares:
+            return f"{_name(url)} ({st.kind})", shares
+    return "", {}
 
 
 def _acceptance_section(data: ReportData) -> page.Section | None:
@@ -174,8 +206,7 @@ def _acceptance_section(data: ReportData) -> page.Section | None:
         "each measurement's acceptance rate per domain (draftdata acceptance)",
         percent=True,
     )
-    tseries, _ = _token_mix_series(data) if data.parts else ({}, "")
-    mix_name, mix = next(iter(tseries.items()), ("", {}))
+    mix_name, mix = _subject_token_shares(data)
     domains = list(next(iter(series.values()), {}))
     header = ["domain"]
     if mix:
@@ -312,7 +343,12 @@ def _throughput_section(data: ReportData) -> page.Section:
         data.throughput(),
         "seconds since the run started",
         "output tokens/s",
-        "from the run's metrics snapshots (metrics/*.json)"
+        (
+            "committed output tokens, each answer's spread over its request's life, in bins no "
+            "narrower than a request"
+            if all(r.figures and r.figures.get("throughput") for r in data.runs)
+            else "from the run's metrics snapshots (metrics/*.json)"
+        )
         + ("; shaded: gaps between the run's segments (not running)" if gaps else ""),
         gaps=gaps,
     )
@@ -364,6 +400,42 @@ def _throughput_section(data: ReportData) -> page.Section:
     return page.Section(title, [plot] if plot else [], note, tables)
 
 
+def _hidden_section(data: ReportData) -> page.Section | None:
+    """Each hidden-state set: samples and tokens done of planned, bytes (per token, and the
+    bill), layers, dtype and format, the target, and its verification."""
+    if not data.hidden:
+        return None
+    rows: list[list[Any]] = []
+    for url, h in data.hidden:
+        size, v = h["bytes"], h.get("verification")
+        layers = h["layers"]
+        where = "before" if layers["last_norm"] == "pre_norm" else "after"
+        if v:
+            worst = max(v["layers"], key=lambda lc: lc["rms_rel"]) if v["layers"] else None
+            check = ("passed" if v["passed"] else "FAILED") + f" ({v['samples']} samples"
+            check += f", worst rms {worst['rms_rel']:.3%})" if worst else ")"
+        else:
+            check = "-"
+        rows.append(
+            [
+                url,
+                f"{h['samples']['done']:,} / {h['samples']['planned']:,}",
+                f"{h['tokens']['done']:,}",
+                tables.human_bytes(size["in_set"]) if size["in_set"] is not None else "-",
+                f"{size['per_token']:,.0f}" if size["per_token"] else "-",
+                f"{layers['aux']} + {layers['last']} ({where} norm)",
+                f"{h['dtype']} / {h['trainer_format']}",
+                f"{h['model']['name']} ({h['model']['num_layers']}x{h['model']['hidden_size']})",
+                check,
+            ]
+        )
+    header = [
+        "set", "samples", "tokens", "bytes", "bytes/token", "layers", "dtype / format",
+        "target", "verification",
+    ]  # fmt: skip
+    return page.Section("Hidden states", tables=[page.table(header, rows)])
+
+
 def _inputs_section(data: ReportData) -> page.Section:
     rows: list[list[Any]] = []
     for r in data.runs:
@@ -378,6 +450,8 @@ def _inputs_section(data: ReportData) -> page.Section:
         rows.append([s.kind, u, s.rows, s["rejected"]["count"]])
     for u, s in data.compare:
         rows.append([f"compared ({s.kind})", u, s.rows, s["rejected"]["count"]])
+    for u, h in data.hidden:
+        rows.append(["hidden states", u, h["samples"]["done"], 0])
     return page.Section(
         "Inputs", tables=[page.table(["part", "location", "rows", "rejected"], rows)]
     )
@@ -386,6 +460,7 @@ def _inputs_section(data: ReportData) -> page.Section:
 def render_report(data: ReportData, title: str | None = None) -> str:
     """The page for collected data."""
     accepted = _acceptance_section(data)
+    hidden = _hidden_section(data)
     sections = [
         _mix_section(data),
         *([accepted] if accepted is not None else []),
@@ -395,6 +470,7 @@ def render_report(data: ReportData, title: str | None = None) -> str:
         _failures_section(data),
         _throughput_section(data),
         forecast_section(data),
+        *([hidden] if hidden is not None else []),
         _inputs_section(data),
     ]
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")

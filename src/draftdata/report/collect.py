@@ -8,7 +8,9 @@ stand for the "before" side of the mix). A compared run or merge output joins th
 part (its throughput, failures and merge report are shown, whichever order the inputs come in),
 and a saved ``draftdata stats --json`` output is compared as the dataset it measured. An
 acceptance measurement (``acceptance.json``, or a folder holding one) joins the page's
-acceptance section, beside the mix; several are shown side by side in the order given.
+acceptance section, beside the mix; several are shown side by side in the order given. A
+hidden-state set (``hidden_manifest.json``, subject or compared) joins the page's hidden-states
+section, beside the dataset it was made from (``stats.hiddenset``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from draftdata.report.find import Parts, find_parts
 from draftdata.speculation import Acceptance
 from draftdata.stats import DatasetStats, compute_stats
 from draftdata.stats.compute import STATS_FORMAT, run_metrics
+from draftdata.stats.hiddenset import hidden_set_stats
 from draftdata.stats.readers import acceptance_json, read_json_file, refuse_unreadable
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
 from draftdata.store.forecast import latest_forecast
@@ -83,6 +86,7 @@ class ReportData:
     datasets: list[tuple[str, DatasetStats]] = field(default_factory=list)
     compare: list[tuple[str, DatasetStats]] = field(default_factory=list)
     acceptance: list[tuple[str, Acceptance]] = field(default_factory=list)
+    hidden: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # stats.hiddenset
 
     @property
     def main_stats(self) -> DatasetStats | None:
@@ -142,6 +146,14 @@ class ReportData:
             out["prepared_prompts"] = out.get("prepared_prompts", 0) + s.rows
         for _, s in self.datasets:
             out["rows"] = out.get("rows", 0) + s.rows
+        for _, h in self.hidden:
+            out["hidden_state_samples"] = out.get("hidden_state_samples", 0) + int(
+                h["samples"]["done"]
+            )
+            if h["bytes"]["in_set"] is not None:
+                out["hidden_state_bytes"] = out.get("hidden_state_bytes", 0) + int(
+                    h["bytes"]["in_set"]
+                )
         return out
 
     def _run_headline(self) -> dict[str, Any]:
@@ -226,7 +238,11 @@ def _run(url: str) -> RunPart:
         manifest = read_manifest(store)
     except DraftdataError:
         manifest = {}
-    part = RunPart(url, stats, manifest, headline(snaps), throughput_series(snaps), _total(snaps))
+    run = stats.get("run")
+    # committed answers over their requests' lives; the snapshots' counts for a run without
+    throughput = (run or {}).get("throughput") or throughput_series(snaps)
+    throughput = {u: [(float(x), float(y)) for x, y in pts] for u, pts in throughput.items()}
+    part = RunPart(url, stats, manifest, headline(snaps), throughput, _total(snaps))
     try:
         found = latest_forecast(store)
     except DraftdataError:  # a damaged forecast does not stop the report
@@ -266,6 +282,7 @@ def collect(inputs: list[str]) -> ReportData:
         data.tokenized = [(u, compute_stats(u)) for u in main.tokenized]
         data.prompts = [(u, compute_stats(u)) for u in main.prompts]
         data.datasets = [(u, compute_stats(u)) for u in main.datasets]
+        data.hidden = [(u, hidden_set_stats(u)) for u in main.hidden]
     for other in inputs[1:]:
         saved = stats_json(other)
         if saved is not None:
@@ -275,12 +292,13 @@ def collect(inputs: list[str]) -> ReportData:
             continue
         parts = find_parts(other)
         data.parts.append(parts)
+        data.hidden += [(u, hidden_set_stats(u)) for u in parts.hidden]  # beside its dataset
         # a run or merge output named with --compare is part of the story: its throughput,
         # failures and merge report (existing set, target, result) join the page
         known = {r.url for r in data.runs} | {m.url for m in data.merged}
         data.runs += [_run(u) for u in parts.runs if u not in known]
         data.merged += [_merged(u) for u in parts.merged if u not in known]
-        if parts.runs or parts.merged:
+        if parts.runs or parts.merged or (parts.hidden and not parts.datasets):
             continue
         urls = parts.datasets or parts.tokenized or parts.prompts
         data.compare += [(u, compute_stats(u)) for u in urls]

@@ -7,6 +7,8 @@
 - a **tokenized** set is a folder holding tokenize's ``summary.json``, or a folder named
   ``tokenized*`` holding parquet;
 - **prompts** are a folder holding ``prepare_report.json`` (prepare's output);
+- a **hidden-state set** is a folder holding ``hidden_manifest.json`` (hidden-states' output:
+  shown as a set, never read as a dataset);
 - when none of these is found, the location itself is read as one dataset (prompts, tokenized
   samples or conversations; anything ``draftdata stats`` reads).
 
@@ -22,7 +24,13 @@ import os
 from dataclasses import dataclass
 
 from draftdata.errors import InputError
-from draftdata.formats import MERGE_REPORT, PREPARE_REPORT, RUN_MANIFEST, TOKENIZE_SUMMARY
+from draftdata.formats import (
+    HIDDEN_MANIFEST,
+    MERGE_REPORT,
+    PREPARE_REPORT,
+    RUN_MANIFEST,
+    TOKENIZE_SUMMARY,
+)
 from draftdata.stats.readers import DATA_EXT, read_json_file
 from draftdata.store.base import Store
 from draftdata.store.store import open_store
@@ -40,11 +48,15 @@ class Parts:
     tokenized: tuple[str, ...] = ()
     prompts: tuple[str, ...] = ()
     datasets: tuple[str, ...] = ()
+    hidden: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
         """True when nothing readable was found."""
-        return not (self.runs or self.merged or self.tokenized or self.prompts or self.datasets)
+        return not (
+            self.runs or self.merged or self.tokenized or self.prompts or self.datasets
+            or self.hidden
+        )  # fmt: skip
 
 
 def _url(store: Store, prefix: str) -> str:
@@ -100,6 +112,7 @@ def find_parts(url: str) -> Parts:
     merged: set[str] = set()
     prompts: set[str] = set()
     tokenized: set[str] = set()
+    hidden: set[str] = set()
     for key in keys:
         parts = key.split("/")
         if len(parts) - 1 > MAX_DEPTH:
@@ -112,9 +125,11 @@ def find_parts(url: str) -> Parts:
             merged.add(prefix)
         elif name == PREPARE_REPORT.name:
             prompts.add(prefix)
+        elif name == HIDDEN_MANIFEST.name:
+            hidden.add(prefix)
         elif name == TOKENIZE_SUMMARY.name and read_json_file(store, TOKENIZE_SUMMARY, key):
             tokenized.add(prefix)
-    owners = runs | merged
+    owners = runs | merged | hidden
 
     def inside(prefix: str) -> bool:
         return any(o == "" or prefix == o or prefix.startswith(o + "/") for o in owners)
@@ -133,6 +148,7 @@ def find_parts(url: str) -> Parts:
         merged=tuple(_url(store, p) for p in sorted(merged)),
         tokenized=tuple(_url(store, p) for p in sorted(tokenized)),
         prompts=tuple(_url(store, p) for p in sorted(prompts)),
+        hidden=tuple(_url(store, p) for p in sorted(hidden)),
     )
     if found.empty:
         return Parts(root=store.url, datasets=(store.url,))

@@ -11,7 +11,9 @@ another; text is ``FONT`` points (about 17 px in the PNG), so a figure shown at 
 390 px phone still has 9 px text. Legends are not drawn into the PNG: ``Plot.legend`` holds
 (label, colour) pairs that the page writes as HTML under the figure, readable and wrapping at
 any width. Numbers carry thousands separators (``65,293``). The PNG is cut around what was drawn
-(``bbox_inches="tight"``), so no label is clipped at its edge.
+(``bbox_inches="tight"``), so no label is clipped at its edge. A ``Palette`` shared by a page's
+charts gives each named series one colour in all of them (the row mix and the token mix draw
+``target`` alike, whichever series each chart has).
 """
 
 from __future__ import annotations
@@ -50,6 +52,19 @@ class Plot:
     legend: tuple[tuple[str, str], ...] = ()
     text_px: float = 0.0
     texts: tuple[str, ...] = ()
+
+
+class Palette:
+    """One colour per series name, the same in every chart that draws with it: a name takes
+    the next colour the first time it is asked for."""
+
+    def __init__(self) -> None:
+        self.colours: dict[str, str] = {}
+
+    def __call__(self, name: str) -> str:
+        if name not in self.colours:
+            self.colours[name] = _COLOURS[len(self.colours) % len(_COLOURS)]
+        return self.colours[name]
 
 
 def number(value: float) -> str:
@@ -121,8 +136,10 @@ def grouped_bars(
     ylabel: str,
     caption: str = "",
     percent: bool = False,
+    palette: Palette | None = None,
 ) -> Plot | None:
-    """Bars per category (x) for each named series (one colour each, named in the legend)."""
+    """Bars per category (x) for each named series (one colour each, named in the legend;
+    from ``palette`` when given, so a series keeps its colour across the page's charts)."""
     cats: list[str] = []
     for values in series.values():
         for c in values:
@@ -135,8 +152,9 @@ def grouped_bars(
     width = 0.8 / len(series)
     labelled = len(cats) * len(series) <= MAX_BAR_LABELS
     legend = []
+    colour_of = palette or Palette()
     for i, (name, values) in enumerate(series.items()):
-        colour = _COLOURS[i % len(_COLOURS)]
+        colour = colour_of(name)
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(cats))]
         ys = [float(values.get(c, 0.0)) * (100 if percent else 1) for c in cats]
         bars = ax.bar(xs, ys, width, color=colour)

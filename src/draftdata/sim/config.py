@@ -23,6 +23,8 @@ from draftdata.errors import ConfigError
 
 Flavor = Literal["sglang", "vllm"]
 ReasoningMode = Literal["parsed", "inline", "off"]
+# what ``usage`` a server reports: the counts, no ``usage`` object at all, or 0 completion tokens
+UsageMode = Literal["full", "none", "zero"]
 
 
 class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -53,6 +55,11 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     starting_s: float = 0.5
     refuse: dict[int, int] = msgspec.field(default_factory=dict)
     refuse_after: int = 0
+    # hidden states (sim/hidden.py), per /v1/completions request, drawn apart from the rates
+    # above (``server`` limits them too): answered with a path whose file is never written, or
+    # written with other token ids
+    hidden_missing: float = 0.0
+    hidden_wrong_ids: float = 0.0
 
     def rates(self) -> list[tuple[str, float]]:
         """The rate-based faults in the order they are drawn (one uniform draw per request)."""
@@ -99,6 +106,7 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     reasoning_share: float = 0.6
     tool_call_rate: float = 0.5
     cache_report: bool = True
+    usage: UsageMode = "full"
     token_ids: bool = True  # False: ignore return_token_ids (an engine that cannot return ids)
     max_choices: int | None = None  # answer at most this many of ``n`` choices (None: all)
     time_scale: float = 1.0
@@ -114,6 +122,12 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     spec_tokens: int = 0
     accept_rate: float = 0.7
     accept_rate_for: dict[str, float] = msgspec.field(default_factory=dict)
+    # hidden-state extraction (sim/hidden.py): vLLM's extract_hidden_states protocol on
+    # /v1/completions, files written under this folder (None: no /v1/completions route)
+    hidden_states: str | None = None
+    hidden_layers: list[int] = msgspec.field(default_factory=list)
+    hidden_size: int = 64
+    hidden_write_s: float = 0.0  # the lock is held this long after the answer, then the file
     faults: FaultConfig = msgspec.field(default_factory=FaultConfig)
 
     @property
@@ -145,6 +159,10 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         (
             config.reasoning in ("parsed", "inline", "off"),
             f"--reasoning: {config.reasoning!r}; use parsed, inline or off",
+        ),
+        (
+            config.usage in ("full", "none", "zero"),
+            f"--usage: {config.usage!r}; use full, none or zero",
         ),
         (config.max_running >= 1, "--max-running: must be at least 1"),
         (config.dp_size >= 1, "--dp-size: must be at least 1"),
@@ -202,6 +220,15 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         checks.append((0 <= index < servers, f"--refuse: {index} is not a server index"))
         checks.append((400 <= status <= 599, f"--refuse: status {status} is not in 400-599"))
     checks.append((f.refuse_after >= 0, "--refuse-after: must be >= 0"))
+    for name, rate in (("missing", f.hidden_missing), ("wrong-ids", f.hidden_wrong_ids)):
+        checks.append((0 <= rate <= 1, f"--fault-hidden-{name}: {rate} is not in [0, 1]"))
+    if config.hidden_states is not None:
+        checks.append(
+            (bool(config.hidden_layers), "--hidden-states: give the layers (--hidden-layers)")
+        )
+        checks.append((all(i >= 0 for i in config.hidden_layers), "--hidden-layers: ids are >= 0"))
+        checks.append((config.hidden_size >= 1, "--hidden-size: must be at least 1"))
+        checks.append((config.hidden_write_s >= 0, "--hidden-write-seconds: must be >= 0"))
     if f.restart_after is not None:
         checks.append((f.restart_after >= 0, "--restart-after: must be >= 0"))
     for ok, message in checks:

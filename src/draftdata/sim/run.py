@@ -47,6 +47,9 @@ Endpoints (both flavours unless noted)
   ``vllm:request_success_total{finished_reason}``; sglang flavour (as with --enable-metrics)
   ``sglang:num_running_reqs{model_name="M"}``, ``sglang:num_queue_reqs``,
   ``sglang:gen_throughput``, ``sglang:prompt_tokens_total``, ``sglang:generation_tokens_total``.
+- vllm only, with ``--hidden-states DIR``: ``POST /v1/completions`` with a prompt of token ids,
+  vLLM's hidden-state extraction protocol (``sim/hidden.py``: the answer's
+  ``kv_transfer_params.hidden_states_path``, the file and its lock).
 - vllm only: ``GET /version`` -> ``{"version": "0.11.0"}``. Endpoints the real engine lacks
   (/server_info on vLLM, ...) are 404.
 
@@ -165,7 +168,14 @@ from typing import Any, TypeVar
 import msgspec
 
 from draftdata.errors import FleetError
-from draftdata.fleetspec import EndpointSpec, FleetSpec, process_start_time, read_fleet, write_fleet
+from draftdata.fleetspec import (
+    EndpointSpec,
+    FleetSpec,
+    HiddenStatesSpec,
+    process_start_time,
+    read_fleet,
+    write_fleet,
+)
 from draftdata.sim.config import FaultConfig, SimConfig, validate
 from draftdata.sim.server import ServerStats, SimServer
 from draftdata.sim.tokens import load_tokenizer
@@ -198,9 +208,13 @@ def fleet_spec(servers: list[SimServer], config: SimConfig) -> FleetSpec:
     pid = os.getpid()
     # the kernel's start time, which `fleet status/down` compare to tell a reused pid
     started = process_start_time(pid) or time.time()
+    hidden = None
+    if config.hidden_states is not None:
+        hidden = HiddenStatesSpec(path=config.hidden_states, layers=list(config.hidden_layers))
     return FleetSpec(
         engine="sim",
         model=config.model,
+        hidden_states=hidden,
         endpoints=[
             EndpointSpec(
                 url=s.url,

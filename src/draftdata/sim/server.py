@@ -14,7 +14,9 @@ import collections
 import contextlib
 import logging
 import random
+import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,6 +26,7 @@ from draftdata.sim import shapes
 from draftdata.sim.answers import digest, split_chunk
 from draftdata.sim.batch import Batcher, Seq
 from draftdata.sim.config import SimConfig
+from draftdata.sim.hidden import PendingWrite, file_bytes
 from draftdata.sim.request import ChoiceOut, PrefixCache, Prepared, RequestError, prepare
 from draftdata.sim.spec import SpecCounters
 from draftdata.sim.tokens import Tokenizer
@@ -78,6 +81,11 @@ class SimServer:
         # the template's default enable_thinking here (None: config.reasoning decides); a test
         # changes it to model a server restarted with other default chat-template kwargs
         self.default_thinking: bool | None = config.default_thinking.get(index)
+        # hidden states (sim/hidden.py): prefills run under the batch's limit; writes not done
+        self._prefill_slots = asyncio.Semaphore(config.max_running)
+        self._prefilling = 0
+        self._writes: dict[asyncio.Future[None], PendingWrite] = {}
+        self._hidden_rng = random.Random(digest(config.seed, "hidden", index))
 
     @property
     def url(self) -> str:
@@ -90,6 +98,8 @@ class SimServer:
         app = web.Application(client_max_size=256 * 1024 * 1024)
         r = app.router
         r.add_post("/v1/chat/completions", self._chat)
+        if self.config.hidden_states is not None:
+            r.add_post("/v1/completions", self._completions)
         r.add_get("/v1/models", self._models)
         r.add_get("/health", self._health)
         r.add_get("/metrics", self._metrics)
@@ -143,6 +153,9 @@ class SimServer:
             if transport is not None:
                 transport.abort()
         self._batcher.drop_all()
+        for task, pending in list(self._writes.items()):  # a dead engine writes nothing more
+            task.cancel()
+            pending.drop()
         delay = self.config.faults.restart_after
         if delay is not None:
             loop = asyncio.get_running_loop()
@@ -165,7 +178,9 @@ class SimServer:
         self.stats.restarts += 1
 
     async def stop(self) -> None:
-        """Shut down for good."""
+        """Shut down for good (writes under way end first: a clean stop loses no file)."""
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
         self.state = "down"
         if self._restart_task is not None:
             self._restart_task.cancel()
@@ -179,8 +194,8 @@ class SimServer:
         return self.state == "up" and time.monotonic() < self._ready_at
 
     def load(self) -> tuple[int, int]:
-        """(running, waiting) sequences."""
-        return len(self._batcher.running), len(self._batcher.waiting)
+        """(running, waiting) sequences (hidden-state prefills count as running)."""
+        return len(self._batcher.running) + self._prefilling, len(self._batcher.waiting)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -280,7 +295,11 @@ class SimServer:
         )
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _admit(self, request: web.Request) -> tuple[Any, str | None] | web.StreamResponse:
+        """The faults every generating route (chat, and hidden states' completions) goes
+        through before its work: starting, a crash, a refusal, an unreadable body, and the
+        drawn rate faults that answer at once. Returns (the decoded body, the drawn fault
+        still to apply) or the answer to send instead."""
         if self.starting():
             return self._error(503, "The server is starting; retry shortly.")
         self.stats.requests += 1
@@ -310,6 +329,13 @@ class SimServer:
             return await self._forever()
         if fault == "reset":
             return await self._reset(request)
+        return body, fault
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        admitted = await self._admit(request)
+        if isinstance(admitted, web.StreamResponse):
+            return admitted
+        body, fault = admitted
         try:
             prep = prepare(body, self.config, self.tokenizer, self._cache, self.default_thinking)
         except RequestError as exc:
@@ -329,6 +355,70 @@ class SimServer:
             data = data[: max(1, len(data) // 2)]
         self.stats.served += 1
         return web.Response(body=data, content_type="application/json")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        """A prefill-only request of hidden-state extraction (``sim/hidden.py``)."""
+        admitted = await self._admit(request)
+        if isinstance(admitted, web.StreamResponse):
+            return admitted
+        body, fault = admitted
+        cfg = self.config
+        prompt = body.get("prompt") if isinstance(body, dict) else None
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+            prompt = prompt[0]
+        if (
+            not isinstance(prompt, list)
+            or not prompt
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
+        ):
+            self.stats.rejected += 1
+            return self._error(400, "prompt: a non-empty list of token ids is expected")
+        model = body.get("model")
+        if model not in (None, cfg.model):
+            self.stats.rejected += 1
+            return self._error(404, f"The model `{model}` does not exist.")
+        ids = [int(i) for i in prompt]
+        if fault == "context_400" or len(ids) >= cfg.context_length:
+            msg = shapes.context_message("vllm", len(ids), 1, cfg.context_length)
+            return self._error(400, msg or "context length exceeded (simulated)")
+        slow = cfg.faults.slow.get(self.index, 1.0)
+        async with self._prefill_slots:
+            self._prefilling += 1
+            try:
+                prefill = len(ids) * cfg.prefill_per_token_s * cfg.time_scale * slow
+                await asyncio.sleep(prefill + cfg.step_s(1, slow))  # and its one token
+            finally:
+                self._prefilling -= 1
+        self._batcher.prompt_tokens += len(ids)
+        # unique across servers and processes that share the folder (as vLLM's request ids)
+        rid = f"cmpl-{secrets.token_hex(8)}"
+        folder = Path(cfg.hidden_states or ".")
+        path = folder / f"{rid}-0-{secrets.token_hex(4)}.safetensors"
+        pending = PendingWrite(path)
+        await asyncio.to_thread(pending.open)
+        data: bytes | None = None
+        f = cfg.faults
+        u = self._hidden_rng.random() if f.applies_to(self.index) else 1.0
+        if u < f.hidden_missing:
+            self.stats.faults["hidden_missing"] = self.stats.faults.get("hidden_missing", 0) + 1
+        else:
+            stored = ids
+            if u < f.hidden_missing + f.hidden_wrong_ids:
+                self.stats.faults["hidden_wrong_ids"] = (
+                    self.stats.faults.get("hidden_wrong_ids", 0) + 1
+                )
+                stored = [*ids[1:], ids[0]]  # another sample's ids: same length, not these
+            data = file_bytes(ids, cfg.hidden_layers, cfg.hidden_size, stored_ids=stored)
+        task = asyncio.ensure_future(pending.finish(data, cfg.hidden_write_s * cfg.time_scale))
+        self._writes[task] = pending
+        task.add_done_callback(lambda t: self._writes.pop(t, None))
+        answer = shapes.hidden_completion(cfg, rid, len(ids), str(path))
+        self.stats.served += 1
+        self.stats.finished["length"] = self.stats.finished.get("length", 0) + 1
+        data_out = _encode(answer)
+        if fault == "malformed":
+            data_out = data_out[: max(1, len(data_out) // 2)]
+        return web.Response(body=data_out, content_type="application/json")
 
     async def _reset(self, request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
@@ -401,11 +491,15 @@ class SimServer:
         details = [c.spec.details(len(c.ids)) for c in prep.choices if c.spec is not None]
         return details if len(prep.choices) > 1 else (details[0] if details else None)
 
-    def _usage(self, prep: Prepared) -> dict[str, Any]:
+    def _usage(self, prep: Prepared) -> dict[str, Any] | None:
+        # --usage none: no usage object (a server that sends none); zero: 0 completion tokens
+        if self.config.usage == "none":
+            return None
+        completion = sum(len(c.ids) for c in prep.choices) if self.config.usage == "full" else 0
         return shapes.usage(
             self.config.flavor,
             len(prep.prompt_ids),
-            sum(len(c.ids) for c in prep.choices),
+            completion,
             prep.cached_tokens,
             sum(c.reasoning_tokens for c in prep.choices),
         )
@@ -473,8 +567,9 @@ class SimServer:
                     upto = min(targets[i], sent[i] + step)
                     await out.tokens(i, c, sent[i], upto)
                     sent[i] = upto
-        if prep.include_usage:
-            await out.send([], usage_=self._usage(prep))
+        usage = self._usage(prep)
+        if prep.include_usage and usage is not None:
+            await out.send([], usage_=usage)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
 

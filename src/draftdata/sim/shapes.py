@@ -174,12 +174,12 @@ def completion(
     rid: str,
     model: str,
     choices: list[dict[str, Any]],
-    usage_: dict[str, Any],
+    usage_: dict[str, Any] | None,
     prompt_ids: list[int] | None,
     spec_details: Any = None,
 ) -> dict[str, Any]:
     """The whole non-streaming ``chat.completion`` body (SGLang: ``sglext`` with the
-    speculative details when asked for)."""
+    speculative details when asked for; no ``usage`` key when ``usage_`` is None)."""
     base: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion",
@@ -191,16 +191,19 @@ def completion(
         out = {**base, "usage": usage_, "metadata": {"weight_version": "default"}}
         if spec_details is not None:
             out["sglext"] = {"spec_tokens_details": spec_details}
-        return out
-    return {
-        **base,
-        "service_tier": None,
-        "system_fingerprint": None,
-        "usage": usage_,
-        "prompt_logprobs": None,
-        "prompt_token_ids": prompt_ids,
-        "kv_transfer_params": None,
-    }
+    else:
+        out = {
+            **base,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage_,
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt_ids,
+            "kv_transfer_params": None,
+        }
+    if usage_ is None:
+        del out["usage"]
+    return out
 
 
 def delta(
@@ -434,3 +437,35 @@ def metrics(
         f"sglang:generation_tokens_total{{{lab}}} {float(generated)}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def hidden_completion(config: SimConfig, rid: str, prompt_tokens: int, path: str) -> dict[str, Any]:
+    """vLLM 0.32's ``/v1/completions`` answer with the hidden-states connector: one generated
+    token and ``kv_transfer_params.hidden_states_path`` (sim/hidden.py)."""
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": config.model,
+        "choices": [
+            {
+                "index": 0,
+                "text": " the",
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": f"vllm-{config.version}-sim",
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + 1,
+            "completion_tokens": 1,
+            "prompt_tokens_details": None,
+        },
+        "kv_transfer_params": {"hidden_states_path": path},
+    }

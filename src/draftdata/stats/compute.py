@@ -48,7 +48,7 @@ from draftdata.stats.sketch import Sketch
 from draftdata.store.base import Store
 from draftdata.store.doneset import DoneSet
 from draftdata.store.read import iter_failures, read_metrics
-from draftdata.tokens import TokenCounter, conversation_tokens, counter
+from draftdata.tokens import TokenCounter, completion_tokens, conversation_tokens, counter
 
 T = TypeVar("T")
 STATS_FORMAT = "draftdata.stats/1"
@@ -178,6 +178,7 @@ class StatsBuilder:
         self.labels: Counter[str] = Counter()
         self.stopped: Counter[str] = Counter()  # run: conversations stopped early, by reason
         self.duplicates = 0  # run: rows of an (id, sample) an earlier shard holds (not counted)
+        self.output_estimated = 0  # run: answers whose servers counted no output tokens
         self.rejects = Rejects()
 
     def _domain(self, name: str) -> _Group:
@@ -282,9 +283,9 @@ def _stats_run(b: StatsBuilder) -> None:
         for c, conv, n, nl in zip(chunk, convs, tokens.tolist(), loss.tolist(), strict=True):
             domain = _label(b, c.domain) or classify(conv.messages, c.tools)
             out_chars = sum(len(t.content or "") + len(t.reasoning or "") for t in c.turns)
-            out_tokens = c.usage.completion_tokens or sum(
-                t.usage.completion_tokens for t in c.turns
-            )
+            # usage, else token ids, else the text
+            out_tokens, estimated = completion_tokens(c.usage.completion_tokens, c.turns, b.count)
+            b.output_estimated += estimated
             measures: dict[str, float] = {"output_chars": out_chars}
             if out_tokens:
                 measures["output_tokens"] = out_tokens
@@ -316,11 +317,13 @@ def _failures(ds: Dataset) -> dict[str, Any]:
     }
 
 
-def _run_figures(ds: Dataset, snaps: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _run_figures(
+    ds: Dataset, snaps: list[dict[str, Any]], count: TokenCounter
+) -> dict[str, Any] | None:
     """The whole run's committed figures (``runfigures``), None when they cannot be read."""
 
     try:
-        return run_figures(ds.store, snaps).to_dict()
+        return run_figures(ds.store, snaps, count).to_dict()
     except DraftdataError:
         return None
 
@@ -415,11 +418,13 @@ def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
         }
         out["finish_reasons"] = dict(b.all.finish.most_common())
         out["stopped"] = dict(b.stopped.most_common())
+        # lengths.output_tokens of answers their servers counted none for are estimated
+        out["output_tokens_estimated"] = b.output_estimated
         if ds.is_run:
             out["failures"] = _failures(ds)
             snaps = run_metrics(ds)
             out["metrics"] = headline(snaps)
-            out["run"] = _run_figures(ds, snaps)
+            out["run"] = _run_figures(ds, snaps, count)
     if ds.kind == "prompts":
         report = read_json_file(ds.store, PREPARE_REPORT)
         if report is not None:

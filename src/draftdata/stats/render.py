@@ -14,6 +14,7 @@ from rich.text import Text
 
 from draftdata import tables
 from draftdata.stats.runfigures import RunFigures
+from draftdata.tokens import ESTIMATE_ERROR
 
 
 def _pct(x: float | None) -> str:
@@ -43,7 +44,10 @@ def token_note(stats: dict[str, Any]) -> str:
     if method == "tokenizer":
         return f"~ tokens counted with the tokenizer in {stats.get('tokenizer')}"
     if method == "estimate":
-        return "~ tokens estimated from the text (--tokenizer DIR counts them with the target's)"
+        return (
+            f"~ tokens estimated from the text: {ESTIMATE_ERROR}; --tokenizer DIR counts them "
+            "with the target's"
+        )
     return ""
 
 
@@ -170,6 +174,19 @@ def stats_renderable(stats: dict[str, Any]) -> Group:
         for k, v in failures["by_reason"].items():
             t.add_row(k, _n(v))
         parts.append(t)
+    if stats.get("output_tokens_estimated"):
+        how = (
+            f"counted with the tokenizer in {stats.get('tokenizer')}"
+            if stats.get("token_method") == "tokenizer"
+            else ESTIMATE_ERROR
+        )
+        parts.append(
+            Text(
+                f"~ output tokens of {_n(stats['output_tokens_estimated'])} answers are "
+                f"counted from their text (their servers counted none): {how}",
+                style="yellow",
+            )
+        )
     run = stats.get("run")
     metrics = stats.get("metrics")
     if run:
@@ -199,3 +216,56 @@ def _run_lines(run: dict[str, Any]) -> list[str]:
 def print_stats(stats: dict[str, Any], console: Console | None = None) -> None:
     """Print the stats tables to the terminal (or ``console``)."""
     (console or tables.console()).print(stats_renderable(stats))
+
+
+def hidden_set_renderable(s: dict[str, Any]) -> Group:
+    """The table of one hidden-state set (``stats.hiddenset.hidden_set_stats``)."""
+    layers = s["layers"]
+    where = "before" if layers["last_norm"] == "pre_norm" else "after"
+    samples, toks, size = s["samples"], s["tokens"], s["bytes"]
+    state = "complete" if s["complete"] else f"{samples['planned'] - samples['done']:,} to do"
+    rows = [
+        ["samples", f"{samples['done']:,} / {samples['planned']:,} ({state})"],
+        ["tokens", f"{toks['done']:,} / {toks['planned']:,}"],
+        [
+            "bytes",
+            (tables.human_bytes(size["in_set"]) if size["in_set"] is not None else "-")
+            + (f" ({size['per_token']:,.0f} B/token)" if size["per_token"] else "")
+            + (f", bill {tables.human_bytes(size['bill'])}" if size["bill"] else ""),
+        ],
+        ["layers", f"{layers['aux']} + last ({layers['last']}, {where} the final norm)"],
+        ["dtype / format", f"{s['dtype']} / {s['trainer_format']} ({s['compress']})"],
+        [
+            "target",
+            f"{s['model']['name']} ({s['model']['num_layers']} layers x "
+            f"{s['model']['hidden_size']})",
+        ],
+        ["dataset", f"{s['dataset']['url']} ({_n(s['dataset']['samples'])} samples)"],
+    ]
+    v = s.get("verification")
+    if v:
+        worst = max(v["layers"], key=lambda lc: lc["rms_rel"]) if v["layers"] else None
+        verdict = "passed" if v["passed"] else "FAILED"
+        detail = (
+            f"; worst layer {worst['layer']} rms {worst['rms_rel']:.3%}, max abs "
+            f"{worst['max_abs']:.3g}"
+            if worst
+            else ""
+        )
+        rows.append(
+            [
+                "verification",
+                f"{verdict}: {v['samples']} samples one at a time, tolerance "
+                f"{v['tolerance']:.1%} rms{detail}",
+            ]
+        )
+    else:
+        rows.append(["verification", "- (no command has finished the set yet)"])
+    if s.get("engine"):
+        rows.append(["engine", f"{s['engine']}, {_n(s.get('tokens_per_s'))} tok/s"])
+    return Group(tables.table(f"hidden states: {s['url']}", ["", ""], rows))
+
+
+def print_hidden_set(s: dict[str, Any], console: Console | None = None) -> None:
+    """Print one hidden-state set's table."""
+    (console or tables.console()).print(hidden_set_renderable(s))

@@ -12,10 +12,13 @@ an interrupt, retried attempts). ``run_figures(store)`` counts instead from what
   when any turn was cut by max tokens, else its last turn's reason), and each endpoint's committed
   completions and output tokens, so the endpoint shares sum to 100%;
 - the standing failures (one per (id, sample) not later completed), by class;
-- the metrics snapshots for time only: each segment is one writer process (a writer id plus its
-  start time), spanning from its start to its last snapshot; the run's active time is the union
-  of the segments (parallel writers overlap, sequential commands add up) and the gaps between
-  them are listed; tokens/s is committed output tokens over active time;
+- the metrics snapshots for time: each segment is one writer process (a writer id plus its
+  start time), spanning from its start to its last snapshot; the committed answers' requests
+  (start and answer times) extend a segment past its last snapshot, and are a segment of their
+  own where no snapshot covers them (a command killed before its first snapshot: bounded by its
+  first request and last answer); the run's active time is the union of the segments (parallel
+  writers overlap, sequential commands add up) and the gaps between them are listed; tokens/s
+  is committed output tokens over active time;
 - wasted work, as its own figure: output tokens the endpoints returned beyond those committed
   (from each segment's newest snapshot), hedged copies (and how many won), retried attempts and
   failed requests by class.
@@ -30,19 +33,23 @@ from collections import Counter
 from typing import Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftdata.formats import COMPLETION_FORMAT
 from draftdata.stats.runmetrics import (
     SAME_START_S,
+    Answers,
     Segment,
+    answer_throughput,
     segments_of,
     snapshot_elapsed,
     snapshot_endpoints,
     snapshot_time,
     summary_of,
     union,
+    with_commits,
     writer_of,
 )
 from draftdata.store.base import Store
@@ -51,13 +58,24 @@ from draftdata.store.quarantine import quarantined
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
     iter_failures,
+    output_tokens,
     read_metrics,
     read_shards_parallel,
     shard_keys,
     turn_finish_reasons,
 )
+from draftdata.tokens import ESTIMATE_ERROR, TokenCounter
 
-_COLUMNS = ["id", "sample", "domain", "endpoint", "usage", "turns.list.element.finish_reason"]
+_COLUMNS = [
+    "id",
+    "sample",
+    "domain",
+    "endpoint",
+    "usage",
+    "created",
+    "latency_s",
+    "turns.list.element.finish_reason",
+]
 
 
 class EndpointFigures(msgspec.Struct, kw_only=True):
@@ -108,6 +126,11 @@ class RunFigures(msgspec.Struct, kw_only=True):
     stopped: dict[str, int] = msgspec.field(default_factory=dict)
     prompt_tokens: int = 0
     output_tokens: int = 0
+    # completions whose servers counted no output tokens (no usage, or 0): estimated from their
+    # text (draftdata.tokens.turns_tokens), and those estimated tokens, part of output_tokens
+    estimated_answers: int = 0
+    estimated_tokens: int = 0
+    estimated_with: str | None = None  # the tokenizer folder that counted them (None: estimate)
     cached_tokens: int = 0
     endpoints: list[EndpointFigures] = msgspec.field(default_factory=list)
     domains: dict[str, DomainFigures] = msgspec.field(default_factory=dict)
@@ -116,6 +139,9 @@ class RunFigures(msgspec.Struct, kw_only=True):
     active_s: float = 0.0  # union of the segments
     span_s: float = 0.0  # first start to last end, gaps included
     wasted: Wasted = msgspec.field(default_factory=Wasted)
+    # committed output tokens/s per endpoint over time: (seconds since the first segment
+    # started, tok/s), each answer's tokens spread over its request's life (runmetrics)
+    throughput: dict[str, list[tuple[float, float]]] = msgspec.field(default_factory=dict)
 
     @property
     def failures(self) -> int:
@@ -135,6 +161,19 @@ class RunFigures(msgspec.Struct, kw_only=True):
         data["output_tokens_per_s"] = round(rate, 2) if rate is not None else None
         data["wasted"]["failed_requests"] = self.wasted.failed_requests
         return data
+
+    def estimate_line(self) -> str:
+        """What part of the output tokens is an estimate, why, and how far off it can be."""
+        how = (
+            f"counted with the tokenizer in {self.estimated_with}"
+            if self.estimated_with
+            else ESTIMATE_ERROR
+        )
+        return (
+            f"  ~{self.estimated_tokens:,} of the output tokens are counted from the text of "
+            f"{self.estimated_answers:,} answers the servers counted none for (no usage, or "
+            f"0): {how}"
+        )
 
     def when(self) -> str:
         """``active S s`` plus, for several segments, how many and the span with the gaps."""
@@ -169,8 +208,9 @@ class RunFigures(msgspec.Struct, kw_only=True):
                 else []
             ),
             f"  tokens: {self.prompt_tokens:,} prompt ({self.cached_tokens:,} cached), "
-            f"{self.output_tokens:,} output"
+            f"{'~' if self.estimated_answers else ''}{self.output_tokens:,} output"
             + (f" ({rate:,.0f} output tok/s over the active time)" if rate is not None else ""),
+            *([self.estimate_line()] if self.estimated_answers else []),
             f"  finish reasons per completion: {finish}; cut by max tokens: {self.cut:,}",
             *(
                 [
@@ -268,26 +308,42 @@ def _wasted(snapshots: list[dict[str, Any]], segments: list[Segment], committed:
     return w
 
 
-def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> RunFigures:
+def run_figures(
+    store: Store, snapshots: list[dict[str, Any]] | None = None, count: TokenCounter | None = None
+) -> RunFigures:
     """The whole run's figures (module docstring); ``snapshots`` default to the run's
-    ``metrics/*.json``."""
+    ``metrics/*.json``; ``count`` counts the text of answers their servers counted no tokens
+    for (default: the estimate)."""
 
     fig = RunFigures()
+    if count is not None and count.tokenizer:
+        fig.estimated_with = count.tokenizer
     ids: set[str] = set()
     finish: Counter[str] = Counter()
     stopped: Counter[str] = Counter()
     per_ep: dict[str, list[int]] = {}  # url -> [completions, output tokens]
+    # each committed answer in time: request start, answer, tokens, endpoint (per shard)
+    starts: list[np.ndarray[Any, Any]] = []
+    ends: list[np.ndarray[Any, Any]] = []
+    toks: list[np.ndarray[Any, Any]] = []
+    eps: list[np.ndarray[Any, Any]] = []
+    urls: dict[str, int] = {}
     keys = shard_keys(store, COMPLETIONS_PREFIX)
     fig.set_aside = len(quarantined(store))
     seen = DoneSet()  # the first copy of an (id, sample) counts, as every reader keeps it
-    for table in read_shards_parallel(
+    tables = read_shards_parallel(
         store, keys, COMPLETION_FORMAT, _COLUMNS, optional=["stop_reason"]
-    ):
+    )
+    for key, table in zip(keys, tables, strict=True):
+        out_tokens, estimated = output_tokens(store, key, table, count)
         pairs = hash_pairs(table.column("id").to_pylist(), table.column("sample").to_pylist())
         first = seen.first_seen(pairs)
         if not first.all():
             fig.duplicates += int((~first).sum())
             table = table.filter(pa.array(first))
+            keep = first.tolist()
+            out_tokens = [n for n, k in zip(out_tokens, keep, strict=True) if k]
+            estimated = [e for e, k in zip(estimated, keep, strict=True) if k]
         ids.update(table.column("id").to_pylist())
         if "stop_reason" in table.column_names:
             stopped.update(r for r in table.column("stop_reason").to_pylist() if r)
@@ -296,10 +352,20 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
         def field(name: str, usage: Any = usage) -> list[int]:
             return [int(x or 0) for x in pc.struct_field(usage, name).to_pylist()]
 
-        out_tokens = field("completion_tokens")
         fig.completions += table.num_rows
+        endpoints = table.column("endpoint").to_pylist()
+        created = table.column("created").fill_null(0.0).to_numpy().astype(np.float64)
+        latency = table.column("latency_s").fill_null(0.0).to_numpy().astype(np.float64)
+        timed = created > 0  # the answer's request, in time
+        where = [urls.setdefault(u or "(unknown)", len(urls)) for u in endpoints]
+        starts.append((created - latency)[timed])
+        ends.append(created[timed])
+        toks.append(np.asarray(out_tokens, dtype=np.float64)[timed])
+        eps.append(np.asarray(where, dtype=np.int64)[timed])
         domains = table.column("domain").to_pylist()
         fig.output_tokens += sum(out_tokens)
+        fig.estimated_answers += sum(estimated)
+        fig.estimated_tokens += sum(n for n, e in zip(out_tokens, estimated, strict=True) if e)
         fig.prompt_tokens += sum(field("prompt_tokens"))
         fig.cached_tokens += sum(field("cached_tokens"))
         rows = zip(turn_finish_reasons(table.column("turns")), domains, out_tokens, strict=True)
@@ -312,7 +378,7 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
             d.completions += 1
             d.output_tokens += tokens
             d.cut += cut
-        for url, tokens in zip(table.column("endpoint").to_pylist(), out_tokens, strict=True):
+        for url, tokens in zip(endpoints, out_tokens, strict=True):
             acc = per_ep.setdefault(url or "(unknown)", [0, 0])
             acc[0] += 1
             acc[1] += tokens
@@ -337,10 +403,20 @@ def run_figures(store: Store, snapshots: list[dict[str, Any]] | None = None) -> 
         for url, (n, t) in sorted(per_ep.items())
     ]
     snaps = read_metrics(store) if snapshots is None else snapshots
-    fig.segments = segments_of(snaps)
+    logged = segments_of(snaps)
+    # a command killed before its first snapshot (or after its last) shows in its answers
+    answers = Answers(
+        start=np.concatenate(starts) if starts else np.zeros(0),
+        end=np.concatenate(ends) if ends else np.zeros(0),
+        tokens=np.concatenate(toks) if toks else np.zeros(0),
+        endpoint=np.concatenate(eps) if eps else np.zeros(0, np.int64),
+        urls=sorted(urls, key=urls.__getitem__),
+    )
+    fig.segments = with_commits(logged, answers)
     fig.active_s, fig.gaps = union(fig.segments)
     fig.active_s = round(fig.active_s, 3)
     if fig.segments:
         fig.span_s = round(max(s.end for s in fig.segments) - fig.segments[0].start, 3)
-    fig.wasted = _wasted(snaps, fig.segments, fig.output_tokens)
+        fig.throughput = answer_throughput(answers, fig.segments[0].start)
+    fig.wasted = _wasted(snaps, logged, fig.output_tokens)
     return fig

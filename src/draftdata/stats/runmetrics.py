@@ -8,19 +8,26 @@ tokens_per_s). This module accepts the variants: endpoints as a list of rows wit
 ``{reason: count}`` mapping; the time as epoch seconds or ISO-8601 under ``time``, else elapsed
 seconds. Anything unrecognised is skipped, so a run without (usable) metrics gives an empty
 series, never an error. A run's segments (``segments_of``: one per writer process) and the time
-they cover together (``union``) are read from the snapshots here too.
+they cover together (``union``) are read from the snapshots here too; ``with_commits`` adds the
+stretches the committed answers show but no snapshot covers (a command killed before its first
+snapshot, or after its last), bounded by their requests' first start and last answer.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 _ELAPSED_KEYS = ("elapsed_s", "wall_s")  # a progress snapshot's, the final summary's
 SAME_START_S = 2.0  # two snapshots of one writer whose start times differ less are one process
+COMMIT_GAP_S = 1.0  # answers further apart than this with no request between: two stretches
+UNLOGGED = "(no metrics snapshot)"  # the writer of a stretch only its committed answers show
 
 
 def _num(value: Any) -> float | None:
@@ -288,3 +295,86 @@ def union(segments: list[Segment]) -> tuple[float, list[tuple[float, float]]]:
             covered += s.end - end
             end = s.end
     return covered, gaps
+
+
+class Answers(msgspec.Struct, kw_only=True):
+    """A run's committed answers in time, as arrays (one entry per answer): its request's start
+    and its answer's time (epoch seconds), its output tokens, and its endpoint (an index into
+    ``urls``)."""
+
+    start: npt.NDArray[np.float64]
+    end: npt.NDArray[np.float64]
+    tokens: npt.NDArray[np.float64]
+    endpoint: npt.NDArray[np.int64]
+    urls: list[str]
+
+
+def with_commits(segments: list[Segment], answers: Answers) -> list[Segment]:
+    """``segments`` plus what the committed ``answers`` show beyond them: requests that overlap
+    (or follow within ``COMMIT_GAP_S``) form a stretch; a stretch that overlaps a segment
+    extends it (a command killed after its last snapshot), one that overlaps none is a segment
+    of its own (a command killed before its first snapshot: its time bounded by its first
+    request and last answer). Sorted by start."""
+    out = [Segment(writer=s.writer, start=s.start, end=s.end) for s in segments]
+    if len(answers.start):
+        order = np.argsort(answers.start, kind="stable")
+        starts, ends = answers.start[order], np.maximum.accumulate(answers.end[order])
+        # a stretch begins where a request starts after every earlier one ended (plus the gap)
+        new = np.flatnonzero(starts[1:] > ends[:-1] + COMMIT_GAP_S) + 1
+        firsts = np.concatenate(([0], new))
+        lasts = np.concatenate((new - 1, [len(starts) - 1]))
+        for a, b in zip(firsts.tolist(), lasts.tolist(), strict=True):
+            lo, hi = float(starts[a]), float(ends[b])
+            hit = [s for s in out if s.start <= hi and lo <= s.end]
+            if not hit:
+                out.append(Segment(writer=UNLOGGED, start=lo, end=hi))
+                continue
+            for s in hit:  # the commits of a segment after its last snapshot
+                if s.writer != UNLOGGED:
+                    s.start, s.end = min(s.start, lo), max(s.end, hi)
+                    break
+    return sorted(out, key=lambda s: s.start)
+
+
+def answer_throughput(
+    answers: Answers, origin: float, max_points: int = 60
+) -> dict[str, list[tuple[float, float]]]:
+    """Output tokens/s over time per endpoint from committed ``answers``: ``{url: [(seconds
+    since origin, tok/s)]}``. Each answer's tokens are spread evenly over its request's life,
+    the time they were generated in, and the bins are never narrower than the median request
+    life: an endpoint counts an answer's tokens when it ends, so bins narrower than a request
+    show bursts and empty stretches (several times the true rate, then 0) where the fleet
+    decoded steadily. ``{}`` without answers, or when most answers carry no request life
+    (latency 0: records that do not say when their request started)."""
+    if not len(answers.start):
+        return {}
+    lo, hi = float(answers.start.min()), float(answers.end.max())
+    lives = answers.end - answers.start
+    life = float(np.median(lives))
+    if life <= 0:
+        return {}
+    width = max((hi - lo) / max_points, life)
+    nbins = max(1, math.ceil((hi - lo) / width))
+    edges = lo + width * np.arange(nbins + 1)
+    # tokens each answer made by each edge: its rate times its time before the edge
+    rate = np.where(lives > 0, answers.tokens / np.maximum(lives, 1e-12), 0.0)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for code, url in sorted(enumerate(answers.urls), key=lambda cu: cu[1]):
+        mine = answers.endpoint == code
+        if not mine.any():
+            continue
+        s, e, r = answers.start[mine], answers.end[mine], rate[mine]
+        instant = answers.tokens[mine] * (lives[mine] <= 0)  # no life: all at its end
+        made = np.array(
+            [
+                float((r * np.clip(x - s, 0.0, e - s)).sum() + instant[e <= x].sum())
+                for x in edges.tolist()
+            ]
+        )
+        made[-1] = float(answers.tokens[mine].sum())  # the last edge holds every answer
+        per_bin = np.diff(made)
+        out[url] = [
+            (round(lo - origin + (k + 0.5) * width, 3), round(float(per_bin[k]) / width, 3))
+            for k in range(nbins)
+        ]
+    return out

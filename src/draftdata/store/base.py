@@ -158,6 +158,11 @@ class Store:
         """Sorted relative keys that start with ``prefix`` (a string prefix, not only folders)."""
         return sorted(self._list(prefix))
 
+    def list_sizes(self, prefix: str = "") -> dict[str, int]:
+        """key -> size in bytes of every key ``list(prefix)`` gives, from the listing itself
+        where the backend has it (S3's listing carries sizes: no request per key)."""
+        return {k: self.size(k) for k in self.list(prefix)}
+
     def exists(self, key: str) -> bool:
         """Whether an object exists at ``key``."""
         return self._exists(check_key(key))

@@ -5,6 +5,11 @@ A run directory or prefix holds ``manifest.json``, ``completions/part-*.parquet`
 run's URL (or an open Store), read shard by shard (never the whole run at once), and check each
 shard's ``draftdata.format`` before use.
 
+``output_tokens`` counts each completion's output tokens the one way every figure does
+(``draftdata.tokens.completion_tokens``: usage, else token ids, else an estimate from the
+text),
+reading a shard's turns only for the rows whose usage counts none.
+
 ``iter_failures`` yields the failures that still stand by default: one per (id, sample), the
 last recorded, and none for a pair that was later completed (a retried prompt). Pass
 ``all_attempts=True`` for every recorded failure.
@@ -28,6 +33,7 @@ from draftdata.formats import (
     COMPLETION_FORMAT,
     FAILURE_FORMAT,
     check_format,
+    turn_from_row,
 )
 from draftdata.formats import iter_completions as _rows_to_completions
 from draftdata.formats import iter_failures as _rows_to_failures
@@ -37,6 +43,7 @@ from draftdata.store.doneset import DoneSet, hash_pairs, pair_hash
 from draftdata.store.manifest import load_manifest
 from draftdata.store.quarantine import quarantined, read_error
 from draftdata.store.store import open_store
+from draftdata.tokens import TokenCounter, turns_tokens
 
 COMPLETIONS_PREFIX = "completions/"
 FAILURES_PREFIX = "failures/"
@@ -199,3 +206,24 @@ def turn_finish_reasons(turns: Any) -> list[list[str | None]]:
         out.append(flat[at : at + n])
         at += n
     return out
+
+
+def output_tokens(
+    store: Store, key: str, table: pa.Table, count: TokenCounter | None = None
+) -> tuple[list[int], list[bool]]:
+    """(output tokens, estimated) of each row of ``table``: every row of the completions shard
+    ``key`` in order, with its ``usage`` column. The usage's count where it has one; the rows
+    whose usage counts none (a server that sent no usage, or 0) are counted from their turns
+    (``draftdata.tokens.turns_tokens``, their text with ``count``), read only then."""
+    counted = pc.struct_field(table.column("usage"), "completion_tokens").to_pylist()
+    tokens = [int(x or 0) for x in counted]
+    estimated = [False] * len(tokens)
+    zero = [i for i, n in enumerate(tokens) if n <= 0]
+    if not zero:
+        return tokens, estimated
+    turns = read_shard(store, key, COMPLETION_FORMAT, ["turns"]).column("turns")
+    if len(turns) != len(tokens):
+        raise StoreError(f"{store.key_url(key)}: changed while it was read; read it again")
+    for i, row in zip(zero, turns.take(pa.array(zero)).to_pylist(), strict=True):
+        tokens[i], estimated[i] = turns_tokens([turn_from_row(t) for t in row or []], count)
+    return tokens, estimated

@@ -272,6 +272,23 @@ class S3Store(Store):
             raise _map_error(exc, what) from exc
         return out
 
+    def list_sizes(self, prefix: str = "") -> dict[str, int]:
+        """key -> size from the listing's pages (one request per 1,000 keys)."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        out: dict[str, int] = {}
+        try:
+            pages = (
+                _client()
+                .get_paginator("list_objects_v2")
+                .paginate(Bucket=self.bucket, Prefix=base + prefix)
+            )
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    out[str(obj["Key"])[len(base) :]] = int(obj["Size"])
+        except _botocore_errors() as exc:
+            raise _map_error(exc, f"{self.url}/{prefix}: list") from exc
+        return out
+
     def _exists(self, key: str) -> bool:
         what = f"{self.key_url(key)}: head"
         return self._call(what, "head_object", missing_ok=True, Key=self._key(key)) is not None

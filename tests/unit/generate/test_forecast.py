@@ -266,3 +266,47 @@ def test_endpoints_full_briefly_never_full_or_silent_are_said() -> None:
     assert "http://b was full for only 1.0 s" in text and "its rate is rough" in text
     assert "http://c was never full" in text and "http://d answered no pilot request" in text
     assert "--pilot" in text  # how big a pilot would do
+
+
+@given(
+    sizes=st.dictionaries(
+        st.sampled_from(["code", "math", "agent", "tool"]),
+        st.integers(1, 400),
+        min_size=1,
+        max_size=4,
+    ),
+    fraction=st.floats(0.001, 0.2),
+    n=st.integers(1, 3),
+)
+def test_the_pilot_notes_never_ask_for_more_than_the_job(
+    sizes: dict[str, int], fraction: float, n: int
+) -> None:
+    """A domain the pilot measured too little of: the pilot that would measure it is at most
+    the job, and a domain the whole job cannot measure says so."""
+    import re
+
+    strata = {("s", d): k for d, k in sizes.items()}
+    drawn = {s: [f"{s[1]}{i}" for i in range(max(1, int(k * fraction)))] for s, k in strata.items()}
+    out = Outcome()
+    for s, ids in drawn.items():
+        for _ in range(len(ids) * n):
+            out.add(s, 100, False)
+    left = {s: (k - len(drawn[s])) * n for s, k in strata.items()}
+    fc = forecast(
+        _sample(drawn, strata), out, left, left, committed={}, committed_active_s=0.0,
+        throughput=_throughput(100.0), gpus=1, endpoints=1, n=n,
+    )  # fmt: skip
+    job = sum(sizes.values())
+    for d, k in sizes.items():
+        note = next((w for w in fc["warnings"] if w.startswith(f"domain {d}:")), None)
+        if note is None:
+            continue
+        if k * n < 30:
+            assert "cannot be measured in this job" in note, note
+        else:
+            found = re.search(r"a pilot of about ([\d,]+) of the job's ([\d,]+) prompts", note)
+            assert found is not None, note
+            need, total = (int(x.replace(",", "")) for x in found.groups())
+            assert total == job and 0 < need <= job, note
+            # that pilot's share of the domain holds the answers asked for
+            assert need / job * k * n >= 30 - 1e-9, note

@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draftdata.errors import ConfigError
-from draftdata.merge.config import normalised_mix, parse_mix
 from draftdata.merge.plan import bucket_of, dedup, mix64, select, solve_counts, split_counts
+from draftdata.mix import normalised as normalised_mix
+from draftdata.mix import parse_mix
 
 
 def test_parse_mix_reads_shares_and_names_bad_pieces() -> None:

@@ -365,7 +365,7 @@ def test_cli_prints_the_plan_and_the_mix_tables(
     assert ok.value.code == 0
     text = capsys.readouterr().out
     # the plan comes first, then the result
-    assert text.index("plan (loss tokens)") < text.index("domain mix (before / target / train")
+    assert text.index("plan (loss tokens)") < text.index("domain mix in rows (before / target")
     assert "loss tokens (before / target / train; exact)" in text
     assert json.loads((out / "merge_report.json").read_text())["seed"] == 3
     with pytest.raises(SystemExit) as exc:

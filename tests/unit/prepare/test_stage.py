@@ -193,13 +193,6 @@ def test_quickstart_yaml_matches_sample_config(samples: Path, tmp_path: Path) ->
     assert cfg == expected
 
 
-def test_expansion_yaml_loads_and_sums_to_193010() -> None:
-    path = ROOT / "examples" / "expansion.yaml"
-    cfg = load_config(path, PrepareConfig)
-    assert sum(s.take or 0 for s in cfg.sources) == 193_010
-    assert len(cfg.sources) == 6 and all(s.hub for s in cfg.sources)
-
-
 def test_cli_plan_only_and_run(samples: Path, tmp_path: Path) -> None:
     cfg = tmp_path / "p.yaml"
     cfg.write_text(

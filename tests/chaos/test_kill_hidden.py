@@ -1,0 +1,134 @@
+"""kill -9 `hidden-states` at random moments (twice), then the same command: no sample file is
+rewritten (each one a kill left keeps its inode, mtime and bytes), none is missing, none is
+there twice, every file holds its sample's tokens and states, and the set is verified.
+
+A kill lands at a random moment after a random number of store writes (a thread sleeps a
+random few milliseconds after the N-th write starts, then SIGKILLs the process), so kills fall
+before, inside and after a file's temp write, link and fsync, between a file and the next, and
+during the manifest, index and speculators' dataset."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.integration.hidden.helpers import (
+    cpu_env,
+    samples_of,
+    stats_of,
+    target_for,
+    tokenized_run,
+)
+
+pytest.importorskip("torch")
+
+from draftdata.hidden.setfiles import read_set
+from draftdata.hidden.writers import writer_for
+
+pytestmark = pytest.mark.chaos
+
+DRIVER = """
+import os, random, signal, sys, threading, time
+from draftdata.store.base import Store
+after = int(os.environ["KILL_AFTER"])
+delay = float(os.environ["KILL_DELAY_MS"]) / 1000
+count = 0
+put_new = Store.put_new
+def kill_soon():
+    time.sleep(delay)
+    os.kill(os.getpid(), signal.SIGKILL)
+def counting_put_new(self, key, data):
+    global count
+    count += 1
+    if count == after:
+        threading.Thread(target=kill_soon, daemon=True).start()
+    put_new(self, key, data)
+Store.put_new = counting_put_new
+from draftdata.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("hidden-chaos")
+    tok_dir, tok = tokenized_run(root, n=30)
+    return tok_dir, target_for(tok, root / "target")
+
+
+def _cli(tok_dir: Path, target: Path, out: Path, fmt: str, compress: str) -> list[str]:
+    return ["hidden-states", str(tok_dir), "--model", str(target), "--out", str(out),
+            "--format", fmt, "--compress", compress, "--gpus", "cpu", "--batch-tokens", "300",
+            "--verify", "4", "-q"]  # fmt: skip
+
+
+def _kill(cli: list[str], after: int, delay_ms: int) -> int:
+    res = subprocess.run(
+        [sys.executable, "-c", DRIVER, *cli],
+        env={**cpu_env(), "KILL_AFTER": str(after), "KILL_DELAY_MS": str(delay_ms)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert res.returncode in (0, -9), res.stderr[-3000:]
+    return res.returncode
+
+
+@settings(
+    max_examples=4,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    fmt=st.sampled_from([("speculators", "none"), ("specforge", "none"), ("specforge", "gzip")]),
+    kills=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 40)), min_size=2, max_size=2),
+)
+def test_kill_9_at_random_moments_then_resume(
+    inputs: tuple[Path, Path], tmp_path: Path, fmt: tuple[str, str], kills: list[tuple[int, int]]
+) -> None:
+    import tempfile
+
+    import torch
+
+    tok_dir, target = inputs
+    out = Path(tempfile.mkdtemp(dir=tmp_path)) / "set"
+    cli = _cli(tok_dir, target, out, *fmt)
+    seen: dict[str, tuple[int, int, int]] = {}
+    for after, delay in kills:
+        _kill(cli, after, delay)
+        if (out / "hidden_states").exists():
+            now = stats_of(out)
+            assert {k: now[k] for k in seen} == seen  # nothing a kill left was rewritten
+            seen = now
+    from draftdata.cli import main
+
+    try:
+        main(cli)
+    except SystemExit as exc:
+        assert not exc.code
+    final = stats_of(out)
+    assert {k: final[k] for k in seen} == seen  # the resume rewrote nothing either
+    hs = read_set(str(out))
+    samples = samples_of(tok_dir)
+    index = hs.index.to_pylist()
+    assert sorted(r["id"] for r in index) == sorted(samples)  # each sample once in the index
+    w = writer_for(fmt[0], compress=fmt[1])  # type: ignore[arg-type]
+    assert sorted(final) == sorted(r["file"].split("/")[-1] for r in index)  # none missing
+    for r in index:  # each file holds its own sample
+        stored = w.decode((out / r["file"]).read_bytes())
+        assert stored.input_ids.tolist() == samples[r["id"]]["input_ids"]
+        assert torch.isfinite(stored.states).all()
+        assert stored.states.shape[0] == len(samples[r["id"]]["input_ids"])
+    assert hs.summary is not None and hs.summary["complete"]
+    assert hs.summary["verification"]["passed"]
+    leftovers = [p.name for p in (out / "hidden_states").iterdir() if p.name.startswith(".")]
+    assert all(".tmp-" in name for name in leftovers)
+    assert np.isfinite(hs.summary["tokens_per_s"])
+    assert os.path.exists(out / "hidden_index.parquet")

@@ -1,0 +1,149 @@
+"""`hidden-states --engine vllm` over real sockets against the simulator speaking vLLM's
+hidden-states protocol (sim/hidden.py): the files hold the fleet's states for exactly each
+sample's tokens, through the faults of a fleet (a server killed mid-run, a slow one, refusals,
+files never written, states of other tokens), and the staging folder is left empty.
+
+The simulated states are a pure function of the token ids (``states_for``), so every file is
+checked against what it must hold. torch is needed (``draftdata[hidden]``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from tests.integration.hidden.simfleet import HIDDEN, LAYERS, check_files, run
+
+from draftdata.errors import FleetError, FleetUnavailableError
+from draftdata.sim.config import FaultConfig
+from draftdata.sim.hidden import states_for
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.integration
+
+
+def test_every_file_holds_its_own_samples_states(sim_job: dict[str, Any], sim_fleet: Any) -> None:
+    fleet, yaml = sim_fleet(2)
+    summary, _ = run(sim_job, yaml)
+    assert summary.complete and summary.written == 48
+    assert summary.verification is not None and summary.verification.passed
+    check_files(sim_job)
+    assert all(fleet.stats(i).served > 0 for i in range(2))  # the fleet shared the work
+
+
+def test_the_last_layer_after_the_final_norm_for_specforge(
+    sim_job: dict[str, Any], sim_fleet: Any
+) -> None:
+    _, yaml = sim_fleet(1)
+    summary, _ = run(sim_job, yaml, format="specforge")
+    assert summary.complete
+    weight = torch.linspace(0.5, 2.0, HIDDEN).to(torch.bfloat16)
+    for r in pq.read_table(sim_job["tmp"] / "set" / "hidden_index.parquet").to_pylist()[:10]:
+        got = torch.load(sim_job["tmp"] / "set" / r["file"])
+        pre = torch.from_numpy(states_for(sim_job["samples"][r["id"]], [LAYERS], HIDDEN)[:, 0])
+        x = pre.to(torch.bfloat16).float()
+        want = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+        assert torch.equal(got["hidden_state"][0], want)
+
+
+def test_a_server_killed_mid_run(
+    sim_job: dict[str, Any], sim_fleet: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Server 0 dies at its 6th request (socket closed, connections dropped, its writes not
+    done): its work moves to server 1; nothing is lost, nothing is wrong."""
+    fleet, yaml = sim_fleet(2, faults=FaultConfig(crash_after={0: 6}))
+    summary, _ = run(sim_job, yaml)
+    assert summary.complete and summary.written == 48
+    check_files(sim_job)
+    assert fleet.stats(0).crashes == 1
+    said = capfd.readouterr().err  # the engine's endpoint lines, as generate's
+    assert f"endpoint {fleet.urls[0]} taken out" in said
+
+
+def test_a_server_killed_and_back(sim_job: dict[str, Any], sim_fleet: Any) -> None:
+    fleet, yaml = sim_fleet(
+        2, faults=FaultConfig(crash_after={1: 3}, restart_after=0.5, starting_s=0.2)
+    )
+    summary, _ = run(sim_job, yaml)
+    assert summary.complete
+    check_files(sim_job)
+    assert fleet.stats(1).restarts == 1
+
+
+def test_a_slow_server_gets_less_and_delays_nothing_wrong(
+    sim_job: dict[str, Any], sim_fleet: Any
+) -> None:
+    """Two requests at a time per server and batches of many samples: the fast server frees
+    its slots sooner and takes more of each batch; the slow one still serves its share."""
+    fleet, yaml = sim_fleet(2, faults=FaultConfig(slow={1: 40.0}), hidden_write_s=0.0)
+    summary, _ = run(sim_job, yaml, batch_tokens=4000, options={"concurrency": 2})
+    assert summary.complete
+    check_files(sim_job)
+    assert 0 < fleet.stats(1).served < fleet.stats(0).served
+
+
+def test_a_refusing_server_is_taken_out(
+    sim_job: dict[str, Any], sim_fleet: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    fleet, yaml = sim_fleet(2, faults=FaultConfig(refuse={0: 401}))
+    summary, _ = run(sim_job, yaml)
+    assert summary.complete
+    check_files(sim_job)
+    assert fleet.stats(0).served == 0
+    assert f"endpoint {fleet.urls[0]} taken out: it refuses" in capfd.readouterr().err
+
+
+def test_a_fleet_that_refuses_everything_stops_in_one_line(
+    sim_job: dict[str, Any], sim_fleet: Any
+) -> None:
+    _, yaml = sim_fleet(2, faults=FaultConfig(refuse={0: 403, 1: 403}))
+    with pytest.raises(FleetUnavailableError, match="every endpoint refuses") as err:
+        run(sim_job, yaml)
+    assert "\n" not in str(err.value)
+    assert not list((sim_job["tmp"] / "set" / "hidden_states").glob("*"))  # nothing committed
+
+
+def test_files_a_server_never_wrote_are_asked_again(
+    sim_job: dict[str, Any], sim_fleet: Any
+) -> None:
+    fleet, yaml = sim_fleet(2, faults=FaultConfig(hidden_missing=0.25))
+    summary, _ = run(sim_job, yaml)
+    assert summary.complete
+    check_files(sim_job)  # and the staging folder holds none of the locks left behind
+    assert sum(fleet.stats(i).faults.get("hidden_missing", 0) for i in range(2)) > 0
+
+
+def test_states_of_other_tokens_take_their_server_out(
+    sim_job: dict[str, Any], sim_fleet: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Server 0 writes files whose token_ids are not the prompt's (the class of a batching
+    bug): it is taken out at once, and no file of it is committed."""
+    fleet, yaml = sim_fleet(2, faults=FaultConfig(hidden_wrong_ids=1.0, server=0))
+    summary, _ = run(sim_job, yaml)
+    assert summary.complete
+    check_files(sim_job)
+    assert fleet.stats(0).faults.get("hidden_wrong_ids", 0) >= 1
+    said = capfd.readouterr().err
+    assert f"endpoint {fleet.urls[0]} taken out: it gives impossible answers" in said
+    assert "not the ids sent" in said
+
+
+def test_a_sample_longer_than_the_servers_context_is_named(
+    sim_job: dict[str, Any], sim_fleet: Any
+) -> None:
+    _, yaml = sim_fleet(1, context_length=40)
+    with pytest.raises(FleetError, match="--max-length"):
+        run(sim_job, yaml)
+    summary, _ = run(sim_job, yaml, out="cut", max_length=39)
+    assert summary.complete
+
+
+def test_a_fleet_that_does_not_capture_the_layers_is_refused(
+    sim_job: dict[str, Any], sim_fleet: Any
+) -> None:
+    from draftdata.errors import ConfigError
+
+    _, yaml = sim_fleet(1, hidden_layers=[2, 6])
+    with pytest.raises(ConfigError, match=r"captures layers \[2, 6\]"):
+        run(sim_job, yaml)
