@@ -47,13 +47,13 @@ import msgspec
 from draftdata.domains import classify_domain
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.pilot import run_pilot
-from draftdata.generate.sample import parse_pilot
+from draftdata.generate.pilot_sample import parse_pilot
 from draftdata.generate.stage import generate
 from draftdata.records import Message, Prompt
 from draftdata.sim.config import SimConfig
 from draftdata.sim.run import SimProcess
 from draftdata.stats.runfigures import run_figures
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 SERVERS = 8
 SLOTS = 64

@@ -52,6 +52,7 @@ import asyncio
 import itertools
 import os
 import random
+import signal
 import tempfile
 import threading
 import time
@@ -96,6 +97,8 @@ class Shape(msgspec.Struct, kw_only=True, frozen=True):
     seconds: float  # the ideal run time the time scale is chosen for
     slots: int = 64  # sequences per server
     mixed: bool = False  # domains of different lengths (DOMAINS), shuffled
+    down: float = 0.05  # share of the ideal run the restarting server is down
+    crash_at: float | None = None  # crash at this share of the ideal run (None: 40% of requests)
 
     def domain_means(self) -> dict[str, int]:
         """Each domain's mean output tokens at this shape's scale."""
@@ -144,19 +147,28 @@ def greedy_bound(shape: Shape, seed: int = 0, *, longest_first: bool = False) ->
     A discrete-event model of the same fleet: output lengths drawn like the simulator's
     (``draw_lengths``; mixed jobs: around each prompt's domain mean, domains in the job's
     file order), every freed slot refilled at once from one queue, server ``RESTART`` down for
-    5% of the run from 40% on (its in-flight work lost and requeued). The queue is in file
-    order, or with ``longest_first`` sorted by the domain's mean (the longest-expected domain
-    first; what a dispatcher that knew each domain's mean in advance would do). What it loses
-    is the job's own tail -- the last long answers decode at small batch while the rest of the
-    fleet idles -- which only a longer job amortises.
+    ``shape.down`` of the run from 40% on (its in-flight work lost and requeued). The queue is
+    in file order, or with ``longest_first`` sorted by the domain's mean (the longest-expected
+    domain first; what a dispatcher that knew each domain's mean in advance would do). What it
+    loses is the job's own tail -- the last long answers decode at small batch while the rest
+    of the fleet idles -- which only a longer job amortises. ``greedy_on`` runs the same model
+    on given lengths (a job's actual ones).
     """
+    domains = domains_for(shape.prompts, seed=1) if shape.mixed else None
+    lengths = draw_lengths(shape, domains, seed)
+    return greedy_on(shape, lengths, domains, longest_first=longest_first)
+
+
+def greedy_on(
+    shape: Shape, lengths: list[int], domains: list[str] | None, *, longest_first: bool = False
+) -> float:
+    """``greedy_bound``'s model on ``lengths`` (file order; ``domains`` of each, for
+    ``longest_first``)."""
     import heapq
     import math
 
     cfg = SimConfig(max_running=shape.slots)
     capacity = shape.slots
-    domains = domains_for(shape.prompts, seed=1) if shape.mixed else None
-    lengths = draw_lengths(shape, domains, seed)
     if longest_first and domains is not None:
         means = shape.domain_means()
         order = sorted(range(len(lengths)), key=lambda i: -means[domains[i]])
@@ -206,9 +218,13 @@ def greedy_bound(shape: Shape, seed: int = 0, *, longest_first: bool = False) ->
                 fill(i)
         return tokens, last, down
 
-    _, span, _ = run(None)  # sizes the run, so that the crash lands at 40% of it
-    tokens, last, down = run((0.4 * span, 0.05 * span))
     rates = [saturated_rate(cfg, f) for f in slow]
+    if shape.crash_at is None:
+        _, span, _ = run(None)  # sizes the run, so that the crash lands at 40% of it
+        tokens, last, down = run((0.4 * span, shape.down * span))
+    else:  # at a share of the ideal run, down a share of it (the time-scaled job's seconds)
+        span = sum(lengths) / sum(rates)
+        tokens, last, down = run((shape.crash_at * span, shape.down * span))
     ideal = sum(rates) * last - rates[RESTART] * min(down, last)
     return tokens / ideal
 
@@ -321,7 +337,7 @@ def sim_args(shape: Shape, scale: float, crash_n: int) -> list[str]:
         "--crash-after",
         f"{RESTART}:{crash_n}",
         "--restart-after",
-        f"{0.05 * shape.seconds:.3f}",  # down ~5% of the run (+ its starting period)
+        f"{shape.down * shape.seconds:.3f}",  # down ~5% of the run (+ its starting period)
         "--starting-seconds",
         f"{0.01 * shape.seconds:.3f}",
         "--seed",
@@ -393,16 +409,35 @@ def measure(
     prompts_path: Path,
     prompts: list[Prompt],
     run: Callable[[list[str], Path, list[Prompt]], tuple[int, int, float, int]],
+    *,
+    before: Callable[[list[str]], None] | None = None,
+    before_requests: int = 0,
 ) -> Result:
     """Start a fresh fleet, run ``run(urls, prompts_path, prompts)`` -> (tokens, completed,
-    last completion time, failed), and compute its efficiency."""
-    crash_n = max(10, int(shape.prompts / (SERVERS - 0.5) * 0.4))
+    last completion time, failed), and compute its efficiency. ``before(urls)`` runs on the
+    fleet first, off the clock (a pilot of about ``before_requests`` requests: the crash
+    still lands at ~40% of the measured run)."""
+    crash_n = max(10, int((shape.prompts * 0.4 + before_requests) / (SERVERS - 0.5)))
+    if shape.crash_at is not None:  # at a time: SIGUSR1 (a crash at the request count never)
+        crash_n = 1 << 40
     base = SimConfig(max_running=shape.slots, time_scale=scale)
     with SimProcess(n=SERVERS, args=sim_args(shape, scale, crash_n)) as fleet:
+        if before is not None:
+            before(fleet.urls)
         with UpTime(fleet.urls[RESTART]) as watch, Loads(fleet.urls) as loads:
             cpu0 = cpu_seconds(fleet.pid)
             start = time.time()
-            tokens, completed, last, failed = run(fleet.urls, prompts_path, prompts)
+            timer = None
+            if shape.crash_at is not None:
+                timer = threading.Timer(
+                    shape.crash_at * shape.seconds, os.kill, (fleet.pid, signal.SIGUSR1)
+                )
+                timer.start()
+            try:
+                tokens, completed, last, failed = run(fleet.urls, prompts_path, prompts)
+            finally:
+                if timer is not None:
+                    timer.cancel()
             sim_cpu = (cpu_seconds(fleet.pid) - cpu0) / max(1e-6, time.time() - start)
             time.sleep(0.05)
         ideal = 0.0

@@ -138,7 +138,7 @@ def main() -> int:
     )
     print(
         f"characters per token, mean over the chat domains: {sum(ratios) / len(ratios):.2f} "
-        f"(module: CHARS_PER_TOKEN = {tokens.CHARS_PER_TOKEN})"
+        "(the plain ratio the weights replace)"
     )
     every = [t for texts in kinds.values() for t in texts]
     chars = sum(len(t.encode()) for t in every)

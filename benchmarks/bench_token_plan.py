@@ -33,10 +33,11 @@ def main() -> None:
         start = time.process_time()
         plan = plan_tokens(weights, TARGET, tolerance=tolerance, upsample=upsample, max_repeat=4)
         took = time.process_time() - start
-        gap = plan.bound - plan.unique_total
+        unique = sum(plan.unique_kept.values())  # distinct loss tokens kept
+        gap = plan.bound - unique
         print(
             f"tolerance {tolerance:g}{' upsample' if upsample else ''}: {took:.2f} s CPU, "
-            f"keeps {plan.unique_total / supply:.1%} (+{plan.total - plan.unique_total:,} "
+            f"keeps {unique / supply:.1%} (+{plan.total - unique:,} "
             f"copies), {gap:,} tokens ({gap / max(plan.bound, 1):.4%}) under the bound, "
             f"search {'complete' if plan.optimal else 'cut short'}"
         )

@@ -33,7 +33,7 @@ import pyarrow as pa
 from draftdata.demo.tokenizer import ensure_demo_tokenizer, synthetic_corpus
 from draftdata.formats import completions_table
 from draftdata.records import Completion, Message, Turn
-from draftdata.tokenize.batch import TokenizeContext, tokenize_table
+from draftdata.tokenize.encode import TokenizeContext, tokenize_table
 from draftdata.tokenize.plan import plan_rendered, view_from_record
 
 BATCH = 256

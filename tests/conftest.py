@@ -1,9 +1,28 @@
 """Shared fixtures for the whole suite."""
 
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """How the suite is started decides no verdict.
+
+    Started from a background job of a non-interactive shell (``make test &`` in a script,
+    CI runners), the suite inherits SIGINT ignored, and so would every child it starts: the
+    tests that press Ctrl-C on a child would then test nothing. Restore Python's own handler
+    here; an exec'd child gets the default disposition back (a handler is not inherited, an
+    ignored signal is)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Nor may the width of the shell that started the suite decide a verdict: $COLUMNS (which
+    # pytest-xdist sets to 80 in its workers) narrows the CLI's tables until a title wraps.
+    # Tests that are about a width set it themselves.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 
 @dataclass(frozen=True)

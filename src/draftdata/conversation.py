@@ -42,6 +42,10 @@ rule 1 (``RULE_LEGACY``): requests split only at the prompt's assistant messages
 tool results sent as they were, no stops. ``TurnPlan(messages, rule=1)`` rebuilds exactly that, so
 old runs tokenize and export as they were generated.
 
+**The type.** ``Conversation`` is the one chat-shaped row every stage passes around: prepare's
+adapters build one from each source row, stats and merge from each dataset row (and from a
+Completion, through ``assemble``), tokenize tokenizes them.
+
 The module is pure (no I/O); it depends on nothing of the project but ``records``.
 """
 
@@ -50,6 +54,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
 
 from draftdata.records import Completion, JsonDict, Message, Turn
 
@@ -121,6 +127,40 @@ class TurnContext(Generic[T]):
     context: list[Message]
     message: Message
     turn: T
+
+
+class Conversation(msgspec.Struct, kw_only=True, frozen=True):
+    """One chat-shaped row of any dataset or source: its messages (OpenAI form), tools, and
+    where it comes from. ``id`` is "" while the row has none (prepare derives one from the
+    content); ``domain`` is "" when the row carries no label; ``meta`` holds a source's own
+    fields kept for tracing (prepare's adapters fill it)."""
+
+    id: str = ""
+    messages: list[Message]
+    source: str = ""
+    domain: str = ""
+    tools: list[JsonDict] | None = None
+    meta: JsonDict = msgspec.field(default_factory=dict)
+
+    @property
+    def has_reasoning(self) -> bool:
+        """Whether an assistant turn carries reasoning (a field or an inline <think> block)."""
+        for m in self.messages:
+            if m.role != "assistant":
+                continue
+            if m.reasoning_content or "<think>" in (m.content or ""):
+                return True
+        return False
+
+    def char_counts(self) -> tuple[int, int]:
+        """(characters of all contents and reasoning, characters of assistant output)."""
+        total = out = 0
+        for m in self.messages:
+            n = len(m.content or "") + len(m.reasoning_content or "")
+            total += n
+            if m.role == "assistant":
+                out += n
+        return total, out
 
 
 def turn_message(turn: TurnLike, *, keep_reasoning: bool = True) -> Message:

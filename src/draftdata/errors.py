@@ -3,6 +3,8 @@
     DraftdataError                      a user-facing problem: the CLI prints one line, exit 1
     ├── ConfigError                     bad YAML, unknown key, wrong type, bad option value
     ├── InputError                      unreadable input file, malformed record (located)
+    │   └── RowError                    one row rejected (``reason`` code, ``detail``: where
+    │                                   and what); counted and written to a rejects file
     ├── FormatVersionError              a file written by an incompatible draftdata
     ├── StoreError                      the run store refused or failed (``outage``: waiting
     │   │                               can cure it; generate retries only those)
@@ -10,6 +12,7 @@
     │   ├── AlreadyExistsError          a create-only write found the key already there (*)
     │   ├── ProtectedPrefixError        the output overlaps a protected prefix (*)
     │   ├── RunMismatchError            the run's manifest disagrees with this config (*)
+    │   ├── UnreadableShardError        a run's shard cannot be read: set it aside (*)
     │   ├── LeaseUnconfirmedError       the run lease could not be renewed (an outage)
     │   └── TransientStoreError         worth retrying (throttling, 5xx, resets)
     │                                   (*) not an outage: the same call fails again
@@ -22,6 +25,8 @@
     ├── RunAbortedError                 an unexpected error stopped a run (committed work kept)
     ├── VerificationError               hidden states written differ from the same samples
     │                                   computed one at a time beyond the dtype's tolerance
+    ├── RefusedRequestError             the simulator refuses a chat request (HTTP ``status``;
+    │                                   ``sim/`` answers it as the engine's error body)
     └── ServerError                     one request failed; ``reason`` names it in Failures
         │                               and in the endpoints' error counts
         ├── RetryableServerError        server_error: a 5xx, an answer the server aborted
@@ -66,6 +71,17 @@ class ConfigError(DraftdataError):
 
 class InputError(DraftdataError):
     """An input file that cannot be read, or a record that does not validate."""
+
+
+class RowError(InputError):
+    """One row rejected for ``reason`` (a reason code, e.g. prepare's ``bad_json``); ``detail``
+    says where and what. Readers and adapters raise (or yield) it; the stage counts it under
+    its reason and writes it to its rejects file, and goes on with the next row."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
 
 
 class FormatVersionError(DraftdataError):
@@ -144,6 +160,13 @@ class RunMismatchError(StoreError):
     outage = False
 
 
+class UnreadableShardError(StoreError):
+    """A run's shard cannot be read (damaged bytes, a cut footer, another format); the message
+    says how to set it aside (``store/quarantine.py``) and regenerate its prompts."""
+
+    outage = False
+
+
 class TransientStoreError(StoreError):
     """A store failure worth retrying (throttling, 5xx, connection reset)."""
 
@@ -177,6 +200,16 @@ class VerificationError(DraftdataError):
     """The hidden states a command wrote differ from the same samples computed one at a time
     by more than rounding (a batching, padding or offset fault of the engine): the command
     stops, naming the layer and the difference."""
+
+
+class RefusedRequestError(DraftdataError):
+    """A chat request the simulated server refuses as an engine would: HTTP ``status`` with
+    ``message`` (``sim/request.py`` raises it, ``sim/server.py`` answers it)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 class ServerError(DraftdataError):

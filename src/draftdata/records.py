@@ -362,6 +362,12 @@ class JsonArraySplitter:
                     self._buf = b""
                     return out
 
+    @property
+    def pending(self) -> bytes:
+        """The bytes fed but not yet part of a whole element: the start of the next element
+        (or of the closing bracket), at the array's top level."""
+        return self._buf[self._start :]
+
     def close(self) -> list[bytes | None]:
         """The cut last element of an array the data ended inside (none when it was closed)."""
         if self.closed or not self._opened:

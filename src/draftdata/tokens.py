@@ -26,7 +26,7 @@ token). The weights were fitted against the real Qwen3 tokenizer over Python sou
 JSON, the bundled sample sources (code, math, general, tool, agent), numbers and LaTeX, each
 weighted alike (``benchmarks/bench_token_estimate.py`` measures them again and prints the error
 per kind of text): within about 11% of the real count on each kind. A plain characters-per-token
-ratio (``CHARS_PER_TOKEN``: 3.77, the mean over the chat domains) ranges from 3.0 (math) to 4.2
+ratio (3.77, the mean over the chat domains) ranges from 3.0 (math) to 4.2
 (tool calls) on the same text, and to 1.0 on digits and CJK, which would tilt a mix.
 ``OTHER_TOKENS`` is measured on the 500 most common Chinese characters (0.98 tokens each), an
 upper bound for running CJK text, where common pairs merge.
@@ -60,7 +60,6 @@ WORD_TOKENS = 1.19
 DIGIT_TOKENS = 1.28
 PUNCT_TOKENS = 0.52
 OTHER_TOKENS = 0.98
-CHARS_PER_TOKEN = 3.77  # the plain ratio, for a rough figure from a character count alone
 
 # How far an estimate can be off, said wherever one is shown: the weights are fitted to Qwen3's
 # tokenizer (benchmarks/bench_token_estimate.py); a tokenizer of another family splits text
@@ -120,11 +119,6 @@ def estimate_tokens(texts: Sequence[str]) -> npt.NDArray[np.float64]:
     cost = np.add.reduceat(_COST[data], starts, dtype=np.int64)
     words = np.add.reduceat(word, starts, dtype=np.int64)
     return np.asarray(cost / 100.0 + words * WORD_TOKENS, dtype=np.float64)
-
-
-def estimate_chars(chars: int | float) -> int:
-    """A rough token count from a character count alone (``CHARS_PER_TOKEN``)."""
-    return round(chars / CHARS_PER_TOKEN)
 
 
 class TokenCounter:

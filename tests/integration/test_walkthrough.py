@@ -137,7 +137,7 @@ def _write_config(work: Path, bucket: str) -> None:
 def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> None:
     from draftdata.demo.existing import write_existing_set
     from draftdata.demo.tokenizer import ensure_demo_tokenizer
-    from draftdata.store.store import open_store
+    from draftdata.store.opener import open_store
 
     commands = walkthrough_commands()
     heads = [" ".join(c.split()[:2]) for c in commands]
@@ -257,7 +257,7 @@ def _interrupt_once(cmd: str, work: Path, bucket: str, port_base: int) -> None:
     """Run ``cmd`` until the servers have answered its first requests, then press Ctrl-C twice
     (SIGINT to its group: stop dispatching, then leave without waiting for the running
     requests); what finished is committed."""
-    from draftdata.store.store import open_store
+    from draftdata.store.opener import open_store
 
     proc = subprocess.Popen(
         ["bash", "-c", SHELL_PRELUDE + cmd],

@@ -146,7 +146,7 @@ def test_the_check_catches_up_sibling_and_unknown_imports() -> None:
         return [(v.importer, v.imported) for v in found]
 
     # up, both absolute and lazily inside a function, and by `from draftdata import ...`
-    assert units("draftdata.records", "from draftdata.store.store import open_store") == [
+    assert units("draftdata.records", "from draftdata.store.opener import open_store") == [
         ("records", "store")
     ]
     assert units("draftdata.store.run", "def f():\n    import draftdata.cli\n") == [

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -242,10 +243,16 @@ def test_help_in_a_pipe_cuts_nothing() -> None:
 
     commands = _commands(typer.main.get_command(app))
     assert ("generate",) in commands and ("fleet", "up") in commands
-    for path in commands:
-        out = subprocess.run(
+
+    def help_of(path: tuple[str, ...]) -> str:
+        return subprocess.run(
             [*CLI, *path, "--help"], capture_output=True, text=True, check=True, env=_no_columns()
         ).stdout
+
+    # one process per command, a few at a time: each waits mostly on its own start-up
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        helps = list(pool.map(help_of, commands))
+    for path, out in zip(commands, helps, strict=True):
         assert "Usage:" in out, path
         assert "…" not in out, (path, [x for x in out.splitlines() if "…" in x])
 

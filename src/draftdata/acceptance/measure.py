@@ -31,7 +31,7 @@ import aiohttp
 import msgspec
 
 from draftdata.endpoints import base_url, parse_prometheus, probe_capacity
-from draftdata.errors import FatalRequestError, FleetError, ServerError
+from draftdata.errors import EndpointFaultError, FatalRequestError, FleetError, ServerError
 from draftdata.generate.client import EndpointClient
 from draftdata.speculation import SpecCounts, from_sglang, from_vllm_metrics
 
@@ -206,9 +206,11 @@ class Measurement:
             self.in_flight += 1
             try:
                 await self._chunk(server, chunk)
-            except _ServerDown as exc:
+            except EndpointFaultError as exc:  # it stopped answering during the chunk
                 self.queue.appendleft(chunk)
-                self.log(f"acceptance: {server.url} taken out ({exc}); its chunk goes elsewhere")
+                self.log(
+                    f"acceptance: {server.url} taken out ({exc.message}); its chunk goes elsewhere"
+                )
                 return
             finally:
                 self.in_flight -= 1
@@ -220,7 +222,7 @@ class Measurement:
         if not server.per_request:
             before = await read_counters(self.session, server.address)
             if before is None:
-                raise _ServerDown("its /metrics counters cannot be read")
+                raise EndpointFaultError("its /metrics counters cannot be read")
         sem = asyncio.Semaphore(self.width(server))
         got = await asyncio.gather(
             *(self._one(server, job, sem) for job in chunk), return_exceptions=True
@@ -241,7 +243,7 @@ class Measurement:
         if before is not None:
             after = await read_counters(self.session, server.address)
             if after is None:
-                raise _ServerDown("its /metrics counters cannot be read")
+                raise EndpointFaultError("its /metrics counters cannot be read")
             tally.counts = after[0].minus(before[0])
             generated = after[1] - before[1]
             if generated and abs(generated - tally.output_tokens) > max(8, 0.01 * generated):
@@ -271,14 +273,10 @@ class Measurement:
                     if isinstance(exc, FatalRequestError):
                         return False, 0, None
                     if attempt == ATTEMPTS - 1:
-                        raise _ServerDown(str(exc)) from exc
+                        raise EndpointFaultError(str(exc)) from exc
                     await asyncio.sleep(0.5 * 2**attempt)
                     continue
                 usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
                 tokens = int((usage or {}).get("completion_tokens") or 0)
                 return True, tokens, from_sglang(answer) if server.per_request else None
         return False, 0, None  # unreachable: the loop returns or raises
-
-
-class _ServerDown(Exception):
-    """A server stopped answering during a chunk."""

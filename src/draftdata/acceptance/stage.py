@@ -41,8 +41,8 @@ from draftdata.speculation import (
     mix_document,
     suggest_mix,
 )
+from draftdata.store.opener import open_store
 from draftdata.store.prompts import iter_prompt_lines
-from draftdata.store.store import open_store
 
 Log = Callable[[str], None]
 

@@ -451,7 +451,7 @@ def register(app: typer.Typer) -> None:
         spec = None
         if pilot is not None:
             from draftdata.errors import ConfigError
-            from draftdata.generate.sample import parse_pilot
+            from draftdata.generate.pilot_sample import parse_pilot
 
             spec = parse_pilot(pilot)
             if ray:

@@ -6,45 +6,11 @@ summary tables (``merge/report.py``).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import typer
 
 from draftdata.cli.quiet import QUIET, quietable
-
-
-class _Progress:
-    """``merge: WHAT: N rows (R rows/s)`` lines on stderr (WHAT: an input being scanned, or
-    ``route``), at most every 2 seconds, and always the last count of each: when the next
-    input or phase starts, and at ``close``. So a small input shows its whole row count, not
-    the first batch's."""
-
-    def __init__(self) -> None:
-        self.last_print = 0.0
-        self.what: str | None = None
-        self.rows = 0
-        self.started = self.last_call = time.perf_counter()  # WHAT began when the last ended
-        self.shown = True  # whether ``rows`` of ``what`` is on screen
-
-    def __call__(self, what: str, rows: int) -> None:
-        now = time.perf_counter()
-        if what != self.what:
-            self.close()
-            self.what, self.started = what, self.last_call
-        self.rows, self.shown, self.last_call = rows, False, now
-        if now - self.last_print >= 2.0:
-            self._show(now)
-
-    def _show(self, now: float) -> None:
-        rate = self.rows / max(now - self.started, 1e-9)
-        typer.echo(f"merge: {self.what}: {self.rows:,} rows ({rate:,.0f} rows/s)", err=True)
-        self.last_print, self.shown = now, True
-
-    def close(self) -> None:
-        """Show the last count if it is not on screen yet."""
-        if self.what is not None and not self.shown:
-            self._show(time.perf_counter())
 
 
 def register(app: typer.Typer) -> None:
@@ -171,6 +137,7 @@ def register(app: typer.Typer) -> None:
         from draftdata.merge.report import print_plan, print_summary
         from draftdata.merge.stage import merge
         from draftdata.mix import sum_warning
+        from draftdata.progress import RowProgress
 
         for flag, urls in (("--existing", existing), ("--add", add)):
             for url in urls:
@@ -204,7 +171,7 @@ def register(app: typer.Typer) -> None:
         if (warning := sum_warning(config.mix)) is not None:
             typer.echo(warning, err=True)
         console = tables.console()
-        progress = None if quiet else _Progress()
+        progress = None if quiet else RowProgress("merge")
 
         def show_plan(plan: dict[str, Any]) -> None:
             if progress is not None:

@@ -28,7 +28,7 @@ def read_mix_file(text: str) -> dict[str, float]:
     where = f"--mix {text}"
     try:
         if text.startswith("s3://"):
-            from draftdata.store.store import open_store
+            from draftdata.store.opener import open_store
 
             parent, _, key = text.rpartition("/")
             raw = open_store(parent).read(key)

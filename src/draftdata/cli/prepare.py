@@ -8,37 +8,12 @@ config's ``out``) against the working directory.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from draftdata.cli.quiet import QUIET, quietable
-
-
-class _Progress:
-    """Prints ``source: N rows (R rows/s)`` lines to stderr, at most every 2 seconds."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.last = 0.0
-        self.done = 0
-        self.current: tuple[str, int] = ("", 0)
-
-    def __call__(self, source: str, rows: int) -> None:
-        if source != self.current[0]:
-            self.done += self.current[1]
-        self.current = (source, rows)
-        now = time.perf_counter()
-        if now - self.last < 2.0:
-            return
-        self.last = now
-        total = self.done + rows
-        rate = total / max(now - self.start, 1e-9)
-        typer.echo(
-            f"prepare: {source}: {rows:,} rows ({total:,} in all, {rate:,.0f} rows/s)", err=True
-        )
 
 
 def register(app: typer.Typer) -> None:
@@ -121,6 +96,7 @@ def register(app: typer.Typer) -> None:
         )
         from draftdata.prepare.report import SOURCE_HEADER, plan_header, plan_rows, source_rows
         from draftdata.prepare.stage import prepare
+        from draftdata.progress import RowProgress
         from draftdata.tables import table
 
         console = tables.console()
@@ -155,9 +131,12 @@ def register(app: typer.Typer) -> None:
             check_mix_domains(cfg)  # a refusal is the one line, before any warning
         for warning in mix_warnings(cfg):
             typer.echo(warning, err=True)
-        result = prepare(
-            cfg, plan_only=plan_only, force=force, progress=None if quiet else _Progress()
-        )
+        progress = None if quiet else RowProgress("prepare")
+        try:
+            result = prepare(cfg, plan_only=plan_only, force=force, progress=progress)
+        finally:
+            if progress is not None:
+                progress.close()
         rep = result.report
         console.print(table("sources", SOURCE_HEADER, source_rows(rep)))
         title = "mix plan (existing + new)" if plan_only else "domain mix (existing + new)"

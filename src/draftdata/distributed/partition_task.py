@@ -25,8 +25,8 @@ from draftdata.errors import DraftdataError
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.partition import Partition
 from draftdata.generate.stage import generate
+from draftdata.store.opener import open_store
 from draftdata.store.shards import default_writer_id
-from draftdata.store.store import open_store
 
 
 class RayOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

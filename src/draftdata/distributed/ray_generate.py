@@ -47,7 +47,8 @@ from draftdata.errors import ConfigError, DraftdataError
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.partition import Partition, count_by_partition
 from draftdata.generate.source import prompt_files
-from draftdata.store.store import open_store
+from draftdata.progress import REFRESH_PER_SECOND
+from draftdata.store.opener import open_store
 
 DEFAULT_PARTITIONS_PER_NODE = 4
 
@@ -151,7 +152,7 @@ def _outcomes(parts: list[PartitionState], errors: dict[int, str]) -> list[Parti
     return out
 
 
-def _node_totals(outcomes: list[PartitionOutcome], parts: list[PartitionState]) -> Any:
+def _node_totals(parts: list[PartitionState]) -> Any:
     nodes: dict[str, dict[str, float]] = {}
     for p in parts:
         for a in p.attempts:
@@ -249,7 +250,7 @@ def run(
             out=config.out,
             partitions=count,
             outcomes=outcomes,
-            nodes=_node_totals(outcomes, parts),
+            nodes=_node_totals(parts),
             committed=tracker.committed,
             tokens=tracker.tokens,
             wall_s=time.monotonic() - t0,
@@ -325,7 +326,9 @@ def _monitor(
     use_live = sys.stderr.isatty() if live is None else live
     display = None
     if use_live:
-        display = Live(console=Console(stderr=True), refresh_per_second=2, transient=False)
+        display = Live(
+            console=Console(stderr=True), refresh_per_second=REFRESH_PER_SECOND, transient=False
+        )
         display.start()
     last_line = time.monotonic()
     interrupted = False

@@ -186,7 +186,7 @@ def _workers(ray: Any, config: HiddenConfig, opts: RayHiddenOptions) -> tuple[in
 def _count_files(out: str) -> int:
     """Sample files in the set now (the done-set's listing, as the stage reads it)."""
     from draftdata.hidden.writer import HIDDEN_FOLDER
-    from draftdata.store.store import open_store
+    from draftdata.store.opener import open_store
 
     try:
         return sum(

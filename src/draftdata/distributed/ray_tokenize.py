@@ -12,7 +12,7 @@ same ``summary.json``: a Ray run and a single-process run of the same inputs and
 produce the same shard names, bytes and summary, and either can finish what the other began
 (identical bytes count as done; other settings are refused before any work).
 
-This module does not tokenize by itself (``tokenize.batch`` does) and defines no format.
+This module does not tokenize by itself (``tokenize.encode`` does) and defines no format.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import pyarrow as pa
 from draftdata.distributed import cluster
 from draftdata.errors import InputError
 from draftdata.store.base import normalise_url
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 from draftdata.tokenize import stage
-from draftdata.tokenize.batch import Counters, TokenizeContext
 from draftdata.tokenize.config import DomainTotals, TokenizeConfig, TokenizeSummary
+from draftdata.tokenize.encode import Counters, TokenizeContext
 from draftdata.tokenize.stage import locate_input, tokenize_shard
 
 

@@ -42,10 +42,10 @@ from draftdata.store.base import Store, split_s3_url
 from draftdata.store.doneset import DoneSet
 from draftdata.store.lease import refuse_live_writer
 from draftdata.store.manifest import MANIFEST_KEY
+from draftdata.store.opener import open_store
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import iter_completion_tables, read_manifest
 from draftdata.store.settings import settings_of
-from draftdata.store.store import open_store
 from draftdata.trainer_rows import (
     CONVERSATION_FORMATS,
     PER_TURN_FORMATS,

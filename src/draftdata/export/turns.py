@@ -39,7 +39,7 @@ from draftdata.export.modelopt import (
 )
 from draftdata.metrics import StageStats
 from draftdata.records import Completion, JsonDict, sample_key
-from draftdata.tokenize.batch import TokenizeContext, tokenize_views
+from draftdata.tokenize.encode import TokenizeContext, tokenize_views
 from draftdata.tokenize.plan import view_from_record
 from draftdata.tokenize.template import read_template_file
 from draftdata.trainer_rows import (

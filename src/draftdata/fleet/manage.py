@@ -252,7 +252,7 @@ def _finish(
     return spec
 
 
-def _replace_endpoint(out: Path, started: Started, endpoint: EndpointSpec) -> None:
+def _replace_endpoint(out: Path, endpoint: EndpointSpec) -> None:
     spec = read_fleet(out)
     eps = [endpoint if ep.url == endpoint.url else ep for ep in spec.endpoints]
     write_fleet(msgspec.structs.replace(spec, endpoints=eps), out)
@@ -279,7 +279,7 @@ def _foreground(
             stop=stop,
             echo=echo,
             backoff=backoff,
-            on_restart=lambda s, ep: _replace_endpoint(out, s, ep),
+            on_restart=lambda _, ep: _replace_endpoint(out, ep),
         )
 
     try:
@@ -335,7 +335,7 @@ def watcher_main(argv: Sequence[str] | None = None) -> None:
             stop=stop,
             echo=echo,
             backoff=state.backoff,
-            on_restart=lambda s, ep: _replace_endpoint(out, s, ep),
+            on_restart=lambda _, ep: _replace_endpoint(out, ep),
         )
 
     asyncio.run(run())

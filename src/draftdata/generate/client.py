@@ -44,7 +44,7 @@ from draftdata.errors import (
 )
 from draftdata.generate.bounds import answer_fault, body_limit
 from draftdata.generate.config import Reasoning, Sampling
-from draftdata.generate.parse import MalformedResponse, decode_chat_response
+from draftdata.generate.parse import decode_chat_response
 from draftdata.records import JsonDict, Message, Turn
 from draftdata.redact import Redactor, redact_url
 
@@ -183,22 +183,24 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-class _TooLarge(Exception):
-    def __init__(self, size: int, *, exact: bool) -> None:
-        self.size = size
-        self.exact = exact  # the whole size (Content-Length), else what was read so far
+def _too_large(size: str, cap: int, limit: int) -> ImpossibleAnswerError:
+    return ImpossibleAnswerError(
+        f"an answer of {size} bytes to a request for at most {cap} tokens "
+        f"(the bound is {limit:,} bytes)"
+    )
 
 
-async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The body of ``resp``, or _TooLarge as soon as it is known to pass ``limit`` bytes (the
-    rest is never read: the connection is dropped with the response)."""
+async def _read_bounded(resp: aiohttp.ClientResponse, limit: int, cap: int) -> bytes:
+    """The body of ``resp`` (an answer to a request for at most ``cap`` tokens), or
+    ImpossibleAnswerError as soon as it is known to pass ``limit`` bytes (the rest is never
+    read: the connection is dropped with the response)."""
     if resp.content_length is not None and resp.content_length > limit:
-        raise _TooLarge(resp.content_length, exact=True)
+        raise _too_large(f"{resp.content_length:,}", cap, limit)
     data = bytearray()
     async for chunk in resp.content.iter_any():
         data += chunk
         if len(data) > limit:
-            raise _TooLarge(len(data), exact=False)
+            raise _too_large(f"more than {len(data):,}", cap, limit)
     return bytes(data)
 
 
@@ -279,6 +281,19 @@ class EndpointClient:
     def _error(self, kind: type[ServerError], message: str, **kw: Any) -> ServerError:
         return kind(self.redact(message), **kw)
 
+    def _raise_for_status(self, status: int, data: bytes, retry_after: str | None) -> None:
+        """The ``ServerError`` leaf of an answer that is not 200 (``classify_http_error``),
+        carrying the server's own message with secrets hidden; nothing for a 200."""
+        if status == 200:
+            return
+        text = data.decode("utf-8", "replace")
+        raise self._error(
+            classify_http_error(status, text),
+            error_message(self.redact(text)) or f"HTTP {status}",
+            status=status,
+            retry_after=_retry_after(retry_after),
+        )
+
     async def _post(
         self, body: dict[str, Any], url: str | None = None
     ) -> tuple[int, bytes, str | None]:
@@ -288,15 +303,8 @@ class EndpointClient:
         limit = body_limit(len(data), cap or UNBOUNDED_TOKENS, int(body.get("n") or 1))
         try:
             async with session.post(url or self.chat_url, data=data) as resp:
-                answer = await _read_bounded(resp, limit)
+                answer = await _read_bounded(resp, limit, cap or UNBOUNDED_TOKENS)
                 return resp.status, answer, resp.headers.get("Retry-After")
-        except _TooLarge as exc:
-            raise self._error(
-                ImpossibleAnswerError,
-                f"an answer of {'' if exc.exact else 'more than '}{exc.size:,} bytes to a "
-                "request for at most "
-                f"{cap or UNBOUNDED_TOKENS} tokens (the bound is {limit:,} bytes)",
-            ) from None
         except aiohttp.ConnectionTimeoutError as exc:
             raise self._error(
                 ConnectionLostError, f"cannot connect to {self.shown}: connect timed out"
@@ -332,14 +340,7 @@ class EndpointClient:
 
     async def _post_json(self, body: dict[str, Any], url: str) -> dict[str, Any]:
         status, data, retry_after = await self._post(body, url)
-        text = data.decode("utf-8", "replace")
-        if status != 200:
-            raise self._error(
-                classify_http_error(status, text),
-                error_message(self.redact(text)) or f"HTTP {status}",
-                status=status,
-                retry_after=_retry_after(retry_after),
-            )
+        self._raise_for_status(status, data, retry_after)
         try:
             answer = msgspec.json.decode(data)
         except msgspec.DecodeError as exc:
@@ -366,18 +367,11 @@ class EndpointClient:
                 body = _strip_token_ids(body)
                 asked = False
                 status, data, retry_after = await self._post(body)
-        if status != 200:
-            text = data.decode("utf-8", "replace")
-            raise self._error(
-                classify_http_error(status, text),
-                error_message(self.redact(text)) or f"HTTP {status}",
-                status=status,
-                retry_after=_retry_after(retry_after),
-            )
+        self._raise_for_status(status, data, retry_after)
         try:
             turns = decode_chat_response(data)
-        except MalformedResponse as exc:
-            raise self._error(MalformedAnswerError, str(exc)[:500], status=status) from exc
+        except MalformedAnswerError as exc:
+            raise self._error(MalformedAnswerError, exc.message[:500], status=status) from exc
         fault = answer_fault(
             turns,
             max_tokens=_max_tokens(body),

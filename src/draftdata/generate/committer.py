@@ -30,7 +30,7 @@ import contextlib
 import random
 from collections.abc import Callable
 
-from draftdata.errors import DraftdataError, RunAbortedError, RunLeaseError, StoreError
+from draftdata.errors import DraftdataError, RunAbortedError, StoreError
 from draftdata.generate.config import GenerateConfig
 from draftdata.store.run import Run
 
@@ -106,9 +106,10 @@ class Committer:
                     f"{self.cfg.store_retry_max:g} s"
                 )
             return False
-        except (RunLeaseError, DraftdataError) as exc:
-            # taken over (the other writer continues the run), or a user-facing problem that
-            # no retry changes (a run format this version does not read, bad settings)
+        except DraftdataError as exc:
+            # taken over (RunLeaseError: the other writer continues the run), or a user-facing
+            # problem that no retry changes (a run format this version does not read, bad
+            # settings)
             self._stop(exc)
             return False
         except Exception as exc:  # a bug, not an outage: stop now, keep what is committed

@@ -110,7 +110,7 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     protect: list[str] = msgspec.field(default_factory=list)
     retry_failed: bool = False
     allow_config_change: bool = False
-    allow_mixed_models: bool = False  # endpoints reporting different models (models.py)
+    allow_mixed_models: bool = False  # endpoints reporting different models (run_model.py)
     flush_records: int = 256
     flush_seconds: float = 5.0
     max_uncommitted: int = 4096  # dispatch pauses while more records wait for the store
@@ -132,8 +132,9 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     lookahead: int = 4096  # prompts read ahead of dispatch (the window ``order`` sorts)
     hedge: bool = True
     hedge_min_age: float = 2.0
-    # place jobs by expected finish time when servers differ in speed (dispatch.TailPlan); a
-    # pilot turns it off so that every server, the slow ones too, runs full while work is queued
+    # near the end a clearly slower server starts only what it can finish in time
+    # (placement.TailPlan); a pilot turns it off so that every server, the slow ones too, runs
+    # full while work is queued
     tail_plan: bool = True
     prefix_steering: bool = True
     # progress and shutdown

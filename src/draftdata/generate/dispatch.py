@@ -1,64 +1,58 @@
 """The dispatcher: one shared queue of jobs over all endpoints, never stalled by one of them.
 
-Policy, in the order the loop applies it:
+It decides and holds no I/O; each decision is a part of its own:
 
-- **Pull, not push.** Whenever an endpoint has a free slot the next job goes to the endpoint
-  with the most free slots, then the fewest outstanding tokens (a job that shares a system
-  prompt / tools with recent ones goes where its prefix is cached when that endpoint has room).
-  There are no shards and no round-robin, so a slow server simply frees slots less often.
-- **Longest expected first.** New jobs wait in a ``LookAhead`` (``length.py``): with
-  ``order: length`` the one expected to answer longest goes first (the estimate is learned
-  from the run's completions); retries and requeued jobs go before them.
-- **Outcomes, by the type the client raised** (``draftdata.errors``; one method each):
-  ``RetryableServerError`` (429/5xx/timeouts/resets/malformed bodies) waits a jittered
-  exponential backoff (or the server's Retry-After) and then prefers another endpoint; after
-  ``max_attempts`` the job becomes a Failure ``exhausted_retries``. ``FatalRequestError``
-  (context length, invalid request) becomes a Failure of its ``reason`` at once.
-  ``EndpointFaultError`` (a 401/403/404/405/501 refusal, or an impossible answer: over its
-  size bound, impossible usage, ``bounds.py``) is the endpoint's fault: it is taken out at once
-  (one log line saying why), its work is requeued elsewhere, and the refused attempt does not
-  count against the prompt.
-- **Taking an endpoint out, three actions.** ``open_breaker``: it failed
-  ``breaker_failures`` retryable requests in a row; what runs there may finish, and a health
-  check decides. ``take_out_dead``: it fails its health check (a connection error or a timeout
-  triggers one) or serves another model; its in-flight copies are cancelled and their jobs
-  requeued at once. ``take_out_faulty``: it refused or answered impossibly; likewise, free of
-  charge. Each is probed every ``probe_interval`` until it answers (then re-admitted half-open:
-  one more failure takes it out again).
-- **Speed.** Whenever a clearly slower endpoint has a free slot, a ``TailPlan`` places each
-  job where it is expected to finish first (a long draw of its length over the endpoint's
-  per-sequence rate, after its next slot frees), holding a long job for a fast server rather
-  than starting it on a slow one.
-- **The tail.** When nothing is queued, a request running for
-  at least ``hedge_min_age`` is copied onto a faster idle endpoint when ``hedge_pays``; the
-  first copy to answer wins, the others are cancelled, and only the winner is committed.
-- **Memory.** Prompts are read lazily (in a thread) only while fewer than ``window`` jobs are
-  queued or running (twice the fleet's limits, plus the look-ahead when ordering).
+- **the queue** (``queue.JobQueue``): retries and requeued jobs first, then the jobs read from
+  the prompts, longest expected answer first within the look-ahead (``order: length``; the
+  estimate is ``length.LengthModel``'s, from what was known before the run and what it
+  learns), and the jobs backing off;
+- **placement** (``placement.Placement``): pull, not push -- whenever an endpoint has a free
+  slot the next job goes to the endpoint with the most free slots, then the fewest outstanding
+  tokens (a prompt sharing a system prompt / tools with recent ones goes where its prefix is
+  cached when that endpoint has room). No shards, no round-robin: a slow server simply frees
+  slots less often. Near the end a clearly slower endpoint takes only jobs it can finish by the
+  time the fleet is expected to (``placement.TailPlan``); when nothing is queued a tail request
+  is copied onto a faster idle endpoint when the copy is expected to win (``hedge_pays``);
+- **the retry policy** (``retry.RetryPolicy``): a failed attempt's fate by the error's type:
+  ``RetryableServerError`` -> retry after a jittered backoff elsewhere, up to ``max_attempts``;
+  ``FatalRequestError`` -> the prompt's Failure at once; ``EndpointFaultError`` -> the endpoint
+  out, the job requeued uncharged.
+
+What is left here is acting on them: the loop, launching and detaching copies, settling jobs,
+and taking an endpoint out, three ways. ``open_breaker``: it failed ``breaker_failures``
+retryable requests in a row; what runs there may finish, and a health check decides.
+``take_out_dead``: it fails its health check (a connection error or a timeout triggers one) or
+serves another model; its in-flight copies are cancelled and their jobs requeued at once.
+``take_out_faulty``: it refused or answered impossibly; likewise, free of charge. Each is
+probed until it answers (then re-admitted half-open: one more failure takes it out again).
+
+An exception that is no ``ServerError`` is not a server's answer but a bug (the client maps
+every failure it knows, as httpx's ``map_httpcore_exceptions`` does, and lets the rest
+through): the run stops at once with it, its traceback intact, after what finished is
+committed (``run`` raises it); the same command resumes.
+
+**Memory.** Prompts are read lazily (in a thread) only while fewer than ``window`` jobs are
+queued or running (twice the fleet's limits, plus the look-ahead when ordering).
 
 Results go to a ``Sink`` (the engine buffers them in the Run). The HTTP conversation of an
-attempt is the ``Caller``'s (``caller.py``); placement by speed and the hedge rule are
-``placement.py``; endpoint probing and the concurrency controller live in ``endpoint.py``. This
-module decides and holds no I/O.
+attempt is the ``Caller``'s (``caller.py``); endpoint probing and the concurrency controller
+live in ``endpoint.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import random
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from draftdata.errors import (
     ConnectionLostError,
     EndpointFaultError,
-    FatalRequestError,
     ImpossibleAnswerError,
-    MalformedAnswerError,
     RateLimitedError,
     RequestTimeoutError,
     ServerError,
@@ -66,14 +60,15 @@ from draftdata.errors import (
 from draftdata.generate.caller import Answer, Caller
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
-from draftdata.generate.length import LengthModel, LookAhead, prompt_tokens
-from draftdata.generate.placement import TailPlan, hedge_pays, job_cap
+from draftdata.generate.length import LengthModel, LengthPriors, prompt_tokens
+from draftdata.generate.placement import Placement
+from draftdata.generate.queue import JobQueue
+from draftdata.generate.retry import Fail, MoveOn, Retry, RetryPolicy
 from draftdata.generate.work import Copy, Job, completions, failures, plan
 from draftdata.records import Completion, Failure, Prompt
 from draftdata.tokens import turns_tokens
 
-_AFFINITY_SIZE = 4096
-_RETRY_PATIENCE_S = 2.0  # how long a retry waits for an endpoint other than the one it failed on
+_FIRST_WINDOW_S = 0.5  # with lengths known at the start, wait this long at most for the window
 
 
 class Sink(Protocol):
@@ -110,6 +105,37 @@ class AttemptCaller(Protocol):
         ...
 
 
+class LengthFigures:
+    """Per domain: answers committed, the output tokens expected of them when they were sent
+    (with the estimates' standard errors), and the tokens they took (the run's figures show
+    expected against measured)."""
+
+    def __init__(self) -> None:
+        # domain -> [answers, expected, standard error of expected, measured] (sums)
+        self.by_domain: dict[str, list[float]] = {}
+
+    def add(self, domain: str, expected: float, stderr: float, measured: int) -> None:
+        """One committed answer."""
+        row = self.by_domain.setdefault(domain, [0, 0.0, 0.0, 0])
+        row[0] += 1
+        row[1] += expected
+        row[2] += stderr
+        row[3] += measured
+
+    def to_dict(self) -> dict[str, dict[str, float]]:
+        """JSON-ready: domain -> ``answers``, ``expected`` (+ ``expected_se``) and ``measured``
+        output tokens, sums over the answers."""
+        return {
+            d: {
+                "answers": int(n),
+                "expected": round(e, 1),
+                "expected_se": round(se, 1),
+                "measured": int(m),
+            }
+            for d, (n, e, se, m) in sorted(self.by_domain.items())
+        }
+
+
 class Dispatcher:
     """Runs every job of ``reader`` over ``endpoints`` until all are settled or it is stopped.
 
@@ -129,7 +155,7 @@ class Dispatcher:
         log: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
-        history: Callable[[], Iterable[tuple[str, str, int]]] | None = None,
+        priors: Callable[[], LengthPriors] | None = None,
         caller: AttemptCaller | None = None,
     ) -> None:
         self.cfg = config
@@ -145,33 +171,32 @@ class Dispatcher:
         self.rng = random.Random(seed)
         # talks HTTP for an attempt
         self.caller: AttemptCaller = caller or Caller(config, model=model, clock=clock)
-        self._history = history
+        self._priors = priors
         self.lengths = LengthModel()
-        # jobs read but never dispatched (longest expected first); ``ready`` holds the ones
-        # that come back (retries due, requeued, split) and goes before them
-        self.fresh = LookAhead(self.lengths, ordered=config.order == "length")
-        self.ready: deque[Job] = deque()
-        self.waiting: list[tuple[float, int, Job]] = []  # (ready at, seq, job): backoff heap
+        # its parts: the queue, placement, the retry policy (module docstring)
+        self.queue = JobQueue(self.lengths, ordered=config.order == "length")
+        self.placement = Placement(endpoints, self.lengths, hedge_min_age=config.hedge_min_age)
+        self.policy = RetryPolicy(config, self.rng)
         self.running: dict[Job, None] = {}  # jobs with at least one live copy, oldest first
         self.on_endpoint: dict[Endpoint, set[Copy]] = {e: set() for e in endpoints}
         self.active: Counter[str] = Counter()  # prompt id -> unsettled jobs (duplicate ids)
-        self.affinity: OrderedDict[str, Endpoint] = OrderedDict()
         self.wake = asyncio.Event()
         self.space = asyncio.Event()
         self.stopping = False
         self.paused = False  # set by the engine while the store holds too many records
         self.fed_all = False
-        self._seq = itertools.count()
+        self.bug: BaseException | None = None  # an unmapped exception: it stops the run
+        self._seeded = priors is None  # what was known before the run is in the model
         self._checking: set[Endpoint] = set()
         self._background: set[asyncio.Task[None]] = set()
         self.tasks: set[asyncio.Task[None]] = set()  # every live copy's task
-        self._unmapped = 0
         # counters read by progress and the summary
         self._planned_settled = 0
         self.duplicates = 0
         self.retries = 0
         self.hedges = 0  # hedge copies sent
         self.hedges_won = 0  # ... whose answer was the one committed
+        self.figures = LengthFigures()
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -182,12 +207,12 @@ class Dispatcher:
         base = max(
             64, 2 * sum(e.concurrency.limit for e in self.endpoints if e.breaker.state != "down")
         )
-        return base + (self.cfg.lookahead if self.fresh.ordered else 0)
+        return base + (self.cfg.lookahead if self.queue.ordered else 0)
 
     @property
     def pending(self) -> int:
         """Jobs queued, backing off or running."""
-        return len(self.ready) + len(self.fresh) + len(self.waiting) + len(self.running)
+        return len(self.queue) + len(self.queue.waiting) + len(self.running)
 
     @property
     def hedges_wasted(self) -> int:
@@ -199,33 +224,41 @@ class Dispatcher:
     @property
     def queued(self) -> int:
         """Jobs waiting for an endpoint (not backing off, not running)."""
-        return len(self.ready) + len(self.fresh)
+        return len(self.queue)
+
+    @property
+    def waiting(self) -> int:
+        """Jobs backing off before their next attempt."""
+        return len(self.queue.waiting)
 
     async def run(self) -> None:
-        """Dispatch until every job is settled (or, once stopped, until nothing runs)."""
-        if self._history is not None:
-            self.spawn(self._seed(self._history))  # read beside the first requests, not before
+        """Dispatch until every job is settled (or, once stopped, until nothing runs). An
+        unmapped exception of an attempt (a bug) stops it and is raised here."""
+        if self._priors is not None:
+            self.spawn(self._seed(self._priors))  # read beside the first prompts
         feeder = asyncio.create_task(self._feed())
         loop = asyncio.get_running_loop()
         timer: asyncio.TimerHandle | None = None
+        started = self.clock()
         try:
             while True:
                 now = self.clock()
-                if not self.stopping and not self.paused:
-                    self._promote(now)
+                if not self.stopping and not self.paused and self._first_window(now - started):
+                    self.queue.promote(now)
                     self._place(now)
-                    if self.cfg.hedge and self.fed_all and not self.queued:
+                    if self.cfg.hedge and self.fed_all and not self.queue:
                         self._hedge(now)
                 if feeder.done() and not feeder.cancelled() and feeder.exception():
                     raise feeder.exception()  # type: ignore[misc]
                 if not self.running and (
-                    self.stopping or (self.fed_all and not self.queued and not self.waiting)
+                    self.stopping or (self.fed_all and not self.queue and not self.queue.waiting)
                 ):
-                    return
+                    break
                 self.wake.clear()
-                timeout = 0.25
-                if self.waiting and not (self.stopping or self.paused):  # else nothing promotes
-                    timeout = min(timeout, max(0.0, self.waiting[0][0] - now))
+                timeout = 0.25 if self._seeded else 0.02
+                due = self.queue.next_due()
+                if due is not None and not (self.stopping or self.paused):  # else none promotes
+                    timeout = min(timeout, max(0.0, due - now))
                 # a timer instead of wait_for: no task per wake-up (this loop wakes per answer);
                 # one that is still due before the deadline is kept (waking early is harmless),
                 # so answers arriving in a burst do not each create and cancel one
@@ -245,6 +278,21 @@ class Dispatcher:
             for t in background:
                 t.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+        if self.bug is not None:
+            raise self.bug
+
+    def _first_window(self, since_start: float) -> bool:
+        """Whether dispatch may start: at once, unless lengths are known before the run (a
+        pilot, a resumed run, prepare's figures); then once they are in the model and the
+        look-ahead is read (or every prompt is), so the first requests are the longest
+        (within ``_FIRST_WINDOW_S``)."""
+        if not self.queue.ordered or since_start >= _FIRST_WINDOW_S:
+            return True
+        if self._seeded and not self.lengths.informed:
+            return True
+        if not self._seeded:
+            return False
+        return self.fed_all or self.queue.fresh >= self.cfg.lookahead
 
     def stop(self) -> None:
         """Stop dispatching new work and retries; running copies may finish."""
@@ -277,25 +325,27 @@ class Dispatcher:
                     continue
                 for job in jobs:
                     job.ready_since = now
-                    self.fresh.push(job)
+                    self.queue.push(job)
                     self.active[pid] += 1
             self.wake.set()
         self.fed_all = not self.stopping
         self.wake.set()
 
-    async def _seed(self, history: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
-        """Learn lengths from a resumed run's history: read in a thread, applied on the loop
-        (the model is the loop's alone)."""
+    async def _seed(self, priors: Callable[[], LengthPriors]) -> None:
+        """Take what is known of the lengths before the run (read in a thread, applied on the
+        loop: the model is the loop's alone)."""
         try:
-            rows = await asyncio.to_thread(lambda: list(history()))
-        except Exception as exc:  # the history only speeds the schedule up: never fatal
-            self.log(f"generate: could not read the run's earlier output lengths: {exc}")
-            return
-        for source, domain, tokens in rows:
-            self.lengths.observe(source, domain, None, tokens)
-        if rows:
-            self.fresh.rekey()
-            self.log(f"generate: output lengths seeded from {len(rows)} earlier completions")
+            known = await asyncio.to_thread(priors)
+        except Exception as exc:  # the figures only speed the schedule up: never fatal
+            self.log(f"generate: could not read the expected output lengths: {exc}")
+            known = LengthPriors()
+        finally:
+            self._seeded = True
+            self.wake.set()
+        self.lengths.seed(known)
+        if known:
+            self.queue.rekey()
+            self.log(f"generate: output lengths known from {', '.join(known.sources)}")
 
     @property
     def already_done(self) -> int:
@@ -312,87 +362,51 @@ class Dispatcher:
                 out.append((prompt.id, jobs))
         return out
 
-    def _promote(self, now: float) -> None:
-        while self.waiting and self.waiting[0][0] <= now:
-            _, _, job = heapq.heappop(self.waiting)
-            job.ready_since = now
-            self.ready.appendleft(job)
-
     # -- placing ------------------------------------------------------------------------------
 
     def _place(self, now: float) -> None:
+        """Fill the free slots: fast endpoints take the queue's head, a slower one near the
+        end the longest job it can finish in time (``TailPlan``)."""
         rates = [e.meter.seq_rate for e in self.endpoints if e.accepting and e.meter.seq_rate]
         self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0)
+        tail = None
+        if self.queue and self.cfg.tail_plan:
+            tail = self.placement.tail_plan(
+                self.queue, self.on_endpoint, read_all=self.fed_all, now=now, hedge=self.cfg.hedge
+            )
         held: list[Job] = []
-        plan = TailPlan.make(self, now) if self.queued and self.cfg.tail_plan else None
-        # with a plan, a job may be held for a faster server's next slot; look at no more jobs
-        # than the fleet has slots (by then every fast slot has one promised)
-        examine = sum(e.concurrency.limit for e in self.endpoints) + 64
-        while self.ready or self.fresh:
+        while self.queue:
             free = [
                 e
                 for e in self.endpoints
                 if e.breaker.state == "up" and e.concurrency.limit > e.slots.inflight
             ]
-            if not free or (plan is not None and len(held) >= examine):
+            if not free:
                 break
-            job = self.ready.popleft() if self.ready else self.fresh.pop()
-            ep = self._pick(job, free, now)
-            if ep is not None and plan is not None:
-                ep = plan.place(job, ep, self.lengths.expect_job(job))
+            open_ = [e for e in free if tail is None or tail.budget(e) is None]
+            ep: Endpoint | None
+            if open_ or tail is None:
+                job = self.queue.pop()
+                ep = self.placement.pick(job, open_, now)
+            else:
+                found = self.placement.fit(tail, self.queue, free, now)
+                if found is None:
+                    break  # nothing queued that a slower endpoint can finish in time
+                job, ep = found
             if ep is None:
                 held.append(job)
                 continue
             if len(job.samples) > 1 and not ep.server_n:
                 self.active[job.prompt.id] += len(job.samples) - 1
-                self.ready.extendleft(reversed(job.split()))
+                self.queue.put_back(job.split())
                 continue
             self._launch(job, ep, hedge=False, now=now)
-        self.ready.extendleft(reversed(held))
-
-    def _pick(self, job: Job, free: list[Endpoint], now: float) -> Endpoint | None:
-        cands = [e for e in free if e.url not in job.avoid]
-        if not cands:
-            others = any(e.accepting and e.url not in job.avoid for e in self.endpoints)
-            if others and now - job.ready_since < _RETRY_PATIENCE_S:
-                return None
-            cands = free
-        if job.prefix is not None:
-            ep = self.affinity.get(job.prefix)
-            if ep is not None and ep in cands:
-                self.affinity.move_to_end(job.prefix)
-                return ep
-        best = max(cands, key=lambda e: (e.free, -e.slots.outstanding_tokens, -e.index))
-        if job.prefix is not None:
-            self.affinity[job.prefix] = best
-            if len(self.affinity) > _AFFINITY_SIZE:
-                self.affinity.popitem(last=False)
-        return best
-
-    def cap(self, job: Job) -> int:
-        """The most output tokens one sample of ``job`` may take (``placement.job_cap``)."""
-        return job_cap(job, self.endpoints)
+        self.queue.put_back(held)
 
     def _hedge(self, now: float) -> None:
-        """Copy tail requests onto idle endpoints where the copy is expected to finish first
-        (``hedge_pays``); only asked when nothing is queued, so the copies take idle slots."""
-        min_age = self.cfg.hedge_min_age
-        for job in list(self.running):
-            if job.hedged or job.done or len(job.copies) != 1:
-                continue
-            first = job.copies[0]
-            age = now - first.sent  # of the request running now, not of the conversation
-            if age < min_age:
-                continue
-            free = [
-                e for e in self.endpoints if e.accepting and e.free > 0 and e is not first.endpoint
-            ]
-            if not free:
-                return
-            ep = max(free, key=lambda e: (e.meter.seq_rate or 0.0, e.free, -e.index))
-            expected = self.lengths.expect_job(job)
-            if not hedge_pays(age, expected, self.cap(job), first.endpoint, ep, self.lengths):
-                continue
+        """Send the copies ``Placement.hedges`` finds worth it (only asked when nothing is
+        queued, so the copies take idle slots)."""
+        for job, ep in self.placement.hedges(list(self.running), now):
             job.hedged = True
             self.hedges += 1
             self._launch(job, ep, hedge=True, now=now)
@@ -404,6 +418,10 @@ class Dispatcher:
             job.attempts += 1
             if job.attempts > 1:
                 self.retries += 1
+            if job.expected < 0:  # as it was when first sent
+                job.expected = self.lengths.expect_job(job)
+                p = job.prompt
+                job.expected_se = job.expected * self.lengths.stderr(p.source, p.domain)
         copy = Copy(job, ep, hedge=hedge, seqs=seqs, started=now)
         self.lengths.started(job.prompt.source, job.prompt.domain, now)
         job.copies.append(copy)
@@ -427,32 +445,38 @@ class Dispatcher:
             self.running.pop(job, None)
         self.wake.set()
 
-    # -- one attempt and its outcome, by type ------------------------------------------------
+    # -- one attempt and its outcome ----------------------------------------------------------
 
     async def _attempt(self, copy: Copy) -> None:
-        """Run one copy through the ``Caller`` and act on its outcome (once it is detached)."""
+        """Run one copy through the ``Caller`` and act on its outcome (once it is detached).
+        Anything but an Answer or a ServerError is a bug: it stops the run (``_stop_on``)."""
         outcome: Answer | ServerError
         try:
             outcome = await self.caller.call(copy)
         except ServerError as exc:
             outcome = exc
-        except Exception as exc:  # a transport failure nobody mapped: retry it, say so once
-            said = copy.endpoint.redact(f"{type(exc).__name__}: {exc}")
-            if not self._unmapped:
-                self.log(f"generate: unexpected {said} from {copy.endpoint.url}")
-            self._unmapped += 1
-            outcome = MalformedAnswerError(said)
-        finally:
+        except Exception as exc:
             self._detach(copy)
-        match outcome:
-            case Answer():
-                self._succeeded(copy, outcome)
-            case EndpointFaultError():
-                self._endpoint_fault(copy, outcome)
-            case FatalRequestError():
-                self._request_failed(copy, outcome)
-            case _:
-                self._attempt_failed(copy, outcome)
+            self._stop_on(exc, copy.endpoint)
+            return
+        self._detach(copy)
+        if isinstance(outcome, Answer):
+            self._succeeded(copy, outcome)
+        else:
+            self._failed(copy, outcome)
+
+    def _stop_on(self, exc: BaseException, ep: Endpoint) -> None:
+        """An exception nobody mapped (a bug): stop dispatching, cancel what runs, and let
+        ``run`` raise it; what finished is committed by the engine, the same command resumes."""
+        if self.bug is not None:
+            return
+        self.bug = exc
+        self.log(
+            f"generate: stopped by an unexpected {type(exc).__name__} while talking to {ep.url} "
+            "(a bug, not a server fault; its traceback follows); what was committed is kept, "
+            "run the same command to resume"
+        )
+        self.abort()
 
     def _succeeded(self, copy: Copy, answer: Answer) -> None:
         """The first copy to answer wins: the others are cancelled, its records go out."""
@@ -468,17 +492,18 @@ class Dispatcher:
             self.hedges_won += 1
             ep.meter.hedges_won += 1
         per_sample = answer.per_sample
-        p, prompt_len, cap = job.prompt, prompt_tokens(job), self.cap(job)
+        p, prompt_len, cap = job.prompt, prompt_tokens(job), self.placement.cap(job)
         for turns in per_sample:
             out = turns_tokens(turns)[0]  # usage, else token ids, else the text
             self.lengths.observe(p.source, p.domain, prompt_len, out, cap)
+            self.figures.add(p.domain, max(0.0, job.expected), job.expected_se, out)
         samples = job.samples
         if len(per_sample) < len(samples):  # the server ignored n: ask for the rest one by one
             ep.server_n = False
             rest = job.with_samples(samples[len(per_sample) :])
             rest.ready_since = self.clock()
             self.active[job.prompt.id] += 1
-            self.ready.appendleft(rest)
+            self.queue.requeue(rest)
         latency = self.clock() - copy.started
         done = completions(
             job,
@@ -495,61 +520,47 @@ class Dispatcher:
             ep.meter.completed += 1
         self._settle(job)
 
-    def _attempt_failed(self, copy: Copy, err: ServerError) -> None:
-        """A failure another attempt may not hit (``RetryableServerError``): the job is retried
-        after a backoff, elsewhere if it can, up to ``max_attempts``; the endpoint's breaker
-        counts it, and a connection error or a timeout has its health checked."""
+    def _failed(self, copy: Copy, err: ServerError) -> None:
+        """A failed attempt: the endpoint learns of it, and the retry policy says the job's
+        fate (``retry.py``). The fate applies only when no other copy runs the job and the
+        run is not stopping (the resume redoes it)."""
         job, ep = copy.job, copy.endpoint
-        opened = ep.record_failure(err.reason, retryable=True)
-        if not opened and isinstance(err, ConnectionLostError | RequestTimeoutError):
-            self.spawn(self._health_check(ep))
-        if isinstance(err, RateLimitedError):
-            ep.rate_limited()
-        # (another copy still runs the job, or we are shutting down: resume redoes it)
+        fate = self.policy.fate(job, err)
+        opened = False
+        if isinstance(fate, MoveOn):
+            ep.meter.errors[err.reason] += 1
+            if not copy.hedge:
+                job.attempts -= 1  # the endpoint's fault, not an attempt of the prompt
+        else:
+            retryable = isinstance(fate, Retry) or fate.reason == "exhausted_retries"
+            opened = ep.record_failure(err.reason, retryable=retryable)
+            if retryable:
+                if not opened and isinstance(err, ConnectionLostError | RequestTimeoutError):
+                    self.spawn(self._health_check(ep))
+                if isinstance(err, RateLimitedError):
+                    ep.rate_limited()
+        moved = 0
         if not (job.done or job.copies or self.stopping):
-            if job.attempts >= self.cfg.max_attempts:
-                self._fail(job, "exhausted_retries", f"after {job.attempts} attempts: {err}", ep)
-            else:
-                self._retry_later(job, ep, err.retry_after)
-        if opened:  # after the job is placed, so the line counts it among the retried ones
+            match fate:
+                case Retry(delay=delay):
+                    job.avoid = {ep.url}
+                    self.queue.later(job, self.clock() + delay)
+                    self.wake.set()
+                case Fail(reason=reason, message=message):
+                    self._fail(job, reason, message, ep)
+                case MoveOn():
+                    self._requeue(job, ep)
+                    moved = 1
+        if isinstance(err, EndpointFaultError):
+            self.take_out_faulty(ep, err, moved=moved)
+        elif opened:  # after the job is placed, so the line counts it among the retried ones
             self.open_breaker(ep, f"{ep.breaker.failures} failures in a row ({err})")
-
-    def _request_failed(self, copy: Copy, err: FatalRequestError) -> None:
-        """The request itself is bad (``FatalRequestError``): the prompt's Failure at once."""
-        job, ep = copy.job, copy.endpoint
-        ep.record_failure(err.reason, retryable=False)
-        if not (job.done or job.copies or self.stopping):
-            self._fail(job, err.reason, err.message, ep)
-
-    def _endpoint_fault(self, copy: Copy, err: EndpointFaultError) -> None:
-        """The endpoint refused or answered impossibly: take it out and move the job on, free
-        of charge."""
-        job, ep = copy.job, copy.endpoint
-        ep.meter.errors[err.reason] += 1
-        if not copy.hedge:
-            job.attempts -= 1  # the endpoint's fault, not an attempt of the prompt
-        requeued = 0
-        if not (job.done or job.copies or self.stopping):
-            self._requeue(job, ep)
-            requeued = 1
-        self.take_out_faulty(ep, err, moved=requeued)
-
-    def _retry_later(self, job: Job, ep: Endpoint, retry_after: float | None) -> None:
-        """Back ``job`` off (jittered, exponential, at least the server's Retry-After within
-        ``backoff_max``), then steer it away from ``ep``."""
-        delay = min(self.cfg.backoff_max, self.cfg.backoff_base * 2 ** (job.attempts - 1))
-        delay *= 0.5 + self.rng.random()
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, self.cfg.backoff_max))
-        job.avoid = {ep.url}
-        heapq.heappush(self.waiting, (self.clock() + delay, next(self._seq), job))
-        self.wake.set()
 
     def _requeue(self, job: Job, ep: Endpoint) -> None:
         """Put ``job`` back first in line, steered away from ``ep``."""
         job.avoid = {ep.url}
         job.ready_since = self.clock()
-        self.ready.appendleft(job)
+        self.queue.requeue(job)
 
     def _fail(self, job: Job, reason: str, message: str, ep: Endpoint) -> None:
         for f in failures(job, reason, ep.redact(message), endpoint=ep.url):
@@ -658,28 +669,32 @@ class Dispatcher:
         return moved, abandoned
 
     def _say_out(self, ep: Endpoint, why: str, *, moved: int, abandoned: int) -> None:
-        self.log(f"endpoint {ep.url} taken out: {why}; {self._fates(ep, moved, abandoned)}")
+        running = len(self.on_endpoint[ep])
+        retried = sum(1 for job in self.queue.backing_off() if ep.url in job.avoid)
+        said = fates(moved=moved, retried=retried, running=running, abandoned=abandoned)
+        self.log(f"endpoint {ep.url} taken out: {why}; {said}")
         self.wake.set()
 
-    def _fates(self, ep: Endpoint, moved: int, abandoned: int) -> str:
-        """What became of the requests ``ep`` held when it was taken out, in a few words."""
-        running = len(self.on_endpoint[ep])
-        retried = sum(1 for _, _, job in self.waiting if ep.url in job.avoid)
-        parts = []
-        if moved:
-            parts.append(f"{moved:,} requeued on the other endpoints")
-        if retried:
-            parts.append(f"{retried:,} failed there and are retried elsewhere after a backoff")
-        if running:
-            parts.append(
-                f"{running:,} still running there (kept if they finish; retried elsewhere if "
-                "they fail; requeued at once if it fails its health check)"
-            )
-        if abandoned:
-            parts.append(
-                f"{abandoned:,} abandoned (stopping: not committed, the same command generates "
-                "them again)"
-            )
-        if not parts:
-            return "no request of the run was in flight there"
-        return "its requests: " + "; ".join(parts)
+
+def fates(*, moved: int, retried: int, running: int, abandoned: int) -> str:
+    """What became of the requests an endpoint held when it was taken out, in a few words:
+    ``moved`` requeued at once, ``retried`` failed there and backing off, ``running`` still
+    running there, ``abandoned`` because the run is stopping."""
+    parts = []
+    if moved:
+        parts.append(f"{moved:,} requeued on the other endpoints")
+    if retried:
+        parts.append(f"{retried:,} failed there and are retried elsewhere after a backoff")
+    if running:
+        parts.append(
+            f"{running:,} still running there (kept if they finish; retried elsewhere if "
+            "they fail; requeued at once if it fails its health check)"
+        )
+    if abandoned:
+        parts.append(
+            f"{abandoned:,} abandoned (stopping: not committed, the same command generates "
+            "them again)"
+        )
+    if not parts:
+        return "no request of the run was in flight there"
+    return "its requests: " + "; ".join(parts)

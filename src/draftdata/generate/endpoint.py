@@ -85,8 +85,11 @@ class Meter:
         self.prompt_tokens = 0
         self.errors: Counter[str] = Counter()  # failure reason -> count
         self.hedges_won = 0
-        self.seq_rate: float | None = None  # EWMA output tokens/s of one sequence here
+        # output tokens/s of one sequence here: EWMA tokens per sequence over EWMA latency, so
+        # that a short answer (its latency mostly prefill and queueing) moves it little
+        self.seq_rate: float | None = None
         self.latency: float | None = None  # EWMA seconds per request
+        self._tokens: float | None = None  # EWMA output tokens per sequence
         self.token_log: deque[tuple[float, int]] = deque()  # (time, output tokens) window
         self._clock = clock
         self._since = clock()
@@ -100,10 +103,14 @@ class Meter:
         self.prompt_tokens += prompt_tokens
         self.token_log.append((now, output_tokens))
         if latency > 0:
-            rate = output_tokens / max(1, seqs) / latency
+            per_seq = output_tokens / max(1, seqs)
             a = _EWMA
-            self.seq_rate = rate if self.seq_rate is None else (1 - a) * self.seq_rate + a * rate
-            self.latency = latency if self.latency is None else (1 - a) * self.latency + a * latency
+            if self._tokens is None or self.latency is None:
+                self._tokens, self.latency = per_seq, latency
+            else:
+                self._tokens = (1 - a) * self._tokens + a * per_seq
+                self.latency = (1 - a) * self.latency + a * latency
+            self.seq_rate = self._tokens / self.latency
 
     def tokens_per_s(self, window: float) -> float:
         """Output tokens per second over the last ``window`` seconds."""

@@ -18,7 +18,9 @@ The watch, every 0.25 s, says each change of state in one line:
   line per endpoint saying why and raises FleetUnavailableError; the same command resumes.
 - **``--token-ids on``** and an endpoint found (after start) to return no ids: ConfigError.
 
-A bug in the commit path stops the run at once (RunAbortedError, one line, resumable).
+A bug in the commit path stops the run at once (RunAbortedError, one line, resumable). An
+exception an attempt raised that nobody mapped (a bug, not a server fault) stops it too: what
+finished is committed, and ``run`` raises that exception with its traceback (resumable).
 
 Shutdown (``interrupt``): the first call stops dispatch and lets running requests finish for up
 to ``grace_seconds``; the second (or the end of the grace) cancels them. Either way whatever
@@ -37,24 +39,26 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
 from rich.console import Console
 from rich.live import Live
 
-from draftdata.collector import fewer_collections
 from draftdata.errors import ConfigError, DraftdataError, FleetUnavailableError, StoreError
+from draftdata.gc_tuning import fewer_collections
 from draftdata.generate.client import token_ids_refusal
 from draftdata.generate.committer import Committer
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.endpoint import Endpoint, load_of
 from draftdata.generate.keeper import EndpointKeeper
-from draftdata.generate.length import run_history
+from draftdata.generate.length import known_lengths
 from draftdata.generate.progress import Progress
 from draftdata.generate.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
+from draftdata.progress import REFRESH_PER_SECOND
 from draftdata.records import Completion, Failure
 from draftdata.store.run import Run
 
@@ -139,7 +143,9 @@ class Engine:
             revive=self.keeper.revive,
             log=log,
             clock=clock,
-            history=(lambda: run_history(run.store)) if run.resumed_done else None,
+            priors=partial(
+                known_lengths, run.store, config.prompts, history=bool(run.resumed_done)
+            ),
         )
         self.keeper.attach(self.dispatcher)
         self.progress = Progress(
@@ -308,7 +314,10 @@ class Engine:
         display = None
         if self.live:
             display = Live(
-                self.progress.render(), console=Console(), refresh_per_second=2, transient=False
+                self.progress.render(),
+                console=Console(),
+                refresh_per_second=REFRESH_PER_SECOND,
+                transient=False,
             )
             display.start()
         last_line = last_metrics = self.clock()
@@ -327,7 +336,9 @@ class Engine:
                     last_line = now
                 if now - last_metrics >= self.cfg.metrics_interval:
                     last_metrics = now
-                    await self._write_metrics(self.progress.snapshot())
+                    snap = self.progress.snapshot()
+                    snap["lengths"] = self.dispatcher.figures.to_dict()
+                    await self._write_metrics(snap)
         finally:
             if display is not None:
                 display.update(self.progress.render())
@@ -366,7 +377,8 @@ class Engine:
             self.dispatcher.abort()
             await asyncio.gather(*self.dispatcher.tasks, return_exceptions=True)
             await asyncio.gather(*loops, return_exceptions=True)
-            await self.committer.close(stopping=self.fatal is not None or self.interrupted)
+            stopping = self.fatal is not None or self.interrupted or self.dispatcher.bug is not None
+            await self.committer.close(stopping=stopping)
         if self.fatal is not None:
             raise self.fatal
         summary = self._summary(self.clock() - t0)
@@ -435,6 +447,7 @@ class Engine:
             remaining=max(0, answerable - settled) if answerable is not None else None,
             peak_uncommitted=self.committer.peak_uncommitted,
             endpoints=shares,
+            lengths=d.figures.to_dict(),
         )
 
 
@@ -457,7 +470,7 @@ async def run_engine(
     ``on_engine`` sees the Engine first (to wire signals or to interrupt it from a test);
     ``settle_model``: a new run records the model of the endpoint that answered first."""
     async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(fewer_collections())  # collector.py: a third of the CPU otherwise
+        stack.enter_context(fewer_collections())  # gc_tuning.py: a third of the CPU otherwise
         if session is None:
             session = await stack.enter_async_context(probe_session(api_key))
         engine = Engine(

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from draftdata.errors import InputError
 from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT
-from draftdata.generate.sample import PilotSample, Stratum, scope_keys
+from draftdata.generate.pilot_sample import PilotSample, Stratum, scope_keys
 from draftdata.generate.saturation import Throughput
 from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS
@@ -462,11 +462,6 @@ def _span_t(iv: Any, point: float) -> str:
     if point < 7200:
         return f" (90%: {iv[0] / 60:,.1f}-{iv[1] / 60:,.1f} min)"
     return f" (90%: {iv[0] / 3600:,.2f}-{iv[1] / 3600:,.2f} h)"
-
-
-def committed_by_domain(figures: Any) -> dict[str, int]:
-    """domain -> committed output tokens, from ``stats.runfigures.RunFigures``."""
-    return {d: f.output_tokens for d, f in figures.domains.items()}
 
 
 def gpu_count(gpu_fields: Iterable[str | None]) -> list[int]:

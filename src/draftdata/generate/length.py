@@ -1,40 +1,52 @@
-"""Expected output lengths, learned while a run goes, and the longest-first look-ahead queue.
+"""Expected output lengths: known before the run where there are figures, learnt as it goes.
 
 ``LengthModel`` estimates how many output tokens one sample of a prompt will take (all its
-turns together), from what the run has seen so far: a mean per source and domain, refined by
-the prompt's length (a power-of-two bucket of its estimated tokens), each level shrunk toward
-the one above it (prompt-length bucket -> source/domain -> the whole run -> a prior of a third
-of the job's own token cap) so that a key seen once does not swing the estimate. It learns from
-every completion the dispatcher settles and is seeded, on resume, from the run's committed
-completions (source/domain level only: their prompt lengths are not the same measure). The
-number of keys is bounded, so memory does not grow with the job. It also learns how lengths
-spread around their estimates (a histogram of actual / expected), so that ``expected_total``
-answers how long a request is expected to be *given* that it has already produced some tokens:
-with long-tailed lengths, a request past its estimate is expected to run on.
+turns together). Its levels, each shrunk toward the one above it so that a key seen once does
+not swing the estimate: a prior of a third of the job's own token cap (``max_tokens`` times its
+turns: the limit is a feature too) -> the whole run's mean -> the domain's -> the source's within
+its domain -> the prompt's length (a power-of-two bucket of its estimated tokens) within that,
+as a factor (its bucket's answers against all the run's answers of the source/domain).
+What is known before the first answer seeds it (``LengthPriors``, read by ``known_lengths``):
 
-``LookAhead`` holds the jobs read ahead of dispatch (at most the look-ahead window) and hands
-out the longest expected first (ties: file order), or plain file order with ``ordered=False``.
-Long answers started early overlap with the rest of the job instead of running alone at its
-end, which is what a file-order dispatcher loses on mixed-domain jobs. Keys are refreshed as
-the model learns (at geometrically spaced observation counts, so the cost stays small).
+- this run's committed answers (a resumed run, or the rest after ``--pilot``, whose answers are
+  in the run): the newest ``HISTORY_ROWS``, per source and domain, and how they spread;
+- this run's newest ``forecast.json`` (a pilot's per-domain means), where the answers alone
+  are fewer;
+- prepare's expected tokens per domain (``prepare_report.json`` beside the prompts, when it
+  planned in tokens), as a weak prior only (a few pseudo-answers: the run's own take over).
 
-Its one read is ``run_history``: the newest committed completions of a resumed run (source,
-domain and output tokens only, at most ``HISTORY_ROWS``). It never decides where a job runs
-(``dispatch.py`` does).
+It learns from every answer the dispatcher settles, and from what running requests have
+produced so far (a lower bound on their lengths: short answers finish first, so completions
+alone would rank a long domain low until its first answers arrive). The number of keys is
+bounded, so memory does not grow with the job.
+
+Its uncertainty is of two kinds. How lengths spread around their estimates (a histogram of
+actual / expected, learnt) answers ``expected_total`` (how long a request is expected to be
+*given* that it has produced some tokens: with long-tailed lengths one past its estimate is
+expected to run on), ``long_total`` and ``long_draw`` (a high quantile: what placement and
+hedging judge by). How well the mean itself is known (``stderr``: the spread over the square
+root of the answers behind it) widens ``long_draw`` while few answers are in, and
+``measured`` says whether a source/domain has any figure at all (an answer, a prior or a
+running request): the queue (``queue.py``) sends one prompt of an unmeasured one at once, so a
+new domain is measured early, never left for last.
+
+It never decides where a job runs (``dispatch.py`` and ``placement.py`` do).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
-from collections import deque
+import os
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from typing import TYPE_CHECKING, Any
 
-from draftdata.errors import StoreError
-from draftdata.formats import COMPLETION_FORMAT
+from draftdata.errors import DraftdataError, StoreError
+from draftdata.formats import COMPLETION_FORMAT, PREPARE_REPORT, PREPARE_SHARDS
 from draftdata.generate.work import Job
+from draftdata.store.forecast import latest_forecast
+from draftdata.store.opener import open_store
 from draftdata.store.read import COMPLETIONS_PREFIX, output_tokens, read_shard, shard_keys
 
 if TYPE_CHECKING:
@@ -43,17 +55,21 @@ if TYPE_CHECKING:
 _SHRINK = 4.0  # pseudo-observations of the level above that every level's mean starts from
 _PRIOR_SHARE = 1 / 3  # the prior of a job nothing is known about: this share of its token cap
 _MAX_KEYS = 4096
-_FIRST_REKEY = 16
-_REKEY_S = 1.0  # ... and at least this often (what running requests produced moves on)
 # the spread of lengths around their estimate: ratio actual / expected in log2 bins of 1/4
 # from 1/64 to 64 (long tails: a request past its estimate is expected to run on)
 _BINS_PER_OCTAVE = 4
 _LOW_OCTAVE = -6
 _BINS = 12 * _BINS_PER_OCTAVE
 _MIN_SPREAD = 20  # observations before the learnt spread is used
+_PREPARE_WEIGHT = 4.0  # pseudo-answers a prepare estimate counts for (the run's own take over)
+_FORECAST_WEIGHT = 200.0  # at most this many for a pilot's per-domain mean
 HISTORY_ROWS = 50_000  # a resumed run's newest completions that seed the model, at most
+ANY_SOURCE = "\x00*"  # the source of the domain level's keys (no prompt has it)
+_ONLINE = -3  # the bucket of a source/domain's key for the answers this run saw with a prompt
 
-Key = tuple[str, str, int]  # (source, domain, prompt-length bucket; -1: the source/domain level)
+# (source, domain, prompt-length bucket; -1: the source/domain level, _ONLINE: its answers seen
+# with their prompt's length)
+Key = tuple[str, str, int]
 
 
 def prompt_tokens(job: Job) -> int:
@@ -93,18 +109,37 @@ def bucket(tokens: int) -> int:
     return max(0, tokens.bit_length() - 5)
 
 
+@dataclass
+class LengthPriors:
+    """What is known of the answers' lengths before the run's first answer (``known_lengths``).
+
+    ``answers``: (source, domain, output tokens) of answers already committed to the run;
+    ``domains``: domain -> (mean output tokens, pseudo-answers it counts for) from a forecast
+    or prepare's report; ``sources``: where each figure came from, for one log line.
+    """
+
+    answers: list[tuple[str, str, int]] = field(default_factory=list)
+    domains: dict[str, tuple[float, float]] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.answers or self.domains)
+
+
 class LengthModel:
-    """Online mean output tokens per sample by source/domain and prompt length (bounded)."""
+    """Mean output tokens per sample by domain, source and prompt length (module docstring)."""
 
     def __init__(self, *, max_keys: int = _MAX_KEYS) -> None:
         self.max_keys = max_keys
         self._stats: dict[Key, list[float]] = {}  # key -> [count, sum of output tokens]
-        self._count = 0
+        self._count = 0.0
         self._sum = 0.0
-        self.observed = 0  # observations so far (the LookAhead refreshes on its growth)
+        self.observed = 0  # observations so far (the queue refreshes on its growth)
+        self.informed = False  # something was known before the first answer (``seed``)
         # ratio actual / expected: per log2 bin, [count, sum of ratios]
         self._spread = [[0, 0.0] for _ in range(_BINS)]
         self._spread_n = 0
+        self._spread_sq = 0.0  # sum of squared ratios (the spread's variance: ``stderr``)
         self._suffix: tuple[list[float], list[float]] | None = None  # (counts, sums) from bin i
         # expect() per (source, domain, bucket, cap), valid until the model or the clock moves
         self._memo: dict[tuple[str, str, int, int], float] = {}
@@ -113,6 +148,37 @@ class LengthModel:
         self._running: dict[tuple[str, str], list[float]] = {}
         self.rate = 0.0
         self.now = 0.0
+
+    # -- what is known before the run ------------------------------------------------------------
+
+    def seed(self, priors: LengthPriors) -> None:
+        """Take what was known before this command's first answer: the run's committed answers
+        (per source and domain, and how they spread around their key's mean), then each
+        domain's figure from a forecast or prepare, as pseudo-answers of the domain level."""
+        for source, domain, tokens in priors.answers:
+            self.observe(source, domain, None, tokens)
+        if len(priors.answers) >= _MIN_SPREAD:
+            for source, domain, tokens in priors.answers:
+                s = self._stats.get((source, domain, -1))
+                if s is not None and s[0] > 0 and s[1] > 0:
+                    self._add_spread(tokens * s[0] / s[1])
+        for domain, (mean, weight) in priors.domains.items():
+            key = (ANY_SOURCE, domain, -1)
+            s = self._stats.get(key)
+            if s is None:
+                if len(self._stats) >= self.max_keys:
+                    continue
+                s = self._stats[key] = [0.0, 0.0]
+            # answers of the run already count for the domain: the figure fills up to ``weight``
+            extra = max(0.0, weight - s[0])
+            s[0] += extra
+            s[1] += extra * mean
+            self._count += extra
+            self._sum += extra * mean
+        self._memo.clear()
+        self.informed = self.informed or bool(priors)
+
+    # -- learning ----------------------------------------------------------------------------
 
     def observe(
         self, source: str, domain: str, prompt: int | None, output: int, cap: int | None = None
@@ -128,9 +194,14 @@ class LengthModel:
         self._count += 1
         self._sum += output
         keys: Iterable[Key] = (
-            ((source, domain, -1),)
+            ((ANY_SOURCE, domain, -1), (source, domain, -1))
             if prompt is None
-            else ((source, domain, -1), (source, domain, bucket(prompt)))
+            else (
+                (ANY_SOURCE, domain, -1),
+                (source, domain, -1),
+                (source, domain, _ONLINE),
+                (source, domain, bucket(prompt)),
+            )
         )
         for key in keys:
             s = self._stats.get(key)
@@ -141,26 +212,13 @@ class LengthModel:
             s[0] += 1
             s[1] += output
 
-    def expect(self, source: str, domain: str, prompt: int, cap: int) -> float:
-        """Expected output tokens of one sample (at most ``cap``)."""
-        prior = cap * _PRIOR_SHARE
-        mean = (self._sum + _SHRINK * prior) / (self._count + _SHRINK)
-        above = mean
-        s = self._stats.get((source, domain, -1))
-        if s is not None:
-            mean = (s[1] + _SHRINK * above) / (s[0] + _SHRINK)
-        r = self._running.get((source, domain))
-        if r is not None and r[0] > 0 and self.rate > 0:
-            # what the running requests of this key have produced so far is a lower bound on
-            # their lengths: the short answers finish first, so completions alone would rank a
-            # long domain low until its first answers arrive
-            n = r[0] + (s[0] if s is not None else 0.0)
-            total = self.rate * (r[0] * self.now - r[1]) + (s[1] if s is not None else 0.0)
-            mean = max(mean, (total + _SHRINK * above) / (n + _SHRINK))
-        s = self._stats.get((source, domain, bucket(prompt)))
-        if s is not None:
-            mean = (s[1] + _SHRINK * mean) / (s[0] + _SHRINK)
-        return min(float(cap), mean)
+    def _add_spread(self, ratio: float) -> None:
+        self._suffix = None
+        b = self._spread[_bin(ratio)]
+        b[0] += 1
+        b[1] += ratio
+        self._spread_n += 1
+        self._spread_sq += ratio * ratio
 
     def started(self, source: str, domain: str, at: float) -> None:
         """A request of this source/domain started at ``at`` (see ``rate``, ``now``)."""
@@ -181,12 +239,70 @@ class LengthModel:
             r[0] -= 1
             r[1] = r[1] - started if r[0] else 0.0
 
-    def _add_spread(self, ratio: float) -> None:
-        self._suffix = None
-        b = self._spread[_bin(ratio)]
-        b[0] += 1
-        b[1] += ratio
-        self._spread_n += 1
+    def at(self, now: float, rate: float) -> None:
+        """The clock and the fleet's mean per-sequence rate (tokens/s), for running requests."""
+        if now != self.now or rate != self.rate:
+            self.now, self.rate = now, rate
+            self._memo.clear()
+
+    # -- estimates ---------------------------------------------------------------------------
+
+    def expect(self, source: str, domain: str, prompt: int, cap: int) -> float:
+        """Expected output tokens of one sample (at most ``cap``)."""
+        prior = cap * _PRIOR_SHARE
+        mean = (self._sum + _SHRINK * prior) / (self._count + _SHRINK)
+        s = self._stats.get((ANY_SOURCE, domain, -1))
+        if s is not None:
+            mean = (s[1] + _SHRINK * mean) / (s[0] + _SHRINK)
+        above = mean
+        s = self._stats.get((source, domain, -1))
+        if s is not None:
+            mean = (s[1] + _SHRINK * above) / (s[0] + _SHRINK)
+        r = self._running.get((source, domain))
+        if r is not None and r[0] > 0 and self.rate > 0:
+            # what the running requests of this key have produced so far is a lower bound on
+            # their lengths (module docstring)
+            n = r[0] + (s[0] if s is not None else 0.0)
+            total = self.rate * (r[0] * self.now - r[1]) + (s[1] if s is not None else 0.0)
+            mean = max(mean, (total + _SHRINK * above) / (n + _SHRINK))
+        # the prompt's length, as a factor: its bucket's answers against all of this run's
+        # answers of the source/domain (both seen as this run goes, so both lean the same way
+        # while the long answers are still running)
+        s = self._stats.get((source, domain, bucket(prompt)))
+        o = self._stats.get((source, domain, _ONLINE))
+        if s is not None and o is not None and o[0] > 0 and o[1] > 0:
+            seen = o[1] / o[0]
+            mean *= (s[1] + _SHRINK * seen) / ((s[0] + _SHRINK) * seen)
+        return min(float(cap), mean)
+
+    def answers(self, source: str, domain: str) -> float:
+        """The answers (and pseudo-answers) behind a source/domain's estimate: its own, else
+        its domain's (0: only the run's mean and the prior)."""
+        s = self._stats.get((source, domain, -1))
+        if s is not None and s[0] > 0:
+            return s[0]
+        s = self._stats.get((ANY_SOURCE, domain, -1))
+        return s[0] if s is not None else 0.0
+
+    def measured(self, source: str, domain: str) -> bool:
+        """Whether anything is known of this source/domain's lengths: an answer, a prior for
+        it or its domain, or a request of it running now."""
+        if self.answers(source, domain) > 0:
+            return True
+        r = self._running.get((source, domain))
+        return r is not None and r[0] > 0
+
+    def stderr(self, source: str, domain: str) -> float:
+        """The relative standard error of a source/domain's mean: the spread of lengths around
+        their estimates (learnt; a lognormal's 0.8 before enough is seen) over the square root
+        of the answers behind it (plus the shrinkage's pseudo-answers)."""
+        if self._spread_n >= _MIN_SPREAD:
+            mean = sum(sr for _, sr in self._spread) / self._spread_n
+            var = max(0.0, self._spread_sq / self._spread_n - mean * mean)
+            cv = math.sqrt(var) / mean if mean > 0 else 1.0
+        else:
+            cv = 0.9  # a lognormal of sigma 0.8
+        return cv / math.sqrt(self.answers(source, domain) + _SHRINK)
 
     def expected_total(self, expected: float, produced: float, cap: int) -> float:
         """The expected length of a request expected at ``expected`` tokens that has produced
@@ -229,6 +345,13 @@ class LengthModel:
                 return float(min(cap, max(expected * sr / c, produced)))
         return self.expected_total(expected, produced, cap)  # not reached
 
+    def long_draw(self, key: JobKey, q: float = 0.95) -> float:
+        """A long draw of the length of a job of ``key`` (``job_key``) before it starts: its
+        estimate, widened by how well that is known (two standard errors), times the ``q``
+        quantile of the learnt spread (``high_ratio``), at most its cap."""
+        expected = self.expect_key(key) * (1 + 2 * self.stderr(key[0], key[1]))
+        return min(float(key[3]), expected * self.high_ratio(q))
+
     def _suffix_sums(self) -> tuple[list[float], list[float]]:
         counts = [0.0] * (_BINS + 1)
         sums = [0.0] * (_BINS + 1)
@@ -252,7 +375,7 @@ class LengthModel:
 
     def expect_job(self, job: Job) -> float:
         """Expected output tokens of one sample of ``job`` (memoised until the model, the
-        running set or the clock changes: a rekey or a plan asks for many alike jobs)."""
+        running set or the clock changes: the queue or a plan asks for many alike jobs)."""
         return self.expect_key(job_key(job))
 
     def expect_key(self, key: JobKey) -> float:
@@ -261,12 +384,6 @@ class LengthModel:
         if got is None:
             got = self._memo[key] = self.expect(key[0], key[1], key[2], key[3])
         return got
-
-    def at(self, now: float, rate: float) -> None:
-        """The clock and the fleet's mean per-sequence rate (tokens/s), for running requests."""
-        if now != self.now or rate != self.rate:
-            self.now, self.rate = now, rate
-            self._memo.clear()
 
     @property
     def mean(self) -> float:
@@ -279,55 +396,7 @@ class LengthModel:
         return len(self._stats)
 
 
-class LookAhead:
-    """Jobs not yet dispatched, longest expected first (``ordered``) or in file order."""
-
-    def __init__(self, model: LengthModel, *, ordered: bool) -> None:
-        self.model = model
-        self.ordered = ordered
-        # (-expected tokens, file position, what the estimate depends on, job)
-        self._heap: list[tuple[float, int, JobKey, Job]] = []
-        self._fifo: deque[Job] = deque()
-        self._seq = itertools.count()
-        self._next_rekey = _FIRST_REKEY
-        self._rekeyed = 0.0
-
-    def __len__(self) -> int:
-        return len(self._heap) if self.ordered else len(self._fifo)
-
-    def __bool__(self) -> bool:
-        return bool(self._heap) if self.ordered else bool(self._fifo)
-
-    def push(self, job: Job) -> None:
-        """Add a job read from the prompts."""
-        if self.ordered:
-            key = job_key(job)
-            heapq.heappush(self._heap, (-self.model.expect_key(key), next(self._seq), key, job))
-        else:
-            self._fifo.append(job)
-
-    def longest(self) -> float:
-        """The expected tokens of the job ``pop`` would hand out next (0: none, or unordered)."""
-        return -self._heap[0][0] if self.ordered and self._heap else 0.0
-
-    def pop(self) -> Job:
-        """The next job to dispatch (IndexError when empty)."""
-        if not self.ordered:
-            return self._fifo.popleft()
-        m = self.model
-        if m.observed >= self._next_rekey or m.now - self._rekeyed >= _REKEY_S:
-            self.rekey()
-        return heapq.heappop(self._heap)[3]
-
-    def rekey(self) -> None:
-        """Recompute every held job's expected length with what the model knows now."""
-        self._next_rekey = max(_FIRST_REKEY, int(self.model.observed * 1.25) + 1)
-        self._rekeyed = self.model.now
-        expect = self.model.expect_key
-        # one estimate per distinct key (few), then a dict look-up per held job (many)
-        value = {key: -expect(key) for key in {entry[2] for entry in self._heap}}
-        self._heap = [(value[key], seq, key, job) for _, seq, key, job in self._heap]
-        heapq.heapify(self._heap)
+# -- what is known before the run ----------------------------------------------------------------
 
 
 def run_history(store: Store, *, rows: int = HISTORY_ROWS) -> Iterator[tuple[str, str, int]]:
@@ -350,3 +419,90 @@ def run_history(store: Store, *, rows: int = HISTORY_ROWS) -> Iterator[tuple[str
         domains = table.column("domain").to_pylist()
         for s, d, n in zip(sources, domains, tokens, strict=True):
             yield s or "", d or "", int(n or 0)
+
+
+def forecast_lengths(data: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """domain -> (mean output tokens, answers behind it) of a forecast's ``by_domain`` (the
+    domains its pilot measured; ``(none)`` is the empty domain)."""
+    out: dict[str, tuple[float, float]] = {}
+    by_domain = data.get("by_domain")
+    if not isinstance(by_domain, dict):
+        return out
+    for name, row in by_domain.items():
+        if not isinstance(row, dict):
+            continue
+        mean, n = row.get("mean_output_tokens"), row.get("pilot_completions")
+        if isinstance(mean, int | float) and mean > 0 and math.isfinite(mean):
+            count = float(n) if isinstance(n, int | float) and n > 0 else _PREPARE_WEIGHT
+            out["" if name == "(none)" else str(name)] = (float(mean), min(count, _FORECAST_WEIGHT))
+    return out
+
+
+def prepare_lengths(data: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """domain -> (expected output tokens, weight) from prepare's report, where prepare planned
+    with lengths (``lengths.tokens_per_row``): a weak prior."""
+    lengths = data.get("lengths")
+    per = lengths.get("tokens_per_row") if isinstance(lengths, dict) else None
+    if not isinstance(per, dict):
+        return {}
+    return {
+        str(d): (float(v), _PREPARE_WEIGHT)
+        for d, v in per.items()
+        if isinstance(v, int | float) and v > 0 and math.isfinite(v)
+    }
+
+
+def prompts_folder(prompts: str) -> str | None:
+    """The folder ``--prompts`` names, or the folder of prepare's shard it names (where
+    ``prepare_report.json`` would be); None for a lone file."""
+    base = prompts.rstrip("/")
+    parent, _, name = base.rpartition("/")
+    if "://" in prompts:
+        if not name.endswith(".jsonl"):
+            return base
+    elif os.path.isdir(base):
+        return base
+    return (parent or ".") if fnmatch(name, PREPARE_SHARDS) else None
+
+
+def known_lengths(
+    store: Store | None, prompts: str | None, *, history: bool, rows: int = HISTORY_ROWS
+) -> LengthPriors:
+    """What is known of the answers' lengths before this command's first answer (module
+    docstring): ``store`` is the run (its answers when ``history``, its newest forecast),
+    ``prompts`` the ``--prompts`` location (prepare's report beside them). Each read is
+    best-effort: a figure that cannot be read is left out (the model learns online), never an
+    error of the run."""
+    priors = LengthPriors()
+    folder = prompts_folder(prompts) if prompts else None
+    try:
+        prompts_dir = open_store(folder) if folder is not None else None
+    except (DraftdataError, OSError):
+        prompts_dir = None
+    if store is not None and history:
+        try:
+            priors.answers = list(run_history(store, rows=rows))
+        except (DraftdataError, OSError):
+            priors.answers = []
+        if priors.answers:
+            priors.sources.append(f"{len(priors.answers):,} committed answers of the run")
+    domains: dict[str, tuple[float, float]] = {}
+    if prompts_dir is not None:
+        try:
+            if prompts_dir.exists(PREPARE_REPORT.name):
+                raw = prompts_dir.read(PREPARE_REPORT.name)
+                domains.update(prepare_lengths(PREPARE_REPORT.load(raw, PREPARE_REPORT.name)))
+                if domains:
+                    priors.sources.append("prepare's expected tokens per domain")
+        except (DraftdataError, OSError):
+            pass
+    if store is not None:
+        try:
+            found = latest_forecast(store)
+        except (DraftdataError, OSError):
+            found = None
+        if found is not None and (pilot := forecast_lengths(found[1])):
+            domains.update(pilot)  # a pilot's measurement over prepare's estimate
+            priors.sources.append("the pilot's forecast")
+    priors.domains = domains
+    return priors

@@ -19,8 +19,9 @@
   ``token_ids``, or ``meta_info`` with ``output_ids``/``output_token_ids``) and vLLM
   (top-level ``prompt_token_ids``, per choice ``token_ids``).
 
-A body that does not have this shape raises ``MalformedResponse`` (a ValueError). The module is
-pure: no I/O, no HTTP, no retry policy (``client.py`` maps errors to classes; the engine decides).
+A body that does not have this shape raises ``errors.MalformedAnswerError``. The module is pure:
+no I/O, no HTTP, no retry policy (``client.py`` adds the status and hides secrets; the engine
+decides).
 """
 
 from __future__ import annotations
@@ -29,14 +30,11 @@ from typing import Any
 
 import msgspec
 
+from draftdata.errors import MalformedAnswerError
 from draftdata.records import JsonDict, Turn, Usage
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
-
-
-class MalformedResponse(ValueError):
-    """A 200 answer whose body is not a chat completion we can read."""
 
 
 # -- the wire shape (both flavours; unknown fields ignored) ------------------------------------
@@ -98,24 +96,24 @@ def decode_chat_response(data: bytes) -> list[Turn]:
     try:
         body = _body_decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise MalformedResponse(f"not a chat completion: {exc}") from exc
+        raise MalformedAnswerError(f"not a chat completion: {exc}") from exc
     except msgspec.DecodeError as exc:
-        raise MalformedResponse(f"not valid JSON: {exc}") from exc
+        raise MalformedAnswerError(f"not valid JSON: {exc}") from exc
     return _turns(body)
 
 
 def parse_chat_response(body: dict[str, Any]) -> list[Turn]:
     """One Turn per choice of a decoded chat-completion body, in choice index order.
 
-    Raises MalformedResponse when ``body`` is not a chat completion (no choices, a choice without
+    Raises MalformedAnswerError when ``body`` is not a chat completion (no choices, a choice without
     a message, fields of the wrong type).
     """
     if not isinstance(body, dict):
-        raise MalformedResponse("not a chat completion: the body is not a JSON object")
+        raise MalformedAnswerError("not a chat completion: the body is not a JSON object")
     try:
         parsed = msgspec.convert(body, _Body)
     except msgspec.ValidationError as exc:
-        raise MalformedResponse(f"not a chat completion: {exc}") from exc
+        raise MalformedAnswerError(f"not a chat completion: {exc}") from exc
     return _turns(parsed)
 
 
@@ -152,7 +150,7 @@ def _content_text(content: str | list[Any] | None) -> str | None:
         elif isinstance(part, str):
             parts.append(part)
         else:
-            raise MalformedResponse(f"message.content: unreadable content part {part!r:.80}")
+            raise MalformedAnswerError(f"message.content: unreadable content part {part!r:.80}")
     return "".join(parts)
 
 
@@ -180,7 +178,7 @@ def _int_list(value: Any, where: str) -> list[int] | None:
     if not isinstance(value, list) or not all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
     ):
-        raise MalformedResponse(f"{where}: expected a list of token ids")
+        raise MalformedAnswerError(f"{where}: expected a list of token ids")
     return value
 
 
@@ -220,7 +218,7 @@ def _split_total(total: int, weights: list[int]) -> list[int]:
 
 def _turns(body: _Body) -> list[Turn]:
     if not body.choices:
-        raise MalformedResponse("not a chat completion: no choices")
+        raise MalformedAnswerError("not a chat completion: no choices")
     choices = sorted(
         enumerate(body.choices), key=lambda ic: ic[1].index if ic[1].index is not None else ic[0]
     )

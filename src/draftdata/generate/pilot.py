@@ -1,6 +1,6 @@
 """``generate --pilot``: run a stratified sample into the run, then forecast the whole run.
 
-A pilot answers a small sample of the run's prompts (``sample.py``) on the real fleet before
+A pilot answers a small sample of the run's prompts (``pilot_sample.py``) on the real fleet before
 the whole fleet is booked, watching how full the endpoints ran (``saturation.py``), and then
 forecasts the rest (``forecast.py``). Its completions go into the run itself: committed like any
 others, they count, and the same command without ``--pilot`` resumes the whole run and skips
@@ -37,7 +37,7 @@ from draftdata.generate.forecast import (
     remaining_pairs,
 )
 from draftdata.generate.partition import parse_partition
-from draftdata.generate.sample import PilotSample, PilotSpec, draw
+from draftdata.generate.pilot_sample import PilotSample, PilotSpec, draw
 from draftdata.generate.saturation import Saturation, Throughput
 from draftdata.generate.source import prompt_files
 from draftdata.generate.stage import generate
@@ -45,7 +45,7 @@ from draftdata.generate.summary import GenerateSummary
 from draftdata.redact import redact_url
 from draftdata.stats.runfigures import run_figures
 from draftdata.store.forecast import latest_forecast, write_forecast
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 ``preflight`` runs the checks in order and returns what the run is opened with (``Preflight``):
 the endpoints' probed capacities (at least one must answer, else a one-line FleetError), one
-model across the fleet and against a resumed run's (``models.py``), the output limits against
+model across the fleet and against a resumed run's (``run_model.py``), the output limits against
 each endpoint's context (``check_limits``), token ids where ``--token-ids on`` asks for them
 (``check_token_ids``), the prompt files' schema and identity (``source.scan``), and the run's
 settings (``run_settings``: what the manifest hashes). Reading the options is here too: the
@@ -28,9 +28,9 @@ from draftdata.errors import ConfigError, FleetError, ServerError
 from draftdata.fleetspec import read_fleet
 from draftdata.generate.client import EndpointClient, build_body, token_ids_refusal
 from draftdata.generate.config import GenerateConfig, Sampling
-from draftdata.generate.models import check_fleet_models, check_resume_model, recorded_model
 from draftdata.generate.partition import Partition, parse_partition
 from draftdata.generate.rejects import check_schema
+from draftdata.generate.run_model import check_fleet_models, check_resume_model, recorded_model
 from draftdata.generate.source import PromptFile, Scan, scan
 from draftdata.generate.thinking import recorded
 from draftdata.records import Message

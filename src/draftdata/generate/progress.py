@@ -5,7 +5,9 @@ and the metrics snapshots written into the run.
 per endpoint) on the event loop; rates are differences over ``window`` seconds (and since the
 start); the clock is injectable. ``render`` builds the rich live view (totals, ETA and one row
 per endpoint), ``line`` the plain log line used when stdout is not a terminal; both write numbers
-with thousands separators. When nothing can move (a Ctrl-C drain, no endpoint serving, dispatch
+with thousands separators, the look of every stage's progress (``draftdata/progress.py``: the
+bold stage name first, ``fmt_duration`` times, a plain ``generate: ...`` line off a terminal).
+When nothing can move (a Ctrl-C drain, no endpoint serving, dispatch
 paused for the store) ``state()`` says which, and the views show that instead of an ETA: a pace
 measured before it would count down to a time that is not coming.
 
@@ -43,15 +45,7 @@ from rich.table import Table
 from rich.text import Text
 
 from draftdata.generate.endpoint import Endpoint
-
-
-def _fmt_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = int(seconds)
-    h, rem = divmod(s, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h:,}h{m:02d}m" if h else f"{m}m{s:02d}s"
+from draftdata.progress import fmt_duration
 
 
 class Progress:
@@ -130,7 +124,7 @@ class Progress:
     def _eta_text(self) -> str:
         """``ETA 1h02m``, or the state when nothing can move."""
         state = self.state()
-        return state if state is not None else f"ETA {_fmt_time(self.eta())}"
+        return state if state is not None else f"ETA {fmt_duration(self.eta())}"
 
     def line(self) -> str:
         """One plain log line: totals, rates, ETA, then each endpoint in short."""
@@ -155,7 +149,7 @@ class Progress:
             f"{self._done_text()} done, {self.failed:,} failed   ",
             f"{rw:,.1f} req/s ({rl:,.1f} avg)   ",
             f"{tw:,.0f} output tok/s ({tl:,.0f} avg)   ",
-            f"elapsed {_fmt_time(self.clock() - self.started)}   {self._eta_text()}",
+            f"elapsed {fmt_duration(self.clock() - self.started)}   {self._eta_text()}",
         )
         table = Table(box=None, pad_edge=False, header_style="bold")
         cols = ("endpoint", "state", "in-flight/limit", "capacity", "waiting", "tok/s", "done")

@@ -26,10 +26,11 @@ import msgspec
 
 from draftdata.errors import InputError, StoreError
 from draftdata.generate.partition import Partition, parse_partition
+from draftdata.readers.jsontext import read_lines
 from draftdata.records import BOM, Prompt, derived_id_fault, parse_prompt, prompt_id
 from draftdata.store.doneset import DoneSet
-from draftdata.store.prompts import iter_prompt_lines, open_prompt_file, read_lines
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
+from draftdata.store.prompts import iter_prompt_lines, open_prompt_file
 
 PromptFile = Path | str  # a local file, or an s3://BUCKET/KEY object URL (kept a str)
 

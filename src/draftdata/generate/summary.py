@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from draftdata.records import Completion, Failure
-from draftdata.stats.runfigures import RunFigures, completion_reason
+from draftdata.stats.runfigures import RunFigures, completion_reason, stopped_lines
 from draftdata.tokens import ESTIMATE_ERROR, completion_tokens
 
 
@@ -87,6 +87,9 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     peak_uncommitted: int = 0  # most records waiting for the store at once
     endpoints: list[EndpointShare] = msgspec.field(default_factory=list)
     domains: dict[str, DomainStats] = msgspec.field(default_factory=dict)
+    # per domain, of this command's committed answers: how many, the output tokens expected of
+    # them when they were sent (and the estimates' standard errors), and what they took (sums)
+    lengths: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
     run: RunFigures | None = None  # the whole run (all segments), counted from its shards
 
     @property
@@ -111,14 +114,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
             f"{head}: {self.completed} completions, {self.failures} failures ({fails}) in "
             f"{self.wall_s:.1f} s into {self.out}",
             f"  finish reasons per completion: {finish}; cut by max tokens: {self.truncated}",
-            *(
-                [
-                    "  conversations stopped early: "
-                    + ", ".join(f"{k} {v}" for k, v in sorted(self.stopped.items()))
-                ]
-                if self.stopped
-                else []
-            ),
+            *stopped_lines(self.stopped),
             f"  tokens: {self.prompt_tokens} prompt ({self.cached_tokens} cached), "
             f"{'~' if self.estimated_answers else ''}{self.output_tokens} output "
             f"({rate:.0f} output tok/s)"

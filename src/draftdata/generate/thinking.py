@@ -37,8 +37,8 @@ from typing import Any
 import aiohttp
 
 from draftdata.errors import DraftdataError
+from draftdata.store.opener import open_store
 from draftdata.store.settings import recorded_settings
-from draftdata.store.store import open_store
 
 
 def recorded(out: str) -> dict[str, Any] | None:

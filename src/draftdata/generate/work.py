@@ -42,6 +42,8 @@ class Job:
         "copies",
         "cost",
         "done",
+        "expected",
+        "expected_se",
         "hedged",
         "max_tokens",
         "plan",
@@ -85,6 +87,8 @@ class Job:
         self.hedged = False
         self.prompt_chars = -1  # characters of the prompt's contents (length.prompt_tokens)
         self.ready_since = 0.0
+        self.expected = -1.0  # output tokens expected of a sample when first sent (-1: not yet)
+        self.expected_se = 0.0  # ... and the estimate's standard error then
 
     @property
     def multi_turn(self) -> bool:

@@ -38,7 +38,7 @@ from draftdata.hidden.writer import Compression, SampleRow, StoredDtype
 from draftdata.hidden.writers import writer_for
 from draftdata.store.base import Store
 from draftdata.store.lease import LEASE_PREFIX, Lease
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 DEPTH = 2  # batches queued per worker
 

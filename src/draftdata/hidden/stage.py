@@ -56,7 +56,7 @@ from draftdata.hidden.writer import SampleRow, Writer
 from draftdata.hidden.writers import writer_for
 from draftdata.store.base import Store, refuse_protected
 from draftdata.store.lease import Lease, acquire, scope_of
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 Log = Callable[[str], None]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")

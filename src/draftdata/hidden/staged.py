@@ -9,9 +9,10 @@ after the answer, holding an exclusive ``flock`` on ``PATH.lock`` until the writ
 - ``read_staged(path, expect, timeout_s)`` takes a shared lock on ``PATH.lock`` (it waits, up
   to ``timeout_s``, while the server writes), reads ``PATH`` and checks it: the tensors are
   there, ``token_ids`` are exactly the ids sent, and ``hidden_states`` has one row per id.
-  A missing lock or file, a torn file, a lock held past the timeout: ``StagedMissing`` (the
-  server answered and then wrote nothing usable: its engine died, or its folder is not this
-  one). Other ids or another shape: ``StagedWrong`` (the server's fault: it is taken out).
+  A missing lock or file, a torn file, a lock held past the timeout: ``MalformedAnswerError``
+  (the server answered and then wrote nothing usable: its engine died, or its folder is not
+  this one). Other ids or another shape: ``ImpossibleAnswerError`` (the server's fault: it is
+  taken out).
 - ``remove_staged(path)`` removes ``PATH`` and ``PATH.lock`` (vLLM never does): every file is
   removed as soon as it is read, whatever came of it, so the staging folder holds at most the
   requests in flight.
@@ -34,19 +35,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from draftdata.errors import ImpossibleAnswerError, MalformedAnswerError
+
 if TYPE_CHECKING:
     import torch
 
 LOCK_SUFFIX = ".lock"
 _POLL_S = 0.01
-
-
-class StagedMissing(Exception):
-    """The answered path holds no whole file (see the module docstring)."""
-
-
-class StagedWrong(Exception):
-    """The file holds states of other tokens, or of another shape."""
 
 
 def _lock_path(path: str) -> str:
@@ -70,50 +65,54 @@ def _shared_lock(fd: int, timeout_s: float) -> bool:
 
 def read_staged(path: str, expect: npt.NDArray[np.int64], timeout_s: float) -> torch.Tensor:
     """The ``hidden_states`` of ``path`` (``[T, layers, hidden]``, the dtype written), once its
-    writer has released the lock and its ``token_ids`` are ``expect``; StagedMissing or
-    StagedWrong otherwise (module docstring)."""
+    writer has released the lock and its ``token_ids`` are ``expect``; MalformedAnswerError or
+    ImpossibleAnswerError otherwise (module docstring)."""
     from safetensors import SafetensorError
     from safetensors.torch import load
 
     try:
         fd = os.open(_lock_path(path), os.O_RDONLY)
     except FileNotFoundError:
-        raise StagedMissing(
+        raise MalformedAnswerError(
             f"no {_lock_path(path)}: the server's hidden-states folder is not visible here, "
             "or the server did not take the request's lock"
         ) from None
     except OSError as exc:
-        raise StagedMissing(f"cannot open {_lock_path(path)}: {exc}") from exc
+        raise MalformedAnswerError(f"cannot open {_lock_path(path)}: {exc}") from exc
     try:
         if not _shared_lock(fd, timeout_s):
-            raise StagedMissing(f"{path}: still being written after {timeout_s:g} s")
+            raise MalformedAnswerError(f"{path}: still being written after {timeout_s:g} s")
         try:
             data = Path(path).read_bytes()
         except FileNotFoundError:
-            raise StagedMissing(
+            raise MalformedAnswerError(
                 f"{path}: the server answered with this path and wrote no file there (its "
                 "engine died after answering?)"
             ) from None
         except OSError as exc:
-            raise StagedMissing(f"cannot read {path}: {exc}") from exc
+            raise MalformedAnswerError(f"cannot read {path}: {exc}") from exc
     finally:
         os.close(fd)
     try:
         tensors = load(data)
     except (SafetensorError, ValueError, RuntimeError) as exc:
-        raise StagedMissing(f"{path}: a torn or unreadable safetensors file ({exc})") from exc
+        raise MalformedAnswerError(
+            f"{path}: a torn or unreadable safetensors file ({exc})"
+        ) from exc
     states, ids = tensors.get("hidden_states"), tensors.get("token_ids")
     if states is None or ids is None:
-        raise StagedWrong(f"{path}: holds {sorted(tensors)}, not hidden_states and token_ids")
+        raise ImpossibleAnswerError(
+            f"{path}: holds {sorted(tensors)}, not hidden_states and token_ids"
+        )
     got = ids.reshape(-1).numpy().astype(np.int64, copy=False)
     if got.shape != expect.shape or not np.array_equal(got, expect):
         first = _first_difference(got, expect)
-        raise StagedWrong(
+        raise ImpossibleAnswerError(
             f"{path}: token_ids are not the ids sent ({len(got)} ids for {len(expect)}, first "
             f"difference at position {first}): states of other tokens"
         )
     if states.dim() != 3 or states.shape[0] != len(expect):
-        raise StagedWrong(
+        raise ImpossibleAnswerError(
             f"{path}: hidden_states of shape {tuple(states.shape)} for {len(expect)} tokens "
             "(expected [tokens, layers, hidden])"
         )

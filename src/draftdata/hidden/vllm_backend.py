@@ -15,8 +15,8 @@ breaker, retries with backoff elsewhere (``max_attempts``), a refusing or imposs
 endpoint taken out and its work moved on uncharged, a dead one found by its health check and
 revived when it answers again (``generate/keeper.py``). Only the attempt differs: the
 ``PrefillCaller`` below sends one prefill request instead of a chat conversation, and a file
-the server failed to write (``StagedMissing``) is a malformed answer (retried elsewhere), a
-file of other tokens (``StagedWrong``) an impossible one (the endpoint is taken out). When no
+the server failed to write is a ``MalformedAnswerError`` (retried elsewhere), a file of other
+tokens an ``ImpossibleAnswerError`` (the endpoint is taken out). When no
 endpoint can serve for ``unavailable_timeout`` seconds (or every one refuses), ``states`` raises
 FleetUnavailableError; a sample that fails for good (its ``max_attempts`` spent, or too long
 for the servers' context) raises FleetError naming it. Either way nothing of the batch was
@@ -83,7 +83,7 @@ from draftdata.hidden.backend import (
     register,
 )
 from draftdata.hidden.layers import Capture
-from draftdata.hidden.staged import StagedMissing, StagedWrong, read_staged, remove_staged, sweep
+from draftdata.hidden.staged import read_staged, remove_staged, sweep
 from draftdata.records import Completion, Failure, Prompt, Turn, Usage
 from draftdata.redact import redact_url
 
@@ -248,10 +248,8 @@ class PrefillCaller:
             )
         try:
             states = await asyncio.to_thread(read_staged, path, ids, self.lock_timeout)
-        except StagedMissing as exc:
-            raise MalformedAnswerError(ep.redact(str(exc))) from exc
-        except StagedWrong as exc:
-            raise ImpossibleAnswerError(ep.redact(str(exc))) from exc
+        except (MalformedAnswerError, ImpossibleAnswerError) as exc:
+            raise type(exc)(ep.redact(str(exc))) from exc
         finally:
             await asyncio.to_thread(remove_staged, path)
         return states, str(body["model"])

@@ -33,11 +33,12 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from draftdata.conversation import Conversation
 from draftdata.domains import classify_domain
 from draftdata.errors import InputError
 from draftdata.merge.plan import hash64
+from draftdata.readers.base import batches
 from draftdata.records import normalise_text
-from draftdata.stats.conversations import Conversation
 from draftdata.stats.readers import (
     Dataset,
     iter_conversations,
@@ -318,17 +319,6 @@ class Workers:
             yield done, fut.result()
 
 
-def _chunks(items: Iterator[Conversation], size: int) -> Iterator[list[Conversation]]:
-    chunk: list[Conversation] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def scan(
     info: InputInfo,
     family: Family,
@@ -370,7 +360,7 @@ def scan(
         on_bad(where, reason)
 
     pool = workers or Workers(1)
-    chunks = _chunks(iter_conversations(info.dataset, bad), _CHAT_CHUNK)
+    chunks = batches(iter_conversations(info.dataset, bad), _CHAT_CHUNK)
     for chunk, (domains, contents, sizes, loss) in pool.map(chunks):
         info.by_domain.update(domains)
         keys.see_ids([c.id for c in chunk])

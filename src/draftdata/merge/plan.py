@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from draftdata.merge.tokenplan import MAX_NODES, TokenPlan, plan_tokens
+from draftdata.merge.tokenplan import MAX_NODES, TokenPlan, largest_total, plan_tokens
 from draftdata.mix import largest_remainder, water_fill
 
 U64 = npt.NDArray[np.uint64]
@@ -125,27 +125,12 @@ class Allocation:
 
 def _largest_n(caps: Mapping[str, float], target: Mapping[str, float], tau: float) -> float:
     # The largest real N with (t - tau) N <= cap for all groups and sum min(cap, (t+tau) N) >= N.
-    bound = math.inf
-    for g, t in target.items():
-        if t > tau:
-            bound = min(bound, caps[g] / (t - tau))
-    total_cap = float(sum(caps.values()))
-    hi = min(bound, total_cap)
-
-    def fits(n: float) -> bool:
-        # with tau = 0 the slack is exactly 0 below the bound: allow for float rounding
-        return sum(min(caps[g], (t + tau) * n) for g, t in target.items()) >= n * (1 - 1e-12)
-
-    if fits(hi):
-        return hi
-    lo = 0.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    groups = list(target)
+    return largest_total(
+        [caps[g] for g in groups],
+        [target[g] - tau for g in groups],
+        [target[g] + tau for g in groups],
+    )
 
 
 def solve_counts(
@@ -273,6 +258,13 @@ def split_counts(
     return largest_remainder({g: fraction * c for g, c in counts.items()}, want, caps)
 
 
+def _spread(extra: int, n: int) -> I64:
+    """Copies per row that spread ``extra`` copies over ``n`` rows, the first rows first."""
+    reps = np.full(n, extra // n, dtype=np.int64)
+    reps[: extra % n] += 1
+    return reps
+
+
 def select(
     rows: I64,
     groups: npt.NDArray[np.int32],
@@ -326,8 +318,7 @@ def select(
         split = np.zeros(m, dtype=np.int8)
         extra = counts[c] - m
         if cyclic:
-            reps = np.full(m, max(extra, 0) // m, dtype=np.int64)
-            reps[: max(extra, 0) % m] += 1
+            reps = _spread(max(extra, 0), m)
             if e:  # the lowest eval-ranked of the rows without a copy
                 free = np.flatnonzero(reps == 0)
                 pick = np.lexsort((g_rows[free], erank[chosen][free]))[:e]
@@ -340,24 +331,18 @@ def select(
         out_hash.append(g_hash)
         train = np.flatnonzero(split == 0)  # in rank order
         if cyclic and extra > 0:
-            src = np.repeat(np.arange(m), reps)
-            first = np.repeat(np.cumsum(reps) - reps, reps)
-            k = (np.arange(len(src)) - first + 1).astype(np.int32)
-            out_rows.append(g_rows[src])
-            out_copy.append(k)
-            out_split.append(np.zeros(len(src), dtype=np.int8))
-            out_hash.append(g_hash[src])
+            sources = np.arange(m)
         elif extra > 0 and len(train):
-            reps = np.full(len(train), extra // len(train), dtype=np.int64)
-            reps[: extra % len(train)] += 1
-            src = np.repeat(train, reps)
-            # copy number k = 1..reps for each source row
-            first = np.repeat(np.cumsum(reps) - reps, reps)
-            k = (np.arange(len(src)) - first + 1).astype(np.int32)
-            out_rows.append(g_rows[src])
-            out_copy.append(k)
-            out_split.append(np.zeros(len(src), dtype=np.int8))
-            out_hash.append(g_hash[src])
+            sources, reps = train, _spread(extra, len(train))
+        else:
+            continue
+        src = np.repeat(sources, reps)
+        first = np.repeat(np.cumsum(reps) - reps, reps)
+        k = (np.arange(len(src)) - first + 1).astype(np.int32)  # copy 1..reps of each row
+        out_rows.append(g_rows[src])
+        out_copy.append(k)
+        out_split.append(np.zeros(len(src), dtype=np.int8))
+        out_hash.append(g_hash[src])
     if not out_rows:
         empty = np.zeros(0, dtype=np.int64)
         return Selection(empty, np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.uint64))

@@ -83,8 +83,8 @@ from draftdata.mix import OTHER, normalised
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
 from draftdata.stats.readers import iter_domain_labels, refuse_unreadable
 from draftdata.store.base import Store
+from draftdata.store.opener import open_store
 from draftdata.store.protect import check_not_protected
-from draftdata.store.store import open_store
 from draftdata.tokenizer_folder import check_tokenizer_folder
 from draftdata.tokens import counter
 

@@ -19,7 +19,7 @@ in whole rows: with few rows and a narrow band the best plan can keep little; th
 and merge stops when it keeps less than ``--min-keep``.
 
 The method (``plan_tokens``): the continuous relaxation gives an upper bound ``S*`` (the largest
-total the supplies allow with every share in its band, ``_largest_total``); a greedy plan
+total the supplies allow with every share in its band, ``largest_total``); a greedy plan
 rounds the continuous budgets down to whole rows, lowering the total until the shares fit
 (``_greedy``); then a depth-first branch and bound over the groups' counts (``_Search``) finds the
 best plan: each group's count is bounded by the band and the totals the groups fixed so far allow,
@@ -83,20 +83,16 @@ class TokenPlan:
         """Loss tokens in the output."""
         return sum(self.kept.values())
 
-    @property
-    def unique_total(self) -> int:
-        """Distinct loss tokens kept."""
-        return sum(self.unique_kept.values())
-
     def shares(self) -> dict[str, float]:
         """Each group's share of the output's loss tokens."""
         total = self.total
         return {g: (v / total if total else 0.0) for g, v in self.kept.items()}
 
 
-def _largest_total(caps: Sequence[float], lo: Sequence[float], hi: Sequence[float]) -> float:
+def largest_total(caps: Sequence[float], lo: Sequence[float], hi: Sequence[float]) -> float:
     """The largest real ``S`` with ``lo_g S <= cap_g`` for all g and ``sum min(cap_g, hi_g S)
-    >= S``: the continuous relaxation's bound on the total."""
+    >= S``: the continuous relaxation's bound on the total (found by bisection where the
+    bound itself does not fit; a share band of width 0 fits only up to float rounding)."""
     bound = min((c / a for c, a in zip(caps, lo, strict=True) if a > 0), default=math.inf)
     top = min(bound, float(sum(caps)))
     if top <= 0:
@@ -358,7 +354,7 @@ def plan_tokens(
     bands = [band(target[g], tolerance) for g in groups]
     p = _Problem(values, n, [b[0] for b in bands], [b[1] for b in bands])
     caps = [float(v[-1]) for v in values]
-    top = _largest_total(caps, p.lo, p.hi)
+    top = largest_total(caps, p.lo, p.hi)
     start = top
     if upsample:  # aim for keeping every row, with no more copies than the mix needs
         keep_all = max(

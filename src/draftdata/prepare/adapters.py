@@ -4,7 +4,7 @@ An adapter takes one decoded row (a dict) and returns a ``Conversation``: OpenAI
 messages (the whole conversation, answers included), OpenAI tools or None, the source's own id if
 it has one, and ``meta`` (source-specific fields kept for tracing). ``to_prompt`` then cuts the
 conversation into what the target answers (``last_assistant`` or ``regenerate``). Adapters raise
-``RowError`` with a reason code; they never read files, classify or deduplicate.
+``errors.RowError`` with a reason code; they never read files, classify or deduplicate.
 
 Schemas (``SourceConfig.schema``): infinity_instruct, webinstruct, codefeedback, metamath,
 hermes_fc, agentinstruct, and the generic sharegpt, openai, alpaca, question_answer,
@@ -19,6 +19,8 @@ from typing import Any
 
 import msgspec
 
+from draftdata.conversation import Conversation
+from draftdata.errors import RowError
 from draftdata.prepare import hermes
 from draftdata.prepare.validate import (
     BAD_TOOL_SPEC,
@@ -27,7 +29,6 @@ from draftdata.prepare.validate import (
     NON_STRING_CONTENT,
     UNKNOWN_ROLE,
     WRONG_TYPE,
-    RowError,
     check_prompt,
     text_field,
 )
@@ -51,15 +52,6 @@ SHAREGPT_ROLES = {
     "function": "tool",
     "ipython": "tool",
 }
-
-
-class Conversation(msgspec.Struct, kw_only=True, frozen=True):
-    """A whole source conversation in OpenAI form, before it is cut into a prompt."""
-
-    messages: list[Message]
-    tools: list[JsonDict] | None = None
-    source_id: str | None = None
-    meta: JsonDict = msgspec.field(default_factory=dict)
 
 
 def _turns(row: JsonDict, key: str = "conversations") -> list[Any]:
@@ -87,18 +79,19 @@ def _speaker_text(turn: Any, i: int, key: str) -> tuple[str, str]:
     return speaker.strip().lower(), value
 
 
-def _row_id(row: JsonDict) -> str | None:
+def _row_id(row: JsonDict) -> str:
+    """The row's own id ("" when it has none)."""
     value = row.get("id")
     if isinstance(value, str | int) and not isinstance(value, bool) and str(value).strip():
         return str(value).strip()
-    return None
+    return ""
 
 
 def _function_call(value: str, i: int) -> list[JsonDict]:
     try:
         call = hermes.parse_literal(value)
-    except hermes.ToolParseError as exc:
-        raise RowError(BAD_TOOL_SPEC, f"conversations[{i}]: function_call: {exc}") from exc
+    except RowError as exc:
+        raise RowError(BAD_TOOL_SPEC, f"conversations[{i}]: function_call: {exc.detail}") from exc
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise RowError(BAD_TOOL_SPEC, f"conversations[{i}]: function_call has no name")
     args = call.get("arguments", {})
@@ -134,7 +127,7 @@ def sharegpt(row: JsonDict, key: str = "conversations") -> Conversation:
             )
         else:
             messages.append(Message(role=role, content=value))
-    return Conversation(messages=messages, source_id=_row_id(row))
+    return Conversation(messages=messages, id=_row_id(row))
 
 
 def infinity_instruct(row: JsonDict) -> Conversation:
@@ -160,7 +153,7 @@ def _pair(
     if system is not None and isinstance(row.get(system), str) and row[system].strip():
         messages.insert(0, Message(role="system", content=row[system]))
     meta = {k: row[k] for k in meta_keys if row.get(k) is not None}
-    return Conversation(messages=messages, source_id=_row_id(row), meta=meta)
+    return Conversation(messages=messages, id=_row_id(row), meta=meta)
 
 
 def question_answer(row: JsonDict) -> Conversation:
@@ -201,7 +194,7 @@ def alpaca(row: JsonDict) -> Conversation:
         messages.append(Message(role="assistant", content=output))
     if isinstance(row.get("system"), str) and row["system"].strip():
         messages.insert(0, Message(role="system", content=row["system"]))
-    return Conversation(messages=messages, source_id=_row_id(row))
+    return Conversation(messages=messages, id=_row_id(row))
 
 
 def openai(row: JsonDict) -> Conversation:
@@ -226,9 +219,9 @@ def openai(row: JsonDict) -> Conversation:
     tools = row.get("tools")
     try:
         parsed = hermes.tools_from_column(tools)
-    except hermes.ToolParseError as exc:
-        raise RowError(BAD_TOOL_SPEC, f"tools: {exc}") from exc
-    return Conversation(messages=messages, tools=parsed, source_id=_row_id(row))
+    except RowError as exc:
+        raise RowError(BAD_TOOL_SPEC, f"tools: {exc.detail}") from exc
+    return Conversation(messages=messages, tools=parsed, id=_row_id(row))
 
 
 def hermes_fc(row: JsonDict, keep_original: bool = True) -> Conversation:
@@ -244,37 +237,34 @@ def hermes_fc(row: JsonDict, keep_original: bool = True) -> Conversation:
     pending: list[str] = []
     original: list[JsonDict] = []  # the source turns verbatim, in either spelling
     turns = _turns(row)
-    try:
-        tools = hermes.tools_from_column(row.get("tools"))
-        for i, turn in enumerate(turns):
-            speaker, value = _speaker_text(turn, i, "conversations")
-            original.append({"from": turn.get("from", turn.get("role")), "value": value})
-            role = SHAREGPT_ROLES.get(speaker)
-            if role is None:
-                raise RowError(UNKNOWN_ROLE, f"conversations[{i}].from: {speaker!r}")
-            if role == "system":
-                found, rest = hermes.parse_tools_block(value)
-                tools = found or tools
-                if rest.strip():
-                    messages.append(Message(role="system", content=rest))
-            elif role == "assistant":
-                text, calls = hermes.parse_tool_calls(value, i)
-                pending.extend(c["id"] for c in calls)
-                messages.append(Message(role="assistant", content=text, tool_calls=calls or None))
-            elif role == "tool":
-                for name, content in hermes.parse_tool_responses(value):
-                    call_id = pending.pop(0) if pending else None
-                    messages.append(
-                        Message(role="tool", content=content, tool_call_id=call_id, name=name)
-                    )
-            else:
-                messages.append(Message(role=role, content=value))
-    except hermes.ToolParseError as exc:
-        raise RowError(BAD_TOOL_SPEC, str(exc)) from exc
+    tools = hermes.tools_from_column(row.get("tools"))
+    for i, turn in enumerate(turns):
+        speaker, value = _speaker_text(turn, i, "conversations")
+        original.append({"from": turn.get("from", turn.get("role")), "value": value})
+        role = SHAREGPT_ROLES.get(speaker)
+        if role is None:
+            raise RowError(UNKNOWN_ROLE, f"conversations[{i}].from: {speaker!r}")
+        if role == "system":
+            found, rest = hermes.parse_tools_block(value)
+            tools = found or tools
+            if rest.strip():
+                messages.append(Message(role="system", content=rest))
+        elif role == "assistant":
+            text, calls = hermes.parse_tool_calls(value, i)
+            pending.extend(c["id"] for c in calls)
+            messages.append(Message(role="assistant", content=text, tool_calls=calls or None))
+        elif role == "tool":
+            for name, content in hermes.parse_tool_responses(value):
+                call_id = pending.pop(0) if pending else None
+                messages.append(
+                    Message(role="tool", content=content, tool_call_id=call_id, name=name)
+                )
+        else:
+            messages.append(Message(role=role, content=value))
     meta: JsonDict = {k: row[k] for k in ("category", "subcategory", "task") if row.get(k)}
     if keep_original:
         meta["original"] = original
-    return Conversation(messages=messages, tools=tools, source_id=_row_id(row), meta=meta)
+    return Conversation(messages=messages, tools=tools, id=_row_id(row), meta=meta)
 
 
 Adapter = Callable[[JsonDict], Conversation]

@@ -1,60 +1,35 @@
-"""Reading source rows lazily: local files and globs, s3:// URLs and Hugging Face hub ids.
+"""Reading a source's rows: local files and globs, s3:// URLs and Hugging Face hub ids.
 
 ``iter_rows(source)`` yields ``(row_index, row)`` where ``row`` is a decoded dict (or whatever
-the line held) or a ``RowError`` (located ``file:line``) for a line that is not JSON / not text /
-nested deeper than ``records.MAX_JSON_DEPTH``, so one bad line never stops a run; a UTF-8
-byte-order mark at the start of a file is skipped. Memory stays bounded:
+the line held) or a ``RowError`` located ``file:line`` (or ``file: element N``) for a row that
+is not JSON, not text, too long or nested deeper than ``records.MAX_JSON_DEPTH``, so one bad
+row never stops a run. The reading itself is ``draftdata.readers``, the one reader stack
+``stats`` reads every dataset with too: JSON text (JSON lines, or one array streamed element
+by element; the content decides, not the name), parquet a batch at a time, hub datasets
+streamed; ``.gz`` looked through. Memory holds a block of a file, never the file.
 
-- JSONL (local or s3://) is read line by line, each line decoded on its own. We do this rather
-  than hand JSONL to ``datasets``' json builder because that builder casts a whole chunk to one
-  Arrow schema, so a single bad or oddly typed line fails the chunk instead of one row.
-- Parquet (local or s3://) is read file by file with pyarrow, ``PARQUET_BATCH`` rows decoded at
-  a time. (``datasets``' parquet streaming decodes a whole row group as one batch: a file
-  written as one row group, pyarrow's default up to 1M rows, then sat in memory whole, and
-  its per-row formatting cost ~9x pyarrow's ``to_pylist``.) Hub datasets go through
-  ``datasets.load_dataset(..., streaming=True)``.
-- A ``.json`` file holding one array (MetaMathQA ships so) is decoded into raw items first (its
-  size in memory), then each item is decoded on its own; when the array does not decode as a
-  whole, its elements are split by strings and bracket depth alone, so one bad element (bad
-  JSON or UTF-8, a lone surrogate escape, too deep) is one RowError, not the whole file.
-
-A source that cannot be opened at all raises InputError naming it. Nothing here adapts rows.
+This module turns a source's config into the files to read (a glob expanded and sorted, an
+``s3://`` URL opened through fsspec), checks once that the hub answers when a source needs it,
+and names the source in every error. A source that cannot be opened at all raises InputError
+naming it. Nothing here adapts rows.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob as globlib
 import os
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-import msgspec
-
-from draftdata.errors import InputError
+from draftdata.errors import InputError, RowError
 from draftdata.prepare.config import SourceConfig
-from draftdata.prepare.validate import BAD_JSON, UNDECODABLE_TEXT, RowError
-from draftdata.records import BOM, JsonArraySplitter, decode_json_line, strip_bom
-
-_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
-
-
-def _format_of(path: str, given: str | None) -> str:
-    if given is not None:
-        return given
-    name = path.lower().removesuffix(".gz").removesuffix(".zst")
-    for fmt in ("jsonl", "json", "parquet"):
-        if name.endswith("." + fmt):
-            return fmt
-    if name.endswith(".ndjson"):
-        return "jsonl"
-    raise InputError(
-        f"{path}: cannot tell the format from the name; set format: jsonl|json|parquet"
-    )
+from draftdata.readers.base import Decoded, Reader, RowFile
+from draftdata.readers.files import FilesReader, format_of
+from draftdata.readers.hub import HubReader
 
 
 def expand(source: SourceConfig) -> list[str]:
@@ -82,73 +57,16 @@ def expand(source: SourceConfig) -> list[str]:
     return files
 
 
-def _open(path: str) -> Any:
-    if path.startswith("s3://") or path.endswith((".gz", ".zst")):
-        import fsspec
+def _file(path: str) -> RowFile:
+    if path.startswith("s3://"):
 
-        return fsspec.open(path, "rb", compression="infer").open()
-    return Path(path).open("rb")
+        def open_s3() -> IO[bytes]:
+            import fsspec
 
+            return fsspec.open(path, "rb").open()  # type: ignore[no-any-return]
 
-def _row(raw: bytes | msgspec.Raw, where: str) -> Any:
-    """One decoded row, or a RowError saying where and why (no line can raise)."""
-    try:
-        return decode_json_line(bytes(raw))
-    except ValueError as exc:
-        reason = UNDECODABLE_TEXT if "UTF-8" in str(exc) else BAD_JSON
-        return RowError(reason, f"{where}: {exc}")
-
-
-def _jsonl(path: str) -> Iterator[Any]:
-    with _open(path) as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if lineno == 1 and line.startswith(BOM):
-                line = line[len(BOM) :]
-            if line.strip():
-                yield _row(line, f"{path}:{lineno}")
-
-
-def _json_array(path: str) -> Iterator[Any]:
-    with _open(path) as fh:
-        data = strip_bom(fh.read())
-    try:
-        items: Iterable[Any] = _raw_list.decode(data)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        # Not one clean array: when it opens like one, one bad element (bad JSON or UTF-8,
-        # a lone surrogate escape, too deep for the decoder) is one reject, not the file.
-        splitter = JsonArraySplitter(max_element=len(data))
-        try:
-            items = [*splitter.feed(data), *splitter.close()]
-        except ValueError:
-            what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-            raise InputError(f"{path}: not a JSON array of rows ({what})") from exc
-    for i, raw in enumerate(items):
-        yield _row(b"" if raw is None else raw, f"{path}: element {i}")
-
-
-def _streamed(dataset: Any) -> Iterator[Any]:
-    yield from dataset
-
-
-PARQUET_BATCH = 1024  # rows decoded at a time from a parquet file
-
-
-def _parquet(files: list[str]) -> Iterator[Any]:
-    import pyarrow.parquet as pq
-
-    for f in files:
-        local = not f.startswith("s3://") and not f.endswith((".gz", ".zst"))
-        with contextlib.nullcontext(f) if local else _open(f) as source:
-            for batch in pq.ParquetFile(source).iter_batches(batch_size=PARQUET_BATCH):
-                yield from batch.to_pylist()
-
-
-def _hub(source: SourceConfig) -> Iterator[Any]:
-    from datasets import load_dataset
-
-    for split in source.split.split("+"):  # "os+db" reads several splits in turn
-        ds = load_dataset(source.hub, name=source.hub_config, split=split, streaming=True)
-        yield from _streamed(ds)
+        return RowFile(path, open_s3)
+    return RowFile.local(path)
 
 
 HUB_PROBE_TIMEOUT_S = 5.0
@@ -198,45 +116,45 @@ def check_hub_reachable(sources: list[SourceConfig], timeout: float = HUB_PROBE_
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
-def _rows(source: SourceConfig) -> Iterator[Any]:
+def reader(source: SourceConfig, progress: Callable[[int], None] | None = None) -> Reader[Any]:
+    """The reader of ``source``'s rows (decoded, up to ``max_rows``); ``progress(rows read)``
+    every few thousand rows and at the end."""
+    kw: dict[str, Any] = {"limit": source.max_rows, "progress": progress}
     if source.hub is not None:
-        yield from _hub(source)
-        return
-    files = expand(source)
-    formats = {_format_of(f, source.format) for f in files}
-    if formats == {"parquet"}:
-        yield from _parquet(files)
-        return
-    for f in files:
-        fmt = _format_of(f, source.format)
-        if fmt == "jsonl":
-            yield from _jsonl(f)
-        elif fmt == "json":
-            yield from _json_array(f)
-        else:
-            yield from _parquet([f])
+        return HubReader(source.hub, Decoded(), config=source.hub_config, split=source.split, **kw)
+    files = [_file(f) for f in expand(source)]
+    for f in files:  # every file's format known before any is read
+        format_of(f.where, source.format)
+    return FilesReader(files, Decoded(), format=source.format, **kw)
 
 
-def iter_rows(source: SourceConfig) -> Iterator[tuple[int, Any]]:
+def iter_rows(
+    source: SourceConfig, progress: Callable[[int], None] | None = None
+) -> Iterator[tuple[int, Any]]:
     """Yield ``(row index, decoded row or RowError)`` for every row of ``source``, lazily.
 
     Row indices count from 0 over the whole source (all files of a glob, in sorted order);
     ``max_rows`` stops after that many. Failing to open or read the source is an InputError
-    naming it; a bad line inside a readable file is a RowError row.
+    naming it; a bad row inside a readable file is a RowError row whose detail starts with
+    where it is (``file:line: what``). ``progress(rows read)`` is called every few thousand
+    rows and at the end.
     """
-    rows = _rows(source)
-    index = 0
-    while source.max_rows is None or index < source.max_rows:
+    rows = reader(source, progress).rows()
+    while True:
         try:
-            row = next(rows)
+            index, where, row = next(rows)
         except StopIteration:
             return
-        except InputError:
-            raise
-        except Exception as exc:  # OSError, datasets/arrow/botocore errors: unreadable source
-            where = source.path or source.hub
+        except InputError as exc:
+            text = str(exc)
+            if text.startswith("source "):
+                raise
+            raise InputError(f"source {source.name}: {text}") from exc
+        except Exception as exc:  # datasets, botocore, fsspec: unreadable source
             raise InputError(
-                f"source {source.name}: cannot read {where} ({type(exc).__name__}: {exc})"
+                f"source {source.name}: cannot read {source.path or source.hub} "
+                f"({type(exc).__name__}: {exc})"
             ) from exc
+        if isinstance(row, RowError):
+            row = RowError(row.reason, f"{where}: {row.detail}")
         yield index, row
-        index += 1

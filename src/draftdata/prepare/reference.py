@@ -17,11 +17,10 @@ from typing import Any
 import msgspec
 
 from draftdata.domains import classify_domain
-from draftdata.errors import InputError
+from draftdata.errors import InputError, RowError
 from draftdata.prepare.config import ExistingConfig, SourceConfig
 from draftdata.prepare.dedup import EXCLUDED, EXISTING, Deduper, dedup_text
 from draftdata.prepare.load import iter_rows
-from draftdata.prepare.validate import RowError
 from draftdata.stats.readers import iter_conversations, open_dataset
 from draftdata.tokens import conversation_tokens
 

@@ -31,9 +31,9 @@ from typing import IO, Any, BinaryIO
 
 import msgspec
 
-from draftdata.collector import fewer_collections
+from draftdata.conversation import Conversation
 from draftdata.domains import classify_domain
-from draftdata.errors import ConfigError, InputError, disk_errors
+from draftdata.errors import ConfigError, InputError, RowError, disk_errors
 from draftdata.formats import (
     PREPARE_REJECTS,
     PREPARE_REPORT,
@@ -41,9 +41,10 @@ from draftdata.formats import (
     PREPARE_SHARDS,
     prepare_shard,
 )
+from draftdata.gc_tuning import fewer_collections
 from draftdata.metrics import StageStats
 from draftdata.mix import Plan, Supply, plan_mix
-from draftdata.prepare.adapters import Conversation, adapt, fitting_schemas, to_prompt
+from draftdata.prepare.adapters import adapt, fitting_schemas, to_prompt
 from draftdata.prepare.config import PrepareConfig, SourceConfig, check, check_mix_domains
 from draftdata.prepare.dedup import BATCH, Deduper, dedup_text
 from draftdata.prepare.lengths import precheck as precheck_lengths
@@ -51,7 +52,7 @@ from draftdata.prepare.lengths import resolve as resolve_lengths
 from draftdata.prepare.load import check_hub_reachable, iter_rows
 from draftdata.prepare.reference import load_exclusions, load_existing
 from draftdata.prepare.report import encode_report, take_note, to_markdown
-from draftdata.prepare.validate import DUPLICATE_ID, RowError, check_prompt
+from draftdata.prepare.validate import DUPLICATE_ID, check_prompt
 from draftdata.records import (
     DERIVED_ID,
     Message,
@@ -62,9 +63,9 @@ from draftdata.records import (
 )
 from draftdata.store.forecast import read_forecast
 
-# (source name, rows read so far in it) -> None; called every PROGRESS_EVERY rows and at the end
+# (source name, rows read so far in it) -> None; called every few thousand rows (the reader's
+# PROGRESS_EVERY) and at the end of each source
 Progress = Callable[[str, int], None]
-PROGRESS_EVERY = 5_000
 DEDUP_BATCH = BATCH
 EVAL_DIR = "eval"  # the held-out evaluation split (``holdout``)
 OUR_FILES = (
@@ -185,10 +186,9 @@ def _pass_one(
             pending.clear()
             texts.clear()
 
-        for index, row in iter_rows(source):
+        shown = None if progress is None else (lambda n: progress(source.name, n))
+        for index, row in iter_rows(source, shown):
             run.read += 1
-            if progress is not None and run.read % PROGRESS_EVERY == 0:
-                progress(source.name, run.read)
             try:
                 if isinstance(row, RowError):
                     raise row
@@ -203,8 +203,6 @@ def _pass_one(
             if len(texts) >= DEDUP_BATCH:
                 settle()
         settle()
-    if progress is not None:
-        progress(source.name, run.read)
     if not run.domains and run.rejected:
         raise InputError(_all_rejected(config, source, run, mode))
     return run
@@ -249,8 +247,8 @@ def _keep(
 ) -> None:
     """A usable, non-duplicate prompt: id check, domain, then onto the source's spool."""
     pid = (
-        f"{source.name}/{conv.source_id}"
-        if conv.source_id is not None
+        f"{source.name}/{conv.id}"
+        if conv.id
         else f"{source.name}/{content_hash(messages, conv.tools)}"
     )
     if pid in seen_ids:
@@ -514,7 +512,7 @@ def prepare(
     ``progress(source, rows_read)`` is called every few thousand rows. A source that cannot be
     read is an InputError naming it; bad rows are rejected and counted, never raised.
     """
-    with fewer_collections():  # rows die young by the million: collector.py
+    with fewer_collections():  # rows die young by the million: gc_tuning.py
         return _run(config, plan_only=plan_only, force=force, progress=progress)
 
 

@@ -1,8 +1,8 @@
-"""Row-level validation for prepare: reason codes, RowError, and the final prompt check.
+"""Row-level validation for prepare: reason codes and the final prompt check.
 
-Every row that cannot become a good prompt raises ``RowError(reason, detail)``; the stage writes
-it to ``rejects.jsonl`` as ``{"source", "row", "reason", "detail"}`` and counts it under
-``rejected.<reason>``. Reasons are a closed set (``REASONS``) so reports and tests can rely on
+Every row that cannot become a good prompt raises ``errors.RowError(reason, detail)``; the
+stage writes it to ``rejects.jsonl`` as ``{"source", "row", "reason", "detail"}`` and counts it
+under ``rejected.<reason>``. Reasons are a closed set (``REASONS``) so reports and tests can rely on
 them. This module does not read files or decide duplicates.
 """
 
@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftdata.errors import RowError
+from draftdata.readers.base import BAD_JSON, TOO_LONG, UNDECODABLE_TEXT
 from draftdata.records import DERIVED_ID, ROLES, Message, tool_order_fault
 
-BAD_JSON = "bad_json"
 WRONG_TYPE = "wrong_type"
 MISSING_FIELD = "missing_field"
 EMPTY_CONTENT = "empty_content"
 NON_STRING_CONTENT = "non_string_content"
 UNKNOWN_ROLE = "unknown_role"
 NO_USER_TURN = "no_user_turn"
-TOO_LONG = "too_long"
 BAD_TOOL_SPEC = "bad_tool_spec"
-UNDECODABLE_TEXT = "undecodable_text"
 DUPLICATE_ID = "duplicate_id"
 ORPHAN_TOOL = "orphan_tool"
 
@@ -40,15 +39,6 @@ REASONS = (
     ORPHAN_TOOL,
     DERIVED_ID,
 )
-
-
-class RowError(ValueError):
-    """One row rejected for ``reason`` (a member of REASONS); ``detail`` says where and what."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 def text_field(row: dict[str, Any], key: str) -> str:

@@ -31,8 +31,8 @@ from draftdata.stats.hiddenset import hidden_set_stats
 from draftdata.stats.readers import acceptance_json, read_json_file, refuse_unreadable
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
 from draftdata.store.forecast import latest_forecast
+from draftdata.store.opener import open_store
 from draftdata.store.read import read_manifest
-from draftdata.store.store import open_store
 
 
 @dataclass

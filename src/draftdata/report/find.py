@@ -33,7 +33,7 @@ from draftdata.formats import (
 )
 from draftdata.stats.readers import DATA_EXT, read_json_file
 from draftdata.store.base import Store
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 MAX_DEPTH = 2
 

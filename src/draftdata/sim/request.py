@@ -4,9 +4,9 @@
 renders the prompt with the tokenizer, checks the context length and draws one ``ChoiceOut``
 per sample: the generated text, its output token ids (ending with the EOS id when the answer
 stopped naturally), the token end offsets used for streaming, and the parsed message fields.
-Errors come back as ``RequestError(status, message)``; the server turns them into the flavour's
-error body. Answers depend only on (seed, request ``seed``, rendered prompt, sample index), so
-the same prompt gets the same answer on every server and after every retry.
+Errors come back as ``errors.RefusedRequestError(status, message)``; the server turns them into
+the flavour's error body. Answers depend only on (seed, request ``seed``, rendered prompt,
+sample index), so the same prompt gets the same answer on every server and after every retry.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from draftdata.domains import classify_domain
+from draftdata.errors import RefusedRequestError
 from draftdata.records import Message
 from draftdata.sim.answers import (
     Parsed,
@@ -34,15 +35,6 @@ from draftdata.sim.shapes import context_message, tool_call
 from draftdata.sim.spec import SpecDraw
 from draftdata.sim.spec import draw as spec_draw
 from draftdata.sim.tokens import Tokenizer, text_of
-
-
-class RequestError(Exception):
-    """A request the engine would refuse: HTTP ``status`` with ``message``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class ChoiceOut(msgspec.Struct, kw_only=True):
@@ -109,19 +101,19 @@ def _int_field(body: dict[str, Any], name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(400, f"{name}: expected an integer, got {value!r}")
+        raise RefusedRequestError(400, f"{name}: expected an integer, got {value!r}")
     return value
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise RequestError(400, "messages: field required (a non-empty list of messages)")
+        raise RefusedRequestError(400, "messages: field required (a non-empty list of messages)")
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RequestError(400, f"messages.{i}: expected an object with a string 'role'")
+            raise RefusedRequestError(400, f"messages.{i}: expected an object with a string 'role'")
         if m["role"] not in ("system", "user", "assistant", "tool", "developer"):
-            raise RequestError(400, f"messages.{i}.role: unknown role {m['role']!r}")
+            raise RefusedRequestError(400, f"messages.{i}.role: unknown role {m['role']!r}")
     return msgs
 
 
@@ -142,7 +134,7 @@ def _stops(body: dict[str, Any]) -> list[str]:
         return []
     items = [stop] if isinstance(stop, str) else stop
     if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
-        raise RequestError(400, "stop: expected a string or a list of strings")
+        raise RefusedRequestError(400, "stop: expected a string or a list of strings")
     return [x for x in items if x]
 
 
@@ -182,30 +174,30 @@ def prepare(
     cache: PrefixCache | None,
     default_thinking: bool | None = None,
 ) -> Prepared:
-    """Validate ``body`` and decide every answer; raise RequestError like the engine would.
-    ``default_thinking``: the server template's default ``enable_thinking`` (None: thinking
-    unless ``config.reasoning`` is "off")."""
+    """Validate ``body`` and decide every answer; raise RefusedRequestError where the engine
+    would refuse it. ``default_thinking``: the server template's default ``enable_thinking``
+    (None: thinking unless ``config.reasoning`` is "off")."""
     if not isinstance(body, dict):
-        raise RequestError(400, "the request body must be a JSON object")
+        raise RefusedRequestError(400, "the request body must be a JSON object")
     flavor = config.flavor
     msgs = _messages(body)
     model = body.get("model")
     if flavor == "vllm" and model not in (None, config.model):
-        raise RequestError(404, f"The model `{model}` does not exist.")
+        raise RefusedRequestError(404, f"The model `{model}` does not exist.")
     n = _int_field(body, "n") or 1
     if n < 1 or n > 128:
-        raise RequestError(400, f"n: must be between 1 and 128, got {n}")
+        raise RefusedRequestError(400, f"n: must be between 1 and 128, got {n}")
     if config.max_choices is not None:  # a server that answers fewer choices than asked
         n = min(n, config.max_choices)
     max_new = _int_field(body, "max_completion_tokens")
     if max_new is None:
         max_new = _int_field(body, "max_tokens")
     if max_new is not None and max_new < 1:
-        raise RequestError(400, f"max_tokens: must be at least 1, got {max_new}")
+        raise RefusedRequestError(400, f"max_tokens: must be at least 1, got {max_new}")
     stops = _stops(body)
     tools = body.get("tools") or None
     if tools is not None and not isinstance(tools, list):
-        raise RequestError(400, "tools: expected a list of tool specs")
+        raise RefusedRequestError(400, "tools: expected a list of tool specs")
     tool_choice = body.get("tool_choice", "auto" if tools else "none")
     kwargs = dict(body.get("chat_template_kwargs") or {})
     if default_thinking is not None:
@@ -221,12 +213,12 @@ def prepare(
     try:
         prompt_text = tokenizer.render_prompt(msgs, tools, kwargs)
     except Exception as exc:  # a template error is the request's fault
-        raise RequestError(400, f"cannot apply the chat template: {exc}") from exc
+        raise RefusedRequestError(400, f"cannot apply the chat template: {exc}") from exc
     prompt_ids, _ = tokenizer.encode(prompt_text)
     n_prompt = len(prompt_ids)
     too_long = context_message(flavor, n_prompt, max_new, config.context_length)
     if too_long:
-        raise RequestError(400, too_long)
+        raise RefusedRequestError(400, too_long)
     limit = config.context_length - n_prompt - (1 if flavor == "sglang" else 0)
     if max_new is not None:
         limit = min(limit, max_new)
@@ -264,7 +256,7 @@ def prepare(
             try:
                 text = tokenizer.render_completion(msgs, tools, kwargs, prompt_text, answer)
             except Exception as exc:
-                raise RequestError(400, f"cannot apply the chat template: {exc}") from exc
+                raise RefusedRequestError(400, f"cannot apply the chat template: {exc}") from exc
             ids, ends = tokenizer.encode(text)
             if len(ids) <= target * 1.15 or words <= config.min_output_tokens:
                 break

@@ -144,8 +144,8 @@ Faults (per chat request, seeded; ``--fault-server I`` limits them to one server
 payload/disconnect error), ``hang`` (no answer until the client gives up), ``malformed`` (200
 with the body cut in half; streaming: a truncated first data line), ``--slow I:F`` (step time
 x F), ``--crash-after I:N`` (the N-th request crashes server I once; every in-flight
-connection is dropped) with ``--restart-after S`` (same port; 503 "starting" for
-``starting_s``).
+connection is dropped; SIGUSR1 to the process crashes it at once instead, for a crash at a
+chosen time) with ``--restart-after S`` (same port; 503 "starting" for ``starting_s``).
 """
 
 from __future__ import annotations
@@ -162,7 +162,6 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 import msgspec
@@ -244,6 +243,13 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if hasattr(signal, "SIGUSR1"):  # a --crash-after server crashes now (a crash at a time)
+
+        def crash_now() -> None:
+            for s in servers:
+                s.crash_pending_now()
+
+        loop.add_signal_handler(signal.SIGUSR1, crash_now)
     try:
         if out is not None:
             write_fleet(fleet_spec(servers, config), out)
@@ -280,12 +286,7 @@ class SimFleet:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._loop is not None and self.servers:
             self._call(self._stop_all())
         self._shutdown()
@@ -447,12 +448,7 @@ class SimProcess:
     def __enter__(self) -> SimProcess:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
         if self._tmp is not None:
             self._tmp.cleanup()

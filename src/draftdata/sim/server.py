@@ -22,12 +22,13 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from draftdata.errors import RefusedRequestError
 from draftdata.sim import shapes
 from draftdata.sim.answers import digest, split_chunk
-from draftdata.sim.batch import Batcher, Seq
 from draftdata.sim.config import SimConfig
 from draftdata.sim.hidden import PendingWrite, file_bytes
-from draftdata.sim.request import ChoiceOut, PrefixCache, Prepared, RequestError, prepare
+from draftdata.sim.request import ChoiceOut, PrefixCache, Prepared, prepare
+from draftdata.sim.scheduler import Batcher, Seq
 from draftdata.sim.spec import SpecCounters
 from draftdata.sim.tokens import Tokenizer
 
@@ -133,6 +134,12 @@ class SimServer:
         self._site = site
         self._ready_at = time.monotonic() + starting_s
         self.state = "up"
+
+    def crash_pending_now(self) -> None:
+        """The crash ``--crash-after`` has in store for this server, now (once)."""
+        if self._crash_pending:
+            self._crash_pending = False
+            self.crash()
 
     def crash(self) -> None:
         """Die like a killed process: close the socket, drop every connection and the batch."""
@@ -338,7 +345,7 @@ class SimServer:
         body, fault = admitted
         try:
             prep = prepare(body, self.config, self.tokenizer, self._cache, self.default_thinking)
-        except RequestError as exc:
+        except RefusedRequestError as exc:
             self.stats.rejected += 1
             return self._error(exc.status, exc.message)
         if fault == "context_400":

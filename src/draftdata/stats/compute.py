@@ -30,6 +30,7 @@ import numpy as np
 from draftdata.domains import classify_domain
 from draftdata.errors import DraftdataError
 from draftdata.formats import PREPARE_REPORT
+from draftdata.readers.base import batches
 from draftdata.records import Completion
 from draftdata.stats.conversations import completion_to_conversation
 from draftdata.stats.readers import (
@@ -241,20 +242,9 @@ def _label(b: StatsBuilder, given: str) -> str:
     return given
 
 
-def _chunks(items: Iterator[T], size: int = _CHUNK) -> Iterator[list[T]]:
-    chunk: list[T] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def _stats_chat(b: StatsBuilder) -> None:
     classify = _classifier()
-    for chunk in _chunks(iter_conversations(b.ds, b.rejects)):
+    for chunk in batches(iter_conversations(b.ds, b.rejects), _CHUNK):
         tokens, loss = conversation_tokens([(c.messages, c.tools) for c in chunk], b.count)
         for conv, n, nl in zip(chunk, tokens.tolist(), loss.tolist(), strict=True):
             domain = _label(b, conv.domain) or classify(conv.messages, conv.tools)
@@ -277,7 +267,7 @@ def _stats_run(b: StatsBuilder) -> None:
             else:
                 b.duplicates += 1
 
-    for chunk in _chunks(unique()):
+    for chunk in batches(unique(), _CHUNK):
         convs = [completion_to_conversation(c) for c in chunk]
         tokens, loss = conversation_tokens([(v.messages, v.tools) for v in convs], b.count)
         for c, conv, n, nl in zip(chunk, convs, tokens.tolist(), loss.tolist(), strict=True):

@@ -1,4 +1,4 @@
-"""Conversation rows: one model for every chat-shaped dataset draftdata reads or merges.
+"""Conversation rows: every chat-shaped dataset shape -> the one ``conversation.Conversation``.
 
 Chat datasets come in several shapes: our prompts (``{id, messages, source, domain, tools}``),
 SpecForge training input (``{id, conversations: [{role, content, reasoning_content?}]}``),
@@ -19,13 +19,12 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from draftdata.conversation import assemble
+from draftdata.conversation import Conversation, assemble
 from draftdata.formats import FORMAT_KEY, MESSAGE_TYPE
 from draftdata.records import (
     MAX_JSON_DEPTH,
     ROLES,
     Completion,
-    JsonDict,
     Message,
     content_hash,
     sample_key,
@@ -65,36 +64,6 @@ _SHAREGPT_ROLES = {
 }
 
 _json = msgspec.json.Encoder()
-
-
-class Conversation(msgspec.Struct, kw_only=True, frozen=True):
-    """One chat-shaped row: id, source, domain label ("" when the row has none), messages."""
-
-    id: str
-    messages: list[Message]
-    source: str = ""
-    domain: str = ""
-    tools: list[JsonDict] | None = None
-
-    @property
-    def has_reasoning(self) -> bool:
-        """Whether an assistant turn carries reasoning (a field or an inline <think> block)."""
-        for m in self.messages:
-            if m.role != "assistant":
-                continue
-            if m.reasoning_content or "<think>" in (m.content or ""):
-                return True
-        return False
-
-    def char_counts(self) -> tuple[int, int]:
-        """(characters of all contents and reasoning, characters of assistant output)."""
-        total = out = 0
-        for m in self.messages:
-            n = len(m.content or "") + len(m.reasoning_content or "")
-            total += n
-            if m.role == "assistant":
-                out += n
-        return total, out
 
 
 def _text(value: Any) -> str | None:

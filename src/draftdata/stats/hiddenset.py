@@ -36,7 +36,7 @@ from draftdata.formats import (
     check_format,
 )
 from draftdata.store.base import Store
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 HIDDEN_STATS_FORMAT = "draftdata.hidden-set-stats/1"
 HIDDEN_FILES = "hidden_states/"  # where the sample files are (hidden/writer.py's HIDDEN_FOLDER)

@@ -12,21 +12,20 @@ returns a ``Dataset``: its kind and the data files to read, in a fixed order. Ki
 - ``conversations``: SpecForge / ShareGPT / OpenAI-messages rows as JSONL, a JSON array, or
   parquet (including merge's ``conversation/1`` output).
 
-Readers are lazy: JSONL line by line, JSON arrays element by element, parquet batch by batch.
-A malformed row goes to ``on_bad(where, reason)`` (``file:line: what``) and is skipped; it never
+Rows are read through ``draftdata.readers`` (the reader stack prepare reads its sources with):
+lazily, JSONL line by line, JSON arrays element by element, parquet batch by batch. A
+malformed row goes to ``on_bad(where, reason)`` (``file:line: what``) and is skipped; it never
 stops the read (invalid JSON or UTF-8, any shape, any nesting depth; a leading byte-order mark
 is skipped). This module computes nothing; ``compute.py`` and ``merge/`` do.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -34,7 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from draftdata.errors import DraftdataError, InputError
+from draftdata.conversation import Conversation
+from draftdata.errors import DraftdataError, InputError, RowError
 from draftdata.formats import (
     COMPLETION_FORMAT,
     FORMAT_KEY,
@@ -50,26 +50,21 @@ from draftdata.formats import (
     check_format,
     completion_from_row,
 )
-from draftdata.records import (
-    MAX_JSON_DEPTH,
-    Completion,
-    JsonArraySplitter,
-    decode_json_line,
-    parse_prompt,
-    strip_bom,
-)
+from draftdata.readers.base import OnReject, RowFile, decoded
+from draftdata.readers.jsontext import JsonReader
+from draftdata.readers.parquet import ParquetReader, open_parquet
+from draftdata.records import Completion, decode_json_line, parse_prompt
 from draftdata.speculation import ACCEPTANCE_FILE, Acceptance, read_acceptance
 from draftdata.speculation import FORMAT as ACCEPTANCE_FORMAT
 from draftdata.stats.conversations import (
     CONVERSATION_FORMAT,
-    Conversation,
     completion_to_conversation,
     row_to_conversation,
 )
 from draftdata.store.base import Store
+from draftdata.store.opener import open_store
 from draftdata.store.quarantine import quarantined_in
 from draftdata.store.read import read_shard
-from draftdata.store.store import open_store
 
 Kind = Literal["run", "prompts", "tokenized", "conversations"]
 OnBad = Callable[[str, str], None]
@@ -77,8 +72,6 @@ OnBad = Callable[[str, str], None]
 DATA_EXT = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".json.gz")
 # JSON files that describe a dataset rather than hold its rows.
 _NOT_DATA = ("report", "summary", "manifest", "stats", "metrics", "config")
-_MAX_JSON_ELEMENT = 256 << 20
-_DEEP = f"nesting deeper than {MAX_JSON_DEPTH} levels"
 
 
 @dataclass(frozen=True)
@@ -135,13 +128,16 @@ def _split_location(url: str) -> tuple[Store, tuple[str, ...] | None]:
     raise InputError(f"{url}: no such file or directory")
 
 
-def _parquet(store: Store, key: str) -> pq.ParquetFile:
+def row_file(store: Store, key: str) -> RowFile:
+    """The data file ``key`` of ``store``, for the readers."""
     path = store.local_path(key)
-    try:
-        source = path if path is not None else store.open_input(key)
-        return pq.ParquetFile(source, page_checksum_verification=True)
-    except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"{store.key_url(key)}: not a readable parquet file ({exc})") from exc
+    if path is not None:
+        return RowFile(store.key_url(key), RowFile.local(path).open, path)
+    return RowFile(store.key_url(key), lambda: store.open_input(key))
+
+
+def _parquet(store: Store, key: str) -> pq.ParquetFile:
+    return open_parquet(row_file(store, key))
 
 
 def _parquet_kind(store: Store, key: str) -> Kind:
@@ -171,7 +167,7 @@ def _parquet_kind(store: Store, key: str) -> Kind:
 
 
 def _json_kind(store: Store, key: str) -> Kind:
-    for where, raw in _iter_json_raw(store, key, _ignore):
+    for where, raw in _json_raw(store, key):
         try:
             parse_prompt(raw, where)
             return "prompts"
@@ -183,10 +179,6 @@ def _json_kind(store: Store, key: str) -> Kind:
         except ValueError:
             continue
     return "conversations"
-
-
-def _ignore(where: str, reason: str) -> None:
-    return None
 
 
 def open_dataset(url: str) -> Dataset:
@@ -255,121 +247,75 @@ def open_dataset(url: str) -> Dataset:
 
 
 # ---------------------------------------------------------------------------------------------
-# JSON / JSONL rows
+# Chat-shaped rows (JSON text and parquet, through draftdata.readers)
+
+BAD_ROW = "bad_row"  # the reason of a row that is no conversation (on_bad gets its text)
 
 
-def _open(store: Store, key: str) -> IO[bytes]:
-    path = store.local_path(key)
-    try:
-        fh: IO[bytes] = open(path, "rb") if path is not None else store.open_input(key)  # noqa: SIM115
-    except OSError as exc:
-        raise InputError(f"{store.key_url(key)}: cannot read ({exc.strerror or exc})") from exc
-    if key.endswith(".gz"):
-        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
-    if not hasattr(fh, "peek"):
-        return io.BufferedReader(fh)  # type: ignore[arg-type,type-var]
-    return fh
+class _Raw:
+    """Rows as they are: raw JSON bytes, or the row a format decoded."""
+
+    def json(self, raw: bytes, where: str) -> Any:
+        return raw
+
+    def row(self, row: Any, where: str) -> Any:
+        return row
 
 
-def _iter_json_array(
-    fh: IO[bytes], where: str, on_bad: OnBad, head: bytes = b""
-) -> Iterator[tuple[str, bytes]]:
-    """(where, raw bytes) of each element of a top-level JSON array (``head`` then the rest of
-    ``fh``, read 1 MiB at a time), cut by ``JsonArraySplitter``: each element is then decoded
-    on its own, exactly like a JSONL line, so a bad one (bad JSON or UTF-8, too deep, too long)
-    is one bad row and the elements after it are still read. Data after the closing bracket is
-    one bad row too, never silently dropped."""
-    splitter = JsonArraySplitter(max_element=_MAX_JSON_ELEMENT)
-    index = 0
-    chunk = head
-    while not splitter.closed:
-        chunk = chunk or fh.read(1 << 20)
+class _Conversations:
+    """Rows -> Conversations (``row_to_conversation``); prompts through ``parse_prompt``."""
+
+    def __init__(self, prompts: bool) -> None:
+        self.prompts = prompts
+
+    def json(self, raw: bytes, where: str) -> Conversation:
+        if not self.prompts:
+            return self.row(decoded(raw), where)
         try:
-            elements = splitter.feed(chunk) if chunk else splitter.close()
-        except ValueError:
-            raise InputError(f"{where}: expected a JSON array or JSON lines") from None
-        for raw in elements:
-            if raw is None:
-                on_bad(f"{where}: element {index}", f"longer than {_MAX_JSON_ELEMENT >> 20} MiB")
-            else:
-                yield f"{where}: element {index}", raw
-            index += 1
-        if not chunk:
-            return
-        chunk = b""
-    rest = splitter.rest
-    while not rest.strip() and (more := fh.read(1 << 20)):
-        rest = more
-    if rest.strip():
-        on_bad(f"{where}: after element {index - 1}", "data after the array's closing bracket")
+            p = parse_prompt(raw, where)
+        except InputError as exc:
+            reason = str(exc)
+            raise RowError(
+                BAD_ROW, reason[len(where) + 2 :] if reason.startswith(where) else reason
+            ) from exc
+        return Conversation(
+            id=p.id, messages=p.messages, source=p.source, domain=p.domain, tools=p.tools
+        )
+
+    def row(self, row: Any, where: str) -> Conversation:
+        try:
+            return row_to_conversation(row)
+        except ValueError as exc:
+            raise RowError(BAD_ROW, str(exc)) from exc
 
 
-_PROBE = 1 << 20  # bytes of a first line read to tell JSON lines from a JSON array
+def _reject_to(on_bad: OnBad) -> OnReject:
+    def on_reject(where: str, err: RowError) -> None:
+        on_bad(where, err.detail)
+
+    return on_reject
 
 
-def _json_lines_after_all(first: bytes, fh: IO[bytes]) -> bool:
-    """Whether a file opening with ``[`` is JSON lines after all: its first line is a whole
-    JSON value (an array row, a bad row) and more data follows it."""
-    if not first.endswith(b"\n") or not fh.peek(4096)[:4096].strip():  # type: ignore[attr-defined]
-        return False
-    try:
-        decode_json_line(first)
-    except ValueError:
-        return False
-    return True
-
-
-def _iter_json_raw(store: Store, key: str, on_bad: OnBad) -> Iterator[tuple[str, bytes]]:
-    """(where, raw bytes of one line or array element) for each record of a JSONL/JSON file:
-    a file opening with ``[`` is one JSON array, unless its first line is a whole JSON value
-    with more lines after it (JSON lines whose first row is an array)."""
-    where = store.key_url(key)
-    with _open(store, key) as fh:
-        head = strip_bom(fh.peek(64)[:64])  # type: ignore[attr-defined]
-        if head.lstrip().startswith(b"["):
-            first = strip_bom(fh.readline(_PROBE))
-            if not _json_lines_after_all(first, fh):
-                yield from _iter_json_array(fh, where, on_bad, first)
-                return
-            yield f"{where}:1", first
-            lines = enumerate(fh, start=2)
-        else:
-            lines = enumerate(fh, start=1)
-        for lineno, line in lines:
-            if line.strip():
-                yield f"{where}:{lineno}", line
+def _json_raw(store: Store, key: str) -> Iterator[tuple[str, bytes]]:
+    """(where, raw bytes) of each row of JSON text file ``key`` (rows that cannot even be cut
+    out are left out)."""
+    for _, where, raw in JsonReader([row_file(store, key)], _Raw()).rows():
+        if not isinstance(raw, RowError):
+            yield where, raw
 
 
 def _conversations_of_json(
     store: Store, key: str, prompts: bool, on_bad: OnBad
 ) -> Iterator[Conversation]:
-    for where, raw in _iter_json_raw(store, key, on_bad):
-        try:
-            if prompts:
-                p = parse_prompt(raw, where)
-                yield Conversation(
-                    id=p.id, messages=p.messages, source=p.source, domain=p.domain, tools=p.tools
-                )
-                continue
-            yield row_to_conversation(decode_json_line(raw))
-        except InputError as exc:
-            reason = str(exc)
-            on_bad(where, reason[len(where) + 2 :] if reason.startswith(where) else reason)
-        except ValueError as exc:  # decode_json_line's and row_to_conversation's
-            on_bad(where, str(exc))
+    files = [row_file(store, key)]
+    yield from JsonReader(files, _Conversations(prompts), on_reject=_reject_to(on_bad))
 
 
 def _conversations_of_parquet(store: Store, key: str, on_bad: OnBad) -> Iterator[Conversation]:
-    pf = _parquet(store, key)
-    where = store.key_url(key)
-    n = 0
-    for batch in pf.iter_batches(batch_size=2048):
-        for row in batch.to_pylist():
-            try:
-                yield row_to_conversation(row)
-            except ValueError as exc:
-                on_bad(f"{where}: row {n}", str(exc))
-            n += 1
+    files = [row_file(store, key)]
+    yield from ParquetReader(
+        files, _Conversations(False), batch_rows=2048, on_reject=_reject_to(on_bad)
+    )
 
 
 def iter_completion_tables(ds: Dataset) -> Iterator[tuple[str, pa.Table]]:
@@ -551,7 +497,7 @@ def iter_domain_labels(ds: Dataset) -> Iterator[str]:
             except (OSError, pa.ArrowException) as exc:
                 raise InputError(f"{ds.where(key)}: cannot read parquet ({exc})") from exc
             continue
-        for _, raw in _iter_json_raw(ds.store, key, _ignore):
+        for _, raw in _json_raw(ds.store, key):
             try:
                 label = _label_decoder.decode(raw).domain
             except (msgspec.DecodeError, ValueError):

@@ -21,7 +21,10 @@ an interrupt, retried attempts). ``run_figures(store)`` counts instead from what
   is committed output tokens over active time;
 - wasted work, as its own figure: output tokens the endpoints returned beyond those committed
   (from each segment's newest snapshot), hedged copies (and how many won), retried attempts and
-  failed requests by class.
+  failed requests by class;
+- per domain, the output tokens the scheduler expected of each answer when it sent it (and the
+  estimate's standard error) beside what the answer took (each segment's newest snapshot
+  holds its command's sums): how well the longest-first order knew the lengths.
 
 It reads only small columns (on S3 only those column chunks): 1.1 s for 193,000 completions in
 97 local shards on the 2-core box. It never writes.
@@ -78,6 +81,17 @@ _COLUMNS = [
 ]
 
 
+def stopped_lines(stopped: dict[str, int]) -> list[str]:
+    """The summary line of the conversations that stopped before their last turn, by reason
+    (generate's summary and the run figures print it alike); none when none stopped."""
+    if not stopped:
+        return []
+    return [
+        "  conversations stopped early: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(stopped.items()))
+    ]
+
+
 class EndpointFigures(msgspec.Struct, kw_only=True):
     """One endpoint's committed part of the run."""
 
@@ -88,12 +102,30 @@ class EndpointFigures(msgspec.Struct, kw_only=True):
 
 
 class DomainFigures(msgspec.Struct, kw_only=True):
-    """One domain's committed part of the run."""
+    """One domain's committed part of the run; with the lengths the scheduler expected of its
+    answers when it sent them (from the segments' metrics: ``expected_*`` sum over the
+    ``expected_answers`` it recorded, beside what those answers took)."""
 
     completions: int = 0
     failures: int = 0
     output_tokens: int = 0
     cut: int = 0
+    expected_answers: int = 0
+    expected_tokens: float = 0.0
+    expected_se: float = 0.0  # sum of the estimates' standard errors
+    expected_measured: int = 0  # output tokens of those answers
+
+    def lengths_line(self) -> str:
+        """``output tokens per answer: expected E (± SE) when sent, measured M`` (empty
+        without recorded expectations)."""
+        n = self.expected_answers
+        if not n:
+            return ""
+        return (
+            f"; output tokens per answer: expected {self.expected_tokens / n:,.0f} "
+            f"(± {self.expected_se / n:,.0f}) when sent, measured "
+            f"{self.expected_measured / n:,.0f} ({n:,} answers)"
+        )
 
 
 class Wasted(msgspec.Struct, kw_only=True):
@@ -212,14 +244,7 @@ class RunFigures(msgspec.Struct, kw_only=True):
             + (f" ({rate:,.0f} output tok/s over the active time)" if rate is not None else ""),
             *([self.estimate_line()] if self.estimated_answers else []),
             f"  finish reasons per completion: {finish}; cut by max tokens: {self.cut:,}",
-            *(
-                [
-                    "  conversations stopped early: "
-                    + ", ".join(f"{k} {v}" for k, v in sorted(self.stopped.items()))
-                ]
-                if self.stopped
-                else []
-            ),
+            *stopped_lines(self.stopped),
             f"  wasted (not committed): {w.output_tokens:,} output tokens, "
             f"{w.hedges:,} hedged requests (one copy of each cancelled; the hedge won "
             f"{w.hedges_won:,}), {w.retries:,} retried attempts, "
@@ -240,7 +265,7 @@ class RunFigures(msgspec.Struct, kw_only=True):
                 out.append(
                     f"  domain {name or '(none)'}: {d.completions:,} completions, "
                     f"{d.failures:,} failures, {d.output_tokens:,} output tokens, "
-                    f"cut by max tokens {d.cut:,}"
+                    f"cut by max tokens {d.cut:,}" + d.lengths_line()
                 )
         return out
 
@@ -306,6 +331,26 @@ def _wasted(snapshots: list[dict[str, Any]], segments: list[Segment], committed:
     w.output_tokens = max(0, generated - committed)
     w.errors = dict(sorted(errors.items()))
     return w
+
+
+def _lengths(fig: RunFigures, snapshots: list[dict[str, Any]], segments: list[Segment]) -> None:
+    """Each domain's expected and measured lengths, summed over the segments' newest
+    snapshots (each holds its command's running sums)."""
+    for snap in _newest_per_segment(snapshots, segments):
+        rows = summary_of(snap).get("lengths", snap.get("lengths"))
+        if not isinstance(rows, dict):
+            continue
+        for name, row in rows.items():
+            if not isinstance(row, dict):
+                continue
+            values = [row.get(k) for k in ("answers", "expected", "expected_se", "measured")]
+            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+                continue
+            d = _domain(fig, str(name))
+            d.expected_answers += int(values[0])  # type: ignore[arg-type]
+            d.expected_tokens += float(values[1])  # type: ignore[arg-type]
+            d.expected_se += float(values[2])  # type: ignore[arg-type]
+            d.expected_measured += int(values[3])  # type: ignore[arg-type]
 
 
 def run_figures(
@@ -419,4 +464,6 @@ def run_figures(
         fig.span_s = round(max(s.end for s in fig.segments) - fig.segments[0].start, 3)
         fig.throughput = answer_throughput(answers, fig.segments[0].start)
     fig.wasted = _wasted(snaps, logged, fig.output_tokens)
+    _lengths(fig, snaps, logged)
+    fig.domains = dict(sorted(fig.domains.items()))
     return fig

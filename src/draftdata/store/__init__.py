@@ -1,7 +1,7 @@
 """The durable run store: create-only objects (local or S3), the run layout, resume, readers.
 
 - ``base.py``: ``Store`` (``put_new``, create-only, and reads) and the key and location rules;
-  ``local.py`` and ``s3.py`` are its backends; ``store.py``: ``open_store(url)``.
+  ``local.py`` and ``s3.py`` are its backends; ``opener.py``: ``open_store(url)``.
 - ``protect.py``: protected-prefix checks.
 - ``manifest.py``: manifest.json, settings hash, allowed-change history, opening a run's;
   ``settings.py``: a generate run's settings as one typed record (``RunSettings``).
@@ -15,6 +15,7 @@
 """
 
 from draftdata.store.base import Store
+from draftdata.store.opener import open_store
 from draftdata.store.read import (
     iter_completion_tables,
     iter_completions,
@@ -23,7 +24,6 @@ from draftdata.store.read import (
     read_metrics,
 )
 from draftdata.store.run import Run
-from draftdata.store.store import open_store
 from draftdata.store.write import write_parquet_shard
 
 __all__ = [

@@ -3,7 +3,7 @@
 - ``Store``: the create-only object store's public API (``put_new``, ``put_new_file``, reads,
   listing); it checks every key and refuses a write under a protected prefix, then calls the
   backend's raw operation (``_put_new``, ``_read``, ...). The contract of each operation is in
-  its docstring; ``store.py`` (``open_store``) picks the backend for a URL.
+  its docstring; ``opener.py`` (``open_store``) picks the backend for a URL.
 - Key rules: ``check_key`` (relative, ``/``-separated, no empty, ``.`` or ``..`` part).
 - Location rules: ``normalise_url`` (the canonical form of a store URL), ``split_s3_url``, and
   ``overlap`` / ``refuse_protected``, which compare two locations by path components (the

@@ -33,9 +33,9 @@ from draftdata.formats import iter_failures as _failures
 from draftdata.store.base import Store
 from draftdata.store.lease import refuse_live_writer
 from draftdata.store.local import LocalStore
+from draftdata.store.opener import open_store
 from draftdata.store.quarantine import not_read_now, quarantined_in, set_aside, store_condition
 from draftdata.store.read import COMPLETIONS_PREFIX, FAILURES_PREFIX, parquet_file
-from draftdata.store.store import open_store
 
 # what a damaged shard can raise on the way from bytes to records
 _DAMAGE = (

@@ -20,7 +20,7 @@ from typing import Any
 
 from draftdata.errors import AlreadyExistsError, FormatVersionError, InputError
 from draftdata.store.base import Store
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 FORECAST_FORMAT = "draftdata.forecast/1"
 FORECAST_KEY = "forecast.json"

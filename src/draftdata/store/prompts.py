@@ -1,22 +1,24 @@
 """Reading a prompts JSONL file, a local path or an ``s3://BUCKET/KEY`` object, line by line.
 
 ``open_prompt_file`` opens one (S3 through the store, in 8 MiB ranged GETs), ``read_lines``
-reads its lines in bounded memory (a line past ``records.MAX_LINE_BYTES`` is cut and the rest
-skipped; ``parse_prompt`` rejects it) and ``iter_prompt_lines`` yields the non-blank ones with
-their line numbers. Parsing a line is ``records.parse_prompt``; this module only reads (it lives
-in the store so that ``records`` depends on nothing of the project but errors).
+(``readers/jsontext.py``) reads its lines in bounded memory (a line past
+``records.MAX_LINE_BYTES`` is cut and the rest skipped; ``parse_prompt`` rejects it) and
+``iter_prompt_lines`` yields the non-blank ones with their line numbers. Parsing a line is
+``records.parse_prompt``; this module only reads (it lives in the store so that ``records``
+depends on nothing of the project but errors).
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, cast
 
 from draftdata.errors import InputError, StoreError
-from draftdata.records import BOM, MAX_LINE_BYTES
-from draftdata.store.store import open_store
+from draftdata.readers.jsontext import read_lines
+from draftdata.records import BOM
+from draftdata.store.opener import open_store
 
 
 def open_prompt_file(source: Path | str) -> BinaryIO:
@@ -45,20 +47,3 @@ def iter_prompt_lines(source: Path | str) -> Iterator[tuple[int, bytes]]:
                 line = line[3:]
             if line.strip():
                 yield lineno, line
-
-
-def read_lines(fh: BinaryIO, on_bytes: Callable[[bytes], object] | None = None) -> Iterator[bytes]:
-    """The lines of ``fh``, each read in at most MAX_LINE_BYTES + 1 bytes: a longer line yields
-    only its first MAX_LINE_BYTES + 1 bytes (without its newline; ``parse_prompt`` rejects it)
-    and the rest is skipped, so one huge line cannot exhaust memory. ``on_bytes`` sees every
-    byte read, in order (to hash a file while reading it)."""
-    while line := fh.readline(MAX_LINE_BYTES + 1):
-        if on_bytes is not None:
-            on_bytes(line)
-        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-            while rest := fh.readline(1 << 20):
-                if on_bytes is not None:
-                    on_bytes(rest)
-                if rest.endswith(b"\n"):
-                    break
-        yield line

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from draftdata.store.base import refuse_protected
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 
 def _found_there(prefix: str) -> str:

@@ -25,19 +25,17 @@ import json
 import time
 from collections.abc import Iterable
 
-from draftdata.errors import AlreadyExistsError, StoreError, TransientStoreError
+from draftdata.errors import (
+    AlreadyExistsError,
+    StoreError,
+    TransientStoreError,
+    UnreadableShardError,
+)
 from draftdata.store.base import Store
 
 QUARANTINE_PREFIX = "quarantine/"
 QUARANTINE_FORMAT = "draftdata.quarantine/1"
 _RUN_SHARDS = ("completions/", "failures/")
-
-
-class UnreadableShardError(StoreError):
-    """A run's shard cannot be read (damaged bytes, a cut footer, another format); the message
-    says how to set it aside and regenerate its prompts."""
-
-    outage = False
 
 
 def marker_key(key: str) -> str:

@@ -41,8 +41,8 @@ from draftdata.records import Completion, Failure
 from draftdata.store.base import Store
 from draftdata.store.doneset import DoneSet, hash_pairs, pair_hash
 from draftdata.store.manifest import load_manifest
+from draftdata.store.opener import open_store
 from draftdata.store.quarantine import quarantined, read_error
-from draftdata.store.store import open_store
 from draftdata.tokens import TokenCounter, turns_tokens
 
 COMPLETIONS_PREFIX = "completions/"

@@ -9,6 +9,8 @@ not cover are read column-wise in parallel (on S3 the footer and id chunks). Thi
 
 from __future__ import annotations
 
+import functools
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -22,7 +24,12 @@ from draftdata.store.quarantine import quarantined_in
 from draftdata.store.read import COMPLETIONS_PREFIX, FAILURES_PREFIX, read_shards_parallel
 from draftdata.store.rollup import ROLLUP_PREFIX, Entry, entry_of_table, read_rollups
 
-_FATAL = pa.array(sorted(FATAL_REASONS), pa.string())
+
+@functools.cache
+def _fatal() -> pa.Array:
+    # built on first use, not at import: pa.array imports pandas (a third of a second), which
+    # every command that opens a store would pay, reading a run or not
+    return pa.array(sorted(FATAL_REASONS), pa.string())
 
 
 def rebuild_done_sets(
@@ -47,7 +54,7 @@ def rebuild_done_sets(
         comp_chunks.append(
             hash_pairs(done.column("id").to_pylist(), done.column("sample").to_pylist())
         )
-        fatal = rows.filter(pc.fill_null(pc.is_in(reason, value_set=_FATAL), False))
+        fatal = rows.filter(pc.fill_null(pc.is_in(reason, value_set=_fatal()), False))
         fatal_chunks.append(
             hash_pairs(fatal.column("id").to_pylist(), fatal.column("sample").to_pylist())
         )

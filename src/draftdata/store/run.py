@@ -48,7 +48,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -74,6 +73,7 @@ from draftdata.store.manifest import (
     open_manifest,
     settings_hash,
 )
+from draftdata.store.opener import open_store
 from draftdata.store.protect import check_not_protected
 from draftdata.store.read import COMPLETIONS_PREFIX
 from draftdata.store.resume import rebuild_done_sets
@@ -82,7 +82,6 @@ from draftdata.store.rollup import (
     Entry,
 )
 from draftdata.store.shards import ShardWriter, check_writer_id, default_writer_id
-from draftdata.store.store import open_store
 from draftdata.store.write import parquet_bytes
 
 _Rows = tuple[list[str], list[int], list[str | None] | None]
@@ -431,10 +430,5 @@ class Run:
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -5,7 +5,7 @@
   with the spans of ``{% generation %}`` blocks; the conversation the engine sent.
 - ``plan.py``: which samples a completion becomes (per-turn when the template rewrites history)
   and where the loss goes, as text spans (rendered path) or server ids (token-id path).
-- ``batch.py``: ``tokenize_table(table, ctx)``, the pure batch function (one batched encode,
+- ``encode.py``: ``tokenize_table(table, ctx)``, the pure batch function (one batched encode,
   masks from offsets, verification, length policy) and ``TokenizeContext``.
 - ``arrow.py``: Arrow completion rows -> views (token ids stay numpy), samples -> a table.
 - ``stage.py``: ``tokenize(config)``: shards in, create-only sample shards + summary.json out.

@@ -106,7 +106,7 @@ class TokenizeSummary(msgspec.Struct, kw_only=True):
     ``counts`` are the stage's counters: ``completions``, ``samples``, ``truncated``,
     ``path.token_ids`` / ``path.rendered``, ``verified`` (of which ``verified.noncanonical``,
     ``verified.other_end`` and ``verified.decoded``, with ``reasoning.unclosed``: see
-    ``batch.py``), ``mismatched`` (dropped as ``dropped.unverified_ids``),
+    ``encode.py``), ``mismatched`` (dropped as ``dropped.unverified_ids``),
     ``unverifiable``, ``end.other_token`` / ``end.no_token`` (served outputs that stopped without
     the template's end-of-turn token), ``thinking_off_from_served_ids``, ``split_turns``
     (completions emitted as per-turn samples), ``dropped.<reason>`` (samples) and

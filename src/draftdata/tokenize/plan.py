@@ -251,7 +251,7 @@ def _region(
     if turn.finish_reason == "length":
         cut = _cut_region(full, len(prompt), end, turn)
         if cut is None and checking:
-            return (len(prompt), len(prompt))  # placed by the served ids (batch.cut_verdict)
+            return (len(prompt), len(prompt))  # placed by the served ids (encode.cut_verdict)
         if cut is None:
             plan.dropped.append("unfinished_turn")
         return cut
@@ -263,7 +263,7 @@ def _cut_region(full: str, start: int, eot_at: int, turn: TurnText) -> Span | No
     # last text (the template's closing markers and end-of-turn were never generated). Content
     # of whitespace only cannot be placed (cut right after </think>, or one newline after it:
     # parsers strip those newlines): the sample ends after the reasoning, what surely was
-    # written; served ids show the rest (batch.py verifies them against ``full``).
+    # written; served ids show the rest (encode.py verifies them against ``full``).
     body = full[start:eot_at]
     content = turn.content or ""
     if content.strip() and not turn.tool_calls and body.endswith(content):

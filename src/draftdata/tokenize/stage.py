@@ -17,7 +17,7 @@ mismatched counts and the first mismatches) is written last as ``<out>/summary.j
 the first shard ``<out>/tokenize_config.json`` (the settings) marks the output as a tokenize
 output, so readers refuse it until the summary is there.
 
-It does not render or encode by itself (``batch.py``) and does not print (``summary.py``).
+It does not render or encode by itself (``encode.py``) and does not print (``summary.py``).
 """
 
 from __future__ import annotations
@@ -48,21 +48,21 @@ from draftdata.stats.readers import DATA_EXT, Kind, open_dataset
 from draftdata.store.base import Store, normalise_url
 from draftdata.store.doneset import DoneSet, hash_pairs
 from draftdata.store.lease import refuse_live_writer
+from draftdata.store.opener import open_store
 from draftdata.store.protect import check_not_protected
 from draftdata.store.quarantine import read_error
 from draftdata.store.read import COMPLETIONS_PREFIX, parquet_file, read_shards_parallel, shard_keys
 from draftdata.store.settings import recorded_settings
-from draftdata.store.store import open_store
 from draftdata.store.write import write_parquet_shard
 from draftdata.tokenize import conversations
-from draftdata.tokenize.batch import (
+from draftdata.tokenize.config import TokenizeConfig, TokenizeSummary
+from draftdata.tokenize.encode import (
     COMPLETION_COLUMNS,
     Counters,
     TokenizeContext,
     tokenize_table,
     tokenize_views,
 )
-from draftdata.tokenize.config import TokenizeConfig, TokenizeSummary
 from draftdata.workerpool import worker_pool
 
 

@@ -10,7 +10,7 @@ markers, also returns the character spans of the generation blocks (what transfo
 The conversation the target saw for each turn comes from ``draftdata.conversation`` (the one
 rule generate sends requests by); ``TurnText`` is the turn shape that rule takes here.
 
-This module renders text; it does not encode (``plan.py`` and ``batch.py`` do).
+This module renders text; it does not encode (``plan.py`` and ``encode.py`` do).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ own default, and servers differ (two endpoints, a server restarted with other kw
 run and its resume). An answer rendered in the wrong mode trains on a form the target never
 wrote: a thinking-off prompt's empty ``<think>\\n\\n</think>\\n\\n`` put under loss, or a
 thinking-on answer's think block moved into the prompt. Served token ids tell the mode
-themselves (``batch._served_thinking_off``); for a rendered answer ``decide`` looks at the
+themselves (``encode._served_thinking_off``); for a rendered answer ``decide`` looks at the
 evidence the run holds, per answer:
 
 - the prompt tokens the server counted for each turn (``usage.prompt_tokens``) against the
@@ -16,7 +16,7 @@ evidence the run holds, per answer:
 
 Two pieces of evidence that disagree (turns counted in different modes, or counted in another
 mode than recorded) are ``conflict``; no evidence at all is ``unknown``: both are dropped and
-counted, never rendered on a guess. This module decides; ``batch.py`` renders.
+counted, never rendered on a guess. This module decides; ``encode.py`` renders.
 """
 
 from __future__ import annotations

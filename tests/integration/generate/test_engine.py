@@ -405,7 +405,7 @@ def test_long_domain_goes_first_and_resume_seeds_the_estimate(tmp_path: Path, or
             log=lines.append,
         )
     assert summary.completed == 120
-    assert any("seeded from 40 earlier completions" in line for line in lines)
+    assert any("known from 40 committed answers of the run" in line for line in lines)
     got = sorted(completions(tmp_path / "run"), key=lambda c: c.created - c.latency_s)
     resumed = [c.domain for c in got if int(c.id[1:]) >= 40]
     k = resumed.count("math")

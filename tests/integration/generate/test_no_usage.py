@@ -20,12 +20,12 @@ from tests.integration.generate.test_engine import sim
 from draftdata.errors import InputError
 from draftdata.generate.length import run_history
 from draftdata.generate.pilot import run_pilot
-from draftdata.generate.sample import PilotSpec
+from draftdata.generate.pilot_sample import PilotSpec
 from draftdata.generate.stage import generate
 from draftdata.sim.run import SimFleet
 from draftdata.stats import compute_stats
 from draftdata.stats.render import stats_renderable
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from tests.integration.generate.helpers import completions, fast_config
 
 from draftdata.domains import classify_domain
 from draftdata.generate.pilot import run_pilot
-from draftdata.generate.sample import PilotSpec
+from draftdata.generate.pilot_sample import PilotSpec
 from draftdata.generate.stage import generate
 from draftdata.records import Message, Prompt
 from draftdata.report.build import build_report

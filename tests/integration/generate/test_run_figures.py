@@ -74,6 +74,12 @@ def _check_against_shards(out: Path, s: GenerateSummary, segments: int) -> None:
     for d, fig in run.domains.items():
         assert fig.completions == sum(c.domain == d for c in got)
         assert fig.failures == sum(f.domain == d for f in fails)
+        # the lengths expected when sent, beside what the same answers took: every committed
+        # answer of every segment, once
+        assert fig.expected_answers == fig.completions
+        assert fig.expected_measured == fig.output_tokens
+        assert fig.expected_tokens > 0 and fig.expected_se > 0
+        assert fig.lengths_line().startswith("; output tokens per answer: expected ")
     assert len(run.segments) == segments
     assert len(run.gaps) == segments - 1
     assert all(b - a >= GAP_S * 0.8 for a, b in run.gaps)

@@ -25,7 +25,7 @@ from draftdata.hidden.stage import hidden_states
 from draftdata.hidden.transformers_backend import TransformersBackend
 from draftdata.hidden.writers import writer_for
 from draftdata.store.lease import acquire
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import MotoS3
 
 from draftdata.demo.existing import write_existing_set
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.stage import tokenize
 

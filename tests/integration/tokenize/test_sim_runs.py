@@ -307,7 +307,7 @@ def test_stop_strings_on_the_simulator_put_loss_on_served_tokens_only(
     tok = TokenizeConfig(run=run, tokenizer=str(demo_tokenizer), out=str(tmp_path / "o"))
     s = tokenize(tok)
     assert s.count("mismatched") == 0 and s.count("end.no_token") >= 1
-    from draftdata.tokenize.batch import TokenizeContext
+    from draftdata.tokenize.encode import TokenizeContext
 
     ctx = TokenizeContext(str(demo_tokenizer))
     stopped = 0

@@ -21,8 +21,8 @@ from draftdata.generate.stage import generate
 from draftdata.sim.config import SimConfig
 from draftdata.sim.run import SimFleet
 from draftdata.store.read import iter_completions
-from draftdata.tokenize.batch import TokenizeContext
 from draftdata.tokenize.config import TokenizeConfig
+from draftdata.tokenize.encode import TokenizeContext
 from draftdata.tokenize.stage import tokenize
 
 pytestmark = pytest.mark.integration

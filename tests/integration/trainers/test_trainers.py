@@ -63,7 +63,7 @@ from draftdata.conversation import assemble
 from draftdata.export.stage import export_run
 from draftdata.records import Completion, Turn
 from draftdata.store import Run
-from draftdata.tokenize.batch import TokenizeContext, tokenize_views
+from draftdata.tokenize.encode import TokenizeContext, tokenize_views
 from draftdata.tokenize.plan import view_from_record
 from draftdata.trainer_rows import TOKENIZER_FORMATS, eagle_problem
 

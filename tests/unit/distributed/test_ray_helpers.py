@@ -91,8 +91,8 @@ def test_tokenize_helpers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     import ray
 
     from draftdata.distributed.ray_tokenize import _counters, _for_workers, _task_pool
-    from draftdata.tokenize.batch import Counters
     from draftdata.tokenize.config import TokenizeConfig
+    from draftdata.tokenize.encode import Counters
 
     c = Counters()
     c.add("samples", 3)

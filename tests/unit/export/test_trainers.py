@@ -27,7 +27,7 @@ from draftdata.metrics import StageStats
 from draftdata.records import Completion, Turn
 from draftdata.stats.conversations import row_to_conversation
 from draftdata.store import Run
-from draftdata.tokenize.batch import TokenizeContext, tokenize_views
+from draftdata.tokenize.encode import TokenizeContext, tokenize_views
 from draftdata.tokenize.plan import view_from_record
 from draftdata.trainer_rows import TOKENIZER_FORMATS, clean_message
 

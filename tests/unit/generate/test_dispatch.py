@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
+import traceback
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from tests.unit.generate.fakes import FakeClient, cfg, endpoint, run_dispatch, user, write
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.unit.generate.fakes import (
+    FakeClient,
+    cfg,
+    dispatcher,
+    endpoint,
+    run_dispatch,
+    user,
+    write,
+)
 
 from draftdata.conversation import TurnPlan
 from draftdata.errors import (
@@ -45,19 +57,21 @@ def test_a_split_job_keeps_its_attempts() -> None:
 
 
 async def test_pick_prefers_most_free_then_fewest_outstanding_tokens(tmp_path: Path) -> None:
-    from draftdata.generate.dispatch import Dispatcher
+    from draftdata.generate.length import LengthModel
+    from draftdata.generate.placement import Placement
 
     a, b, c = (endpoint(i, FakeClient(), limit=8) for i in range(3))
     a.acquire(2, 100)
     b.acquire(1, 500)
     c.acquire(1, 50)
-    d = Dispatcher.__new__(Dispatcher)
-    d.endpoints, d.affinity = [a, b, c], {}  # type: ignore[assignment]
-    assert d._pick(job(), [a, b, c], now=0.0) is c  # b and c have 7 free; c fewer tokens
+    place = Placement([a, b, c], LengthModel(), hedge_min_age=1.0)
+    assert place.pick(job(), [a, b, c], now=0.0) is c  # b and c have 7 free; c fewer tokens
     j = job()
     j.avoid = {c.url}
     j.ready_since = 0.0
-    assert d._pick(j, [a, b, c], now=0.0) is b  # a retry goes elsewhere
+    assert place.pick(j, [a, b, c], now=0.0) is b  # a retry goes elsewhere
+    assert place.pick(j, [c], now=1.0) is None  # ... waiting a moment for another one
+    assert place.pick(j, [c], now=3.0) is c  # ... not for ever
 
 
 async def test_every_prompt_once_and_slots_never_exceeded(tmp_path: Path) -> None:
@@ -238,22 +252,41 @@ async def test_hedging_commits_one_answer(tmp_path: Path) -> None:
     assert all(e.slots.inflight == 0 for e in eps)
 
 
-async def test_an_unmapped_transport_error_is_retried_not_lost(tmp_path: Path) -> None:
-    prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(3)])
-    client = FakeClient()
-    original = client.chat
-    calls = [0]
+_BUGS = [RuntimeError("Session is closed"), KeyError("x"), AttributeError("y"), TypeError("z")]
 
-    async def chat(body: dict[str, object]) -> list[object]:
-        calls[0] += 1
-        if calls[0] == 1:
-            raise RuntimeError("Session is closed")
-        return await original(body)  # type: ignore[arg-type]
 
-    client.chat = chat  # type: ignore[method-assign,assignment]
-    _, sink = await run_dispatch(cfg(), [endpoint(0, client)], prompts)
-    assert sorted(c.id for c in sink.completions) == ["p0", "p1", "p2"]
-    assert max(c.attempts for c in sink.completions) == 2
+@settings(max_examples=12, deadline=None)
+@given(bug=st.sampled_from(_BUGS), at=st.integers(1, 6), limit=st.integers(1, 3))
+def test_an_unmapped_exception_stops_the_run_with_its_traceback(
+    bug: Exception, at: int, limit: int
+) -> None:
+    """An exception that is no ServerError is not a server's answer but a bug (errors.py):
+    it is never retried as a malformed answer. The run stops with it, its traceback reaching
+    where it was raised; what was answered before is kept, nothing is recorded as failed, and
+    no other request is sent after it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts = write(Path(tmp) / "p.jsonl", [user(i) for i in range(12)])
+        client = FakeClient(0.001)
+        original = client.chat
+        calls = [0]
+
+        async def chat(body: dict[str, object]) -> list[object]:
+            calls[0] += 1
+            if calls[0] == at:
+                raise bug
+            return await original(body)  # type: ignore[arg-type]
+
+        client.chat = chat  # type: ignore[method-assign,assignment]
+        ep = endpoint(0, client, limit=limit)
+        d, sink = dispatcher(cfg(), [ep], prompts)
+        with pytest.raises(type(bug)) as info:
+            asyncio.run(asyncio.wait_for(d.run(), 20))
+        assert info.value is bug
+        assert "chat" in [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+        assert not sink.failures and not ep.meter.errors  # not a server's fault
+        assert len(sink.completions) >= at - limit  # what finished before is kept
+        assert calls[0] <= at + limit - 1  # stopped: nothing sent after the bug
+        assert d.retries == 0 and ep.slots.inflight == 0
 
 
 async def test_shared_prefixes_are_steered_to_one_endpoint_with_room(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from draftdata.generate.forecast import MIN_PILOT, Outcome, forecast, forecast_lines, gpu_count
-from draftdata.generate.sample import PilotSample, PilotSpec
+from draftdata.generate.pilot_sample import PilotSample, PilotSpec
 from draftdata.generate.saturation import Saturation, Throughput, spread_tokens
 
 KEYS = ("prompts", "mean_output_tokens", "p90_output_tokens", "cut_share", "output_tokens")

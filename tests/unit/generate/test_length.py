@@ -1,4 +1,4 @@
-"""Length-aware scheduling: the length model, the look-ahead order, tail placement, hedging."""
+"""Length-aware scheduling: the length model, the queue's order, tail placement, hedging."""
 
 from __future__ import annotations
 
@@ -14,15 +14,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.unit.generate.fakes import cfg, endpoint, run_dispatch, write
 
-from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.length import (
     LengthModel,
-    LookAhead,
+    LengthPriors,
+    known_lengths,
     prompt_tokens,
+    prompts_folder,
     run_history,
     token_cap,
 )
 from draftdata.generate.placement import BLIND_HEDGE_S, TailPlan, hedge_pays, job_cap
+from draftdata.generate.queue import JobQueue
 from draftdata.generate.work import Job
 from draftdata.records import Completion, Message, Prompt, Turn, Usage
 
@@ -128,7 +130,7 @@ def test_lookahead_longest_first_ties_in_file_order_and_off_switch() -> None:
         m.observe("", "math", 0, 900)
         m.observe("", "tool", 0, 10)
     jobs = [job(d, pid=f"p{i}") for i, d in enumerate(["tool", "math", "tool", "math"])]
-    on, off = LookAhead(m, ordered=True), LookAhead(m, ordered=False)
+    on, off = JobQueue(m, ordered=True), JobQueue(m, ordered=False)
     for j in jobs:
         on.push(j)
         off.push(j)
@@ -138,7 +140,7 @@ def test_lookahead_longest_first_ties_in_file_order_and_off_switch() -> None:
 
 def test_lookahead_rekeys_as_the_model_learns() -> None:
     m = LengthModel()
-    q = LookAhead(m, ordered=True)
+    q = JobQueue(m, ordered=True)
     jobs = [job(d, pid=f"p{i}") for i, d in enumerate(["tool", "math", "tool", "math"])]
     for j in jobs:
         q.push(j)  # all equal now: file order
@@ -228,70 +230,55 @@ def test_history_of_a_run_seeds_the_model(tmp_path: Path) -> None:
 # -- tail placement and hedging ---------------------------------------------------------------
 
 
-class _D:
-    """The parts of a Dispatcher a TailPlan reads."""
-
-    def __init__(self, endpoints: list[Endpoint], queued: int) -> None:
-        self.endpoints = endpoints
-        self.queued = queued
-        self.lengths = LengthModel()
-        self.fresh = LookAhead(self.lengths, ordered=True)
-        self.on_endpoint: dict[Endpoint, set[Any]] = {e: set() for e in endpoints}
-
-    def cap(self, job: Job) -> int:
-        return job_cap(job, self.endpoints)
+def _learnt(m: LengthModel, n: int = 40) -> None:
+    """``m`` knows each domain of LENGTHS well (and the spread: none)."""
+    for _ in range(n):
+        for d, tokens in LENGTHS.items():
+            m.observe("", d, 0, tokens, 1000)
 
 
-def test_speed_plan_holds_long_work_for_the_fast_server() -> None:
-    from draftdata.generate.work import Copy
-
-    fast, slow = endpoint(0, DomainClient(), limit=2), endpoint(1, DomainClient(), limit=2)
+def test_tail_plan_gives_a_slow_server_ever_shorter_jobs() -> None:
+    """Near the end a server half as fast takes only the jobs it can finish by the time the
+    fleet is expected to finish anyway; the fast one is never limited."""
+    fast, slow = endpoint(0, DomainClient(), limit=10), endpoint(1, DomainClient(), limit=10)
     fast.meter.seq_rate, slow.meter.seq_rate = 100.0, 50.0
-    d = _D([fast, slow], queued=3)
-    # the fast server is full; its copies (expected 333 tokens: 3.3 s) are near their end
-    for k in range(2):
-        c = Copy(job(pid=f"r{k}"), fast, hedge=False, seqs=1, started=0.0)
-        d.on_endpoint[fast].add(c)
-        fast.acquire(1, 0)
-    plan = TailPlan.make(d, now=3.0)
-    assert plan is not None
-    # 1000 expected tokens: 10 s on fast after ~0.3 s, 20 s on slow: held for fast
-    assert plan.place(job(max_tokens=3000), slow, 1000.0) is None
-    assert plan.place(job(max_tokens=3000), slow, 1000.0) is None
-    # fast's two slots are now promised until ~10.3 s; a short job goes to slow at once
-    assert plan.place(job(), slow, 20.0) is slow
-    # no plan while the slow server has no free slot: a free fast slot is the place to go
-    slow.acquire(2, 0)
-    assert TailPlan.make(d, now=3.0) is None  # type: ignore[arg-type]
-    slow.release(2, 0)
-    # far from the end of the job (the queue drains long after a long answer on the slow
-    # server would end) there is no plan either
-    for _ in range(10):
-        d.lengths.observe("", "", 10, 1000, 3000)
-    d.queued = 10_000
-    assert TailPlan.make(d, now=3.0) is None  # type: ignore[arg-type]
-    d.queued = 3
-    assert TailPlan.make(d, now=3.0) is not None  # type: ignore[arg-type]
-    # with equal speeds there is no plan: greedy placement
-    slow.meter.seq_rate = 95.0
-    assert TailPlan.make(d, now=3.0) is None
+    m = LengthModel()
+    _learnt(m)
+    q = JobQueue(m, ordered=True)
+    for i in range(4):
+        for d in LENGTHS:
+            q.push(job(d, pid=f"{d}{i}"))
+    plan = TailPlan.make([fast, slow], q, m, {}, read_all=True, now=0.0)
+    assert plan is not None and plan.budget(fast) is None
+    budget = plan.budget(slow)
+    assert budget is not None
+    # the queue holds 4 x 1,080 tokens for 1,500 tok/s (~2.9 s), plus the last tool answer
+    # on the fast server: the slow one may start what it finishes in ~3.2 s (~160 tokens)
+    assert 120 < budget < 220, budget
+    assert not plan.fits(job("math"), slow) and not plan.fits(job("code"), slow)
+    assert plan.fits(job("tool"), slow)
+    assert plan.fits(job("math"), fast)
+    got = q.pop_fitting(lambda j: plan.fits(j, slow))
+    assert got is not None and got.prompt.domain in ("general", "tool")
+    # far from the end (prompts still unread), similar speeds, an unmeasured rate: no plan
+    assert TailPlan.make([fast, slow], q, m, {}, read_all=False, now=0.0) is None
+    slow.meter.seq_rate = 80.0
+    assert TailPlan.make([fast, slow], q, m, {}, read_all=True, now=0.0) is None
+    slow.meter.seq_rate = None
+    assert TailPlan.make([fast, slow], q, m, {}, read_all=True, now=0.0) is None
 
 
-def test_a_busy_slot_past_its_expected_length_is_never_a_free_one() -> None:
-    """A copy that has run past its expected length (and its cap) still holds its slot: the
-    plan must not send a job to a full endpoint (the old plan counted such a slot as free now
-    and pushed the endpoint past its concurrency limit)."""
-    from draftdata.generate.work import Copy
-
-    fast, slow = endpoint(0, DomainClient(), limit=1), endpoint(1, DomainClient(), limit=1)
-    fast.meter.seq_rate, slow.meter.seq_rate = 100.0, 50.0
-    d = _D([fast, slow], queued=1)
-    c = Copy(job(pid="long"), fast, hedge=False, seqs=1, started=0.0)
-    d.on_endpoint[fast].add(c)
-    fast.acquire(1, 0)
-    plan = TailPlan.make(d, now=100.0)  # 10,000 tokens produced, cap 1,000
-    assert plan is not None and fast.free == 0
-    assert plan.place(job(pid="next"), slow, 100.0) is not fast
+async def test_a_slow_server_starts_no_long_answer_at_the_end(tmp_path: Path) -> None:
+    """Through the dispatcher, on a generated mix: the last job the half-speed endpoint
+    starts is never one of the long domains, and every prompt is answered once."""
+    prompts = write(tmp_path / "p.jsonl", mixed_rows(160))
+    fast = endpoint(0, DomainClient(0.00004), limit=4)
+    slow = endpoint(1, DomainClient(0.00008), limit=4)
+    d, sink = await run_dispatch(cfg(hedge=False), [fast, slow], prompts)
+    assert Counter(c.id for c in sink.completions) == Counter(f"p{i}" for i in range(160))
+    slow_order = [t.split()[0] for t in slow.client.order]  # type: ignore[attr-defined]
+    assert slow_order and slow_order[-1] not in ("math", "code"), slow_order[-8:]
+    assert d.lengths.measured("", "tool") and d.lengths.measured("", "math")
 
 
 def test_the_context_filling_default_caps_a_job_at_the_fleet_context() -> None:
@@ -299,11 +286,10 @@ def test_the_context_filling_default_caps_a_job_at_the_fleet_context() -> None:
     rules must not take the 4096 fallback in the job's cost for its cap."""
     a, b = endpoint(0, DomainClient()), endpoint(1, DomainClient())
     a.context_length, b.context_length = 8192, 32768
-    d = _D([a, b], queued=1)
     auto = job(max_tokens=4096)
     auto.max_tokens = None  # as work.plan builds it without --max-tokens
-    assert d.cap(auto) == 32768
-    assert d.cap(job(max_tokens=1000)) == 1000
+    assert job_cap(auto, [a, b]) == 32768
+    assert job_cap(job(max_tokens=1000), [a, b]) == 1000
 
 
 def test_hedge_pays_only_when_the_copy_should_win() -> None:
@@ -421,3 +407,272 @@ def test_hedges_are_judged_on_a_long_draw() -> None:
     assert hedge_pays(200.0, e, 580, slow, fast, m)
     assert not hedge_pays(300.0, e, 580, slow, fast, m)
     assert not hedge_pays(200.0, e, 580, fast, slow, m)  # never onto a slower server
+
+
+# -- the order, what is known before the run, resume -----------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    means=st.dictionaries(st.sampled_from("abcdefg"), st.integers(1, 3000), min_size=1),
+    rows=st.lists(
+        st.tuples(st.integers(0, 6), st.integers(0, 3000), st.sampled_from([64, 512, 4096])),
+        max_size=60,
+    ),
+)
+def test_queue_pops_longest_expected_first_on_a_generated_mix(
+    means: dict[str, int], rows: list[tuple[int, int, int]]
+) -> None:
+    """Whatever the mix of domains, prompt lengths and caps: the queue hands out the job
+    expected to answer longest first, equal estimates in file order."""
+    m = LengthModel()
+    names = sorted(means)
+    for _ in range(30):
+        for d, mean in means.items():
+            m.observe("", d, 10, mean, 4096)
+    q = JobQueue(m, ordered=True)
+    for i, (k, chars, cap) in enumerate(rows):
+        q.push(job(names[k % len(names)], text="x" * chars, max_tokens=cap, pid=f"p{i:03d}"))
+    got = []
+    while q:
+        j = q.pop()
+        got.append((-m.expect_job(j), j.prompt.id))
+    assert got == sorted(got)
+    assert len(got) == len(rows)
+
+
+def test_an_unmeasured_domain_is_neither_starved_nor_sent_last() -> None:
+    """A domain nothing is known about (no answer, no prior, nothing running) sends one prompt
+    at once, ahead of the known long ones; from then on it ranks by what is known (the run's
+    mean and what its running request produced), above the short domains."""
+    m = LengthModel()
+    for _ in range(40):
+        m.observe("", "math", 0, 600, 1000)
+        m.observe("", "tool", 0, 30, 1000)
+    q = JobQueue(m, ordered=True)
+    for i in range(10):
+        q.push(job("math", pid=f"m{i}"))
+        q.push(job("tool", pid=f"t{i}"))
+    for i in range(5):
+        q.push(job("new", pid=f"n{i}"))  # last in the file, and never seen
+    first = q.pop()
+    assert first.prompt.id == "n0"  # its measurement starts at once
+    m.started("", "new", 0.0)
+    order = [q.pop().prompt.id for _ in range(24)]
+    assert [x for x in order if x.startswith("n")] == ["n1", "n2", "n3", "n4"]
+    assert max(order.index(f"n{i}") for i in range(1, 5)) < min(
+        order.index(f"t{i}") for i in range(10)
+    )  # not last: before every short one
+
+
+async def test_an_unmeasured_domain_is_measured_within_the_first_wave(tmp_path: Path) -> None:
+    """Through the dispatcher: a domain that only appears at the end of a long look-ahead,
+    with every other domain known before the run, still gets its first request sent in the
+    first wave of requests."""
+    rows = mixed_rows(80) + [
+        {"id": f"x{i}", "domain": "general", "messages": [{"role": "user", "content": "general"}]}
+        for i in range(3)
+    ]
+    known = LengthPriors(
+        domains={d: (float(n), 50.0) for d, n in LENGTHS.items() if d != "general"}
+    )
+    for r in rows[:80]:
+        if r["domain"] == "general":
+            r["domain"] = "code"
+            r["messages"][0]["content"] = "code " + r["messages"][0]["content"].split()[1]
+    prompts = write(tmp_path / "p.jsonl", rows)
+    client = DomainClient(0.00002)
+    from tests.unit.generate.fakes import dispatcher
+
+    d, sink = dispatcher(cfg(), [endpoint(0, client, limit=4)], prompts)
+    d._priors = lambda: known
+    d._seeded = False
+    await asyncio.wait_for(d.run(), 20)
+    assert len(sink.completions) == 83
+    first_wave = [t.split()[0] for t in client.order[:4]]
+    assert "general" in first_wave, first_wave
+    assert first_wave.count("math") == 3  # the rest of the wave: the longest known
+
+
+def _run_with_answers(path: Path, counts: dict[str, int]) -> Any:
+    from draftdata.store.run import Run
+
+    run = Run.open(str(path), settings={"stage": "generate"})
+    i = 0
+    for d, k in counts.items():
+        for _ in range(k):
+            run.add_completion(
+                Completion(
+                    id=f"h{i}",
+                    domain=d,
+                    messages=[Message(role="user", content="q")],
+                    turns=[Turn(content="a", finish_reason="stop")],
+                    usage=Usage(completion_tokens=LENGTHS[d] + (i % 7)),
+                )
+            )
+            i += 1
+    run.flush()
+    return run
+
+
+async def test_resume_keeps_the_learnt_lengths(tmp_path: Path) -> None:
+    """A resumed run's first requests are already longest-first: its committed answers seed
+    the model before anything is sent (and how they spread); a run whose answers cannot be
+    read relearns them online and answers everything all the same."""
+    run = _run_with_answers(tmp_path / "run", {"math": 30, "tool": 30, "code": 30, "general": 30})
+    known = known_lengths(run.store, None, history=True)
+    run.close()
+    assert len(known.answers) == 120 and known.sources
+    m = LengthModel()
+    m.seed(known)
+    assert m.informed and m.measured("", "math")
+    assert m.expect("", "math", 5, 4000) > 15 * m.expect("", "tool", 5, 4000)
+    assert m.high_ratio(0.95) < 1.2  # the spread is learnt too (these answers vary little)
+
+    prompts = write(tmp_path / "p.jsonl", mixed_rows(40))
+    from tests.unit.generate.fakes import dispatcher
+
+    for priors, first in ((lambda: known, "math"), (None, None)):
+        client = DomainClient(0.00002)
+        d, sink = dispatcher(cfg(), [endpoint(0, client, limit=4)], prompts)
+        if priors is None:
+
+            def broken() -> LengthPriors:
+                raise OSError("unreadable")
+
+            d._priors, d._seeded = broken, False
+        else:
+            d._priors, d._seeded = priors, False
+        await asyncio.wait_for(d.run(), 20)
+        assert Counter(c.id for c in sink.completions) == Counter(f"p{i}" for i in range(40))
+        if first is not None:
+            assert [t.split()[0] for t in client.order[:8]] == ["math"] * 8
+            shown = d.figures.to_dict()["math"]
+            assert shown["answers"] == 10
+            assert shown["expected"] / 10 == pytest.approx(603, rel=0.05)  # known when sent
+
+
+def test_lengths_known_from_a_forecast_and_from_prepare(tmp_path: Path) -> None:
+    """A pilot's forecast.json (in the run) and prepare's report (beside the prompts) seed
+    each domain; the pilot's measurement wins over prepare's estimate."""
+    import json
+
+    from draftdata.store.forecast import FORECAST_FORMAT, write_forecast
+    from draftdata.store.opener import open_store
+
+    run = open_store(str(tmp_path / "run"))
+    write_forecast(
+        run,
+        {
+            "format": FORECAST_FORMAT,
+            "by_domain": {
+                "math": {"mean_output_tokens": 640.0, "pilot_completions": 12},
+                "(none)": {"mean_output_tokens": 90.0, "pilot_completions": 3},
+                "tool": {"mean_output_tokens": None, "pilot_completions": 0},
+            },
+        },
+    )
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    (folder / "prompts-00000.jsonl").write_text("")
+    (folder / "prepare_report.json").write_text(
+        json.dumps(
+            {
+                "format": "draftdata.prepare_report/1",
+                "lengths": {"tokens_per_row": {"math": 100.0, "code": 300.0}},
+            }
+        )
+    )
+    assert prompts_folder(str(folder)) == str(folder)
+    assert prompts_folder(str(folder / "prompts-00000.jsonl")) == str(folder)
+    assert prompts_folder(str(tmp_path / "mine.jsonl")) is None
+    known = known_lengths(run, str(folder), history=False)
+    assert known.domains == {"math": (640.0, 12.0), "": (90.0, 3.0), "code": (300.0, 4.0)}
+    m = LengthModel()
+    m.seed(known)
+    assert (
+        m.expect("s", "math", 5, 4000) > m.expect("s", "code", 5, 4000) > m.expect("s", "", 5, 4000)
+    )
+    # nothing there: nothing known, no error
+    assert not known_lengths(open_store(str(tmp_path / "empty")), None, history=True)
+
+
+def test_queue_parts_ready_first_then_fitting_then_backoff() -> None:
+    """Ready jobs go before fresh ones (in their order); ``pop_fitting`` takes the first job
+    in that order a predicate accepts; ``work`` counts every queued sample's expected tokens;
+    due backoffs come back first in line."""
+    m = LengthModel()
+    _learnt(m)
+    for ordered in (True, False):
+        q = JobQueue(m, ordered=ordered)
+        for i, d in enumerate(["tool", "math", "code", "tool"]):
+            q.push(job(d, pid=f"f{i}"))
+        multi = job("general", pid="n3")
+        multi.samples = [0, 1, 2]
+        q.push(multi)
+        back = [job("agent", pid="r0"), job("math", pid="r1")]
+        q.put_back(back)
+        assert len(q) == 7 and q.fresh == 5
+        expected = sum(LENGTHS[d] for d in ["tool", "math", "code", "tool", "math"])
+        expected += 3 * LENGTHS["general"] + 0  # (agent: unknown to _learnt, its prior)
+        assert q.work() == pytest.approx(expected + m.expect("", "agent", 0, 1000), rel=0.05)
+        got = q.pop_fitting(lambda j: j.prompt.domain == "math")
+        assert got is not None and got.prompt.id == "r1"  # ready first
+        got = q.pop_fitting(lambda j: j.prompt.domain in ("tool", "code"))
+        assert got is not None
+        assert got.prompt.id == ("f2" if ordered else "f0")  # longest first / file order
+        taken = got.prompt.id
+        assert q.pop_fitting(lambda j: False) is None
+        assert q.pop().prompt.id == "r0"
+        q.later(job("code", pid="w0"), due=5.0)
+        q.promote(4.0)
+        assert [j.prompt.id for j in q.backing_off()] == ["w0"] and q.next_due() == 5.0
+        q.promote(5.0)
+        assert q.pop().prompt.id == "w0" and not list(q.backing_off())
+        rest = []
+        while q:
+            rest.append(q.pop().prompt.id)
+        assert sorted(rest) == sorted({"f0", "f1", "f2", "f3", "n3"} - {taken})
+        if ordered:
+            assert rest == ["f1", "n3", "f0", "f3"]
+
+
+def test_a_slow_server_may_start_a_job_as_short_as_any_queued_when_hedging() -> None:
+    """On a one-domain job every queued job is alike: with hedging the slower server keeps
+    taking them (one that runs long is copied to a fast idle server once the queue is dry);
+    without hedging it stops when a long draw no longer ends in time. A request running now
+    that is expected to end late pushes the horizon out."""
+    from draftdata.generate.work import Copy
+
+    fast, slow = endpoint(0, DomainClient(), limit=10), endpoint(1, DomainClient(), limit=10)
+    fast.meter.seq_rate, slow.meter.seq_rate = 100.0, 50.0
+    m = LengthModel()
+    _learnt(m)
+    q = JobQueue(m, ordered=True)
+    for i in range(4):
+        q.push(job("code", pid=f"c{i}"))
+    hedged = TailPlan.make([fast, slow], q, m, {}, read_all=True, now=0.0)
+    plain = TailPlan.make([fast, slow], q, m, {}, read_all=True, now=0.0, hedge=False)
+    assert hedged is not None and plain is not None
+    assert hedged.fits(job("code"), slow) and not plain.fits(job("code"), slow)
+    assert not hedged.fits(job("math"), slow)  # longer than any queued: not that
+    # a math answer running for 20 s on the fast server (2,000 tokens of a 4,000 cap, far past
+    # its estimate): the fleet is not done before it, so the slow server has time
+    running = Copy(job("math", max_tokens=4000, pid="m0"), fast, hedge=False, seqs=1, started=0.0)
+    late = TailPlan.make(
+        [fast, slow], q, m, {fast: [running]}, read_all=True, now=20.0, hedge=False
+    )
+    assert late is not None and late.fits(job("code"), slow)
+
+
+def test_a_short_answer_moves_the_per_sequence_rate_little() -> None:
+    """The rate is tokens over latency averaged apart: a 20-token answer whose latency is
+    mostly prefill and queueing does not make a fast server look slow."""
+    from draftdata.generate.endpoint import Meter
+
+    m = Meter()
+    for _ in range(20):
+        m.answered(0.0, 1000, 10, 10.0, 1)  # 100 tokens/s
+    for _ in range(3):
+        m.answered(0.0, 20, 10, 1.0, 1)  # 20 tokens/s, mostly waiting
+    assert m.seq_rate is not None and m.seq_rate > 90  # an average of the rates: 78

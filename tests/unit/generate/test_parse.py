@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from draftdata.errors import MalformedAnswerError
 from draftdata.generate.parse import (
-    MalformedResponse,
     decode_chat_response,
     parse_chat_response,
     split_think,
@@ -282,16 +282,15 @@ def test_sglang_native_finish_reason_object() -> None:
     ],
 )
 def test_malformed_bodies_raise(body: Any) -> None:
-    with pytest.raises(MalformedResponse):
+    with pytest.raises(MalformedAnswerError):
         parse_chat_response(body)
-    assert issubclass(MalformedResponse, ValueError)
 
 
 def test_decode_bytes_matches_dict_path_and_rejects_cut_json() -> None:
     body = sglang_body(token_ids=[1, 2])
     raw = msgspec.json.encode(body)
     assert decode_chat_response(raw) == parse_chat_response(body)
-    with pytest.raises(MalformedResponse):
+    with pytest.raises(MalformedAnswerError):
         decode_chat_response(raw[: len(raw) // 2])
 
 

@@ -1,4 +1,4 @@
-"""The pilot's sample (``generate/sample.py``): --pilot values, the allocation, the draw."""
+"""The pilot's sample (``generate/pilot_sample.py``): --pilot values, the allocation, the draw."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from draftdata.errors import ConfigError
 from draftdata.generate.partition import parse_partition
-from draftdata.generate.sample import PilotSpec, allocate, draw, parse_pilot, scope_keys
+from draftdata.generate.pilot_sample import PilotSpec, allocate, draw, parse_pilot, scope_keys
 
 # -- --pilot values ---------------------------------------------------------------------------
 

@@ -174,7 +174,8 @@ def test_tool_message_must_answer_a_preceding_call(
 
 
 def test_orphan_tool_is_rejected_by_generate_and_prepare() -> None:
-    from draftdata.prepare.validate import ORPHAN_TOOL, RowError, check_prompt
+    from draftdata.errors import RowError
+    from draftdata.prepare.validate import ORPHAN_TOOL, check_prompt
 
     line = b'{"id": "t", "messages": [{"role": "user", "content": "q"}, ' + (
         b'{"role": "tool", "content": "r"}]}'

@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 
+from draftdata.errors import ImpossibleAnswerError, MalformedAnswerError
 from draftdata.hidden.staged import (
-    StagedMissing,
-    StagedWrong,
     read_staged,
     remove_staged,
     sweep,
@@ -67,7 +66,7 @@ def test_a_lock_held_past_the_timeout_is_missing(tmp_path: Path) -> None:
     path = tmp_path / "cmpl-3-0-c.safetensors"
     fd = _lock(path)
     try:
-        with pytest.raises(StagedMissing, match="still being written"):
+        with pytest.raises(MalformedAnswerError, match="still being written"):
             read_staged(str(path), np.asarray([1, 2], dtype=np.int64), timeout_s=0.2)
     finally:
         os.close(fd)
@@ -77,12 +76,12 @@ def test_a_released_lock_with_no_file_is_missing(tmp_path: Path) -> None:
     """What a vLLM engine that died after answering leaves (docs/engines.md)."""
     path = tmp_path / "cmpl-4-0-d.safetensors"
     os.close(_lock(path))
-    with pytest.raises(StagedMissing, match="wrote no file"):
+    with pytest.raises(MalformedAnswerError, match="wrote no file"):
         read_staged(str(path), np.asarray([1, 2], dtype=np.int64), timeout_s=1)
 
 
 def test_no_lock_file_is_missing(tmp_path: Path) -> None:
-    with pytest.raises(StagedMissing, match="not visible here"):
+    with pytest.raises(MalformedAnswerError, match="not visible here"):
         read_staged(str(tmp_path / "nowhere.safetensors"), np.asarray([1]), timeout_s=1)
 
 
@@ -96,7 +95,7 @@ def test_a_torn_file_is_missing_never_read(
     path = _staged(tmp, ids)
     data = path.read_bytes()
     path.write_bytes(data[: min(cut, len(data) - 1)])
-    with pytest.raises(StagedMissing):
+    with pytest.raises(MalformedAnswerError):
         read_staged(str(path), np.asarray(ids, dtype=np.int64), timeout_s=1)
 
 
@@ -114,7 +113,7 @@ def test_states_of_other_tokens_are_refused(
     if other == ids:
         assert read_staged(str(path), expect, timeout_s=1).shape == (len(ids), len(LAYERS), HIDDEN)
     else:
-        with pytest.raises(StagedWrong, match="not the ids sent"):
+        with pytest.raises(ImpossibleAnswerError, match="not the ids sent"):
             read_staged(str(path), expect, timeout_s=1)
 
 
@@ -135,7 +134,7 @@ def test_states_of_another_length_are_refused(tmp_path: Path) -> None:
             }
         )
     )
-    with pytest.raises(StagedWrong, match="shape"):
+    with pytest.raises(ImpossibleAnswerError, match="shape"):
         read_staged(str(path), np.asarray(ids, dtype=np.int64), timeout_s=1)
 
 

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from draftdata.errors import RowError
 from draftdata.prepare.adapters import ADAPTERS, SHAREGPT_ROLES, adapt, to_prompt
 from draftdata.prepare.config import PROMPT_MODES
-from draftdata.prepare.validate import REASONS, RowError, check_prompt
+from draftdata.prepare.validate import REASONS, check_prompt
 from draftdata.records import Message
 
 
@@ -31,7 +32,7 @@ def test_infinity_instruct_keeps_labels_in_meta() -> None:
     }
     conv = adapt("infinity_instruct", row)
     assert [m.role for m in conv.messages] == ["user", "assistant"]
-    assert conv.source_id == "7"
+    assert conv.id == "7"
     assert conv.meta == {
         "label": {"ability_en": ["chat"]},
         "langdetect": "en",
@@ -91,7 +92,7 @@ def test_agentinstruct_trajectory() -> None:
     }
     conv = adapt("agentinstruct", row)
     assert [m.role for m in conv.messages] == ["user", "assistant", "user", "assistant"]
-    assert conv.source_id == "os_1"
+    assert conv.id == "os_1"
 
 
 @pytest.mark.parametrize(
@@ -123,7 +124,7 @@ def test_pair_schemas(schema: str, row: dict[str, Any], meta: dict[str, Any]) ->
         Message(role="assistant", content="A"),
     ]
     assert conv.meta == meta
-    assert conv.source_id is None
+    assert conv.id == ""
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from draftdata.errors import RowError
 from draftdata.prepare import hermes
 from draftdata.prepare.adapters import adapt, to_prompt
-from draftdata.prepare.validate import RowError
 
 
 def tools_block(tools: list[dict[str, Any]]) -> str:
@@ -77,7 +77,7 @@ def test_bare_specs_one_per_line_and_literals() -> None:
     ],
 )
 def test_bad_specs_raise_and_never_evaluate(block: str, capfd: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(hermes.ToolParseError):
+    with pytest.raises(RowError, match=r"^bad_tool_spec: "):
         hermes.parse_tools_block(block)
     assert "pwned" not in capfd.readouterr().out
 
@@ -175,5 +175,5 @@ def test_hermes_tools_column_and_no_original() -> None:
 
 
 def test_literal_size_limit() -> None:
-    with pytest.raises(hermes.ToolParseError):
+    with pytest.raises(RowError, match=r"^bad_tool_spec: "):
         hermes.parse_literal("[" + "1," * 150_000 + "]'")

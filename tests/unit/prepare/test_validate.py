@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from draftdata.prepare.validate import REASONS, RowError, check_prompt, text_field
+from draftdata.errors import RowError
+from draftdata.prepare.validate import REASONS, check_prompt, text_field
 from draftdata.records import Message
 
 U = Message(role="user", content="hi")

@@ -9,13 +9,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from draftdata.conversation import Conversation
 from draftdata.formats import samples_table
 from draftdata.records import Completion, Failure, Message, Sample, Turn, Usage
-from draftdata.stats.conversations import (
-    CONVERSATION_SCHEMA,
-    Conversation,
-    conversation_row,
-)
+from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
 from draftdata.store.run import Run
 
 CODE_Q = "Write a python function `def add(a, b):` that returns the sum. ```python\npass\n```"

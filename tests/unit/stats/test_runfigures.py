@@ -87,8 +87,8 @@ def test_a_command_killed_around_its_snapshots_keeps_its_time(
     commands ran; the rate is never above the true one."""
     from draftdata.records import Completion, Message, Turn, Usage
     from draftdata.stats.runfigures import run_figures
+    from draftdata.store.opener import open_store
     from draftdata.store.run import Run
-    from draftdata.store.store import open_store
 
     root = tmp_path_factory.mktemp("killed")
     snaps: list[dict[str, Any]] = []

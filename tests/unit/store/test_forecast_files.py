@@ -16,7 +16,7 @@ from draftdata.store.forecast import (
     read_forecast,
     write_forecast,
 )
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 
 def _fc(n: int) -> dict[str, object]:

@@ -16,6 +16,7 @@ from draftdata.generate.preflight import run_settings
 from draftdata.generate.source import Scan
 from draftdata.generate.thinking import recorded
 from draftdata.store.manifest import settings_hash
+from draftdata.store.opener import open_store
 from draftdata.store.run import Run
 from draftdata.store.settings import (
     PromptsIdentity,
@@ -23,7 +24,6 @@ from draftdata.store.settings import (
     recorded_settings,
     settings_of,
 )
-from draftdata.store.store import open_store
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.stage import history_policy
 

@@ -8,7 +8,7 @@ import pytest
 
 from draftdata.errors import AlreadyExistsError, ConfigError, ProtectedPrefixError, StoreError
 from draftdata.store.base import normalise_url
-from draftdata.store.store import open_store
+from draftdata.store.opener import open_store
 
 
 def test_put_new_is_create_only(tmp_path: Path) -> None:

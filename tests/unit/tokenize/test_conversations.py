@@ -29,9 +29,9 @@ from draftdata.export.stage import export_record
 from draftdata.formats import completions_table
 from draftdata.records import Completion
 from draftdata.stats.conversations import row_to_conversation
-from draftdata.tokenize.batch import TokenizeContext, tokenize_table, tokenize_views
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.conversations import view_of
+from draftdata.tokenize.encode import TokenizeContext, tokenize_table, tokenize_views
 from draftdata.tokenize.stage import tokenize
 
 QWEN3 = qwen3_dir()

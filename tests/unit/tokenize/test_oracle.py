@@ -17,7 +17,7 @@ from tests.unit.tokenize.helpers import WEATHER_TOOL, call, completion, context_
 from transformers import AutoTokenizer
 
 from draftdata.formats import completions_table
-from draftdata.tokenize.batch import TokenizeContext, tokenize_table
+from draftdata.tokenize.encode import TokenizeContext, tokenize_table
 
 U = "user"
 A = "assistant"

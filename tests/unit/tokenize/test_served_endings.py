@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from draftdata.formats import completions_table
 from draftdata.records import Completion, Message, Turn
-from draftdata.tokenize.batch import TokenizeContext, tokenize_table
+from draftdata.tokenize.encode import TokenizeContext, tokenize_table
 from draftdata.tokenize.plan import CompletionView, plan_token_ids
 
 # A plain ChatML template (no history rewrite, no think blocks): turns chain across samples.
@@ -171,7 +171,7 @@ def test_other_end_token_chains_with_the_end_of_turn_as_context() -> None:
 
 
 def test_thinking_off_tail_of_the_templates(ctx: TokenizeContext) -> None:
-    from draftdata.tokenize.batch import thinking_off_tail
+    from draftdata.tokenize.encode import thinking_off_tail
 
     expected = "<think>\n\n</think>\n\n" if ctx.template.has_generation_markers else ""
     assert thinking_off_tail(ctx.template) == expected  # ChatML ignores enable_thinking

@@ -24,7 +24,7 @@ from draftdata.conversation import TurnPlan
 from draftdata.formats import completions_table
 from draftdata.records import Completion, Message, Turn, Usage
 from draftdata.sim.tokens import HFTokenizer
-from draftdata.tokenize.batch import TokenizeContext, tokenize_table
+from draftdata.tokenize.encode import TokenizeContext, tokenize_table
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from draftdata.errors import ConfigError
-from draftdata.sim.batch import Batcher, Seq
 from draftdata.sim.config import FaultConfig, SimConfig, validate
+from draftdata.sim.scheduler import Batcher, Seq
 
 
 async def test_at_most_max_running_decode_and_the_rest_wait() -> None:

@@ -15,7 +15,7 @@ from tests.unit.tokenize.helpers import completion
 
 from draftdata.formats import SAMPLE_SCHEMA, completions_table
 from draftdata.records import Completion, Message, Turn
-from draftdata.tokenize.batch import (
+from draftdata.tokenize.encode import (
     TokenizeContext,
     _span_tokens_scan,
     loss_mask,

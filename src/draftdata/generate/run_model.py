@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 from draftdata.errors import ConfigError, DraftdataError, RunMismatchError
 from draftdata.store.base import Store
+from draftdata.store.opener import open_store
 from draftdata.store.read import COMPLETIONS_PREFIX
 from draftdata.store.settings import recorded_settings
-from draftdata.store.store import open_store
 
 
 def _shown(urls: list[str]) -> str:

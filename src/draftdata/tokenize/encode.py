@@ -36,8 +36,11 @@ How a batch is tokenized:
    ``mismatched`` (the first few are described as decoded text around the first differing
    token) and the sample is dropped (``dropped.unverified_ids``): served ids that do not decode
    to the stored text come from another tokenizer, and re-rendering them would train on a
-   context the server may not have shown. A completion the renderer cannot reproduce (a turn
-   cut by max tokens where it cannot tell the cut) is ``unverifiable`` and kept.
+   context the server may not have shown. A turn cut by the token limit is checked against the
+   prefix of its whole rendering its served ids spell, wherever the cut fell
+   (``verified.cut``; ids past what the stored turn holds are trimmed: ``verified.cut_trimmed``,
+   ``cut_verdict``). A completion the renderer cannot render at all is ``unverifiable`` and
+   kept.
 4. Length policy: longer than ``max_length`` is cut (``truncated``) or dropped (``too_long``);
    a sample without two consecutive loss tokens is dropped (``too_few_loss_tokens``).
 
