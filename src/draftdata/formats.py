@@ -29,10 +29,11 @@ from draftdata.errors import FormatVersionError, InputError
 from draftdata.records import Completion, Failure, Message, Sample, Turn, Usage
 
 FORMAT_KEY = b"draftdata.format"
-COMPLETION_FORMAT = "completion/2"
-# Older versions a reader of the current one accepts: completion/1 lacks ``stop_reason`` and
+COMPLETION_FORMAT = "completion/3"
+# Older versions a reader of the current one accepts: completion/2 lacks ``server_thinking``
+# (the mode of an answer is then not recorded); completion/1 also lacks ``stop_reason`` and
 # ``conversation_rule`` (its turns follow conversation rule 1).
-READABLE_FORMATS: dict[str, tuple[str, ...]] = {COMPLETION_FORMAT: ("completion/1",)}
+READABLE_FORMATS: dict[str, tuple[str, ...]] = {COMPLETION_FORMAT: ("completion/2", "completion/1")}
 FAILURE_FORMAT = "failure/1"
 SAMPLE_FORMAT = "sample/1"
 
@@ -173,6 +174,7 @@ COMPLETION_SCHEMA = _schema(
         ("created", pa.float64()),
         ("stop_reason", pa.string()),
         ("conversation_rule", pa.int32()),
+        ("server_thinking", pa.bool_()),
     ],
     COMPLETION_FORMAT,
 )
@@ -322,6 +324,7 @@ def completion_row(c: Completion) -> dict[str, Any]:
         "created": c.created,
         "stop_reason": c.stop_reason,
         "conversation_rule": c.conversation_rule,
+        "server_thinking": c.server_thinking,
     }
 
 
@@ -379,6 +382,7 @@ def completion_from_row(d: dict[str, Any]) -> Completion:
         stop_reason=d.get("stop_reason"),
         # a completion/1 row has no rule: its turns were generated under rule 1
         conversation_rule=d.get("conversation_rule") or 1,
+        server_thinking=d.get("server_thinking"),  # absent before completion/3: not known
     )
 
 
@@ -517,6 +521,7 @@ def completions_table(items: Iterable[Completion]) -> pa.Table:
         _column([c.created for c in comps], pa.float64()),
         _column([c.stop_reason for c in comps], string),
         _column([c.conversation_rule for c in comps], pa.int32()),
+        _column([c.server_thinking for c in comps], pa.bool_()),
     ]
     return pa.Table.from_arrays(columns, schema=COMPLETION_SCHEMA)
 

@@ -331,14 +331,16 @@ def test_completion_1_shards_keep_the_rule_they_were_generated_under() -> None:
 
     c = Completion(id="old", messages=[m("user", "u1"), m("user", "u2")], turns=[answer("A")])
     old_fields = [
-        f for f in COMPLETION_SCHEMA if f.name not in ("stop_reason", "conversation_rule")
+        f
+        for f in COMPLETION_SCHEMA
+        if f.name not in ("stop_reason", "conversation_rule", "server_thinking")
     ]
     old_schema = pa.schema(old_fields, metadata={FORMAT_KEY: b"completion/1"})
     row = {k: v for k, v in completion_row(c).items() if k in old_schema.names}
     table = pa.Table.from_pylist([row], schema=old_schema)
-    check_format(table.schema, "completion/2", "old.parquet")  # still readable
+    check_format(table.schema, "completion/3", "old.parquet")  # still readable
     with pytest.raises(FormatVersionError):
-        check_format(pa.schema([], metadata={FORMAT_KEY: b"completion/9"}), "completion/2", "x")
+        check_format(pa.schema([], metadata={FORMAT_KEY: b"completion/9"}), "completion/3", "x")
     (read,) = iter_completions(table)
     assert read.conversation_rule == RULE_LEGACY
     assert [x.content for x in conv.assemble(read)] == ["u1", "u2", "A"]

@@ -70,7 +70,9 @@ def _completion(i: int, turns: int, cut: bool) -> Completion:
         )
         for k in range(turns)
     ]
-    return Completion(id=f"c{i}", domain="general", messages=messages, turns=made)
+    return Completion(
+        id=f"c{i}", domain="general", messages=messages, turns=made, server_thinking=True
+    )
 
 
 def _write_run(path: Path, shapes: list[tuple[int, bool]]) -> str:
@@ -196,6 +198,7 @@ def long_run(tmp_path_factory: pytest.TempPathFactory) -> str:
                     domain=("math", "code")[i % 2],
                     messages=[Message(role="user", content=f"say {i} words")],
                     turns=[Turn(content=words, reasoning="ok")],
+                    server_thinking=True,
                 )
             )
     return str(root / "run")

@@ -51,6 +51,22 @@ def _by_prefix(values: list[str], option: str, kind: type[T], shape: str) -> dic
     return out
 
 
+def _thinking(values: list[str]) -> dict[int, bool]:
+    """``--default-thinking I:on|off`` options -> {server index: enable_thinking}."""
+    out: dict[int, bool] = {}
+    for v in values:
+        index, _, mode = v.partition(":")
+        try:
+            if mode not in ("on", "off"):
+                raise ValueError
+            out[int(index)] = mode == "on"
+        except ValueError as exc:
+            raise ConfigError(
+                f"--default-thinking {v!r}: expected SERVER:on or SERVER:off, e.g. 1:off"
+            ) from exc
+    return out
+
+
 def register(app: typer.Typer) -> None:
     """Add the `sim` command to the fleet sub-app."""
 
@@ -112,6 +128,12 @@ def register(app: typer.Typer) -> None:
             "parsed",
             "--reasoning",
             help="parsed (reasoning field), inline (<think> in content) or off (no thinking).",
+        ),
+        default_thinking: list[str] = typer.Option(
+            [],
+            "--default-thinking",
+            help="I:on|off: server I's template defaults to thinking on or off (a server "
+            "launched with other default chat-template kwargs; repeatable).",
         ),
         tool_call_rate: float = typer.Option(
             0.5, "--tool-call-rate", help="Share of answers that call a tool when tools are given."
@@ -296,6 +318,7 @@ def register(app: typer.Typer) -> None:
                 seed=seed,
                 tokenizer=str(tokenizer) if tokenizer else None,
                 reasoning=reasoning,  # type: ignore[arg-type]
+                default_thinking=_thinking(default_thinking),
                 tool_call_rate=tool_call_rate,
                 startup_s=startup_seconds,
                 token_ids=not no_token_ids,

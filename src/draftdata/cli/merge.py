@@ -82,6 +82,12 @@ def register(app: typer.Typer) -> None:
         allow_drop: bool = typer.Option(
             False, "--allow-drop", help="Write the plan even when it keeps less than --min-keep."
         ),
+        allow_models: bool = typer.Option(
+            False,
+            "--allow-models",
+            help="Merge inputs answered by different target models (refused otherwise: a "
+            "drafter trained on two targets' answers predicts neither).",
+        ),
         plan_only: bool = typer.Option(
             False,
             "--plan-only",
@@ -158,6 +164,7 @@ def register(app: typer.Typer) -> None:
             mix_by=mix_by,
             min_keep=min_keep,
             allow_drop=allow_drop,
+            allow_models=allow_models,
             plan_only=plan_only,
             tokenizer=tokenizer,
         )

@@ -58,6 +58,14 @@ def register(app: typer.Typer) -> None:
             help="Render and encode completions that carry server token ids, to check them "
             "(--no-verify: the token-id path encodes nothing).",
         ),
+        server_thinking: str | None = typer.Option(
+            None,
+            "--server-thinking",
+            metavar="on|off",
+            help="The servers' default thinking mode, for answers of a run generated with "
+            "--reasoning server whose mode the run cannot tell (older runs, no prompt token "
+            "counts); default: such answers are dropped and counted.",
+        ),
         batch_rows: int = typer.Option(
             256, "--batch-rows", min=1, help="Completions per batch (and per output shard)."
         ),
@@ -81,8 +89,12 @@ def register(app: typer.Typer) -> None:
         give one sample per turn (id#turn).
         """
         from draftdata import paths
+        from draftdata.errors import ConfigError
         from draftdata.tokenize.config import TokenizeConfig
         from draftdata.tokenizer_folder import check_tokenizer_folder
+
+        if server_thinking not in (None, "on", "off"):
+            raise ConfigError(f"--server-thinking {server_thinking!r}: use on or off")
 
         config = TokenizeConfig(
             run=run,
@@ -94,6 +106,7 @@ def register(app: typer.Typer) -> None:
             workers=workers,
             verify=verify,
             batch_rows=batch_rows,
+            server_thinking=None if server_thinking is None else server_thinking == "on",
             protect=list(protect),
         ).validate()
         if ray:

@@ -319,7 +319,6 @@ def export_run(
             keep_reasoning_history=settings.keep_reasoning_history,
             tokenizer=tokenizer,
             chat_template=chat_template,
-            template_kwargs=settings.server_chat_template_kwargs or None,
         )
     dest = str(out)
     if dest.startswith("s3://"):

@@ -64,7 +64,6 @@ class TurnRows:
         keep_reasoning_history: bool = False,
         tokenizer: str | None = None,
         chat_template: str | None = None,
-        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.fmt = fmt
         self.include_reasoning = include_reasoning
@@ -82,7 +81,6 @@ class TurnRows:
                 tokenizer,
                 chat_template=template,
                 keep_reasoning_history=keep_reasoning_history,
-                template_kwargs=template_kwargs,  # the servers' defaults the run recorded
                 per_turn=True,
             )
             if fmt == "modelopt":

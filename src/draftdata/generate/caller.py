@@ -32,6 +32,7 @@ from draftdata.errors import ContextLengthError, FatalRequestError
 from draftdata.generate.client import build_body
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.limits import MIN_LIMIT, OutputLimit
+from draftdata.generate.thinking import joined
 from draftdata.generate.work import Copy
 from draftdata.records import Turn
 from draftdata.tokens import turn_tokens
@@ -40,12 +41,14 @@ from draftdata.tokens import turn_tokens
 @dataclass(frozen=True, slots=True)
 class Answer:
     """What one attempt produced: the turns of each sample (one list per sample answered), the
-    last request body that was answered (the record's exact parameters), and why the
-    conversation stopped before its last request (None when it did not)."""
+    last request body that was answered (the record's exact parameters), why the
+    conversation stopped before its last request (None when it did not), and the servers'
+    default thinking mode every turn was written in (None: unknown, ``thinking.py``)."""
 
     per_sample: list[list[Turn]]
     body: dict[str, Any]
     stop: str | None = None
+    server_thinking: bool | None = None
 
 
 class Caller:
@@ -66,6 +69,18 @@ class Caller:
         if not len(job.plan):
             raise FatalRequestError("the prompt has no turn to answer")
         turns = list(job.turns)
+        if self.cfg.token_ids == "off" or ep.client.token_ids_supported is False:
+            await ep.thinking.first()  # answers without ids need the mode (thinking.py)
+        mark = ep.thinking.mark()  # the mode these requests are written in
+
+        def answer(
+            per_sample: list[list[Turn]], body: dict[str, Any], stop: str | None = None
+        ) -> Answer:
+            mode = ep.thinking.since(mark)
+            if job.turns:  # turns an earlier attempt wrote, maybe on another endpoint
+                mode = joined(mode, job.turns_thinking)
+            return Answer(per_sample, body, stop, mode)
+
         keep = self.cfg.keep_reasoning_history
         answered: dict[str, Any] | None = None  # the body of the last answered request
         body: dict[str, Any] = {}
@@ -86,27 +101,29 @@ class Caller:
             )
             room = limit.room(messages) if turns and not strict else None
             if room is not None and room < MIN_LIMIT:  # the history alone fills the context
-                return Answer([turns], answered or body, STOP_CONTEXT)
+                return answer([turns], answered or body, STOP_CONTEXT)
             sent = copy.sent = self.clock()
             try:
                 got, body = await limit.send(body)
             except ContextLengthError:
                 if turns:
-                    return Answer([turns], answered or body, STOP_CONTEXT)
+                    return answer([turns], answered or body, STOP_CONTEXT)
                 raise
             answered = body
             self._answered(copy, got, self.clock() - sent, limit.clamped)
             limit.answered(messages, got[0])
             if not job.multi_turn:
-                return Answer([[x] for x in got], body)
+                return answer([[x] for x in got], body)
             turns.append(got[0])
             stop = job.plan.stop_reason(t, got[0])
             if stop is not None:  # the turn broke the conversation: keep what we have
-                return Answer([turns], body, stop)
+                return answer([turns], body, stop)
             limit.carried([*messages, turn_message(got[0], keep_reasoning=keep)])
             if job.copies == [copy]:  # the only copy: checkpoint for a retry
+                mode = ep.thinking.since(mark)
+                job.turns_thinking = joined(mode, job.turns_thinking) if job.turns else mode
                 job.turns = list(turns)
-        return Answer([turns], body)
+        return answer([turns], body)
 
     def _answered(self, copy: Copy, got: list[Turn], latency: float, clamped: bool) -> None:
         """Count one answered request and teach its endpoint."""

@@ -513,6 +513,7 @@ class Dispatcher:
             latency=latency,
             stop_reason=answer.stop,
             model=ep.model,
+            server_thinking=answer.server_thinking,
         )
         for c in done:
             self.sink.completion(c)

@@ -33,6 +33,7 @@ import aiohttp
 from draftdata.endpoints import Capacity, Load, base_url, probe_load
 from draftdata.generate.breaker import Breaker
 from draftdata.generate.concurrency import ConcurrencyController
+from draftdata.generate.thinking import ThinkingMode
 from draftdata.records import Turn
 from draftdata.redact import redact_url
 
@@ -147,6 +148,8 @@ class Endpoint:
         self.context_length: int | None = None  # tokens (server report, else the fleet file)
         self.tokens_per_byte: float | None = None  # largest prompt tokens per byte seen here
         self.server_n: bool = True  # False once a request with n > 1 got fewer choices back
+        # its template's default thinking mode, as last probed (thinking.py; engine.py probes)
+        self.thinking = ThinkingMode()
         # its parts
         self.slots = Slots()
         self.concurrency = ConcurrencyController(concurrency, default_concurrency)

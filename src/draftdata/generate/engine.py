@@ -131,7 +131,7 @@ class Engine:
         self._interrupts = 0
         self._leave = False  # the grace period is over (or a second interrupt): stop waiting
         self._probe_timeout = min(5.0, config.connect_timeout)
-        self.keeper = EndpointKeeper(config, endpoints, session, log=log, clock=clock)
+        self.keeper = EndpointKeeper(config, endpoints, session, log=log, clock=clock, model=model)
         self.dispatcher = Dispatcher(
             config,
             endpoints,
@@ -291,6 +291,8 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_loops.wait(), self.cfg.load_interval)
             ups = [e for e in self.endpoints if e.breaker.state == "up"]
+            for e in self.keeper.untold(ups):  # a thinking mode a probe could not learn
+                self.dispatcher.spawn(self.keeper.learn_thinking(e))
             loads = await asyncio.gather(
                 *(load_of(self.session, e, self._probe_timeout) for e in ups)
             )

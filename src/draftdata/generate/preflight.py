@@ -5,9 +5,8 @@ the endpoints' probed capacities (at least one must answer, else a one-line Flee
 model across the fleet and against a resumed run's (``run_model.py``), the output limits against
 each endpoint's context (``check_limits``), token ids where ``--token-ids on`` asks for them
 (``check_token_ids``), the prompt files' schema and identity (``source.scan``), and the run's
-settings (``run_settings``: what the manifest hashes) with the chat-template kwargs the servers
-apply by default (``thinking.py``). Reading the options is here too: the endpoints' URLs
-(``endpoint_urls``), the API key (``api_key``, ``check_credentials``).
+settings (``run_settings``: what the manifest hashes). Reading the options is here too: the
+endpoints' URLs (``endpoint_urls``), the API key (``api_key``, ``check_credentials``).
 
 It opens no run and sends no chat request but the one-token ``--token-ids on`` check.
 """
@@ -33,7 +32,7 @@ from draftdata.generate.partition import Partition, parse_partition
 from draftdata.generate.rejects import check_schema
 from draftdata.generate.run_model import check_fleet_models, check_resume_model, recorded_model
 from draftdata.generate.source import PromptFile, Scan, scan
-from draftdata.generate.thinking import server_kwargs
+from draftdata.generate.thinking import recorded
 from draftdata.records import Message
 from draftdata.redact import redact_url
 from draftdata.store.settings import PromptsIdentity, RunSettings
@@ -85,12 +84,9 @@ async def preflight(
     await asyncio.to_thread(check_schema, files, config.limit)
     found = await asyncio.to_thread(scan, files, limit=config.limit, partition=part)
     settings = run_settings(config, found, model)
-    alive = next((u for u, c in zip(urls, caps, strict=True) if c is not None), None)
-    if kwargs := await server_kwargs(
-        config.reasoning, config.token_ids, config.out, session, alive, model
-    ):
-        # what tokenize and export render with (thinking.py)
-        settings = msgspec.structs.replace(settings, server_chat_template_kwargs=kwargs)
+    if config.reasoning == "server" and (before := await asyncio.to_thread(recorded, config.out)):
+        # an older run recorded one mode for all its answers: kept, so its hash holds
+        settings = msgspec.structs.replace(settings, server_chat_template_kwargs=before)
     return Preflight(caps=caps, model=model, partition=part, found=found, settings=settings)
 
 

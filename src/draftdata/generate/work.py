@@ -55,6 +55,7 @@ class Job:
         "samples",
         "sampling",
         "turns",
+        "turns_thinking",
     )
 
     def __init__(
@@ -78,6 +79,7 @@ class Job:
         self.prefix = prefix  # shared-prefix key (system prompt + tools) for cache steering
         self.cost = cost  # estimated tokens (prompt + max output), the dispatch tie-breaker
         self.turns: list[Turn] = []  # checkpoint: turns done (multi-turn, one sample)
+        self.turns_thinking: bool | None = None  # the servers' mode the checkpoint was written in
         self.attempts = 0
         self.avoid: set[str] = set()  # endpoints to steer a retry away from
         self.copies: list[Copy] = []
@@ -186,14 +188,19 @@ def completions(
     latency: float,
     stop_reason: str | None = None,
     model: str | None = None,
+    server_thinking: bool | None = None,
 ) -> list[Completion]:
     """The records of a job's winning answer: one per sample, with the exact request
     parameters (the last request body without messages and tools), ``model`` (the model the
-    endpoint reported, else the requested name) and, for a conversation that stopped before its
-    last request, why (``conversation.STOP_REASONS``)."""
+    endpoint reported, else the requested name), for a conversation that stopped before its
+    last request, why (``conversation.STOP_REASONS``), and the server's default thinking mode
+    the answer was written in where the request left it to the server (``thinking.py``)."""
     sampling = dict(body)  # the body less messages and tools, in the body's order
     sampling.pop("messages", None)
     sampling.pop("tools", None)
+    kwargs = sampling.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and "enable_thinking" in kwargs:
+        server_thinking = None  # the request chose the mode: the server's default is moot
     p = job.prompt
     out = []
     now = time.time()
@@ -224,6 +231,7 @@ def completions(
                 attempts=job.attempts,
                 created=now,
                 stop_reason=stop_reason,
+                server_thinking=server_thinking,
             )
         )
     return out

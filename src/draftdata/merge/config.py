@@ -43,7 +43,8 @@ class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     ``tokenizer``'s tokenizer for chat rows when given, else estimated) or ``rows``. When the
     plan keeps less than ``min_keep`` of what the mix could use (the unique rows of its domains,
     in the mix's unit) merge stops before writing, unless ``allow_drop``. ``plan_only``: plan,
-    report the plan and write nothing.
+    report the plan and write nothing. ``allow_models``: merge inputs answered by different
+    target models (refused otherwise: ``merge/models.py``).
     """
 
     existing: list[str] = msgspec.field(default_factory=list)
@@ -68,6 +69,7 @@ class MergeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     allow_drop: bool = False
     plan_only: bool = False
     tokenizer: str | None = None
+    allow_models: bool = False
 
     @property
     def inputs(self) -> list[tuple[str, str]]:

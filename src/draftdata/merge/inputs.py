@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -53,6 +54,7 @@ UNKNOWN = "unknown"
 _CHUNK = 65536
 _CHAT_CHUNK = 2048
 _json = msgspec.json.Encoder()
+_COPY_ENDING = re.compile(r"(~+)r[0-9]+\Z")  # the ending of an upsampled copy's id
 
 
 @dataclass
@@ -66,6 +68,21 @@ class Keys:
     valid: list[npt.NDArray[np.bool_]] = field(default_factory=list)
     loss: list[npt.NDArray[np.int64]] = field(default_factory=list)  # loss tokens
     domains: dict[str, int] = field(default_factory=dict)  # domain name -> code
+    # the longest run of ``~`` before an ``r<digits>`` ending of any input id: upsampled copies
+    # are named with one ``~`` more (``copy_suffix``), so no copy can take a real row's id
+    copy_tildes: int = 0
+
+    def see_ids(self, ids: list[str]) -> None:
+        """Note the ids' ``~...~r<digits>`` endings (``copy_tildes``)."""
+        for i in ids:
+            if "~" in i and (m := _COPY_ENDING.search(i)) is not None:
+                self.copy_tildes = max(self.copy_tildes, len(m.group(1)))
+
+    @property
+    def copy_suffix(self) -> str:
+        """What stands between a row's id and its copy number K in the id of its K-th copy
+        (``~r``, unless some input id already ends ``~r<digits>``: then ``~~r``, and so on)."""
+        return "~" * (self.copy_tildes + 1) + "r"
 
     def code(self, name: str) -> int:
         """The code of domain ``name`` (assigned in first-seen order)."""
@@ -197,6 +214,7 @@ def _sample_chunk(table: pa.Table, keys: Keys) -> Counter[str]:
     valid = ~lists.is_null().to_numpy(zero_copy_only=False)
     valid &= pc.binary_length(id_col).to_numpy(zero_copy_only=False) > 0
     starts, ends = (4 * offsets[:-1]).tolist(), (4 * offsets[1:]).tolist()
+    keys.see_ids(ids)
     id_h = _digests(s.encode() for s in ids)
     c_h = _digests(raw[a:b] for a, b in zip(starts, ends, strict=True))
     id_h[~valid] = 0
@@ -345,6 +363,7 @@ def scan(
     chunks = batches(iter_conversations(info.dataset, bad), _CHAT_CHUNK)
     for chunk, (domains, contents, sizes, loss) in pool.map(chunks):
         info.by_domain.update(domains)
+        keys.see_ids([c.id for c in chunk])
         keys.append(
             [hash64(c.id.encode()) for c in chunk],
             contents,

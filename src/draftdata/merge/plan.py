@@ -21,8 +21,12 @@ Selection is by seeded hash ranks of the content hash (not of row positions), so
 are chosen whatever order the input files list them in; dedup keeps the first copy in input
 order (existing inputs first). The output order is a seeded 64-bit key per output row. Repeats
 (``--upsample``) go to a group's train rows in rank order (rows mode), or, in tokens mode, round
-the group's rank order exactly as the token plan counted them, with eval rows taken only from
-rows that are not repeated.
+the group's rank order exactly as the token plan counted them.
+
+The eval split (``eval_rows``) is taken before any row is copied: a stratified sample of the
+unique rows a plan keeps, each group giving eval rows in proportion to its kept rows; the train
+split is then planned on the rest, so it, not train + eval, lands on the target mix; ``with_eval``
+puts the eval rows into the train selection.
 """
 
 from __future__ import annotations
@@ -350,6 +354,56 @@ def select(
         key = mix64(all_hash ^ salt(seed, "order") ^ mix64(all_copy.astype(np.uint64) * _GOLDEN))
     by_row = np.lexsort((all_copy, all_rows))
     return Selection(all_rows[by_row], all_copy[by_row], all_split[by_row], key[by_row])
+
+
+def eval_rows(
+    rows: I64,
+    groups: npt.NDArray[np.int32],
+    content_hash: U64,
+    kept: Mapping[int, int],
+    *,
+    seed: int,
+    fraction: float,
+) -> npt.NDArray[np.bool_]:
+    """The eval split, taken before any copy (module docstring): a mask over the candidate
+    ``rows``. ``kept`` maps group code -> the unique rows a plan on all candidates keeps (the
+    first ones in ``selection_order``); eval takes ``round(fraction * sum(kept))`` of them,
+    spread over the groups in proportion to ``kept`` (at most all but one of a group's), each
+    group's lowest eval-ranked of its kept rows."""
+    out = np.zeros(len(rows), dtype=bool)
+    codes = sorted(c for c, n in kept.items() if n > 0)
+    if fraction <= 0 or not codes:
+        return out
+    want = split_counts(
+        {str(c): kept[c] for c in codes}, {str(c): kept[c] for c in codes}, fraction
+    )
+    order = selection_order(rows, groups, content_hash, seed)
+    erank = mix64(content_hash ^ salt(seed, "eval"))
+    sorted_groups = groups[order]
+    for c in codes:
+        e = want[str(c)]
+        if not e:
+            continue
+        start = int(np.searchsorted(sorted_groups, np.int32(c), side="left"))
+        first = order[start : start + kept[c]]  # the rows the plan keeps first
+        pick = first[np.lexsort((rows[first], erank[first]))[:e]]
+        out[pick] = True
+    return out
+
+
+def with_eval(sel: Selection, rows: I64, content_hash: U64, *, seed: int) -> Selection:
+    """``sel`` (the train rows and their copies) plus the eval ``rows`` (no copies), each
+    with its seeded order key, sorted by row as ``select`` returns them."""
+    if not len(rows):
+        return sel
+    with np.errstate(over="ignore"):
+        key = mix64(content_hash ^ salt(seed, "order") ^ mix64(np.zeros(len(rows), np.uint64)))
+    all_rows = np.concatenate((sel.row, rows.astype(np.int64)))
+    all_copy = np.concatenate((sel.copy, np.zeros(len(rows), np.int32)))
+    all_split = np.concatenate((sel.split, np.ones(len(rows), np.int8)))
+    all_key = np.concatenate((sel.key, key))
+    by_row = np.lexsort((all_copy, all_rows))
+    return Selection(all_rows[by_row], all_copy[by_row], all_split[by_row], all_key[by_row])
 
 
 def bucket_of(key: U64, buckets: int) -> npt.NDArray[np.int64]:

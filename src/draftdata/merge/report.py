@@ -18,7 +18,8 @@ ESTIMATE_NOTE = (
     f"~ loss tokens estimated from the text: {ESTIMATE_ERROR}; --tokenizer DIR counts them "
     "with the target's tokenizer"
 )
-MIX_HEADER = ["domain", "before", "before %", "unique", "target", "train", "eval", "after %"]
+# the mix merge aims at is the train split's (eval is a stratified split taken before the plan)
+MIX_HEADER = ["domain", "before", "before %", "unique", "target", "train", "eval", "train %"]
 
 
 def target_unit(report: dict[str, Any]) -> str:
@@ -34,7 +35,7 @@ def mix_header(report: dict[str, Any]) -> list[str]:
     target = "target (of tokens)" if unit == "loss tokens" else "target (of rows)"
     return [
         "domain", "before", "before % (rows)", "unique", target, "train", "eval",
-        "after % (rows)",
+        "train % (rows)",
     ]  # fmt: skip
 
 
@@ -43,7 +44,8 @@ def _pct(x: float | None) -> str:
 
 
 def mix_rows(report: dict[str, Any]) -> list[list[str]]:
-    """One row per domain (and a total): counts and shares before, target, after."""
+    """One row per domain (and a total): counts and shares before, target, the train and eval
+    rows, and the train split's share (the split the mix is planned for)."""
     before: dict[str, int] = dict(report["before"])
     avail: dict[str, int] = dict(report.get("available", {}))
     train: dict[str, int] = dict(report["after"]["train"])
@@ -53,14 +55,12 @@ def mix_rows(report: dict[str, Any]) -> list[list[str]]:
     domains = sorted(set(before) | set(target) | set(train) | set(evals))
     n_before = sum(before.values())
     n_train, n_eval, n_avail = sum(train.values()), sum(evals.values()), sum(avail.values())
-    n_after = n_train + n_eval
     if pooled and "other" in target:
         # the `other` row shows the pooled domains together (they keep their own labels)
         for counts in (before, avail, train, evals):
             counts["other"] = counts.get("other", 0) + sum(counts.get(p, 0) for p in pooled)
     rows = []
     for d in domains:
-        after = train.get(d, 0) + evals.get(d, 0)
         t = target.get(d)
         tgt = _pct(t) if t is not None else ("(other)" if d in pooled else "-")
         rows.append(
@@ -72,7 +72,7 @@ def mix_rows(report: dict[str, Any]) -> list[list[str]]:
                 tgt,
                 f"{train.get(d, 0):,}",
                 f"{evals.get(d, 0):,}",
-                _pct(after / n_after if n_after else 0.0),
+                _pct(train.get(d, 0) / n_train if n_train else 0.0),
             ]
         )
     rows.append(
@@ -177,14 +177,14 @@ def print_plan(plan: dict[str, Any], console: Console | None = None) -> None:
 
 
 def token_rows(report: dict[str, Any]) -> list[list[str]]:
-    """The loss-token mix per domain: before, target, after (train + eval)."""
+    """The loss-token mix per domain: before, target, and the train split's (the split the mix
+    is planned for; eval is a stratified split taken before the plan)."""
     tok = report.get("tokens") or {}
     estimated = tok.get("method") != "exact"
     before: dict[str, int] = dict(tok.get("before") or {})
-    after: dict[str, int] = {}
-    for split in ("train", "eval"):
-        for d, v in ((tok.get("after") or {}).get(split) or {}).items():
-            after[d] = after.get(d, 0) + int(v)
+    after: dict[str, int] = {
+        d: int(v) for d, v in ((tok.get("after") or {}).get("train") or {}).items()
+    }
     target: dict[str, float] = report["target"]
     n_before, n_after = sum(before.values()), sum(after.values())
     rows = []
@@ -211,19 +211,26 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
         for i in report["inputs"]
     ]
     console.print(table("inputs", ["input", "role", "kind", "rows", "bad rows"], inputs))
-    title = "domain mix in rows (before / target / after)"
+    title = "domain mix in rows (before / target / train, eval)"
     if target_unit(report) == "loss tokens" and report["target"]:
         title += "; the target is of loss tokens: the next table"
     console.print(table(title, mix_header(report), mix_rows(report)))
+    held = (report.get("plan") or {}).get("eval") or {}
+    if held.get("rows"):
+        each = ", ".join(f"{d} {n:,}" for d, n in held["rows"].items())
+        console.print(
+            f"eval: {sum(held['rows'].values()):,} rows set aside before the plan, stratified "
+            f"over the {held['of_rows']:,} unique rows kept ({each}); the train split is on the mix"
+        )
     if report.get("tokens"):
         how = {"exact": "exact", "tokenizer": "~ counted with --tokenizer"}.get(
             report["tokens"].get("method"), "~ estimated from the text"
         )
         head = [
-            "domain", "before", "before % (tokens)", mix_header(report)[4], "after",
-            "after % (tokens)",
+            "domain", "before", "before % (tokens)", mix_header(report)[4], "train",
+            "train % (tokens)",
         ]  # fmt: skip
-        title = f"loss tokens (before / target / after; {how})"
+        title = f"loss tokens (before / target / train; {how})"
         console.print(table(title, head, token_rows(report)))
         if report["tokens"].get("method") == "estimate":
             console.print(ESTIMATE_NOTE, highlight=False)

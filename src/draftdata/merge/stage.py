@@ -62,19 +62,22 @@ from draftdata.merge.inputs import (
 from draftdata.merge.jsonl import CHAT_FORMATS, SAMPLE_FORMATS, jsonl_key
 from draftdata.merge.jsonl import left_out as jsonl_left_out
 from draftdata.merge.jsonl import lines as jsonl_lines
+from draftdata.merge.models import all_models, check_models, input_models
 from draftdata.merge.plan import (
     Allocation,
     Selection,
     bucket_of,
     dedup,
+    eval_rows,
     select,
     selection_order,
     solve_counts,
     solve_tokens,
+    with_eval,
 )
 from draftdata.merge.resume import check_output, claim_output, config_bytes
 from draftdata.merge.shuffle import COPY, KEY, ROW, Buckets, ShardWriter, bucket_schema
-from draftdata.merge.tokenplan import MAX_NODES
+from draftdata.merge.tokenplan import MAX_NODES, TokenPlan
 from draftdata.metrics import StageStats
 from draftdata.mix import OTHER, normalised
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
@@ -134,6 +137,7 @@ class _Plan:
     buckets: npt.NDArray[np.int64]
     nbuckets: dict[int, int]
     rows_per_shard: dict[int, int]
+    copy_suffix: str = "~r"  # a copy's id: the row's id, this, its copy number (inputs.Keys)
 
 
 def _workers(config: MergeConfig, family: Family, infos: list[InputInfo]) -> int:
@@ -363,29 +367,36 @@ def _plan_output(
             pooled.append(name)
     group = to_group[domain] if len(domain) else np.zeros(0, np.int32)
     in_mix = keep & (group >= 0)
-    supply_codes = np.bincount(group[in_mix], minlength=len(groups))
-    supply = {g: int(supply_codes[i]) for i, g in enumerate(groups)}
     rows = np.flatnonzero(in_mix)
-    cand_group, cand_content = group[rows], content[rows]
     unit = "loss_tokens" if config.mix_by == "tokens" and target else "rows"
     note = None
     if unit == "loss_tokens" and not loss[rows].any():
         unit, note = "rows", "the inputs hold no answers (no loss tokens): mixed by rows"
-    order = selection_order(rows.astype(np.int64), cand_group, cand_content, config.seed)
-    bounds = np.searchsorted(cand_group[order], np.arange(len(groups) + 1, dtype=np.int32))
-    weights = {
-        g: loss[rows[order[bounds[i] : bounds[i + 1]]]].astype(np.int64)
-        for i, g in enumerate(groups)
-    }
-    token_plan = None
 
-    def solve(tolerance: float, upsample: bool, repeat: int, nodes: int) -> Allocation:
-        nonlocal token_plan
+    def pool(
+        rows: npt.NDArray[np.intp], content: npt.NDArray[np.uint64] = content
+    ) -> tuple[dict[str, int], dict[str, npt.NDArray[np.int64]]]:
+        # (unique rows per group, each group's loss tokens in selection order) of a pool
+        codes = np.bincount(group[rows], minlength=len(groups))
+        order = selection_order(rows.astype(np.int64), group[rows], content[rows], config.seed)
+        bounds = np.searchsorted(group[rows][order], np.arange(len(groups) + 1, dtype=np.int32))
+        return {g: int(codes[i]) for i, g in enumerate(groups)}, {
+            g: loss[rows[order[bounds[i] : bounds[i + 1]]]].astype(np.int64)
+            for i, g in enumerate(groups)
+        }
+
+    Pool = tuple[dict[str, int], dict[str, npt.NDArray[np.int64]]]
+
+    def solve(
+        at: Pool, tolerance: float, upsample: bool, repeat: int, nodes: int
+    ) -> tuple[Allocation, TokenPlan | None]:
+        supply, weights = at
         if unit == "rows":
-            return solve_counts(
+            alloc = solve_counts(
                 supply, target, tolerance=tolerance, upsample=upsample, max_repeat=repeat
             )
-        alloc, token_plan = solve_tokens(
+            return alloc, None
+        return solve_tokens(
             weights,
             target,
             tolerance=tolerance,
@@ -393,10 +404,10 @@ def _plan_output(
             max_repeat=repeat,
             max_nodes=nodes,
         )
-        return alloc
 
-    def kept_of(alloc: Allocation) -> tuple[dict[str, int], dict[str, int]]:
+    def kept_of(alloc: Allocation, at: Pool) -> tuple[dict[str, int], dict[str, int]]:
         # (distinct, with copies) per group in the plan's unit
+        supply, weights = at
         if unit == "rows":
             distinct = {g: min(n, supply.get(g, 0)) for g, n in alloc.counts.items()}
             return distinct, dict(alloc.counts)
@@ -409,10 +420,45 @@ def _plan_output(
             distinct[g] = int(w[: min(n, len(w))].sum())
         return distinct, out
 
-    alloc = solve(config.tolerance, config.upsample, config.max_repeat, MAX_NODES)
-    plan_tokens = token_plan
+    candidates = rows  # the unique rows of the mix's groups, before the eval split
+    everything = pool(candidates)
+
+    def planned(
+        tolerance: float,
+        upsample: bool,
+        repeat: int,
+        nodes: int,
+        content: npt.NDArray[np.uint64] = content,
+    ) -> tuple[npt.NDArray[np.intp], dict[int, int], npt.NDArray[np.intp], Pool, Allocation,
+               TokenPlan | None]:  # fmt: skip
+        # (eval rows, the unique rows per group they are stratified over, train rows, the
+        # train pool, the train plan, its token plan): the eval split is taken first, from a
+        # plan on every row, before any copy; the train split is planned on the rest (plan.py)
+        rows = candidates
+        if config.eval_fraction <= 0 or not len(rows):
+            alloc, tokens = solve(everything, tolerance, upsample, repeat, nodes)
+            return rows[:0], {}, rows, everything, alloc, tokens
+        first, _ = solve(everything, tolerance, upsample, repeat, MAX_NODES)
+        kept = {group_ix[g]: min(n, everything[0].get(g, 0)) for g, n in first.counts.items()}
+        mask = eval_rows(
+            rows.astype(np.int64),
+            group[rows],
+            content[rows],
+            kept,
+            seed=config.seed,
+            fraction=config.eval_fraction,
+        )
+        train = rows[~mask]
+        at = pool(train)
+        alloc, tokens = solve(at, tolerance, upsample, repeat, nodes)
+        return rows[mask], kept, train, at, alloc, tokens
+
+    held, kept_rows, rows, at, alloc, plan_tokens = planned(
+        config.tolerance, config.upsample, config.max_repeat, MAX_NODES
+    )
+    supply, weights = at
     have = supply if unit == "rows" else {g: int(w.sum()) for g, w in weights.items()}
-    distinct, with_copies = kept_of(alloc)
+    distinct, with_copies = kept_of(alloc, at)
     plan_doc = _plan_doc(config, unit, alloc, have, distinct, with_copies, supply)
     plan_doc["note"] = note
     if plan_tokens is not None:
@@ -420,19 +466,36 @@ def _plan_output(
     if target and plan_doc["kept_share"] < config.min_keep:
 
         def share_of(tolerance: float, upsample: bool, repeat: int) -> float:
-            other = kept_of(solve(tolerance, upsample, repeat, _HINT_NODES))[0]
-            return sum(other.values()) / plan_doc["have"] if plan_doc["have"] else 1.0
+            # what the next command with these settings keeps: its own eval split (from a
+            # full plan, as it will take it), then its train plan (searched less far: a
+            # lower bound of what it finds)
+            *_, other_at, other, _ = planned(tolerance, upsample, repeat, _HINT_NODES)
+            kept = sum(kept_of(other, other_at)[0].values())
+            other_have = (
+                sum(other_at[0].values())
+                if unit == "rows"
+                else sum(int(w.sum()) for w in other_at[1].values())
+            )
+            return kept / other_have if other_have else 1.0
 
         plan_doc["ways_out"] = _ways_out(config, share_of, plan_doc["kept_share"])
+    # the eval split, set aside before the plan: rows per group, of the unique rows kept by a
+    # plan on every row (what it is stratified over)
+    plan_doc["eval"] = {
+        "rows": _counts(groups, group[held]),
+        "kept": {groups[c]: n for c, n in sorted(kept_rows.items()) if n},
+        "of_rows": sum(kept_rows.values()),
+    }
     sel = select(
         rows.astype(np.int64),
-        cand_group,
-        cand_content,
+        group[rows],
+        content[rows],
         {group_ix[g]: n for g, n in alloc.counts.items()},
         seed=config.seed,
-        eval_fraction=config.eval_fraction,
+        eval_fraction=0.0,
         cyclic=unit == "loss_tokens",
     )
+    sel = with_eval(sel, held.astype(np.int64), content[held], seed=config.seed)
     del content
     unique_out = int((sel.copy == 0).sum())
     dropped = {
@@ -457,7 +520,7 @@ def _plan_output(
         avg = max(1, nbytes // max(n, 1))
         per_shard[s] = max(1, min(config.shard_rows, config.shard_bytes // avg))
         bucket[mask] = bucket_of(sel.key[mask], nbuckets[s])
-    plan = _Plan(domain, size, names, sel, bucket, nbuckets, per_shard)
+    plan = _Plan(domain, size, names, sel, bucket, nbuckets, per_shard, keys.copy_suffix)
 
     def by_domain(split: int) -> dict[str, int]:
         return _counts(names, domain[sel.row[sel.split == split]])
@@ -473,6 +536,7 @@ def _plan_output(
         "after": {"train": by_domain(0), "eval": by_domain(1)},
         "dropped": dropped,
         "upsampled": copies,
+        "copy_ids": f"ID{keys.copy_suffix}K",
         "pooled": sorted(pooled),
         "unique_kept": unique_out,
         "total_unique": int(keep.sum()),
@@ -507,7 +571,10 @@ def _route_samples(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
         if (copy > 0).any():
             base = ids.to_pylist()
             ids = pa.array(
-                [f"{b}~r{k}" if k else b for b, k in zip(base, copy.tolist(), strict=True)],
+                [
+                    f"{b}{plan.copy_suffix}{k}" if k else b
+                    for b, k in zip(base, copy.tolist(), strict=True)
+                ],
                 pa.string(),
             )
         sub = sub.set_column(sub.schema.get_field_index("id"), "id", ids)
@@ -553,7 +620,7 @@ def _route_chat(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
             domain = plan.domain_names[int(plan.keys_domain[g])]
             row = conversation_row(conv, domain=domain)
             if copies[p]:
-                row["id"] = f"{conv.id}~r{copies[p]}"
+                row["id"] = f"{conv.id}{plan.copy_suffix}{copies[p]}"
             row[KEY], row[ROW], row[COPY] = keys[p], g, copies[p]
             k = (splits[p], bks[p])
             buf = pending.setdefault(k, [])
@@ -652,6 +719,8 @@ def merge(
         check_tokenizer_folder(config.tokenizer)
         counter(config.tokenizer)  # a bad tokenizer fails now, in one line
     infos, family = open_inputs(config.inputs)
+    models = input_models(infos)
+    check_models(infos, models, config.allow_models)
     if config.format in CHAT_FORMATS and family == "samples":
         raise ConfigError(
             f"--format {config.format}: the inputs are tokenized samples (token ids, no text); "
@@ -688,6 +757,7 @@ def merge(
     )
     if on_plan is not None:
         on_plan(facts["plan"])
+    facts["models"] = models
     if config.plan_only:
         report = build_report(config, family, infos, alloc, facts, {}, bad_examples)
         return MergeSummary(
@@ -810,9 +880,11 @@ def build_report(
                 "by_domain": dict(sorted(Counter(i.by_domain).items())),
                 "bad_rows": i.bad,
                 "duplicates": i.dropped,
+                "models": found,  # the target models that answered it (None: not known)
             }
-            for i in infos
+            for i, found in zip(infos, facts["models"], strict=True)
         ],
+        "models": all_models(facts["models"]),
         "dropped": facts["dropped"],
         "seed": config.seed,
         "data": "tokenized" if family == "samples" else "conversations",
@@ -839,6 +911,7 @@ def build_report(
         },
         "pooled_into_other": facts["pooled"],
         "upsampled": facts["upsampled"],
+        "copy_ids": facts["copy_ids"],  # how a copy is named: never an input row's id
         "settings": {
             "tolerance": config.tolerance,
             "eval_fraction": config.eval_fraction,
@@ -850,6 +923,7 @@ def build_report(
             "min_keep": config.min_keep,
             "allow_drop": config.allow_drop,
             "tokenizer": config.tokenizer,
+            "allow_models": config.allow_models,
         },
         "bad_row_examples": bad_examples,
         "files": shards,

@@ -99,6 +99,10 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     output_sigma: float = 0.8
     min_output_tokens: int = 8
     reasoning: ReasoningMode = "parsed"
+    # server index -> the template's default ``enable_thinking`` on that server (a server
+    # launched with other default chat-template kwargs); servers not named think unless
+    # ``reasoning`` is "off". A request's own ``enable_thinking`` always wins.
+    default_thinking: dict[int, bool] = msgspec.field(default_factory=dict)
     reasoning_share: float = 0.6
     tool_call_rate: float = 0.5
     cache_report: bool = True
@@ -204,6 +208,8 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         checks.append(
             (0 <= f.server < servers, f"--fault-server: {f.server} is not a server index")
         )
+    for index in config.default_thinking:
+        checks.append((0 <= index < servers, f"--default-thinking: {index} is not a server index"))
     for index, factor in f.slow.items():
         checks.append((0 <= index < servers, f"--slow: {index} is not a server index"))
         checks.append((factor > 0, f"--slow: factor {factor} must be > 0"))

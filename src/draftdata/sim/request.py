@@ -172,9 +172,11 @@ def prepare(
     config: SimConfig,
     tokenizer: Tokenizer,
     cache: PrefixCache | None,
+    default_thinking: bool | None = None,
 ) -> Prepared:
     """Validate ``body`` and decide every answer; raise RefusedRequestError where the engine
-    would refuse it."""
+    would refuse it. ``default_thinking``: the server template's default ``enable_thinking``
+    (None: thinking unless ``config.reasoning`` is "off")."""
     if not isinstance(body, dict):
         raise RefusedRequestError(400, "the request body must be a JSON object")
     flavor = config.flavor
@@ -198,7 +200,9 @@ def prepare(
         raise RefusedRequestError(400, "tools: expected a list of tool specs")
     tool_choice = body.get("tool_choice", "auto" if tools else "none")
     kwargs = dict(body.get("chat_template_kwargs") or {})
-    if config.reasoning == "off":
+    if default_thinking is not None:
+        kwargs.setdefault("enable_thinking", default_thinking)
+    elif config.reasoning == "off":
         kwargs.setdefault("enable_thinking", False)
     thinking = kwargs.get("enable_thinking", True) is not False
     separate = body.get("separate_reasoning", True) is not False

@@ -105,7 +105,8 @@ content starts with ``"\\n\\n"``; cut by max tokens before ``</think>``: all rea
 blocks after the content; SGLang strips the content before the first call, vLLM keeps it
 (null if empty). ``--reasoning inline`` (or ``separate_reasoning: false``): no reasoning field,
 the raw text in content. ``--reasoning off``: a model that never thinks (``enable_thinking``
-defaults to false). Empty reasoning is null on SGLang.
+defaults to false); ``--default-thinking I:on|off`` sets that default for server I alone (a
+server launched with other default chat-template kwargs). Empty reasoning is null on SGLang.
 
 Token ids: output ids are the tokenization of exactly the generated text, plus the EOS id
 (``<|im_end|>``, 151645 without a tokenizer) when the answer stopped (finish stop/tool_calls);
@@ -329,6 +330,16 @@ class SimFleet:
     def restart(self, i: int) -> None:
         """Bring crashed server ``i`` back on its port now."""
         self._call(self.servers[i].restart())
+
+    def set_default_thinking(self, i: int, thinking: bool | None) -> None:
+        """Server ``i``'s template defaults to ``enable_thinking=thinking`` from its next request
+        on (None: back to ``config.reasoning``), as a server restarted with other default
+        chat-template kwargs would."""
+
+        def change() -> None:
+            self.servers[i].default_thinking = thinking
+
+        self._sync(change)
 
     def stats(self, i: int) -> ServerStats:
         """A copy of server ``i``'s counters."""

@@ -79,6 +79,9 @@ class SimServer:
         self._crash_pending = index in config.faults.crash_after
         self._restart_task: asyncio.Task[None] | None = None
         self.spec = SpecCounters(config.spec_tokens) if config.spec_tokens > 0 else None
+        # the template's default enable_thinking here (None: config.reasoning decides); a test
+        # changes it to model a server restarted with other default chat-template kwargs
+        self.default_thinking: bool | None = config.default_thinking.get(index)
         # hidden states (sim/hidden.py): prefills run under the batch's limit; writes not done
         self._prefill_slots = asyncio.Semaphore(config.max_running)
         self._prefilling = 0
@@ -341,7 +344,7 @@ class SimServer:
             return admitted
         body, fault = admitted
         try:
-            prep = prepare(body, self.config, self.tokenizer, self._cache)
+            prep = prepare(body, self.config, self.tokenizer, self._cache, self.default_thinking)
         except RefusedRequestError as exc:
             self.stats.rejected += 1
             return self._error(exc.status, exc.message)

@@ -35,6 +35,17 @@ def _np_lists(arr: pa.ListArray) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.
     return values, offsets, valid
 
 
+def _prompt_tokens(turns: pa.StructArray) -> list[int | None]:
+    # each turn's usage.prompt_tokens (None where the row has none), parents' nulls honoured
+    if turns.type.get_field_index("usage") < 0:
+        return []
+    usage = turns.field("usage")
+    if usage.type.get_field_index("prompt_tokens") < 0:
+        return []
+    index = usage.type.get_field_index("prompt_tokens")
+    return list(usage.flatten()[index].to_pylist())
+
+
 def views_from_table(table: pa.Table) -> list[CompletionView]:
     """CompletionViews of the rows of a completions table (token ids stay numpy views)."""
     n = table.num_rows
@@ -50,6 +61,8 @@ def views_from_table(table: pa.Table) -> list[CompletionView]:
     sampling = cols["sampling"].to_pylist() if "sampling" in cols else [None] * n
     # completion/1 shards have no rule column: their turns follow conversation rule 1
     rules = cols["conversation_rule"].to_pylist() if "conversation_rule" in cols else [1] * n
+    # before completion/3 the mode of an answer was not recorded
+    modes = cols["server_thinking"].to_pylist() if "server_thinking" in cols else [None] * n
     turns_col = cols["turns"].combine_chunks()
     turn_offsets = turns_col.offsets.to_numpy()
     structs = turns_col.values
@@ -57,6 +70,7 @@ def views_from_table(table: pa.Table) -> list[CompletionView]:
         name: structs.field(name).to_pylist()
         for name in ("content", "reasoning", "tool_calls", "finish_reason")
     }
+    counted = _prompt_tokens(structs)
     p_vals, p_off, p_ok = _np_lists(structs.field("prompt_token_ids"))
     o_vals, o_off, o_ok = _np_lists(structs.field("output_token_ids"))
     out: list[CompletionView] = []
@@ -102,6 +116,9 @@ def views_from_table(table: pa.Table) -> list[CompletionView]:
                 template_kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
                 rule=rules[i] or 1,
                 token_ids=token_ids,
+                served=True,
+                server_thinking=modes[i],
+                prompt_tokens=[int(counted[j] or 0) for j in range(lo, hi)] if counted else [],
             )
         )
     return out

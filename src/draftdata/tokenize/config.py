@@ -37,9 +37,9 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     encodes completions that carry server token ids to check them (off: the token-id path needs
     no encoding at all). ``keep_reasoning_history`` says whether the engine sent earlier turns'
     reasoning back in the history (None: read it from the run's manifest, else False).
-    ``server_template_kwargs`` are the chat-template kwargs the servers applied by default
-    (the thinking mode of a ``reasoning: server`` run; None: read from the manifest, else
-    none); a completion's own request kwargs win over them.
+    ``server_thinking`` is the servers' default thinking mode as the user states it, for
+    answers of a run whose requests left the mode to the servers and whose mode the run cannot
+    tell (``thinking.py``; None: such answers are dropped and counted).
     ``batch_rows`` completions are tokenized per batch and written per output shard.
     ``protect``: prefixes the output may not equal, contain or lie inside (like generate's).
     """
@@ -54,7 +54,7 @@ class TokenizeConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     verify: bool = True
     keep_reasoning_history: bool | None = None
     batch_rows: int = DEFAULT_BATCH_ROWS
-    server_template_kwargs: dict[str, Any] | None = None
+    server_thinking: bool | None = None
     protect: list[str] = msgspec.field(default_factory=list)  # prefixes never to write into
     input: str | None = None  # run, conversations or prompts (None: found by stage.plan)
 
@@ -112,6 +112,7 @@ class TokenizeSummary(msgspec.Struct, kw_only=True):
     (completions emitted as per-turn samples), ``dropped.<reason>`` (samples) and
     ``duplicates`` (completions whose (id, sample) an earlier shard holds too, a copied shard:
     counted in completions, as export and stats count them, never in the samples' shares).
+    ``models``: the target models that answered the run (``merge`` refuses to mix two).
     """
 
     out: str
@@ -120,6 +121,8 @@ class TokenizeSummary(msgspec.Struct, kw_only=True):
     domains: dict[str, DomainTotals] = msgspec.field(default_factory=dict)
     mismatches: list[str] = msgspec.field(default_factory=list)
     settings: dict[str, Any] = msgspec.field(default_factory=dict)
+    # the target models that answered the run (its completions' ``model``; [] when not a run)
+    models: list[str] = msgspec.field(default_factory=list)
     wall_s: float = 0.0
 
     def count(self, name: str) -> int:

@@ -36,8 +36,11 @@ How a batch is tokenized:
    ``mismatched`` (the first few are described as decoded text around the first differing
    token) and the sample is dropped (``dropped.unverified_ids``): served ids that do not decode
    to the stored text come from another tokenizer, and re-rendering them would train on a
-   context the server may not have shown. A completion the renderer cannot reproduce (a turn
-   cut by max tokens where it cannot tell the cut) is ``unverifiable`` and kept.
+   context the server may not have shown. A turn cut by the token limit is checked against the
+   prefix of its whole rendering its served ids spell, wherever the cut fell
+   (``verified.cut``; ids past what the stored turn holds are trimmed: ``verified.cut_trimmed``,
+   ``cut_verdict``). A completion the renderer cannot render at all is ``unverifiable`` and
+   kept.
 4. Length policy: longer than ``max_length`` is cut (``truncated``) or dropped (``too_long``);
    a sample without two consecutive loss tokens is dropped (``too_few_loss_tokens``).
 
@@ -73,6 +76,7 @@ from draftdata.tokenize.plan import (
     IdArray,
     Plan,
     RenderedSample,
+    TokenSample,
     contexts,
     plan_rendered,
     plan_token_ids,
@@ -83,6 +87,7 @@ from draftdata.tokenize.template import (
     load_tokenizer,
     read_template_file,
 )
+from draftdata.tokenize.thinking import counted_modes, decide, left_to_server, switch_matters
 
 COMPLETION_COLUMNS = (
     "id",
@@ -94,6 +99,7 @@ COMPLETION_COLUMNS = (
     "turns",
     "sampling",
     "conversation_rule",
+    "server_thinking",
 )
 
 
@@ -148,7 +154,7 @@ class TokenizeContext:
         long: LongPolicy = "truncate",
         verify: bool = True,
         keep_reasoning_history: bool = False,
-        template_kwargs: dict[str, Any] | None = None,
+        server_thinking: bool | None = None,
         per_turn: bool = False,
     ) -> None:
         self.tokenizer_path = tokenizer_path
@@ -157,8 +163,8 @@ class TokenizeContext:
         self.long = long
         self.verify = verify
         self.keep_reasoning_history = keep_reasoning_history
-        # the servers' default template kwargs; each completion's request kwargs win
-        self.template_kwargs = dict(template_kwargs or {})
+        # the servers' default thinking mode the user states, for answers the run cannot tell
+        self.server_thinking = server_thinking
         self.per_turn = per_turn  # one sample per generated turn (the trainer exports)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.backend = self.tokenizer.backend_tokenizer
@@ -170,6 +176,7 @@ class TokenizeContext:
         self.thinking_off_tail_tokens = len(
             self.backend.encode(self.thinking_off_tail, add_special_tokens=False).ids
         )
+        self.thinking_switch = switch_matters(self.template)
         suffix = self.template.turn_suffix()
         self.suffix_ids = np.asarray(
             self.backend.encode(suffix, add_special_tokens=False).ids if suffix else [],
@@ -191,7 +198,7 @@ class TokenizeContext:
             long=config.long,
             verify=config.verify,
             keep_reasoning_history=bool(config.keep_reasoning_history),
-            template_kwargs=config.server_template_kwargs,
+            server_thinking=config.server_thinking,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -205,9 +212,14 @@ class TokenizeContext:
             "long": self.long,
             "verify": self.verify,
             "keep_reasoning_history": self.keep_reasoning_history,
-            "template_kwargs": self.template_kwargs,
+            "server_thinking": self.server_thinking,
             "per_turn": self.per_turn,
         }
+
+    def prompt_lengths(self, texts: list[str]) -> list[int]:
+        """Token counts of rendered prompts, encoded as a server encodes them."""
+        encs = self.backend.encode_batch(texts, add_special_tokens=False)
+        return [len(e.ids) for e in encs]
 
     def decode(self, ids: IdArray | list[int]) -> str:
         """Token ids back to text, special tokens shown."""
@@ -381,6 +393,43 @@ def verdict(
     return None
 
 
+def cut_verdict(ctx: TokenizeContext, sample: TokenSample, cut: RenderedSample) -> str | None:
+    """How a sample whose last turn was cut by the token limit verifies against that turn's
+    whole rendering (``cut.full``), of which the target wrote a prefix: ``verified.cut`` when
+    the served ids spell a prefix of it at least as long as the rendered cut, with loss on the
+    same text (the ids show where the cut fell, right after ``</think>`` or inside the
+    template's closing newlines, where the stored text cannot); ``verified.cut_trimmed`` when
+    they spell that much and then text the stored turn lost (a parser that drops a tool call
+    cut half-way): the sample is trimmed in place to the served ids the rendering vouches for.
+    None: mismatched."""
+    assert cut.full is not None
+    ids, mask = sample.ids, sample.mask
+    text = ctx.decode(ids)
+    keep = len(ids)
+    if not cut.full.startswith(text):  # the longest run of served ids the rendering spells
+        lo, hi = 0, len(ids)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cut.full.startswith(ctx.decode(ids[:mid])):
+                lo = mid
+            else:
+                hi = mid - 1
+        keep = lo
+        text = ctx.decode(ids[:keep])
+    if len(text) < len(cut.text) or not cut.text or not cut.full.startswith(cut.text):
+        return None
+    upto = len(text)
+    spans = [s for s in cut.spans if s[1] <= cut.cut_from]
+    spans += [(a, min(b, upto)) for a, b in cut.full_spans if a < upto]
+    ((want, want_mask),) = encode_rendered(ctx, [RenderedSample(cut.id, text, spans)])
+    if not verdict(ctx, ids[:keep], mask[:keep], want, want_mask):
+        return None
+    if keep == len(ids):
+        return "verified.cut"
+    sample.ids, sample.mask = ids[:keep], mask[:keep]
+    return "verified.cut_trimmed"
+
+
 THINK_MARKERS = ("<think>", "</think>")
 
 
@@ -479,10 +528,13 @@ def _verify(
         counters.add("unverifiable", len(plan.tokens))
         return set()
     by_id = {r.id: (ids, mask) for r, ids, mask in rendered}
+    cut_of = {r.id: r for r, _, _ in rendered if r.full is not None}
     failed: set[str] = set()
     for t in plan.tokens:
         got = by_id.get(t.id)
         found = verdict(ctx, t.ids, t.mask, *got) if got is not None else None
+        if found is None and (cut := cut_of.get(t.id)) is not None:
+            found = cut_verdict(ctx, t, cut)
         if found is None and decodes_as_stored(ctx, view, t.turns):
             found = "verified.decoded"  # a reasoning split the template cannot render back
             if _unclosed(ctx, view, t.turns):
@@ -537,6 +589,25 @@ def _served_thinking_off(ctx: TokenizeContext, view: CompletionView) -> bool:
     return ctx.decode(prompt[-(ctx.thinking_off_tail_tokens + 2) :]).endswith(tail)
 
 
+def _thinking_known(ctx: TokenizeContext, view: CompletionView, counters: Counters) -> bool:
+    """Set the thinking mode of a rendered served answer whose request left it to the server
+    (``thinking.py``); False (counted as a drop) when it is not known."""
+    if view.token_ids is not None or not ctx.thinking_switch or not left_to_server(view):
+        return True
+    ctxs = contexts(view, ctx.keep_reasoning_history)
+    if ctxs is None:
+        return True  # turns that do not fit the prompt: the plan drops it for that
+    counted = counted_modes(view, ctxs, ctx.template, ctx.prompt_lengths)
+    found = decide(view, counted, ctx.server_thinking)
+    if isinstance(found, str):
+        counters.add(f"dropped.thinking_{found}")
+        return False
+    mode, source = found
+    view.template_kwargs = {**view.template_kwargs, "enable_thinking": mode}
+    counters.add(f"thinking.{source}")
+    return True
+
+
 def _has_loss_run(mask: npt.NDArray[np.int8]) -> bool:
     if len(mask) < MIN_LOSS_RUN:
         return False
@@ -550,11 +621,11 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
     to_encode: list[RenderedSample] = []
     for view in views:
         counters.add("completions")
-        if ctx.template_kwargs:
-            view.template_kwargs = {**ctx.template_kwargs, **view.template_kwargs}
         if _served_thinking_off(ctx, view):
             view.template_kwargs = {**view.template_kwargs, "enable_thinking": False}
             counters.add("thinking_off_from_served_ids")
+        if not _thinking_known(ctx, view, counters):
+            continue
         if view.token_ids is not None:
             counters.add("path.token_ids")
             tokens = plan_token_ids(
@@ -571,6 +642,7 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
                     keep_reasoning_history=ctx.keep_reasoning_history,
                     breaks=frozenset(k for k, ok in enumerate(tokens.links) if not ok),
                     per_turn=ctx.per_turn,
+                    checking=True,
                 )
                 if ctx.verify
                 else None
@@ -602,7 +674,7 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
             counters.add("split_turns")
         candidates: list[tuple[str, IdArray, npt.NDArray[np.int8]]]
         if view.token_ids is not None:
-            candidates = [(t.id, t.ids, t.mask) for t in plan.tokens]
+            failed: set[str] = set()
             if check is not None:
                 checked = [(r, *next(encoded)) for r in check.rendered]
                 failed = _verify(
@@ -615,7 +687,7 @@ def tokenize_views(views: list[CompletionView], ctx: TokenizeContext) -> tuple[p
                 )
                 if failed:  # never written with ids that do not verify (module docstring)
                     counters.add("dropped.unverified_ids", len(failed))
-                    candidates = [c for c in candidates if c[0] not in failed]
+            candidates = [(t.id, t.ids, t.mask) for t in plan.tokens if t.id not in failed]
         else:
             candidates = [(r.id, *next(encoded)) for r in plan.rendered]
         for sample_id, ids, mask in candidates:

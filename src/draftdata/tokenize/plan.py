@@ -28,7 +28,8 @@ A turn cut by max tokens (finish ``length``) never got its end-of-turn token, no
 markers the template would add: the rendered planner ends such a sample at the end of the
 turn's last text (its content, else its reasoning) and lets no later turn chain onto it; when it
 cannot place that end it drops the turn (``unfinished_turn``). The token-id planner keeps the
-served ids as they are.
+served ids as they are; they are verified against the prefix of the turn's whole rendering they
+spell (``RenderedSample.full``), wherever the cut fell.
 
 In a sample built from served ids, loss is 1 on served output tokens only, each at the place
 the target wrote it. Nothing the target did not write gets loss: the template's text after a
@@ -72,6 +73,9 @@ class CompletionView:
     rule: int = RULE  # the conversation rule the turns were generated under
     # per turn: (prompt ids, output ids), or None when the server did not return both
     token_ids: list[tuple[IdArray, IdArray]] | None = None
+    served: bool = False  # a run's completion (a server wrote it), not a conversation row
+    server_thinking: bool | None = None  # the server's default mode generate recorded
+    prompt_tokens: list[int] = field(default_factory=list)  # per turn, as the server counted
 
     @property
     def base_id(self) -> str:
@@ -81,11 +85,17 @@ class CompletionView:
 
 @dataclass(slots=True)
 class RenderedSample:
-    """A sample as text: loss on the characters of ``spans``."""
+    """A sample as text: loss on the characters of ``spans``. A sample whose last turn was
+    cut also keeps that turn's whole rendering (``full``: the text with the turn as the
+    template closes it, and ``full_spans``, its loss from ``cut_from`` on): the target wrote a
+    prefix of it, which served ids may show further than the text alone can place."""
 
     id: str
     text: str
     spans: list[Span]
+    full: str | None = None
+    full_spans: list[Span] = field(default_factory=list)
+    cut_from: int = 0
 
 
 @dataclass(slots=True)
@@ -156,12 +166,15 @@ def plan_rendered(
     keep_reasoning_history: bool = False,
     breaks: frozenset[int] = frozenset(),
     per_turn: bool = False,
+    checking: bool = False,
 ) -> Plan:
     """Render every turn's context and output; group turns into chains (module docstring), or
     with ``per_turn`` make each turn its own sample.
 
     ``breaks``: turns that must not chain into the next one (verification renders a token-id
     completion with the served ids' chain breaks, so both paths name the same samples).
+    ``checking``: the plan checks served ids; a cut turn whose end the text cannot place ends
+    its sample at its prompt (the served ids are checked against its whole rendering).
     """
     plan = Plan()
     ctxs = contexts(view, keep_reasoning_history)
@@ -190,7 +203,7 @@ def plan_rendered(
             prompts.append(prompt)
             texts.append(full)
             gen_spans.append(spans)
-            regions.append(_region(prompt, full, template.eot, turn, plan))
+            regions.append(_region(prompt, full, template.eot, turn, plan, checking))
     except InputError:
         plan.dropped.append("template_error")
         return plan
@@ -213,15 +226,21 @@ def plan_rendered(
         if template.has_generation_markers:
             loss = _intersect(gen_spans[last], loss)
         text = texts[last]
+        sample = RenderedSample(id=_sample_id(view, last, named), text=text, spans=loss)
         if cut[last]:
-            text = text[: ends[last]]
-        plan.rendered.append(
-            RenderedSample(id=_sample_id(view, last, named), text=text, spans=loss)
-        )
+            sample.text = text[: ends[last]]
+            start = len(prompts[last])
+            whole = [(start, text.find(template.eot, start) + len(template.eot))]
+            if template.has_generation_markers:
+                whole = _intersect(gen_spans[last], whole)
+            sample.full, sample.full_spans, sample.cut_from = text, whole, start
+        plan.rendered.append(sample)
     return plan
 
 
-def _region(prompt: str, full: str, eot: str, turn: TurnText, plan: Plan) -> Span | None:
+def _region(
+    prompt: str, full: str, eot: str, turn: TurnText, plan: Plan, checking: bool = False
+) -> Span | None:
     if not full.startswith(prompt):
         plan.dropped.append("template_prefix")
         return None
@@ -230,21 +249,28 @@ def _region(prompt: str, full: str, eot: str, turn: TurnText, plan: Plan) -> Spa
         plan.dropped.append("no_end_of_turn")
         return None
     if turn.finish_reason == "length":
-        return _cut_region(full, len(prompt), end, turn, plan)
+        cut = _cut_region(full, len(prompt), end, turn)
+        if cut is None and checking:
+            return (len(prompt), len(prompt))  # placed by the served ids (encode.cut_verdict)
+        if cut is None:
+            plan.dropped.append("unfinished_turn")
+        return cut
     return (len(prompt), end + len(eot))
 
 
-def _cut_region(full: str, start: int, eot_at: int, turn: TurnText, plan: Plan) -> Span | None:
+def _cut_region(full: str, start: int, eot_at: int, turn: TurnText) -> Span | None:
     # A turn cut by max tokens: the target wrote the rendered turn only up to the end of its
-    # last text (the template's closing markers and end-of-turn were never generated).
+    # last text (the template's closing markers and end-of-turn were never generated). Content
+    # of whitespace only cannot be placed (cut right after </think>, or one newline after it:
+    # parsers strip those newlines): the sample ends after the reasoning, what surely was
+    # written; served ids show the rest (encode.py verifies them against ``full``).
     body = full[start:eot_at]
     content = turn.content or ""
-    if content and not turn.tool_calls and body.endswith(content):
+    if content.strip() and not turn.tool_calls and body.endswith(content):
         return (start, eot_at)
     reasoning = (turn.reasoning or "").strip("\n")
     if not content.strip() and reasoning and (at := body.rfind(reasoning)) >= 0:
         return (start, start + at + len(reasoning))
-    plan.dropped.append("unfinished_turn")
     return None
 
 
@@ -365,4 +391,7 @@ def view_from_record(record: Any) -> CompletionView:
         template_kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
         rule=record.conversation_rule,
         token_ids=ids,
+        served=True,
+        server_thinking=record.server_thinking,
+        prompt_tokens=[t.usage.prompt_tokens for t in record.turns],
     )

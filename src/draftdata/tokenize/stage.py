@@ -43,6 +43,7 @@ from draftdata.formats import (
     TOKENIZE_SUMMARY,
     check_format,
 )
+from draftdata.stats.models import run_models
 from draftdata.stats.readers import DATA_EXT, Kind, open_dataset
 from draftdata.store.base import Store, normalise_url
 from draftdata.store.doneset import DoneSet, hash_pairs
@@ -183,15 +184,6 @@ def duplicate_rows(run: Store, keys: list[str]) -> dict[str, list[int]]:
 # -- the stage -------------------------------------------------------------------------------------
 
 
-def server_template_kwargs(config: TokenizeConfig, run: Store) -> dict[str, Any]:
-    """The chat-template kwargs the servers applied by default: the config's, else what
-    generate recorded in the manifest (``generate/thinking.py``), else none."""
-    if config.server_template_kwargs is not None:
-        return dict(config.server_template_kwargs)
-    settings = recorded_settings(run)
-    return dict(settings.server_chat_template_kwargs or {}) if settings is not None else {}
-
-
 def history_policy(config: TokenizeConfig, run: Store) -> bool:
     """Whether to keep reasoning history: the config's choice, else the run manifest's."""
     if config.keep_reasoning_history is not None:
@@ -264,6 +256,7 @@ def summary_bytes(summary: TokenizeSummary, shards: list[str]) -> bytes:
         "counts": summary.counts,
         "domains": msgspec.to_builtins(summary.domains),
         "mismatches": summary.mismatches,
+        "models": summary.models,
     }
     return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
@@ -296,7 +289,7 @@ def previous_summary(out: Store, settings: dict[str, Any]) -> TokenizeSummary | 
         )
     return msgspec.convert(
         {k: doc[k] for k in ("out", "counts", "domains", "mismatches", "settings")}
-        | {"shards": len(doc.get("shards", []))},
+        | {"shards": len(doc.get("shards", [])), "models": doc.get("models") or []},
         TokenizeSummary,
     )
 
@@ -375,6 +368,7 @@ class TokenizeJob(msgspec.Struct, kw_only=True):
     settings: dict[str, Any]
     previous: TokenizeSummary | None  # a finished output with the same settings
     skip: dict[str, list[int]]  # shard -> indexes of duplicate rows (``duplicate_rows``)
+    models: list[str] = msgspec.field(default_factory=list)  # the run's (stats/models.py)
 
 
 def locate_input(url: str) -> tuple[Store, list[str], str]:
@@ -420,14 +414,11 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
     if kind == "run":  # a moving run is not tokenized as if it were whole
         refuse_live_writer(run, "tokenize")
     keep = history_policy(config, run)
-    kwargs = server_template_kwargs(config, run)
-    config = msgspec.structs.replace(
-        config, keep_reasoning_history=keep, server_template_kwargs=kwargs
-    )
+    config = msgspec.structs.replace(config, keep_reasoning_history=keep)
     out = open_store(config.out_url, protect=config.protect)  # every write re-checked
     settings = settings_of(config, keep) | {"inputs": keys}
-    if kwargs:  # recorded only when there are some, so older summaries still compare equal
-        settings["server_template_kwargs"] = kwargs
+    if config.server_thinking is not None:  # only when stated: older summaries compare equal
+        settings["server_thinking"] = config.server_thinking
     previous = previous_summary(out, settings)
     return TokenizeJob(
         config=config,
@@ -437,6 +428,7 @@ def plan(config: TokenizeConfig) -> TokenizeJob:
         settings=settings,
         previous=previous,
         skip=duplicate_rows(run, keys) if previous is None and kind == "run" else {},
+        models=run_models(run, keys) if previous is None and kind == "run" else [],
     )
 
 
@@ -481,6 +473,7 @@ def finish(job: TokenizeJob, results: Iterable[tuple[Counters, list[str]]]) -> T
         domains=dict(sorted(total.domains.items())),
         mismatches=total.mismatches,
         settings=job.settings,
+        models=job.models,
     )
     job.out.put_new(TOKENIZE_SUMMARY.name, summary_bytes(summary, written))
     return summary

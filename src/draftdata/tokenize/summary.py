@@ -31,7 +31,9 @@ def summary_lines(summary: TokenizeSummary) -> list[str]:
         f"{c('verified.noncanonical')}, ended other than by the template's end of turn "
         f"{c('verified.other_end')}, checked by decoding where the template cannot render "
         f"the reasoning split back {c('verified.decoded')}, of which answers without "
-        f"</think> {c('reasoning.unclosed')}), mismatched {c('mismatched')} (dropped), "
+        f"</think> {c('reasoning.unclosed')}, turns cut by the token limit placed by their ids "
+        f"{c('verified.cut') + c('verified.cut_trimmed')}), mismatched {c('mismatched')} "
+        "(dropped), "
         f"unverifiable {c('unverifiable')}; split into per-turn samples {c('split_turns')}; "
         f"truncated {c('truncated')}",
     ]
@@ -41,6 +43,21 @@ def summary_lines(summary: TokenizeSummary) -> list[str]:
         lines.append(
             f"server token ids: {share:.1f}% token-exact ({c('verified')} of {checked} "
             "verified against the chat template)"
+        )
+    decided = sum(c(f"thinking.{k}") for k in ("prompt_tokens", "recorded", "stated"))
+    unsure = c("dropped.thinking_unknown") + c("dropped.thinking_conflict")
+    if decided or unsure:
+        lines.append(
+            f"thinking mode left to the servers: {decided + unsure} rendered answers, from the "
+            f"prompt tokens the server counted {c('thinking.prompt_tokens')}, recorded by "
+            f"generate {c('thinking.recorded')}, stated (--server-thinking) "
+            f"{c('thinking.stated')}; not rendered on a guess: unknown "
+            f"{c('dropped.thinking_unknown')}, conflicting {c('dropped.thinking_conflict')}"
+            + (
+                " (--server-thinking on|off states the mode)"
+                if c("dropped.thinking_unknown")
+                else ""
+            )
         )
     dropped = summary.dropped
     if dropped:

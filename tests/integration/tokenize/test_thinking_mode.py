@@ -20,6 +20,7 @@ from draftdata.generate.config import GenerateConfig
 from draftdata.generate.stage import generate
 from draftdata.sim.config import SimConfig
 from draftdata.sim.run import SimFleet
+from draftdata.store.read import iter_completions
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.encode import TokenizeContext
 from draftdata.tokenize.stage import tokenize
@@ -76,11 +77,12 @@ def test_server_thinking_off_is_recorded_and_rendered(
     out = tmp_path / "tok"
     summary = tokenize(TokenizeConfig(run=str(run), tokenizer=str(demo_tokenizer), out=str(out)))
     assert summary.count("samples") == 6 and summary.count("mismatched") == 0
-    if token_ids == "off":  # asked once at the start, recorded, rendered with
-        assert settings["server_chat_template_kwargs"] == {"enable_thinking": False}
-        assert summary.settings["server_template_kwargs"] == {"enable_thinking": False}
+    assert "server_chat_template_kwargs" not in settings  # per answer, not once per run
+    if token_ids == "off":  # probed, recorded with each answer, checked against its tokens
+        assert {c.server_thinking for c in iter_completions(str(run))} == {False}
+        assert summary.count("thinking.prompt_tokens") == 6
     else:  # read from each completion's served prompt ids (nothing asked)
-        assert "server_chat_template_kwargs" not in settings
+        assert {c.server_thinking for c in iter_completions(str(run))} == {None}
         assert summary.count("thinking_off_from_served_ids") == 6
         assert summary.count("verified") == 6
     ctx = TokenizeContext(str(demo_tokenizer))
@@ -89,40 +91,3 @@ def test_server_thinking_off_is_recorded_and_rendered(
         text = ctx.decode(row["input_ids"])
         assert EMPTY_THINK in text  # the server's prompt held it ...
         assert "<think>" not in loss and "</think>" not in loss  # ... never as target output
-    # Rendering in the template's default mode instead (what tokenize did before the manifest
-    # recorded the server's): the empty think block becomes loss.
-    if token_ids == "off":
-        guess = tmp_path / "guess"
-        config = TokenizeConfig(
-            run=str(run), tokenizer=str(demo_tokenizer), out=str(guess), server_template_kwargs={}
-        )
-        tokenize(config)
-        assert any(EMPTY_THINK in loss for loss in _loss_texts(ctx, guess))
-
-
-def test_server_thinking_on_records_it_and_a_resume_asks_nothing(
-    demo_tokenizer: Path, tmp_path: Path
-) -> None:
-    sim = SimConfig(tokenizer=str(demo_tokenizer), time_scale=0, mean_output_tokens=30)
-    run = _run(tmp_path, demo_tokenizer, sim, "off")
-    settings = json.loads((run / "manifest.json").read_text())["settings"]
-    assert settings["server_chat_template_kwargs"] == {"enable_thinking": True}
-    # A resume against a thinking-off server keeps the recorded mode (the settings hash holds).
-    off = SimConfig(
-        tokenizer=str(demo_tokenizer), time_scale=0, mean_output_tokens=30, reasoning="off"
-    )
-    with SimFleet(1, off) as fleet:
-        again = generate(
-            GenerateConfig(
-                prompts=str(tmp_path / "prompts.jsonl"),
-                endpoints=fleet.urls,
-                out=str(run),
-                progress="plain",
-                max_tokens=200,
-                token_ids="off",
-            ),
-            handle_signals=False,
-            log=lambda _line: None,
-        )
-        assert fleet.stats(0).requests == 0  # nothing to do, nothing asked
-    assert again.already_done == 6

@@ -245,7 +245,10 @@ def test_modelopt_rows_one_per_turn_with_tools_in_the_system_message(tmp_path: P
     assert all(r["conversation_id"] == r["id"] for r in rows)
     assert stats.group("export.left_out") == {}
     multi1 = next(r for r in rows if r["id"] == "multi#1")
-    assert multi1["messages"] == context_upto(MULTI, 1, keep_reasoning=False)
+    # the last message carries the mode the answer was written in (the server's default)
+    thinking = {"chat_template_kwargs": {"enable_thinking": True}}
+    want = context_upto(MULTI, 1, keep_reasoning=False)
+    assert multi1["messages"] == [*want[:-1], want[-1] | thinking]
     tool0 = next(r for r in rows if r["id"] == "tool#0")
     system = tool0["messages"][0]
     assert system["role"] == "system" and system["content"].startswith("# Tools")
@@ -273,7 +276,8 @@ def test_modelopt_thinking_off_keeps_the_empty_think_block_as_context(tmp_path: 
     export_run(_run(tmp_path, recs), "modelopt", out, tokenizer=str(QWEN3))
     rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert rows["off"]["messages"][-1]["chat_template_kwargs"] == {"enable_thinking": False}
-    assert "chat_template_kwargs" not in rows["on"]["messages"][-1]
+    # the server's default the run recorded with the answer, said to ModelOpt
+    assert rows["on"]["messages"][-1]["chat_template_kwargs"] == {"enable_thinking": True}
     template = (tmp_path / "mo.chat_template.jinja").read_text()
     ctx = TokenizeContext(str(QWEN3))
     trained = {}
@@ -375,7 +379,7 @@ def test_per_turn_rows_train_what_tokenize_trains(data: st.DataObject, msgs: lis
     plan = TurnPlan(msgs)
     drawn = data.draw(turns_for(len(plan)))
     turns = drawn[: plan.usable_turns(drawn)]
-    c = Completion(id="c", messages=msgs, turns=turns)
+    c = Completion(id="c", messages=msgs, turns=turns, server_thinking=True)
     stats = StageStats("t")
     rows = _turn_rows("speculators").rows([c], stats)
     table, _ = tokenize_views([view_from_record(c)], _chain_ctx())
@@ -410,7 +414,9 @@ def test_modelopt_rows_train_what_tokenize_trains(data: st.DataObject, msgs: lis
     tools = [WEATHER_TOOL] if data.draw(st.booleans()) else None
     off = data.draw(st.booleans())
     sampling = {"chat_template_kwargs": {"enable_thinking": False}} if off else {}
-    c = Completion(id="c", messages=msgs, turns=turns, tools=tools, sampling=sampling)
+    c = Completion(
+        id="c", messages=msgs, turns=turns, tools=tools, sampling=sampling, server_thinking=True
+    )
     stats = StageStats("t")
     maker = _turn_rows("modelopt")
     rows = maker.rows([c], stats)

@@ -91,11 +91,12 @@ def write_jsonl(path: Path, rows: list[Any]) -> Path:
     return path
 
 
-def run_dir(url: str, domains: dict[str, int], *, prefix: str) -> str:
-    """A generate run at ``url`` with labelled completions (``domain -> rows``)."""
+def run_dir(url: str, domains: dict[str, int], *, prefix: str, model: str = "m") -> str:
+    """A generate run at ``url`` with labelled completions (``domain -> rows``) answered by
+    ``model`` (in the server's default thinking mode, on)."""
     from draftdata.store.run import Run
 
-    run = Run.open(url, settings={"model": "m"}, writer_id="w1")
+    run = Run.open(url, settings={"model": model}, writer_id="w1")
     k = 0
     for domain, n in domains.items():
         for _ in range(n):
@@ -107,7 +108,8 @@ def run_dir(url: str, domains: dict[str, int], *, prefix: str) -> str:
                     source="gen",
                     messages=[Message(role="user", content=CHAT_TEXT[domain].format(i=pid))],
                     turns=[Turn(content=f"answer {pid}", reasoning="hmm", finish_reason="stop")],
-                    model="m",
+                    model=model,
+                    server_thinking=True,
                 )
             )
             k += 1

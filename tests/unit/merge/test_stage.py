@@ -95,25 +95,27 @@ def test_mix_lands_within_one_point_and_the_report_has_the_agreed_shape(
     assert set(report["after"]) == {"train", "eval"}
     assert report["inputs"][0]["by_domain"] == {"code": 3850, "general": 850, "math": 300}
     assert report["before"]["code"] == 4050 and report["reachable"]
-    # the output really holds that mix: count the written rows
-    rows = _rows(tmp_path / "out" / "train") + _rows(tmp_path / "out" / "eval")
+    # the train split really holds that mix: count the written rows
+    rows = _rows(tmp_path / "out" / "train")
     total = len(rows)
-    assert total == s.train_rows + s.eval_rows
+    assert total == s.train_rows
     for domain, share in MIX.items():
         got = sum(1 for r in rows if r["domain"] == domain) / total
         assert abs(got - share) <= 0.01, (domain, got)
     assert report["dropped"]["over_target"] > 0
-    # agent (150 rows at 5% +- 0.5 point) bounds the total
+    # agent (its 150 rows less those set aside for eval, at 5% +- 0.5 point) bounds the train
     assert "agent" in report["limited_by"]
-    assert 150 / 0.055 <= total <= 150 / 0.045 + 1
+    agent = 150 - report["plan"]["eval"]["rows"]["agent"]
+    assert agent / 0.055 <= total <= agent / 0.045 + 1
 
 
 def test_eval_split_has_the_requested_size_and_no_row_in_both(
     skewed: tuple[Path, Path], tmp_path: Path
 ) -> None:
     s = merge(_config(*skewed, tmp_path / "out", eval_fraction=0.1))
-    total = s.train_rows + s.eval_rows
-    assert s.eval_rows == round(0.1 * total)
+    # of the unique rows a plan on every row keeps (the split is taken before the train plan)
+    held = s.report["plan"]["eval"]
+    assert s.eval_rows == round(0.1 * held["of_rows"]) == sum(held["rows"].values())
     train = {r["id"] for r in _rows(tmp_path / "out" / "train")}
     evals = {r["id"] for r in _rows(tmp_path / "out" / "eval")}
     assert len(evals) == s.eval_rows and not train & evals
@@ -295,13 +297,16 @@ def test_upsample_repeats_train_rows_only(tmp_path: Path) -> None:
     )
     train = _rows(tmp_path / "o" / "train")
     evals = _rows(tmp_path / "o" / "eval")
-    assert s.train_rows + s.eval_rows == 600
+    # eval first: 5% of the 400 unique rows a plan on every row keeps (300 code, 100 math),
+    # stratified; then the train split on the rest: 95 math rows x 3 against 285 code rows
+    assert Counter(r["domain"] for r in evals) == {"code": 15, "math": 5}
+    assert Counter(r["domain"] for r in train) == {"code": 285, "math": 285}
     copies = [r for r in train if "~r" in r["id"]]
-    assert len(copies) == 200 and all(r["domain"] == "math" for r in copies)
+    assert len(copies) == 190 and all(r["domain"] == "math" for r in copies)
     assert not any("~r" in r["id"] for r in evals)
     originals = {r["id"] for r in evals}
     assert not any(r["id"].split("~r")[0] in originals for r in copies)
-    assert s.report["upsampled"] == {"math": 200}
+    assert s.report["upsampled"] == {"math": 190}
 
 
 def test_unnamed_domains_are_dropped_or_pooled_into_other(tmp_path: Path) -> None:
@@ -361,7 +366,7 @@ def test_cli_prints_the_plan_and_the_mix_tables(
     text = capsys.readouterr().out
     # the plan comes first, then the result
     assert text.index("plan (loss tokens)") < text.index("domain mix in rows (before / target")
-    assert "loss tokens (before / target / after; exact)" in text
+    assert "loss tokens (before / target / train; exact)" in text
     assert json.loads((out / "merge_report.json").read_text())["seed"] == 3
     with pytest.raises(SystemExit) as exc:
         main(["merge", "--existing", str(existing), "--out", str(out), "-q"])

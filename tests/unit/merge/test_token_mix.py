@@ -77,11 +77,13 @@ def chat(spec: dict[str, tuple[int, int]], prefix: str, seed: int = 0) -> list[d
     return out
 
 
-def written_loss_shares(out: Path, tokenizer: str | None = None) -> dict[str, float]:
-    """Each domain's share of the loss tokens in the written train + eval parquet (chat rows
+def written_loss_shares(
+    out: Path, tokenizer: str | None = None, splits: tuple[str, ...] = ("train", "eval")
+) -> dict[str, float]:
+    """Each domain's share of the loss tokens in the written ``splits`` parquet (chat rows
     counted with ``tokenizer``'s tokenizer, else estimated)."""
     per: dict[str, int] = {}
-    for split in ("train", "eval"):
+    for split in splits:
         for p in sorted((out / split).glob("*.parquet")):
             table = pq.read_table(p)
             if "loss_mask" in table.column_names:
@@ -299,15 +301,15 @@ def test_written_loss_tokens_are_within_tolerance_of_the_mix(
     )
     if not s.train_rows:
         return  # nothing fits the band in whole rows: nothing written, nothing to measure
-    shares = written_loss_shares(root / "o")
+    # the train split is on the mix (eval is a stratified split taken before the plan)
+    shares = written_loss_shares(root / "o", splits=("train",))
     for domain, target in MIX.items():
         assert abs(shares.get(domain, 0.0) - target) <= tolerance + 1e-9, (domain, shares)
     # what the report says was written is what was written
     tokens = s.report["tokens"]["after"]
-    total = sum(tokens["train"].values()) + sum(tokens["eval"].values())
+    total = sum(tokens["train"].values())
     for domain, share in shares.items():
-        got = (tokens["train"].get(domain, 0) + tokens["eval"].get(domain, 0)) / total
-        assert got == pytest.approx(share, abs=1e-9)
+        assert tokens["train"].get(domain, 0) / total == pytest.approx(share, abs=1e-9)
     assert s.report["plan"]["kept_share"] == pytest.approx(
         s.report["plan"]["keep"] / s.report["plan"]["have"], abs=1e-6
     )
@@ -388,9 +390,11 @@ def test_upsampled_copies_go_round_the_order_and_never_into_eval(tmp_path: Path)
     for i in copies:
         base, k = i.split("~r")
         per_row[base] = max(per_row.get(base, 0), int(k))
-    math_rows = [i for i in train + list(evals) if i.startswith("umath") and "~r" not in i]
+    # (eval rows were set aside before the plan: they are never copied)
+    math_rows = [i for i in train if i.startswith("umath") and "~r" not in i]
     counts = [per_row.get(i, 0) for i in math_rows]
     assert max(counts) - min(counts) <= 1
+    assert not {i for i in evals if i.startswith("umath")} & set(per_row)
 
 
 def test_inputs_without_answers_are_mixed_by_rows(tmp_path: Path) -> None:

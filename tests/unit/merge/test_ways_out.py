@@ -108,10 +108,10 @@ def test_the_row_table_labels_row_shares_and_token_targets(
         )
         assert code == 0, err
         rows_table = text[text.index("domain mix in rows") : text.index("loss tokens (before")]
-        assert "before % (rows)" in rows_table and "after % (rows)" in rows_table
+        assert "before % (rows)" in rows_table and "train % (rows)" in rows_table
         assert f"target ({unit})" in rows_table, rows_table
         tokens_table = text[text.index("loss tokens (before") :]
-        assert "after % (tokens)" in tokens_table and f"target ({unit})" in tokens_table
+        assert "train % (tokens)" in tokens_table and f"target ({unit})" in tokens_table
         card = (out / "README.md").read_text()
         report = json.loads((out / "merge_report.json").read_text())
         label = "loss tokens" if report["mix_by"] == "loss_tokens" else "rows"

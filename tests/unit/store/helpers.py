@@ -14,6 +14,7 @@ def completion(i: int | str, sample: int = 0) -> Completion:
         messages=[Message(role="user", content=f"question {pid}")],
         turns=[Turn(content=f"answer {pid}", reasoning="thinking", finish_reason="stop")],
         model="m",
+        server_thinking=True,  # answered in the server's default mode, thinking on
     )
 
 

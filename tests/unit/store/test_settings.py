@@ -25,7 +25,7 @@ from draftdata.store.settings import (
     settings_of,
 )
 from draftdata.tokenize.config import TokenizeConfig
-from draftdata.tokenize.stage import history_policy, server_template_kwargs
+from draftdata.tokenize.stage import history_policy
 
 FOUND = Scan(sha256="ab" * 32, bytes=123, prompts=7, in_scope=7)
 NULL_SAMPLING = {
@@ -170,8 +170,9 @@ def test_readers_take_the_recorded_settings(
     assert got is not None and got.model == "m" and got.keep_reasoning_history is keep
     config = TokenizeConfig(run=out, out=str(tmp_path / "tok"), tokenizer="t")
     assert history_policy(config, store) is keep
-    assert server_template_kwargs(config, store) == (
-        {} if recorded_value is None else {"enable_thinking": recorded_value}
+    # an older run's one mode: read (a resume keeps it, so its hash holds), never rendered with
+    assert got.server_chat_template_kwargs == (
+        None if recorded_value is None else {"enable_thinking": recorded_value}
     )
     assert recorded(out) == ({} if recorded_value is None else {"enable_thinking": keep})
     assert recorded_settings(open_store(str(tmp_path / "none"))) is None
@@ -196,5 +197,5 @@ def test_a_setting_of_the_wrong_type_is_a_damaged_manifest(
     with pytest.raises(StoreError, match=rf"manifest.json: the run's settings do not read .*{key}"):
         history_policy(config, open_store(out))
     with pytest.raises(StoreError) as err:
-        server_template_kwargs(config, open_store(out))
+        recorded_settings(open_store(out))
     assert "\n" not in str(err.value)

@@ -49,11 +49,14 @@ def completion(
     tools: list[dict[str, Any]] | None = None,
     kwargs: dict[str, Any] | None = None,
     domain: str = "general",
+    server_thinking: bool | None = True,
 ) -> Completion:
     """A completion whose target turns are the assistant messages of ``convo``.
 
     The prompt keeps a placeholder where each assistant message stood (as a dataset's original
-    answer would), so the engine's slices put each turn back in its place.
+    answer would), so the engine's slices put each turn back in its place. A request without
+    ``enable_thinking`` was answered in the server's default mode, recorded as
+    ``server_thinking`` (the template's own default, thinking on, unless said otherwise).
     """
     messages = []
     turns = []
@@ -69,7 +72,13 @@ def completion(
             )
     sampling = {"chat_template_kwargs": kwargs} if kwargs else {}
     return Completion(
-        id=cid, domain=domain, messages=messages, tools=tools, turns=turns, sampling=sampling
+        id=cid,
+        domain=domain,
+        messages=messages,
+        tools=tools,
+        turns=turns,
+        sampling=sampling,
+        server_thinking=server_thinking,
     )
 
 

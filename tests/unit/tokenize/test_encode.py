@@ -36,6 +36,7 @@ def _simple(
         domain="math",
         messages=[Message(role="user", content="What is 2+2?")],
         turns=[Turn(content=answer, reasoning=reasoning, finish_reason=finish)],
+        server_thinking=True,  # the server's default mode: the template's, thinking on
     )
 
 
@@ -157,6 +158,7 @@ def test_turns_mismatch_and_unfinished_turns(ctx: TokenizeContext) -> None:
         id="m",
         messages=[Message(role="user", content="Hi")],
         turns=[Turn(content="a", finish_reason="stop"), Turn(content="b", finish_reason="stop")],
+        server_thinking=True,
     )
     cut_in_tool_call = Completion(
         id="u",
@@ -168,6 +170,7 @@ def test_turns_mismatch_and_unfinished_turns(ctx: TokenizeContext) -> None:
                 finish_reason="length",
             )
         ],
+        server_thinking=True,
     )
     out, counters = tokenize_table(completions_table([two_turns_one_slice, cut_in_tool_call]), ctx)
     assert out.num_rows == 0

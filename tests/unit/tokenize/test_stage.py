@@ -127,6 +127,12 @@ def test_cli(tmp_path: Path, demo_tokenizer: Path) -> None:
     assert json.loads((tmp_path / "t" / "summary.json").read_text())["counts"]["samples"] == 3
     bad = runner.invoke(app, [*base, "--long", "shorten"])
     assert bad.exit_code == 1 and "--long: 'shorten'" in str(bad.exception)
+    unsure = runner.invoke(app, [*base, "--server-thinking", "maybe"])
+    assert unsure.exit_code == 1 and "--server-thinking 'maybe'" in str(unsure.exception)
+    stated = runner.invoke(app, [*base, "--server-thinking", "on", "--out", str(tmp_path / "s")])
+    assert stated.exit_code == 0, stated.output
+    said = json.loads((tmp_path / "s" / "summary.json").read_text())["settings"]
+    assert said["server_thinking"] is True
 
 
 def test_killed_run_finishes_on_rerun(tmp_path: Path, demo_tokenizer: Path) -> None:
