@@ -10,7 +10,7 @@ It runs on a fresh event loop in four phases, each a function a reader can stop 
    otherwise each request's limit is lowered to fit, and the start says so in one line);
 2. ``open_run``: the run store (``Run.open``: protected prefixes, the manifest's settings
    hash, the run lease);
-3. the engine (``engine.run_engine``) over the endpoints (``_endpoints``) and the prompt
+3. the engine (``engine.run_engine``) over the endpoints (``make_endpoints``) and the prompt
    reader, with SIGINT/SIGTERM wired to its graceful stop when called from the main thread
    (``EngineHooks``), then, whatever happened, ``close_run``: the endpoints closed, the
    invalid prompt lines written, the lease released;

@@ -21,7 +21,7 @@ class Boom(RuntimeError):
     pass
 
 
-@pytest.mark.parametrize("where", ["_endpoints", "PromptReader"])
+@pytest.mark.parametrize("where", ["make_endpoints", "PromptReader"])
 def test_error_after_the_run_is_opened_releases_the_lease(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
