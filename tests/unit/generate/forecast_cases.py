@@ -79,7 +79,7 @@ def small() -> dict[str, Any]:
     strata = {("a", "math"): 1000, ("a", "code"): 3000, ("a", "tool"): 5}
     drawn = {("a", "math"): ["m1", "m2", "m3"], ("a", "code"): ["c1", "c2"], ("a", "tool"): []}
     out = Outcome()
-    for i, s in enumerate(("m1", "m2", "m3")):
+    for i in range(3):
         out.add(("a", "math"), 500 + 100 * i, i == 2)
     out.add(("a", "code"), 80, False)
     out.fail(("a", "code"))

@@ -557,20 +557,25 @@ def test_lengths_known_from_a_forecast_and_from_prepare(tmp_path: Path) -> None:
     each domain; the pilot's measurement wins over prepare's estimate."""
     import json
 
-    from draftdata.store.forecast import FORECAST_FORMAT, write_forecast
+    import msgspec
+
+    from draftdata.store.forecast import FORECAST_FORMAT, Forecast, write_forecast
     from draftdata.store.opener import open_store
 
     run = open_store(str(tmp_path / "run"))
     write_forecast(
         run,
-        {
-            "format": FORECAST_FORMAT,
-            "by_domain": {
-                "math": {"mean_output_tokens": 640.0, "pilot_completions": 12},
-                "(none)": {"mean_output_tokens": 90.0, "pilot_completions": 3},
-                "tool": {"mean_output_tokens": None, "pilot_completions": 0},
+        msgspec.convert(
+            {
+                "format": FORECAST_FORMAT,
+                "by_domain": {
+                    "math": {"mean_output_tokens": 640.0, "pilot_completions": 12},
+                    "(none)": {"mean_output_tokens": 90.0, "pilot_completions": 3},
+                    "tool": {"mean_output_tokens": None, "pilot_completions": 0},
+                },
             },
-        },
+            Forecast,
+        ),
     )
     folder = tmp_path / "prompts"
     folder.mkdir()
