@@ -25,6 +25,7 @@ from draftdata.generate.length import (
 )
 from draftdata.generate.placement import BLIND_HEDGE_S, TailPlan, hedge_pays, job_cap
 from draftdata.generate.queue import JobQueue
+from draftdata.generate.request import Request
 from draftdata.generate.work import Job
 from draftdata.records import Completion, Message, Prompt, Turn, Usage
 
@@ -54,8 +55,8 @@ class DomainClient:
         self.order: list[str] = []
         self.token_ids_supported: bool | None = None
 
-    async def chat(self, body: dict[str, Any]) -> list[Turn]:
-        text = body["messages"][-1]["content"]
+    async def chat(self, request: Request) -> list[Turn]:
+        text = request.messages[-1].content or ""
         self.order.append(text)
         tokens = LENGTHS[text.split()[0]]
         await asyncio.sleep(self.per_token * tokens)
