@@ -1,7 +1,10 @@
 """The forecast of a whole generate run from its pilot (``pilot.py``): tokens, time, the mix.
 
-``forecast(...)`` is arithmetic on what the pilot measured; ``pilot_outcome`` and
-``remaining_pairs`` read what it needs from the run and the prompt files. The estimate is
+``forecast(...)`` is arithmetic on what the pilot measured, in named steps (``_pool`` the
+pilot's pairs per domain, ``_pilot_warnings``, ``_rest`` the rest's tokens and their bootstrap,
+``_domain`` a domain's row, ``_time``), and returns the typed record ``forecast.json`` holds
+(``store/forecast.py``'s ``Forecast``); ``pilot_outcome`` and ``remaining_pairs`` read what it
+needs from the run and the prompt files. The estimate is
 stratified: each (source, domain) stratum's output tokens per (prompt, sample) pair are the mean
 of its pilot pairs (a fatally failed pair counts 0: it yields nothing), times the pairs the run
 has left in that stratum; a stratum the pilot has no answer for takes its domain's mean, else
