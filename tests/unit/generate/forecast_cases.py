@@ -130,3 +130,39 @@ def bare() -> dict[str, Any]:
 
 
 CASES = {"full": full, "small": small, "earlier_rate": earlier_rate, "bare": bare}
+
+
+def unmeasured() -> dict[str, Any]:
+    """A bootstrapped pilot with a domain it has no answer of (the whole pilot's mean and draw
+    stand in) and more than five strata that borrow their domain's mean."""
+    strata: dict[Stratum, int] = {("a", "code"): 300, ("a", "agent"): 40}
+    drawn: dict[Stratum, list[str]] = {("a", "code"): [f"c{i}" for i in range(35)]}
+    out = Outcome()
+    for i in range(35):
+        out.add(("a", "code"), 200 + (i * 53) % 400, i % 7 == 0)
+    left: dict[Stratum, int] = {("a", "code"): 265, ("a", "agent"): 40}
+    for k in range(7):  # sources the pilot drew nothing of
+        strata[(f"s{k}", "code")] = 10 + k
+        drawn[(f"s{k}", "code")] = []
+        left[(f"s{k}", "code")] = 10 + k
+    tp = Throughput(
+        5000.0, [_endpoint("http://h1:8000", 5000.0)], 6.0, 3.0, 40.0, [], pilot_tail_s=1.0
+    )
+    return {
+        "sample": _sample(drawn, strata, 11),
+        "outcome": out,
+        "left": left,
+        "left_prompts": left,
+        "committed": {"code": 7000},
+        "committed_active_s": 20.0,
+        "throughput": tp,
+        "gpus": 8,
+        "endpoints": 1,
+        "n": 1,
+        "max_tokens": 1024,
+        "run_id": "run-2",
+        "pilot_wall_s": 61.0,
+    }
+
+
+CASES["unmeasured"] = unmeasured
