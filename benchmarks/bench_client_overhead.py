@@ -3,7 +3,7 @@
 A zero-delay simulated fleet (``draftdata fleet sim --time-scale 0`` in a child process, pinned to
 the second core when there is one) answers at once, so completions per second measure only the
 client side. Three loops, each pinned to core 0 (``os.sched_setaffinity``), send the same request
-bodies (``client.build_body``: reasoning on, token ids asked) with the same concurrency:
+bodies (``client.request_body``: reasoning on, token ids asked) with the same concurrency:
 
 - draftdata: ``generate(config)`` end to end -- prompt reading, dispatch, parsing, and durable
   create-only parquet writes to a local run folder, read back afterwards to check the count;
@@ -79,17 +79,20 @@ def write_prompts(path: Path, n: int) -> list[Any]:
 
 
 def bodies(prompts: list[Any]) -> list[dict[str, Any]]:
-    from draftdata.generate.client import build_body
+    from draftdata.generate.client import request_body
     from draftdata.generate.config import Sampling
+    from draftdata.generate.request import Request
 
     return [
-        build_body(
-            p.messages,
-            model=MODEL,
-            max_tokens=256,
-            sampling=Sampling(),
-            reasoning="on",
-            token_ids=True,
+        request_body(
+            Request(
+                messages=p.messages,
+                model=MODEL,
+                max_tokens=256,
+                sampling=Sampling(),
+                reasoning="on",
+                token_ids=True,
+            )
         )
         for p in prompts
     ]

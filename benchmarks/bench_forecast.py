@@ -237,49 +237,53 @@ def main() -> None:
         f"rest of the run: {summary.completed:,} completions, {tokens:,} output tokens in "
         f"{wall:.1f} s; load average {load0:.1f} before, {load1:.1f} after"
     )
-    iv = fc["output_tokens_90"] or [None, None]
+    iv = fc.output_tokens_90 or [None, None]
     print(
-        f"output tokens: forecast {fc['output_tokens']:,} (90% {iv[0]}-{iv[1]}) actual "
-        f"{tokens:,}: ratio {_ratio(fc['output_tokens'], tokens)}"
+        f"output tokens: forecast {fc.output_tokens:,} (90% {iv[0]}-{iv[1]}) actual "
+        f"{tokens:,}: ratio {_ratio(fc.output_tokens, tokens)}"
     )
-    wv = fc["wall_s_90"] or [None, None]
+    wv = fc.wall_s_90 or [None, None]
     print(
-        f"wall seconds: forecast {fc['wall_s']} (90% {wv[0]}-{wv[1]}) actual {wall:.1f}: "
-        f"ratio {_ratio(fc['wall_s'], wall)}"
+        f"wall seconds: forecast {fc.wall_s} (90% {wv[0]}-{wv[1]}) actual {wall:.1f}: "
+        f"ratio {_ratio(fc.wall_s, wall)}"
     )
     print(
-        f"gpu-hours (x{fc['gpus']} GPUs): forecast {fc['gpu_hours']} actual "
-        f"{fc['gpus'] * wall / 3600:.3f}"
+        f"gpu-hours (x{fc.gpus} GPUs): forecast {fc.gpu_hours} actual {fc.gpus * wall / 3600:.3f}"
     )
     by_url = {e.url: e.output_tokens for e in after.endpoints}
     was = {e.url: e.output_tokens for e in before.endpoints}
-    for e in fc["throughput"]["endpoints"]:
-        got = (by_url.get(e["url"], 0) - was.get(e["url"], 0)) / wall
+    for e in fc.throughput.endpoints if fc.throughput is not None else []:
+        got = (by_url.get(e.url, 0) - was.get(e.url, 0)) / wall
         print(
-            f"  endpoint {e['url']}: saturated rate forecast {e['output_tokens_per_s']} tok/s "
-            f"(full {e['saturated_s']} s, measured {e['measured']}); the rest of the run "
+            f"  endpoint {e.url}: saturated rate forecast {e.output_tokens_per_s} tok/s "
+            f"(full {e.saturated_s} s, measured {e.measured}); the rest of the run "
             f"{got:,.0f} tok/s over its wall time"
         )
     rows = {}
-    for name, d in fc["by_domain"].items():
+    for name, d in fc.by_domain.items():
         actual = after.domains.get(name if name != "(none)" else "")
         mean = actual.output_tokens / actual.completions if actual and actual.completions else None
         share = actual.output_tokens / after.output_tokens if actual and after.output_tokens else 0
         rows[name] = {
-            "forecast_mean": d["mean_output_tokens"],
+            "forecast_mean": d.mean_output_tokens,
             "actual_mean": mean,
-            "forecast_share": d["share"],
+            "forecast_share": d.share,
             "actual_share": share,
         }
         print(
-            f"  {name:<8} mean out: forecast {d['mean_output_tokens']} actual "
+            f"  {name:<8} mean out: forecast {d.mean_output_tokens} actual "
             f"{mean if mean is None else round(mean, 1)}; token share: forecast "
-            f"{d['share']:.3f} actual {share:.3f}"
+            f"{d.share:.3f} actual {share:.3f}"
         )
     if args.json is not None:
         args.json.write_text(
             json.dumps(
-                {"forecast": fc, "actual_tokens": tokens, "actual_wall_s": wall, "domains": rows},
+                {
+                    "forecast": pilot.forecast_json(),
+                    "actual_tokens": tokens,
+                    "actual_wall_s": wall,
+                    "domains": rows,
+                },
                 indent=1,
             ),
             encoding="utf-8",

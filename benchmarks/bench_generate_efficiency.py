@@ -66,8 +66,9 @@ import msgspec
 
 from draftdata.endpoints import parse_loads
 from draftdata.errors import FatalRequestError, ServerError
-from draftdata.generate.client import EndpointClient, build_body
+from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, Sampling
+from draftdata.generate.request import Request
 from draftdata.generate.stage import generate
 from draftdata.records import Message, Prompt
 from draftdata.sim.config import SimConfig
@@ -549,8 +550,8 @@ async def _baseline(
     sampling = Sampling()
 
     async def one(p: Prompt) -> None:
-        body = build_body(
-            p.messages,
+        body = Request(
+            messages=p.messages,
             model="Qwen3.6-27B-sim",
             max_tokens=shape.max_tokens,
             sampling=sampling,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import pyarrow as pa
@@ -39,6 +39,7 @@ SAMPLE_FORMAT = "sample/1"
 
 _json = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder()
+_Record = TypeVar("_Record", bound=msgspec.Struct)
 
 
 # -- the JSON files ---------------------------------------------------------------------------
@@ -71,6 +72,21 @@ class JsonFile:
                 f"{self._hint()}"
             )
         return doc
+
+    def read(self, raw: bytes, where: str, kind: type[_Record]) -> _Record:
+        """The file as its typed record ``kind`` (a msgspec Struct): ``load``'s checks, then
+        InputError (one line) when its fields do not read as ``kind``'s."""
+        doc = self.load(raw, where)
+        try:
+            return msgspec.convert(doc, kind)
+        except msgspec.ValidationError as exc:
+            raise InputError(f"{where}: {exc}; {self._hint()}") from exc
+
+    def dump(self, record: msgspec.Struct) -> bytes:
+        """The bytes of ``record`` as this file holds it: its fields in their declared order,
+        one a line (JSON indented by one, UTF-8 kept), a newline at the end."""
+        doc = msgspec.to_builtins(record)
+        return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode()
 
     def _hint(self) -> str:
         return f"{self.name} is {self.what}, written by {self.writer}"
@@ -108,6 +124,9 @@ HIDDEN_SUMMARY = JsonFile(  # one per finished command: hidden_summary.json, hid
     "draftdata.hidden-summary/1",
     "a hidden-state set's summary",
     "draftdata hidden-states",
+)
+FORECAST = JsonFile(  # forecast.json, then forecast-2.json, ... (store/forecast.py)
+    "forecast.json", "draftdata.forecast/1", "a pilot's forecast", "draftdata generate --pilot"
 )
 HIDDEN_INDEX = "hidden_index.parquet"  # row, id, file, counts: which file holds which sample
 HIDDEN_INDEX_FORMAT = "hidden-index/1"

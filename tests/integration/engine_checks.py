@@ -242,15 +242,17 @@ async def _cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: 
 
     from draftdata.endpoints import probe_load
     from draftdata.generate.client import EndpointClient
+    from draftdata.generate.config import Sampling
+    from draftdata.generate.request import Request
+    from draftdata.records import Message
 
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Count to a thousand."}],
-        "max_tokens": max_tokens,
-        "max_completion_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-    }
+    request = Request(
+        model=model,
+        messages=[Message(role="user", content="Count to a thousand.")],
+        max_tokens=max_tokens,
+        sampling=Sampling(temperature=0.0),
+        extra_body={"ignore_eos": True},
+    )
 
     async def held(session: aiohttp.ClientSession) -> int:
         # running + waiting: a request the server preempted into its queue still holds a place
@@ -282,8 +284,8 @@ async def _cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: 
     ):
         for _ in range(5):  # a loaded machine can make one pair too quick to watch
             await until(session, 0, 60)
-            lost = asyncio.create_task(loser.chat(dict(body)))
-            kept = asyncio.create_task(twin.chat(dict(body)))
+            lost = asyncio.create_task(loser.chat(request))
+            kept = asyncio.create_task(twin.chat(request))
             try:
                 await until(session, 2, 60, kept)
                 lost.cancel()
@@ -299,7 +301,7 @@ async def _cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: 
             await asyncio.gather(lost, kept, return_exceptions=True)
             await until(session, 0, 60)
             # the clients stay usable: the cancelled one's connection was dropped, not poisoned
-            await loser.chat({**body, "max_tokens": 2, "max_completion_tokens": 2})
+            await loser.chat(request.with_max_tokens(2))
             return freed
         raise AssertionError(
             f"{url}: in five pairs of {max_tokens}-token requests the twin ended before the "

@@ -40,6 +40,9 @@ ATTEMPTS = 3
 GENERATED = "vllm:generation_tokens_total"
 
 
+WARMUP_MAX_TOKENS = 8  # the output limit of the warm-up request ``probe_spec`` sends
+
+
 @dataclass(frozen=True)
 class Job:
     """One request to send: a prompt's first request, already a chat body but for the model."""
@@ -47,6 +50,7 @@ class Job:
     id: str
     domain: str
     body: dict[str, Any]
+    max_tokens: int | None = None  # the limit the body carries (the answer's size bound)
 
 
 @dataclass
@@ -124,7 +128,7 @@ async def probe_spec(
     if await read_counters(session, address) is None:
         body = {**warmup, "model": cap.model} if cap.model else dict(warmup)
         try:
-            await client.chat_json(body)
+            await client.chat_json(body, max_tokens=WARMUP_MAX_TOKENS)
         except ServerError as exc:
             raise FleetError(f"acceptance: {url} does not serve a chat request ({exc})") from exc
         if await read_counters(session, address) is None:
@@ -268,7 +272,7 @@ class Measurement:
         async with sem:
             for attempt in range(ATTEMPTS):
                 try:
-                    answer = await server.client.chat_json(body)
+                    answer = await server.client.chat_json(body, max_tokens=job.max_tokens)
                 except ServerError as exc:
                     if isinstance(exc, FatalRequestError):
                         return False, 0, None

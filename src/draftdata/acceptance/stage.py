@@ -22,13 +22,21 @@ from dataclasses import dataclass, field
 import aiohttp
 import msgspec
 
-from draftdata.acceptance.measure import Job, Measurement, SpecServer, chunks, probe_spec
+from draftdata.acceptance.measure import (
+    WARMUP_MAX_TOKENS,
+    Job,
+    Measurement,
+    SpecServer,
+    chunks,
+    probe_spec,
+)
 from draftdata.conversation import TurnPlan
 from draftdata.endpoints import api_key_from_env, base_url
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError
 from draftdata.fleetspec import read_fleet
-from draftdata.generate.client import EndpointClient, build_body
+from draftdata.generate.client import EndpointClient, request_body
 from draftdata.generate.config import Reasoning, Sampling
+from draftdata.generate.request import Request
 from draftdata.generate.source import prompt_files
 from draftdata.records import parse_prompt
 from draftdata.redact import redact_url
@@ -109,16 +117,17 @@ def load_jobs(config: AcceptanceConfig, log: Log) -> list[Job]:
             if not len(plan):
                 bad += 1
                 continue
-            body = build_body(
-                plan.context(0, []),
+            request = Request(
+                messages=plan.context(0, []),
                 tools=prompt.tools,
                 model="",
                 max_tokens=config.max_tokens,
                 sampling=sampling,
                 reasoning=config.reasoning,
             )
+            body = request_body(request)
             body.pop("model")
-            jobs.append(Job(prompt.id, domain, body))
+            jobs.append(Job(prompt.id, domain, body, config.max_tokens))
             taken[domain] += 1
     if bad:
         log(f"acceptance: {bad} line(s) of {config.prompts} are not prompts and were skipped")
@@ -152,7 +161,7 @@ async def _measure(
 ) -> tuple[list[SpecServer], Measurement]:
     key = api_key_from_env(config.api_key_env)
     clients = [EndpointClient(u, api_key=key) for u in _urls(config)]
-    warmup = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+    warmup = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": WARMUP_MAX_TOKENS}
     try:
         async with aiohttp.ClientSession() as session:
             servers = [await probe_spec(session, c, warmup) for c in clients]

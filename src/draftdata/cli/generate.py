@@ -521,7 +521,7 @@ def _pilot(cfg: Any, spec: Any, seed: int, json_out: Path | None) -> None:
         import json
 
         data = result.summary.to_dict()
-        data["forecast"] = result.forecast
+        data["forecast"] = result.forecast_json()
         json_out.write_text(json.dumps(data, indent=1), encoding="utf-8")
     if result.summary.interrupted:
         typer.echo(

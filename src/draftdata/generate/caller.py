@@ -27,11 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from draftdata.conversation import STOP_CONTEXT, turn_message
 from draftdata.errors import ContextLengthError, FatalRequestError
-from draftdata.generate.client import build_body
+from draftdata.generate.client import request_body
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.limits import MIN_LIMIT, OutputLimit
+from draftdata.generate.request import Request
 from draftdata.generate.thinking import joined
 from draftdata.generate.work import Copy
 from draftdata.records import Turn
@@ -41,7 +44,8 @@ from draftdata.tokens import turn_tokens
 @dataclass(frozen=True, slots=True)
 class Answer:
     """What one attempt produced: the turns of each sample (one list per sample answered), the
-    last request body that was answered (the record's exact parameters), why the
+    body of the last request that was answered, its messages left empty (the record's exact
+    parameters, ``_parameters``), why the
     conversation stopped before its last request (None when it did not), and the servers'
     default thinking mode every turn was written in (None: unknown, ``thinking.py``)."""
 
@@ -49,6 +53,14 @@ class Answer:
     body: dict[str, Any]
     stop: str | None = None
     server_thinking: bool | None = None
+
+
+def _parameters(request: Request | None) -> dict[str, Any]:
+    """The body of ``request`` as the record keeps it: its messages left empty (the record
+    holds the prompt's own; ``work.completions`` drops the key), the rest as sent."""
+    if request is None:
+        return {}
+    return request_body(msgspec.structs.replace(request, messages=[]))
 
 
 class Caller:
@@ -74,22 +86,22 @@ class Caller:
         mark = ep.thinking.mark()  # the mode these requests are written in
 
         def answer(
-            per_sample: list[list[Turn]], body: dict[str, Any], stop: str | None = None
+            per_sample: list[list[Turn]], request: Request | None, stop: str | None = None
         ) -> Answer:
             mode = ep.thinking.since(mark)
             if job.turns:  # turns an earlier attempt wrote, maybe on another endpoint
                 mode = joined(mode, job.turns_thinking)
-            return Answer(per_sample, body, stop, mode)
+            return Answer(per_sample, _parameters(request), stop, mode)
 
         keep = self.cfg.keep_reasoning_history
-        answered: dict[str, Any] | None = None  # the body of the last answered request
-        body: dict[str, Any] = {}
+        answered: Request | None = None  # the last answered request
+        request: Request | None = None
         strict = self.cfg.strict_limit
         limit = OutputLimit(job.max_tokens, ep, job.prompt.tools, strict=strict)
         for t in range(len(turns), len(job.plan)):
             messages = job.plan.context(t, turns, keep_reasoning=keep)
-            body = build_body(
-                messages,
+            request = Request(
+                messages=messages,
                 tools=job.prompt.tools,
                 model=self.cfg.model or ep.model or self.model,
                 max_tokens=limit.limit(messages),
@@ -101,29 +113,29 @@ class Caller:
             )
             room = limit.room(messages) if turns and not strict else None
             if room is not None and room < MIN_LIMIT:  # the history alone fills the context
-                return answer([turns], answered or body, STOP_CONTEXT)
+                return answer([turns], answered or request, STOP_CONTEXT)
             sent = copy.sent = self.clock()
             try:
-                got, body = await limit.send(body)
+                got, request = await limit.send(request)
             except ContextLengthError:
                 if turns:
-                    return answer([turns], answered or body, STOP_CONTEXT)
+                    return answer([turns], answered or request, STOP_CONTEXT)
                 raise
-            answered = body
+            answered = request
             self._answered(copy, got, self.clock() - sent, limit.clamped)
             limit.answered(messages, got[0])
             if not job.multi_turn:
-                return answer([[x] for x in got], body)
+                return answer([[x] for x in got], request)
             turns.append(got[0])
             stop = job.plan.stop_reason(t, got[0])
             if stop is not None:  # the turn broke the conversation: keep what we have
-                return answer([turns], body, stop)
+                return answer([turns], request, stop)
             limit.carried([*messages, turn_message(got[0], keep_reasoning=keep)])
             if job.copies == [copy]:  # the only copy: checkpoint for a retry
                 mode = ep.thinking.since(mark)
                 job.turns_thinking = joined(mode, job.turns_thinking) if job.turns else mode
                 job.turns = list(turns)
-        return answer([turns], body)
+        return answer([turns], request)
 
     def _answered(self, copy: Copy, got: list[Turn], latency: float, clamped: bool) -> None:
         """Count one answered request and teach its endpoint."""

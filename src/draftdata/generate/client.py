@@ -1,8 +1,12 @@
 """One inference endpoint over HTTP: request bodies, the transport, and error classes.
 
-This is the narrow transport seam of the generation engine: ``build_body`` turns messages and
-settings into a chat-completions body, ``EndpointClient.chat`` sends it and returns Turns or
-raises one of the ``ServerError`` leaves of ``draftdata.errors``. Every raw failure (HTTP
+This is the narrow transport seam of the generation engine: a ``Request`` is one request as a
+typed item (the messages or a prompt of token ids, the output limit, sampling, ``n``, the
+reasoning switch, token ids asked, extra body fields, and which endpoint call it is); its JSON
+body is built from it last, in one place (``Request.body``), when it is sent.
+``EndpointClient.chat`` sends one and returns Turns or raises one of the ``ServerError`` leaves
+of ``draftdata.errors``; the layers above (``limits.py``'s smaller retry, the token-id fallback
+here) read and replace the item's fields, never a body. Every raw failure (HTTP
 status, aiohttp timeout, reset, disconnect, unreadable body) is mapped to its type here, in one
 place, so the engine decides retries by type and never by message text.
 
@@ -43,13 +47,10 @@ from draftdata.errors import (
     ServerError,
 )
 from draftdata.generate.bounds import answer_fault, body_limit
-from draftdata.generate.config import Reasoning, Sampling
 from draftdata.generate.parse import decode_chat_response
-from draftdata.records import JsonDict, Message, Turn
+from draftdata.generate.request import TOKEN_ID_FIELDS, Request
+from draftdata.records import Turn
 from draftdata.redact import Redactor, redact_url
-
-TOKEN_ID_FIELDS = ("return_token_ids", "return_prompt_token_ids")  # ``chat`` reads them by name
-
 
 # Answers that say "this endpoint serves nothing here" (a rotated key, a renamed served model, a
 # server that is not OpenAI-compatible), whatever the request: the endpoint's fault.
@@ -108,46 +109,49 @@ def error_message(body_text: str, limit: int = 500) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def build_body(
-    messages: list[Message],
-    *,
-    tools: list[JsonDict] | None = None,
-    model: str,
-    max_tokens: int,
-    sampling: Sampling,
-    reasoning: Reasoning = "server",
-    n: int = 1,
-    token_ids: bool = False,
-    extra_body: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A chat-completions request body.
+def request_body(request: Request) -> dict[str, Any]:
+    """The JSON body of ``request``, the one place a body is built (``EndpointClient`` sends
+    it; ``caller.py`` records it).
 
-    ``max_completion_tokens`` (SGLang's and OpenAI's current name; it counts reasoning) and
-    ``max_tokens`` (older servers) both carry ``max_tokens``. Reasoning ``on``/``off`` sets
-    ``chat_template_kwargs.enable_thinking``; ``server`` leaves the server's default. Token ids
-    ask for ``return_token_ids`` (vLLM: prompt and output ids; SGLang: output ids) and
-    ``return_prompt_token_ids`` (SGLang's prompt ids; vLLM ignores it). ``tools`` only when
-    given, ``n`` only when above 1. ``extra_body`` goes in last and wins, except that its
-    ``chat_template_kwargs`` are merged with the reasoning switch.
+    Chat: ``max_completion_tokens`` (SGLang's and OpenAI's current name; it counts
+    reasoning) and ``max_tokens`` (older servers) both carry ``max_tokens``. Reasoning
+    ``on``/``off`` sets ``chat_template_kwargs.enable_thinking``; ``server`` leaves the
+    server's default. Token ids ask for ``return_token_ids`` (vLLM: prompt and output ids;
+    SGLang: output ids) and ``return_prompt_token_ids`` (SGLang's prompt ids; vLLM ignores
+    it). ``tools`` only when given, ``n`` only when above 1. ``extra_body`` goes in last and
+    wins, except that its ``chat_template_kwargs`` are merged with the reasoning switch.
+    Completion: the model, the prompt, ``max_tokens``, the sampling, ``n`` above 1, then
+    ``extra_body``.
     """
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": msgspec.to_builtins(messages),
-        "max_completion_tokens": max_tokens,
-        "max_tokens": max_tokens,
+    if request.call == "completion":
+        body: dict[str, Any] = {
+            "model": request.model,
+            "prompt": request.prompt,
+            "max_tokens": request.max_tokens,
+        }
+        body.update(request.sampling.body())
+        if request.n > 1:
+            body["n"] = request.n
+        body.update(request.extra_body)
+        return body
+    body = {
+        "model": request.model,
+        "messages": msgspec.to_builtins(request.messages),
+        "max_completion_tokens": request.max_tokens,
+        "max_tokens": request.max_tokens,
     }
-    body.update(sampling.body())
-    if tools:
-        body["tools"] = tools
-    if n > 1:
-        body["n"] = n
-    if token_ids:
+    body.update(request.sampling.body())
+    if request.tools:
+        body["tools"] = request.tools
+    if request.n > 1:
+        body["n"] = request.n
+    if request.token_ids:
         for field in TOKEN_ID_FIELDS:
             body[field] = True
     kwargs: dict[str, Any] = {}
-    if reasoning != "server":
-        kwargs["enable_thinking"] = reasoning == "on"
-    extra = dict(extra_body or {})
+    if request.reasoning != "server":
+        kwargs["enable_thinking"] = request.reasoning == "on"
+    extra = dict(request.extra_body)
     user_kwargs = extra.pop("chat_template_kwargs", None)
     if isinstance(user_kwargs, dict):
         kwargs = {**user_kwargs, **kwargs}
@@ -178,11 +182,6 @@ def _retry_after(value: str | None) -> float | None:
 UNBOUNDED_TOKENS = 1 << 17  # the size bound's output limit for a request that sets none
 
 
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    value = body.get("max_completion_tokens", body.get("max_tokens"))
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _too_large(size: str, cap: int, limit: int) -> ImpossibleAnswerError:
     return ImpossibleAnswerError(
         f"an answer of {size} bytes to a request for at most {cap} tokens "
@@ -202,10 +201,6 @@ async def _read_bounded(resp: aiohttp.ClientResponse, limit: int, cap: int) -> b
         if len(data) > limit:
             raise _too_large(f"more than {len(data):,}", cap, limit)
     return bytes(data)
-
-
-def _strip_token_ids(body: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in body.items() if k not in TOKEN_ID_FIELDS}
 
 
 class EndpointClient:
@@ -295,15 +290,16 @@ class EndpointClient:
         )
 
     async def _post(
-        self, body: dict[str, Any], url: str | None = None
+        self, data: bytes, url: str, *, max_tokens: int | None, n: int
     ) -> tuple[int, bytes, str | None]:
+        """POST the encoded body ``data`` of a request for at most ``max_tokens`` output tokens
+        in ``n`` choices; (status, the answer read within its bound, Retry-After)."""
         session = self._get_session()
-        data = self._encode(body)
-        cap = _max_tokens(body)
-        limit = body_limit(len(data), cap or UNBOUNDED_TOKENS, int(body.get("n") or 1))
+        cap = max_tokens or UNBOUNDED_TOKENS
+        limit = body_limit(len(data), cap, n)
         try:
-            async with session.post(url or self.chat_url, data=data) as resp:
-                answer = await _read_bounded(resp, limit, cap or UNBOUNDED_TOKENS)
+            async with session.post(url, data=data) as resp:
+                answer = await _read_bounded(resp, limit, cap)
                 return resp.status, answer, resp.headers.get("Retry-After")
         except aiohttp.ConnectionTimeoutError as exc:
             raise self._error(
@@ -326,20 +322,31 @@ class EndpointClient:
                 f"connection to {self.shown} lost: {type(exc).__name__}: {exc}",
             ) from exc
 
-    async def chat_json(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Send one chat-completions body as it is; return the decoded answer object (for
-        fields the Turns do not carry, e.g. SGLang's ``sglext``) or raise a ``ServerError``
-        leaf."""
-        return await self._post_json(body, self.chat_url)
+    def _url(self, request: Request) -> str:
+        return self.chat_url if request.call == "chat" else self.completions_url
 
-    async def completion_json(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Send one ``/v1/completions`` body as it is (a prompt of token ids: the prefill-only
-        requests of ``hidden-states --engine vllm``); the decoded answer object or a
-        ``ServerError`` leaf, mapped as for chat."""
-        return await self._post_json(body, self.completions_url)
+    async def _send(self, request: Request) -> tuple[int, bytes, str | None]:
+        """Build ``request``'s body, encode and POST it to its call's URL."""
+        data = self._encode(request_body(request))
+        return await self._post(
+            data, self._url(request), max_tokens=request.max_tokens, n=request.n
+        )
 
-    async def _post_json(self, body: dict[str, Any], url: str) -> dict[str, Any]:
-        status, data, retry_after = await self._post(body, url)
+    async def send_json(self, request: Request) -> dict[str, Any]:
+        """Send ``request`` (a chat, or a ``/v1/completions`` prompt of token ids: the
+        prefill-only requests of ``hidden-states --engine vllm``); return the decoded answer
+        object (for fields the Turns do not carry) or raise a ``ServerError`` leaf."""
+        return self._decode_json(*await self._send(request))
+
+    async def chat_json(self, body: dict[str, Any], *, max_tokens: int | None) -> dict[str, Any]:
+        """Send a chat-completions body built elsewhere, as it is (``acceptance``: bodies with
+        fields of its own, sent to servers of several models, one choice each); ``max_tokens``
+        is the limit it carries (the answer's size bound). The decoded answer object or a
+        ``ServerError`` leaf, mapped as for ``chat``."""
+        sent = await self._post(self._encode(body), self.chat_url, max_tokens=max_tokens, n=1)
+        return self._decode_json(*sent)
+
+    def _decode_json(self, status: int, data: bytes, retry_after: str | None) -> dict[str, Any]:
         self._raise_for_status(status, data, retry_after)
         try:
             answer = msgspec.json.decode(data)
@@ -349,34 +356,37 @@ class EndpointClient:
             raise self._error(MalformedAnswerError, "the answer is not a JSON object")
         return answer
 
-    async def chat(self, body: dict[str, Any]) -> list[Turn]:
-        """Send one chat-completions body; return its Turns or raise a ``ServerError`` leaf.
+    async def chat(self, request: Request) -> list[Turn]:
+        """Send one chat request; return its Turns or raise a ``ServerError`` leaf.
 
         A choice that the server aborted (``finish_reason: abort``) raises
         ``RetryableServerError``.
         """
-        asked = bool(body.get("return_token_ids") or body.get("return_prompt_token_ids"))
+        asked = request.token_ids
         if asked and self.token_ids_supported is False:
-            body = _strip_token_ids(body)
+            request = request.without_token_ids()
             asked = False
-        status, data, retry_after = await self._post(body)
+        data = self._encode(request_body(request))
+        status, answer, retry_after = await self._post(
+            data, self.chat_url, max_tokens=request.max_tokens, n=request.n
+        )
         if status == 400 and asked and self.token_ids_supported is not True:
-            text = data.decode("utf-8", "replace")
+            text = answer.decode("utf-8", "replace")
             if any(f in text for f in TOKEN_ID_FIELDS):
                 self.token_ids_supported = False
-                body = _strip_token_ids(body)
+                request = request.without_token_ids()
                 asked = False
-                status, data, retry_after = await self._post(body)
-        self._raise_for_status(status, data, retry_after)
+                data = self._encode(request_body(request))
+                status, answer, retry_after = await self._post(
+                    data, self.chat_url, max_tokens=request.max_tokens, n=request.n
+                )
+        self._raise_for_status(status, answer, retry_after)
         try:
-            turns = decode_chat_response(data)
+            turns = decode_chat_response(answer)
         except MalformedAnswerError as exc:
             raise self._error(MalformedAnswerError, exc.message[:500], status=status) from exc
         fault = answer_fault(
-            turns,
-            max_tokens=_max_tokens(body),
-            request_bytes=len(self._encode(body)),
-            n=int(body.get("n") or 1),
+            turns, max_tokens=request.max_tokens, request_bytes=len(data), n=request.n
         )
         if fault is not None:
             raise self._error(ImpossibleAnswerError, f"an impossible answer: {fault}")

@@ -33,6 +33,7 @@ import aiohttp
 from draftdata.endpoints import Capacity, Load, base_url, probe_load
 from draftdata.generate.breaker import Breaker
 from draftdata.generate.concurrency import ConcurrencyController
+from draftdata.generate.request import Request
 from draftdata.generate.thinking import ThinkingMode
 from draftdata.records import Turn
 from draftdata.redact import redact_url
@@ -45,8 +46,8 @@ class ChatClient(Protocol):
 
     token_ids_supported: bool | None
 
-    async def chat(self, body: dict[str, Any]) -> list[Turn]:
-        """Send one chat-completions body; Turns or a ``draftdata.errors.ServerError`` leaf."""
+    async def chat(self, request: Request) -> list[Turn]:
+        """Send one chat request; Turns or a ``draftdata.errors.ServerError`` leaf."""
         ...
 
     async def close(self) -> None:

@@ -1,7 +1,10 @@
 """The forecast of a whole generate run from its pilot (``pilot.py``): tokens, time, the mix.
 
-``forecast(...)`` is arithmetic on what the pilot measured; ``pilot_outcome`` and
-``remaining_pairs`` read what it needs from the run and the prompt files. The estimate is
+``forecast(...)`` is arithmetic on what the pilot measured, in named steps (``_pool`` the
+pilot's pairs per domain, ``_pilot_warnings``, ``_rest`` the rest's tokens and their bootstrap,
+``_domain`` a domain's row, ``_time``), and returns the typed record ``forecast.json`` holds
+(``store/forecast.py``'s ``Forecast``); ``pilot_outcome`` and ``remaining_pairs`` read what it
+needs from the run and the prompt files. The estimate is
 stratified: each (source, domain) stratum's output tokens per (prompt, sample) pair are the mean
 of its pilot pairs (a fatally failed pair counts 0: it yields nothing), times the pairs the run
 has left in that stratum; a stratum the pilot has no answer for takes its domain's mean, else
@@ -25,9 +28,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,7 +45,7 @@ from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS
 from draftdata.store.base import Store
 from draftdata.store.doneset import hash_pairs
-from draftdata.store.forecast import FORECAST_FORMAT
+from draftdata.store.forecast import DomainForecast, FleetRate, Forecast, PilotFigures
 from draftdata.store.read import (
     COMPLETIONS_PREFIX,
     FAILURES_PREFIX,
@@ -190,6 +195,236 @@ def _interval(values: np.ndarray[Any, Any] | None, digits: int = 0) -> list[floa
     return [round(float(lo), digits), round(float(hi), digits)]
 
 
+class _Resampler:
+    """The seeded bootstrap: ``BOOTSTRAP`` means of ``values`` resampled with replacement.
+    Every draw advances one generator, so the order of the calls is part of the result."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, values: list[int]) -> np.ndarray[Any, Any]:
+        arr = np.asarray(values, dtype=np.float64)
+        idx = self.rng.integers(0, len(arr), size=(BOOTSTRAP, len(arr)))
+        return np.asarray(arr[idx].mean(axis=1))
+
+
+@dataclass
+class _Pooled:
+    """The pilot's settled pairs per domain (a failure is a pair of 0 tokens)."""
+
+    pairs: dict[str, list[int]]
+    completions: dict[str, list[int]]  # output tokens of the completed pairs
+    cuts: dict[str, int]
+    failures: dict[str, int]
+
+    @property
+    def everything(self) -> list[int]:
+        """Every settled pair, domain by domain."""
+        return [v for values in self.pairs.values() for v in values]
+
+
+def _pool(outcome: Outcome, strata: list[Stratum], domains: list[str]) -> _Pooled:
+    """The outcome's strata pooled per domain."""
+    pooled = _Pooled(
+        pairs={d: [] for d in domains},
+        completions={d: [] for d in domains},
+        cuts=dict.fromkeys(domains, 0),
+        failures=dict.fromkeys(domains, 0),
+    )
+    for s in strata:
+        d = s[1]
+        pooled.pairs[d] += outcome.pairs(s)
+        pooled.completions[d] += outcome.tokens.get(s, [])
+        pooled.cuts[d] += sum(outcome.cut.get(s, []))
+        pooled.failures[d] += outcome.failed.get(s, 0)
+    return pooled
+
+
+def _pilot_warnings(outcome: Outcome, pairs: int) -> list[str]:
+    """What the pilot's size and its token counts say of the whole forecast; InputError when
+    no answer's tokens were counted (nothing measured)."""
+    warnings: list[str] = []
+    if pairs < MIN_PILOT:
+        warnings.append(
+            f"the pilot has {pairs} answered pairs (< {MIN_PILOT}): too small for an "
+            "interval; run a larger --pilot"
+        )
+    if not pairs:
+        warnings.append("the pilot has no answer: no lengths measured; the forecast is empty")
+    if outcome.completions and outcome.estimated == outcome.completions:
+        raise InputError(
+            f"--pilot: the servers counted no output tokens for any of the pilot's "
+            f"{outcome.completions:,} answers (no usage, or 0) and returned no token ids: "
+            "nothing measured to forecast from; use servers that report usage, or ask for "
+            "token ids (--token-ids on); the answers are kept in the run"
+        )
+    if outcome.estimated:
+        warnings.append(
+            f"{outcome.estimated:,} of the pilot's {outcome.completions:,} answers had no "
+            f"output token count from their servers: their tokens are {ESTIMATE_ERROR}"
+        )
+    return warnings
+
+
+@dataclass
+class _Rest:
+    """The rest of the run's output tokens per domain: the point estimate and, with a
+    bootstrap, one value per round; the strata that borrowed their domain's mean."""
+
+    point: dict[str, float]
+    draws: dict[str, np.ndarray[Any, Any]] | None
+    borrowed: list[str]
+
+    @property
+    def total(self) -> float:
+        """The rest's point estimate."""
+        return sum(self.point.values())
+
+    def total_draws(self) -> np.ndarray[Any, Any] | None:
+        """The rest's bootstrap values (None: no bootstrap)."""
+        if self.draws is None:
+            return None
+        return np.asarray(np.sum(list(self.draws.values()), axis=0))
+
+
+def _rest(
+    outcome: Outcome,
+    strata: list[Stratum],
+    left: dict[Stratum, int],
+    pooled: _Pooled,
+    resample: _Resampler | None,
+) -> _Rest:
+    """Each stratum's pairs left times its mean per pair: its own pilot pairs', else its
+    domain's, else the whole pilot's (module docstring); bootstrapped when ``resample``."""
+    domains = list(pooled.pairs)
+    everything = pooled.everything
+    overall = float(np.mean(everything)) if everything else 0.0
+    rest = _Rest(
+        point=dict.fromkeys(domains, 0.0),
+        draws={d: np.zeros(BOOTSTRAP) for d in domains} if resample is not None else None,
+        borrowed=[],
+    )
+    # the draws of the pooled means come first: the generator's order is the result's
+    by_domain = (
+        {d: resample(v) for d, v in pooled.pairs.items() if v} if resample is not None else {}
+    )
+    whole = resample(everything) if resample is not None and everything else None
+    for s in strata:
+        k = left.get(s, 0)
+        if not k:
+            continue
+        own = outcome.pairs(s)
+        d = s[1]
+        draw: np.ndarray[Any, Any] | None
+        if own:
+            mean = float(np.mean(own))
+            draw = resample(own) if resample is not None else None
+        elif pooled.pairs[d]:
+            rest.borrowed.append(f"{s[0] or '(no source)'}/{d or '(none)'}")
+            mean = float(np.mean(pooled.pairs[d]))
+            draw = by_domain.get(d)
+        else:
+            mean, draw = overall, whole
+        rest.point[d] += k * mean
+        if rest.draws is not None and draw is not None:
+            rest.draws[d] += k * draw
+    return rest
+
+
+def _borrowed_warning(borrowed: list[str]) -> list[str]:
+    """The note naming the strata that took their domain's mean (the first five)."""
+    if not borrowed:
+        return []
+    shown = ", ".join(borrowed[:5]) + (
+        f" and {len(borrowed) - 5} more" if len(borrowed) > 5 else ""
+    )
+    return [f"strata with no pilot answer take their domain's mean: {shown}"]
+
+
+def _domain(
+    d: str,
+    sample: PilotSample,
+    pooled: _Pooled,
+    rest: _Rest,
+    committed: int,
+    whole: float,
+    resample: _Resampler | None,
+) -> DomainForecast:
+    """One domain's row: the pilot's measurement, the run's tokens and their share; the
+    intervals where the bootstrap runs and the domain has ``MIN_INTERVAL`` pilot pairs."""
+    prompts = sum(c for s, c in sample.strata.items() if s[1] == d)
+    comp = pooled.completions[d]
+    settled = len(pooled.pairs[d])
+    tokens = committed + rest.point[d]
+    mean_90 = tokens_90 = None
+    if resample is not None and rest.draws is not None and settled >= MIN_INTERVAL and comp:
+        mean_90 = _interval(resample(comp), 1)
+        tokens_90 = _interval(np.asarray(committed + rest.draws[d]))
+    return DomainForecast(
+        prompts=prompts,
+        pilot_prompts=sum(len(v) for s, v in sample.drawn.items() if s[1] == d),
+        pilot_completions=len(comp),
+        pilot_failures=pooled.failures[d],
+        mean_output_tokens=round(float(np.mean(comp)), 1) if comp else None,
+        p90_output_tokens=round(float(np.percentile(comp, 90)), 1) if comp else None,
+        cut_share=round(pooled.cuts[d] / len(comp), 4) if comp else None,
+        failure_share=round(pooled.failures[d] / settled, 4) if settled else None,
+        output_tokens=round(tokens),
+        remaining_output_tokens=round(rest.point[d]),
+        output_tokens_per_prompt=round(tokens / prompts, 1) if prompts else None,
+        share=round(tokens / whole, 4) if whole else None,
+        measured=bool(comp),
+        mean_output_tokens_90=mean_90,
+        output_tokens_90=tokens_90,
+    )
+
+
+def _domain_warning(name: str, settled: int, prompts: int, n: int, in_scope: int) -> list[str]:
+    """The note of a domain with fewer than ``MIN_DOMAIN`` pilot answers (none without
+    prompts in scope)."""
+    if not prompts or settled >= MIN_DOMAIN:
+        return []
+    return [
+        f"domain {name}: {settled} pilot answers (< {MIN_DOMAIN}): its figures are "
+        + ("rough" if settled else "not measured (the overall mean is used)")
+        + _pilot_needed(prompts * n, in_scope)
+    ]
+
+
+@dataclass
+class _Time:
+    """The rest's wall time and GPU-hours, with their intervals (all None: no rate)."""
+
+    wall_s: float | None = None
+    wall_s_90: list[float] | None = None
+    gpu_hours: float | None = None
+    gpu_hours_90: list[float] | None = None
+
+
+def _time(
+    throughput: Throughput | None, rest: float, draws: np.ndarray[Any, Any] | None, gpus: int
+) -> _Time:
+    """The rest's tokens over the fleet's saturated rate, plus the drain and the command's
+    overhead; GPU-hours are that times ``gpus``."""
+    rate = throughput.output_tokens_per_s if throughput is not None else None
+    if throughput is None or not rate:
+        return _Time()
+    fixed = throughput.overhead_s + throughput.drain_s
+    wall = fixed + rest / rate
+    wall_90 = [round(fixed + x / rate, 1) for x in _interval(draws) or []] or None
+    return _Time(
+        wall_s=round(wall, 1),
+        wall_s_90=wall_90,
+        gpu_hours=round(gpus * wall / 3600, 3),
+        gpu_hours_90=[round(gpus * w / 3600, 3) for w in wall_90] if wall_90 else None,
+    )
+
+
+def _fleet_rate(throughput: Throughput) -> FleetRate:
+    """The throughput as the forecast records it."""
+    return msgspec.convert(throughput.to_dict(), FleetRate)
+
+
 def forecast(
     sample: PilotSample,
     outcome: Outcome,
@@ -205,180 +440,70 @@ def forecast(
     max_tokens: int | None = None,
     run_id: str | None = None,
     pilot_wall_s: float | None = None,
-) -> dict[str, Any]:
-    """The forecast (module docstring) as the JSON-ready dict ``forecast.json`` holds.
+) -> Forecast:
+    """The forecast (module docstring), the record ``forecast.json`` holds.
 
     ``left``/``left_prompts``: per stratum, the pairs and prompts the run has not settled;
     ``committed``: domain -> output tokens the run holds now.
     """
-    rng = np.random.default_rng(sample.seed)
     strata = sorted(set(sample.strata) | set(left))
     domains = sorted({d for _, d in strata} | set(committed))
-    pooled: dict[str, list[int]] = {d: [] for d in domains}
-    comp: dict[str, list[int]] = {d: [] for d in domains}
-    cuts: dict[str, int] = dict.fromkeys(domains, 0)
-    fails: dict[str, int] = dict.fromkeys(domains, 0)
-    for s in strata:
-        pooled[s[1]] += outcome.pairs(s)
-        comp[s[1]] += outcome.tokens.get(s, [])
-        cuts[s[1]] += sum(outcome.cut.get(s, []))
-        fails[s[1]] += outcome.failed.get(s, 0)
-    everything = [v for d in domains for v in pooled[d]]
-    total_pairs = len(everything)
-    overall = float(np.mean(everything)) if everything else 0.0
-    warnings: list[str] = []
-    boot = total_pairs >= MIN_PILOT
-    if not boot:
-        warnings.append(
-            f"the pilot has {total_pairs} answered pairs (< {MIN_PILOT}): too small for an "
-            "interval; run a larger --pilot"
-        )
-    if not everything:
-        warnings.append("the pilot has no answer: no lengths measured; the forecast is empty")
-    if outcome.completions and outcome.estimated == outcome.completions:
-        raise InputError(
-            f"--pilot: the servers counted no output tokens for any of the pilot's "
-            f"{outcome.completions:,} answers (no usage, or 0) and returned no token ids: "
-            "nothing measured to forecast from; use servers that report usage, or ask for "
-            "token ids (--token-ids on); the answers are kept in the run"
-        )
-    if outcome.estimated:
-        warnings.append(
-            f"{outcome.estimated:,} of the pilot's {outcome.completions:,} answers had no "
-            f"output token count from their servers: their tokens are {ESTIMATE_ERROR}"
-        )
-
-    def resampled(values: list[int]) -> np.ndarray[Any, Any]:
-        arr = np.asarray(values, dtype=np.float64)
-        idx = rng.integers(0, len(arr), size=(BOOTSTRAP, len(arr)))
-        return np.asarray(arr[idx].mean(axis=1))
-
-    # per domain: the rest's tokens (point, and one value per bootstrap round)
-    point: dict[str, float] = dict.fromkeys(domains, 0.0)
-    draws: dict[str, np.ndarray[Any, Any]] = {d: np.zeros(BOOTSTRAP) for d in domains}
-    pooled_draw = {d: resampled(v) for d, v in pooled.items() if v} if boot else {}
-    overall_draw = resampled(everything) if boot and everything else None
-    borrowed: list[str] = []
-    for s in strata:
-        k = left.get(s, 0)
-        if not k:
-            continue
-        own = outcome.pairs(s)
-        d = s[1]
-        if own:
-            point[d] += k * float(np.mean(own))
-            if boot:
-                draws[d] += k * resampled(own)
-        elif pooled[d]:
-            borrowed.append(f"{s[0] or '(no source)'}/{d or '(none)'}")
-            point[d] += k * float(np.mean(pooled[d]))
-            if boot:
-                draws[d] += k * pooled_draw[d]
-        else:
-            point[d] += k * overall
-            if boot and overall_draw is not None:
-                draws[d] += k * overall_draw
-    if borrowed:
-        shown = ", ".join(borrowed[:5]) + (
-            f" and {len(borrowed) - 5} more" if len(borrowed) > 5 else ""
-        )
-        warnings.append(f"strata with no pilot answer take their domain's mean: {shown}")
-    rest = sum(point.values())
-    rest_draw: np.ndarray[Any, Any] | None = None
-    if boot:
-        rest_draw = np.sum([draws[d] for d in domains], axis=0)
-    whole = sum(committed.values()) + rest
-    by_domain: dict[str, Any] = {}
+    pooled = _pool(outcome, strata, domains)
+    pairs = len(pooled.everything)
+    warnings = _pilot_warnings(outcome, pairs)
+    resample = _Resampler(sample.seed) if pairs >= MIN_PILOT else None
+    rest = _rest(outcome, strata, left, pooled, resample)
+    warnings += _borrowed_warning(rest.borrowed)
+    rest_draws = rest.total_draws()
+    held = sum(committed.values())
+    whole = held + rest.total
+    by_domain: dict[str, DomainForecast] = {}
     for d in domains:
         name = d or "(none)"
-        prompts = sum(c for s, c in sample.strata.items() if s[1] == d)
-        settled = len(pooled[d])
-        tokens = committed.get(d, 0) + point[d]
-        row: dict[str, Any] = {
-            "prompts": prompts,
-            "pilot_prompts": sum(len(v) for s, v in sample.drawn.items() if s[1] == d),
-            "pilot_completions": len(comp[d]),
-            "pilot_failures": fails[d],
-            "mean_output_tokens": round(float(np.mean(comp[d])), 1) if comp[d] else None,
-            "p90_output_tokens": round(float(np.percentile(comp[d], 90)), 1) if comp[d] else None,
-            "cut_share": round(cuts[d] / len(comp[d]), 4) if comp[d] else None,
-            "failure_share": round(fails[d] / settled, 4) if settled else None,
-            "output_tokens": round(tokens),
-            "remaining_output_tokens": round(point[d]),
-            "output_tokens_per_prompt": round(tokens / prompts, 1) if prompts else None,
-            "share": round(tokens / whole, 4) if whole else None,
-            "measured": bool(comp[d]),
-        }
-        small = settled < MIN_INTERVAL
-        if boot and not small and comp[d]:
-            row["mean_output_tokens_90"] = _interval(resampled(comp[d]), 1)
-            row["output_tokens_90"] = _interval(np.asarray(committed.get(d, 0) + draws[d]))
-        else:
-            row["mean_output_tokens_90"] = row["output_tokens_90"] = None
-        if prompts and settled < MIN_DOMAIN:
-            warnings.append(
-                f"domain {name}: {settled} pilot answers (< {MIN_DOMAIN}): its figures are "
-                + ("rough" if settled else "not measured (the overall mean is used)")
-                + _pilot_needed(prompts * n, sample.in_scope)
-            )
+        row = _domain(d, sample, pooled, rest, committed.get(d, 0), whole, resample)
+        warnings += _domain_warning(name, len(pooled.pairs[d]), row.prompts, n, sample.in_scope)
         by_domain[name] = row
-    remaining_prompts = sum(left_prompts.values())
-    out: dict[str, Any] = {
-        "format": FORECAST_FORMAT,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "run_id": run_id,
-        "pilot": {
-            "spec": sample.spec.text(),
-            "seed": sample.seed,
-            "prompts": len(sample.ids),
-            "completions": sum(len(v) for v in comp.values()),
-            "failures": sum(fails.values()),
-            "strata": len(sample.strata),
-            "wall_s": round(pilot_wall_s, 3) if pilot_wall_s is not None else None,
-        },
-        "n": n,
-        "max_tokens": max_tokens,
-        "prompts": sample.in_scope,
-        "remaining_prompts": remaining_prompts,
-        "remaining_pairs": sum(left.values()),
-        "committed_output_tokens": sum(committed.values()),
-        "committed_active_s": round(committed_active_s, 3),
-        "output_tokens": round(rest),
-        "output_tokens_90": _interval(rest_draw),
-        "run_output_tokens": round(whole),
-        "run_output_tokens_90": None
-        if rest_draw is None
-        else _interval(np.asarray(sum(committed.values()) + rest_draw)),
-        "endpoints": endpoints,
-        "gpus": gpus,
-    }
-    rate = throughput.output_tokens_per_s if throughput is not None else None
+    time = _time(throughput, rest.total, rest_draws, gpus)
     if throughput is not None:
         warnings += throughput.problems
-    if rate:
-        assert throughput is not None
-        fixed = throughput.overhead_s + throughput.drain_s
-        wall = fixed + rest / rate
-        out["wall_s"] = round(wall, 1)
-        out["wall_s_90"] = (
-            [round(fixed + x / rate, 1) for x in _interval(rest_draw) or []] or None
-            if rest_draw is not None
-            else None
-        )
-        out["gpu_hours"] = round(gpus * wall / 3600, 3)
-        out["gpu_hours_90"] = (
-            [round(gpus * w / 3600, 3) for w in out["wall_s_90"]] if out["wall_s_90"] else None
-        )
-    else:
-        out["wall_s"] = out["wall_s_90"] = out["gpu_hours"] = out["gpu_hours_90"] = None
+    if time.wall_s is None:
         warnings.append(
             "the fleet's saturated rate was not measured (the pilot never kept the endpoints "
             "full for long): no time forecast; run a larger --pilot (a few prompts per slot)"
         )
-    out["throughput"] = throughput.to_dict() if throughput is not None else None
-    out["by_domain"] = by_domain
-    out["warnings"] = warnings
-    return out
+    return Forecast(
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        run_id=run_id,
+        pilot=PilotFigures(
+            spec=sample.spec.text(),
+            seed=sample.seed,
+            prompts=len(sample.ids),
+            completions=sum(len(v) for v in pooled.completions.values()),
+            failures=sum(pooled.failures.values()),
+            strata=len(sample.strata),
+            wall_s=round(pilot_wall_s, 3) if pilot_wall_s is not None else None,
+        ),
+        n=n,
+        max_tokens=max_tokens,
+        prompts=sample.in_scope,
+        remaining_prompts=sum(left_prompts.values()),
+        remaining_pairs=sum(left.values()),
+        committed_output_tokens=held,
+        committed_active_s=round(committed_active_s, 3),
+        output_tokens=round(rest.total),
+        output_tokens_90=_interval(rest_draws),
+        run_output_tokens=round(whole),
+        run_output_tokens_90=None if rest_draws is None else _interval(held + rest_draws),
+        endpoints=endpoints,
+        gpus=gpus,
+        wall_s=time.wall_s,
+        wall_s_90=time.wall_s_90,
+        gpu_hours=time.gpu_hours,
+        gpu_hours_90=time.gpu_hours_90,
+        throughput=_fleet_rate(throughput) if throughput is not None else None,
+        by_domain=by_domain,
+        warnings=warnings,
+    )
 
 
 def _pilot_needed(pairs: int, in_scope: int) -> str:
@@ -391,7 +516,7 @@ def _pilot_needed(pairs: int, in_scope: int) -> str:
     return f"; a pilot of about {need:,} of the job's {in_scope:,} prompts measures it"
 
 
-def _num(x: Any) -> str:
+def _num(x: float | None) -> str:
     if x is None:
         return "-"
     if isinstance(x, float) and not x.is_integer():
@@ -399,47 +524,43 @@ def _num(x: Any) -> str:
     return f"{int(x):,}"
 
 
-def _span(iv: Any) -> str:
+def _span(iv: list[float] | None) -> str:
     return f" (90%: {_num(iv[0])}-{_num(iv[1])})" if iv else ""
 
 
-def forecast_lines(data: dict[str, Any], where: str | None = None) -> list[str]:
+def forecast_lines(data: Forecast, where: str | None = None) -> list[str]:
     """The forecast as the CLI prints it."""
-    p = data["pilot"]
+    p = data.pilot
     lines = [
-        f"pilot: {p['prompts']:,} prompts ({p['spec']}, seed {p['seed']}, {p['strata']} "
-        f"strata): {p['completions']:,} completions, {p['failures']:,} failed",
+        f"pilot: {p.prompts:,} prompts ({p.spec}, seed {p.seed}, {p.strata} "
+        f"strata): {p.completions:,} completions, {p.failures:,} failed",
         f"{'domain':<12} {'prompts':>9} {'mean out':>9} {'p90 out':>9} {'cut':>6} "
         f"{'run tokens':>14} {'share':>6}",
     ]
-    for name, d in data["by_domain"].items():
-        cut = "-" if d["cut_share"] is None else f"{d['cut_share']:.1%}"
-        share = "-" if d["share"] is None else f"{d['share']:.1%}"
+    for name, d in data.by_domain.items():
+        cut = "-" if d.cut_share is None else f"{d.cut_share:.1%}"
+        share = "-" if d.share is None else f"{d.share:.1%}"
         lines.append(
-            f"{name:<12} {d['prompts']:>9,} {_num(d['mean_output_tokens']):>9} "
-            f"{_num(d['p90_output_tokens']):>9} {cut:>6} {d['output_tokens']:>14,} {share:>6}"
+            f"{name:<12} {d.prompts:>9,} {_num(d.mean_output_tokens):>9} "
+            f"{_num(d.p90_output_tokens):>9} {cut:>6} {d.output_tokens:>14,} {share:>6}"
         )
     lines.append(
-        f"the rest of the run: {data['remaining_prompts']:,} prompts, "
-        f"{data['output_tokens']:,} output tokens{_span(data['output_tokens_90'])}"
+        f"the rest of the run: {data.remaining_prompts:,} prompts, "
+        f"{data.output_tokens:,} output tokens{_span(data.output_tokens_90)}"
     )
-    if data["wall_s"] is not None:
-        rate = data["throughput"]["output_tokens_per_s"]
+    rate = data.throughput.output_tokens_per_s if data.throughput is not None else None
+    if data.wall_s is not None and data.gpu_hours is not None and rate is not None:
+        hours_90 = data.gpu_hours_90
         lines.append(
             f"  at {rate:,.0f} output tok/s (the fleet's saturated rate): "
-            f"{_duration(data['wall_s'])}{_span_t(data['wall_s_90'], data['wall_s'])}, "
-            f"{data['gpu_hours']:,.2f} GPU-hours on {data['gpus']} GPU(s)"
-            + (
-                f" (90%: {data['gpu_hours_90'][0]:,.2f}-{data['gpu_hours_90'][1]:,.2f})"
-                if data["gpu_hours_90"]
-                else ""
-            )
+            f"{_duration(data.wall_s)}{_span_t(data.wall_s_90, data.wall_s)}, "
+            f"{data.gpu_hours:,.2f} GPU-hours on {data.gpus} GPU(s)"
+            + (f" (90%: {hours_90[0]:,.2f}-{hours_90[1]:,.2f})" if hours_90 else "")
         )
     lines.append(
-        f"the whole run: {data['run_output_tokens']:,} output tokens"
-        f"{_span(data['run_output_tokens_90'])}"
+        f"the whole run: {data.run_output_tokens:,} output tokens{_span(data.run_output_tokens_90)}"
     )
-    for w in data["warnings"]:
+    for w in data.warnings:
         lines.append(f"note: {w}")
     if where:
         lines.append(f"forecast written to {where}")
@@ -454,7 +575,7 @@ def _duration(s: float) -> str:
     return f"{s / 3600:,.2f} h"
 
 
-def _span_t(iv: Any, point: float) -> str:
+def _span_t(iv: list[float] | None, point: float) -> str:
     if not iv:
         return ""
     if point < 120:

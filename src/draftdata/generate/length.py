@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from draftdata.errors import DraftdataError, StoreError
 from draftdata.formats import COMPLETION_FORMAT, PREPARE_REPORT, PREPARE_SHARDS
 from draftdata.generate.work import Job
-from draftdata.store.forecast import latest_forecast
+from draftdata.store.forecast import Forecast, latest_forecast
 from draftdata.store.opener import open_store
 from draftdata.store.read import COMPLETIONS_PREFIX, output_tokens, read_shard, shard_keys
 
@@ -421,20 +421,15 @@ def run_history(store: Store, *, rows: int = HISTORY_ROWS) -> Iterator[tuple[str
             yield s or "", d or "", int(n or 0)
 
 
-def forecast_lengths(data: dict[str, Any]) -> dict[str, tuple[float, float]]:
+def forecast_lengths(data: Forecast) -> dict[str, tuple[float, float]]:
     """domain -> (mean output tokens, answers behind it) of a forecast's ``by_domain`` (the
     domains its pilot measured; ``(none)`` is the empty domain)."""
     out: dict[str, tuple[float, float]] = {}
-    by_domain = data.get("by_domain")
-    if not isinstance(by_domain, dict):
-        return out
-    for name, row in by_domain.items():
-        if not isinstance(row, dict):
-            continue
-        mean, n = row.get("mean_output_tokens"), row.get("pilot_completions")
-        if isinstance(mean, int | float) and mean > 0 and math.isfinite(mean):
-            count = float(n) if isinstance(n, int | float) and n > 0 else _PREPARE_WEIGHT
-            out["" if name == "(none)" else str(name)] = (float(mean), min(count, _FORECAST_WEIGHT))
+    for name, row in data.by_domain.items():
+        mean, n = row.mean_output_tokens, row.pilot_completions
+        if mean is not None and mean > 0 and math.isfinite(mean):
+            count = float(n) if n > 0 else _PREPARE_WEIGHT
+            out["" if name == "(none)" else name] = (float(mean), min(count, _FORECAST_WEIGHT))
     return out
 
 

@@ -33,12 +33,12 @@ when the server says it does not fit). This module holds no I/O but the chat cal
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import msgspec
 
 from draftdata.errors import ContextLengthError
 from draftdata.generate.endpoint import Endpoint
+from draftdata.generate.request import Request
 from draftdata.records import JsonDict, Message, Turn
 from draftdata.tokens import turn_tokens
 
@@ -187,18 +187,17 @@ class OutputLimit:
             answer = min(answer, math.ceil(answer * kept / answer_bytes * 1.1))
         self._known_tokens = self._prompt_tokens + answer + PER_MESSAGE_TOKENS
 
-    async def send(self, body: dict[str, Any]) -> tuple[list[Turn], dict[str, Any]]:
-        """Send ``body``; a context-length answer to a computed or lowerable limit is retried
-        with a smaller one (the returned body is the one that was answered)."""
+    async def send(self, request: Request) -> tuple[list[Turn], Request]:
+        """Send ``request``; a context-length answer to a computed or lowerable limit is retried
+        with a smaller one (the returned request is the one that was answered)."""
         tries = 0
         while True:
             try:
-                return await self.ep.client.chat(body), body
+                return await self.ep.client.chat(request), request
             except ContextLengthError:
-                limit = int(body.get("max_tokens") or 0)
+                limit = request.max_tokens
                 if not (self.shrinks and tries < SHRINK_TRIES and limit > MIN_LIMIT):
                     raise
             tries += 1
             self.clamped = self.explicit is not None
-            smaller = max(MIN_LIMIT, limit // 4)
-            body = {**body, "max_tokens": smaller, "max_completion_tokens": smaller}
+            request = request.with_max_tokens(max(MIN_LIMIT, limit // 4))

@@ -44,7 +44,7 @@ from draftdata.generate.stage import generate
 from draftdata.generate.summary import GenerateSummary
 from draftdata.redact import redact_url
 from draftdata.stats.runfigures import run_figures
-from draftdata.store.forecast import latest_forecast, write_forecast
+from draftdata.store.forecast import Forecast, latest_forecast, write_forecast
 from draftdata.store.opener import open_store
 
 
@@ -54,7 +54,7 @@ class PilotResult:
 
     summary: GenerateSummary
     sample: PilotSample
-    forecast: dict[str, Any] | None = None
+    forecast: Forecast | None = None
     forecast_url: str | None = None
 
     def lines(self) -> list[str]:
@@ -62,6 +62,10 @@ class PilotResult:
         if self.forecast is None:
             return []
         return forecast_lines(self.forecast, self.forecast_url)
+
+    def forecast_json(self) -> dict[str, Any] | None:
+        """The forecast as ``forecast.json`` holds it (None when the pilot was interrupted)."""
+        return None if self.forecast is None else msgspec.to_builtins(self.forecast)
 
 
 def fleet_gpus(config: GenerateConfig) -> dict[str, int]:
@@ -163,15 +167,15 @@ def _with_earlier(store: Any, measured: Throughput, urls: list[str]) -> Throughp
     if found is None:
         return measured
     url, data = found
-    earlier = data.get("throughput") or {}
-    rate = earlier.get("output_tokens_per_s")
-    same = sorted(e.get("url") for e in earlier.get("endpoints") or []) == urls
-    if not isinstance(rate, (int, float)) or not same:
+    earlier = data.throughput
+    if earlier is None or earlier.output_tokens_per_s is None:
+        return measured
+    if sorted(e.url for e in earlier.endpoints) != urls:
         return measured
     return Throughput(
-        output_tokens_per_s=float(rate),
-        endpoints=list(earlier.get("endpoints") or []),
-        drain_s=float(earlier.get("drain_s") or 0.0),
+        output_tokens_per_s=earlier.output_tokens_per_s,
+        endpoints=[msgspec.to_builtins(e) for e in earlier.endpoints],
+        drain_s=earlier.drain_s,
         overhead_s=measured.overhead_s,
         engine_s=measured.engine_s,
         problems=[

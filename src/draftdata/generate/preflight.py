@@ -26,10 +26,11 @@ import msgspec
 from draftdata.endpoints import Capacity, api_key_from_env, base_url, probe_capacity
 from draftdata.errors import ConfigError, FleetError, ServerError
 from draftdata.fleetspec import read_fleet
-from draftdata.generate.client import EndpointClient, build_body, token_ids_refusal
+from draftdata.generate.client import EndpointClient, token_ids_refusal
 from draftdata.generate.config import GenerateConfig, Sampling
 from draftdata.generate.partition import Partition, parse_partition
 from draftdata.generate.rejects import check_schema
+from draftdata.generate.request import Request
 from draftdata.generate.run_model import check_fleet_models, check_resume_model, recorded_model
 from draftdata.generate.source import PromptFile, Scan, scan
 from draftdata.generate.thinking import recorded
@@ -214,8 +215,8 @@ async def check_token_ids(
     is checked by the engine when it first answers."""
 
     async def ask(url: str, served: str | None) -> bool | None:
-        body = build_body(
-            [Message(role="user", content="Say OK.")],
+        request = Request(
+            messages=[Message(role="user", content="Say OK.")],
             model=config.model or served or model,
             max_tokens=1,
             sampling=Sampling(),
@@ -226,7 +227,7 @@ async def check_token_ids(
             url, api_key=key, connect_timeout=config.connect_timeout, read_timeout=read
         ) as c:
             try:
-                await c.chat(body)
+                await c.chat(request)
             except ServerError:
                 return None
             return c.token_ids_supported

@@ -68,10 +68,11 @@ from draftdata.errors import (
 from draftdata.fleetspec import FleetSpec, read_fleet
 from draftdata.generate.caller import Answer
 from draftdata.generate.client import EndpointClient
-from draftdata.generate.config import GenerateConfig
+from draftdata.generate.config import GenerateConfig, Sampling
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.keeper import EndpointKeeper
+from draftdata.generate.request import Request
 from draftdata.generate.stage import make_endpoints
 from draftdata.generate.work import Copy
 from draftdata.hidden.backend import (
@@ -232,13 +233,8 @@ class PrefillCaller:
 
     async def _fetch(self, ep: Endpoint, key: str) -> tuple[torch.Tensor, str]:
         ids = self.ids[key]
-        body: dict[str, Any] = {
-            "model": ep.model or self.model,
-            "prompt": ids.tolist(),
-            "max_tokens": 1,
-            "temperature": 0.0,
-        }
-        answer = await self.clients[ep.url].completion_json(body)
+        request = prefill_request(ep.model or self.model, ids.tolist())
+        answer = await self.clients[ep.url].send_json(request)
         params = answer.get("kv_transfer_params")
         path = params.get("hidden_states_path") if isinstance(params, dict) else None
         if not isinstance(path, str) or not path:
@@ -252,7 +248,20 @@ class PrefillCaller:
             raise type(exc)(ep.redact(str(exc))) from exc
         finally:
             await asyncio.to_thread(remove_staged, path)
-        return states, str(body["model"])
+        return states, request.model
+
+
+def prefill_request(model: str, ids: list[int]) -> Request:
+    """The prefill-only request of one sample: its token ids as the prompt of a
+    ``/v1/completions`` call for one greedy token (the server's connector writes the hidden
+    states of the prompt)."""
+    return Request(
+        call="completion",
+        model=model,
+        prompt=ids,
+        max_tokens=1,
+        sampling=Sampling(temperature=0.0),
+    )
 
 
 def _retrieved(f: asyncio.Future[Any]) -> None:

@@ -42,14 +42,12 @@ def _from_forecast(location: str) -> tuple[dict[str, float], dict[str, float], s
     url, data = read_forecast(location)
     lengths: dict[str, float] = {}
     weights: dict[str, float] = {}
-    for name, row in data["by_domain"].items():
-        if not isinstance(row, dict):
-            continue
-        value = row.get("output_tokens_per_prompt") or row.get("mean_output_tokens")
-        if isinstance(value, int | float) and value > 0 and row.get("measured", True):
-            domain = "" if name == "(none)" else str(name)
+    for name, row in data.by_domain.items():
+        value = row.output_tokens_per_prompt or row.mean_output_tokens
+        if value is not None and value > 0 and row.measured:
+            domain = "" if name == "(none)" else name
             lengths[domain] = float(value)
-            weights[domain] = float(row.get("prompts") or 1)
+            weights[domain] = float(row.prompts or 1)
     if not lengths:
         raise ConfigError(
             f"--lengths {location}: the forecast ({url}) has no measured domain; run a larger "

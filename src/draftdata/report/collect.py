@@ -30,7 +30,7 @@ from draftdata.stats.compute import STATS_FORMAT, run_metrics
 from draftdata.stats.hiddenset import hidden_set_stats
 from draftdata.stats.readers import acceptance_json, read_json_file, refuse_unreadable
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
-from draftdata.store.forecast import latest_forecast
+from draftdata.store.forecast import Forecast, latest_forecast
 from draftdata.store.opener import open_store
 from draftdata.store.read import read_manifest
 
@@ -45,7 +45,7 @@ class RunPart:
     metrics: dict[str, Any] | None
     throughput: dict[str, list[tuple[float, float]]]
     total: int | None = None
-    forecast: dict[str, Any] | None = None  # the newest pilot forecast (store/forecast.py)
+    forecast: Forecast | None = None  # the newest pilot forecast (store/forecast.py)
     forecast_url: str | None = None
 
     @property

@@ -15,6 +15,7 @@ from typing import Any
 
 from draftdata.report import page
 from draftdata.report.collect import ReportData, RunPart
+from draftdata.store.forecast import Forecast
 
 TITLE = "Forecast against actual"
 DOMAIN_HEADER = [
@@ -51,50 +52,50 @@ def _num(x: Any, digits: int = 0) -> str:
     return "-" if not isinstance(x, int | float) else f"{x:,.{digits}f}"
 
 
-def _totals(r: RunPart, fc: dict[str, Any], done: bool) -> list[list[Any]]:
+def _totals(r: RunPart, fc: Forecast, done: bool) -> list[list[Any]]:
     f = r.figures or {}
-    rest_tokens = int(f.get("output_tokens", 0)) - int(fc.get("committed_output_tokens", 0))
-    rest_wall = float(f.get("active_s", 0.0)) - float(fc.get("committed_active_s", 0.0))
-    gpus = int(fc.get("gpus") or 0)
+    rest_tokens = int(f.get("output_tokens", 0)) - fc.committed_output_tokens
+    rest_wall = float(f.get("active_s", 0.0)) - fc.committed_active_s
+    gpus = fc.gpus
     rows: list[list[Any]] = [
         [
             "output tokens, the rest of the run",
-            _num(fc.get("output_tokens")),
-            _iv(fc.get("output_tokens_90")),
+            _num(fc.output_tokens),
+            _iv(fc.output_tokens_90),
             _num(rest_tokens) if done else "-",
-            _ratio(fc.get("output_tokens"), rest_tokens) if done else "-",
+            _ratio(fc.output_tokens, rest_tokens) if done else "-",
         ],
         [
             "output tokens, the whole run",
-            _num(fc.get("run_output_tokens")),
-            _iv(fc.get("run_output_tokens_90")),
+            _num(fc.run_output_tokens),
+            _iv(fc.run_output_tokens_90),
             _num(f.get("output_tokens")) if done else "-",
-            _ratio(fc.get("run_output_tokens"), float(f.get("output_tokens", 0))) if done else "-",
+            _ratio(fc.run_output_tokens, float(f.get("output_tokens", 0))) if done else "-",
         ],
         [
             "wall seconds, the rest (active time)",
-            _num(fc.get("wall_s"), 1),
-            _iv(fc.get("wall_s_90"), 1),
+            _num(fc.wall_s, 1),
+            _iv(fc.wall_s_90, 1),
             _num(rest_wall, 1) if done and rest_wall > 0 else "-",
-            _ratio(fc.get("wall_s"), rest_wall) if done and rest_wall > 0 else "-",
+            _ratio(fc.wall_s, rest_wall) if done and rest_wall > 0 else "-",
         ],
         [
             f"GPU-hours, the rest ({gpus} GPUs)",
-            _num(fc.get("gpu_hours"), 3),
-            _iv(fc.get("gpu_hours_90"), 3),
+            _num(fc.gpu_hours, 3),
+            _iv(fc.gpu_hours_90, 3),
             _num(gpus * rest_wall / 3600, 3) if done and rest_wall > 0 else "-",
-            _ratio(fc.get("gpu_hours"), gpus * rest_wall / 3600) if done and rest_wall > 0 else "-",
+            _ratio(fc.gpu_hours, gpus * rest_wall / 3600) if done and rest_wall > 0 else "-",
         ],
     ]
     return rows
 
 
-def _domains(r: RunPart, fc: dict[str, Any], done: bool) -> list[list[Any]]:
+def _domains(r: RunPart, fc: Forecast, done: bool) -> list[list[Any]]:
     f = r.figures or {}
     actual = f.get("domains") or {}
     total = float(f.get("output_tokens", 0)) or 0.0
     rows = []
-    for name, d in fc["by_domain"].items():
+    for name, d in fc.by_domain.items():
         a = actual.get("" if name == "(none)" else name) or {}
         comp = int(a.get("completions", 0))
         tokens = int(a.get("output_tokens", 0))
@@ -102,14 +103,14 @@ def _domains(r: RunPart, fc: dict[str, Any], done: bool) -> list[list[Any]]:
         rows.append(
             [
                 name,
-                _num(d.get("prompts")),
-                _num(d.get("mean_output_tokens"), 1),
+                _num(d.prompts),
+                _num(d.mean_output_tokens, 1),
                 _num(mean, 1) if done else "-",
-                _pct(d.get("cut_share")),
+                _pct(d.cut_share),
                 _pct(int(a.get("cut", 0)) / comp) if done and comp else "-",
-                _num(d.get("output_tokens")),
+                _num(d.output_tokens),
                 _num(tokens) if done else "-",
-                _pct(d.get("share")),
+                _pct(d.share),
                 _pct(tokens / total) if done and total else "-",
             ]
         )
@@ -124,15 +125,17 @@ def forecast_section(data: ReportData) -> page.Section:
     tables = []
     notes = []
     for r in runs:
-        fc = r.forecast or {}
+        fc = r.forecast
+        if fc is None:
+            continue
         f = r.figures or {}
         settled = int(f.get("prompts", 0))
-        scope = int(fc.get("prompts", 0))
+        scope = fc.prompts
         done = bool(f) and settled >= scope
-        p = fc.get("pilot") or {}
+        p = fc.pilot
         caption = (
-            f"{r.forecast_url}: pilot of {p.get('prompts', 0):,} prompts ({p.get('spec')}, seed "
-            f"{p.get('seed')}) of {scope:,}"
+            f"{r.forecast_url}: pilot of {p.prompts:,} prompts ({p.spec}, seed {p.seed}) "
+            f"of {scope:,}"
         )
         if not done:
             notes.append(

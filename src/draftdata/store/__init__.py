@@ -5,6 +5,8 @@
 - ``protect.py``: protected-prefix checks.
 - ``manifest.py``: manifest.json, settings hash, allowed-change history, opening a run's;
   ``settings.py``: a generate run's settings as one typed record (``RunSettings``).
+- ``forecast.py``: a pilot's forecasts of its run as one typed record (``Forecast``), written
+  create-only as forecast.json, forecast-2.json, ...
 - ``doneset.py``: the compact done-set; ``resume.py``: rebuilding it when a run resumes.
 - ``run.py``: ``Run``, the buffered writer that other stages (generate) drive; ``shards.py``
   names and writes its shards, rollups and metrics; ``rollup.py``, ``lease.py`` beside it.

@@ -25,8 +25,9 @@ from draftdata.errors import (
     RetryableServerError,
     ServerError,
 )
-from draftdata.generate.client import EndpointClient, build_body
+from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import Reasoning, Sampling
+from draftdata.generate.request import Request
 from draftdata.records import Message
 from draftdata.sim.run import FaultConfig, SimConfig, SimFleet
 
@@ -65,9 +66,9 @@ def chat_body(
     token_ids: bool = True,
     tools: list[dict[str, Any]] | None = None,
     extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return build_body(
-        [Message(role="user", content=text)],
+) -> Request:
+    return Request(
+        messages=[Message(role="user", content=text)],
         tools=tools,
         model=MODEL,
         max_tokens=max_tokens,
@@ -149,8 +150,8 @@ async def test_n_samples_and_multi_turn_history(fleet: SimFleet) -> None:
         ]
         history = TurnPlan(prompt).context(1, turns[:1])
         assert [m.role for m in history] == ["user", "assistant", "user"]
-        body = build_body(
-            history,
+        body = Request(
+            messages=history,
             tools=None,
             model=MODEL,
             max_tokens=256,
@@ -216,7 +217,7 @@ async def test_real_context_overflow_is_fatal(flavor: str) -> None:
 async def test_unknown_model_is_a_refusal_not_the_prompts_fault() -> None:
     with sim("vllm") as f:
         async with EndpointClient(f.urls[0]) as client:
-            body = {**chat_body(), "model": "no-such-model"}
+            body = msgspec.structs.replace(chat_body(), model="no-such-model")
             with pytest.raises(ServerError) as info:
                 await client.chat(body)
     assert type(info.value) is EndpointRefusedError and info.value.status == 404

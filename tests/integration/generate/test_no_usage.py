@@ -96,10 +96,10 @@ def test_a_pilot_with_no_measured_tokens_is_refused(tmp_path: Path, ids: bool) -
         if ids:
             result = run_pilot(cfg, PilotSpec(count=30), handle_signals=False)
             fc = result.forecast
-            assert fc is not None and fc["output_tokens"] > 0
+            assert fc is not None and fc.output_tokens > 0
             measured = sum(_sim_ids(out).values())
-            assert fc["committed_output_tokens"] == measured
-            assert not any("estimate" in w for w in fc["warnings"])
+            assert fc.committed_output_tokens == measured
+            assert not any("estimate" in w for w in fc.warnings)
             return
         with pytest.raises(InputError, match="counted no output tokens") as exc:
             run_pilot(cfg, PilotSpec(count=30), handle_signals=False)

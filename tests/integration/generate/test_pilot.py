@@ -84,22 +84,22 @@ def test_pilot_then_the_full_command_resumes_and_the_forecast_is_exact(tmp_path:
     check_exactly_once(str(run), set(domains))
     # the forecast against the run: lengths are exact, so are the tokens
     rest = sum(c.usage.completion_tokens for c in completions(run) if c.id not in got)
-    assert fc["output_tokens"] == rest
-    assert fc["remaining_prompts"] == 432 and fc["prompts"] == 480
+    assert fc.output_tokens == rest
+    assert fc.remaining_prompts == 432 and fc.prompts == 480
     for d, mean in MEANS.items():
-        row = fc["by_domain"][d]
-        assert row["prompts"] == sum(1 for v in domains.values() if v == d)
-        assert row["mean_output_tokens"] == mean + 1 == row["p90_output_tokens"]
-        assert row["cut_share"] == 0
-        assert row["output_tokens"] == row["prompts"] * (mean + 1)
-    assert fc["run_output_tokens"] == sum(c.usage.completion_tokens for c in completions(run))
-    if fc["wall_s"] is not None:  # measured: the time arithmetic holds
-        rate = fc["throughput"]["output_tokens_per_s"]
-        fixed = fc["throughput"]["overhead_s"] + fc["throughput"]["drain_s"]
-        assert fc["wall_s"] == pytest.approx(fixed + rest / rate, abs=0.2)
-        assert fc["gpu_hours"] == pytest.approx(2 * fc["wall_s"] / 3600, abs=1e-3)
+        row = fc.by_domain[d]
+        assert row.prompts == sum(1 for v in domains.values() if v == d)
+        assert row.mean_output_tokens == mean + 1 == row.p90_output_tokens
+        assert row.cut_share == 0
+        assert row.output_tokens == row.prompts * (mean + 1)
+    assert fc.run_output_tokens == sum(c.usage.completion_tokens for c in completions(run))
+    if fc.wall_s is not None:  # measured: the time arithmetic holds
+        rate = fc.throughput.output_tokens_per_s
+        fixed = fc.throughput.overhead_s + fc.throughput.drain_s
+        assert fc.wall_s == pytest.approx(fixed + rest / rate, abs=0.2)
+        assert fc.gpu_hours == pytest.approx(2 * fc.wall_s / 3600, abs=1e-3)
     else:
-        assert any("not measured" in w for w in fc["warnings"])
+        assert any("not measured" in w for w in fc.warnings)
     # the report shows the forecast against the finished run
     page = build_report(str(run), out=tmp_path / "report.html").read_text()
     section = page[page.index("Forecast against actual") :]
@@ -123,9 +123,9 @@ def test_a_second_pilot_writes_the_next_forecast_and_a_bigger_one_adds_prompts(
     assert again.summary.completed == 0 and again.summary.already_done == 20  # same sample
     assert bigger.summary.completed == 20 and first.sample.ids <= bigger.sample.ids
     assert again.forecast is not None and first.forecast is not None
-    assert again.forecast["output_tokens"] == first.forecast["output_tokens"]
-    if first.forecast["wall_s"] is not None:  # the second ran nothing: the first's rate
-        assert again.forecast["throughput"]["source"].endswith("forecast.json")
+    assert again.forecast.output_tokens == first.forecast.output_tokens
+    if first.forecast.wall_s is not None:  # the second ran nothing: the first's rate
+        assert again.forecast.throughput.source.endswith("forecast.json")
     assert read_forecast(str(run))[0].endswith("forecast-3.json")
     assert len(completions(run)) == 40
 
@@ -142,8 +142,8 @@ def test_a_pilot_into_an_s3_run(tmp_path: Path, moto_s3: Any) -> None:
     assert result.forecast_url == f"{url}/forecast.json"
     assert second.forecast_url == f"{url}/forecast-2.json"
     found, data = read_forecast(url)
-    assert found == f"{url}/forecast-2.json" and data["prompts"] == 120
-    assert read_forecast(f"{url}/forecast.json")[1]["pilot"]["prompts"] == 30
+    assert found == f"{url}/forecast-2.json" and data.prompts == 120
+    assert read_forecast(f"{url}/forecast.json")[1].pilot.prompts == 30
 
 
 CLI = [sys.executable, "-c", "from draftdata.cli import main; main()", "generate"]
@@ -200,7 +200,7 @@ def test_the_forecast_counts_each_endpoints_gpus_from_the_fleet_file(
         pilot = run_pilot(cfg, PilotSpec(count=12), seed=1, handle_signals=False)
     fc = pilot.forecast
     assert fc is not None
-    (ep,) = fc["throughput"]["endpoints"]
-    assert ep["gpus"] == len(gpus.split(","))
+    (ep,) = fc.throughput.endpoints
+    assert ep.gpus == len(gpus.split(","))
     if password:
-        assert password not in json.dumps(fc) and "alice:***@" in ep["url"]
+        assert password not in json.dumps(pilot.forecast_json()) and "alice:***@" in ep.url

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from draftdata.errors import ServerError
+from draftdata.generate.client import request_body
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
 from draftdata.generate.endpoint import ChatClient, Endpoint
+from draftdata.generate.request import Request
 from draftdata.generate.source import PromptReader
 from draftdata.records import Completion, Failure, Turn, Usage
 
@@ -36,7 +38,8 @@ class FakeClient:
         self.peak = 0
         self.token_ids_supported: bool | None = None
 
-    async def chat(self, body: dict[str, Any]) -> list[Turn]:
+    async def chat(self, request: Request) -> list[Turn]:
+        body = request_body(request)  # as the real client sends it
         self.bodies.append(body)
         number = len(self.bodies)
         self.running += 1

@@ -1,4 +1,4 @@
-"""build_body, classify_http_error and error_message on real engine error texts."""
+"""request_body, classify_http_error and error_message on real engine error texts."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from draftdata.errors import (
 )
 from draftdata.generate.client import (
     EndpointClient,
-    build_body,
     classify_http_error,
     error_message,
+    request_body,
 )
 from draftdata.generate.config import Sampling
+from draftdata.generate.request import Request
 from draftdata.records import FATAL_REASONS, Message
 from draftdata.sim.shapes import context_message, error_body
 
@@ -40,7 +41,7 @@ def body(**kw: object) -> dict[str, object]:
         "extra_body": {},
     }
     args.update(kw)
-    return build_body(MSGS, **args)  # type: ignore[arg-type]
+    return request_body(Request(messages=MSGS, **args))  # type: ignore[arg-type]
 
 
 def test_minimal_body() -> None:
@@ -90,16 +91,18 @@ def test_body_messages_keep_tool_fields_and_encode() -> None:
         Message(role="assistant", tool_calls=call),
         Message(role="tool", content="r", tool_call_id="c"),
     ]
-    b = build_body(
-        msgs,
-        tools=TOOLS,
-        model="M",
-        max_tokens=5,
-        sampling=Sampling(),
-        reasoning="on",
-        n=1,
-        token_ids=False,
-        extra_body={},
+    b = request_body(
+        Request(
+            messages=msgs,
+            tools=TOOLS,
+            model="M",
+            max_tokens=5,
+            sampling=Sampling(),
+            reasoning="on",
+            n=1,
+            token_ids=False,
+            extra_body={},
+        )
     )
     assert b["messages"][1] == {"role": "assistant", "tool_calls": call}
     assert b["messages"][2] == {"role": "tool", "content": "r", "tool_call_id": "c"}

@@ -22,7 +22,9 @@ from tests.unit.generate.fakes import FakeClient, endpoint, run_dispatch
 from tests.unit.test_conversation import prompts, turns_for
 
 from draftdata.conversation import TurnPlan, expand
+from draftdata.generate.client import request_body
 from draftdata.generate.config import GenerateConfig
+from draftdata.generate.request import Request
 from draftdata.records import Message, Turn, tool_order_fault
 
 
@@ -34,9 +36,9 @@ class ScriptedClient(FakeClient):
         super().__init__()
         self.script = script
 
-    async def chat(self, body: dict[str, Any]) -> list[Turn]:
-        self.bodies.append(body)
-        k = sum(m["role"] == "assistant" for m in body["messages"])
+    async def chat(self, request: Request) -> list[Turn]:
+        self.bodies.append(request_body(request))
+        k = sum(m.role == "assistant" for m in request.messages)
         return [self.script[k]]
 
 

@@ -102,9 +102,9 @@ async def test_memory_window_bounds_what_is_read(
     ep = endpoint(0, client, limit=2)
     original = client.chat
 
-    async def chat(body: dict[str, object]) -> list[object]:
+    async def chat(request: object) -> list[object]:
         seen.append(d_ref[0].pending)
-        return await original(body)  # type: ignore[arg-type]
+        return await original(request)  # type: ignore[arg-type]
 
     client.chat = chat  # type: ignore[method-assign,assignment]
     d_ref: list[object] = []
@@ -240,9 +240,9 @@ async def test_hedging_commits_one_answer(tmp_path: Path) -> None:
     # one answers, the slow one is known to decode 1 token/s: copies there pay
     original = fast.chat
 
-    async def chat(body: dict[str, object]) -> list[object]:
+    async def chat(request: object) -> list[object]:
         eps[0].meter.seq_rate = 1.0
-        return await original(body)  # type: ignore[arg-type]
+        return await original(request)  # type: ignore[arg-type]
 
     fast.chat = chat  # type: ignore[method-assign,assignment]
     d, sink = await run_dispatch(cfg(hedge=True, hedge_min_age=0.05), eps, prompts)
@@ -270,11 +270,11 @@ def test_an_unmapped_exception_stops_the_run_with_its_traceback(
         original = client.chat
         calls = [0]
 
-        async def chat(body: dict[str, object]) -> list[object]:
+        async def chat(request: object) -> list[object]:
             calls[0] += 1
             if calls[0] == at:
                 raise bug
-            return await original(body)  # type: ignore[arg-type]
+            return await original(request)  # type: ignore[arg-type]
 
         client.chat = chat  # type: ignore[method-assign,assignment]
         ep = endpoint(0, client, limit=limit)

@@ -7,6 +7,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given
@@ -53,29 +54,29 @@ def test_keys_and_arithmetic() -> None:
         endpoints=4,
     )
     rest = 360 * 100 + 180 * 300 + 360 * 1100
-    assert fc["output_tokens"] == rest
-    assert fc["run_output_tokens"] == rest + 10_000 + 44_000
-    assert fc["wall_s"] == pytest.approx(2.0 + 5.0 + rest / 1000.0, abs=0.1)
-    assert fc["gpu_hours"] == pytest.approx(8 * fc["wall_s"] / 3600, abs=1e-3)
-    assert set(fc["by_domain"]) == {"code", "math"}
-    for d in fc["by_domain"].values():
-        assert all(k in d for k in KEYS)
-    code, math = fc["by_domain"]["code"], fc["by_domain"]["math"]
-    assert code["prompts"] == 600 and math["prompts"] == 400
-    assert code["mean_output_tokens"] == pytest.approx((40 * 100 + 20 * 300) / 60, abs=0.1)
-    assert math["mean_output_tokens"] == 1100 and math["p90_output_tokens"] == 1100.0
-    assert math["cut_share"] == 0.1 and code["cut_share"] == 0
-    assert code["output_tokens"] == 10_000 + 360 * 100 + 180 * 300
-    assert math["output_tokens"] == 44_000 + 360 * 1100
-    assert code["share"] + math["share"] == pytest.approx(1.0, abs=1e-3)
+    assert fc.output_tokens == rest
+    assert fc.run_output_tokens == rest + 10_000 + 44_000
+    assert fc.wall_s == pytest.approx(2.0 + 5.0 + rest / 1000.0, abs=0.1)
+    assert fc.gpu_hours == pytest.approx(8 * fc.wall_s / 3600, abs=1e-3)
+    assert set(fc.by_domain) == {"code", "math"}
+    for d in fc.by_domain.values():
+        assert all(k in msgspec.to_builtins(d) for k in KEYS)  # the file's keys
+    code, math = fc.by_domain["code"], fc.by_domain["math"]
+    assert code.prompts == 600 and math.prompts == 400
+    assert code.mean_output_tokens == pytest.approx((40 * 100 + 20 * 300) / 60, abs=0.1)
+    assert math.mean_output_tokens == 1100 and math.p90_output_tokens == 1100.0
+    assert math.cut_share == 0.1 and code.cut_share == 0
+    assert code.output_tokens == 10_000 + 360 * 100 + 180 * 300
+    assert math.output_tokens == 44_000 + 360 * 1100
+    assert code.share + math.share == pytest.approx(1.0, abs=1e-3)
     # the intervals hold the point estimates
     for key in ("output_tokens", "run_output_tokens", "wall_s", "gpu_hours"):
-        lo, hi = fc[f"{key}_90"]
-        assert lo <= fc[key] <= hi, key
-    lo, hi = math["output_tokens_90"]
-    assert lo < math["output_tokens"] < hi  # math's lengths vary: a real interval
-    assert code["output_tokens_90"] == [code["output_tokens"]] * 2  # code's do not
-    assert not fc["warnings"]
+        lo, hi = getattr(fc, f"{key}_90")
+        assert lo <= getattr(fc, key) <= hi, key
+    lo, hi = math.output_tokens_90
+    assert lo < math.output_tokens < hi  # math's lengths vary: a real interval
+    assert code.output_tokens_90 == [code.output_tokens] * 2  # code's do not
+    assert not fc.warnings
     text = "\n".join(forecast_lines(fc, "run/forecast.json"))
     assert "run/forecast.json" in text and "GPU-hours" in text and "math" in text
 
@@ -97,14 +98,14 @@ def test_a_stratum_without_answers_takes_its_domains_mean_and_failures_count_zer
         _sample(drawn, strata), out, left, left, committed={}, committed_active_s=0.0,
         throughput=None, gpus=1, endpoints=1,
     )  # fmt: skip
-    assert fc["by_domain"]["code"]["remaining_output_tokens"] == 60 * 50 + 50 * 50
-    assert fc["by_domain"]["tool"]["remaining_output_tokens"] == round(10 * (30 * 10 / 40))
-    assert fc["by_domain"]["tool"]["failure_share"] == 0.25
-    assert fc["by_domain"]["tool"]["mean_output_tokens"] == 10  # per completion
-    notes = " ".join(fc["warnings"])
+    assert fc.by_domain["code"].remaining_output_tokens == 60 * 50 + 50 * 50
+    assert fc.by_domain["tool"].remaining_output_tokens == round(10 * (30 * 10 / 40))
+    assert fc.by_domain["tool"].failure_share == 0.25
+    assert fc.by_domain["tool"].mean_output_tokens == 10  # per completion
+    notes = " ".join(fc.warnings)
     assert "z/code" in notes and "domain's mean" in notes
     # no rate measured: no time, and said
-    assert fc["wall_s"] is None and fc["gpu_hours"] is None
+    assert fc.wall_s is None and fc.gpu_hours is None
     assert "saturated rate was not measured" in notes
 
 
@@ -122,12 +123,12 @@ def test_a_small_pilot_says_so_and_gives_no_interval() -> None:
         throughput=_throughput(100.0), gpus=1, endpoints=1,
     )  # fmt: skip
     assert MIN_PILOT > 15
-    assert fc["output_tokens_90"] is None and fc["wall_s_90"] is None
-    assert fc["by_domain"]["math"]["output_tokens_90"] is None
-    notes = " ".join(fc["warnings"])
+    assert fc.output_tokens_90 is None and fc.wall_s_90 is None
+    assert fc.by_domain["math"].output_tokens_90 is None
+    notes = " ".join(fc.warnings)
     assert "too small for an interval" in notes
     assert "domain math: 3 pilot answers" in notes and "a pilot of about" in notes
-    assert fc["output_tokens"] == 997 * 20 + 2988 * 5  # the point estimate stays
+    assert fc.output_tokens == 997 * 20 + 2988 * 5  # the point estimate stays
 
 
 @given(
@@ -146,11 +147,11 @@ def test_point_and_interval_for_any_lengths(lengths: list[int], left: int, rate:
         committed={"general": sum(lengths)}, committed_active_s=1.0,
         throughput=_throughput(rate, 0.0, 0.0), gpus=2, endpoints=2,
     )  # fmt: skip
-    assert fc["output_tokens"] == round(left * float(np.mean(lengths)))
-    lo, hi = fc["output_tokens_90"]
-    assert lo - 1 <= fc["output_tokens"] <= hi + 1
-    assert fc["wall_s"] == pytest.approx(left * float(np.mean(lengths)) / rate, abs=0.06)
-    assert fc["by_domain"]["general"]["share"] in (1.0, None)
+    assert fc.output_tokens == round(left * float(np.mean(lengths)))
+    lo, hi = fc.output_tokens_90
+    assert lo - 1 <= fc.output_tokens <= hi + 1
+    assert fc.wall_s == pytest.approx(left * float(np.mean(lengths)) / rate, abs=0.06)
+    assert fc.by_domain["general"].share in (1.0, None)
 
 
 def test_gpu_count() -> None:
@@ -298,7 +299,7 @@ def test_the_pilot_notes_never_ask_for_more_than_the_job(
     )  # fmt: skip
     job = sum(sizes.values())
     for d, k in sizes.items():
-        note = next((w for w in fc["warnings"] if w.startswith(f"domain {d}:")), None)
+        note = next((w for w in fc.warnings if w.startswith(f"domain {d}:")), None)
         if note is None:
             continue
         if k * n < 30:

@@ -25,6 +25,7 @@ from draftdata.generate.length import (
 )
 from draftdata.generate.placement import BLIND_HEDGE_S, TailPlan, hedge_pays, job_cap
 from draftdata.generate.queue import JobQueue
+from draftdata.generate.request import Request
 from draftdata.generate.work import Job
 from draftdata.records import Completion, Message, Prompt, Turn, Usage
 
@@ -54,8 +55,8 @@ class DomainClient:
         self.order: list[str] = []
         self.token_ids_supported: bool | None = None
 
-    async def chat(self, body: dict[str, Any]) -> list[Turn]:
-        text = body["messages"][-1]["content"]
+    async def chat(self, request: Request) -> list[Turn]:
+        text = request.messages[-1].content or ""
         self.order.append(text)
         tokens = LENGTHS[text.split()[0]]
         await asyncio.sleep(self.per_token * tokens)
@@ -557,20 +558,25 @@ def test_lengths_known_from_a_forecast_and_from_prepare(tmp_path: Path) -> None:
     each domain; the pilot's measurement wins over prepare's estimate."""
     import json
 
-    from draftdata.store.forecast import FORECAST_FORMAT, write_forecast
+    import msgspec
+
+    from draftdata.store.forecast import FORECAST_FORMAT, Forecast, write_forecast
     from draftdata.store.opener import open_store
 
     run = open_store(str(tmp_path / "run"))
     write_forecast(
         run,
-        {
-            "format": FORECAST_FORMAT,
-            "by_domain": {
-                "math": {"mean_output_tokens": 640.0, "pilot_completions": 12},
-                "(none)": {"mean_output_tokens": 90.0, "pilot_completions": 3},
-                "tool": {"mean_output_tokens": None, "pilot_completions": 0},
+        msgspec.convert(
+            {
+                "format": FORECAST_FORMAT,
+                "by_domain": {
+                    "math": {"mean_output_tokens": 640.0, "pilot_completions": 12},
+                    "(none)": {"mean_output_tokens": 90.0, "pilot_completions": 3},
+                    "tool": {"mean_output_tokens": None, "pilot_completions": 0},
+                },
             },
-        },
+            Forecast,
+        ),
     )
     folder = tmp_path / "prompts"
     folder.mkdir()

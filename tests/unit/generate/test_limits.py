@@ -18,6 +18,7 @@ from draftdata.generate.limits import (
     estimate_tokens,
     message_bytes,
 )
+from draftdata.generate.request import Request
 from draftdata.records import Message, Turn, Usage
 
 
@@ -164,18 +165,19 @@ async def test_context_length_answer_to_a_computed_limit_shrinks_and_retries() -
     client = FakeClient(fail={1: ContextLengthError})
     ep = endpoint(8192, client)
     lim = OutputLimit(None, ep, None)
-    body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 8000}
-    body["max_completion_tokens"] = 8000
-    turns, sent = await lim.send(body)
-    assert turns and sent["max_tokens"] == sent["max_completion_tokens"] == 2000
-    assert [b["max_tokens"] for b in client.bodies] == [8000, 2000]
+    turns, sent = await lim.send(Request(model="M", messages=[user("q")], max_tokens=8000))
+    assert turns and sent.max_tokens == 2000
+    assert [(b["max_tokens"], b["max_completion_tokens"]) for b in client.bodies] == [
+        (8000, 8000),
+        (2000, 2000),
+    ]
 
 
 async def test_context_length_with_a_strict_limit_is_the_prompts_failure() -> None:
     client = FakeClient(fail={1: ContextLengthError})
     lim = OutputLimit(8000, endpoint(8192, client), None, strict=True)
     with pytest.raises(ContextLengthError):
-        await lim.send({"messages": [{"role": "user", "content": "q"}], "max_tokens": 8000})
+        await lim.send(Request(model="M", messages=[user("q")], max_tokens=8000))
     assert len(client.bodies) == 1
 
 
@@ -185,6 +187,5 @@ async def test_context_length_answer_to_an_explicit_limit_shrinks_unless_strict(
     client = FakeClient(fail={1: ContextLengthError})
     lim = OutputLimit(8000, endpoint(None, client), None)
     assert lim.limit([user("q")]) == 8000 and not lim.clamped
-    body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 8000}
-    turns, sent = await lim.send(body)
-    assert turns and sent["max_tokens"] == 2000 and lim.clamped
+    turns, sent = await lim.send(Request(model="M", messages=[user("q")], max_tokens=8000))
+    assert turns and sent.max_tokens == 2000 and lim.clamped

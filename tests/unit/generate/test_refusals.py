@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from tests.unit.generate.fakes import FakeClient, ListSink, endpoint, user, write
 
 from draftdata.errors import EndpointRefusedError
+from draftdata.generate.client import request_body
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
+from draftdata.generate.request import Request
 from draftdata.generate.source import PromptReader
 from draftdata.records import Turn
 
@@ -25,8 +27,8 @@ class Refusing(FakeClient):
         super().__init__(delay)
         self.status = status
 
-    async def chat(self, body: dict[str, Any]) -> list[Turn]:
-        self.bodies.append(body)
+    async def chat(self, request: Request) -> list[Turn]:
+        self.bodies.append(request_body(request))
         await asyncio.sleep(self.delay)
         raise EndpointRefusedError("refused (fake)", status=self.status)
 

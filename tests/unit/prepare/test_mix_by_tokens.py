@@ -139,9 +139,9 @@ def test_refusals_are_one_line_and_come_before_any_work(samples: Path, tmp_path:
     not_forecast.write_text(json.dumps({"format": "draftdata.prepare_report/1"}))
     out = tmp_path / "out"
     for lengths, says in [
-        (str(not_forecast), "not a forecast this draftdata reads"),
+        (str(not_forecast), "this draftdata reads draftdata.forecast/1 (a pilot's forecast)"),
         (str(tmp_path / "missing.json"), "no such file"),
-        (str(samples / "codefeedback.jsonl"), "not JSON, so not a forecast"),
+        (str(samples / "codefeedback.jsonl"), "not valid JSON"),
     ]:
         with pytest.raises(DraftdataError) as info:
             prepare(_config(samples, out, mix={"code": 1.0}, lengths=lengths))

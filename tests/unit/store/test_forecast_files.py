@@ -11,6 +11,8 @@ import pytest
 from draftdata.errors import DraftdataError, FormatVersionError, InputError
 from draftdata.store.forecast import (
     FORECAST_FORMAT,
+    DomainForecast,
+    Forecast,
     forecast_keys,
     latest_forecast,
     read_forecast,
@@ -19,8 +21,8 @@ from draftdata.store.forecast import (
 from draftdata.store.opener import open_store
 
 
-def _fc(n: int) -> dict[str, object]:
-    return {"format": FORECAST_FORMAT, "by_domain": {"code": {"output_tokens": n}}, "n": n}
+def _fc(n: int) -> Forecast:
+    return Forecast(by_domain={"code": DomainForecast(output_tokens=n)}, n=n)
 
 
 def test_each_pilot_writes_the_next_file_and_the_newest_is_read(tmp_path: Path) -> None:
@@ -29,30 +31,34 @@ def test_each_pilot_writes_the_next_file_and_the_newest_is_read(tmp_path: Path) 
     keys = [write_forecast(store, _fc(i)) for i in range(1, 12)]
     assert keys[:3] == ["forecast.json", "forecast-2.json", "forecast-3.json"]
     assert forecast_keys(store) == keys  # numeric order: forecast-10 after forecast-9
-    url, data = latest_forecast(store) or ("", {})
-    assert url.endswith("forecast-11.json") and data["n"] == 11
+    found = latest_forecast(store)
+    assert found is not None
+    url, data = found
+    assert url.endswith("forecast-11.json") and data.n == 11
     # nothing is replaced: the first is as written
     assert json.loads((tmp_path / "run" / "forecast.json").read_text())["n"] == 1
-    assert read_forecast(str(tmp_path / "run"))[1]["n"] == 11
-    assert read_forecast(str(tmp_path / "run" / "forecast-2.json"))[1]["n"] == 2
+    assert read_forecast(str(tmp_path / "run"))[1].n == 11
+    assert read_forecast(str(tmp_path / "run" / "forecast-2.json"))[1].n == 2
 
 
 def test_a_concurrent_writer_taking_the_number_gets_the_next(tmp_path: Path) -> None:
     store = open_store(str(tmp_path))
     write_forecast(store, _fc(1))
-    (tmp_path / "forecast-2.json").write_text(json.dumps(_fc(2)))  # another pilot just now
+    (tmp_path / "forecast-2.json").write_text(json.dumps({"format": FORECAST_FORMAT}))  # another
     assert write_forecast(store, _fc(3)) == "forecast-3.json"
 
 
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        (b"not json at all", "not JSON, so not a forecast"),
-        (b"[1, 2]", "not a forecast"),
-        (b'{"format": "draftdata.prepare_report/1"}', "not a forecast this draftdata reads"),
-        (b'{"messages": []}', "not a forecast"),
-        (b'{"format": "draftdata.forecast/1"}', "without by_domain"),
-        (b"\xff\xfe\x00", "not JSON"),
+        (b"not json at all", "not valid JSON"),
+        (b"[1, 2]", "expected a JSON object"),
+        (b'{"format": "draftdata.prepare_report/1"}', "this draftdata reads draftdata.forecast/1"),
+        (b'{"messages": []}', "format None, this draftdata reads draftdata.forecast/1"),
+        (b'{"format": "draftdata.forecast/1"}', "missing required field `by_domain`"),
+        (b'{"format": "draftdata.forecast/1", "by_domain": {"code": 3}}', "at `$.by_domain[...]`"),
+        (b'{"format": "draftdata.forecast/1", "by_domain": {}, "n": "two"}', "`$.n`"),
+        (b"\xff\xfe\x00", "not valid JSON"),
     ],
 )
 def test_a_file_that_is_not_a_forecast_is_one_line(tmp_path: Path, body: bytes, says: str) -> None:
@@ -63,6 +69,7 @@ def test_a_file_that_is_not_a_forecast_is_one_line(tmp_path: Path, body: bytes, 
     assert isinstance(info.value, InputError | FormatVersionError)
     message = str(info.value)
     assert says in message and "\n" not in message and str(path) in message
+    assert "a pilot's forecast, written by draftdata generate --pilot" in message
 
 
 def test_missing_files_and_runs_without_a_forecast(tmp_path: Path) -> None:
