@@ -52,7 +52,7 @@ from draftdata.hidden.progress import Progress
 from draftdata.hidden.run import BatchResult, Workers, WorkerSpec
 from draftdata.hidden.setfiles import check_prefix, open_manifest, write_index, write_summary
 from draftdata.hidden.verify import choose_rows, summarise, tolerance
-from draftdata.hidden.writer import SampleRow, Writer
+from draftdata.hidden.writer import HIDDEN_FOLDER, SampleRow, Writer
 from draftdata.hidden.writers import writer_for
 from draftdata.store.base import Store, refuse_protected
 from draftdata.store.lease import Lease, acquire, scope_of
@@ -172,6 +172,12 @@ def hidden_states(
     part = parse_partition(config.partition) if config.partition is not None else None
     lease = acquire(store, scope_of(part), ttl=config.lease_ttl, wait=config.lease_wait)
     try:
+        swept, swept_bytes = store.sweep_temps(HIDDEN_FOLDER)
+        if swept:
+            say(
+                f"hidden-states: removed {swept:,} temp file(s) ({human_bytes(swept_bytes)}) "
+                "that a killed command left"
+            )
         open_manifest(store, settings)
         _dataset_files(store, writer, plan)
         write_index(store, plan.index_table([writer.key(r) for r in range(plan.samples)]))

@@ -3,7 +3,11 @@
 The bytes go to a temp file beside the target (``.<name>.tmp-<random>``), are fsynced, then
 hard-linked to the final name with ``os.link`` (which fails if the name exists: no replace),
 and the directory is fsynced. Names starting with ``.`` are never listed, so a temp file left
-by a killed process is invisible. A ``put_new`` that finds the key holding exactly its own bytes
+by a killed process is invisible; it still holds disk (a hidden-states file can be gigabytes),
+so a writer holds an exclusive ``flock`` on its temp file while it writes, and
+``sweep_temps`` removes the temp files nobody holds: the ones a killed writer left (the kernel
+drops a dead process's locks), never a live writer's, on this host or another one sharing the
+file system. A ``put_new`` that finds the key holding exactly its own bytes
 counts as done (a retried write whose first attempt landed); different bytes raise
 AlreadyExistsError. The contract is ``base.Store``'s.
 """
@@ -11,6 +15,8 @@ AlreadyExistsError. The contract is ``base.Store``'s.
 from __future__ import annotations
 
 import builtins
+import errno
+import fcntl
 import filecmp
 import os
 import secrets
@@ -23,6 +29,7 @@ from draftdata.errors import DISK_ERRNOS, AlreadyExistsError, DiskError, StoreEr
 from draftdata.store.base import Store, check_key
 
 _COPY_CHUNK = 1 << 20
+TEMP_MARK = ".tmp-"  # a temp file's name: .<name>.tmp-<random>
 
 
 def _fsync_dir(path: Path) -> None:
@@ -95,8 +102,7 @@ class LocalStore(Store):
             if path.exists():
                 self._settle_existing(path, size, same)
                 return
-            tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(6)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            tmp, fd = self._locked_temp(path)
             try:
                 with os.fdopen(fd, "wb") as fh:
                     write(fh)
@@ -126,6 +132,39 @@ class LocalStore(Store):
                 f"{path}: cannot write ({exc.strerror or exc}); check the directory exists "
                 "and is writable"
             ) from exc
+
+    @staticmethod
+    def _locked_temp(path: Path) -> tuple[Path, int]:
+        """A new temp file beside ``path``, opened for writing under this process's exclusive
+        flock. A sweep can lock a file in the instant between its creation and the writer's
+        lock; it unlinks it before letting go, so a writer that finds its file unlinked once
+        it holds the lock starts another one."""
+        while True:
+            tmp = path.parent / f".{path.name}{TEMP_MARK}{secrets.token_hex(6)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_nlink > 0:
+                    return tmp, fd
+            except BaseException:
+                os.close(fd)
+                tmp.unlink(missing_ok=True)
+                raise
+            os.close(fd)  # swept before it was ours: take another name
+
+    def sweep_temps(self, prefix: str = "") -> tuple[int, int]:
+        """Remove the temp files under ``prefix`` that no writer holds (see the module
+        docstring): ``(files, bytes)`` removed. A file a live writer holds is left alone."""
+        base = self._path(prefix.strip("/")) if prefix.strip("/") else self.root
+        files = size = 0
+        for dirpath, _dirs, names in os.walk(base):
+            for name in names:
+                if not (name.startswith(".") and TEMP_MARK in name):
+                    continue
+                removed = _remove_unheld(Path(dirpath) / name)
+                if removed is not None:
+                    files, size = files + 1, size + removed
+        return files, size
 
     def _settle_existing(self, path: Path, size: int, same: Callable[[Path], bool]) -> None:
         try:
@@ -184,3 +223,27 @@ class LocalStore(Store):
             return path.open("rb")
         except OSError as exc:
             raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+
+
+def _remove_unheld(path: Path) -> int | None:
+    """Unlink ``path`` if no process holds its flock (its size), else None. The lock is taken
+    before the unlink and let go after it, so a writer never loses a file it holds."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # gone meanwhile (committed and unlinked by its writer) or unreadable
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return None  # a live writer holds it
+            raise
+        size = os.fstat(fd).st_size
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return None
+        return size
+    finally:
+        os.close(fd)
