@@ -114,7 +114,10 @@ def register(app: typer.Typer) -> None:
             "--verify",
             min=0,
             metavar="N",
-            help="Samples recomputed one at a time and compared with what was written (0: off).",
+            help=(
+                "Samples recomputed one at a time and compared with what was written, at the "
+                "end; the first two batched ones also as soon as they are committed (0: off)."
+            ),
         ),
         max_bytes: str | None = typer.Option(
             None,
