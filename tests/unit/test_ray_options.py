@@ -158,17 +158,15 @@ def test_partition_spellings_that_do_not_fit_are_one_line_errors(
     assert "\n" not in str(info.value)
 
 
-def test_every_generate_option_is_named_once_as_its_config_key() -> None:
-    # the command builds its config from its own parameter names (no second list of flags), so
-    # every parameter is either a GenerateConfig field, a sampling field, or the command's own
-    import typer.main
+def test_every_generate_setting_is_a_config_key() -> None:
+    # the command builds its config from GenerateOptions' Setting fields (no second list of
+    # flags): each names a GenerateConfig field or a sampling field; --no-hedge sets hedge
+    from draftdata.cli.generate import GenerateOptions
+    from draftdata.cli.options import settings
+    from draftdata.generate.config import Sampling
 
-    from draftdata.cli import app
-    from draftdata.cli.generate import CLI_ONLY
-
-    command = typer.main.get_command(app).commands["generate"]  # type: ignore[attr-defined]
-    names = {p.name for p in command.params}
-    fields = set(GenerateConfig.__struct_fields__) | {"temperature", "top_p", "top_k", "seed"}
-    assert sorted(names - CLI_ONLY - fields - {"no_hedge"}) == []
-    assert names >= CLI_ONLY
-    assert "endpoints" in names and "endpoint" not in names
+    keys = settings(GenerateOptions())
+    sampling = keys.pop("sampling")
+    assert sorted(set(sampling) - set(Sampling.__struct_fields__)) == []
+    assert sorted(set(keys) - set(GenerateConfig.__struct_fields__) - {"no_hedge"}) == []
+    assert "endpoints" in keys and "pilot" not in keys and "config" not in keys

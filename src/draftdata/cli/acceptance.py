@@ -1,12 +1,19 @@
-"""`draftdata acceptance`: how often the current drafter's tokens are accepted, per domain."""
+"""`draftdata acceptance`: how often the current drafter's tokens are accepted, per domain.
+
+The options are ``AcceptanceOptions`` (a ``Setting`` field sets that ``AcceptanceConfig`` key);
+the body checks the paths, measures and prints the table (or JSON). The table printers here are
+also ``draftdata stats``'s for an acceptance measurement.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import typer
 
-from draftdata.cli.quiet import QUIET, quietable
+from draftdata.cli.options import SETTING, command, settings
+from draftdata.cli.quiet import Quiet
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -75,100 +82,127 @@ def print_acceptance_compare(measured: list[tuple[str, Any]]) -> None:
     console().print(table("draft acceptance side by side", header, rows))
 
 
-def register(app: typer.Typer) -> None:
-    """Add the `acceptance` command to `app`."""
+class AcceptanceOptions(msgspec.Struct, kw_only=True, frozen=True):
+    """The options of ``draftdata acceptance``, in ``--help``'s order; a ``Setting`` field sets
+    that ``AcceptanceConfig`` key (``--endpoint`` and ``--domain`` are its tuples)."""
 
-    @app.command("acceptance")
-    @quietable
-    def _cmd(
-        prompts: str = typer.Option(
-            ...,
+    prompts: Annotated[
+        str,
+        typer.Option(
             "--prompts",
             "-p",
             help="Evaluation prompts: a prompts JSONL or prepare's folder, local or s3://.",
         ),
-        endpoint: list[str] = typer.Option(
-            [], "--endpoint", "-e", help="A server that decodes speculatively (repeatable)."
-        ),
-        fleet: str | None = typer.Option(None, "--fleet", "-f", help="fleet.yaml of the servers."),
-        out: str | None = typer.Option(
-            None,
+        SETTING,
+    ]
+    endpoint: Annotated[
+        list[str],
+        typer.Option("--endpoint", "-e", help="A server that decodes speculatively (repeatable)."),
+    ] = []
+    fleet: Annotated[
+        str | None, typer.Option("--fleet", "-f", help="fleet.yaml of the servers."), SETTING
+    ] = None
+    out: Annotated[
+        str | None,
+        typer.Option(
             "--out",
             "-o",
             help="Write acceptance.json and suggested_mix.json here (local or s3://; never "
             "overwritten).",
         ),
-        as_json: bool = typer.Option(False, "--json", help="Print the measurement as JSON."),
-        per_domain: int = typer.Option(
-            200, "--per-domain", help="Prompts measured per domain (the first N in file order)."
+        SETTING,
+    ] = None
+    as_json: Annotated[bool, typer.Option("--json", help="Print the measurement as JSON.")] = False
+    per_domain: Annotated[
+        int,
+        typer.Option(
+            "--per-domain", help="Prompts measured per domain (the first N in file order)."
         ),
-        domain: list[str] = typer.Option(
-            [], "--domain", help="Measure only this domain (repeatable; default: every one)."
-        ),
-        max_tokens: int = typer.Option(512, "--max-tokens", help="Output limit per request."),
-        temperature: float | None = typer.Option(
-            None, "--temperature", help="Sampling temperature (default: the server's)."
-        ),
-        seed: int | None = typer.Option(0, "--seed", help="Sampling seed sent with requests."),
-        reasoning: str = typer.Option(
-            "server", "--reasoning", help="on, off or server (enable_thinking left alone)."
-        ),
-        concurrency: int | None = typer.Option(
-            None,
+        SETTING,
+    ] = 200
+    domain: Annotated[
+        list[str],
+        typer.Option("--domain", help="Measure only this domain (repeatable; default: every one)."),
+    ] = []
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="Output limit per request."), SETTING
+    ] = 512
+    temperature: Annotated[
+        float | None,
+        typer.Option("--temperature", help="Sampling temperature (default: the server's)."),
+        SETTING,
+    ] = None
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Sampling seed sent with requests."), SETTING
+    ] = 0
+    reasoning: Annotated[
+        str,
+        typer.Option("--reasoning", help="on, off or server (enable_thinking left alone)."),
+        SETTING,
+    ] = "server"
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
             "--concurrency",
             help="Requests in flight per server (default: its capacity, at most 64).",
         ),
-        chunk: int | None = typer.Option(
-            None,
+        SETTING,
+    ] = None
+    chunk: Annotated[
+        int | None,
+        typer.Option(
             "--chunk",
             help="Prompts of one domain a server takes at a time (default: 4x its concurrency).",
         ),
-        api_key_env: str | None = typer.Option(
-            None, "--api-key-env", help="Read the API key from this environment variable."
-        ),
-        min_share: float = typer.Option(
-            0.05, "--min-share", help="The smallest share the suggested mix gives a domain."
-        ),
-        quiet: bool = QUIET,
-    ) -> None:
-        """Run evaluation prompts on servers that decode speculatively (SGLang with a draft
-        model, vLLM with --speculative-config) and report, per domain, how often the drafter's
-        tokens are accepted; --out also writes a mix aimed at the weakest domains."""
-        import json
+        SETTING,
+    ] = None
+    api_key_env: Annotated[
+        str | None,
+        typer.Option("--api-key-env", help="Read the API key from this environment variable."),
+        SETTING,
+    ] = None
+    min_share: Annotated[
+        float,
+        typer.Option("--min-share", help="The smallest share the suggested mix gives a domain."),
+        SETTING,
+    ] = 0.05
+    quiet: Quiet = False
 
-        import msgspec
 
-        from draftdata import paths
-        from draftdata.acceptance.stage import AcceptanceConfig, measure_acceptance
-        from draftdata.speculation import suggest_mix
+def register(app: typer.Typer) -> None:
+    """Add the `acceptance` command to `app`."""
+    command(app, "acceptance", AcceptanceOptions)(_acceptance)
 
-        if not paths.is_remote(prompts):
-            paths.input_path(prompts, "--prompts")
-        if fleet is not None:
-            paths.input_file(fleet, "--fleet")
-        if out is not None and not paths.is_remote(out):
-            paths.output_folder(out, "--out")
-        config = AcceptanceConfig(
-            prompts=prompts,
-            endpoints=tuple(endpoint),
-            fleet=fleet,
-            out=out,
-            per_domain=per_domain,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            reasoning=reasoning,  # type: ignore[arg-type]
-            concurrency=concurrency,
-            chunk=chunk,
-            api_key_env=api_key_env,
-            min_share=min_share,
-            domains=tuple(domain),
-        )
-        result = measure_acceptance(config, log=lambda line: typer.echo(line, err=True))
-        if as_json:
-            typer.echo(json.dumps(msgspec.to_builtins(result), indent=2))
-            return
-        mix = suggest_mix({d: a.acceptance_rate for d, a in result.by_domain.items()}, min_share)
-        print_acceptance(result, mix)
-        if out:
-            typer.echo(f"wrote {out.rstrip('/')}/acceptance.json and suggested_mix.json")
+
+def _acceptance(opts: AcceptanceOptions) -> None:
+    """Run evaluation prompts on servers that decode speculatively (SGLang with a draft
+    model, vLLM with --speculative-config) and report, per domain, how often the drafter's
+    tokens are accepted; --out also writes a mix aimed at the weakest domains."""
+    import json
+
+    from draftdata.acceptance.stage import AcceptanceConfig, measure_acceptance
+    from draftdata.speculation import suggest_mix
+
+    _check_paths(opts)
+    config = AcceptanceConfig(
+        **settings(opts), endpoints=tuple(opts.endpoint), domains=tuple(opts.domain)
+    )
+    result = measure_acceptance(config, log=lambda line: typer.echo(line, err=True))
+    if opts.as_json:
+        typer.echo(json.dumps(msgspec.to_builtins(result), indent=2))
+        return
+    rates = {d: a.acceptance_rate for d, a in result.by_domain.items()}
+    print_acceptance(result, suggest_mix(rates, opts.min_share))
+    if opts.out:
+        typer.echo(f"wrote {opts.out.rstrip('/')}/acceptance.json and suggested_mix.json")
+
+
+def _check_paths(opts: AcceptanceOptions) -> None:
+    from draftdata import paths
+
+    if not paths.is_remote(opts.prompts):
+        paths.input_path(opts.prompts, "--prompts")
+    if opts.fleet is not None:
+        paths.input_file(opts.fleet, "--fleet")
+    if opts.out is not None and not paths.is_remote(opts.out):
+        paths.output_folder(opts.out, "--out")

@@ -1,23 +1,31 @@
-"""`draftdata export RUN --format FORMAT --out PATH|s3://BUCKET/KEY` (formats: trainer_rows.py)."""
+"""`draftdata export RUN --format FORMAT --out PATH|s3://BUCKET/KEY` (formats: trainer_rows.py).
+
+The options are ``ExportOptions`` (each field one option, ``Setting`` marking the keyword of
+``export.stage.export_run`` it sets); the body checks the paths, calls the stage and prints one
+line.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import typer
 
-from draftdata.cli.quiet import QUIET, quietable
+from draftdata.cli.options import SETTING, Setting, command, settings
+from draftdata.cli.quiet import Quiet
 
 
-def register(app: typer.Typer) -> None:
-    """Add the `export` command to `app`."""
+class ExportOptions(msgspec.Struct, kw_only=True, frozen=True):
+    """The arguments and options of ``draftdata export``, in ``--help``'s order; a ``Setting``
+    field is that keyword of ``export_run``."""
 
-    @app.command("export")
-    @quietable
-    def _cmd(
-        run: str = typer.Argument(..., help="The run: a local directory or s3://BUCKET/PREFIX."),
-        fmt: str = typer.Option(
-            "specforge",
+    run: Annotated[
+        str, typer.Argument(help="The run: a local directory or s3://BUCKET/PREFIX."), SETTING
+    ]
+    fmt: Annotated[
+        str,
+        typer.Option(
             "--format",
             "-f",
             help="specforge (SpecForge `conversations` JSONL, one row per generated turn; train "
@@ -31,79 +39,103 @@ def register(app: typer.Typer) -> None:
             "scripts cannot read is left out and counted), openai (messages JSONL), or parquet "
             "(Hugging Face datasets loadable).",
         ),
-        out: str = typer.Option(
-            ...,
+        SETTING,
+    ] = "specforge"
+    out: Annotated[
+        str,
+        typer.Option(
             "--out",
             "-o",
             help="Output file or s3://BUCKET/KEY (must not exist; never overwritten).",
         ),
-        reasoning: bool = typer.Option(
-            True,
-            "--reasoning/--no-reasoning",
-            help="Keep the assistant turns' reasoning_content.",
+        SETTING,
+    ]
+    reasoning: Annotated[
+        bool,
+        typer.Option(
+            "--reasoning/--no-reasoning", help="Keep the assistant turns' reasoning_content."
         ),
-        protect: list[str] = typer.Option(
-            [],
-            "--protect",
-            help="A prefix the export may not write into (repeatable).",
-        ),
-        tokenizer: str | None = typer.Option(
-            None,
+        Setting("include_reasoning"),
+    ] = True
+    protect: Annotated[
+        list[str],
+        typer.Option("--protect", help="A prefix the export may not write into (repeatable)."),
+        SETTING,
+    ] = []
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
             "--tokenizer",
             help="The target's Hugging Face tokenizer folder (specforge-text, speculators and "
             "modelopt).",
         ),
-        chat_template: str | None = typer.Option(
-            None,
+        SETTING,
+    ] = None
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
             "--chat-template",
             help="A chat template file (Jinja or tokenizer_config.json) overriding the "
             "tokenizer's (specforge-text, speculators and modelopt).",
         ),
-        quiet: bool = QUIET,
-    ) -> None:
-        """Export a run's completions for training (streams shard by shard)."""
-        from draftdata import paths
-        from draftdata.export.stage import export_run
+        SETTING,
+    ] = None
+    quiet: Quiet = False
 
-        paths.input_folder(run, "export", "give a run (generate's --out)")
-        paths.output_file(out, "--out", replace=False)
-        if tokenizer is not None:
-            from draftdata.tokenizer_folder import check_tokenizer_folder
 
-            check_tokenizer_folder(tokenizer)
-        if chat_template is not None:
-            paths.input_file(chat_template, "--chat-template")
-        stats = export_run(
-            run,
-            fmt,
-            out,
-            include_reasoning=reasoning,
-            protect=protect,
-            tokenizer=tokenizer,
-            chat_template=chat_template,
+def register(app: typer.Typer) -> None:
+    """Add the `export` command to `app`."""
+    command(app, "export", ExportOptions)(_export)
+
+
+def _export(opts: ExportOptions) -> None:
+    """Export a run's completions for training (streams shard by shard)."""
+    from draftdata.export.stage import export_run
+
+    _check_paths(opts)
+    stats = export_run(**settings(opts))
+    line, warning = _summary(stats, opts.fmt, opts.out)
+    typer.echo(line)
+    if warning is not None:
+        typer.echo(warning, err=True)
+
+
+def _check_paths(opts: ExportOptions) -> None:
+    """The run, the output, the tokenizer and the template, checked before any work."""
+    from draftdata import paths
+
+    paths.input_folder(opts.run, "export", "give a run (generate's --out)")
+    paths.output_file(opts.out, "--out", replace=False)
+    if opts.tokenizer is not None:
+        from draftdata.tokenizer_folder import check_tokenizer_folder
+
+        check_tokenizer_folder(opts.tokenizer)
+    if opts.chat_template is not None:
+        paths.input_file(opts.chat_template, "--chat-template")
+
+
+def _summary(stats: Any, fmt: str, out: str) -> tuple[str, str | None]:
+    """The one line of what was exported, and the warning when much was left out."""
+    from draftdata.export.stage import template_name
+
+    rows = stats.get("export.rows")
+    per_turn = f" as {rows} rows" if rows != stats.get("export.records") else ""
+    left_out, warning = _losses(stats, fmt)
+    line = (
+        f"exported {stats.get('export.records')} completions{per_turn} from "
+        f"{stats.get('export.shards')} shards to {out} ({fmt}); "
+        f"{stats.get('export.duplicates_dropped')} duplicates dropped; {left_out}"
+    )
+    if fmt == "modelopt":
+        side = template_name(str(out).rsplit("/", 1)[-1])
+        line += f"; chat template for answer_only_loss: {side} beside it"
+    no_system = stats.get("export.rows_without_system_message")
+    if fmt == "specforge" and no_system:
+        line += (
+            f"; {no_system} rows have no system message (SpecForge's qwen3-thinking "
+            "template adds its own; specforge-text keeps the target's context)"
         )
-        from draftdata.export.stage import template_name
-
-        rows = stats.get("export.rows")
-        per_turn = f" as {rows} rows" if rows != stats.get("export.records") else ""
-        left_out, warning = _losses(stats, fmt)
-        line = (
-            f"exported {stats.get('export.records')} completions{per_turn} from "
-            f"{stats.get('export.shards')} shards to {out} ({fmt}); "
-            f"{stats.get('export.duplicates_dropped')} duplicates dropped; {left_out}"
-        )
-        if fmt == "modelopt":
-            side = template_name(str(out).rsplit("/", 1)[-1])
-            line += f"; chat template for answer_only_loss: {side} beside it"
-        no_system = stats.get("export.rows_without_system_message")
-        if fmt == "specforge" and no_system:
-            line += (
-                f"; {no_system} rows have no system message (SpecForge's qwen3-thinking "
-                "template adds its own; specforge-text keeps the target's context)"
-            )
-        typer.echo(line)
-        if warning is not None:
-            typer.echo(warning, err=True)
+    return line, warning
 
 
 def _losses(stats: Any, fmt: str) -> tuple[str, str | None]:

@@ -1,8 +1,9 @@
 """``-q/--quiet`` for every command: print nothing but errors.
 
 A command takes ``quiet: bool = QUIET`` and is decorated with ``@quietable`` (below
-``@app.command``). With ``-q`` the body runs with stdout and stderr sent to the null device and
-logging off, so progress lines, summaries and library warnings vanish; a DraftdataError still
+``@app.command``), or has a ``quiet: Quiet = False`` field in its options (``cli/options.py``).
+With ``-q`` the body runs with stdout and stderr sent to the null device and logging off, so
+progress lines, summaries and library warnings vanish; a DraftdataError still
 leaves the body and ``main`` prints it as the one ``error:`` line, and a usage error is Click's.
 """
 
@@ -13,11 +14,12 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 QUIET: Any = typer.Option(False, "--quiet", "-q", help="Print nothing but errors.")
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
