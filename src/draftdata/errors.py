@@ -20,8 +20,9 @@
     │   ├── LeaseHeldError              another live process writes this run
     │   └── LeaseLostError              another process took over: stop committing
     ├── FleetError                      no endpoint reachable, a server failed to start
-    │   └── FleetUnavailableError       no endpoint could serve for a bounded time, or every
-    │                                   endpoint refuses chat requests (generate stops, resumable)
+    │   └── FleetUnavailableError       no endpoint could serve for a bounded time, every
+    │                                   endpoint refuses chat requests, or one 400 ends most
+    │                                   of the first requests (generate stops, resumable)
     ├── RunAbortedError                 an unexpected error stopped a run (committed work kept)
     ├── VerificationError               hidden states written differ from the same samples
     │                                   computed one at a time beyond the dtype's tolerance
@@ -188,7 +189,8 @@ class FleetError(DraftdataError):
 
 
 class FleetUnavailableError(FleetError):
-    """No endpoint could serve for the allowed time (or all refuse): the run stops, resumable."""
+    """No endpoint could serve for the allowed time, all refuse, or the same request refusal
+    ended most of the first requests (``generate/opening.py``): the run stops, resumable."""
 
 
 class RunAbortedError(DraftdataError):
@@ -227,9 +229,20 @@ class ServerError(DraftdataError):
         self.status = status
         self.retry_after = retry_after
 
+    @property
+    def said(self) -> str:
+        """What the server answered, each part once: ``HTTP 400: Unsupported parameter:
+        top_k``; ``HTTP 404`` for an answer that gave no reason; the message alone where there
+        was no answer. Every line that shows a server's error shows this."""
+        if self.status is None:
+            return self.message
+        status = f"HTTP {self.status}"
+        if not self.message or self.message.startswith(status):
+            return self.message or status
+        return f"{status}: {self.message}"
+
     def __str__(self) -> str:
-        where = f"HTTP {self.status}: " if self.status is not None else ""
-        return f"{self.reason}: {where}{self.message}"
+        return f"{self.reason}: {self.said}"
 
 
 class RetryableServerError(ServerError):

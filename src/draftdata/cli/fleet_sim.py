@@ -149,6 +149,17 @@ def register(app: typer.Typer) -> None:
         fault_context: float = typer.Option(
             0.0, "--fault-context", help="Rate of injected 400 context-length errors."
         ),
+        fault_400: float = typer.Option(
+            0.0,
+            "--fault-400",
+            help="Rate of HTTP 400 invalid-request answers (not a context length).",
+        ),
+        unsupported: list[str] = typer.Option(
+            [],
+            "--unsupported",
+            help="NAME: refuse every chat request that carries the field NAME with HTTP 400 "
+            "'Unsupported parameter: NAME' (e.g. top_k; repeatable).",
+        ),
         fault_reset: float = typer.Option(
             0.0, "--fault-reset", help="Rate of connections reset mid-response."
         ),
@@ -274,6 +285,7 @@ def register(app: typer.Typer) -> None:
             error_503=fault_503,
             error_429=fault_429,
             context_400=fault_context,
+            error_400=fault_400,
             reset=fault_reset,
             hang=fault_hang,
             malformed=fault_malformed,
@@ -324,6 +336,7 @@ def register(app: typer.Typer) -> None:
                 token_ids=not no_token_ids,
                 usage=usage,  # type: ignore[arg-type]
                 max_choices=max_choices,
+                unsupported=list(unsupported),
                 spec_tokens=spec_tokens,
                 accept_rate=accept_rate,
                 accept_rate_for=_by_prefix(
