@@ -25,11 +25,38 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from draftdata.errors import DISK_ERRNOS, AlreadyExistsError, DiskError, StoreError
+from draftdata.errors import (
+    DISK_ERRNOS,
+    AlreadyExistsError,
+    DiskError,
+    StoreAccessError,
+    StoreError,
+    TransientStoreError,
+)
 from draftdata.store.base import Store, check_key
 
 _COPY_CHUNK = 1 << 20
 TEMP_MARK = ".tmp-"  # a temp file's name: .<name>.tmp-<random>
+# a file system that does not answer now (a network mount's server, a busy lock): an outage
+_PASSING_ERRNOS = frozenset({errno.EAGAIN, errno.ETIMEDOUT, errno.EBUSY, errno.ENOLCK})
+_DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+
+
+def os_error(exc: OSError, path: Path | str, doing: str, hint: str = "") -> StoreError:
+    """The store error for ``exc`` met while ``doing`` (``read``, ``write``) ``path``: a
+    permission problem (EACCES, EPERM) is StoreAccessError, which says so and that running
+    again does not cure it; a file system that does not answer now is TransientStoreError;
+    anything else a StoreError with the OS's reason (and ``hint``)."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in _DENIED_ERRNOS:
+        return StoreAccessError(
+            f"{path}: cannot {doing} it: permission denied ({reason}); this user may not "
+            f"{doing} there: fix the permissions of the file and its folders (ls -l, chmod, "
+            "chown) or run as its owner; running the same command again does not help"
+        )
+    if exc.errno in _PASSING_ERRNOS:
+        return TransientStoreError(f"{path}: cannot {doing} it now ({reason}); retried")
+    return StoreError(f"{path}: cannot {doing} it ({reason}){hint}")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -128,9 +155,8 @@ class LocalStore(Store):
             full = DiskError.of(exc, str(path), "write to another place")
             if full is not None:
                 raise full from exc
-            raise StoreError(
-                f"{path}: cannot write ({exc.strerror or exc}); check the directory exists "
-                "and is writable"
+            raise os_error(
+                exc, path, "write", "; check the directory exists and is writable"
             ) from exc
 
     @staticmethod
@@ -179,7 +205,7 @@ class LocalStore(Store):
         try:
             return path.read_bytes()
         except OSError as exc:
-            raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+            raise os_error(exc, path, "read") from exc
 
     def _read_range(self, key: str, start: int, length: int) -> bytes:
         path = self._path(key)
@@ -188,7 +214,7 @@ class LocalStore(Store):
                 fh.seek(start)
                 return fh.read(length)
         except OSError as exc:
-            raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+            raise os_error(exc, path, "read") from exc
 
     def _list(self, prefix: str) -> builtins.list[str]:
         head, _, _ = prefix.rpartition("/")
@@ -196,7 +222,11 @@ class LocalStore(Store):
         if not base.is_dir():
             return []
         out: builtins.list[str] = []
-        for dirpath, dirnames, filenames in os.walk(base):
+
+        def unlisted(exc: OSError) -> None:  # a folder it cannot list is no empty folder
+            raise os_error(exc, exc.filename or base, "list") from exc
+
+        for dirpath, dirnames, filenames in os.walk(base, onerror=unlisted):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             rel = Path(dirpath).relative_to(self.root).as_posix()
             for name in filenames:
@@ -215,14 +245,14 @@ class LocalStore(Store):
         try:
             return path.stat().st_size
         except OSError as exc:
-            raise StoreError(f"{path}: cannot stat ({exc.strerror or exc})") from exc
+            raise os_error(exc, path, "read") from exc
 
     def _open_input(self, key: str) -> BinaryIO:
         path = self._path(key)
         try:
             return path.open("rb")
         except OSError as exc:
-            raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+            raise os_error(exc, path, "read") from exc
 
 
 def _remove_unheld(path: Path) -> int | None:
