@@ -133,6 +133,37 @@ def _largest_n(caps: Mapping[str, float], target: Mapping[str, float], tau: floa
     )
 
 
+STEP_DOWN = 1024  # totals below the relaxation's tried for whole counts within the tolerance
+
+
+def _counts_at(
+    aim: Mapping[str, float], caps: Mapping[str, int], tolerance: float, n: int
+) -> dict[str, int]:
+    hi = {g: min(caps[g], math.floor((aim[g] + tolerance) * n + 1e-9)) for g in aim}
+    return water_fill({g: aim[g] * n for g in aim}, n, hi)
+
+
+def _whole_counts(
+    aim: Mapping[str, float], caps: Mapping[str, int], tolerance: float, n: int
+) -> dict[str, int]:
+    """Whole counts for a total of at most ``n`` (the real relaxation's): the largest total,
+    down to ``STEP_DOWN`` below ``n`` and not under half of it, whose every share is within
+    ``tolerance`` (a group's ceiling ``(t + tau) N`` rounds down, so whole rows may miss the
+    band at ``n``: 6 of 14 rows is 42.9% against 40% +- 2%, 5 of 13 is within it); when none
+    is, ``n``'s counts, off by rounding only (a tolerance finer than one row in ``n``)."""
+    first = _counts_at(aim, caps, tolerance, n)
+    floor = max(n - STEP_DOWN, n // 2, 0)
+    while n > floor:
+        counts = _counts_at(aim, caps, tolerance, n)
+        total = sum(counts.values())
+        if total <= 0:
+            break
+        if all(abs(counts[g] / total - aim[g]) <= tolerance + 1e-9 for g in aim):
+            return counts
+        n = min(n, total) - 1
+    return first
+
+
 def solve_counts(
     supply: Mapping[str, int],
     target: Mapping[str, float],
@@ -169,9 +200,7 @@ def solve_counts(
         n_real = min(n_real, keep_all)
     else:
         n_real = min(n_real, float(sum(caps.values())))
-    n = math.floor(n_real + 1e-9)
-    hi = {g: min(caps[g], math.floor((aim[g] + tolerance) * n + 1e-9)) for g in aim}
-    counts = water_fill({g: aim[g] * n for g in aim}, n, hi)
+    counts = _whole_counts(aim, caps, tolerance, math.floor(n_real + 1e-9))
     total = sum(counts.values())
     limited = sorted(g for g in aim if counts[g] >= caps[g] and caps[g] > 0)
     achieved = {g: (c / total if total else 0.0) for g, c in counts.items()}

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draftdata.errors import ConfigError
-from draftdata.merge.plan import bucket_of, dedup, mix64, select, solve_counts, split_counts
+from draftdata.merge.plan import (
+    STEP_DOWN,
+    _largest_n,
+    bucket_of,
+    dedup,
+    mix64,
+    select,
+    solve_counts,
+    split_counts,
+)
 from draftdata.mix import normalised as normalised_mix
 from draftdata.mix import parse_mix
 
@@ -160,6 +171,44 @@ def test_solver_properties(
         down = solve_counts(have, target, tolerance=tolerance)
         assert a.total >= down.total - len(names)
     if not upsample and not a.missing and tolerance == 0:
-        # the exact mix keeps (up to rounding) the largest total the scarcest domain allows
+        # the exact mix in whole rows where a total at least half the largest the scarcest
+        # domain allows has one; else that largest total, off by rounding only
         best = min(have[g] / t for g, t in target.items())
-        assert a.total >= int(best) - len(names)
+        exact = all(abs(share - a.target[g]) <= 1e-9 for g, share in a.achieved.items())
+        assert a.total >= (int(best) // 2 if exact else int(best) - len(names))
+
+
+def _strict_totals(have: dict[str, int], target: dict[str, float], tau: float) -> list[int]:
+    """Every total N for which whole counts within ``tau`` of each target exist (brute force)."""
+    out = []
+    for n in range(1, sum(have.values()) + 1):
+        lo = {g: max(0, math.ceil((t - tau) * n - 1e-9)) for g, t in target.items()}
+        hi = {g: min(have[g], math.floor((t + tau) * n + 1e-9)) for g, t in target.items()}
+        if all(lo[g] <= hi[g] for g in target) and sum(lo.values()) <= n <= sum(hi.values()):
+            out.append(n)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    supply=st.lists(st.integers(1, 40), min_size=2, max_size=4),
+    weights=st.lists(st.integers(1, 10), min_size=2, max_size=4),
+    tolerance=st.sampled_from([0.01, 0.02, 0.05]),
+)
+def test_whole_rows_land_within_the_tolerance_where_a_total_near_the_largest_allows_it(
+    supply: list[int], weights: list[int], tolerance: float
+) -> None:
+    """Small groups, where whole rows matter: the counts are within the tolerance whenever
+    some total at least half the real relaxation's allows it (6 of 14 rows at 40% +- 2% was
+    kept once: 42.9%), and no such total is much larger than the one kept."""
+    k = min(len(supply), len(weights))
+    names = [f"d{i}" for i in range(k)]
+    have = dict(zip(names, supply[:k], strict=True))
+    target = {g: w / sum(weights[:k]) for g, w in zip(names, weights[:k], strict=True)}
+    a = solve_counts(have, target, tolerance=tolerance)
+    n_real = math.floor(_largest_n({g: float(c) for g, c in have.items()}, target, tolerance))
+    feasible = [n for n in _strict_totals(have, target, tolerance) if n <= n_real]
+    if feasible and max(feasible) >= n_real // 2 and max(feasible) > n_real - STEP_DOWN:
+        for g, share in a.achieved.items():
+            assert abs(share - target[g]) <= tolerance + 1e-9, (a, feasible)
+        assert a.total >= max(feasible) - k  # water_fill's counts, not a far smaller total
