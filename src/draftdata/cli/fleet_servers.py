@@ -244,40 +244,44 @@ def _launch_config(opts: UpOptions) -> Any:
     )
 
 
+class StatusOptions(msgspec.Struct, kw_only=True, frozen=True):
+    """The argument and options of ``draftdata fleet status``."""
+
+    fleet: Annotated[Path, typer.Argument(help="fleet.yaml of the fleet.")] = Path("fleet.yaml")
+    quiet: Quiet = False
+
+
+def _status(opts: StatusOptions) -> None:
+    """Show each server's process, health, running/waiting requests and uptime.
+
+    Exit code 1 when any server is unhealthy.
+    """
+    from draftdata import paths
+    from draftdata.fleet.manage import fleet_status, format_uptime
+
+    paths.input_file(opts.fleet, "fleet status", NO_FLEET_HINT)
+    rows = fleet_status(opts.fleet)
+    typer.echo(
+        f"{'#':>2}  {'url':<28} {'process':<9} {'health':<7} {'run':>5} {'wait':>5} "
+        f"{'cap':>5}  {'uptime':>7}  model"
+    )
+    for r in rows:
+        typer.echo(
+            f"{r.index:>2}  {r.url:<28} {r.process:<9} {'ok' if r.healthy else 'DOWN':<7} "
+            f"{'-' if r.running is None else r.running:>5} "
+            f"{'-' if r.waiting is None else r.waiting:>5} "
+            f"{r.capacity or '-':>5}  {format_uptime(r.uptime_s):>7}  {r.model or '-'}"
+        )
+    bad = sum(not r.healthy for r in rows)
+    typer.echo(f"{len(rows) - bad} of {len(rows)} servers healthy")
+    if bad:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     """Add `up`, `status` and `down` to the fleet sub-app."""
     command(app, "up", UpOptions)(_up)
-
-    @app.command("status")
-    @quietable
-    def status(
-        fleet: Path = typer.Argument(Path("fleet.yaml"), help="fleet.yaml of the fleet."),
-        quiet: bool = QUIET,
-    ) -> None:
-        """Show each server's process, health, running/waiting requests and uptime.
-
-        Exit code 1 when any server is unhealthy.
-        """
-        from draftdata import paths
-        from draftdata.fleet.manage import fleet_status, format_uptime
-
-        paths.input_file(fleet, "fleet status", NO_FLEET_HINT)
-        rows = fleet_status(fleet)
-        typer.echo(
-            f"{'#':>2}  {'url':<28} {'process':<9} {'health':<7} {'run':>5} {'wait':>5} "
-            f"{'cap':>5}  {'uptime':>7}  model"
-        )
-        for r in rows:
-            typer.echo(
-                f"{r.index:>2}  {r.url:<28} {r.process:<9} {'ok' if r.healthy else 'DOWN':<7} "
-                f"{'-' if r.running is None else r.running:>5} "
-                f"{'-' if r.waiting is None else r.waiting:>5} "
-                f"{r.capacity or '-':>5}  {format_uptime(r.uptime_s):>7}  {r.model or '-'}"
-            )
-        bad = sum(not r.healthy for r in rows)
-        typer.echo(f"{len(rows) - bad} of {len(rows)} servers healthy")
-        if bad:
-            raise typer.Exit(1)
+    command(app, "status", StatusOptions)(_status)
 
     @app.command("down")
     @quietable
