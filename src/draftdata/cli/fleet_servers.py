@@ -14,7 +14,7 @@ import msgspec
 import typer
 
 from draftdata.cli.options import SETTING, command, settings
-from draftdata.cli.quiet import QUIET, Quiet, quietable
+from draftdata.cli.quiet import Quiet
 from draftdata.errors import ConfigError
 
 # what to do when the fleet file is missing (the same line for status and down)
@@ -278,22 +278,30 @@ def _status(opts: StatusOptions) -> None:
         raise typer.Exit(1)
 
 
+class DownOptions(msgspec.Struct, kw_only=True, frozen=True):
+    """The argument and options of ``draftdata fleet down``."""
+
+    fleet: Annotated[Path, typer.Argument(help="fleet.yaml written by fleet up.")] = Path(
+        "fleet.yaml"
+    )
+    grace: Annotated[
+        float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL.")
+    ] = 30.0
+    quiet: Quiet = False
+
+
+def _down(opts: DownOptions) -> None:
+    """Stop exactly the servers `fleet up` started (pid + start time checked)."""
+    from draftdata import paths
+    from draftdata.fleet.manage import fleet_down
+
+    paths.input_file(opts.fleet, "fleet down", NO_FLEET_HINT)
+    for line in fleet_down(opts.fleet, grace_s=opts.grace):
+        typer.echo(line)
+
+
 def register(app: typer.Typer) -> None:
     """Add `up`, `status` and `down` to the fleet sub-app."""
     command(app, "up", UpOptions)(_up)
     command(app, "status", StatusOptions)(_status)
-
-    @app.command("down")
-    @quietable
-    def down(
-        fleet: Path = typer.Argument(Path("fleet.yaml"), help="fleet.yaml written by fleet up."),
-        grace: float = typer.Option(30.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
-        quiet: bool = QUIET,
-    ) -> None:
-        """Stop exactly the servers `fleet up` started (pid + start time checked)."""
-        from draftdata import paths
-        from draftdata.fleet.manage import fleet_down
-
-        paths.input_file(fleet, "fleet down", NO_FLEET_HINT)
-        for line in fleet_down(fleet, grace_s=grace):
-            typer.echo(line)
+    command(app, "down", DownOptions)(_down)
