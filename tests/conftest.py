@@ -6,6 +6,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# A loaded machine (other jobs, xdist workers side by side) must not fail a property on time:
+# no per-example deadline and no "data generation too slow" health check in the whole suite.
+# The properties' verdicts are about values; a test about speed says so with its own bound.
+settings.register_profile("draftdata", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("draftdata")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -7,21 +7,28 @@
     │                                   and what); counted and written to a rejects file
     ├── FormatVersionError              a file written by an incompatible draftdata
     ├── StoreError                      the run store refused or failed (``outage``: waiting
-    │   │                               can cure it; generate retries only those)
-    │   ├── DiskError                   a local file: the disk is full, over quota or read-only
-    │   ├── AlreadyExistsError          a create-only write found the key already there (*)
-    │   ├── ProtectedPrefixError        the output overlaps a protected prefix (*)
-    │   ├── RunMismatchError            the run's manifest disagrees with this config (*)
-    │   ├── UnreadableShardError        a run's shard cannot be read: set it aside (*)
-    │   ├── LeaseUnconfirmedError       the run lease could not be renewed (an outage)
-    │   └── TransientStoreError         worth retrying (throttling, 5xx, resets)
-    │                                   (*) not an outage: the same call fails again
+    │   │                               can cure it; generate waits out only those (+); any
+    │   │                               other stops the command in one line, committed work
+    │   │                               kept)
+    │   ├── TransientStoreError         throttling, 5xx, timeouts, connection errors (+)
+    │   ├── LeaseUnconfirmedError       the run lease could not be renewed: no answer (+)
+    │   ├── DiskError                   a local file: the disk is full, over quota or
+    │   │                               read-only (+: space can be freed while it waits)
+    │   ├── StoreAccessError            access denied (a policy, a file's mode), credentials
+    │   │                               missing, invalid or expired
+    │   ├── AlreadyExistsError          a create-only write found the key already there
+    │   ├── ProtectedPrefixError        the output overlaps a protected prefix
+    │   ├── RunMismatchError            the run's manifest disagrees with this config
+    │   └── UnreadableObjectError       an object of the run is not what its format says
+    │       │                           (a manifest that is not a JSON object)
+    │       └── UnreadableShardError    a run's shard cannot be read: set it aside
     ├── RunLeaseError                   the run lease (one writer per run, store/lease.py)
     │   ├── LeaseHeldError              another live process writes this run
     │   └── LeaseLostError              another process took over: stop committing
     ├── FleetError                      no endpoint reachable, a server failed to start
-    │   └── FleetUnavailableError       no endpoint could serve for a bounded time, or every
-    │                                   endpoint refuses chat requests (generate stops, resumable)
+    │   └── FleetUnavailableError       no endpoint could serve for a bounded time, every
+    │                                   endpoint refuses chat requests, or one 400 ends most
+    │                                   of the first requests (generate stops, resumable)
     ├── RunAbortedError                 an unexpected error stopped a run (committed work kept)
     ├── VerificationError               hidden states written differ from the same samples
     │                                   computed one at a time beyond the dtype's tolerance
@@ -91,18 +98,28 @@ class FormatVersionError(DraftdataError):
 class StoreError(DraftdataError):
     """The run store refused an operation or failed to perform it.
 
-    ``outage`` says whether waiting can cure it: True for the store's own conditions
-    (throttling, 5xx, resets, a full disk, expired credentials or a bucket policy an operator
-    restores), which generate's committer retries with backoff; False for a refusal that the
-    same call meets again however long it waits (a settings clash, a foreign object, a
-    protected prefix), which stops the command with its one line."""
+    ``outage`` says whether waiting can cure it: True only for the store's passing conditions
+    (TransientStoreError: throttling, 5xx, timeouts, connection errors; a lease no heartbeat
+    renews; a full disk), which generate's committer retries with backoff; False for the rest,
+    which the same call meets again however long it waits (access denied, missing or expired
+    credentials, a damaged manifest, a settings clash, a foreign object, a protected prefix, a
+    store error nobody classified): they stop the command with their one line."""
 
-    outage: ClassVar[bool] = True
+    outage: ClassVar[bool] = False
 
 
 class LeaseUnconfirmedError(StoreError):
     """The run lease could not be renewed (the store does not answer): no commit until it is;
     a store outage like any other, retried (a takeover would be LeaseLostError)."""
+
+    outage = True
+
+
+class StoreAccessError(StoreError):
+    """The store refuses this process, and will until someone changes a setting: access denied
+    (a bucket policy, IAM permissions, a file or directory's mode), or the credentials are
+    missing, invalid or expired. Not an outage: the message names the object, the cause and
+    the fix; waiting or running the same command again does not cure it."""
 
 
 # errno -> (what a user reads, what to do about it besides writing elsewhere)
@@ -115,8 +132,10 @@ DISK_ERRNOS = {
 
 class DiskError(StoreError):
     """A local file cannot be written: the disk is full (ENOSPC), over quota (EDQUOT) or
-    read-only (EROFS). A StoreError, so generate's committer treats a full run store as the
-    store outage it is; every other command prints it as one line (exit 1)."""
+    read-only (EROFS). An outage, so generate's committer waits while someone frees space
+    (a full run store); every other command prints it as one line (exit 1)."""
+
+    outage = True
 
     @classmethod
     def of(cls, exc: BaseException, where: str, elsewhere: str) -> DiskError | None:
@@ -145,30 +164,30 @@ def disk_errors(where: str, elsewhere: str) -> Iterator[None]:
 class AlreadyExistsError(StoreError):
     """A create-only write found an object already at that key."""
 
-    outage = False
-
 
 class ProtectedPrefixError(StoreError):
     """A write location equals, contains or lies inside a protected prefix."""
-
-    outage = False
 
 
 class RunMismatchError(StoreError):
     """The output prefix holds a run whose settings differ from the requested ones."""
 
-    outage = False
+
+class UnreadableObjectError(StoreError):
+    """An object of the run holds what its format does not allow (a manifest or history entry
+    that is not a JSON object): the same read meets the same bytes again."""
 
 
-class UnreadableShardError(StoreError):
+class UnreadableShardError(UnreadableObjectError):
     """A run's shard cannot be read (damaged bytes, a cut footer, another format); the message
     says how to set it aside (``store/quarantine.py``) and regenerate its prompts."""
 
-    outage = False
-
 
 class TransientStoreError(StoreError):
-    """A store failure worth retrying (throttling, 5xx, connection reset)."""
+    """A store failure worth retrying: throttling, 5xx, a timeout, a connection refused, reset
+    or cut short (S3), or a local file system that does not answer now (ETIMEDOUT, EAGAIN)."""
+
+    outage = True
 
 
 class RunLeaseError(DraftdataError):
@@ -188,7 +207,8 @@ class FleetError(DraftdataError):
 
 
 class FleetUnavailableError(FleetError):
-    """No endpoint could serve for the allowed time (or all refuse): the run stops, resumable."""
+    """No endpoint could serve for the allowed time, all refuse, or the same request refusal
+    ended most of the first requests (``generate/opening.py``): the run stops, resumable."""
 
 
 class RunAbortedError(DraftdataError):
@@ -227,9 +247,20 @@ class ServerError(DraftdataError):
         self.status = status
         self.retry_after = retry_after
 
+    @property
+    def said(self) -> str:
+        """What the server answered, each part once: ``HTTP 400: Unsupported parameter:
+        top_k``; ``HTTP 404`` for an answer that gave no reason; the message alone where there
+        was no answer. Every line that shows a server's error shows this."""
+        if self.status is None:
+            return self.message
+        status = f"HTTP {self.status}"
+        if not self.message or self.message.startswith(status):
+            return self.message or status
+        return f"{status}: {self.message}"
+
     def __str__(self) -> str:
-        where = f"HTTP {self.status}: " if self.status is not None else ""
-        return f"{self.reason}: {where}{self.message}"
+        return f"{self.reason}: {self.said}"
 
 
 class RetryableServerError(ServerError):

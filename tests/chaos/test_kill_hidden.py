@@ -128,7 +128,8 @@ def test_kill_9_at_random_moments_then_resume(
         assert stored.states.shape[0] == len(samples[r["id"]]["input_ids"])
     assert hs.summary is not None and hs.summary["complete"]
     assert hs.summary["verification"]["passed"]
+    # the temp files the kills left were swept at the resume's start: none holds disk
     leftovers = [p.name for p in (out / "hidden_states").iterdir() if p.name.startswith(".")]
-    assert all(".tmp-" in name for name in leftovers)
+    assert leftovers == []
     assert np.isfinite(hs.summary["tokens_per_s"])
     assert os.path.exists(out / "hidden_index.parquet")

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.integration.generate.helpers import code_chat_file, simulated_run, user_prompts
+from tests.signals import default_signals
 
 pytestmark = pytest.mark.chaos
 
@@ -88,6 +89,7 @@ def test_workers_end_with_their_parent(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=default_signals,
     )
     sid = proc.pid
     output: list[bytes] = []

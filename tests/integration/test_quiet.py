@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from tests.integration.fleet.test_launch import free_port_base
 from tests.integration.generate.helpers import write_prompts
+from tests.signals import default_signals
 
 from draftdata.cli import main
 from draftdata.sim.run import SimConfig, SimFleet
@@ -205,6 +206,7 @@ def test_fleet_up_status_down_and_sim(tmp_path: Path, capfd: pytest.CaptureFixtu
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_signals,
     )
     try:
         deadline = time.monotonic() + 60

@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 from tests.conftest import MotoS3
+from tests.signals import default_signals
 
 pytestmark = pytest.mark.integration
 
@@ -266,6 +267,7 @@ def _interrupt_once(cmd: str, work: Path, bucket: str, port_base: int) -> None:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=default_signals,
     )
     run = open_store(f"{bucket}/expansion_v1/")
     before = _answered(port_base)  # the pilot's requests, answered earlier

@@ -204,6 +204,22 @@ class SimOptions(msgspec.Struct, kw_only=True, frozen=True):
         typer.Option("--fault-context", help="Rate of injected 400 context-length errors."),
         Setting("faults.context_400"),
     ] = 0.0
+    fault_400: Annotated[
+        float,
+        typer.Option(
+            "--fault-400", help="Rate of HTTP 400 invalid-request answers (not a context length)."
+        ),
+        Setting("faults.error_400"),
+    ] = 0.0
+    unsupported: Annotated[
+        list[str],
+        typer.Option(
+            "--unsupported",
+            help="NAME: refuse every chat request that carries the field NAME with HTTP 400 "
+            "'Unsupported parameter: NAME' (e.g. top_k; repeatable).",
+        ),
+        SETTING,
+    ] = []
     fault_reset: Annotated[
         float,
         typer.Option("--fault-reset", help="Rate of connections reset mid-response."),

@@ -147,7 +147,10 @@ class HiddenOptions(msgspec.Struct, kw_only=True, frozen=True):
             "--verify",
             min=0,
             metavar="N",
-            help="Samples recomputed one at a time and compared with what was written (0: off).",
+            help=(
+                "Samples recomputed one at a time and compared with what was written, at the "
+                "end; the first two batched ones also as soon as they are committed (0: off)."
+            ),
         ),
         SETTING,
     ] = 8

@@ -16,7 +16,10 @@ It decides and holds no I/O; each decision is a part of its own:
 - **the retry policy** (``retry.RetryPolicy``): a failed attempt's fate by the error's type:
   ``RetryableServerError`` -> retry after a jittered backoff elsewhere, up to ``max_attempts``;
   ``FatalRequestError`` -> the prompt's Failure at once; ``EndpointFaultError`` -> the endpoint
-  out, the job requeued uncharged.
+  out, the job requeued uncharged;
+- **the opening check** (``opening.OpeningCheck``): the records of request refusals are held
+  until the command's first outcomes are in; when one refusal ended most of them the run stops
+  in one line quoting the server (``refused``) and nothing of them is recorded.
 
 What is left here is acting on them: the loop, launching and detaching copies, settling jobs,
 and taking an endpoint out, three ways. ``open_breaker``: it failed ``breaker_failures``
@@ -51,7 +54,9 @@ from typing import Protocol
 
 from draftdata.errors import (
     ConnectionLostError,
+    DraftdataError,
     EndpointFaultError,
+    FleetUnavailableError,
     ImpossibleAnswerError,
     RateLimitedError,
     RequestTimeoutError,
@@ -61,6 +66,7 @@ from draftdata.generate.caller import Answer, Caller
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.endpoint import Endpoint
 from draftdata.generate.length import LengthModel, LengthPriors, prompt_tokens
+from draftdata.generate.opening import OpeningCheck, Stop, is_refusal
 from draftdata.generate.placement import Placement
 from draftdata.generate.queue import JobQueue
 from draftdata.generate.retry import Fail, MoveOn, Retry, RetryPolicy
@@ -177,6 +183,7 @@ class Dispatcher:
         self.queue = JobQueue(self.lengths, ordered=config.order == "length")
         self.placement = Placement(endpoints, self.lengths, hedge_min_age=config.hedge_min_age)
         self.policy = RetryPolicy(config, self.rng)
+        self.opening = OpeningCheck()
         self.running: dict[Job, None] = {}  # jobs with at least one live copy, oldest first
         self.on_endpoint: dict[Endpoint, set[Copy]] = {e: set() for e in endpoints}
         self.active: Counter[str] = Counter()  # prompt id -> unsettled jobs (duplicate ids)
@@ -186,6 +193,7 @@ class Dispatcher:
         self.paused = False  # set by the engine while the store holds too many records
         self.fed_all = False
         self.bug: BaseException | None = None  # an unmapped exception: it stops the run
+        self.refused: DraftdataError | None = None  # the opening check stopped the run
         self._seeded = priors is None  # what was known before the run is in the model
         self._checking: set[Endpoint] = set()
         self._background: set[asyncio.Task[None]] = set()
@@ -250,9 +258,9 @@ class Dispatcher:
                         self._hedge(now)
                 if feeder.done() and not feeder.cancelled() and feeder.exception():
                     raise feeder.exception()  # type: ignore[misc]
-                if not self.running and (
-                    self.stopping or (self.fed_all and not self.queue and not self.queue.waiting)
-                ):
+                if self.opening.open and not self.running and self._all_settled():
+                    self._judge(ended=True)
+                if not self.running and (self.stopping or self._all_settled()):
                     break
                 self.wake.clear()
                 timeout = 0.25 if self._seeded else 0.02
@@ -280,6 +288,12 @@ class Dispatcher:
             await asyncio.gather(*background, return_exceptions=True)
         if self.bug is not None:
             raise self.bug
+        if self.refused is not None:
+            raise self.refused
+
+    def _all_settled(self) -> bool:
+        """Every prompt read, nothing queued or backing off (running aside)."""
+        return self.fed_all and not self.queue and not self.queue.waiting
 
     def _first_window(self, since_start: float) -> bool:
         """Whether dispatch may start: at once, unless lengths are known before the run (a
@@ -519,6 +533,9 @@ class Dispatcher:
             self.sink.completion(c)
             ep.meter.completed += 1
         self._settle(job)
+        if self.opening.open:
+            self.opening.settled()
+            self._judge(ended=False)
 
     def _failed(self, copy: Copy, err: ServerError) -> None:
         """A failed attempt: the endpoint learns of it, and the retry policy says the job's
@@ -547,7 +564,7 @@ class Dispatcher:
                     self.queue.later(job, self.clock() + delay)
                     self.wake.set()
                 case Fail(reason=reason, message=message):
-                    self._fail(job, reason, message, ep)
+                    self._fail(job, reason, message, ep, err=err)
                 case MoveOn():
                     self._requeue(job, ep)
                     moved = 1
@@ -562,11 +579,32 @@ class Dispatcher:
         job.ready_since = self.clock()
         self.queue.requeue(job)
 
-    def _fail(self, job: Job, reason: str, message: str, ep: Endpoint) -> None:
-        for f in failures(job, reason, ep.redact(message), endpoint=ep.url):
-            self.sink.failure(f)
+    def _fail(
+        self, job: Job, reason: str, message: str, ep: Endpoint, *, err: ServerError | None = None
+    ) -> None:
+        records = failures(job, reason, ep.redact(message), endpoint=ep.url)
         job.done = True
+        if err is not None and self.opening.open and is_refusal(err):
+            self.opening.refused(err, ep.url, records)  # held until the verdict
+        else:
+            for f in records:
+                self.sink.failure(f)
+            self.opening.settled()
         self._settle(job)
+        if self.opening.open:
+            self._judge(ended=False)
+
+    def _judge(self, *, ended: bool) -> None:
+        """Act on the opening check's verdict: stop the run on one refusal of most of the
+        first requests (nothing of them recorded), else write the records it held."""
+        verdict = self.opening.verdict(ended=ended)
+        if isinstance(verdict, Stop):
+            if self.refused is None and self.bug is None:
+                self.refused = FleetUnavailableError(verdict.message())
+                self.abort()
+        elif verdict:
+            for f in verdict:
+                self.sink.failure(f)
 
     def _settle(self, job: Job) -> None:
         pid = job.prompt.id

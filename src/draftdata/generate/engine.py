@@ -20,7 +20,9 @@ The watch, every 0.25 s, says each change of state in one line:
 
 A bug in the commit path stops the run at once (RunAbortedError, one line, resumable). An
 exception an attempt raised that nobody mapped (a bug, not a server fault) stops it too: what
-finished is committed, and ``run`` raises that exception with its traceback (resumable).
+finished is committed, and ``run`` raises that exception with its traceback (resumable). When
+one request refusal ends most of the first requests (``opening.py``), the dispatcher stops the
+run with one line quoting the server, and none of those refusals is recorded.
 
 Shutdown (``interrupt``): the first call stops dispatch and lets running requests finish for up
 to ``grace_seconds``; the second (or the end of the grace) cancels them. Either way whatever
@@ -377,7 +379,13 @@ class Engine:
             self.dispatcher.abort()
             await asyncio.gather(*self.dispatcher.tasks, return_exceptions=True)
             await asyncio.gather(*loops, return_exceptions=True)
-            stopping = self.fatal is not None or self.interrupted or self.dispatcher.bug is not None
+            d = self.dispatcher
+            stopping = (
+                self.fatal is not None
+                or self.interrupted
+                or d.bug is not None
+                or d.refused is not None
+            )
             await self.committer.close(stopping=stopping)
         if self.fatal is not None:
             raise self.fatal

@@ -33,6 +33,7 @@ from draftdata.hidden.writer import (
     DTYPE_BYTES,
     HIDDEN_FOLDER,
     Compression,
+    RowFiles,
     SampleRow,
     Stored,
     StoredDtype,
@@ -49,16 +50,13 @@ ZIP_OVERHEAD = 2300
 GZIP_LEVEL = 1  # activations are nearly incompressible; level 1 gets what there is, fast
 
 
-class SpecForgeWriter:
+class SpecForgeWriter(RowFiles):
     """SpecForge 0.2.0's offline ``.ckpt`` files (see the module docstring)."""
 
     format = "specforge"
     dtypes: ClassVar[tuple[StoredDtype, ...]] = ("bf16", "fp16", "fp32")
     compressions: ClassVar[tuple[Compression, ...]] = ("none", "gzip")
-
-    def __init__(self, *, dtype: StoredDtype = "bf16", compress: Compression = "none") -> None:
-        self.dtype = dtype
-        self.compress = compress
+    NAME = _NAME
 
     @property
     def capture_last(self) -> LastNorm:
@@ -72,9 +70,7 @@ class SpecForgeWriter:
 
     def row_of(self, key: str) -> int | None:
         """The row of one of this writer's keys (the compression must match too)."""
-        if not key.startswith(HIDDEN_FOLDER):
-            return None
-        m = _NAME.match(key[len(HIDDEN_FOLDER) :])
+        m = self._match(key)
         if m is None or bool(m.group(2)) != (self.compress == "gzip"):
             return None
         return int(m.group(1))

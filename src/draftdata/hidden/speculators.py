@@ -42,6 +42,7 @@ from draftdata.hidden.writer import (
     DTYPE_BYTES,
     HIDDEN_FOLDER,
     Compression,
+    RowFiles,
     SampleRow,
     Stored,
     StoredDtype,
@@ -72,16 +73,13 @@ _SCHEMA = pa.schema(
 )
 
 
-class SpeculatorsWriter:
+class SpeculatorsWriter(RowFiles):
     """speculators 0.9.0's offline files (see the module docstring)."""
 
     format = "speculators"
     dtypes: ClassVar[tuple[StoredDtype, ...]] = ("bf16", "fp16", "fp32", "fp8")
     compressions: ClassVar[tuple[Compression, ...]] = ("none",)
-
-    def __init__(self, *, dtype: StoredDtype = "bf16", compress: Compression = "none") -> None:
-        self.dtype = dtype
-        self.compress = compress
+    NAME = _NAME
 
     @property
     def capture_last(self) -> LastNorm:
@@ -94,9 +92,7 @@ class SpeculatorsWriter:
 
     def row_of(self, key: str) -> int | None:
         """The row of a ``hidden_states/hs_<row>.safetensors`` key."""
-        if not key.startswith(HIDDEN_FOLDER):
-            return None
-        m = _NAME.match(key[len(HIDDEN_FOLDER) :])
+        m = self._match(key)
         return int(m.group(1)) if m else None
 
     def encode(self, sample: SampleRow, states: torch.Tensor) -> bytes:

@@ -36,7 +36,9 @@ from draftdata.hidden.config import (
     HiddenConfig,
     HiddenSettings,
     HiddenSummary,
+    LayerCheck,
     ModelIdentity,
+    Verification,
 )
 from draftdata.hidden.layers import Capture, parse_layers
 from draftdata.hidden.plan import (
@@ -52,7 +54,7 @@ from draftdata.hidden.progress import Progress
 from draftdata.hidden.run import BatchResult, Workers, WorkerSpec
 from draftdata.hidden.setfiles import check_prefix, open_manifest, write_index, write_summary
 from draftdata.hidden.verify import choose_rows, summarise, tolerance
-from draftdata.hidden.writer import SampleRow, Writer
+from draftdata.hidden.writer import HIDDEN_FOLDER, SampleRow, Writer
 from draftdata.hidden.writers import writer_for
 from draftdata.store.base import Store, refuse_protected
 from draftdata.store.lease import Lease, acquire, scope_of
@@ -125,6 +127,39 @@ class _Candidates:
         return found
 
 
+EARLY_SAMPLES = 2  # batched samples recomputed alone as soon as they are committed
+_EARLY_POOL = 64  # batched samples kept until that many are committed
+
+
+class _EarlyCheck:
+    """The first batched samples, checked as soon as their files are committed, so a padding
+    or batching fault stops the command after its first batches instead of after a multi-day
+    run (the full ``--verify`` still runs at the end). Samples that ran alone (a batch of one)
+    are not taken: nothing in them differs from the check."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pool: dict[int, tuple[float, SampleRow]] = {}
+        self.pending = n > 0
+
+    def offer(self, batch: list[SampleRow], width: int) -> None:
+        if not self.pending or len(batch) < 2 or len(self.pool) >= _EARLY_POOL:
+            return
+        for s in batch:
+            self.pool[s.row] = (1.0 - len(s.input_ids) / width, s)
+
+    def ready(self, committed: dict[int, int]) -> list[SampleRow]:
+        """The samples to check now (the most padded of those committed), once; else []."""
+        if not self.pending:
+            return []
+        got = [(p, s) for row, (p, s) in self.pool.items() if row in committed]
+        if len(got) < self.n:
+            return []
+        self.pending = False
+        got.sort(key=lambda ps: (-ps[0], ps[1].row))
+        return [s for _, s in got[: self.n]]
+
+
 def hidden_states(
     config: HiddenConfig, *, opener: Opener | None = None, log: Log | None = _stderr
 ) -> HiddenSummary:
@@ -172,6 +207,12 @@ def hidden_states(
     part = parse_partition(config.partition) if config.partition is not None else None
     lease = acquire(store, scope_of(part), ttl=config.lease_ttl, wait=config.lease_wait)
     try:
+        swept, swept_bytes = store.sweep_temps(HIDDEN_FOLDER)
+        if swept:
+            say(
+                f"hidden-states: removed {swept:,} temp file(s) ({human_bytes(swept_bytes)}) "
+                "that a killed command left"
+            )
         open_manifest(store, settings)
         _dataset_files(store, writer, plan)
         write_index(store, plan.index_table([writer.key(r) for r in range(plan.samples)]))
@@ -256,6 +297,7 @@ def _run(
     )
     todo_tokens = int(sum(int(plan.num_tokens[r]) for r in todo))
     candidates = _Candidates(config.verify)
+    early = _EarlyCheck(min(config.verify, EARLY_SAMPLES))
     written = already = tokens_written = bytes_written = 0
     predicted_written = 0
     run_seconds = 0.0
@@ -291,20 +333,44 @@ def _run(
                     done[row] = size
                 progress.add(len(new), t, b)
 
+        names = _layer_names(capture, facts.num_layers)
+        tol = tolerance(config.dtype, workers.facts.dtype)
+
+        def check(
+            chosen: list[SampleRow], when: str
+        ) -> tuple[Verification, list[LayerCheck] | None]:
+            checks = workers.verify(chosen, fp8=config.dtype == "fp8")
+            verification, fp8_error, failure = summarise(checks, names, tol)
+            _show_verification(say, verification, when)
+            if failure is not None:
+                raise VerificationError(
+                    f"{store.url}: verification failed{when}: {failure}; the engine's batched "
+                    "states are wrong (padding, positions or batching), so the files this "
+                    "command wrote cannot be trusted: fix the engine or its settings "
+                    "(--batch-tokens 1 runs one sample at a time) and write to a new --out"
+                )
+            return verification, fp8_error
+
         t0 = time.perf_counter()
+        paused = 0.0  # the early check's time is not the run's
         if todo:
             for window in windows(iter_rows(plan), todo):
                 for batch in batches(window, config.batch_tokens):
                     width = max(len(s.input_ids) for s in batch)
                     for s in batch:
                         candidates.offer(s, 1.0 - len(s.input_ids) / width)
+                    early.offer(batch, width)
                     workers.submit(batch)
                     account(list(workers.results()))
+                    first = early.ready(done)
+                    if first:
+                        t1 = time.perf_counter()
+                        check(first, " after the first batches")
+                        paused += time.perf_counter() - t1
             workers.flush()
             account(list(workers.results()))
-        run_seconds = time.perf_counter() - t0
+        run_seconds = time.perf_counter() - t0 - paused
         # -- verify
-        names = _layer_names(capture, facts.num_layers)
         verification = fp8_error = None
         if config.verify > 0 and done:
             pool = candidates.samples()
@@ -315,17 +381,7 @@ def _run(
             else:  # nothing written now: a few of the files already there
                 picked = set(choose_rows({}, list(done), config.verify))
                 chosen = [s for s in iter_rows(plan) if s.row in picked]
-            checks = workers.verify(chosen, fp8=config.dtype == "fp8")
-            tol = tolerance(config.dtype, workers.facts.dtype)
-            verification, fp8_error, failure = summarise(checks, names, tol)
-            _show_verification(say, verification)
-            if failure is not None:
-                raise VerificationError(
-                    f"{store.url}: verification failed: {failure}; the engine's batched states "
-                    "are wrong (padding, positions or batching), so the files this command "
-                    "wrote cannot be trusted: fix the engine or its settings (--batch-tokens 1 "
-                    "runs one sample at a time) and write to a new --out"
-                )
+            verification, fp8_error = check(chosen, "")
     summary = HiddenSummary(
         out=store.url,
         trainer_format=config.format,
@@ -376,12 +432,10 @@ def _run(
     return summary
 
 
-def _show_verification(say: Log, v: object) -> None:
-    from draftdata.hidden.config import Verification
-
-    assert isinstance(v, Verification)
+def _show_verification(say: Log, v: Verification, when: str) -> None:
     worst = max(v.layers, key=lambda lc: lc.rms_rel)
     say(
-        f"hidden-states: verified {v.samples} samples one at a time: worst layer {worst.layer} "
+        f"hidden-states: verified {v.samples} samples one at a time{when}: worst layer "
+        f"{worst.layer} "
         f"rms {worst.rms_rel:.3%}, max abs {worst.max_abs:.3g} (tolerance {v.tolerance:.1%} rms)"
     )

@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -87,12 +88,14 @@ from draftdata.hidden.layers import Capture
 from draftdata.hidden.staged import read_staged, remove_staged, sweep
 from draftdata.records import Completion, Failure, Prompt, Turn, Usage
 from draftdata.redact import redact_url
+from draftdata.tables import human_bytes
 
 if TYPE_CHECKING:
     import torch
 
 Log = Callable[[str], None]
 SWEEP_AGE_S = 3600.0  # staged files older than this whose lock nobody holds are removed
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 STRAGGLER_WAIT_S = 30.0  # at close, how long cancelled attempts may take to remove their files
 
 
@@ -403,10 +406,36 @@ class VllmBackend:
         """The target's facts (its config.json; the servers serve it)."""
         return self._facts
 
+    def staged_bytes(self, tokens: int) -> int:
+        """The bytes ``tokens`` tokens in flight put in the fleet's folder: per token, every
+        layer the fleet captures in the model's dtype (the connector writes the dtype the
+        server computes in) and its int64 token id."""
+        per_value = DTYPE_BYTES.get(self._facts.dtype, 4)
+        hs = self.fleet.hidden_states
+        assert hs is not None
+        return tokens * (len(hs.layers) * self._facts.hidden_size * per_value + 8)
+
+    def check_room(self, tokens: int) -> None:
+        """Refuse, in one line, a batch whose files cannot fit in the fleet's folder (a
+        ``/dev/shm`` too small for ``--batch-tokens``): the servers would fail every write
+        that does not fit and the run would retry them for ever."""
+        need = self.staged_bytes(tokens)
+        free = shutil.disk_usage(self.staging).free
+        if need <= free:
+            return
+        fits = free // max(1, self.staged_bytes(1))
+        raise ConfigError(
+            f"--batch-tokens: a batch of {tokens:,} tokens puts {human_bytes(need)} of hidden "
+            f"states in the fleet's folder {self.staging}, which has {human_bytes(free)} free; "
+            f"use --batch-tokens {fits:,} or less, or give the servers' --hidden-states folder "
+            "more room"
+        )
+
     def states(self, batch: Sequence[TokenIds]) -> list[torch.Tensor]:
         """Each sample's states ``[T, count, hidden]``, in the batch's order."""
         if not batch:
             return []
+        self.check_room(sum(len(b) for b in batch))
         got: list[torch.Tensor] = self._call(self._run(list(batch)))
         return got
 

@@ -26,10 +26,11 @@ The formats are ``speculators.py`` and ``specforge.py``; ``writers.py`` maps ``-
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -106,6 +107,23 @@ class Writer(Protocol):
         """(key, local file) of the files the trainer reads beside the states (written under
         ``scratch``), in order; none for a format whose sample files are self-contained."""
         ...
+
+
+class RowFiles:
+    """What the formats share: the stored dtype and compression they were made with, and file
+    names that are a row number in a pattern (``NAME``, the row its first group)."""
+
+    NAME: ClassVar[re.Pattern[str]]
+
+    def __init__(self, *, dtype: StoredDtype = "bf16", compress: Compression = "none") -> None:
+        self.dtype = dtype
+        self.compress = compress
+
+    def _match(self, key: str) -> re.Match[str] | None:
+        """The name pattern's match on a key in the states' folder, else None."""
+        if not key.startswith(HIDDEN_FOLDER):
+            return None
+        return self.NAME.match(key[len(HIDDEN_FOLDER) :])
 
 
 def torch_dtype(dtype: StoredDtype) -> torch.dtype:

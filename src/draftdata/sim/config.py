@@ -38,6 +38,8 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     ``starting_s`` seconds. ``refuse`` maps a server index to an HTTP status it answers every
     chat request with, after answering its first ``refuse_after`` normally, while /health and
     /v1/models stay fine (a rotated key: 401, a renamed model: 404, not OpenAI-compatible: 501).
+    ``error_400`` is the rate of requests refused as invalid (HTTP 400, not a context length):
+    the few a real server refuses for something in one prompt.
     """
 
     error_500: float = 0.0
@@ -47,6 +49,7 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     reset: float = 0.0
     hang: float = 0.0
     malformed: float = 0.0
+    error_400: float = 0.0
     server: int | None = None
     retry_after_s: int = 1
     slow: dict[int, float] = msgspec.field(default_factory=dict)
@@ -71,6 +74,7 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
             ("reset", self.reset),
             ("hang", self.hang),
             ("malformed", self.malformed),
+            ("error_400", self.error_400),
         ]
 
     def applies_to(self, index: int) -> bool:
@@ -109,6 +113,9 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     usage: UsageMode = "full"
     token_ids: bool = True  # False: ignore return_token_ids (an engine that cannot return ids)
     max_choices: int | None = None  # answer at most this many of ``n`` choices (None: all)
+    # request fields the server does not know: a chat request carrying one is refused with
+    # HTTP 400 "Unsupported parameter: NAME" (an engine or API that lacks a sampling option)
+    unsupported: list[str] = msgspec.field(default_factory=list)
     time_scale: float = 1.0
     base_step_s: float = 0.020
     per_seq_step_s: float = 0.00016
@@ -149,7 +156,13 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
         return (self.base_step_s + self.per_seq_step_s * batch) * self.time_scale * slow
 
 
-_FLAGS = {"error_500": "500", "error_503": "503", "error_429": "429", "context_400": "context"}
+_FLAGS = {
+    "error_500": "500",
+    "error_503": "503",
+    "error_429": "429",
+    "error_400": "400",
+    "context_400": "context",
+}
 
 
 def validate(config: SimConfig, servers: int = 1) -> SimConfig:
@@ -208,6 +221,8 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         checks.append(
             (0 <= f.server < servers, f"--fault-server: {f.server} is not a server index")
         )
+    for name in config.unsupported:
+        checks.append((bool(name.strip()), "--unsupported: give a request field's name"))
     for index in config.default_thinking:
         checks.append((0 <= index < servers, f"--default-thinking: {index} is not a server index"))
     for index, factor in f.slow.items():

@@ -179,6 +179,9 @@ def prepare(
     (None: thinking unless ``config.reasoning`` is "off")."""
     if not isinstance(body, dict):
         raise RefusedRequestError(400, "the request body must be a JSON object")
+    for field in config.unsupported:  # an engine or API without this option
+        if field in body:
+            raise RefusedRequestError(400, f"Unsupported parameter: {field}")
     flavor = config.flavor
     msgs = _messages(body)
     model = body.get("model")

@@ -318,7 +318,7 @@ class SimServer:
         refuse = self.config.faults.refuse.get(self.index)
         if refuse is not None and self.stats.requests > self.config.faults.refuse_after:
             self.stats.faults["refuse"] = self.stats.faults.get("refuse", 0) + 1
-            return self._error(refuse, _REFUSALS.get(refuse, f"HTTP {refuse}: refused (simulated)"))
+            return self._error(refuse, _REFUSALS.get(refuse, "Refused (simulated)"))
         try:
             body = _decode(await request.read())
         except msgspec.DecodeError as exc:
@@ -329,6 +329,8 @@ class SimServer:
             return self._error(500, "Internal server error: simulated failure")
         if fault == "error_503":
             return self._error(503, "Service unavailable: simulated overload")
+        if fault == "error_400":
+            return self._error(400, "Invalid request: simulated refusal")
         if fault == "error_429":
             retry = str(self.config.faults.retry_after_s)
             return self._error(429, "Too many requests: simulated", {"Retry-After": retry})

@@ -175,6 +175,13 @@ class Store:
         """A seekable binary reader of ``key`` (pyarrow.parquet reads footers and columns)."""
         return self._open_input(check_key(key))
 
+    def sweep_temps(self, prefix: str = "") -> tuple[int, int]:
+        """Remove what killed writers left under ``prefix`` and nobody holds: ``(files,
+        bytes)``. Only a local store's are swept (its temp files). An S3 upload a kill cuts
+        leaves no object; a multipart one (a file over 64 MiB) leaves its parts, billed until
+        a bucket lifecycle rule (AbortIncompleteMultipartUpload) aborts them."""
+        return 0, 0
+
     def local_path(self, key: str) -> str | None:
         """The local filesystem path of ``key``, or None for a remote store."""
         return None

@@ -219,6 +219,8 @@ class Lease:
             try:
                 self._beat()
             except StoreError as exc:
+                if not exc.outage:  # access denied, bad credentials: no wait renews it
+                    raise
                 # a store outage, not a takeover: no commit until a heartbeat lands again (and
                 # claim G+1 is still absent); the committer retries this like any outage
                 raise LeaseUnconfirmedError(

@@ -3,7 +3,11 @@
 The bytes go to a temp file beside the target (``.<name>.tmp-<random>``), are fsynced, then
 hard-linked to the final name with ``os.link`` (which fails if the name exists: no replace),
 and the directory is fsynced. Names starting with ``.`` are never listed, so a temp file left
-by a killed process is invisible. A ``put_new`` that finds the key holding exactly its own bytes
+by a killed process is invisible; it still holds disk (a hidden-states file can be gigabytes),
+so a writer holds an exclusive ``flock`` on its temp file while it writes, and
+``sweep_temps`` removes the temp files nobody holds: the ones a killed writer left (the kernel
+drops a dead process's locks), never a live writer's, on this host or another one sharing the
+file system. A ``put_new`` that finds the key holding exactly its own bytes
 counts as done (a retried write whose first attempt landed); different bytes raise
 AlreadyExistsError. The contract is ``base.Store``'s.
 """
@@ -11,6 +15,8 @@ AlreadyExistsError. The contract is ``base.Store``'s.
 from __future__ import annotations
 
 import builtins
+import errno
+import fcntl
 import filecmp
 import os
 import secrets
@@ -19,10 +25,38 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from draftdata.errors import DISK_ERRNOS, AlreadyExistsError, DiskError, StoreError
+from draftdata.errors import (
+    DISK_ERRNOS,
+    AlreadyExistsError,
+    DiskError,
+    StoreAccessError,
+    StoreError,
+    TransientStoreError,
+)
 from draftdata.store.base import Store, check_key
 
 _COPY_CHUNK = 1 << 20
+TEMP_MARK = ".tmp-"  # a temp file's name: .<name>.tmp-<random>
+# a file system that does not answer now (a network mount's server, a busy lock): an outage
+_PASSING_ERRNOS = frozenset({errno.EAGAIN, errno.ETIMEDOUT, errno.EBUSY, errno.ENOLCK})
+_DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+
+
+def os_error(exc: OSError, path: Path | str, doing: str, hint: str = "") -> StoreError:
+    """The store error for ``exc`` met while ``doing`` (``read``, ``write``) ``path``: a
+    permission problem (EACCES, EPERM) is StoreAccessError, which says so and that running
+    again does not cure it; a file system that does not answer now is TransientStoreError;
+    anything else a StoreError with the OS's reason (and ``hint``)."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in _DENIED_ERRNOS:
+        return StoreAccessError(
+            f"{path}: cannot {doing} it: permission denied ({reason}); this user may not "
+            f"{doing} there: fix the permissions of the file and its folders (ls -l, chmod, "
+            "chown) or run as its owner; running the same command again does not help"
+        )
+    if exc.errno in _PASSING_ERRNOS:
+        return TransientStoreError(f"{path}: cannot {doing} it now ({reason}); retried")
+    return StoreError(f"{path}: cannot {doing} it ({reason}){hint}")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -95,8 +129,7 @@ class LocalStore(Store):
             if path.exists():
                 self._settle_existing(path, size, same)
                 return
-            tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(6)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            tmp, fd = self._locked_temp(path)
             try:
                 with os.fdopen(fd, "wb") as fh:
                     write(fh)
@@ -122,10 +155,42 @@ class LocalStore(Store):
             full = DiskError.of(exc, str(path), "write to another place")
             if full is not None:
                 raise full from exc
-            raise StoreError(
-                f"{path}: cannot write ({exc.strerror or exc}); check the directory exists "
-                "and is writable"
+            raise os_error(
+                exc, path, "write", "; check the directory exists and is writable"
             ) from exc
+
+    @staticmethod
+    def _locked_temp(path: Path) -> tuple[Path, int]:
+        """A new temp file beside ``path``, opened for writing under this process's exclusive
+        flock. A sweep can lock a file in the instant between its creation and the writer's
+        lock; it unlinks it before letting go, so a writer that finds its file unlinked once
+        it holds the lock starts another one."""
+        while True:
+            tmp = path.parent / f".{path.name}{TEMP_MARK}{secrets.token_hex(6)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_nlink > 0:
+                    return tmp, fd
+            except BaseException:
+                os.close(fd)
+                tmp.unlink(missing_ok=True)
+                raise
+            os.close(fd)  # swept before it was ours: take another name
+
+    def sweep_temps(self, prefix: str = "") -> tuple[int, int]:
+        """Remove the temp files under ``prefix`` that no writer holds (see the module
+        docstring): ``(files, bytes)`` removed. A file a live writer holds is left alone."""
+        base = self._path(prefix.strip("/")) if prefix.strip("/") else self.root
+        files = size = 0
+        for dirpath, _dirs, names in os.walk(base):
+            for name in names:
+                if not (name.startswith(".") and TEMP_MARK in name):
+                    continue
+                removed = _remove_unheld(Path(dirpath) / name)
+                if removed is not None:
+                    files, size = files + 1, size + removed
+        return files, size
 
     def _settle_existing(self, path: Path, size: int, same: Callable[[Path], bool]) -> None:
         try:
@@ -140,7 +205,7 @@ class LocalStore(Store):
         try:
             return path.read_bytes()
         except OSError as exc:
-            raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+            raise os_error(exc, path, "read") from exc
 
     def _read_range(self, key: str, start: int, length: int) -> bytes:
         path = self._path(key)
@@ -149,7 +214,7 @@ class LocalStore(Store):
                 fh.seek(start)
                 return fh.read(length)
         except OSError as exc:
-            raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+            raise os_error(exc, path, "read") from exc
 
     def _list(self, prefix: str) -> builtins.list[str]:
         head, _, _ = prefix.rpartition("/")
@@ -157,7 +222,11 @@ class LocalStore(Store):
         if not base.is_dir():
             return []
         out: builtins.list[str] = []
-        for dirpath, dirnames, filenames in os.walk(base):
+
+        def unlisted(exc: OSError) -> None:  # a folder it cannot list is no empty folder
+            raise os_error(exc, exc.filename or base, "list") from exc
+
+        for dirpath, dirnames, filenames in os.walk(base, onerror=unlisted):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             rel = Path(dirpath).relative_to(self.root).as_posix()
             for name in filenames:
@@ -176,11 +245,35 @@ class LocalStore(Store):
         try:
             return path.stat().st_size
         except OSError as exc:
-            raise StoreError(f"{path}: cannot stat ({exc.strerror or exc})") from exc
+            raise os_error(exc, path, "read") from exc
 
     def _open_input(self, key: str) -> BinaryIO:
         path = self._path(key)
         try:
             return path.open("rb")
         except OSError as exc:
-            raise StoreError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+            raise os_error(exc, path, "read") from exc
+
+
+def _remove_unheld(path: Path) -> int | None:
+    """Unlink ``path`` if no process holds its flock (its size), else None. The lock is taken
+    before the unlink and let go after it, so a writer never loses a file it holds."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # gone meanwhile (committed and unlinked by its writer) or unreadable
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return None  # a live writer holds it
+            raise
+        size = os.fstat(fd).st_size
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return None
+        return size
+    finally:
+        os.close(fd)

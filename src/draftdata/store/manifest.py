@@ -32,7 +32,7 @@ from draftdata.errors import (
     ConfigError,
     FormatVersionError,
     RunMismatchError,
-    StoreError,
+    UnreadableObjectError,
 )
 from draftdata.store.base import Store
 from draftdata.store.lease import LEASE_PREFIX
@@ -124,14 +124,23 @@ def new_manifest(settings: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# what a manifest that is not one says besides where (create-only: nobody may fix it in place)
+_NOT_OURS = (
+    "not a manifest draftdata wrote (an object put there by hand or by another tool); "
+    "write the run to another --out"
+)
+
+
 def _load_json(store: Store, key: str) -> dict[str, Any]:
     raw = store.read(key)
     try:
         value = json.loads(raw)
     except ValueError as exc:
-        raise StoreError(f"{store.key_url(key)}: not valid JSON ({exc})") from exc
+        raise UnreadableObjectError(
+            f"{store.key_url(key)}: not valid JSON ({exc}); {_NOT_OURS}"
+        ) from exc
     if not isinstance(value, dict):
-        raise StoreError(f"{store.key_url(key)}: expected a JSON object")
+        raise UnreadableObjectError(f"{store.key_url(key)}: expected a JSON object; {_NOT_OURS}")
     return value
 
 

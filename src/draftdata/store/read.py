@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from draftdata.errors import StoreError
+from draftdata.errors import StoreError, UnreadableObjectError
 from draftdata.formats import (
     COMPLETION_FORMAT,
     FAILURE_FORMAT,
@@ -187,7 +187,9 @@ def read_metrics(url: StoreLike) -> list[dict[str, Any]]:
             try:
                 value = json.loads(store.read(key))
             except ValueError as exc:
-                raise StoreError(f"{store.key_url(key)}: not valid JSON ({exc})") from exc
+                raise UnreadableObjectError(
+                    f"{store.key_url(key)}: not valid JSON ({exc})"
+                ) from exc
             if isinstance(value, dict):
                 value.setdefault("key", key)
                 out.append(value)

@@ -7,7 +7,9 @@
   transient.
 - Throttling and 5xx (503 SlowDown, 500) and connection errors are retried by botocore's
   ``standard`` retry mode (``DRAFTDATA_S3_MAX_ATTEMPTS``, default 8); what is left is mapped to
-  TransientStoreError here, in ``_map_error``, the one place raw S3 errors become draftdata's.
+  TransientStoreError (an outage generate waits out) here, in ``_map_error``, the one place raw
+  S3 errors become draftdata's. Access denied and missing, invalid or expired credentials are
+  StoreAccessError, and every other error a StoreError: waiting cures neither.
 - ``put_new_file`` streams a local file: one conditional ``PutObject`` up to ``PART_SIZE``
   (64 MiB), else a multipart upload whose ``CompleteMultipartUpload`` carries
   ``If-None-Match: *`` (parts are invisible until then; a failed upload is aborted, which
@@ -32,7 +34,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from draftdata.errors import AlreadyExistsError, StoreError, TransientStoreError
+from draftdata.errors import (
+    AlreadyExistsError,
+    StoreAccessError,
+    StoreError,
+    TransientStoreError,
+)
 from draftdata.store.base import Store, check_key
 
 _TRANSIENT_CODES = frozenset(
@@ -79,8 +86,42 @@ def _client() -> Any:
         return client
 
 
+# the store refuses this identity: denied by a policy, or credentials it does not accept
+_DENIED_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem"})
+_BAD_CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidToken",
+        "InvalidClientTokenId",
+        "InvalidSecurity",
+        "MissingSecurityHeader",
+        "AuthorizationHeaderMalformed",
+    }
+)
+_EXPIRED_CODES = frozenset({"ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired"})
+# botocore's errors for credentials it cannot find or load (env, profile, SSO, instance role)
+_CREDENTIAL_ERRORS = (
+    "NoCredentialsError",
+    "PartialCredentialsError",
+    "CredentialRetrievalError",
+    "NoAuthTokenError",
+    "TokenRetrievalError",
+    "SSOError",
+    "RefreshWithMFAUnsupportedError",
+)
+_CREDENTIALS_FIX = (
+    "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), AWS_PROFILE, or run "
+    "on a machine with an instance role"
+)
+
+
 def _map_error(exc: Exception, what: str) -> StoreError:
-    """The draftdata error for a raw botocore error during ``what`` (a URL and an action)."""
+    """The draftdata error for a raw botocore error during ``what`` (a URL and an action).
+
+    Only an outage (throttling, 5xx, a timeout, a connection error) becomes a
+    TransientStoreError, which generate waits out; access denied and missing, invalid or
+    expired credentials become StoreAccessError; anything else a StoreError that stops."""
     from botocore import exceptions as bex
 
     if isinstance(exc, bex.ClientError):
@@ -95,24 +136,35 @@ def _map_error(exc: Exception, what: str) -> StoreError:
             return StoreError(f"{what}: no such object")
         if code == "NoSuchBucket":
             return StoreError(f"{what}: the bucket does not exist; check the URL or create it")
-        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        if code in _EXPIRED_CODES:
+            return StoreAccessError(
+                f"{what}: the AWS credentials have expired ({code}); renew them (a new session "
+                "token, `aws sso login`, ...) and run the same command: committed work is kept"
+            )
+        if code in _BAD_CREDENTIAL_CODES or status == 401:
+            return StoreAccessError(
+                f"{what}: S3 does not accept the AWS credentials ({code or status}); check "
+                f"AWS_PROFILE or the keys: {_CREDENTIALS_FIX}"
+            )
+        if code == "403":  # a HEAD's answer has no body, so no reason
+            return StoreAccessError(
+                f"{what}: access denied (S3 403 to a request S3 gives no reason for); check "
+                "the bucket policy, the IAM permissions and the credentials"
+            )
+        if code in _DENIED_CODES or status == 403:
+            return StoreAccessError(
+                f"{what}: access denied (S3 {status} {code}); this identity may not do it: "
+                "check the bucket policy and the IAM permissions (or the credentials)"
+            )
+        if code == str(status):  # a HEAD's answer has no body, so no reason
             return StoreError(
-                f"{what}: access denied ({code}); check the AWS credentials and the bucket policy"
+                f"{what}: S3 answered HTTP {status} without a reason (expired credentials "
+                "answer a HEAD request so); check the credentials and the URL"
             )
         return StoreError(f"{what}: S3 error {status} {code}: {err.get('Message', '')}")
-    if isinstance(exc, bex.NoCredentialsError | bex.PartialCredentialsError):
-        return StoreError(
-            f"{what}: no AWS credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
-            "AWS_PROFILE, or run on a machine with an instance role"
-        )
-    if isinstance(
-        exc,
-        bex.EndpointConnectionError
-        | bex.ConnectionClosedError
-        | bex.ReadTimeoutError
-        | bex.ConnectTimeoutError
-        | bex.ResponseStreamingError,
-    ):
+    if isinstance(exc, tuple(getattr(bex, n) for n in _CREDENTIAL_ERRORS if hasattr(bex, n))):
+        return StoreAccessError(f"{what}: no usable AWS credentials ({exc}); {_CREDENTIALS_FIX}")
+    if isinstance(exc, bex.ConnectionError | bex.HTTPClientError | bex.IncompleteReadError):
         return TransientStoreError(f"{what}: connection problem ({type(exc).__name__})")
     if isinstance(exc, bex.BotoCoreError):
         return StoreError(f"{what}: {exc}")

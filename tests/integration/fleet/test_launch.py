@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from tests.signals import default_signals
 
 from draftdata.fleetspec import process_start_time
 
@@ -318,6 +319,7 @@ def test_foreground_stops_the_fleet_on_sigint(fleet_file: Path, tmp_path: Path) 
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=default_signals,
     )  # fmt: skip
     try:
         assert proc.stdout is not None

@@ -2,13 +2,15 @@
 
 ``S3Outage(moto_endpoint)`` listens on 127.0.0.1 (ephemeral port) and forwards each request to
 moto unchanged; while ``mode`` is ``"503"`` it answers every request with 503 SlowDown (an
-overloaded or unreachable service), while ``"403"`` with 403 AccessDenied (expired credentials,
-a changed bucket policy). ``trip(text, mode)`` switches to ``mode`` by itself once a PUT
-whose path holds ``text`` has been answered (an outage that starts right after the first
-committed shard, whatever the test's polling). A request whose body ends early is dropped,
-as S3 drops it. ``flaky(text, rate, rng)`` instead fails GETs at random (503 or a dropped
-connection), as a busy S3 does now and then. Point a client at ``url`` with AWS_ENDPOINT_URL.
-Counts of forwarded, failed and dropped requests are kept for the test's assertions.
+overloaded or unreachable service), while ``"403"`` with 403 AccessDenied (a changed bucket
+policy), while ``"expired"`` with S3's 400 ExpiredToken (temporary credentials past their end;
+a HEAD's answer has no body, as S3's has none). ``trip(text, mode)`` switches to ``mode`` by
+itself once a PUT whose path holds ``text`` has been answered (an outage that starts right
+after the first committed shard, whatever the test's polling). A request whose body ends early
+is dropped, as S3 drops it. ``flaky(text, rate, rng)`` instead fails GETs at random (503 or a
+dropped connection), as a busy S3 does now and then. Point a client at ``url`` with
+AWS_ENDPOINT_URL. Counts of forwarded, failed and dropped requests are kept for the test's
+assertions.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 from urllib.parse import urlsplit
 
-Mode = Literal["ok", "503", "403"]
+Mode = Literal["ok", "503", "403", "expired"]
 _ERRORS = {
     "503": (503, "SlowDown", "Please reduce your request rate (simulated outage)."),
-    "403": (403, "AccessDenied", "Access Denied (simulated expired credentials)."),
+    "403": (403, "AccessDenied", "Access Denied (simulated policy change)."),
+    "expired": (400, "ExpiredToken", "The provided token has expired."),
 }
 _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import completions, write_prompts
+from tests.signals import default_signals
 
 from draftdata.sim.run import SimProcess
 
@@ -113,7 +114,11 @@ def test_sigint_twice_leaves_at_once_then_resume_is_exactly_once(tmp_path: Path)
             "--grace-seconds", "60",
         ]  # fmt: skip
         proc = subprocess.Popen(
-            [*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*CLI, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=default_signals,
         )
         deadline = time.monotonic() + 60
         while not list((out / "completions").glob("*.parquet")) and time.monotonic() < deadline:

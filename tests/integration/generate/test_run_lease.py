@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from tests.chaos.invariants import check_exactly_once
 from tests.conftest import MotoS3
+from tests.signals import default_signals
 
 from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.store import open_store
@@ -83,7 +84,11 @@ def _ids() -> set[str]:
 def _two_at_once(prompts: Path, fleets: Fleets, out: str) -> None:
     slow, fast = fleets
     first = subprocess.Popen(
-        _command(prompts, slow, out), stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        _command(prompts, slow, out),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_signals,
     )
     try:
         _wait_for("the first to commit", lambda: _committed(out) >= 1)

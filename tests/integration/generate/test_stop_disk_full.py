@@ -15,6 +15,7 @@ import pytest
 from tests.chaos.invariants import check_exactly_once
 from tests.integration.disk import can_mount, fill, tmpfs
 from tests.integration.generate.helpers import write_prompts
+from tests.signals import default_signals
 
 from draftdata.sim.run import SimProcess
 
@@ -47,7 +48,12 @@ def test_sigterm_while_the_disk_is_full_exits_130_after_the_grace_period(
         cmd += ["--endpoint", sim.urls[0], "--max-tokens", "64", "--flush-seconds", "0.3"]
         log = tmp_path / "generate.log"
         with log.open("w") as err:
-            gen = subprocess.Popen([*cmd, "--grace-seconds", "2"], stdout=err, stderr=err)
+            gen = subprocess.Popen(
+                [*cmd, "--grace-seconds", "2"],
+                stdout=err,
+                stderr=err,
+                preexec_fn=default_signals,
+            )
         try:
             deadline = time.monotonic() + 60
             shards = out / "completions"

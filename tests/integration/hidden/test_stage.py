@@ -245,8 +245,15 @@ def test_the_verification_catches_a_planted_wrong_batch(
     tok_dir, _ = tokenized
     config = HiddenConfig(tokenized=str(tok_dir), model=str(target), out=str(tmp_path / "set"),
                           format="speculators", gpus="cpu", batch_tokens=600)  # fmt: skip
-    with pytest.raises(VerificationError, match=r"verification failed: layer .* differs by"):
-        hidden_states(config, opener=_wrong_rows, log=None)
+    lines: list[str] = []
+    with pytest.raises(
+        VerificationError, match=r"verification failed after the first batches: layer .* differs"
+    ):
+        hidden_states(config, opener=_wrong_rows, log=lines.append)
+    # caught as soon as the first batched samples were committed, not after the whole set
+    written = list((tmp_path / "set" / "hidden_states").glob("hs_*"))
+    assert 2 <= len(written) <= len(samples_of(tok_dir)) // 2
+    assert any("one at a time after the first batches" in line for line in lines)
     # the same fault with --verify 0 goes unseen: the check is what caught it
     quiet = HiddenConfig(**{**_fields(config), "out": str(tmp_path / "unchecked"), "verify": 0})
     assert hidden_states(quiet, opener=_wrong_rows, log=None).complete

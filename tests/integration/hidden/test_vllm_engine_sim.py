@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from tests.integration.hidden.simfleet import HIDDEN, LAYERS, check_files, run
 
-from draftdata.errors import FleetError, FleetUnavailableError
+from draftdata.errors import ConfigError, FleetError, FleetUnavailableError
 from draftdata.sim.config import FaultConfig
 from draftdata.sim.hidden import states_for
 
@@ -147,3 +147,27 @@ def test_a_fleet_that_does_not_capture_the_layers_is_refused(
     _, yaml = sim_fleet(1, hidden_layers=[2, 6])
     with pytest.raises(ConfigError, match=r"captures layers \[2, 6\]"):
         run(sim_job, yaml)
+
+
+def test_a_batch_that_cannot_fit_in_the_fleets_folder_is_refused_in_one_line(
+    sim_job: dict[str, Any], sim_fleet: Any
+) -> None:
+    """The fleet's folder is a real 256 KiB tmpfs (a /dev/shm too small for --batch-tokens):
+    a batch whose files cannot fit is refused before it is sent, naming the size that fits,
+    instead of servers failing writes that are retried for ever; a batch inside it runs."""
+    from tests.integration.disk import can_mount, tmpfs
+
+    if (why := can_mount()) is not None:
+        pytest.skip(why)
+    with tmpfs(sim_job["staging"], size="256k"):
+        _, yaml = sim_fleet(1)
+        with pytest.raises(ConfigError, match=r"--batch-tokens: a batch of [\d,]+ tokens") as err:
+            run(sim_job, yaml, batch_tokens=4000)
+        message = str(err.value)
+        assert "\n" not in message and "free" in message
+        fits = int(message.split("use --batch-tokens ")[1].split(" ")[0].replace(",", ""))
+        assert 300 < fits < 1500  # 256 KiB over 264 bytes a token (4 layers x 32 x bf16 + id)
+        assert not list((sim_job["tmp"] / "set" / "hidden_states").glob("*"))
+        summary, _ = run(sim_job, yaml, out="fits", batch_tokens=300)
+        assert summary.complete
+        check_files(sim_job, out="fits")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from tests.signals import default_signals
 
 from draftdata.fleetspec import read_fleet
 from draftdata.sim.run import SimProcess
@@ -52,6 +53,7 @@ def test_cli_two_servers_serve_and_stop_on_sigterm(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_signals,
     )
     try:
         assert proc.stdout is not None

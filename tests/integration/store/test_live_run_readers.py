@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.integration.generate.helpers import write_prompts
+from tests.signals import default_signals
 
 from draftdata.demo.tokenizer import ensure_demo_tokenizer
 from draftdata.sim.run import SimProcess
@@ -62,7 +63,7 @@ def test_readers_refuse_a_run_being_written(
             cmd += ["--partition", scope]
         log = root / "generate.log"
         with log.open("w") as err:
-            gen = subprocess.Popen(cmd, stdout=err, stderr=err)
+            gen = subprocess.Popen(cmd, stdout=err, stderr=err, preexec_fn=default_signals)
         try:
             deadline = time.monotonic() + 90
             shards = run / "completions"

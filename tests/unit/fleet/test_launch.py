@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.signals import default_signals
 
 from draftdata.errors import ConfigError, FleetError
 from draftdata.fleet import launch
@@ -268,7 +269,9 @@ def test_format_uptime() -> None:
 
 
 def test_identity_checks_the_start_time() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=default_signals
+    )
     try:
         started = process_start_time(proc.pid)
         assert started is not None
@@ -294,7 +297,10 @@ def test_stop_process_kills_what_ignores_sigterm() -> None:
         "print(1, flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE
+        [sys.executable, "-c", code],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        preexec_fn=default_signals,
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline()

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from draftdata.errors import ServerError
+from draftdata.generate.caller import Caller
 from draftdata.generate.client import request_body
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.dispatch import Dispatcher
@@ -67,6 +70,31 @@ class FakeClient:
         pass
 
 
+class TickingClient(FakeClient):
+    """A FakeClient whose answers take ``delay`` s on a fake clock (``now[0]``, moved when an
+    answer comes back) instead of real time: a request's age is what the test says, whatever
+    the machine's load."""
+
+    def __init__(self, now: list[float], delay: float, **kw: Any) -> None:
+        super().__init__(0.0, **kw)
+        self.now = now
+        self.took = delay
+
+    async def chat(self, request: Request) -> list[Turn]:
+        await asyncio.sleep(0)  # running, as seen by the dispatcher, for one turn of the loop
+        self.now[0] += self.took
+        return await super().chat(request)
+
+
+async def until(what: str, cond: Callable[[], object], timeout: float = 10.0) -> None:
+    """Wait, on the event loop, until ``cond()`` holds (``timeout`` s is a bug's bound, not a
+    pace: a loaded machine only takes longer to get there)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0.001)
+
+
 class ListSink:
     """Collects what the dispatcher settles."""
 
@@ -114,8 +142,11 @@ def dispatcher(
     *,
     alive: bool = True,
     done: set[tuple[str, int]] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Dispatcher, ListSink]:
-    """A Dispatcher over ``prompts`` and ``endpoints`` into a ListSink, not yet running."""
+    """A Dispatcher over ``prompts`` and ``endpoints`` into a ListSink, not yet running;
+    ``clock`` is its clock and its caller's (a test's fake one decides when a backoff ends or
+    how old a request is, whatever the machine's load)."""
     sink = ListSink()
     settled = done or set()
 
@@ -135,7 +166,9 @@ def dispatcher(
         check_alive=check,
         revive=revive,
         log=lambda line: None,
+        clock=clock,
         seed=0,
+        caller=Caller(config, model="m", clock=clock),
     )
     return d, sink
 
@@ -147,8 +180,9 @@ async def run_dispatch(
     *,
     alive: bool = True,
     done: set[tuple[str, int]] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Dispatcher, ListSink]:
-    d, sink = dispatcher(config, endpoints, prompts, alive=alive, done=done)
+    d, sink = dispatcher(config, endpoints, prompts, alive=alive, done=done, clock=clock)
     await asyncio.wait_for(d.run(), 20)
     return d, sink
 

@@ -17,6 +17,7 @@ from tests.unit.generate.fakes import (
     dispatcher,
     endpoint,
     run_dispatch,
+    until,
     user,
     write,
 )
@@ -29,8 +30,9 @@ from draftdata.errors import (
     RetryableServerError,
 )
 from draftdata.generate.config import GenerateConfig
+from draftdata.generate.request import Request
 from draftdata.generate.work import Job
-from draftdata.records import Message, Prompt
+from draftdata.records import Message, Prompt, Turn
 
 
 def job(prefix: str | None = None, cost: int = 10) -> Job:
@@ -351,6 +353,22 @@ class _CountingEvent(asyncio.Event):
         super().clear()
 
 
+class _FirstHeld(FakeClient):
+    """Request 1 arrives (``sent``) and fails, retryably, when the test lets it (``release``);
+    the others answer at once."""
+
+    def __init__(self) -> None:
+        super().__init__(fail={1: RetryableServerError})
+        self.sent = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def chat(self, request: Request) -> list[Turn]:
+        if not self.sent.is_set():
+            self.sent.set()
+            await self.release.wait()
+        return await super().chat(request)
+
+
 async def test_a_paused_dispatcher_does_not_spin_on_a_due_retry(tmp_path: Path) -> None:
     """While the engine pauses dispatch (the store holds too many records), a retry that is due
     cannot be promoted: the loop must wait for a wake-up, not pass with a zero timeout (the old
@@ -358,21 +376,27 @@ async def test_a_paused_dispatcher_does_not_spin_on_a_due_retry(tmp_path: Path) 
     from tests.unit.generate.fakes import dispatcher
 
     prompts = write(tmp_path / "p.jsonl", [user(i) for i in range(2)])
-    # request 1 fails after 0.2 s and is retried after a short backoff, once dispatch resumes
-    client = FakeClient(delay=0.2, fail={1: RetryableServerError})
+    client = _FirstHeld()
     config = GenerateConfig(prompts="x", endpoints=["x"], out="x", hedge=False, backoff_base=0.01)
-    d, sink = dispatcher(config, [endpoint(0, client, limit=1)], prompts)
+    now = [0.0]  # the dispatcher's clock: the retry falls due when the test says
+    d, sink = dispatcher(config, [endpoint(0, client, limit=1)], prompts, clock=lambda: now[0])
     d.wake = _CountingEvent()
     task = asyncio.create_task(d.run())
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(client.sent.wait(), 10)
     d.paused = True  # the engine's state while the store is down
-    await asyncio.sleep(0.2)  # request 1 has failed: its retry is due, and cannot be sent
-    assert d.waiting and not d.running
+    client.release.set()  # request 1 fails: its retry waits out its backoff
+    await until("request 1 backs off", lambda: d.waiting and not d.running)
+    now[0] += 60.0  # ... and is due, and cannot be sent
+    d.wake.set()  # a pass sees it due (an answer, the engine, its own timer would wake it)
+    await until("a pass after the retry fell due", lambda: not d.wake.is_set())
     before = _CountingEvent.passes
-    await asyncio.sleep(0.5)
+    # a spinning loop passes once or twice per turn of the event loop; a waiting one only on
+    # its 20 ms timer, which a thousand turns (~10 ms here) reach a few times at most
+    for _ in range(1000):
+        await asyncio.sleep(0)
     paused_passes = _CountingEvent.passes - before
     d.paused = False
     d.wake.set()
     await asyncio.wait_for(task, 10)
-    assert paused_passes < 50, paused_passes
+    assert paused_passes < 100, paused_passes
     assert {c.id for c in sink.completions} == {"p0", "p1"}

@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.unit.generate.fakes import FakeClient, endpoint, run_dispatch, write
+from tests.unit.generate.fakes import (
+    FakeClient,
+    TickingClient,
+    endpoint,
+    run_dispatch,
+    until,
+    write,
+)
 
 from draftdata.errors import ConfigError
 from draftdata.generate.config import GenerateConfig, Override, Sampling, validate
@@ -83,17 +90,18 @@ async def test_hedge_age_is_per_request_not_per_conversation(tmp_path: Path) -> 
     for t in range(6):
         turns += [{"role": "user", "content": f"turn {t}"}, {"role": "assistant", "content": "x"}]
     prompts = write(tmp_path / "p.jsonl", [{"id": "m", "messages": turns[:-1]}])
-    busy, idle = FakeClient(0.15), FakeClient(0.0)
+    now = [0.0]  # each request takes 0.15 s of the dispatcher's clock, the six 0.9 s
+    busy, idle = TickingClient(now, 0.15), FakeClient(0.0)
     eps = [endpoint(0, busy, limit=2), endpoint(1, idle, limit=1)]
     eps[0].breaker.state, eps[1].breaker.state = "up", "down"  # the first turn goes to endpoint 0
     config = cfg(hedge=True, hedge_min_age=0.3, backoff_base=0.001)
 
     async def admit_idle() -> None:
-        await asyncio.sleep(0.05)
+        await until("the first turn is sent", lambda: busy.bodies)
         eps[1].breaker.state = "up"
 
     admit = asyncio.ensure_future(admit_idle())
-    d, sink = await run_dispatch(config, eps, prompts)
+    d, sink = await run_dispatch(config, eps, prompts, clock=lambda: now[0])
     await admit
     assert [c.id for c in sink.completions] == ["m"] and len(sink.completions[0].turns) == 6
     assert len(busy.bodies) == 6 and d.hedges == 0 and idle.bodies == []

@@ -22,8 +22,8 @@ def test_a_taken_name_is_never_rewritten(tmp_path: Path) -> None:
     commits = Commits(LocalStore(tmp_path), writer_for("speculators"))
     assert commits.commit(5, b"first")
     path = tmp_path / "hidden_states" / "hs_5.safetensors"
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))  # a rewrite would give it today's time
     before = os.stat(path)
-    time.sleep(0.01)
     assert not commits.commit(5, b"other bytes")  # taken: refused, not replaced
     commits.commit(5, b"first")  # the same bytes: done (the store's retry rule), not written
     after = os.stat(path)

@@ -42,23 +42,39 @@ def _staged(tmp_path: Path, ids: list[int], stored: list[int] | None = None) -> 
     return path
 
 
-def test_a_file_is_read_only_after_its_writer_releases_the_lock(tmp_path: Path) -> None:
+def test_a_file_is_read_only_after_its_writer_releases_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import draftdata.hidden.staged as staged
+
     ids = [5, 9, 2, 7]
     path = tmp_path / "cmpl-2-0-b.safetensors"
     fd = _lock(path)  # the answer has left; the write is still to come
+    waiting = threading.Event()  # the reader found the lock held and waits for it
+
+    class _Time:
+        """staged's clock, saying when the reader first sleeps on the held lock."""
+
+        monotonic = staticmethod(time.monotonic)
+        time = staticmethod(time.time)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            waiting.set()
+            time.sleep(seconds)
+
+    monkeypatch.setattr(staged, "time", _Time)
 
     def write_later() -> None:
-        time.sleep(0.4)
+        waiting.wait(10)  # written once the reader waits (or, if it never does, after 10 s)
         path.write_bytes(file_bytes(ids, LAYERS, HIDDEN, stored_ids=ids))
         os.close(fd)
 
     t = threading.Thread(target=write_later)
-    t0 = time.monotonic()
     t.start()
-    states = read_staged(str(path), np.asarray(ids, dtype=np.int64), timeout_s=10)
-    waited = time.monotonic() - t0
+    states = read_staged(str(path), np.asarray(ids, dtype=np.int64), timeout_s=30)
     t.join()
-    assert waited >= 0.35  # it slept on the lock instead of finding no file
+    assert waiting.is_set()  # it slept on the lock instead of finding no file
     assert np.array_equal(states.float().numpy(), states_for(ids, LAYERS, HIDDEN))
 
 

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from draftdata.errors import ConfigError
 from draftdata.sim.config import FaultConfig, SimConfig, validate
 from draftdata.sim.scheduler import Batcher, Seq
+
+
+async def _until(cond: Callable[[], object]) -> None:
+    """Yield to the scheduler until ``cond()`` holds (10 s: a bug's bound, not a pace)."""
+    async with asyncio.timeout(10):
+        while not cond():
+            await asyncio.sleep(0.001)
 
 
 async def test_at_most_max_running_decode_and_the_rest_wait() -> None:
@@ -35,7 +43,7 @@ async def test_cancel_frees_the_slot() -> None:
     first, second = Seq(10_000, 1, None), Seq(5, 1, None)
     b.submit(first)
     b.submit(second)
-    await asyncio.sleep(0.01)
+    await _until(lambda: b.running)
     assert b.running == [first]
     b.cancel(first)
     await asyncio.wait_for(second.finished, 10)
@@ -66,7 +74,7 @@ async def test_drop_all_cancels_everything() -> None:
     seqs = [Seq(10_000, 1, None) for _ in range(3)]
     for s in seqs:
         b.submit(s)
-    await asyncio.sleep(0.01)
+    await _until(lambda: len(b.running) == 2)
     b.drop_all()
     assert all(s.finished.cancelled() for s in seqs)
     assert not b.running and not b.waiting

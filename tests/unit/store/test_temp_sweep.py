@@ -1,0 +1,117 @@
+"""The local store's temp files: a killed writer's are swept, a live writer's never are.
+
+Writers are real processes writing through ``LocalStore`` and stopped halfway through a file;
+some are killed with SIGKILL, the others stay alive, and a sweep must remove exactly the dead
+ones' temp files (the kernel drops a dead process's flock)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import draftdata.store.local as local
+from draftdata.store.local import TEMP_MARK, LocalStore
+
+WRITER = """
+import sys, time
+from pathlib import Path
+from draftdata.store.local import LocalStore
+store = LocalStore(Path(sys.argv[1]))
+def write(fh):
+    fh.write(b"x" * int(sys.argv[3]))
+    fh.flush()
+    print("writing", flush=True)
+    time.sleep(600)
+store._create(sys.argv[2], 0, write, lambda p: False)
+"""
+
+
+def _temps(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.name.startswith(".") and TEMP_MARK in p.name)
+
+
+def _start(root: Path, key: str, size: int) -> subprocess.Popen[str]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(root), key, str(size)],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "writing"
+    return child
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    writers=st.lists(
+        st.tuples(st.booleans(), st.integers(0, 200_000), st.sampled_from(["", "hidden_states/"])),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_a_sweep_removes_what_killed_writers_left_and_nothing_a_live_one_holds(
+    tmp_path_factory: pytest.TempPathFactory, writers: list[tuple[bool, int, str]]
+) -> None:
+    root = tmp_path_factory.mktemp("sweep")
+    store = LocalStore(root)
+    children = [
+        _start(root, f"{folder}f{i}.bin", size) for i, (_, size, folder) in enumerate(writers)
+    ]
+    try:
+        assert len(_temps(root)) == len(writers)
+        for child, (killed, _, _) in zip(children, writers, strict=True):
+            if killed:
+                child.send_signal(signal.SIGKILL)
+                child.wait()
+        dead = [(size, folder) for killed, size, folder in writers if killed]
+        assert store.sweep_temps() == (len(dead), sum(size for size, _ in dead))
+        assert len(_temps(root)) == len(writers) - len(dead)  # the live writers' files stay
+        assert store.sweep_temps() == (0, 0)
+        assert store.list() == []  # no temp file was ever a key
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert store.sweep_temps()[0] == len(writers) - len(dead)
+    assert _temps(root) == []
+
+
+def test_a_sweep_that_locks_a_new_temp_file_first_costs_the_writer_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep may lock a temp file in the instant between its creation and its writer's lock:
+    it unlinks it, and the writer starts another one instead of writing into the void."""
+    store = LocalStore(tmp_path)
+    real_flock = local.fcntl.flock
+    swept: list[int | None] = []
+    sweeping: list[bool] = []
+
+    def sweep_first(fd: int, op: int) -> None:
+        if not sweeping:  # the writer's first lock: a sweep gets there before it
+            sweeping.append(True)
+            name = os.readlink(f"/proc/self/fd/{fd}")
+            swept.append(local._remove_unheld(Path(name)))
+        real_flock(fd, op)
+
+    monkeypatch.setattr(local.fcntl, "flock", sweep_first)
+    store.put_new("hidden_states/a.bin", b"abc")
+    assert swept == [0]  # the sweep took the writer's first (empty) temp file
+    assert store.read("hidden_states/a.bin") == b"abc"
+    assert _temps(tmp_path) == []
+
+
+def test_a_sweep_of_a_store_without_temp_files_or_folder(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "absent")
+    assert store.sweep_temps("hidden_states/") == (0, 0)
+    store.put_new("hidden_states/a.bin", b"abc")
+    assert store.sweep_temps("hidden_states/") == (0, 0)
+    assert store.read("hidden_states/a.bin") == b"abc"
