@@ -31,7 +31,6 @@ right after it.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import tempfile
@@ -83,13 +82,26 @@ from draftdata.mix import OTHER, normalised
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
 from draftdata.stats.readers import iter_domain_labels, refuse_unreadable
 from draftdata.store.base import Store
+from draftdata.store.merge_report import (
+    REPORT_VERSION,
+    EvalPlan,
+    InputReport,
+    MergePlan,
+    MergeReport,
+    MergeSettings,
+    PlanDomain,
+    SplitRows,
+    Splits,
+    TokenCounts,
+    WayOut,
+    dump_report,
+)
 from draftdata.store.opener import open_store
 from draftdata.store.protect import check_not_protected
 from draftdata.tokenizer_folder import check_tokenizer_folder
 from draftdata.tokens import counter
 
 CARD_KEY = "README.md"
-REPORT_VERSION = 1
 SPLITS = ("train", "eval")
 DROP_REASONS = ("bad_row", "duplicate_id", "duplicate_content", "not_in_mix", "over_target")
 _FLUSH_ROWS = 1024  # rows buffered per bucket before an IPC write (chat rows)
@@ -101,7 +113,7 @@ _LOOSER = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
 _HINT_NODES = 3000  # search budget of each alternative plan (a hint, not the plan itself)
 
 Progress = Callable[[str, int], None]
-OnPlan = Callable[[dict[str, Any]], None]
+OnPlan = Callable[[MergePlan], None]
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,7 @@ class MergeSummary:
     """What ``merge`` did: where the output is, its rows and files, and the full report."""
 
     out: str
-    report: dict[str, Any]
+    report: MergeReport
     train_rows: int
     eval_rows: int
     files: list[str]
@@ -119,13 +131,12 @@ class MergeSummary:
     @property
     def reachable(self) -> bool:
         """Whether the inputs could serve every domain of the target mix."""
-        return bool(self.report["reachable"])
+        return self.report.reachable
 
     @property
     def message(self) -> str | None:
         """The warning to show (mix not reachable), or None."""
-        msg = self.report.get("message")
-        return str(msg) if msg else None
+        return self.report.message or None
 
 
 @dataclass
@@ -232,64 +243,89 @@ def _check_held(target: dict[str, float], infos: list[InputInfo]) -> None:
         )
 
 
+def _kept_share(keep: dict[str, int], have: dict[str, int]) -> float:
+    """The share of what the inputs have that the plan keeps (distinct), 1 of nothing."""
+    total = sum(have.values())
+    return sum(keep.values()) / total if total else 1.0
+
+
 def _plan_doc(
     config: MergeConfig,
-    unit: str,
-    alloc: Allocation,
-    have: dict[str, int],
-    keep: dict[str, int],
-    kept: dict[str, int],
-    rows: dict[str, int],
-) -> dict[str, Any]:
+    split: _Split,
+    planner: _Planner,
+    *,
+    note: str | None,
+    ways_out: list[WayOut] | None,
+    eval_plan: EvalPlan,
+    family: Family,
+) -> MergePlan:
     """The plan as shown before anything is written and kept in the report: per group what
     the inputs have, what the plan keeps (distinct), its copies, what it drops, its share of
-    the output and its target, and its share if everything were kept (all in ``unit``)."""
+    the output and its target, and its share if everything were kept (all in the plan's
+    unit)."""
+    alloc, (supply, _) = split.alloc, split.pool
+    have = planner.have(split.pool)
+    keep, kept = planner.kept_of(alloc, split.pool)
     total_have = sum(have.values())
     aimed = alloc.target if config.mix else {}  # without a mix nothing is aimed at
-    domains = {}
-    for g in sorted(set(have) | set(aimed)):
-        domains[g] = {
-            "have": have.get(g, 0),
-            "keep": keep.get(g, 0),
-            "copies": kept.get(g, 0) - keep.get(g, 0),
-            "drop": have.get(g, 0) - keep.get(g, 0),
-            "share": round(alloc.achieved.get(g, 0.0), 6),
-            "target": aimed.get(g),
-            "all_kept_share": round(have.get(g, 0) / total_have, 6) if total_have else 0.0,
-            "rows": rows.get(g, 0),
-            "rows_out": alloc.counts.get(g, 0),
-        }
-    kept_share = sum(keep.values()) / total_have if total_have else 1.0
-    return {
-        "unit": unit,
-        "domains": domains,
-        "have": total_have,
-        "keep": sum(keep.values()),
-        "out": sum(kept.values()),
-        "kept_share": round(kept_share, 6),
-        "min_keep": config.min_keep,
-        "tolerance": config.tolerance,
-        "upsample": config.upsample,
-        "stops": bool(alloc.target) and kept_share < config.min_keep and not config.allow_drop,
+    domains = {
+        g: PlanDomain(
+            have=have.get(g, 0),
+            keep=keep.get(g, 0),
+            copies=kept.get(g, 0) - keep.get(g, 0),
+            drop=have.get(g, 0) - keep.get(g, 0),
+            share=round(alloc.achieved.get(g, 0.0), 6),
+            target=aimed.get(g),
+            all_kept_share=round(have.get(g, 0) / total_have, 6) if total_have else 0.0,
+            rows=supply.get(g, 0),
+            rows_out=alloc.counts.get(g, 0),
+        )
+        for g in sorted(set(have) | set(aimed))
     }
+    kept_share = _kept_share(keep, have)
+    tokens = split.tokens
+    return MergePlan(
+        unit=planner.unit,
+        domains=domains,
+        have=total_have,
+        keep=sum(keep.values()),
+        out=sum(kept.values()),
+        kept_share=round(kept_share, 6),
+        min_keep=config.min_keep,
+        tolerance=config.tolerance,
+        upsample=config.upsample,
+        stops=bool(alloc.target) and kept_share < config.min_keep and not config.allow_drop,
+        note=note,
+        optimal=tokens.optimal if tokens is not None else None,
+        bound=tokens.bound if tokens is not None else None,
+        ways_out=ways_out,
+        eval=eval_plan,
+        estimated=family == "chat",  # tokens of text, not of tokenized samples
+        method=_method(config, family),
+    )
+
+
+def _method(config: MergeConfig, family: Family) -> str:
+    """How loss tokens were counted: exact (tokenized samples), tokenizer or estimate."""
+    return "exact" if family == "samples" else ("tokenizer" if config.tokenizer else "estimate")
 
 
 def _ways_out(
     config: MergeConfig, solve: Callable[[float, bool, int], float], kept_share: float
-) -> list[dict[str, Any]]:
+) -> list[WayOut]:
     """What else keeps at least ``min_keep``, each with the share it keeps, and only what does
     (a way out the next command would refuse again is none): ``--upsample`` (with a higher
     ``--max-repeat`` where the default is not enough), the smallest looser ``--tolerance``, the
     two together when neither alone is enough, and ``--allow-drop``. When nothing but
     ``--allow-drop`` passes, an entry with ``kept_share`` None says how far the search went."""
-    out: list[dict[str, Any]] = []
+    out: list[WayOut] = []
 
     def first(options: list[tuple[str, float, bool, int]]) -> bool:
         # the first of (option, tolerance, upsample, max_repeat) that keeps enough
         for option, tol, up, repeat in options:
             share = solve(tol, up, repeat)
             if share >= config.min_keep:
-                out.append({"option": option, "kept_share": round(share, 6)})
+                out.append(WayOut(option=option, kept_share=round(share, 6)))
                 return True
         return False
 
@@ -308,107 +344,142 @@ def _ways_out(
             [(f"--upsample --tolerance {t:g}", t, True, config.max_repeat) for t in looser]
         )
     if not out and not found:
-        out.append({"option": f"--tolerance {_LOOSER[-1]:g}", "kept_share": None})
-    out.append({"option": "--allow-drop", "kept_share": round(kept_share, 6)})
+        out.append(WayOut(option=f"--tolerance {_LOOSER[-1]:g}", kept_share=None))
+    out.append(WayOut(option="--allow-drop", kept_share=round(kept_share, 6)))
     return out
 
 
-def _stop_message(plan: dict[str, Any]) -> str:
-    unit = "loss tokens" if plan["unit"] == "loss_tokens" else "rows"
+def _stop_message(plan: MergePlan) -> str:
+    unit = "loss tokens" if plan.unit == "loss_tokens" else "rows"
     ways = []
-    for w in plan.get("ways_out") or []:
-        if w["option"] == "--allow-drop":
+    for w in plan.ways_out or []:
+        if w.option == "--allow-drop":
             ways.append("--allow-drop to write this plan")
-        elif w["kept_share"] is None:
-            ways.append(
-                f"no --upsample or --tolerance up to {w['option'].split()[-1]} keeps enough"
-            )
+        elif w.kept_share is None:
+            ways.append(f"no --upsample or --tolerance up to {w.option.split()[-1]} keeps enough")
         else:
-            ways.append(f"{w['option']} keeps {100 * w['kept_share']:.0f}%")
+            ways.append(f"{w.option} keeps {100 * w.kept_share:.0f}%")
     return (
-        f"merge: the plan keeps {100 * plan['kept_share']:.1f}% of the {unit} the mix could use "
-        f"({plan['keep']:,} of {plan['have']:,}; --min-keep {plan['min_keep']:g}); nothing "
+        f"merge: the plan keeps {100 * plan.kept_share:.1f}% of the {unit} the mix could use "
+        f"({plan.keep:,} of {plan.have:,}; --min-keep {plan.min_keep:g}); nothing "
         f"written; ways out: {'; '.join(ways)}"
     )
 
 
-def _plan_output(
-    config: MergeConfig, keys: Keys, infos: list[InputInfo], stats: StageStats
-) -> tuple[_Plan, Allocation, dict[str, Any]]:
-    id_hash = np.concatenate(keys.id_hash) if keys.id_hash else np.zeros(0, np.uint64)
-    content = np.concatenate(keys.content_hash) if keys.id_hash else np.zeros(0, np.uint64)
-    domain = np.concatenate(keys.domain) if keys.id_hash else np.zeros(0, np.int32)
-    size = np.concatenate(keys.size) if keys.id_hash else np.zeros(0, np.int64)
-    valid = np.concatenate(keys.valid) if keys.id_hash else np.zeros(0, bool)
-    loss = np.concatenate(keys.loss) if keys.loss else np.zeros(0, np.int64)
-    keys.id_hash, keys.content_hash, keys.domain, keys.size, keys.valid = [], [], [], [], []
-    keys.loss = []
-    names = list(keys.domains)  # code -> name
+@dataclass
+class _Rows:
+    """Pass 1's keys of every row, one array each, in input order (row ``i`` of the inputs)."""
 
-    keep, dup_id, dup_content = dedup(id_hash, content, valid, by_id=config.dedup_ids)
-    for info in infos:
-        part = slice(info.first_row, info.first_row + info.scanned)
-        info.dropped = {
-            "duplicate_id": int(dup_id[part].sum()),
-            "duplicate_content": int(dup_content[part].sum()),
+    id_hash: npt.NDArray[np.uint64]
+    content: npt.NDArray[np.uint64]
+    domain: npt.NDArray[np.int32]  # domain code: an index into ``names``
+    size: npt.NDArray[np.int64]  # estimated bytes
+    valid: npt.NDArray[np.bool_]
+    loss: npt.NDArray[np.int64]  # loss tokens
+    names: list[str]  # code -> domain name
+
+    @classmethod
+    def of(cls, keys: Keys) -> _Rows:
+        """The keys' chunks joined; ``keys`` lets go of them."""
+        some = bool(keys.id_hash)
+        rows = cls(
+            id_hash=np.concatenate(keys.id_hash) if some else np.zeros(0, np.uint64),
+            content=np.concatenate(keys.content_hash) if some else np.zeros(0, np.uint64),
+            domain=np.concatenate(keys.domain) if some else np.zeros(0, np.int32),
+            size=np.concatenate(keys.size) if some else np.zeros(0, np.int64),
+            valid=np.concatenate(keys.valid) if some else np.zeros(0, bool),
+            loss=np.concatenate(keys.loss) if keys.loss else np.zeros(0, np.int64),
+            names=list(keys.domains),
+        )
+        keys.id_hash, keys.content_hash, keys.domain, keys.size, keys.valid = [], [], [], [], []
+        keys.loss = []
+        return rows
+
+
+# a pool of rows to plan over: (unique rows per group, each group's loss tokens in selection
+# order)
+Pool = tuple[dict[str, int], dict[str, npt.NDArray[np.int64]]]
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A plan with its eval split: the eval rows, the unique rows per group (code) they are
+    stratified over, the train rows, their pool, the train plan and its token plan."""
+
+    held: npt.NDArray[np.intp]
+    kept: dict[int, int]
+    train: npt.NDArray[np.intp]
+    pool: Pool
+    alloc: Allocation
+    tokens: TokenPlan | None
+
+
+class _Planner:
+    """The mix's plans over the unique rows of its groups (``candidates``): the one merge
+    writes and the ones its ways out would write. The decisions are ``plan.py``'s and
+    ``tokenplan.py``'s; this holds the rows they decide over."""
+
+    def __init__(
+        self,
+        config: MergeConfig,
+        unit: str,
+        groups: list[str],
+        group: npt.NDArray[np.int32],
+        rows: _Rows,
+        candidates: npt.NDArray[np.intp],
+    ) -> None:
+        self.config = config
+        self.unit = unit  # loss_tokens or rows
+        self.target = normalised(config.mix)
+        self.groups = groups
+        self.group_ix = {g: i for i, g in enumerate(groups)}
+        self.group = group  # row -> group code, -1 when the mix does not take it
+        self.content = rows.content
+        self.loss = rows.loss
+        self.candidates = candidates
+        self.everything = self.pool(candidates)
+
+    def pool(self, rows: npt.NDArray[np.intp]) -> Pool:
+        """The pool of ``rows``."""
+        group, seed = self.group, self.config.seed
+        codes = np.bincount(group[rows], minlength=len(self.groups))
+        order = selection_order(rows.astype(np.int64), group[rows], self.content[rows], seed)
+        bounds = np.searchsorted(
+            group[rows][order], np.arange(len(self.groups) + 1, dtype=np.int32)
+        )
+        return {g: int(codes[i]) for i, g in enumerate(self.groups)}, {
+            g: self.loss[rows[order[bounds[i] : bounds[i + 1]]]].astype(np.int64)
+            for i, g in enumerate(self.groups)
         }
-    del id_hash
-    target = normalised(config.mix)
-    # domain code -> group code (index into groups), -1 when the mix does not take it
-    groups = sorted(target) if target else sorted(set(names))
-    group_ix = {g: i for i, g in enumerate(groups)}
-    to_group = np.full(max(len(names), 1), -1, dtype=np.int32)
-    pooled: list[str] = []
-    for code, name in enumerate(names):
-        if name in group_ix:
-            to_group[code] = group_ix[name]
-        elif OTHER in group_ix:
-            to_group[code] = group_ix[OTHER]
-            pooled.append(name)
-    group = to_group[domain] if len(domain) else np.zeros(0, np.int32)
-    in_mix = keep & (group >= 0)
-    rows = np.flatnonzero(in_mix)
-    unit = "loss_tokens" if config.mix_by == "tokens" and target else "rows"
-    note = None
-    if unit == "loss_tokens" and not loss[rows].any():
-        unit, note = "rows", "the inputs hold no answers (no loss tokens): mixed by rows"
-
-    def pool(
-        rows: npt.NDArray[np.intp], content: npt.NDArray[np.uint64] = content
-    ) -> tuple[dict[str, int], dict[str, npt.NDArray[np.int64]]]:
-        # (unique rows per group, each group's loss tokens in selection order) of a pool
-        codes = np.bincount(group[rows], minlength=len(groups))
-        order = selection_order(rows.astype(np.int64), group[rows], content[rows], config.seed)
-        bounds = np.searchsorted(group[rows][order], np.arange(len(groups) + 1, dtype=np.int32))
-        return {g: int(codes[i]) for i, g in enumerate(groups)}, {
-            g: loss[rows[order[bounds[i] : bounds[i + 1]]]].astype(np.int64)
-            for i, g in enumerate(groups)
-        }
-
-    Pool = tuple[dict[str, int], dict[str, npt.NDArray[np.int64]]]
 
     def solve(
-        at: Pool, tolerance: float, upsample: bool, repeat: int, nodes: int
+        self, at: Pool, tolerance: float, upsample: bool, repeat: int, nodes: int
     ) -> tuple[Allocation, TokenPlan | None]:
+        """The plan of the pool ``at`` in the planner's unit."""
         supply, weights = at
-        if unit == "rows":
+        if self.unit == "rows":
             alloc = solve_counts(
-                supply, target, tolerance=tolerance, upsample=upsample, max_repeat=repeat
+                supply, self.target, tolerance=tolerance, upsample=upsample, max_repeat=repeat
             )
             return alloc, None
         return solve_tokens(
             weights,
-            target,
+            self.target,
             tolerance=tolerance,
             upsample=upsample,
             max_repeat=repeat,
             max_nodes=nodes,
         )
 
-    def kept_of(alloc: Allocation, at: Pool) -> tuple[dict[str, int], dict[str, int]]:
-        # (distinct, with copies) per group in the plan's unit
+    def have(self, at: Pool) -> dict[str, int]:
+        """What the pool has per group, in the planner's unit."""
         supply, weights = at
-        if unit == "rows":
+        return supply if self.unit == "rows" else {g: int(w.sum()) for g, w in weights.items()}
+
+    def kept_of(self, alloc: Allocation, at: Pool) -> tuple[dict[str, int], dict[str, int]]:
+        """What a plan keeps per group in the planner's unit: (distinct, with copies)."""
+        supply, weights = at
+        if self.unit == "rows":
             distinct = {g: min(n, supply.get(g, 0)) for g, n in alloc.counts.items()}
             return distinct, dict(alloc.counts)
         out: dict[str, int] = {}
@@ -420,86 +491,140 @@ def _plan_output(
             distinct[g] = int(w[: min(n, len(w))].sum())
         return distinct, out
 
-    candidates = rows  # the unique rows of the mix's groups, before the eval split
-    everything = pool(candidates)
-
-    def planned(
-        tolerance: float,
-        upsample: bool,
-        repeat: int,
-        nodes: int,
-        content: npt.NDArray[np.uint64] = content,
-    ) -> tuple[npt.NDArray[np.intp], dict[int, int], npt.NDArray[np.intp], Pool, Allocation,
-               TokenPlan | None]:  # fmt: skip
-        # (eval rows, the unique rows per group they are stratified over, train rows, the
-        # train pool, the train plan, its token plan): the eval split is taken first, from a
-        # plan on every row, before any copy; the train split is planned on the rest (plan.py)
-        rows = candidates
-        if config.eval_fraction <= 0 or not len(rows):
-            alloc, tokens = solve(everything, tolerance, upsample, repeat, nodes)
-            return rows[:0], {}, rows, everything, alloc, tokens
-        first, _ = solve(everything, tolerance, upsample, repeat, MAX_NODES)
-        kept = {group_ix[g]: min(n, everything[0].get(g, 0)) for g, n in first.counts.items()}
+    def planned(self, tolerance: float, upsample: bool, repeat: int, nodes: int) -> _Split:
+        """The eval split is taken first, from a plan on every row, before any copy; the train
+        split is planned on the rest (plan.py)."""
+        rows, everything = self.candidates, self.everything
+        if self.config.eval_fraction <= 0 or not len(rows):
+            alloc, tokens = self.solve(everything, tolerance, upsample, repeat, nodes)
+            return _Split(rows[:0], {}, rows, everything, alloc, tokens)
+        first, _ = self.solve(everything, tolerance, upsample, repeat, MAX_NODES)
+        kept = {self.group_ix[g]: min(n, everything[0].get(g, 0)) for g, n in first.counts.items()}
         mask = eval_rows(
             rows.astype(np.int64),
-            group[rows],
-            content[rows],
+            self.group[rows],
+            self.content[rows],
             kept,
-            seed=config.seed,
-            fraction=config.eval_fraction,
+            seed=self.config.seed,
+            fraction=self.config.eval_fraction,
         )
         train = rows[~mask]
-        at = pool(train)
-        alloc, tokens = solve(at, tolerance, upsample, repeat, nodes)
-        return rows[mask], kept, train, at, alloc, tokens
+        at = self.pool(train)
+        alloc, tokens = self.solve(at, tolerance, upsample, repeat, nodes)
+        return _Split(rows[mask], kept, train, at, alloc, tokens)
 
-    held, kept_rows, rows, at, alloc, plan_tokens = planned(
-        config.tolerance, config.upsample, config.max_repeat, MAX_NODES
+    def share_of(self, tolerance: float, upsample: bool, repeat: int) -> float:
+        """What the next command with these settings keeps: its own eval split (from a full
+        plan, as it will take it), then its train plan (searched less far: a lower bound of
+        what it finds)."""
+        other = self.planned(tolerance, upsample, repeat, _HINT_NODES)
+        return _kept_share(self.kept_of(other.alloc, other.pool)[0], self.have(other.pool))
+
+    def eval_plan(self, split: _Split) -> EvalPlan:
+        """The eval split, set aside before the plan: rows per group, of the unique rows kept
+        by a plan on every row (what it is stratified over)."""
+        return EvalPlan(
+            rows=_counts(self.groups, self.group[split.held]),
+            kept={self.groups[c]: n for c, n in sorted(split.kept.items()) if n},
+            of_rows=sum(split.kept.values()),
+        )
+
+    def selection(self, split: _Split) -> Selection:
+        """The rows (and copies) of the plan, in their seeded order, the eval rows with them."""
+        rows, seed = split.train, self.config.seed
+        sel = select(
+            rows.astype(np.int64),
+            self.group[rows],
+            self.content[rows],
+            {self.group_ix[g]: n for g, n in split.alloc.counts.items()},
+            seed=seed,
+            eval_fraction=0.0,
+            cyclic=self.unit == "loss_tokens",
+        )
+        held = split.held
+        return with_eval(sel, held.astype(np.int64), self.content[held], seed=seed)
+
+
+def _groups(
+    target: dict[str, float], names: list[str], domain: npt.NDArray[np.int32]
+) -> tuple[list[str], npt.NDArray[np.int32], list[str]]:
+    """The mix's groups (its domains, or every domain without a mix), each row's group code
+    (-1 when the mix does not take it), and the domains pooled into ``other``."""
+    groups = sorted(target) if target else sorted(set(names))
+    group_ix = {g: i for i, g in enumerate(groups)}
+    to_group = np.full(max(len(names), 1), -1, dtype=np.int32)  # domain code -> group code
+    pooled: list[str] = []
+    for code, name in enumerate(names):
+        if name in group_ix:
+            to_group[code] = group_ix[name]
+        elif OTHER in group_ix:
+            to_group[code] = group_ix[OTHER]
+            pooled.append(name)
+    group = to_group[domain] if len(domain) else np.zeros(0, np.int32)
+    return groups, group, sorted(pooled)
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """What the plan phase decided (the routing plan, the allocation, the plan shown) and the
+    counts the report gives."""
+
+    plan: _Plan
+    alloc: Allocation
+    doc: MergePlan
+    before: dict[str, int]
+    available: dict[str, int]
+    after: Splits
+    dropped: dict[str, int]
+    upsampled: dict[str, int]
+    pooled: list[str]
+    total_unique: int
+    tokens: TokenCounts
+
+
+def _plan_output(
+    config: MergeConfig, scanned: _Scanned, stats: StageStats, on_plan: OnPlan | None
+) -> _Planned:
+    """Dedup, the mix's groups, the plan (its eval split first), the selection of rows and
+    copies and the shuffle's geometry; the plan goes to ``on_plan``."""
+    infos, rows = scanned.infos, _Rows.of(scanned.keys)
+    keep, dup_id, dup_content = dedup(
+        rows.id_hash, rows.content, rows.valid, by_id=config.dedup_ids
     )
-    supply, weights = at
-    have = supply if unit == "rows" else {g: int(w.sum()) for g, w in weights.items()}
-    distinct, with_copies = kept_of(alloc, at)
-    plan_doc = _plan_doc(config, unit, alloc, have, distinct, with_copies, supply)
-    plan_doc["note"] = note
-    if plan_tokens is not None:
-        plan_doc["optimal"], plan_doc["bound"] = plan_tokens.optimal, plan_tokens.bound
-    if target and plan_doc["kept_share"] < config.min_keep:
-
-        def share_of(tolerance: float, upsample: bool, repeat: int) -> float:
-            # what the next command with these settings keeps: its own eval split (from a
-            # full plan, as it will take it), then its train plan (searched less far: a
-            # lower bound of what it finds)
-            *_, other_at, other, _ = planned(tolerance, upsample, repeat, _HINT_NODES)
-            kept = sum(kept_of(other, other_at)[0].values())
-            other_have = (
-                sum(other_at[0].values())
-                if unit == "rows"
-                else sum(int(w.sum()) for w in other_at[1].values())
-            )
-            return kept / other_have if other_have else 1.0
-
-        plan_doc["ways_out"] = _ways_out(config, share_of, plan_doc["kept_share"])
-    # the eval split, set aside before the plan: rows per group, of the unique rows kept by a
-    # plan on every row (what it is stratified over)
-    plan_doc["eval"] = {
-        "rows": _counts(groups, group[held]),
-        "kept": {groups[c]: n for c, n in sorted(kept_rows.items()) if n},
-        "of_rows": sum(kept_rows.values()),
-    }
-    sel = select(
-        rows.astype(np.int64),
-        group[rows],
-        content[rows],
-        {group_ix[g]: n for g, n in alloc.counts.items()},
-        seed=config.seed,
-        eval_fraction=0.0,
-        cyclic=unit == "loss_tokens",
+    for info in infos:
+        part = slice(info.first_row, info.first_row + info.scanned)
+        info.dropped = {
+            "duplicate_id": int(dup_id[part].sum()),
+            "duplicate_content": int(dup_content[part].sum()),
+        }
+    target = normalised(config.mix)
+    groups, group, pooled = _groups(target, rows.names, rows.domain)
+    in_mix = keep & (group >= 0)
+    candidates = np.flatnonzero(in_mix)  # the unique rows of the mix's groups
+    unit = "loss_tokens" if config.mix_by == "tokens" and target else "rows"
+    note = None
+    if unit == "loss_tokens" and not rows.loss[candidates].any():
+        unit, note = "rows", "the inputs hold no answers (no loss tokens): mixed by rows"
+    planner = _Planner(config, unit, groups, group, rows, candidates)
+    split = planner.planned(config.tolerance, config.upsample, config.max_repeat, MAX_NODES)
+    ways_out = None
+    keep_share = _kept_share(planner.kept_of(split.alloc, split.pool)[0], planner.have(split.pool))
+    if target and round(keep_share, 6) < config.min_keep:
+        ways_out = _ways_out(config, planner.share_of, round(keep_share, 6))
+    doc = _plan_doc(
+        config,
+        split,
+        planner,
+        note=note,
+        ways_out=ways_out,
+        eval_plan=planner.eval_plan(split),
+        family=scanned.family,
     )
-    sel = with_eval(sel, held.astype(np.int64), content[held], seed=config.seed)
-    del content
+    sel = planner.selection(split)
     unique_out = int((sel.copy == 0).sum())
+    bad = int((~rows.valid).sum()) + sum(i.bad for i in infos if i.dataset.kind != "tokenized")
     dropped = {
-        "bad_row": int((~valid).sum()) + sum(i.bad for i in infos if i.dataset.kind != "tokenized"),
+        "bad_row": bad,
         "duplicate_id": int(dup_id.sum()),
         "duplicate_content": int(dup_content.sum()),
         "not_in_mix": int((keep & (group < 0)).sum()),
@@ -507,9 +632,41 @@ def _plan_output(
     }
     for reason, n in dropped.items():
         stats.add(f"dropped.{reason}", n)
+    if on_plan is not None:
+        on_plan(doc)
+    return _Planned(
+        plan=_geometry(config, rows, sel, scanned.keys.copy_suffix),
+        alloc=split.alloc,
+        doc=doc,
+        before=_counts(rows.names, rows.domain[rows.valid]),
+        available=_counts(rows.names, rows.domain[keep]),
+        after=Splits(train=_by_domain(rows, sel, 0), eval=_by_domain(rows, sel, 1)),
+        dropped=dropped,
+        upsampled=_counts(rows.names, rows.domain[sel.row[sel.copy > 0]]),
+        pooled=pooled,
+        total_unique=int(keep.sum()),
+        tokens=TokenCounts(
+            method=_method(config, scanned.family),
+            before=_sums(rows.names, rows.domain[rows.valid], rows.loss[rows.valid]),
+            available=_sums(rows.names, rows.domain[keep], rows.loss[keep]),
+            after=Splits(train=_tokens(rows, sel, 0), eval=_tokens(rows, sel, 1)),
+        ),
+    )
 
-    # external shuffle geometry: buckets of about bucket_bytes, shards of about shard_bytes
-    est = size[sel.row]
+
+def _by_domain(rows: _Rows, sel: Selection, split: int) -> dict[str, int]:
+    return _counts(rows.names, rows.domain[sel.row[sel.split == split]])
+
+
+def _tokens(rows: _Rows, sel: Selection, split: int) -> dict[str, int]:
+    chosen = sel.row[sel.split == split]
+    return _sums(rows.names, rows.domain[chosen], rows.loss[chosen])
+
+
+def _geometry(config: MergeConfig, rows: _Rows, sel: Selection, copy_suffix: str) -> _Plan:
+    """The external shuffle's geometry: buckets of about bucket_bytes, shards of about
+    shard_bytes, per split."""
+    est = rows.size[sel.row]
     nbuckets: dict[int, int] = {}
     per_shard: dict[int, int] = {}
     bucket = np.zeros(len(sel.row), dtype=np.int64)
@@ -520,34 +677,7 @@ def _plan_output(
         avg = max(1, nbytes // max(n, 1))
         per_shard[s] = max(1, min(config.shard_rows, config.shard_bytes // avg))
         bucket[mask] = bucket_of(sel.key[mask], nbuckets[s])
-    plan = _Plan(domain, size, names, sel, bucket, nbuckets, per_shard, keys.copy_suffix)
-
-    def by_domain(split: int) -> dict[str, int]:
-        return _counts(names, domain[sel.row[sel.split == split]])
-
-    def tokens_by_domain(split: int) -> dict[str, int]:
-        chosen = sel.row[sel.split == split]
-        return _sums(names, domain[chosen], loss[chosen])
-
-    copies = _counts(names, domain[sel.row[sel.copy > 0]])
-    facts: dict[str, Any] = {
-        "before": _counts(names, domain[valid]),
-        "available": _counts(names, domain[keep]),
-        "after": {"train": by_domain(0), "eval": by_domain(1)},
-        "dropped": dropped,
-        "upsampled": copies,
-        "copy_ids": f"ID{keys.copy_suffix}K",
-        "pooled": sorted(pooled),
-        "unique_kept": unique_out,
-        "total_unique": int(keep.sum()),
-        "plan": plan_doc,
-        "tokens": {
-            "before": _sums(names, domain[valid], loss[valid]),
-            "available": _sums(names, domain[keep], loss[keep]),
-            "after": {"train": tokens_by_domain(0), "eval": tokens_by_domain(1)},
-        },
-    }
-    return plan, alloc, facts
+    return _Plan(rows.domain, rows.size, rows.names, sel, bucket, nbuckets, per_shard, copy_suffix)
 
 
 def _route_samples(info: InputInfo, plan: _Plan, buckets: Buckets) -> None:
@@ -656,12 +786,12 @@ def _jsonl_writer(
     return write
 
 
-def dataset_card(report: dict[str, Any]) -> str:
+def dataset_card(report: MergeReport) -> str:
     """``README.md`` of the output: a Hugging Face dataset card whose ``configs`` make
     ``load_dataset(out)`` return ``train`` and ``eval`` splits, plus the mix in one table."""
-    after = report["after"]
-    domains = sorted(set(after["train"]) | set(after["eval"]))
-    unit = "loss tokens" if report.get("mix_by") == "loss_tokens" else "rows"
+    after = report.after
+    domains = sorted(set(after.train) | set(after.eval))
+    unit = "loss tokens" if report.mix_by == "loss_tokens" else "rows"
     lines = [
         "---",
         "configs:",
@@ -670,23 +800,23 @@ def dataset_card(report: dict[str, Any]) -> str:
         "  - split: train",
         "    path: train/*.parquet",
     ]
-    if report["rows"]["eval"]:
+    if report.rows.eval:
         lines += ["  - split: eval", "    path: eval/*.parquet"]
     lines += [
         "---",
         "",
         "# draftdata merge output",
         "",
-        f"{report['rows']['train']:,} train and {report['rows']['eval']:,} eval rows of "
-        f"{report['data']} (seed {report['seed']}); details in `merge_report.json`.",
+        f"{report.rows.train:,} train and {report.rows.eval:,} eval rows of "
+        f"{report.data} (seed {report.seed}); details in `merge_report.json`.",
         "",
         f"| domain | train (rows) | eval (rows) | target (share of {unit}) |",
         "|---|---|---|---|",
     ]
     for d in domains:
-        t = report["target"].get(d)
+        t = report.target.get(d)
         share = f"{100 * t:.1f}%" if t is not None else "-"
-        lines.append(f"| {d} | {after['train'].get(d, 0)} | {after['eval'].get(d, 0)} | {share} |")
+        lines.append(f"| {d} | {after.train.get(d, 0)} | {after.eval.get(d, 0)} | {share} |")
     return "\n".join(lines) + "\n"
 
 
@@ -696,10 +826,12 @@ def merge(
     """Merge ``config``'s inputs into ``config.out`` (see the module docstring); the summary
     carries the report that is also written as ``merge_report.json``.
 
-    The plan (``report["plan"]``: per domain what the inputs have, what is kept and dropped,
-    the shares) goes to ``on_plan`` before anything is written. With ``plan_only`` nothing is
-    written and the summary holds the plan; when the plan keeps less than ``min_keep`` and
-    ``allow_drop`` is off, ConfigError says so and what would keep more (nothing written).
+    The stage in its phases: check the output place, read the inputs (pass 1), plan, write
+    (pass 2) and report. The plan (``report.plan``: per domain what the inputs have, what is
+    kept and dropped, the shares) goes to ``on_plan`` before anything is written. With
+    ``plan_only`` nothing is written and the summary holds the plan; when the plan keeps less
+    than ``min_keep`` and ``allow_drop`` is off, ConfigError says so and what would keep more
+    (nothing written).
 
     Raises ConfigError for bad settings or a ``--mix`` domain no input holds (before pass 1
     for names the classifier never gives, after it for the rest), InputError for unreadable or
@@ -710,11 +842,66 @@ def merge(
     """
     check_config(config)
     stats = StageStats("merge")
-    store: Store | None = None
-    if not config.plan_only:
-        check_not_protected(config.out, config.protect, what="merge output", describe=True)
-        store = open_store(config.out, protect=config.protect)  # every write re-checked
-        check_output(store)
+    store = None if config.plan_only else _open_output(config)
+    scanned = _read_inputs(config, stats, progress)
+    with stats.timed("plan"):
+        planned = _plan_output(config, scanned, stats, on_plan)
+    if config.plan_only:
+        return _summary(config.out, _report(config, scanned, planned, {}, Counter()), [], stats)
+    if planned.doc.stops:
+        raise ConfigError(_stop_message(planned.doc))
+    assert store is not None
+    shards, left = _write(config, store, scanned, planned.plan, stats, progress)
+    report = _report(config, scanned, planned, shards, left)
+    store.put_new(CARD_KEY, dataset_card(report).encode())
+    store.put_new(MERGE_REPORT.name, dump_report(report))
+    files = [
+        *shards["train"],
+        *shards["eval"],
+        *(key for k, v in shards.items() if k not in SPLITS for key in v),
+        CARD_KEY,
+        MERGE_REPORT.name,
+    ]
+    return _summary(store.url, report, files, stats)
+
+
+def _summary(out: str, report: MergeReport, files: list[str], stats: StageStats) -> MergeSummary:
+    return MergeSummary(
+        out=out,
+        report=report,
+        train_rows=sum(report.after.train.values()),
+        eval_rows=sum(report.after.eval.values()),
+        files=files,
+        elapsed_s=stats.elapsed,
+        stats=stats,
+    )
+
+
+def _open_output(config: MergeConfig) -> Store:
+    """The output place, checked before anything is read: not protected, and empty or a
+    killed merge of the same inputs (``resume.py``)."""
+    check_not_protected(config.out, config.protect, what="merge output", describe=True)
+    store = open_store(config.out, protect=config.protect)  # every write re-checked
+    check_output(store)
+    return store
+
+
+@dataclass
+class _Scanned:
+    """Pass 1's result: the inputs (in order), their family, the models that answered each,
+    every row's keys, and the first few unreadable rows."""
+
+    infos: list[InputInfo]
+    family: Family
+    models: list[list[str] | None]
+    keys: Keys
+    bad_examples: list[str]
+
+
+def _read_inputs(config: MergeConfig, stats: StageStats, progress: Progress | None) -> _Scanned:
+    """Open the inputs and refuse what cannot be merged (a bad tokenizer, several target
+    models, a format of the other family, a mix domain nobody holds), then pass 1: every
+    row's keys."""
     if config.tokenizer is not None:
         check_tokenizer_folder(config.tokenizer)
         counter(config.tokenizer)  # a bad tokenizer fails now, in one line
@@ -731,49 +918,48 @@ def merge(
             f"--format {config.format}: the inputs are chat rows (no token ids); tokenize "
             "them first, or use --format specforge"
         )
-    bad_examples: list[str] = []
+    target = normalised(config.mix)
+    check_named_domains(target, infos)
+    scanned = _Scanned(infos, family, models, Keys(), [])
+    with stats.timed("scan"):
+        _scan(config, scanned, progress)
+    _check_held(target, infos)
+    return scanned
+
+
+def _scan(config: MergeConfig, scanned: _Scanned, progress: Progress | None) -> None:
+    """Pass 1 over every input; an input with nothing readable (a config, a log) is refused
+    before going on."""
+    infos, family, bad_examples = scanned.infos, scanned.family, scanned.bad_examples
 
     def on_bad(where: str, reason: str) -> None:
         if len(bad_examples) < 5:
             bad_examples.append(f"{where}: {reason}")
 
-    target = normalised(config.mix)
-    check_named_domains(target, infos)
-    keys = Keys()
     tokenizer = config.tokenizer if family == "chat" else None
-    with stats.timed("scan"), Workers(_workers(config, family, infos), tokenizer) as workers:
+    with Workers(_workers(config, family, infos), tokenizer) as workers:
         for info in infos:
-            scan(info, family, keys, on_bad, progress, workers)
-            # nothing readable: not a dataset (a config, a log), refused before going on
+            scan(info, family, scanned.keys, on_bad, progress, workers)
             where = tuple(info.dataset.where(k) for k in info.dataset.keys)
             example = next((e for e in bad_examples if e.startswith(where)), "") if where else ""
             refuse_unreadable(info.path, info.rows, info.bad, example)
-    _check_held(target, infos)
-    with stats.timed("plan"):
-        plan, alloc, facts = _plan_output(config, keys, infos, stats)
-    facts["plan"]["estimated"] = family == "chat"  # tokens of text, not of tokenized samples
-    facts["plan"]["method"] = (
-        "exact" if family == "samples" else ("tokenizer" if config.tokenizer else "estimate")
-    )
-    if on_plan is not None:
-        on_plan(facts["plan"])
-    facts["models"] = models
-    if config.plan_only:
-        report = build_report(config, family, infos, alloc, facts, {}, bad_examples)
-        return MergeSummary(
-            out=config.out,
-            report=report,
-            train_rows=sum(report["after"]["train"].values()),
-            eval_rows=sum(report["after"]["eval"].values()),
-            files=[],
-            elapsed_s=stats.elapsed,
-            stats=stats,
-        )
-    if facts["plan"]["stops"]:
-        raise ConfigError(_stop_message(facts["plan"]))
-    assert store is not None
+
+
+def _write(
+    config: MergeConfig,
+    store: Store,
+    scanned: _Scanned,
+    plan: _Plan,
+    stats: StageStats,
+    progress: Progress | None,
+) -> tuple[dict[str, list[str]], Counter[str]]:
+    """Pass 2: route the chosen rows into the shuffle's buckets, claim the output, write the
+    shards (and a trainer's JSONL). Returns the keys written per split (and format) and the
+    rows the JSONL left out, by reason."""
+    infos, family = scanned.infos, scanned.family
     schema = SAMPLE_SCHEMA if family == "samples" else CONVERSATION_SCHEMA
     shards: dict[str, list[str]] = {}
+    left: Counter[str] = Counter()  # rows the trainer's JSONL leaves out, by reason
     # the shuffle's buckets hold about the whole output: a full --tmp-dir is one line naming it
     # (a full --out is the store's own one line)
     scratch = config.tmp_dir or tempfile.gettempdir()
@@ -806,7 +992,6 @@ def merge(
         claim_output(store, config_bytes(config, infos))
         with stats.timed("write"):
             jsonl: list[str] = []
-            left: Counter[str] = Counter()  # rows the trainer's JSONL leaves out, by reason
             extra = None
             if config.format != "parquet":
                 extra = _jsonl_writer(store, jsonl, config.format, left)
@@ -824,107 +1009,72 @@ def merge(
                 stats.add("bytes", writer.bytes)
         if jsonl:
             shards[config.format] = jsonl
-    report = build_report(config, family, infos, alloc, facts, shards, bad_examples)
-    if left:
-        report["jsonl_left_out"] = {config.format: dict(sorted(left.items()))}
-    store.put_new(CARD_KEY, dataset_card(report).encode())
-    store.put_new(MERGE_REPORT.name, (json.dumps(report, indent=2) + "\n").encode())
-    return MergeSummary(
-        out=store.url,
-        report=report,
-        train_rows=sum(report["after"]["train"].values()),
-        eval_rows=sum(report["after"]["eval"].values()),
-        files=[
-            *shards["train"],
-            *shards["eval"],
-            *(key for k, v in shards.items() if k not in SPLITS for key in v),
-            CARD_KEY,
-            MERGE_REPORT.name,
-        ],
-        elapsed_s=stats.elapsed,
-        stats=stats,
-    )
+    return shards, left
 
 
-def build_report(
+def _report(
     config: MergeConfig,
-    family: Family,
-    infos: list[InputInfo],
-    alloc: Allocation,
-    facts: dict[str, Any],
+    scanned: _Scanned,
+    planned: _Planned,
     shards: dict[str, list[str]],
-    bad_examples: list[str],
-) -> dict[str, Any]:
-    """The ``merge_report.json`` object (format ``draftdata.merge-report`` version 1).
-
-    Agreed keys: format, version, target, before, after {train, eval}, inputs [{path, rows,
-    by_domain}], dropped {reason: count}, seed. The rest is extra detail: among it ``mix_by``
-    (the unit the mix was planned in: loss_tokens or rows; ``achieved`` is in it), ``plan``
-    (what the plan showed) and ``tokens`` (loss tokens per domain before, available and after,
-    and how they were counted). No clocks or output paths, so two runs with the same inputs and
-    seed write the same bytes.
-    """
+    left: Counter[str],
+) -> MergeReport:
+    """The ``merge_report.json`` record (``store/merge_report.py``)."""
     target = normalised(config.mix)
-    return {
-        "format": MERGE_REPORT.format,
-        "version": REPORT_VERSION,
-        "target": target,
-        "before": facts["before"],
-        "after": facts["after"],
-        "inputs": [
-            {
-                "path": i.path,
-                "role": i.role,
-                "kind": i.dataset.kind,
-                "rows": i.rows,
-                "by_domain": dict(sorted(Counter(i.by_domain).items())),
-                "bad_rows": i.bad,
-                "duplicates": i.dropped,
-                "models": found,  # the target models that answered it (None: not known)
-            }
-            for i, found in zip(infos, facts["models"], strict=True)
+    alloc = planned.alloc
+    return MergeReport(
+        format=MERGE_REPORT.format,
+        version=REPORT_VERSION,
+        target=target,
+        before=planned.before,
+        after=planned.after,
+        inputs=[
+            InputReport(
+                path=i.path,
+                role=i.role,
+                kind=i.dataset.kind,
+                rows=i.rows,
+                by_domain=dict(sorted(Counter(i.by_domain).items())),
+                bad_rows=i.bad,
+                duplicates=i.dropped,
+                models=found,
+            )
+            for i, found in zip(scanned.infos, scanned.models, strict=True)
         ],
-        "models": all_models(facts["models"]),
-        "dropped": facts["dropped"],
-        "seed": config.seed,
-        "data": "tokenized" if family == "samples" else "conversations",
-        "rows": {
-            "train": sum(facts["after"]["train"].values()),
-            "eval": sum(facts["after"]["eval"].values()),
-        },
-        "available": facts["available"],
-        "achieved": alloc.achieved,
-        "aimed": alloc.target,
-        "reachable": alloc.reachable,
-        "missing": alloc.missing,
-        "limited_by": alloc.limited_by,
-        "message": _message(target, alloc, facts["total_unique"]),
-        "mix_by": facts["plan"]["unit"] if target else config.mix_by,
-        "plan": facts["plan"],
-        "tokens": {
-            "method": (
-                "exact"
-                if family == "samples"
-                else ("tokenizer" if config.tokenizer else "estimate")
-            ),
-            **facts["tokens"],
-        },
-        "pooled_into_other": facts["pooled"],
-        "upsampled": facts["upsampled"],
-        "copy_ids": facts["copy_ids"],  # how a copy is named: never an input row's id
-        "settings": {
-            "tolerance": config.tolerance,
-            "eval_fraction": config.eval_fraction,
-            "upsample": config.upsample,
-            "max_repeat": config.max_repeat,
-            "dedup_ids": config.dedup_ids,
-            "format": config.format,
-            "mix_by": config.mix_by,
-            "min_keep": config.min_keep,
-            "allow_drop": config.allow_drop,
-            "tokenizer": config.tokenizer,
-            "allow_models": config.allow_models,
-        },
-        "bad_row_examples": bad_examples,
-        "files": shards,
-    }
+        models=all_models(scanned.models),
+        dropped=planned.dropped,
+        seed=config.seed,
+        data="tokenized" if scanned.family == "samples" else "conversations",
+        rows=SplitRows(
+            train=sum(planned.after.train.values()), eval=sum(planned.after.eval.values())
+        ),
+        available=planned.available,
+        achieved=alloc.achieved,
+        aimed=alloc.target,
+        reachable=alloc.reachable,
+        missing=alloc.missing,
+        limited_by=alloc.limited_by,
+        message=_message(target, alloc, planned.total_unique),
+        mix_by=planned.doc.unit if target else config.mix_by,
+        plan=planned.doc,
+        tokens=planned.tokens,
+        pooled_into_other=planned.pooled,
+        upsampled=planned.upsampled,
+        copy_ids=f"ID{scanned.keys.copy_suffix}K",
+        settings=MergeSettings(
+            tolerance=config.tolerance,
+            eval_fraction=config.eval_fraction,
+            upsample=config.upsample,
+            max_repeat=config.max_repeat,
+            dedup_ids=config.dedup_ids,
+            format=config.format,
+            mix_by=config.mix_by,
+            min_keep=config.min_keep,
+            allow_drop=config.allow_drop,
+            tokenizer=config.tokenizer,
+            allow_models=config.allow_models,
+        ),
+        bad_row_examples=scanned.bad_examples,
+        files=shards,
+        jsonl_left_out={config.format: dict(sorted(left.items()))} if left else None,
+    )
