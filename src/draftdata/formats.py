@@ -49,12 +49,14 @@ _Record = TypeVar("_Record", bound=msgspec.Struct)
 class JsonFile:
     """One kind of JSON file draftdata writes: its ``name`` in its folder or prefix, the
     ``format`` its ``"format"`` key carries, and what it is and who writes it (for the one-line
-    errors)."""
+    errors); ``indent`` and ``ascii`` are how ``dump`` lays it out."""
 
     name: str
     format: str
     what: str
     writer: str
+    indent: int = 1
+    ascii: bool = False
 
     def load(self, raw: bytes, where: str) -> dict[str, Any]:
         """The file's JSON object, read from ``raw`` (at ``where``): InputError when it is not
@@ -84,9 +86,10 @@ class JsonFile:
 
     def dump(self, record: msgspec.Struct) -> bytes:
         """The bytes of ``record`` as this file holds it: its fields in their declared order,
-        one a line (JSON indented by one, UTF-8 kept), a newline at the end."""
+        one a line (JSON indented by ``indent``; UTF-8 kept, or escaped with ``ascii``), a
+        newline at the end."""
         doc = msgspec.to_builtins(record)
-        return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode()
+        return (json.dumps(doc, indent=self.indent, ensure_ascii=self.ascii) + "\n").encode()
 
     def _hint(self) -> str:
         return f"{self.name} is {self.what}, written by {self.writer}"
@@ -101,8 +104,13 @@ PREPARE_REPORT = JsonFile(
 MERGE_CONFIG = JsonFile(  # written first: without the report, the merge is unfinished
     "merge_config.json", "draftdata.merge-config", "merge's settings", "draftdata merge"
 )
-MERGE_REPORT = JsonFile(
-    "merge_report.json", "draftdata.merge-report", "merge's report", "draftdata merge"
+MERGE_REPORT = JsonFile(  # the typed record: store/merge_report.py
+    "merge_report.json",
+    "draftdata.merge-report",
+    "merge's report",
+    "draftdata merge",
+    indent=2,
+    ascii=True,
 )
 TOKENIZE_CONFIG = JsonFile(  # written first: without the summary, the tokenize is unfinished
     "tokenize_config.json",

@@ -7,13 +7,16 @@ summary tables (``merge/report.py``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import typer
 
 from draftdata.cli.options import SETTING, Setting, command, settings
 from draftdata.cli.quiet import Quiet
+
+if TYPE_CHECKING:
+    from draftdata.store.merge_report import MergePlan, MergeReport
 
 
 class MergeOptions(msgspec.Struct, kw_only=True, frozen=True):
@@ -233,7 +236,7 @@ def _run(config: Any, console: Any, *, quiet: bool) -> Any:
 
     progress = None if quiet else RowProgress("merge")
 
-    def show_plan(plan: dict[str, Any]) -> None:
+    def show_plan(plan: MergePlan) -> None:
         if progress is not None:
             progress.close()  # the scan's last counts come before the plan
         print_plan(plan, console)
@@ -259,7 +262,7 @@ def _print_summary(summary: Any, console: Any) -> None:
         f"({summary.elapsed_s:.1f}s, {rows / max(summary.elapsed_s, 1e-9):,.0f} rows/s); "
         f"{left_out}; report: merge_report.json"
     )
-    for fmt, why in summary.report.get("jsonl_left_out", {}).items():
+    for fmt, why in (summary.report.jsonl_left_out or {}).items():
         console.print(
             f"{fmt}/: {sum(why.values()):,} rows left out of the JSONL ({reasons(why)}): "
             "its trainer's scripts cannot read them (docs/trainers.md); the parquet keeps them"
@@ -268,20 +271,19 @@ def _print_summary(summary: Any, console: Any) -> None:
         typer.echo(warning, err=True)
 
 
-def _losses(report: dict[str, Any]) -> tuple[str, str | None]:
+def _losses(report: MergeReport) -> tuple[str, str | None]:
     """What the summary line says merge left out of the rows read, by reason, and a warning
     when the rows it could not read pass 5% (duplicates and the mix's sampling are the plan,
     shown above, never warned about)."""
     from draftdata.metrics import loss_warning, reasons, share
 
-    inputs = report.get("inputs", [])
-    read = sum(int(i.get("rows", 0)) + int(i.get("bad_rows", 0)) for i in inputs)
-    dropped = {k: int(v) for k, v in report.get("dropped", {}).items()}
+    read = sum(i.rows + i.bad_rows for i in report.inputs)
+    dropped = dict(report.dropped)
     total = sum(dropped.values())
     line = f"of {read:,} rows read: dropped {total:,} ({share(total, read)}"
     line += f": {reasons(dropped)})" if total else ")"
     bad = dropped.get("bad_row", 0)
-    examples = report.get("bad_row_examples") or []
+    examples = report.bad_row_examples
     detail = f"e.g. {examples[0]}" if examples else ""
     advice = "merge_report.json lists the first ones; `draftdata stats INPUT` counts them"
     return line, loss_warning(bad, read, "rows could not be read", detail, advice)

@@ -83,7 +83,7 @@ def command(
 ) -> Callable[[Callable[[Opts], None]], Callable[..., None]]:
     """Register ``body(opts)`` as the command ``name`` of ``app`` with the fields of
     ``options`` as its parameters; ``body``'s docstring is the command's help. A field named
-    ``quiet`` (``quiet.QUIET``) silences the body as ``quiet.quietable`` does."""
+    ``quiet`` (``quiet.Quiet``) runs the body under ``quiet.quiet_output``."""
     hints = _hints(options)
     params = [
         inspect.Parameter(

@@ -220,7 +220,7 @@ def run_demo(
     )
     after: dict[str, int] = {}
     for split in ("train", "eval"):
-        for d, n in msum.report["after"][split].items():
+        for d, n in getattr(msum.report.after, split).items():
             after[d] = after.get(d, 0) + int(n)
     result.after = after
     rows.append(
@@ -233,11 +233,11 @@ def run_demo(
     rows.append(("merge", "row mix", _share_line(after)))
     tokens: dict[str, int] = {}
     for split in ("train", "eval"):
-        for d, n in msum.report["tokens"]["after"][split].items():
+        for d, n in getattr(msum.report.tokens.after, split).items():
             tokens[d] = tokens.get(d, 0) + int(n)
     rows.append(("merge", "loss-token mix (~)", _share_line(tokens)))
-    plan = msum.report["plan"]
-    kept = f"{100 * plan['kept_share']:.0f}% (within {100 * DEMO_TOLERANCE:g} point of each target)"
+    plan = msum.report.plan
+    kept = f"{100 * plan.kept_share:.0f}% (within {100 * DEMO_TOLERANCE:g} point of each target)"
     rows.append(("merge", "loss tokens kept", kept))
     if msum.message:
         rows.append(("merge", "note", msum.message))

@@ -7,6 +7,8 @@
   ``settings.py``: a generate run's settings as one typed record (``RunSettings``).
 - ``forecast.py``: a pilot's forecasts of its run as one typed record (``Forecast``), written
   create-only as forecast.json, forecast-2.json, ...
+- ``merge_report.py``: a merge output's ``merge_report.json`` as one typed record
+  (``MergeReport``).
 - ``doneset.py``: the compact done-set; ``resume.py``: rebuilding it when a run resumes.
 - ``run.py``: ``Run``, the buffered writer that other stages (generate) drive; ``shards.py``
   names and writes its shards, rollups and metrics; ``rollup.py``, ``lease.py`` beside it.

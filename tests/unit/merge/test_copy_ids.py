@@ -102,9 +102,9 @@ def test_copies_never_take_a_real_rows_id(
     assert all(n == 1 for n in counts.values()), [i for i, n in counts.items() if n > 1]
     runs = [len(m.group(1)) for i in ids if (m := re.search(r"(~+)r[0-9]+\Z", i))]
     suffix = "~" * (max(runs, default=0) + 1) + "r"
-    assert summary.report["copy_ids"] == f"ID{suffix}K"
+    assert summary.report.copy_ids == f"ID{suffix}K"
     copies = [i for i in got if i not in set(ids)]
-    assert sum(summary.report["upsampled"].values()) == len(copies) > 0
+    assert sum(summary.report.upsampled.values()) == len(copies) > 0
     assert all(re.fullmatch(rf".+{re.escape(suffix)}[1-9][0-9]*", c) for c in copies)
     upsampled = set(ids[:small])  # copies are of the short domain's rows, named after them
     assert all(c[: c.rindex(suffix)] in upsampled for c in copies)

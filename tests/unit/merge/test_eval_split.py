@@ -84,15 +84,15 @@ def test_eval_is_a_stratified_split_before_copies_and_train_is_on_the_mix(
     assert not any(copy.search(i) for i in eval_ids)
     assert not eval_ids & {copy.sub("", i) for i in train_ids}  # nor a row copied in train
     # stratified over the unique rows a plan on every row keeps, before the train plan
-    held = report["plan"]["eval"]
-    assert held["of_rows"] == sum(held["kept"].values())
-    want = _stratified(held["kept"], fraction)
+    held = report.plan.eval
+    assert held.of_rows == sum(held.kept.values())
+    want = _stratified(held.kept, fraction)
     by_domain = Counter(str(r["domain"]) for r in evals)
-    assert dict(by_domain) == {d: n for d, n in want.items() if n} == held["rows"]
+    assert dict(by_domain) == {d: n for d, n in want.items() if n} == held.rows
     if not train:
         return
     # the train split, as written, is on the mix in the mix's unit
-    unit = report["plan"]["unit"]
+    unit = report.plan.unit
     per: Counter[str] = Counter()
     for r in train:
         per[str(r["domain"])] += int(r["num_loss_tokens"]) if unit == "loss_tokens" else 1
@@ -101,11 +101,11 @@ def test_eval_is_a_stratified_split_before_copies_and_train_is_on_the_mix(
         assert abs(per[d] / total - t) <= tolerance + 1e-9, (d, per, unit)
     # the printed mix is the train split's, as written
     rows_written = Counter(str(r["domain"]) for r in train)
-    assert report["after"]["train"] == dict(sorted(rows_written.items()))
+    assert report.after.train == dict(sorted(rows_written.items()))
     tokens_written = Counter()
     for r in train:
         tokens_written[str(r["domain"])] += int(r["num_loss_tokens"])
-    assert report["tokens"]["after"]["train"] == dict(sorted(tokens_written.items()))
+    assert report.tokens.after.train == dict(sorted(tokens_written.items()))
     table = {r[0]: r for r in mix_rows(report)}
     n = sum(rows_written.values())
     for d in MIX:
@@ -140,5 +140,5 @@ def test_the_issue_case_eval_is_not_one_domain_and_train_hits_the_token_target()
     for r in train:
         per[str(r["domain"])] += int(r["num_loss_tokens"])
     assert abs(per["code"] / sum(per.values()) - 0.1) <= 0.005 + 1e-9
-    held = s.report["plan"]["eval"]
-    assert Counter(str(r["domain"]) for r in evals) == _stratified(held["kept"], 0.05)
+    held = s.report.plan.eval
+    assert Counter(str(r["domain"]) for r in evals) == _stratified(held.kept, 0.05)

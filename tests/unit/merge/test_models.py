@@ -74,12 +74,12 @@ def test_two_models_are_refused_unless_allowed(
             config = MergeConfig(**{**_fields(config), "allow_models": True})
         report = merge(config).report
         expect = ["Llama-3-8B", "Qwen3-8B"] if two else ["Qwen3-8B"]
-        assert report["models"] == expect
-        assert [i["models"] for i in report["inputs"]] == [
+        assert report.models == expect
+        assert [i.models for i in report.inputs] == [
             ["Qwen3-8B"],
             ["Llama-3-8B" if two else "Qwen3-8B"],
         ]
-        assert report["settings"]["allow_models"] is two
+        assert report.settings.allow_models is two
         saved = json.loads((out / "merge_report.json").read_text())
         assert saved["models"] == expect
 
@@ -88,8 +88,8 @@ def test_an_input_whose_files_do_not_tell_is_not_known(tmp_path: Path) -> None:
     live = write_jsonl(tmp_path / "live.jsonl", chat_rows({"math": 4, "general": 4}, prefix="x"))
     run = run_dir(str(tmp_path / "run"), {"math": 6, "general": 6}, prefix="r", model="Qwen3-8B")
     report = merge(MergeConfig(existing=[str(live)], add=[run], out=str(tmp_path / "o"))).report
-    assert [i["models"] for i in report["inputs"]] == [None, ["Qwen3-8B"]]
-    assert report["models"] == ["Qwen3-8B"]
+    assert [i.models for i in report.inputs] == [None, ["Qwen3-8B"]]
+    assert report.models == ["Qwen3-8B"]
 
 
 def _fields(c: MergeConfig) -> dict[str, object]:

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
@@ -22,6 +23,7 @@ from tests.unit.merge.helpers import (
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError
 from draftdata.merge.config import MergeConfig
 from draftdata.merge.stage import merge
+from draftdata.store.merge_report import read_report
 
 MIX = {"code": 0.35, "math": 0.2, "general": 0.3, "tool": 0.1, "agent": 0.05}
 
@@ -88,7 +90,8 @@ def test_mix_lands_within_one_point_and_the_report_has_the_agreed_shape(
 ) -> None:
     s = merge(_config(*skewed, tmp_path / "out", mix_by="rows"))
     report = json.loads((tmp_path / "out" / "merge_report.json").read_text())
-    assert report == s.report
+    assert report == msgspec.to_builtins(s.report)  # the file is the typed record
+    assert read_report((tmp_path / "out" / "merge_report.json").read_bytes(), "report") == s.report
     for key in ("format", "version", "target", "before", "after", "inputs", "dropped", "seed"):
         assert key in report
     assert report["format"] == "draftdata.merge-report" and report["version"] == 1
@@ -114,8 +117,8 @@ def test_eval_split_has_the_requested_size_and_no_row_in_both(
 ) -> None:
     s = merge(_config(*skewed, tmp_path / "out", eval_fraction=0.1))
     # of the unique rows a plan on every row keeps (the split is taken before the train plan)
-    held = s.report["plan"]["eval"]
-    assert s.eval_rows == round(0.1 * held["of_rows"]) == sum(held["rows"].values())
+    held = s.report.plan.eval
+    assert s.eval_rows == round(0.1 * held.of_rows) == sum(held.rows.values())
     train = {r["id"] for r in _rows(tmp_path / "out" / "train")}
     evals = {r["id"] for r in _rows(tmp_path / "out" / "eval")}
     assert len(evals) == s.eval_rows and not train & evals
@@ -144,11 +147,11 @@ def test_a_mix_domain_left_without_rows_by_dedup_is_reported_with_the_closest_mi
             )
         )
         assert not s.reachable
-        assert s.report["missing"] == ["tool"]
+        assert s.report.missing == ["tool"]
         msg = s.message or ""
         assert msg.startswith("cannot reach the mix") and "tool (target 15.0%)" in msg
         # the closest mix keeps code:math:general at 35:20:30 (in the mix's unit)
-        achieved = s.report["achieved"]
+        achieved = s.report.achieved
         assert achieved["code"] == pytest.approx(35 / 85, abs=0.0101)
         assert achieved["math"] == pytest.approx(20 / 85, abs=0.0101)
 
@@ -167,13 +170,13 @@ def test_dedup_across_inputs_by_id_and_by_content(tmp_path: Path) -> None:
             eval_fraction=0,
         )
     )
-    assert s.report["dropped"]["duplicate_id"] == 30
-    assert s.report["dropped"]["duplicate_content"] == 40
+    assert s.report.dropped["duplicate_id"] == 30
+    assert s.report.dropped["duplicate_content"] == 40
     rows = _rows(tmp_path / "o" / "train")
     assert len(rows) == 200 and len({r["id"] for r in rows}) == 200
     assert all(r["id"].startswith("x") for r in rows)  # the existing copies won
     assert len({tuple(r["input_ids"]) for r in rows}) == 200
-    dups = [i["duplicates"] for i in s.report["inputs"]]
+    dups = [i.duplicates for i in s.report.inputs]
     assert dups[1] == {"duplicate_id": 30, "duplicate_content": 0}
     assert dups[2] == {"duplicate_id": 0, "duplicate_content": 40}
     # unrelated id spaces: only content dedup
@@ -186,7 +189,7 @@ def test_dedup_across_inputs_by_id_and_by_content(tmp_path: Path) -> None:
             dedup_ids=False,
         )
     )
-    assert kept.report["dropped"]["duplicate_id"] == 0
+    assert kept.report.dropped["duplicate_id"] == 0
     assert kept.train_rows == 230
 
 
@@ -214,10 +217,10 @@ def test_chat_inputs_of_every_kind_merge_into_conversations(tmp_path: Path) -> N
             format="sharegpt",
         )
     )
-    by_input = [i["by_domain"] for i in s.report["inputs"]]
+    by_input = [i.by_domain for i in s.report.inputs]
     assert by_input == [{"code": 20, "general": 20}, {"math": 15}, {"tool": 10}, {"math": 12}]
-    assert [i["kind"] for i in s.report["inputs"]] == ["conversations"] * 2 + ["prompts", "run"]
-    assert s.report["data"] == "conversations"
+    assert [i.kind for i in s.report.inputs] == ["conversations"] * 2 + ["prompts", "run"]
+    assert s.report.data == "conversations"
     rows = _rows(tmp_path / "o" / "train")
     assert len(rows) == 77
     by_id = {r["id"]: r for r in rows}
@@ -306,14 +309,14 @@ def test_upsample_repeats_train_rows_only(tmp_path: Path) -> None:
     assert not any("~r" in r["id"] for r in evals)
     originals = {r["id"] for r in evals}
     assert not any(r["id"].split("~r")[0] in originals for r in copies)
-    assert s.report["upsampled"] == {"math": 190}
+    assert s.report.upsampled == {"math": 190}
 
 
 def test_unnamed_domains_are_dropped_or_pooled_into_other(tmp_path: Path) -> None:
     src = token_samples(tmp_path / "in", {"code": 100, "math": 60, "general": 40}, prefix="o")
     dropped = merge(MergeConfig(existing=[str(src)], mix={"code": 1}, out=str(tmp_path / "a")))
-    assert dropped.report["dropped"]["not_in_mix"] == 100
-    assert set(dropped.report["after"]["train"]) == {"code"}
+    assert dropped.report.dropped["not_in_mix"] == 100
+    assert set(dropped.report.after.train) == {"code"}
     pooled = merge(
         MergeConfig(
             existing=[str(src)],
@@ -324,9 +327,9 @@ def test_unnamed_domains_are_dropped_or_pooled_into_other(tmp_path: Path) -> Non
             mix_by="rows",
         )
     )
-    after = pooled.report["after"]["train"]
+    after = pooled.report.after.train
     assert after["code"] == 100 and after.get("math", 0) + after.get("general", 0) == 100
-    assert pooled.report["pooled_into_other"] == ["general", "math"]
+    assert pooled.report.pooled_into_other == ["general", "math"]
     from draftdata.merge.report import mix_rows
 
     table = {r[0]: r for r in mix_rows(pooled.report)}
@@ -380,7 +383,7 @@ def test_nothing_to_keep_still_writes_a_loadable_empty_train_split(tmp_path: Pat
     s = merge(
         MergeConfig(existing=[str(src)], add=[str(same)], mix={"math": 1}, out=str(tmp_path / "o"))
     )
-    assert s.train_rows == 0 and s.report["message"].startswith("cannot reach the mix")
+    assert s.train_rows == 0 and s.report.message.startswith("cannot reach the mix")
     assert pq.read_table(tmp_path / "o" / "train" / "part-00000.parquet").num_rows == 0
 
 
@@ -541,6 +544,6 @@ def test_eagle_jsonl_holds_only_rows_its_scripts_read(
     for ln in lines:
         speakers = [t["from"] for t in ln["conversations"]]
         assert speakers == ["human", "gpt"] * (len(speakers) // 2) + ["human"] * (len(speakers) % 2)
-    left = s.report.get("jsonl_left_out", {}).get("eagle", {})
+    left = (s.report.jsonl_left_out or {}).get("eagle", {})
     assert len(lines) + sum(left.values()) == s.train_rows
     assert Counter(left) == want

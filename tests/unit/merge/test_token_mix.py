@@ -233,7 +233,7 @@ def test_a_label_of_the_inputs_own_is_a_domain_of_the_mix(tmp_path: Path) -> Non
             tolerance=0.05,
         )
     )
-    assert set(s.report["after"]["train"]) == {"code", "medical"}
+    assert set(s.report.after.train) == {"code", "medical"}
 
 
 def test_plan_only_prints_the_plan_and_writes_nothing(
@@ -306,12 +306,12 @@ def test_written_loss_tokens_are_within_tolerance_of_the_mix(
     for domain, target in MIX.items():
         assert abs(shares.get(domain, 0.0) - target) <= tolerance + 1e-9, (domain, shares)
     # what the report says was written is what was written
-    tokens = s.report["tokens"]["after"]
-    total = sum(tokens["train"].values())
+    tokens = s.report.tokens.after
+    total = sum(tokens.train.values())
     for domain, share in shares.items():
-        assert tokens["train"].get(domain, 0) / total == pytest.approx(share, abs=1e-9)
-    assert s.report["plan"]["kept_share"] == pytest.approx(
-        s.report["plan"]["keep"] / s.report["plan"]["have"], abs=1e-6
+        assert tokens.train.get(domain, 0) / total == pytest.approx(share, abs=1e-9)
+    assert s.report.plan.kept_share == pytest.approx(
+        s.report.plan.keep / s.report.plan.have, abs=1e-6
     )
 
 
@@ -370,9 +370,9 @@ def test_upsampled_copies_go_round_the_order_and_never_into_eval(tmp_path: Path)
             eval_fraction=0.05,
         )
     )
-    plan = s.report["plan"]["domains"]
-    assert plan["code"]["drop"] == 0 and plan["math"]["drop"] == 0  # everything kept
-    assert plan["math"]["copies"] > 0 and plan["code"]["copies"] == 0
+    plan = s.report.plan.domains
+    assert plan["code"].drop == 0 and plan["math"].drop == 0  # everything kept
+    assert plan["math"].copies > 0 and plan["code"].copies == 0
     evals = {
         r["id"]
         for p in (tmp_path / "o" / "eval").glob("*.parquet")
@@ -420,7 +420,7 @@ def test_inputs_without_answers_are_mixed_by_rows(tmp_path: Path) -> None:
             eval_fraction=0,
         )
     )
-    assert s.report["mix_by"] == "rows" and "no answers" in s.report["plan"]["note"]
+    assert s.report.mix_by == "rows" and "no answers" in s.report.plan.note
     assert s.train_rows == 40
 
 
@@ -451,7 +451,7 @@ def test_a_tokenizer_counts_the_loss_tokens_the_mix_is_planned_in(tmp_path: Path
             allow_drop=True,
         )
     )
-    assert s.report["tokens"]["method"] == "tokenizer" and s.train_rows
+    assert s.report.tokens.method == "tokenizer" and s.train_rows
     shares = written_loss_shares(tmp_path / "o", str(folder))
     for domain, target in MIX.items():
         assert abs(shares[domain] - target) <= 0.02 + 1e-9, (domain, shares)

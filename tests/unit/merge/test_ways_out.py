@@ -80,20 +80,20 @@ def test_every_way_out_it_suggests_passes_the_next_command(
         mix_by=by,
         plan_only=True,
     )
-    plan = merge(config).report["plan"]
-    if not plan["stops"]:
-        assert "ways_out" not in plan
+    plan = merge(config).report.plan
+    if not plan.stops:
+        assert plan.ways_out is None
         return
-    ways = plan["ways_out"]
-    assert ways[-1]["option"] == "--allow-drop"
+    ways = plan.ways_out
+    assert ways is not None and ways[-1].option == "--allow-drop"
     for way in ways[:-1]:
-        if way["kept_share"] is None:  # says that nothing short of --allow-drop is enough
+        if way.kept_share is None:  # says that nothing short of --allow-drop is enough
             assert len(ways) == 2
             continue
-        assert way["kept_share"] >= min_keep, way
-        again = merge(_with(config, way["option"])).report["plan"]
-        assert not again["stops"], (way, again["kept_share"])
-        assert again["kept_share"] >= way["kept_share"] - 1e-6, (way, again["kept_share"])
+        assert way.kept_share >= min_keep, way
+        again = merge(_with(config, way.option)).report.plan
+        assert not again.stops, (way, again.kept_share)
+        assert again.kept_share >= way.kept_share - 1e-6, (way, again.kept_share)
 
 
 def test_the_row_table_labels_row_shares_and_token_targets(
