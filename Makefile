@@ -35,9 +35,16 @@ export DRAFTDATA_VLLM_VENV ?= $(VLLM_VENV)
 export DRAFTDATA_TRAINERS_VENV ?= $(TRAINERS_VENV)
 export DRAFTDATA_SGLANG_VENV ?= $(SGLANG_VENV)
 
+# The main suite runs on TEST_WORKERS pytest-xdist workers: auto (one per CPU), a number, or 0
+# for one process (make test TEST_WORKERS=0). Tests are dealt out by module (--dist loadscope),
+# so a module's fixtures (a simulated fleet, a model built once) start once. The heavy tiers
+# run serially: each starts real engines that want the whole machine.
+TEST_WORKERS ?= auto
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+
 test: heavy-envs-bg $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q --ignore=tests/integration/vllm --ignore=tests/integration/trainers \
-		--ignore=tests/integration/sglang
+	$(BIN)/python -m pytest -q $(XDIST) --ignore=tests/integration/vllm \
+		--ignore=tests/integration/trainers --ignore=tests/integration/sglang
 	$(BIN)/python -m pytest -q tests/integration/vllm
 	$(BIN)/python -m pytest -q tests/integration/trainers
 	$(BIN)/python -m pytest -q tests/integration/sglang

@@ -6,10 +6,10 @@
 # The cache lies outside the clone ($DRAFTDATA_ENV_CACHE, default
 # ${XDG_CACHE_HOME:-$HOME/.cache}/draftdata), so every clone, worktree and CI run on one machine
 # shares one build. The key is a checksum of what decides the environment's contents: the build
-# script scripts/NAME_env.sh, env_lib.sh and, for NAME=sglang, the files of the SGLang CPU kit
-# (scripts/sglang_kit.sh finds it: $DRAFTDATA_SGLANG_CPU, else shared/sglang-cpu beside the clone
-# or beside the main checkout of a worktree). A changed input gives a
-# new folder, built afresh; an old one can be deleted at will.
+# script scripts/NAME_env.sh, env_lib.sh and, for NAME=sglang, the files of the folder
+# scripts/sglang_kit.sh names (the SGLang CPU kit where this CPU loads its kernels, else the
+# repository's scripts/sglang-cpu: then the kit, found or not, changes nothing). A changed input
+# gives a new folder, built afresh; an old one can be deleted at will.
 set -eu
 NAME="$1"
 HERE="$(cd "$(dirname "$0")" && pwd)"

@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# Print the folder of the SGLang CPU kit (the CPU kernel wheel, its source tarball and the
-# requirements list of sglang 0.5.23 on a CPU torch), or say on stderr where it was looked for
-# and exit 1.
+# Print the folder scripts/sglang_env.sh builds the SGLang tier's environment from, or say on
+# stderr why there is none and exit 1.
 #
 #   scripts/sglang_kit.sh
 #
-# Looked for, in order: $DRAFTDATA_SGLANG_CPU; shared/sglang-cpu beside this clone (../shared);
-# beside the main checkout when this is a git worktree (the folder above the common .git).
+# Where this CPU can load SGLang's CPU kernels (scripts/sglang_cpu_check.sh): the SGLang CPU kit
+# (the kernel wheel, its source tarball and the requirements list of sglang 0.5.23 on a CPU
+# torch), looked for, in order, at $DRAFTDATA_SGLANG_CPU; shared/sglang-cpu beside this clone
+# (../shared); beside the main checkout when this is a git worktree (the folder above the common
+# .git). Elsewhere (an AVX2-only CPU) the kernels cannot load and SGLang runs on torch's own CPU
+# ops: the environment needs nothing of the kit but its requirements list, which the repository
+# carries (scripts/sglang-cpu), so any clone builds it, and the kit, found or not, is no input
+# of the environment (scripts/env_path.sh keys the folder on what this prints).
 set -u
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+if ! bash "$HERE/sglang_cpu_check.sh" 2>/dev/null; then
+  echo "$HERE/sglang-cpu"
+  exit 0
+fi
 tried=()
 if [ -n "${DRAFTDATA_SGLANG_CPU:-}" ]; then
   if [ -d "$DRAFTDATA_SGLANG_CPU" ]; then (cd "$DRAFTDATA_SGLANG_CPU" && pwd); exit 0; fi
@@ -24,5 +34,5 @@ for c in "${candidates[@]}"; do
   if [ -d "$c" ]; then (cd "$c" && pwd); exit 0; fi
   tried+=("$c")
 done
-echo "the SGLang CPU kit is not found (looked in ${tried[*]}); set DRAFTDATA_SGLANG_CPU to its folder" >&2
+echo "the SGLang CPU kit is not found (looked in ${tried[*]}); this CPU can run its kernels, which SGLang loads here: set DRAFTDATA_SGLANG_CPU to its folder" >&2
 exit 1

@@ -32,6 +32,29 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop(name, None)
 
 
+# Folders whose tests share one costly session fixture: under pytest-xdist's --dist loadscope
+# each is dealt to one worker whole, instead of module by module (a Ray instance per worker costs
+# ~15 s and a GB or two of memory).
+ONE_WORKER = ("tests/integration/distributed/",)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """--dist loadscope, with each folder of ONE_WORKER one scope (other modes: xdist's own)."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FolderScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            for folder in ONE_WORKER:
+                if nodeid.startswith(folder):
+                    return folder
+            return str(super()._split_scope(nodeid))
+
+    return FolderScopes(config, log)
+
+
 @dataclass(frozen=True)
 class MotoS3:
     """A running moto S3 server: ``endpoint_url``, a created ``bucket``, and ``url(name)``."""

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.integration.fleet.test_launch import free_port_base
 from tests.integration.generate.helpers import write_prompts
+from tests.integration.ports import free_port_base
 from tests.signals import default_signals
 
 from draftdata.cli import main

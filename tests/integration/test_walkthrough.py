@@ -29,7 +29,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from typing import Any
 
 import pytest
 from tests.conftest import MotoS3
+from tests.integration.ports import free_port_base
 from tests.signals import default_signals
 
 pytestmark = pytest.mark.integration
@@ -65,25 +65,6 @@ def walkthrough_commands(readme: Path = ROOT / "README.md") -> list[str]:
         commands.append(" ".join((current + line).split()))
         current = ""
     return commands
-
-
-def _free_port_base(n: int = 2) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n > 65535:
-            continue
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-        if ok:
-            return base
-    raise RuntimeError("no free ports")
 
 
 def _substitute(cmd: str, bucket: str, tokenizer: Path, port_base: int, protect_ok: bool) -> str:
@@ -164,7 +145,7 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path, moto_s3: MotoS3) -> 
     tokenizer = ensure_demo_tokenizer(tmp_path / "cache")
     merge_help = _sh("draftdata merge --help", work, 60).stdout
     protect_ok = "--protect" in merge_help
-    port_base = _free_port_base()
+    port_base = free_port_base(2)
     sub = [_substitute(c, bucket, tokenizer, port_base, protect_ok) for c in commands]
     plans: list[dict[str, Any]] = []  # prepare_report.json of steps 2 and 4
     try:

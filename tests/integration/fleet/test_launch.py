@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from tests.integration.ports import free_port_base
 from tests.signals import default_signals
 
 from draftdata.fleetspec import process_start_time
@@ -27,29 +28,6 @@ pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-c", "from draftdata.cli import main; main()"]
 SIM_ARGS = "--time-scale 0 --flavor vllm --max-running 8"
-
-
-def free_port_base(n: int) -> int:
-    """A port P such that P..P+n-1 are all free right now."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n > 65000:
-            continue
-        socks = []
-        try:
-            for i in range(n):
-                t = socket.socket()
-                socks.append(t)
-                t.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in socks:
-                t.close()
-    raise RuntimeError("no free port range")
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -1,17 +1,19 @@
 """The SGLang tier: `fleet up --engine sglang` on CPU with a tiny random Qwen3, then use it.
 
-SGLang 0.5.23 from the SGLang CPU kit (``scripts/sglang_env.sh`` builds the environment once,
-cached outside the clone: ``scripts/env_path.sh sglang``, or ``$DRAFTDATA_SGLANG_VENV``; ``make
-test`` builds it in the background). The model and tokenizer are built at run time as in the
-vLLM tier; nothing is downloaded. One server is started for the module (~20 s on the kit's
-machine) and taken down by the last test.
+SGLang 0.5.23 (``scripts/sglang_env.sh`` builds the environment once from what
+``scripts/sglang_kit.sh`` names: the SGLang CPU kit where its kernels load, else the
+repository's copy of the kit's requirements list; cached outside the clone:
+``scripts/env_path.sh sglang``, or ``$DRAFTDATA_SGLANG_VENV``; ``make test`` builds it in the
+background). The model and tokenizer are built at run time as in the vLLM tier; nothing is
+downloaded. One server is started for the module (~20 s on the kit's machine) and taken down
+by the last test.
 
-It skips, printing why, only when the environment cannot be built (no kit, the package index
-unreachable). On a CPU that cannot run SGLang's CPU kernels (``scripts/sglang_cpu_check.sh``:
-they are built for AVX512-BF16 and die with SIGILL elsewhere, e.g. on an AVX2-only AMD EPYC)
-the server is still SGLang, on torch's own CPU ops, which is all SGLang uses without AMX; only
-the library's import is satisfied by ``no_kernels/`` (names that raise when called), and the
-tier says so.
+It skips, printing why, only when the environment cannot be built (no kit on a CPU that loads
+its kernels, the package index unreachable). On a CPU that cannot run SGLang's CPU kernels
+(``scripts/sglang_cpu_check.sh``: they are built for AVX512-BF16 and die with SIGILL elsewhere,
+e.g. on an AVX2-only AMD EPYC) the server is still SGLang, on torch's own CPU ops, which is all
+SGLang uses without AMX; only the library's import is satisfied by ``no_kernels/`` (names that
+raise when called), and the tier says so.
 """
 
 from __future__ import annotations
