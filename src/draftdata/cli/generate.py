@@ -374,6 +374,16 @@ def register(app: typer.Typer) -> None:
                 rich_help_panel=PANEL_ROBUST,
             ),
         ] = None,
+        lookahead_mib: Annotated[
+            int | None,
+            typer.Option(
+                "--lookahead-mib",
+                min=1,
+                help="At most this many MiB of prompt lines read ahead of dispatch, whatever "
+                "their count (long prompts; default 64).",
+                rich_help_panel=PANEL_ROBUST,
+            ),
+        ] = None,
         no_hedge: Annotated[
             bool,
             typer.Option(
