@@ -365,6 +365,17 @@ class GenerateOptions(msgspec.Struct, kw_only=True, frozen=True):
         ),
         SETTING,
     ] = None
+    lookahead_mib: Annotated[
+        int | None,
+        typer.Option(
+            "--lookahead-mib",
+            min=1,
+            help="At most this many MiB of prompt lines read ahead of dispatch, whatever "
+            "their count (long prompts; default 64).",
+            rich_help_panel=PANEL_ROBUST,
+        ),
+        SETTING,
+    ] = None
     no_hedge: Annotated[
         bool,
         typer.Option(

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from draftdata.conversation import assemble
-from draftdata.errors import AlreadyExistsError, ConfigError, disk_errors
+from draftdata.errors import AlreadyExistsError, ConfigError, InputError, disk_errors
 from draftdata.export.turns import TurnRows
 from draftdata.formats import iter_completions as _rows
 from draftdata.metrics import StageStats
@@ -44,7 +44,12 @@ from draftdata.store.lease import refuse_live_writer
 from draftdata.store.manifest import MANIFEST_KEY
 from draftdata.store.opener import open_store
 from draftdata.store.protect import check_not_protected
-from draftdata.store.read import iter_completion_tables, read_manifest
+from draftdata.store.read import (
+    COMPLETIONS_PREFIX,
+    iter_completion_tables,
+    read_manifest,
+    shard_keys,
+)
 from draftdata.store.settings import settings_of
 from draftdata.trainer_rows import (
     CONVERSATION_FORMATS,
@@ -310,6 +315,11 @@ def export_run(
     src = open_store(run)  # opened once: manifest check and every shard read
     manifest = read_manifest(src)  # StoreError "no manifest.json; not a draftdata run" first
     refuse_live_writer(src, "export")  # a moving run is not exported as if it were whole
+    if not shard_keys(src, COMPLETIONS_PREFIX):  # an empty file would be written
+        raise InputError(
+            f"{src.key_url(COMPLETIONS_PREFIX)}: no completion shards to export (the run "
+            "committed no completion; `draftdata stats RUN` shows its failures)"
+        )
     turns = None
     if fmt in PER_TURN_FORMATS:
         settings = settings_of(manifest, src.key_url(MANIFEST_KEY))

@@ -130,6 +130,9 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     # scheduling and the tail
     order: Order = "length"  # longest expected output first within the look-ahead; file: off
     lookahead: int = 4096  # prompts read ahead of dispatch (the window ``order`` sorts)
+    # ... and at most this many MiB of prompt lines read ahead (queued or backing off, not
+    # running): long prompts keep the read-ahead's memory bounded whatever their count
+    lookahead_mib: int = 64
     hedge: bool = True
     hedge_min_age: float = 2.0
     # near the end a clearly slower server starts only what it can finish in time
@@ -215,6 +218,7 @@ NUMBER_RULES: dict[str, tuple[float | None, bool, float | None]] = {
     "unavailable_timeout": (0, False, None),
     "load_interval": (0, False, None),
     "lookahead": (0, True, None),
+    "lookahead_mib": (1, True, None),
     "hedge_min_age": (0, True, None),
     "log_interval": (0, False, None),
     "metrics_interval": (0, False, None),

@@ -35,7 +35,9 @@ through): the run stops at once with it, its traceback intact, after what finish
 committed (``run`` raises it); the same command resumes.
 
 **Memory.** Prompts are read lazily (in a thread) only while fewer than ``window`` jobs are
-queued or running (twice the fleet's limits, plus the look-ahead when ordering).
+queued or running (twice the fleet's limits, plus the look-ahead when ordering), and while the
+prompts read ahead (queued or backing off, not running) hold fewer than ``lookahead_mib`` MiB
+of prompt lines (``read_ahead_bytes``): 4,096 prompts of 50 KB each would be 200 MB.
 
 Results go to a ``Sink`` (the engine buffers them in the Run). The HTTP conversation of an
 attempt is the ``Caller``'s (``caller.py``); endpoint probing and the concurrency controller
@@ -49,7 +51,7 @@ import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from draftdata.errors import (
@@ -93,8 +95,9 @@ class Reader(Protocol):
     exhausted: bool
     invalid: int
 
-    def take(self, k: int) -> Iterable[Prompt]:
-        """Up to ``k`` more prompts (runs in a thread)."""
+    def take_sized(self, k: int, max_bytes: int | None = None) -> list[tuple[Prompt, int]]:
+        """Up to ``k`` more prompts and each one's size in bytes, fewer once they hold
+        ``max_bytes`` (at least one); runs in a thread."""
         ...
 
 
@@ -187,6 +190,11 @@ class Dispatcher:
         self.running: dict[Job, None] = {}  # jobs with at least one live copy, oldest first
         self.on_endpoint: dict[Endpoint, set[Copy]] = {e: set() for e in endpoints}
         self.active: Counter[str] = Counter()  # prompt id -> unsettled jobs (duplicate ids)
+        self._sizes: dict[str, int] = {}  # prompt id -> its line's bytes, while active
+        self.held_bytes = 0  # bytes of the active prompts (read, not settled)
+        self._running_pids: Counter[str] = Counter()  # prompt id -> its running jobs
+        self.running_bytes = 0  # bytes of the prompts with a running job
+        self.max_read_ahead = 0  # the most bytes read ahead at once (after each read)
         self.wake = asyncio.Event()
         self.space = asyncio.Event()
         self.stopping = False
@@ -221,6 +229,12 @@ class Dispatcher:
     def pending(self) -> int:
         """Jobs queued, backing off or running."""
         return len(self.queue) + len(self.queue.waiting) + len(self.running)
+
+    @property
+    def read_ahead_bytes(self) -> int:
+        """Bytes of the prompts read and not running: queued or backing off (the look-ahead
+        the ``lookahead_mib`` bound holds)."""
+        return self.held_bytes - self.running_bytes
 
     @property
     def hedges_wasted(self) -> int:
@@ -306,7 +320,8 @@ class Dispatcher:
             return True
         if not self._seeded:
             return False
-        return self.fed_all or self.queue.fresh >= self.cfg.lookahead
+        full = self.read_ahead_bytes >= self.cfg.lookahead_mib << 20
+        return self.fed_all or full or self.queue.fresh >= self.cfg.lookahead
 
     def stop(self) -> None:
         """Stop dispatching new work and retries; running copies may finish."""
@@ -323,24 +338,31 @@ class Dispatcher:
                     copy.task.cancel()
                 self._detach(copy)
         self.running.clear()
+        self._running_pids.clear()
+        self.running_bytes = 0
 
     async def _feed(self) -> None:
+        limit = self.cfg.lookahead_mib << 20
         while not self.reader.exhausted and not self.stopping:
-            if self.pending >= self.window:
+            ahead = self.read_ahead_bytes
+            if self.pending >= self.window or ahead >= limit:
                 self.space.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.space.wait(), 1.0)
                 continue
-            batch = await asyncio.to_thread(self._read, 128)
+            batch = await asyncio.to_thread(self._read, 128, limit - ahead)
             now = self.clock()
-            for pid, jobs in batch:
+            for pid, jobs, nbytes in batch:
                 if self.active[pid]:
                     self.duplicates += 1
                     continue
+                self._sizes[pid] = nbytes
+                self.held_bytes += nbytes
                 for job in jobs:
                     job.ready_since = now
                     self.queue.push(job)
                     self.active[pid] += 1
+            self.max_read_ahead = max(self.max_read_ahead, self.read_ahead_bytes)
             self.wake.set()
         self.fed_all = not self.stopping
         self.wake.set()
@@ -366,14 +388,15 @@ class Dispatcher:
         """(prompt, sample) pairs settled before this command: skipped by the reader or here."""
         return self._planned_settled + int(getattr(self.reader, "settled_samples", 0))
 
-    def _read(self, k: int) -> list[tuple[str, list[Job]]]:
-        """(runs in a thread) the next prompts, planned, without the settled ones."""
+    def _read(self, k: int, max_bytes: int) -> list[tuple[str, list[Job], int]]:
+        """(runs in a thread) the next prompts (at most ``max_bytes`` of them, but one),
+        planned, without the settled ones, each with its size in bytes."""
         out = []
-        for prompt in self.reader.take(k):
+        for prompt, nbytes in self.reader.take_sized(k, max_bytes):
             jobs, settled = plan(prompt, self.cfg, self.is_done)
             self._planned_settled += settled
             if jobs:
-                out.append((prompt.id, jobs))
+                out.append((prompt.id, jobs, nbytes))
         return out
 
     # -- placing ------------------------------------------------------------------------------
@@ -440,7 +463,13 @@ class Dispatcher:
         self.lengths.started(job.prompt.source, job.prompt.domain, now)
         job.copies.append(copy)
         self.on_endpoint[ep].add(copy)
-        self.running[job] = None
+        if job not in self.running:
+            self.running[job] = None
+            pid = job.prompt.id
+            self._running_pids[pid] += 1
+            if self._running_pids[pid] == 1:
+                self.running_bytes += self._sizes.get(pid, 0)
+                self.space.set()  # no longer read ahead: room for more
         copy.task = asyncio.create_task(self._attempt(copy))
         self.tasks.add(copy.task)
         copy.task.add_done_callback(self.tasks.discard)
@@ -455,8 +484,13 @@ class Dispatcher:
         job = copy.job
         if copy in job.copies:
             job.copies.remove(copy)
-        if not job.copies:
-            self.running.pop(job, None)
+        if not job.copies and job in self.running:
+            del self.running[job]
+            pid = job.prompt.id
+            self._running_pids[pid] -= 1
+            if self._running_pids[pid] <= 0:
+                del self._running_pids[pid]
+                self.running_bytes -= self._sizes.get(pid, 0)
         self.wake.set()
 
     # -- one attempt and its outcome ----------------------------------------------------------
@@ -611,6 +645,7 @@ class Dispatcher:
         self.active[pid] -= 1
         if self.active[pid] <= 0:
             del self.active[pid]
+            self.held_bytes -= self._sizes.pop(pid, 0)
         self.space.set()
         self.wake.set()
 

@@ -118,11 +118,14 @@ def _shown(f: PromptFile) -> str:
 
 def check_schema(files: list[PromptFile], limit: int | None = None) -> None:
     """InputError (one line) when none of the first ``SAMPLE`` lines in scope is a prompt
-    (module docstring); nothing when one is, or when there are no lines."""
+    (module docstring), or when the files hold no line at all but blank ones (an empty input:
+    nothing to generate); nothing when a prompt is among them."""
     seen = 0
     reasons: Counter[str] = Counter()
     first: tuple[PromptFile, int, bytes] | None = None
     cap = SAMPLE if limit is None else min(SAMPLE, limit)
+    if cap <= 0:
+        return
     for f in files:
         for lineno, line in iter_prompt_lines(f):
             if seen >= cap:
@@ -137,6 +140,12 @@ def check_schema(files: list[PromptFile], limit: int | None = None) -> None:
             return  # a prompt among the first lines: the file is a prompts file
         if seen >= cap:
             break
+    if not seen:
+        shown = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
+        raise InputError(
+            f"generate: --prompts {shown}: no prompts in it (an empty file, or only blank "
+            "lines); give a prompts JSONL (prepare's output folder); nothing was recorded"
+        )
     if first is None:
         return
     f, lineno, line = first

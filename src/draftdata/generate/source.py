@@ -79,7 +79,8 @@ def _name(f: PromptFile) -> str:
 
 
 Line = tuple[PromptFile, int, bytes]  # (file, 1-based line number, raw line)
-BLOCK = 4096  # lines read, and looked up in the done-set, at a time
+BLOCK = 4096  # lines read, and looked up in the done-set, at a time ...
+BLOCK_BYTES = 4 << 20  # ... or fewer, when they hold this many bytes (long prompts)
 
 
 class Scan(msgspec.Struct, kw_only=True, frozen=True):
@@ -156,13 +157,22 @@ class PromptReader:
         self.exhausted = False
 
     def _blocks(self) -> Iterator[list[Line]]:
-        """The non-blank lines within ``limit`` as (file, line number, raw), BLOCK at a time."""
+        """The non-blank lines within ``limit`` as (file, line number, raw), BLOCK at a time
+        (fewer once they hold BLOCK_BYTES: the block is read ahead of dispatch too)."""
         lines: Iterator[Line] = (
             (f, lineno, line) for f in self.files for lineno, line in iter_prompt_lines(f)
         )
         if self.limit is not None:
             lines = islice(lines, self.limit)
-        while block := list(islice(lines, BLOCK)):
+        block: list[Line] = []
+        size = 0
+        for item in lines:
+            block.append(item)
+            size += len(item[2])
+            if len(block) >= BLOCK or size >= BLOCK_BYTES:
+                yield block
+                block, size = [], 0
+        if block:
             yield block
 
     def _to_parse(self, block: list[Line]) -> list[Line]:
@@ -207,7 +217,7 @@ class PromptReader:
         )
         return False
 
-    def _iter(self) -> Iterator[Prompt]:
+    def _iter(self) -> Iterator[tuple[Prompt, int]]:
         for block in self._blocks():
             self.read += len(block)
             for f, lineno, line in self._to_parse(block):
@@ -220,14 +230,21 @@ class PromptReader:
                     self._reject(f"{f}:{lineno}: {fault}", line)
                     continue
                 if self._first(prompt.id, f"{f}:{lineno}", line):
-                    yield prompt  # in the partition: _to_parse judged its id
+                    yield prompt, len(line)  # in the partition: _to_parse judged its id
 
     def take(self, k: int) -> list[Prompt]:
         """Up to ``k`` more prompts (fewer at the end; ``exhausted`` is then True)."""
-        out: list[Prompt] = []
-        for prompt in self._it:
-            out.append(prompt)
-            if len(out) >= k:
+        return [p for p, _ in self.take_sized(k)]
+
+    def take_sized(self, k: int, max_bytes: int | None = None) -> list[tuple[Prompt, int]]:
+        """Up to ``k`` more prompts with their lines' sizes in bytes, fewer once they hold
+        ``max_bytes`` (at least one; fewer at the end: ``exhausted`` is then True)."""
+        out: list[tuple[Prompt, int]] = []
+        size = 0
+        for prompt, nbytes in self._it:
+            out.append((prompt, nbytes))
+            size += nbytes
+            if len(out) >= k or (max_bytes is not None and size >= max_bytes):
                 return out
         self.exhausted = True
         return out

@@ -49,7 +49,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -283,10 +283,10 @@ class _BatchReader:
         self.exhausted = not self._left
         self.invalid = 0
 
-    def take(self, k: int) -> Iterable[Prompt]:
+    def take_sized(self, k: int, max_bytes: int | None = None) -> list[tuple[Prompt, int]]:
         out, self._left = self._left[:k], self._left[k:]
         self.exhausted = not self._left
-        return out
+        return [(p, 0) for p in out]  # no text: the token ids are the caller's
 
 
 class _Sink:

@@ -19,6 +19,7 @@ planning and writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import heapq
 import itertools
@@ -203,6 +204,12 @@ def _pass_one(
             if len(texts) >= DEDUP_BATCH:
                 settle()
         settle()
+    if not run.read:
+        raise InputError(
+            f"source {source.name} ({source.path or source.hub}): no rows in it (an empty "
+            "file, only blank lines, an empty JSON array or a parquet of 0 rows); it would give "
+            "no prompts: check its path, or remove the source"
+        )
     if not run.domains and run.rejected:
         raise InputError(_all_rejected(config, source, run, mode))
     return run
@@ -533,8 +540,15 @@ def _run(
     where, fix = config.out, "choose another --out"
     if plan_only:
         where, fix = tempfile.gettempdir(), "set TMPDIR to a folder with more room"
-    with disk_errors(where, fix):
-        return _prepare(config, plan_only=plan_only, force=force, progress=progress)
+    fresh = not plan_only and not Path(config.out).exists()
+    try:
+        with disk_errors(where, fix):
+            return _prepare(config, plan_only=plan_only, force=force, progress=progress)
+    except BaseException:
+        if fresh:  # a refused prepare leaves no empty --out behind (rmdir: only if empty)
+            with contextlib.suppress(OSError):
+                Path(config.out).rmdir()
+        raise
 
 
 def _prepare(

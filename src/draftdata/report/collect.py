@@ -335,7 +335,8 @@ def stats_json(url: str) -> list[DatasetStats] | None:
 
 
 def _check_readable(url: str, st: DatasetStats) -> None:
-    """Refuse an input of which nothing could be read (every row rejected), in one line."""
+    """Refuse an input of which nothing could be read (every row rejected) or that holds no
+    row (a run without completions aside), in one line."""
     rejected = st["rejected"]
     example = (rejected.get("examples") or [""])[0]
-    refuse_unreadable(url, st.rows, rejected["count"], example)
+    refuse_unreadable(url, st.rows, rejected["count"], example, empty_ok=st.kind == "run")

@@ -344,7 +344,8 @@ def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
 
     Works on runs, prompts, tokenized samples and conversations (kind auto-detected, local or
     ``s3://``). Malformed rows are counted under ``rejected`` with their location, never fatal,
-    unless no row at all could be read (``readers.refuse_unreadable``: not a dataset).
+    unless no row at all could be read, or there is none (``readers.refuse_unreadable``: not a
+    dataset, or an empty one; a run without completions still shows its failures).
     ``tokenizer`` (a folder) counts chat rows' tokens with the target's tokenizer instead of the
     estimate; tokenized samples are exact either way.
     """
@@ -359,7 +360,8 @@ def compute_stats(url: str, tokenizer: str | None = None) -> DatasetStats:
     else:
         _stats_chat(b)
     total = b.all.rows
-    refuse_unreadable(url, total, b.rejects.count, next(iter(b.rejects.examples), ""))
+    example = next(iter(b.rejects.examples), "")
+    refuse_unreadable(url, total, b.rejects.count, example, empty_ok=ds.kind == "run")
     reasoning_known = ds.kind != "tokenized"
     lengths = {k: s.summary() for k, s in sorted(b.all.lengths.items()) if s.count}
     out = DatasetStats(

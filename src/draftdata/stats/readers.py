@@ -518,12 +518,24 @@ def read_json_file(store: Store, file: JsonFile, key: str | None = None) -> dict
         return None
 
 
-def refuse_unreadable(url: str, rows: int, rejected: int, example: str = "") -> None:
-    """InputError (one line) for a dataset of which nothing could be read: no row, every row
-    rejected (a config file, a log, a JSON of another kind given where a dataset goes).
+def refuse_unreadable(
+    url: str, rows: int, rejected: int, example: str = "", *, empty_ok: bool = False
+) -> None:
+    """InputError (one line) for a dataset of which nothing could be read: every row rejected
+    (a config file, a log, a JSON of another kind given where a dataset goes), or no row at all
+    (an empty file, only blank lines, an empty JSON array, a parquet of 0 rows; ``empty_ok``
+    lets a run through: one that committed no completion still has its failures to show).
     ``stats``, ``report``, ``merge`` and ``tokenize`` refuse such an input alike."""
-    if rows or not rejected:
+    if rows:
         return
+    if not rejected:
+        if empty_ok:
+            return
+        raise InputError(
+            f"{url}: no rows in it (an empty file, only blank lines, an empty JSON array or a "
+            "parquet of 0 rows): nothing to read; give a run, prompts, tokenized parquet or "
+            "conversations that hold rows"
+        )
     what = "a YAML file, not a dataset; " if url.rstrip("/").endswith((".yaml", ".yml")) else ""
     raise InputError(
         f"{url}: {what}no readable rows ({rejected:,} rejected"
