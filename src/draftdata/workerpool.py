@@ -1,4 +1,5 @@
-"""Process pools whose workers end with their parent (``tokenize`` and ``merge`` ``--workers``).
+"""Process pools whose workers end with their parent (``tokenize`` and ``merge`` ``--workers``),
+and the signal handling a command without workers shares (``interrupts``).
 
 A bare ``ProcessPoolExecutor`` outlives a parent that dies: its spawned workers block on their
 queues for ever, and they and multiprocessing's resource tracker keep the parent's stdout and
@@ -87,10 +88,12 @@ _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.S
 
 
 @contextlib.contextmanager
-def _signals_kill(pool: ProcessPoolExecutor) -> Iterator[None]:
-    """While open: SIGINT/SIGTERM kill ``pool``'s workers and raise Interrupted (the first)
-    or end the process (any later one). Installed only in the main thread, and only over
-    Python's default handlers (a notebook's or Ray's own handlers are left alone)."""
+def interrupts(on_signal: Callable[[], None] | None = None) -> Iterator[None]:
+    """While open: SIGINT/SIGTERM call ``on_signal`` (a pool's: kill its workers) and raise
+    Interrupted (the first) or end the process (any later one), so a command says how it
+    stopped whether it runs worker processes or not (``tokenize --workers 1``). Installed only
+    in the main thread, and only over Python's default handlers (a notebook's or Ray's own
+    handlers are left alone)."""
     if threading.current_thread() is not threading.main_thread() or any(
         signal.getsignal(s) is not h for s, h in _DEFAULTS.items()
     ):
@@ -99,7 +102,8 @@ def _signals_kill(pool: ProcessPoolExecutor) -> Iterator[None]:
     seen: list[int] = []
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        kill_workers(pool)
+        if on_signal is not None:
+            on_signal()
         if seen:
             os._exit(128 + signum)
         seen.append(signum)
@@ -127,7 +131,7 @@ def worker_pool(
         initializer=_bound_init,
         initargs=(os.getpid(), initializer, initargs),
     )
-    with _signals_kill(pool):
+    with interrupts(lambda: kill_workers(pool)):
         try:
             yield pool
         except BaseException:

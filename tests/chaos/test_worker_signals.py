@@ -144,3 +144,63 @@ def test_workers_end_with_their_parent(
             except psutil.Error:
                 continue
         proc.wait(timeout=30)
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    how=st.sampled_from(["SIGTERM", "SIGINT", "Ctrl-C"]),
+    workers=st.sampled_from([1, 2]),
+    delay=st.floats(0.0, 0.5),
+)
+def test_a_signal_says_how_tokenize_stopped_with_or_without_workers(
+    inputs: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+    how: str,
+    workers: int,
+    delay: float,
+) -> None:
+    """One signal while tokenize works: exit 128 + signal and the same line, whether it runs
+    worker processes (``--workers 2``) or not (``--workers 1`` ended silently, by Python's
+    default handlers: 130 / 143 and nothing said)."""
+    out = tmp_path_factory.mktemp("out") / "out"
+    args = _args("tokenize", inputs, out)
+    args[args.index("--workers") + 1] = str(workers)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLI, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        # at work: its first output shard is written (the pool's or its own)
+        while not list(out.glob("**/*.parquet")):
+            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+            assert time.monotonic() < deadline, "tokenize wrote nothing"
+            time.sleep(0.02)
+        time.sleep(delay)
+        if proc.poll() is not None:  # finished first: nothing to say about a signal
+            return
+        sig = signal.SIGTERM if how == "SIGTERM" else signal.SIGINT
+        if how == "Ctrl-C":
+            os.killpg(proc.pid, signal.SIGINT)  # a terminal sends it to the foreground group
+        else:
+            os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=EOF_WITHIN_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = err.decode(errors="replace")
+    if proc.returncode == 0:  # the signal came as it finished: it said what it did
+        return
+    assert proc.returncode == 128 + sig, (workers, how, text[-2000:])
+    assert (
+        f"draftdata: stopped by {sig.name}; what was written is kept, and the same command run "
+        "again finishes the work"
+    ) in text, (workers, how, text[-2000:])
+    assert "Traceback" not in text, text[-2000:]

@@ -47,12 +47,13 @@ def os_error(exc: OSError, path: Path | str, doing: str, hint: str = "") -> Stor
     permission problem (EACCES, EPERM) is StoreAccessError, which says so and that running
     again does not cure it; a file system that does not answer now is TransientStoreError;
     anything else a StoreError with the OS's reason (and ``hint``)."""
-    reason = exc.strerror or str(exc)
+    # the OS's words for the errno (pyarrow's own OSErrors wrap them in a sentence)
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
     if exc.errno in _DENIED_ERRNOS:
         return StoreAccessError(
-            f"{path}: cannot {doing} it: permission denied ({reason}); this user may not "
-            f"{doing} there: fix the permissions of the file and its folders (ls -l, chmod, "
-            "chown) or run as its owner; running the same command again does not help"
+            f"{path}: permission denied: this user may not {doing} it; fix the permissions of "
+            "it and its folders (ls -l, chmod, chown) or run as its owner; running the same "
+            "command again does not help"
         )
     if exc.errno in _PASSING_ERRNOS:
         return TransientStoreError(f"{path}: cannot {doing} it now ({reason}); retried")

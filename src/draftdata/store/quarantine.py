@@ -27,11 +27,13 @@ from collections.abc import Iterable
 
 from draftdata.errors import (
     AlreadyExistsError,
+    StoreAccessError,
     StoreError,
     TransientStoreError,
     UnreadableShardError,
 )
 from draftdata.store.base import Store
+from draftdata.store.local import os_error
 
 QUARANTINE_PREFIX = "quarantine/"
 QUARANTINE_FORMAT = "draftdata.quarantine/1"
@@ -102,9 +104,15 @@ def _arrow_error(exc: BaseException) -> bool:
     return isinstance(exc, pa.ArrowException)
 
 
-def not_read_now(store: Store, key: str, exc: BaseException) -> TransientStoreError:
+def not_read_now(store: Store, key: str, exc: BaseException) -> StoreError:
     """The error for a shard that could not be read now because of the store (``exc`` is the
-    ``store_condition``): retry, the shard is not known to be damaged."""
+    ``store_condition``): retry, the shard is not known to be damaged. A permission problem
+    (access denied, a file mode: StoreAccessError or the OS's EACCES/EPERM) is no reason to
+    retry: it is said as one, with the path, and raised as StoreAccessError."""
+    if isinstance(exc, StoreAccessError):
+        return exc
+    if isinstance(exc, PermissionError):
+        return os_error(exc, exc.filename or store.key_url(key), "read")
     detail = " ".join(str(exc).split()).replace(store.key_url(key) + ": ", "")
     if len(detail) > 240:
         detail = detail[:239] + "…"

@@ -1,10 +1,11 @@
 """The S3 side of the store: boto3, conditional create-only PUTs, ranged reads.
 
 - ``put_new`` is ``PutObject`` with ``If-None-Match: *``. HTTP 412 (PreconditionFailed) means
-  the key exists; the object is then compared with our bytes (ETag == MD5 first, else a GET),
-  so a retry whose first attempt landed (lost response) counts as done, and anything else is
-  AlreadyExistsError. 409 ConditionalRequestConflict (a concurrent conditional write) is
-  transient.
+  the key exists; the object is then compared with our bytes (``_holds_same``: the size, the
+  ETag S3 gives our bytes, else, where the ETag is no MD5 as under SSE-KMS, the object read
+  back), so a retry whose first attempt landed (lost response) counts as done, for
+  ``put_new_file`` too, and anything else is AlreadyExistsError. 409
+  ConditionalRequestConflict (a concurrent conditional write) is transient.
 - Throttling and 5xx (503 SlowDown, 500) and connection errors are retried by botocore's
   ``standard`` retry mode (``DRAFTDATA_S3_MAX_ATTEMPTS``, default 8); what is left is mapped to
   TransientStoreError (an outage generate waits out) here, in ``_map_error``, the one place raw
@@ -30,7 +31,7 @@ import hashlib
 import io
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -271,22 +272,51 @@ class S3Store(Store):
             raise
 
     def _holds_file(self, key: str, path: Path, size: int) -> bool:
-        """Whether ``key`` holds exactly the bytes of ``path`` (compared by ETag)."""
+        """Whether ``key`` holds exactly the bytes of ``path`` (a retried upload that had
+        landed)."""
+        return self._holds_same(
+            key,
+            size,
+            lambda multipart: _file_etag(path, PART_SIZE if multipart else None),
+            lambda: _file_etag(path, None),
+        )
+
+    def _holds(self, key: str, data: bytes) -> bool:
+        """Whether ``key`` holds exactly ``data`` (a retried PUT that had landed)."""
+        digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        return self._holds_same(key, len(data), lambda multipart: digest, lambda: digest)
+
+    def _holds_same(
+        self,
+        key: str,
+        size: int,
+        etag_of: Callable[[bool], str],
+        md5_of: Callable[[], str],
+    ) -> bool:
+        """Whether ``key`` holds our bytes: ``size`` long, and the ETag S3 would give them
+        (``etag_of(multipart)``) or, where the ETag is no MD5 (SSE-KMS, SSE-C), the MD5 of
+        the object read back equal to ours (``md5_of()``). The one check of every create-only
+        write that met an object at its key (generate's, tokenize's, merge's and hidden
+        states' shards, export's files)."""
         head = self._call(f"{self.key_url(key)}: head", "head_object", Key=self._key(key))
         if int(head.get("ContentLength", -1)) != size:
             return False
         etag = str(head.get("ETag", "")).strip('"')
-        return etag == _file_etag(path, PART_SIZE if "-" in etag else None)
-
-    def _holds(self, key: str, data: bytes) -> bool:
-        """Whether ``key`` holds exactly ``data`` (a retried PUT that had landed)."""
-        head = self._call(f"{self.key_url(key)}: head", "head_object", Key=self._key(key))
-        if int(head.get("ContentLength", -1)) != len(data):
-            return False
-        etag = str(head.get("ETag", "")).strip('"')
-        if etag == hashlib.md5(data, usedforsecurity=False).hexdigest():
+        if etag == etag_of("-" in etag):
             return True
-        return self._read(key) == data
+        return self._read_md5(key) == md5_of()
+
+    def _read_md5(self, key: str) -> str:
+        """The MD5 of the object at ``key``, read back in pieces (any size, bounded memory)."""
+        what = f"{self.key_url(key)}: read"
+        resp = self._call(what, "get_object", Key=self._key(key))
+        digest = hashlib.md5(usedforsecurity=False)
+        try:
+            for chunk in resp["Body"].iter_chunks(8 << 20):
+                digest.update(chunk)
+        except _botocore_errors() as exc:
+            raise _map_error(exc, what) from exc
+        return digest.hexdigest()
 
     def _read(self, key: str) -> bytes:
         what = f"{self.key_url(key)}: read"

@@ -63,7 +63,7 @@ from draftdata.tokenize.encode import (
     tokenize_table,
     tokenize_views,
 )
-from draftdata.workerpool import worker_pool
+from draftdata.workerpool import interrupts, worker_pool
 
 
 def output_key(shard_key: str, batch: int) -> str:
@@ -318,9 +318,11 @@ def tokenize(config: TokenizeConfig) -> TokenizeSummary:
             )
             for key in job.keys
         )
+        # a signal ends it as it ends a pool (Interrupted: the CLI's one line, 128 + signal)
+        with interrupts():
+            summary = finish(job, results)
     else:
-        results = _parallel(config, job.keys, job.skip)
-    summary = finish(job, results)
+        summary = finish(job, _parallel(config, job.keys, job.skip))
     summary.wall_s = time.perf_counter() - started
     check_verified(summary, config)
     check_trainable(summary)

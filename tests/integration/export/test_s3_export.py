@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -10,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from tests.conftest import MotoS3
+from tests.integration.generate.s3_outage import S3Outage
 from tests.unit.store.helpers import completion
 
 from draftdata.errors import AlreadyExistsError, ProtectedPrefixError
@@ -145,3 +149,53 @@ def test_modelopt_export_to_s3_writes_its_chat_template_beside_it(
     with pytest.raises(AlreadyExistsError, match="another chat template"):
         export_run(run_url, "modelopt", other, tokenizer=str(qwen3))
     assert not open_store(prefix).exists("other.jsonl")
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    shape=st.sampled_from(["sharegpt", "openai", "parquet", "specforge", "eagle", "multipart"]),
+)
+@example(shape="sharegpt")
+@example(shape="multipart")
+def test_an_upload_whose_answer_is_lost_under_sse_kms_counts_as_done(
+    moto_s3: MotoS3,
+    run_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    shape: str,
+) -> None:
+    """SSE-KMS gives an object an ETag that is no MD5 of its bytes. An export (or any file
+    upload: one PUT, or a multipart upload's completion) that S3 stored but whose answer was
+    lost is retried, meets 412, and is ours: the object read back holds our bytes, so the
+    export is done (it used to end in exit 1 'already exists (HTTP 412)')."""
+    client: Any = moto_s3.client()
+    dest = moto_s3.url("kms") + ("/train.parquet" if shape == "parquet" else "/train.jsonl")
+    with S3Outage(moto_s3.endpoint_url) as proxy, monkeypatch.context() as mp:
+        mp.setenv("AWS_ENDPOINT_URL", proxy.url)
+        proxy.kms = True
+        proxy.lose("/train.")
+        if shape == "multipart":
+            mp.setattr("draftdata.store.s3.PART_SIZE", 5 << 20)  # S3's smallest part size
+            big = tmp_path_factory.mktemp("mp") / "big.bin"
+            big.write_bytes(os.urandom(11 << 20))  # three parts
+            store = open_store(dest.rsplit("/", 1)[0])
+            store.put_new_file("train.jsonl", big)
+            local = big.read_bytes()
+        else:
+            stats = export_run(run_url, shape, dest)
+            assert stats.get("export.records") == 8
+            here = tmp_path_factory.mktemp("local") / dest.rsplit("/", 1)[1]
+            export_run(run_url, shape, here)
+            local = here.read_bytes()
+        assert proxy.lost == 1  # the answer was lost, the object stored
+        import boto3
+
+        seen: Any = boto3.client("s3", endpoint_url=proxy.url)  # what the store saw
+        etag = str(seen.head_object(Bucket=moto_s3.bucket, Key=_key(moto_s3, dest))["ETag"])
+    body = client.get_object(Bucket=moto_s3.bucket, Key=_key(moto_s3, dest))["Body"].read()
+    assert body == local
+    assert etag.strip('"').split("-")[0] != hashlib.md5(local, usedforsecurity=False).hexdigest()

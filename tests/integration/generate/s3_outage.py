@@ -11,10 +11,16 @@ is dropped, as S3 drops it. ``flaky(text, rate, rng)`` instead fails GETs at ran
 dropped connection), as a busy S3 does now and then. Point a client at ``url`` with
 AWS_ENDPOINT_URL. Counts of forwarded, failed and dropped requests are kept for the test's
 assertions.
+
+``kms = True`` gives objects the ETags SSE-KMS gives them (no MD5 of the bytes: a digest of
+the key and moto's ETag, with its ``-<parts>``) on HEAD and GET; ``lose(text)`` forwards the
+next upload whose path holds ``text`` (a PUT of a whole object, or the POST that completes a
+multipart upload) and then drops its answer, as a connection cut after S3 stored the object.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import random
 import threading
@@ -28,6 +34,16 @@ _ERRORS = {
     "403": (403, "AccessDenied", "Access Denied (simulated policy change)."),
     "expired": (400, "ExpiredToken", "The provided token has expired."),
 }
+_READS = ("HEAD", "GET")
+
+
+def _kms_etag(path: str, etag: str) -> str:
+    """The ETag an SSE-KMS object has: not the MD5 of its bytes (the ``-<parts>`` kept)."""
+    plain = etag.strip('"')
+    parts = plain[plain.index("-") :] if "-" in plain else ""
+    return '"' + hashlib.md5(f"kms:{path}:{plain}".encode()).hexdigest() + parts + '"'
+
+
 _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
 
 
@@ -43,6 +59,9 @@ class S3Outage:
         self.truncated = 0
         self._trip: tuple[str, Mode] | None = None
         self._flaky: tuple[str, float, random.Random, bool] | None = None
+        self.kms = False
+        self.lost = 0
+        self._lose: str | None = None
         self._lock = threading.Lock()
         outer = self
 
@@ -112,9 +131,14 @@ class S3Outage:
                     conn.request(self.command, self.path, body=body, headers=headers)
                     resp = conn.getresponse()
                     data = resp.read()
+                    if outer._lost(self.command, self.path, resp.status):
+                        self.close_connection = True  # stored, but the answer never comes
+                        return
                     self.send_response(resp.status)
                     for k, v in resp.getheaders():
                         if k.lower() not in _HOP and k.lower() != "content-length":
+                            if k.lower() == "etag" and outer.kms and self.command in _READS:
+                                v = _kms_etag(self.path, v)
                             self.send_header(k, v)
                     # a HEAD answer has no body: its Content-Length is the object's size
                     length = resp.getheader("Content-Length") if self.command == "HEAD" else None
@@ -152,6 +176,22 @@ class S3Outage:
             if rng.random() >= rate:
                 return None
             return "503" if rng.random() < 0.5 else "reset"
+
+    def lose(self, text: str) -> None:
+        """Drop the answer to the next upload whose path holds ``text`` (after moto stored it)."""
+        with self._lock:
+            self._lose = text
+
+    def _lost(self, command: str, path: str, status: int) -> bool:
+        upload = (command == "PUT" and "partNumber=" not in path) or (
+            command == "POST" and "uploadId=" in path
+        )
+        with self._lock:
+            if not upload or status != 200 or self._lose is None or self._lose not in path:
+                return False
+            self._lose = None
+            self.lost += 1
+            return True
 
     def trip(self, text: str, mode: Mode) -> None:
         """Switch to ``mode`` once a PUT to a path holding ``text`` has succeeded."""
