@@ -15,7 +15,7 @@ import msgspec
 import typer
 
 from draftdata.cli import ray_options as ray_opts
-from draftdata.cli.options import SETTING, command, settings
+from draftdata.cli.options import SETTING, Protect, command, settings
 from draftdata.cli.quiet import Quiet
 from draftdata.errors import ConfigError
 
@@ -180,15 +180,7 @@ class HiddenOptions(msgspec.Struct, kw_only=True, frozen=True):
             help="Encoded files held in memory while the store takes them, at most.",
         ),
     ] = "1GiB"
-    protect: Annotated[
-        list[str],
-        typer.Option(
-            "--protect",
-            metavar="PREFIX",
-            help="A prefix the output may not equal, contain or lie inside (repeatable).",
-        ),
-        SETTING,
-    ] = []
+    protect: Protect = []
     lease_ttl: Annotated[
         float,
         typer.Option(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 import typer
 
-from draftdata.cli.options import SETTING, Setting, command, settings
+from draftdata.cli.options import SETTING, Protect, Setting, command, settings
 from draftdata.cli.quiet import Quiet
 
 if TYPE_CHECKING:
@@ -175,15 +175,7 @@ class MergeOptions(msgspec.Struct, kw_only=True, frozen=True):
         typer.Option("--tmp-dir", help="Local folder for the shuffle's buckets (default: system)."),
         SETTING,
     ] = None
-    protect: Annotated[
-        list[str],
-        typer.Option(
-            "--protect",
-            metavar="PREFIX",
-            help="A prefix the output may not equal, contain or lie inside (repeatable).",
-        ),
-        SETTING,
-    ] = []
+    protect: Protect = []
     quiet: Quiet = False
 
 

@@ -18,7 +18,7 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 import typer
@@ -39,6 +39,17 @@ class Setting:
 
 
 SETTING = Setting()
+
+# --protect as every command writing a dataset takes it (the config key ``protect``)
+Protect = Annotated[
+    list[str],
+    typer.Option(
+        "--protect",
+        metavar="PREFIX",
+        help="A prefix the output may not equal, contain or lie inside (repeatable).",
+    ),
+    SETTING,
+]
 
 
 def _hints(options: type[msgspec.Struct]) -> dict[str, Any]:

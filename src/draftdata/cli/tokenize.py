@@ -13,7 +13,7 @@ from typing import Annotated
 import msgspec
 import typer
 
-from draftdata.cli.options import SETTING, command, settings
+from draftdata.cli.options import SETTING, Protect, command, settings
 from draftdata.cli.quiet import Quiet
 from draftdata.cli.ray_options import RayAddress, RayEnv, RayFlag, RayTasks
 
@@ -98,15 +98,7 @@ class TokenizeOptions(msgspec.Struct, kw_only=True, frozen=True):
         typer.Option("--batch-rows", min=1, help="Completions per batch (and per output shard)."),
         SETTING,
     ] = 256
-    protect: Annotated[
-        list[str],
-        typer.Option(
-            "--protect",
-            metavar="PREFIX",
-            help="A prefix the output may not equal, contain or lie inside (repeatable).",
-        ),
-        SETTING,
-    ] = []
+    protect: Protect = []
     ray: RayFlag = False
     ray_address: RayAddress = None
     ray_tasks: RayTasks = None
