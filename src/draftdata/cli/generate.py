@@ -41,9 +41,15 @@ PANEL_ROBUST = "Retries, timeouts and the tail"
 PANEL_PILOT = "Pilot and forecast"
 
 
+# keys whose flag is not ``--`` + the key with dashes (config.Origins)
+FLAG_NAMES = {"endpoints": "--endpoint", "hedge": "--no-hedge"}
+
+
 def _build_config(config: Path | None, flags: dict[str, Any]) -> Any:
-    from draftdata.config import load_config
-    from draftdata.generate.config import GenerateConfig, parse_concurrency
+    """The GenerateConfig of ``config`` (a gen.yaml) and the flags, checked; every message
+    names a flag's value by its flag and the file's by its key (``config.Origins``)."""
+    from draftdata.config import load_with_origins
+    from draftdata.generate.config import GenerateConfig, parse_concurrency, validate
 
     sampling = {k: flags.pop(k) for k in ("temperature", "top_p", "top_k", "seed")}
     sampling = {k: v for k, v in sampling.items() if v is not None}
@@ -65,7 +71,15 @@ def _build_config(config: Path | None, flags: dict[str, Any]) -> Any:
             raise ConfigError(f"--extra-body: not valid JSON ({exc})") from None
         if not isinstance(flags["extra_body"], dict):
             raise ConfigError("--extra-body: give a JSON object, e.g. '{\"top_k\": 20}'")
-    return load_config(config, GenerateConfig, sampling=sampling or None, **flags)
+    cfg, origins = load_with_origins(
+        config,
+        GenerateConfig,
+        flag_names=FLAG_NAMES,
+        flag_groups={"sampling"},
+        sampling=sampling or None,
+        **flags,
+    )
+    return validate(cfg, origins.name)
 
 
 def register(app: typer.Typer) -> None:

@@ -86,10 +86,11 @@ def register(app: typer.Typer) -> None:
 
         from draftdata import paths, tables
         from draftdata.cli.mixarg import mix_option
-        from draftdata.config import load_config
+        from draftdata.config import load_with_origins
         from draftdata.errors import ConfigError
         from draftdata.prepare.config import (
             PrepareConfig,
+            check,
             check_mix_domains,
             mix_warnings,
             resolve_paths,
@@ -118,10 +119,11 @@ def register(app: typer.Typer) -> None:
         if lengths is not None and not paths.is_remote(lengths):
             paths.input_path(lengths, "--lengths", "give a pilot's forecast.json or its run")
             lengths = str(Path(lengths).expanduser().resolve())  # the working directory's
-        cfg = load_config(
+        cfg, origins = load_with_origins(
             config, PrepareConfig, out=out, seed=seed, budget=budget, mix_by=mix_by,
             lengths=lengths, holdout=holdout,
         )  # fmt: skip
+        check(cfg, origins.name)  # a flag's value named by its flag, the file's by its key
         cfg = resolve_paths(cfg, config.resolve().parent)
         if (given := mix_option(mix)) is not None:  # replaces the config's mix, key for key
             cfg = msgspec.structs.replace(cfg, mix=given)
