@@ -7,12 +7,17 @@ An unknown key, a wrong type or an unparsable file is a ConfigError such as::
     gen.yaml: sampling.temperatur: unknown key
     gen.yaml: sampling.temperature: expected float, got str
 
+A value given by a command-line flag is named by its flag, not by a config key
+(``--reasoning: 'yes' is not one of on, off, server``): ``Origins`` remembers which settings
+the flags gave, and every message about a loaded setting names it through ``Origins.name``.
+
 This module does not know any stage's settings; it only does the loading and the messages.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -33,18 +38,56 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def explain(err: msgspec.ValidationError, where: str) -> ConfigError:
-    """Turn msgspec's validation message into ``where: key: what is wrong``."""
+Namer = Callable[[str], str]  # a setting's dotted key -> how a message names it
+
+
+def in_file(where: str) -> Namer:
+    """Name a setting as a key of ``where`` (a file, or "config"): ``gen.yaml: order``."""
+    return lambda key: f"{where}: {key or '(top level)'}"
+
+
+class Origins:
+    """Which settings of a loaded config the command-line flags gave (the rest came from the
+    file ``where``, or are defaults), so that a message names what the user wrote: the flag
+    (``--reasoning``) for a flag's value, the file's key (``gen.yaml: reasoning``) for the
+    file's. ``flag_names`` maps a key whose flag is not ``--`` + the key with dashes (e.g.
+    ``endpoints`` -> ``--endpoint``); a key of a group of flags (``sampling.top_p``, from
+    ``--top-p``) is named by its last part, a key inside one flag's value by the flag
+    (``--extra-body (min_p)``)."""
+
+    def __init__(
+        self, where: str, flagged: set[str], flag_names: Mapping[str, str] | None = None
+    ) -> None:
+        self.where = where
+        self.flagged = flagged  # dotted keys the flags gave (a dict flag: each of its keys)
+        self.flag_names = dict(flag_names or {})
+
+    def name(self, key: str) -> str:
+        """How a message names the setting at dotted ``key`` (``sources.0.name`` too)."""
+        parts = key.split(".")
+        for n in range(len(parts), 0, -1):
+            head = ".".join(parts[:n])
+            if head in self.flagged:
+                flag = self.flag_names.get(head) or "--" + parts[n - 1].replace("_", "-")
+                rest = ".".join(parts[n:])
+                return f"{flag} ({rest})" if rest else flag
+        return in_file(self.where)(key)
+
+
+def explain(err: msgspec.ValidationError, where: str | Namer) -> ConfigError:
+    """Turn msgspec's validation message into ``where: key: what is wrong`` (``where``: the
+    file, or a ``Namer`` of the keys)."""
+    name = in_file(where) if isinstance(where, str) else where
     text = str(err)
     m = _UNKNOWN.match(text)
     if m:
-        return ConfigError(f"{where}: {_join(m.group(2) or '', m.group(1))}: unknown key")
+        return ConfigError(f"{name(_join(m.group(2) or '', m.group(1)))}: unknown key")
     m = _AT.match(text)
     if m:
         what, path = m.group(1), re.sub(r"\[(\d+)\]", r".\1", m.group(2)).strip(".")
         what = what.replace("`", "").replace("Expected ", "expected ")
-        return ConfigError(f"{where}: {path or '(top level)'}: {what}")
-    return ConfigError(f"{where}: {text}")
+        return ConfigError(f"{name(path)}: {what}")
+    return ConfigError(f"{name('')}: {text}")
 
 
 def allowed_values(type_: Any, path: str) -> list[str] | None:
@@ -85,9 +128,9 @@ def _literal_args(t: Any) -> list[Any]:
     return []
 
 
-def convert(data: Any, type_: type[T], where: str) -> T:
+def convert(data: Any, type_: type[T], where: str | Namer) -> T:
     """Validate plain data (from YAML, CLI overrides, ...) into ``type_``; an invalid choice
-    lists the allowed values."""
+    lists the allowed values. ``where``: the file the data came from, or a ``Namer``."""
     try:
         return msgspec.convert(data, type_, strict=False)
     except msgspec.ValidationError as exc:
@@ -97,8 +140,9 @@ def convert(data: Any, type_: type[T], where: str) -> T:
             path = re.sub(r"\[(\d+)\]", r".\1", m.group(2)).strip(".")
             allowed = allowed_values(type_, path)
             if allowed:
+                name = in_file(where) if isinstance(where, str) else where
                 raise ConfigError(
-                    f"{where}: {path}: {m.group(1)} is not one of {', '.join(allowed)}"
+                    f"{name(path)}: {m.group(1)} is not one of {', '.join(allowed)}"
                 ) from exc
         raise err from exc
 
@@ -146,17 +190,37 @@ def read_yaml(path: Path | str) -> dict[str, Any]:
 
 
 def load_config(path: Path | str | None, type_: type[T], **overrides: Any) -> T:
-    """Load ``path`` (or defaults when None) into ``type_``; non-None ``overrides`` win.
+    """Load ``path`` (or defaults when None) into ``type_``; non-None ``overrides`` (the
+    flags) win; an error names a flag's value by its flag (``load_with_origins``)."""
+    return load_with_origins(path, type_, **overrides)[0]
 
-    Overrides are top-level keys (CLI flags); a nested override is given as a dict and merged
-    one level deep.
+
+def load_with_origins(
+    path: Path | str | None,
+    type_: type[T],
+    *,
+    flag_names: Mapping[str, str] | None = None,
+    flag_groups: Collection[str] = (),
+    **overrides: Any,
+) -> tuple[T, Origins]:
+    """Load ``path`` (or defaults when None) into ``type_``; non-None ``overrides`` win (a dict
+    merged one level deep into the file's). ``flag_groups``: overrides that are dicts of
+    several flags, one per key (``sampling``: ``--temperature``, ``--top-p``, ...); any other
+    override is one flag. Returns the config and its ``Origins``, which the command's further
+    checks name their settings with; a value that does not convert is named so already.
     """
     data: dict[str, Any] = read_yaml(path) if path is not None else {}
+    flagged: set[str] = set()
     for key, value in overrides.items():
         if value is None:
             continue
+        if isinstance(value, dict) and key in flag_groups:  # each key is a flag's
+            flagged.update(f"{key}.{k}" for k in value)
+        else:
+            flagged.add(key)
         if isinstance(value, dict) and isinstance(data.get(key), dict):
             data[key] = {**data[key], **value}
         else:
             data[key] = value
-    return convert(data, type_, str(path) if path is not None else "config")
+    origins = Origins(str(path) if path is not None else "config", flagged, flag_names)
+    return convert(data, type_, origins.name), origins

@@ -481,15 +481,19 @@ def _given(value: Any) -> bool:
     return value is not None and value is not False and value != []
 
 
+# keys whose flag is not ``--`` + the key with dashes (config.Origins)
+FLAG_NAMES = {"endpoints": "--endpoint", "hedge": "--no-hedge"}
+
+
 def _build_config(opts: GenerateOptions, *, partition: str | None) -> Any:
     """The ``--config`` YAML (checked to exist) with the options given on the command line
     over it."""
     import json
 
     from draftdata import paths
-    from draftdata.config import load_config
+    from draftdata.config import load_with_origins
     from draftdata.errors import ConfigError
-    from draftdata.generate.config import GenerateConfig, parse_concurrency
+    from draftdata.generate.config import GenerateConfig, parse_concurrency, validate
 
     if opts.config is not None:
         paths.input_file(opts.config, "--config")
@@ -506,7 +510,11 @@ def _build_config(opts: GenerateOptions, *, partition: str | None) -> Any:
             raise ConfigError(f"--extra-body: not valid JSON ({exc})") from None
         if not isinstance(flags["extra_body"], dict):
             raise ConfigError("--extra-body: give a JSON object, e.g. '{\"top_k\": 20}'")
-    return load_config(opts.config, GenerateConfig, **flags)
+    # every message names a flag's value by its flag and the file's by its key
+    cfg, origins = load_with_origins(
+        opts.config, GenerateConfig, flag_names=FLAG_NAMES, flag_groups={"sampling"}, **flags
+    )
+    return validate(cfg, origins.name)
 
 
 def _pilot_spec(opts: GenerateOptions) -> Any:

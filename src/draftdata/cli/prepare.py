@@ -158,9 +158,9 @@ def _build_config(opts: PrepareOptions) -> Any:
     resolved against its folder, ``--lengths`` against the working directory."""
     from draftdata import paths
     from draftdata.cli.mixarg import mix_option
-    from draftdata.config import load_config
+    from draftdata.config import load_with_origins
     from draftdata.errors import ConfigError
-    from draftdata.prepare.config import PrepareConfig, resolve_paths
+    from draftdata.prepare.config import PrepareConfig, check, resolve_paths
 
     config = opts.config
     if config is None:
@@ -175,7 +175,9 @@ def _build_config(opts: PrepareOptions) -> Any:
     if lengths is not None and not paths.is_remote(lengths):
         paths.input_path(lengths, "--lengths", "give a pilot's forecast.json or its run")
         flags["lengths"] = str(Path(lengths).expanduser().resolve())  # the working directory's
-    cfg = resolve_paths(load_config(config, PrepareConfig, **flags), config.resolve().parent)
+    cfg, origins = load_with_origins(config, PrepareConfig, **flags)
+    check(cfg, origins.name)  # a flag's value named by its flag, the file's by its key
+    cfg = resolve_paths(cfg, config.resolve().parent)
     if (given := mix_option(opts.mix)) is not None:  # replaces the config's mix, key for key
         cfg = msgspec.structs.replace(cfg, mix=given)
     return cfg

@@ -27,6 +27,7 @@ setting holds is checked by one rule (``NUMBER_RULES``: finite, and within its r
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -159,8 +160,11 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
         return self.sampling, self.max_tokens, self.reasoning
 
 
-def validate(cfg: GenerateConfig) -> GenerateConfig:
-    """Check values and combinations; raise ConfigError naming the option."""
+def validate(cfg: GenerateConfig, name: Callable[[str], str] | None = None) -> GenerateConfig:
+    """Check values and combinations; raise ConfigError naming the option (``name``: how the
+    command names a setting, ``config.Origins.name``: its flag, or its key in the file that
+    gave it; default: its flag where it has one)."""
+    name = name or option_name
     checks: list[tuple[bool, str]] = [
         (bool(cfg.prompts), "--prompts: required (a prepare JSONL file)"),
         (bool(cfg.out), "--out: required (a local path or s3:// URL for the run)"),
@@ -187,9 +191,9 @@ def validate(cfg: GenerateConfig) -> GenerateConfig:
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"generate: {message}")
-    for name, value in numbers(cfg):
-        if (fault := number_fault(name.rpartition(".")[2], value)) is not None:
-            raise ConfigError(f"generate: {option_name(name)}: {value!r} {fault}")
+    for path, value in numbers(cfg):
+        if (fault := number_fault(path.rpartition(".")[2], value)) is not None:
+            raise ConfigError(f"generate: {name(path)}: {value!r} {fault}")
     _check_extra_body(cfg)
     return cfg
 

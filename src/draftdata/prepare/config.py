@@ -13,6 +13,7 @@ from pathlib import Path
 
 import msgspec
 
+from draftdata.config import Namer, in_file
 from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError
 from draftdata.mix import check_domains, check_shares, sum_warning
@@ -123,47 +124,56 @@ class PrepareConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     holdout: int = 0
 
 
-def check(config: PrepareConfig, where: str = "config") -> None:
-    """Reject values the types allow but prepare cannot use, naming the key."""
+def check(config: PrepareConfig, where: str | Namer = "config") -> None:
+    """Reject values the types allow but prepare cannot use, naming the key (``where``: the
+    file, or how the command names a setting: ``config.Origins.name``, its flag for a flag's
+    value)."""
+    name = in_file(where) if isinstance(where, str) else where
     if not config.sources:
-        raise ConfigError(f"{where}: sources: at least one source is needed")
+        raise ConfigError(f"{name('sources')}: at least one source is needed")
     names: set[str] = set()
     for i, s in enumerate(config.sources):
-        key = f"{where}: sources.{i}"
+        key = f"sources.{i}"
         if not s.name or "/" in s.name:
-            raise ConfigError(f"{key}.name: give a non-empty name without '/'")
+            raise ConfigError(f"{name(key + '.name')}: give a non-empty name without '/'")
         if s.name in names:
-            raise ConfigError(f"{key}.name: {s.name!r} is used by two sources")
+            raise ConfigError(f"{name(key + '.name')}: {s.name!r} is used by two sources")
         names.add(s.name)
         if s.schema not in SCHEMAS:
-            raise ConfigError(f"{key}.schema: {s.schema!r} is not one of {', '.join(SCHEMAS)}")
+            raise ConfigError(
+                f"{name(key + '.schema')}: {s.schema!r} is not one of {', '.join(SCHEMAS)}"
+            )
         if (s.path is None) == (s.hub is None):
-            raise ConfigError(f"{key}: give exactly one of path and hub")
+            raise ConfigError(f"{name(key)}: give exactly one of path and hub")
         if s.format is not None and s.format not in ("jsonl", "json", "parquet"):
-            raise ConfigError(f"{key}.format: {s.format!r} is not one of jsonl, json, parquet")
+            raise ConfigError(
+                f"{name(key + '.format')}: {s.format!r} is not one of jsonl, json, parquet"
+            )
         if s.prompt_mode is not None and s.prompt_mode not in PROMPT_MODES:
-            raise ConfigError(f"{key}.prompt_mode: expected one of {', '.join(PROMPT_MODES)}")
+            raise ConfigError(
+                f"{name(key + '.prompt_mode')}: expected one of {', '.join(PROMPT_MODES)}"
+            )
         for field in ("take", "max_take", "max_rows"):
             value = getattr(s, field)
             if value is not None and value < 0:
-                raise ConfigError(f"{key}.{field}: must be >= 0")
+                raise ConfigError(f"{name(f'{key}.{field}')}: must be >= 0")
     if config.prompt_mode not in PROMPT_MODES:
-        raise ConfigError(f"{where}: prompt_mode: expected one of {', '.join(PROMPT_MODES)}")
+        raise ConfigError(f"{name('prompt_mode')}: expected one of {', '.join(PROMPT_MODES)}")
     if config.budget is not None and config.budget < 0:
-        raise ConfigError(f"{where}: budget: must be >= 0")
-    check_shares(config.mix, f"{where}: mix")
+        raise ConfigError(f"{name('budget')}: must be >= 0")
+    check_shares(config.mix, name("mix"))
     if not 0.0 < config.dedup.threshold <= 1.0:
-        raise ConfigError(f"{where}: dedup.threshold: must be in (0, 1]")
+        raise ConfigError(f"{name('dedup.threshold')}: must be in (0, 1]")
     if config.dedup.num_perm < 16 or config.dedup.ngram < 1:
-        raise ConfigError(f"{where}: dedup: num_perm must be >= 16 and ngram >= 1")
+        raise ConfigError(f"{name('dedup')}: num_perm must be >= 16 and ngram >= 1")
     if config.dedup.bucket_cap < 1:
-        raise ConfigError(f"{where}: dedup.bucket_cap: must be >= 1 (default 1024)")
+        raise ConfigError(f"{name('dedup.bucket_cap')}: must be >= 1 (default 1024)")
     if config.mix_by not in MIX_BY:
-        raise ConfigError(f"{where}: mix_by: {config.mix_by!r}; use {', '.join(MIX_BY)}")
+        raise ConfigError(f"{name('mix_by')}: {config.mix_by!r}; use {', '.join(MIX_BY)}")
     if config.holdout < 0:
-        raise ConfigError(f"{where}: holdout: must be >= 0")
+        raise ConfigError(f"{name('holdout')}: must be >= 0")
     if config.shard_size < 1 or config.max_chars < 1:
-        raise ConfigError(f"{where}: shard_size and max_chars must be >= 1")
+        raise ConfigError(f"{name('shard_size')} and max_chars must be >= 1")
 
 
 def _resolve(value: str | None, base: Path) -> str | None:
