@@ -126,6 +126,12 @@ def register(app: typer.Typer) -> None:
         api_key_env: str | None = typer.Option(
             None, "--api-key-env", help="Read the API key from this environment variable."
         ),
+        unavailable_timeout: float = typer.Option(
+            300.0,
+            "--unavailable-timeout",
+            help="Stop (exit 1, what was measured written) when no server can serve for this "
+            "many seconds; a failing server is waited out and taken back until then.",
+        ),
         min_share: float = typer.Option(
             0.05, "--min-share", help="The smallest share the suggested mix gives a domain."
         ),
@@ -161,6 +167,7 @@ def register(app: typer.Typer) -> None:
             concurrency=concurrency,
             chunk=chunk,
             api_key_env=api_key_env,
+            unavailable_timeout=unavailable_timeout,
             min_share=min_share,
             domains=tuple(domain),
         )
