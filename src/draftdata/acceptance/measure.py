@@ -14,15 +14,25 @@ to a server meanwhile; the server's own generated-token counter is compared with
 chunk's answers report, and a difference (another client on the same server) is a warning that
 names the server and the domain. Chunks of different domains run on different servers at once.
 
-A request that fails for a server fault is retried (three attempts); a chunk whose server dies
-goes back to the queue for the others, and its counts are thrown away (no partial chunk is
-attributed). A prompt that fails for its own reason (too long) is counted as failed.
+Failures are waited out as generate waits them out, with generate's parts and settings
+(``GenerateConfig``'s defaults): a request that fails for a server fault (a 503, a reset, a
+timeout) is retried after generate's backoff (``retry.backoff``), up to ``max_attempts``; each
+server has generate's circuit breaker (``breaker.Breaker``: ``breaker_failures`` failures in a
+row open it). A server whose breaker opens, or that refuses or dies, is taken out: its chunk
+goes back to the queue for the others and its counts are thrown away (no partial chunk is
+attributed); it is then probed as generate's reviver probes (``keeper.probe_pause``: every
+0.2 s at first, a restart of seconds) and takes chunks again once it answers. The measurement
+gives up only when no server has been serving for ``unavailable_timeout`` seconds; what it
+measured until then is kept (``left`` says how many prompts were not). A prompt that fails for
+its own reason (too long), or after every attempt, is counted as failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,11 +42,16 @@ import msgspec
 
 from draftdata.endpoints import base_url, parse_prometheus, probe_capacity
 from draftdata.errors import EndpointFaultError, FatalRequestError, FleetError, ServerError
+from draftdata.generate.breaker import Breaker
 from draftdata.generate.client import EndpointClient
+from draftdata.generate.config import GenerateConfig
+from draftdata.generate.endpoint import check_alive
+from draftdata.generate.keeper import probe_pause
+from draftdata.generate.retry import backoff
 from draftdata.speculation import SpecCounts, from_sglang, from_vllm_metrics
 
 Log = Callable[[str], None]
-ATTEMPTS = 3
+POLICY = GenerateConfig()  # generate's retry, breaker and probe settings, as it has them
 GENERATED = "vllm:generation_tokens_total"
 
 
@@ -66,6 +81,7 @@ class SpecServer:
     per_request: bool  # SGLang's per-request details; else vLLM's global counters
     capacity: int | None
     client: EndpointClient = field(repr=False)
+    breaker: Breaker = field(default_factory=lambda: Breaker(POLICY.breaker_failures))
 
 
 @dataclass
@@ -168,6 +184,8 @@ class Measurement:
         *,
         concurrency: int | None,
         log: Log,
+        unavailable_timeout: float = POLICY.unavailable_timeout,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.servers = servers
         self.session = session
@@ -179,7 +197,15 @@ class Measurement:
         self.done_jobs = 0
         self.total_jobs = 0
         self.in_flight = 0  # chunks being measured now
-        self.changed = asyncio.Event()  # a chunk finished or came back
+        self.changed = asyncio.Event()  # a chunk finished or came back, or a server did
+        self.unavailable_timeout = unavailable_timeout
+        self.clock = clock
+        self.rng = random.Random()
+        self.none_serving_since: float | None = None  # every server out since then
+        self.gave_up = False  # no server served for unavailable_timeout: the rest is left
+        self.left = 0  # prompts not measured (when it gave up)
+        for server in servers:  # each answered its probe: in service
+            server.breaker.mark_up(half_open=False)
 
     def width(self, server: SpecServer) -> int:
         """Requests in flight on ``server`` at once."""
@@ -187,22 +213,23 @@ class Measurement:
         return max(1, min(cap, self.concurrency) if self.concurrency else min(cap, 64))
 
     async def run(self, chunk_list: list[list[Job]]) -> dict[str, DomainTally]:
-        """Measure every chunk; raise FleetError when no server is left to take the rest."""
+        """Measure every chunk, waiting out servers that fail (module docstring); when no
+        server served for ``unavailable_timeout`` seconds, stop with what is measured
+        (``gave_up``, ``left``)."""
         self.queue.extend(chunk_list)
         self.total_jobs = sum(len(c) for c in chunk_list)
         await asyncio.gather(*(self._worker(s) for s in self.servers))
-        if self.queue:
-            left = sum(len(c) for c in self.queue)
-            raise FleetError(f"acceptance: every server failed; {left} prompt(s) were not measured")
+        self.left = sum(len(c) for c in self.queue)
         return dict(self.tallies)
+
+    def _finished(self) -> bool:
+        return self.gave_up or (not self.queue and self.in_flight == 0)
 
     async def _worker(self, server: SpecServer) -> None:
         # A worker with nothing to take stays while another server's chunk is in flight: that
         # server may die and put its chunk back, and a live server must be there to take it.
-        while True:
+        while not self._finished():
             if not self.queue:
-                if self.in_flight == 0:
-                    return
                 self.changed.clear()
                 await self.changed.wait()
                 continue
@@ -212,13 +239,45 @@ class Measurement:
                 await self._chunk(server, chunk)
             except EndpointFaultError as exc:  # it stopped answering during the chunk
                 self.queue.appendleft(chunk)
+                server.breaker.mark_down(exc.message)
                 self.log(
-                    f"acceptance: {server.url} taken out ({exc.message}); its chunk goes elsewhere"
+                    f"acceptance: {server.url} taken out ({exc.message}); its chunk goes "
+                    "elsewhere; it is probed until it answers again"
                 )
-                return
             finally:
                 self.in_flight -= 1
                 self.changed.set()
+            if server.breaker.state == "down":
+                await self._revive(server)
+
+    def _serving(self) -> bool:
+        """Whether a server takes work; notes since when none does."""
+        if any(s.breaker.state == "up" for s in self.servers):
+            self.none_serving_since = None
+            return True
+        if self.none_serving_since is None:
+            self.none_serving_since = self.clock()
+        return False
+
+    async def _revive(self, server: SpecServer) -> None:
+        """Probe ``server`` (out of service) as generate's reviver does until it answers (it
+        takes chunks again, half-open), the work is done, or no server served for
+        ``unavailable_timeout`` seconds (``gave_up``)."""
+        since = self.clock()
+        while not self._finished():
+            if not self._serving():
+                out = self.clock() - (self.none_serving_since or since)
+                if out >= self.unavailable_timeout:
+                    self.gave_up = True
+                    self.changed.set()
+                    return
+            await asyncio.sleep(probe_pause(self.clock() - since, POLICY.probe_interval))
+            if await check_alive(self.session, server.address, min(5.0, POLICY.connect_timeout)):
+                server.breaker.mark_up(half_open=True)
+                self._serving()
+                self.log(f"acceptance: {server.url} is back; it takes chunks again")
+                self.changed.set()
+                return
 
     async def _chunk(self, server: SpecServer, chunk: list[Job]) -> None:
         domain = chunk[0].domain
@@ -269,18 +328,27 @@ class Measurement:
         body = {**job.body, "model": server.model} if server.model else dict(job.body)
         if server.per_request:
             body["return_spec_tokens_details"] = True
+        breaker = server.breaker
         async with sem:
-            for attempt in range(ATTEMPTS):
+            for attempt in range(1, POLICY.max_attempts + 1):
+                if breaker.state != "up":  # another request of the chunk took it out
+                    raise EndpointFaultError(breaker.fault or "taken out")
                 try:
                     answer = await server.client.chat_json(body, max_tokens=job.max_tokens)
+                except EndpointFaultError:
+                    raise  # refused, impossible answers: the server's fault, out at once
                 except ServerError as exc:
                     if isinstance(exc, FatalRequestError):
-                        return False, 0, None
-                    if attempt == ATTEMPTS - 1:
-                        raise EndpointFaultError(str(exc)) from exc
-                    await asyncio.sleep(0.5 * 2**attempt)
+                        return False, 0, None  # the prompt's own (too long)
+                    if breaker.failure(retryable=True):
+                        raise EndpointFaultError(
+                            f"{breaker.failures} failures in a row, the last {exc}"
+                        ) from exc
+                    if attempt < POLICY.max_attempts:
+                        await asyncio.sleep(backoff(attempt, exc.retry_after, POLICY, self.rng))
                     continue
+                breaker.success()
                 usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
                 tokens = int((usage or {}).get("completion_tokens") or 0)
                 return True, tokens, from_sglang(answer) if server.per_request else None
-        return False, 0, None  # unreachable: the loop returns or raises
+        return False, 0, None  # failed at every attempt, the server still serving others

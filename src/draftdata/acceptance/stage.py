@@ -32,7 +32,7 @@ from draftdata.acceptance.measure import (
 )
 from draftdata.conversation import TurnPlan
 from draftdata.endpoints import api_key_from_env, base_url
-from draftdata.errors import AlreadyExistsError, ConfigError, InputError
+from draftdata.errors import AlreadyExistsError, ConfigError, FleetError, InputError
 from draftdata.fleetspec import read_fleet
 from draftdata.generate.client import EndpointClient, request_body
 from draftdata.generate.config import Reasoning, Sampling
@@ -71,6 +71,7 @@ class AcceptanceConfig:
     concurrency: int | None = None
     chunk: int | None = None
     api_key_env: str | None = None
+    unavailable_timeout: float = 300.0  # give up when no server served for this long
     min_share: float = DEFAULT_MIN_SHARE
     domains: tuple[str, ...] = field(default_factory=tuple)
 
@@ -87,6 +88,8 @@ def validate(config: AcceptanceConfig) -> None:
         raise ConfigError("acceptance: --concurrency must be at least 1")
     if config.chunk is not None and config.chunk < 1:
         raise ConfigError("acceptance: --chunk must be at least 1")
+    if not config.unavailable_timeout >= 0:  # NaN too
+        raise ConfigError("acceptance: --unavailable-timeout must be 0 or more seconds")
     if not 0 <= config.min_share <= 1:
         raise ConfigError("acceptance: --min-share must be in [0, 1]")
     if config.reasoning not in ("on", "off", "server"):
@@ -171,7 +174,13 @@ async def _measure(
                     f"acceptance: the servers serve different models ({', '.join(sorted(models))})"
                     "; measure one target's drafter at a time"
                 )
-            m = Measurement(servers, session, concurrency=config.concurrency, log=log)
+            m = Measurement(
+                servers,
+                session,
+                concurrency=config.concurrency,
+                log=log,
+                unavailable_timeout=config.unavailable_timeout,
+            )
             size = config.chunk or max(4 * max(m.width(s) for s in servers), 8)
             await m.run(chunks(jobs, size))
             return servers, m
@@ -195,6 +204,16 @@ def measure_acceptance(config: AcceptanceConfig, log: Log | None = None) -> Acce
                 )
     jobs = load_jobs(config, say)
     servers, m = asyncio.run(_measure(config, jobs, say))
+    if m.gave_up and not m.tallies:
+        raise FleetError(
+            f"acceptance: no server served for {m.unavailable_timeout:g} s; none of the "
+            f"{m.total_jobs} prompts was measured"
+        )
+    if m.gave_up:
+        m.warnings.append(
+            f"every server failed for {m.unavailable_timeout:g} s: {m.left} of {m.total_jobs} "
+            "prompts were not measured; the figures are of the measured ones"
+        )
     by_domain = {
         d: DomainAcceptance.of(
             t.counts, prompts=t.prompts, failed=t.failed, output_tokens=t.output_tokens
@@ -241,4 +260,10 @@ def measure_acceptance(config: AcceptanceConfig, log: Log | None = None) -> Acce
         store.put_new(ACCEPTANCE_FILE, msgspec.json.format(msgspec.json.encode(result)) + b"\n")
         doc = mix_document(mix, config.min_share, store.key_url(ACCEPTANCE_FILE))
         store.put_new(MIX_FILE, msgspec.json.format(msgspec.json.encode(doc)) + b"\n")
+    if m.gave_up:  # what was measured is kept (written above), and the command says it failed
+        kept = f"; what was measured is in {store.key_url(ACCEPTANCE_FILE)}" if store else ""
+        raise FleetError(
+            f"acceptance: no server served for {m.unavailable_timeout:g} s; {m.left} of "
+            f"{m.total_jobs} prompts were not measured{kept}"
+        )
     return result

@@ -161,6 +161,15 @@ class AcceptanceOptions(msgspec.Struct, kw_only=True, frozen=True):
         typer.Option("--api-key-env", help="Read the API key from this environment variable."),
         SETTING,
     ] = None
+    unavailable_timeout: Annotated[
+        float,
+        typer.Option(
+            "--unavailable-timeout",
+            help="Stop (exit 1, what was measured written) when no server can serve for this "
+            "many seconds; a failing server is waited out and taken back until then.",
+        ),
+        SETTING,
+    ] = 300.0
     min_share: Annotated[
         float,
         typer.Option("--min-share", help="The smallest share the suggested mix gives a domain."),

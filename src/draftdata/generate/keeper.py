@@ -52,6 +52,15 @@ _FAST_PROBE_S = 30.0  # a taken-out endpoint is probed every _FAST_PROBE_INTERVA
 _FAST_PROBE_INTERVAL = 0.2
 
 
+def probe_pause(out_for: float, probe_interval: float) -> float:
+    """Seconds before the next probe of a server out of service for ``out_for`` seconds:
+    ``_FAST_PROBE_INTERVAL`` for its first ``_FAST_PROBE_S`` (most outages are restarts of
+    seconds: every second late is a server's share lost), then ``probe_interval``. Generate's
+    reviver and acceptance's probe the same."""
+    fast = out_for < _FAST_PROBE_S
+    return min(probe_interval, _FAST_PROBE_INTERVAL if fast else 1e9)
+
+
 class EndpointKeeper:
     """Health checks and revival of ``endpoints`` for one dispatcher (``attach`` it first)."""
 
@@ -160,8 +169,7 @@ class EndpointKeeper:
         since = self.clock()
         d = self.dispatcher
         while not d.stopping:
-            fast = self.clock() - since < _FAST_PROBE_S
-            await asyncio.sleep(min(self.cfg.probe_interval, _FAST_PROBE_INTERVAL if fast else 1e9))
+            await asyncio.sleep(probe_pause(self.clock() - since, self.cfg.probe_interval))
             if ep.breaker.refusal is not None and self.clock() < ep.breaker.retry_refused_at:
                 continue  # a refusing endpoint passes /health: wait for its trial
             if not await check_alive(self.session, ep.address, self.probe_timeout):

@@ -73,10 +73,18 @@ class RetryPolicy:
         return Retry(self.backoff(job.attempts, err.retry_after))
 
     def backoff(self, attempts: int, retry_after: float | None) -> float:
-        """Seconds to wait before attempt ``attempts + 1``: jittered, exponential, at least
-        the server's Retry-After (within ``backoff_max``)."""
-        delay = min(self.cfg.backoff_max, self.cfg.backoff_base * 2 ** (attempts - 1))
-        delay *= 0.5 + self.rng.random()
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, self.cfg.backoff_max))
-        return float(delay)
+        """Seconds to wait before attempt ``attempts + 1`` (``backoff``)."""
+        return backoff(attempts, retry_after, self.cfg, self.rng)
+
+
+def backoff(
+    attempts: int, retry_after: float | None, config: GenerateConfig, rng: random.Random
+) -> float:
+    """Seconds to wait before attempt ``attempts + 1``: jittered, exponential from
+    ``backoff_base``, at least the server's Retry-After (within ``backoff_max``). Generate's
+    retries and acceptance's wait the same."""
+    delay = min(config.backoff_max, config.backoff_base * 2 ** (attempts - 1))
+    delay *= 0.5 + rng.random()
+    if retry_after is not None:
+        delay = max(delay, min(retry_after, config.backoff_max))
+    return float(delay)

@@ -103,6 +103,7 @@ def tokenize_shard(
     written: list[str] = []
     for i, (samples, c) in enumerate(_input_batches(ctx, run, key, rows, kind, skip)):
         counters.merge(c)
+        stop_if_foreign(counters, ctx.tokenizer_path, run.key_url(key))
         if samples.num_rows == 0:
             continue
         name = output_key(key, i) if kind == "run" else conversations.output_key(key, i)
@@ -327,6 +328,30 @@ def tokenize(config: TokenizeConfig) -> TokenizeSummary:
     check_verified(summary, config)
     check_trainable(summary)
     return summary
+
+
+# served-id samples checked, none verified: enough to say the servers ran another tokenizer
+FOREIGN_AFTER = 8
+
+
+def stop_if_foreign(counters: Counters, tokenizer: str, where: str) -> None:
+    """InputError (one line) as soon as ``FOREIGN_AFTER`` served-id samples of one input
+    shard were checked and none matched ``--tokenizer``'s rendering: the servers ran another
+    tokenizer (or template), and the rest of the pass could only drop every sample (a pass of
+    30 s to say what the first batch shows). Nothing of that batch is written."""
+    bad = counters.counts.get("mismatched", 0)
+    if bad < FOREIGN_AFTER or counters.counts.get("verified", 0):
+        return
+    first = " ".join(counters.mismatches[0].split()) if counters.mismatches else ""
+    example = f" (e.g. {first})" if first else ""
+    if len(example) > 240:
+        example = example[:238] + "…)"
+    raise InputError(
+        f"tokenize: the first {bad} samples' server token ids of {where} all differ from "
+        f"--tokenizer {tokenizer}'s rendering{example}; stopped: the servers most likely ran "
+        "another tokenizer than this one; tokenize with the served model's tokenizer into a "
+        "new --out, or generate with --token-ids off"
+    )
 
 
 def check_verified(summary: TokenizeSummary, config: TokenizeConfig) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from draftdata.acceptance.stage import AcceptanceConfig, measure_acceptance
@@ -234,3 +234,69 @@ def test_wrong_domains_and_urls_are_named_in_one_line(tmp_path: Path) -> None:
         assert res.returncode == 1, res.stderr
         assert want in res.stderr and "Traceback" not in res.stderr
         assert len([x for x in res.stderr.splitlines() if x.strip()]) == 1, res.stderr
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # each example is a real fleet
+)
+@given(
+    flavor=st.sampled_from(["vllm", "sglang"]),
+    servers=st.integers(1, 2),
+    fault=st.sampled_from(["restart", "503"]),
+    crash_at=st.integers(1, 40),
+    down_s=st.floats(1.0, 3.0),
+)
+@example(flavor="vllm", servers=1, fault="restart", crash_at=10, down_s=3.0)
+@example(flavor="sglang", servers=1, fault="503", crash_at=1, down_s=1.0)
+def test_a_server_that_restarts_or_fails_often_is_waited_out_and_taken_back(
+    flavor: str, servers: int, fault: str, crash_at: int, down_s: float
+) -> None:
+    """One server restarts (down for ``down_s`` seconds), or answers 30% of its requests with
+    503: it is backed off and taken back as generate does, and every prompt is measured (it
+    used to be dropped after three failures in 1.5 s: 'every server failed', exit 1)."""
+    faults = (
+        FaultConfig(crash_after={0: crash_at}, restart_after=down_s, starting_s=0.3)
+        if fault == "restart"
+        else FaultConfig(error_503=0.3, server=0, retry_after_s=0)
+    )
+    config = msgspec.structs.replace(sim_config(flavor), faults=faults)
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts = write_prompts(Path(tmp) / "eval.jsonl", per_domain=12)
+        with SimFleet(n=servers, config=config) as fleet:
+            got = measure_acceptance(
+                AcceptanceConfig(
+                    prompts=str(prompts), endpoints=fleet.urls, chunk=8, out=f"{tmp}/acc"
+                ),
+                log=lines.append,
+            )
+            crashed = fleet.stats(0).crashes
+        assert (Path(tmp) / "acc" / "acceptance.json").exists()
+    # every prompt measured once; a 503 at every one of generate's attempts fails a prompt
+    assert {d: v.prompts + v.failed for d, v in got.by_domain.items()} == dict.fromkeys(RATES, 12)
+    assert sum(v.failed for v in got.by_domain.values()) <= (1 if fault == "503" else 0)
+    if crashed and servers == 1:  # with two, the other may finish first
+        assert any("is back" in line for line in lines), lines
+
+
+def test_what_was_measured_is_written_when_no_server_comes_back(tmp_path: Path) -> None:
+    """The only server dies for good midway: after --unavailable-timeout the command ends in one
+    line (exit 1) naming what was not measured, and what was is written."""
+    config = msgspec.structs.replace(sim_config("sglang"), faults=FaultConfig(crash_after={0: 30}))
+    prompts = write_prompts(tmp_path / "eval.jsonl", per_domain=12)
+    out = tmp_path / "acc"
+    with SimFleet(n=1, config=config) as fleet:
+        args = [*CLI, "acceptance", "--prompts", str(prompts), "--endpoint", fleet.urls[0]]
+        args += ["--out", str(out), "--chunk", "8", "--unavailable-timeout", "2"]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert "prompts were not measured" in lines[0] and "acceptance.json" in lines[0], lines
+    written = json.loads((out / "acceptance.json").read_text())
+    measured = sum(d["prompts"] for d in written["by_domain"].values())
+    assert 0 < measured < 48
+    assert any("were not measured" in w for w in written["warnings"])
+    assert (out / "suggested_mix.json").exists()
