@@ -32,7 +32,7 @@ from draftdata.acceptance.measure import (
 )
 from draftdata.conversation import TurnPlan
 from draftdata.endpoints import api_key_from_env, base_url
-from draftdata.errors import AlreadyExistsError, ConfigError, FleetError, InputError
+from draftdata.errors import AlreadyExistsError, ConfigError, FleetError, InputError, Interrupted
 from draftdata.fleetspec import read_fleet
 from draftdata.generate.client import EndpointClient, request_body
 from draftdata.generate.config import Reasoning, Sampling
@@ -49,8 +49,10 @@ from draftdata.speculation import (
     mix_document,
     suggest_mix,
 )
+from draftdata.store.base import Store
 from draftdata.store.opener import open_store
 from draftdata.store.prompts import iter_prompt_lines
+from draftdata.workerpool import interrupts
 
 Log = Callable[[str], None]
 
@@ -160,7 +162,10 @@ def _urls(config: AcceptanceConfig) -> list[str]:
 
 
 async def _measure(
-    config: AcceptanceConfig, jobs: list[Job], log: Log
+    config: AcceptanceConfig,
+    jobs: list[Job],
+    log: Log,
+    started: Callable[[list[SpecServer], Measurement], None],
 ) -> tuple[list[SpecServer], Measurement]:
     key = api_key_from_env(config.api_key_env)
     clients = [EndpointClient(u, api_key=key) for u in _urls(config)]
@@ -181,6 +186,7 @@ async def _measure(
                 log=log,
                 unavailable_timeout=config.unavailable_timeout,
             )
+            started(servers, m)  # what a signal leaves is still written
             size = config.chunk or max(4 * max(m.width(s) for s in servers), 8)
             await m.run(chunks(jobs, size))
             return servers, m
@@ -191,7 +197,9 @@ async def _measure(
 
 def measure_acceptance(config: AcceptanceConfig, log: Log | None = None) -> Acceptance:
     """Measure, write ``acceptance.json`` and ``suggested_mix.json`` when ``out`` is given, and
-    return the measurement."""
+    return the measurement. A measurement that ends early (no server served for
+    ``unavailable_timeout``: FleetError; SIGINT or SIGTERM: Interrupted) writes what it
+    measured first, saying in its warnings that it is partial."""
     say: Log = log or (lambda _line: None)
     validate(config)
     store = open_store(config.out) if config.out else None
@@ -203,7 +211,22 @@ def measure_acceptance(config: AcceptanceConfig, log: Log | None = None) -> Acce
                     "(a measurement is never overwritten)"
                 )
     jobs = load_jobs(config, say)
-    servers, m = asyncio.run(_measure(config, jobs, say))
+    begun: list[tuple[list[SpecServer], Measurement]] = []
+    try:
+        with interrupts():
+            servers, m = asyncio.run(
+                _measure(config, jobs, say, lambda sv, me: begun.append((sv, me)))
+            )
+    except Interrupted as exc:
+        if begun and begun[0][1].tallies:
+            servers, m = begun[0]
+            m.left = m.total_jobs - m.done_jobs
+            m.warnings.append(
+                f"stopped by {exc.signame}: {m.left} of {m.total_jobs} prompts were not "
+                "measured; the figures are of the measured ones"
+            )
+            _finish(config, store, servers, m, say)
+        raise
     if m.gave_up and not m.tallies:
         raise FleetError(
             f"acceptance: no server served for {m.unavailable_timeout:g} s; none of the "
@@ -214,6 +237,24 @@ def measure_acceptance(config: AcceptanceConfig, log: Log | None = None) -> Acce
             f"every server failed for {m.unavailable_timeout:g} s: {m.left} of {m.total_jobs} "
             "prompts were not measured; the figures are of the measured ones"
         )
+    result = _finish(config, store, servers, m, say)
+    if m.gave_up:  # what was measured is kept (written above), and the command says it failed
+        kept = f"; what was measured is in {store.key_url(ACCEPTANCE_FILE)}" if store else ""
+        raise FleetError(
+            f"acceptance: no server served for {m.unavailable_timeout:g} s; {m.left} of "
+            f"{m.total_jobs} prompts were not measured{kept}"
+        )
+    return result
+
+
+def _finish(
+    config: AcceptanceConfig,
+    store: Store | None,
+    servers: list[SpecServer],
+    m: Measurement,
+    say: Log,
+) -> Acceptance:
+    """The measurement as a record, its warnings said, and its files written to ``store``."""
     by_domain = {
         d: DomainAcceptance.of(
             t.counts, prompts=t.prompts, failed=t.failed, output_tokens=t.output_tokens
@@ -260,10 +301,4 @@ def measure_acceptance(config: AcceptanceConfig, log: Log | None = None) -> Acce
         store.put_new(ACCEPTANCE_FILE, msgspec.json.format(msgspec.json.encode(result)) + b"\n")
         doc = mix_document(mix, config.min_share, store.key_url(ACCEPTANCE_FILE))
         store.put_new(MIX_FILE, msgspec.json.format(msgspec.json.encode(doc)) + b"\n")
-    if m.gave_up:  # what was measured is kept (written above), and the command says it failed
-        kept = f"; what was measured is in {store.key_url(ACCEPTANCE_FILE)}" if store else ""
-        raise FleetError(
-            f"acceptance: no server served for {m.unavailable_timeout:g} s; {m.left} of "
-            f"{m.total_jobs} prompts were not measured{kept}"
-        )
     return result

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -300,3 +302,37 @@ def test_what_was_measured_is_written_when_no_server_comes_back(tmp_path: Path) 
     assert 0 < measured < 48
     assert any("were not measured" in w for w in written["warnings"])
     assert (out / "suggested_mix.json").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_what_was_measured_is_written_when_a_signal_stops_it(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """SIGINT or SIGTERM midway: the command says it stopped (exit 128 + signal, as every
+    command does) and what it measured is written, marked partial."""
+    config = msgspec.structs.replace(sim_config("sglang"), time_scale=0.03)
+    prompts = write_prompts(tmp_path / "eval.jsonl", per_domain=12)
+    out = tmp_path / "acc"
+    with SimFleet(n=1, config=config) as fleet:
+        args = [*CLI, "acceptance", "--prompts", str(prompts), "--endpoint", fleet.urls[0]]
+        args += ["--out", str(out), "--chunk", "4", "--concurrency", "4"]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while fleet.stats(0).served < 12:  # a few chunks measured
+                assert proc.poll() is None, proc.communicate()[1].decode()
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = err.decode()
+    assert proc.returncode == 128 + sig, text
+    assert f"stopped by {sig.name}" in text and "Traceback" not in text, text
+    written = json.loads((out / "acceptance.json").read_text())
+    measured = sum(d["prompts"] for d in written["by_domain"].values())
+    assert 0 < measured < 48, written
+    assert any(f"stopped by {sig.name}" in w for w in written["warnings"]), written
