@@ -202,7 +202,12 @@ class LocalStore(Store):
     def _settle_existing(self, path: Path, size: int, same: Callable[[Path], bool]) -> None:
         try:
             ok = path.stat().st_size == size and same(path)
-        except OSError:
+        except OSError as exc:
+            # a file system that does not answer now cannot tell our bytes from another's:
+            # retried, never taken for another writer's object (the caller would then write
+            # the same records again under the next name)
+            if exc.errno in _PASSING_ERRNOS:
+                raise os_error(exc, path, "read") from exc
             ok = False
         if not ok:
             raise AlreadyExistsError(f"{path}: already exists; the store never overwrites")
