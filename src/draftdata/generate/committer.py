@@ -4,16 +4,18 @@
 whenever it is due. What it does when the store misbehaves, each said in one log line per change
 of state, never one per retry:
 
-- **Store outage.** A flush that fails with a StoreError that is an outage (S3 5xx after
-  botocore's retries, expired credentials, a changed bucket policy) keeps its records in the
-  Run and is retried with a capped exponential backoff (1 s doubling to ``store_retry_max``).
+- **Store outage.** A flush that fails with a StoreError that is an outage (throttling or 5xx
+  after botocore's retries, a timeout, a connection error, a lease no heartbeat renews, a full
+  disk) keeps its records in the Run and is retried with a capped exponential backoff (1 s
+  doubling to ``store_retry_max``).
 - **Bounded memory.** ``over_bound`` tells the engine to pause dispatch while more than
   ``max_uncommitted`` records wait, and to resume when they are committed.
 - **No loss at the end.** ``drain`` keeps retrying after the last prompt is answered instead of
   closing with uncommitted records (a second interrupt, or the end of an interrupt's grace
   period, leaves; those are generated again on resume).
 - **A refusal is not an outage.** A StoreError that waiting cannot cure (``outage`` False:
-  another writer started the run with other settings, a foreign object, a protected prefix)
+  access denied, missing, invalid or expired credentials, another writer started the run with
+  other settings, a foreign object, a protected prefix)
   and any other DraftdataError (a run format this version does not read) stop the run at once
   with that error's one line, like a lost lease; nothing committed is lost.
 - **A bug is not an outage.** Any other exception while committing calls ``abort`` with a

@@ -631,7 +631,7 @@ class Dispatcher:
     def _judge(self, *, ended: bool) -> None:
         """Act on the opening check's verdict: stop the run on one refusal of most of the
         first requests (nothing of them recorded), else write the records it held."""
-        verdict = self.opening.verdict(ended=ended)
+        verdict = self.opening.verdict(ended=ended, resumed=self.already_done > 0)
         if isinstance(verdict, Stop):
             if self.refused is None and self.bug is None:
                 self.refused = FleetUnavailableError(verdict.message())

@@ -9,7 +9,9 @@ that is no ``ContextLengthError``: a too-long prompt is the prompt's own) until 
 ``FIRST`` outcomes are in (every job that ended: answered or failed; a retried attempt did
 not end one), or the command has no more to give. If one refusal (the same status and
 message) ended more than half of them, the command stops in one line quoting the server and
-the held records are dropped: nothing is recorded, and the fixed command just runs. Otherwise
+the held records are dropped: nothing is recorded, and the fixed command just runs (a command
+resuming a run that earlier commands settled prompts of is judged on fewer only when one refusal
+ended more than half of ``FIRST``: its few prompts are the run's tail). Otherwise
 the held records go out as they would have, and the check steps aside for the rest of the
 command: a few prompts refused among good answers are each recorded, as always.
 
@@ -78,15 +80,19 @@ class OpeningCheck:
             where.append(endpoint)
         self.held.extend(records)
 
-    def verdict(self, *, ended: bool) -> Stop | list[Failure] | None:
+    def verdict(self, *, ended: bool, resumed: bool = False) -> Stop | list[Failure] | None:
         """``Stop`` when one refusal ended more than half of the first outcomes (at once when
         it is more than half of ``first``; else once ``first`` are in, or the command has
         ``ended`` with fewer); the held records to write when it did not (once: the check is
-        then closed); None while undecided or closed."""
+        then closed); None while undecided or closed. A command that ``resumed`` a run whose
+        earlier commands settled prompts is not judged on fewer than ``first``: its few
+        prompts are the tail of the run, which a stop would leave unrecorded for every next
+        command to stop on again (the run could never end)."""
         if not self.open:
             return None
         top, count = self._said.most_common(1)[0] if self._said else ("", 0)
-        if 2 * count > self.first or ((self.seen >= self.first or ended) and 2 * count > self.seen):
+        short = ended and not resumed  # the whole command, fewer than ``first``, judged
+        if 2 * count > self.first or ((self.seen >= self.first or short) and 2 * count > self.seen):
             self.open = False
             return Stop(top, count, self.seen, tuple(self._where[top]))
         if self.seen < self.first and not ended:

@@ -415,15 +415,26 @@ class VllmBackend:
         assert hs is not None
         return tokens * (len(hs.layers) * self._facts.hidden_size * per_value + 8)
 
-    def check_room(self, tokens: int) -> None:
+    def check_room(self, tokens: int, longest: int = 0) -> None:
         """Refuse, in one line, a batch whose files cannot fit in the fleet's folder (a
         ``/dev/shm`` too small for ``--batch-tokens``): the servers would fail every write
-        that does not fit and the run would retry them for ever."""
+        that does not fit and the run would retry them for ever. ``longest`` is the batch's
+        longest sample: one that cannot fit alone is a batch of its own whatever
+        ``--batch-tokens`` says, so the line then names what does help."""
         need = self.staged_bytes(tokens)
         free = shutil.disk_usage(self.staging).free
         if need <= free:
             return
         fits = free // max(1, self.staged_bytes(1))
+        if longest > fits:
+            cut = f", or cut samples with --max-length {fits:,}" if fits else ""
+            raise ConfigError(
+                f"hidden-states: a sample of {longest:,} tokens alone puts "
+                f"{human_bytes(self.staged_bytes(longest))} of hidden states in the fleet's "
+                f"folder {self.staging}, which has {human_bytes(free)} free (a sample longer "
+                "than --batch-tokens is a batch of its own, so a smaller --batch-tokens does not "
+                f"help); give the servers' --hidden-states folder more room{cut}"
+            )
         raise ConfigError(
             f"--batch-tokens: a batch of {tokens:,} tokens puts {human_bytes(need)} of hidden "
             f"states in the fleet's folder {self.staging}, which has {human_bytes(free)} free; "
@@ -435,7 +446,7 @@ class VllmBackend:
         """Each sample's states ``[T, count, hidden]``, in the batch's order."""
         if not batch:
             return []
-        self.check_room(sum(len(b) for b in batch))
+        self.check_room(sum(len(b) for b in batch), max(len(b) for b in batch))
         got: list[torch.Tensor] = self._call(self._run(list(batch)))
         return got
 

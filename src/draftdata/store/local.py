@@ -131,8 +131,11 @@ class LocalStore(Store):
                 self._settle_existing(path, size, same)
                 return
             tmp, fd = self._locked_temp(path)
+            # the descriptor (and with it the flock that keeps a sweep off the temp file) stays
+            # open until the temp name is gone: closed before the link, a sweep could unlink
+            # the finished file and the link would fail
             try:
-                with os.fdopen(fd, "wb") as fh:
+                with os.fdopen(fd, "wb", closefd=False) as fh:
                     write(fh)
                     fh.flush()
                     os.fsync(fh.fileno())
@@ -150,7 +153,10 @@ class LocalStore(Store):
                         "local disk or to s3://"
                     ) from exc
             finally:
-                tmp.unlink(missing_ok=True)
+                try:
+                    tmp.unlink(missing_ok=True)
+                finally:
+                    os.close(fd)
             _fsync_dir(path.parent)
         except OSError as exc:
             full = DiskError.of(exc, str(path), "write to another place")
@@ -196,7 +202,12 @@ class LocalStore(Store):
     def _settle_existing(self, path: Path, size: int, same: Callable[[Path], bool]) -> None:
         try:
             ok = path.stat().st_size == size and same(path)
-        except OSError:
+        except OSError as exc:
+            # a file system that does not answer now cannot tell our bytes from another's:
+            # retried, never taken for another writer's object (the caller would then write
+            # the same records again under the next name)
+            if exc.errno in _PASSING_ERRNOS:
+                raise os_error(exc, path, "read") from exc
             ok = False
         if not ok:
             raise AlreadyExistsError(f"{path}: already exists; the store never overwrites")

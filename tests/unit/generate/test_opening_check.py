@@ -102,3 +102,44 @@ def test_one_refusal_of_most_first_requests_stops_and_records_none(
         for f in sink.failures:
             if f.reason == "invalid_request":
                 assert f.message in {m for _, m in ERRORS.values()}
+
+
+def _resume(
+    tmp: Path, answered: int, outcomes: list[str]
+) -> tuple[Scripted, Any, BaseException | None]:
+    """A run whose earlier commands answered its first ``answered`` prompts; this command
+    meets the rest, answered or refused as ``outcomes`` says."""
+    rows = [user(i, f"q{i}") for i in range(answered + len(outcomes))]
+    prompts = write(tmp / "p.jsonl", rows)
+    script = {f"q{i}": "ok" for i in range(answered)}
+    script |= {f"q{answered + i}": o for i, o in enumerate(outcomes)}
+    client = Scripted(script)
+    done = {(f"p{i}", 0) for i in range(answered)}
+    d, sink = dispatcher(cfg(order="file"), [endpoint(0, client, limit=1)], prompts, done=done)
+    raised: BaseException | None = None
+    try:
+        asyncio.run(asyncio.wait_for(d.run(), 20))
+    except FleetUnavailableError as exc:
+        raised = exc
+    return client, sink, raised
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    answered=st.integers(1, 3 * FIRST),
+    outcomes=st.lists(
+        st.sampled_from(["ok", "top_k", "image", "ctx"]), min_size=1, max_size=FIRST - 1
+    ).filter(lambda o: 2 * max(o.count("top_k"), o.count("image")) <= FIRST),
+)
+def test_a_resumed_runs_last_few_prompts_are_settled_not_stopped_on(
+    tmp_path_factory: pytest.TempPathFactory, answered: int, outcomes: list[str]
+) -> None:
+    """A command that resumes a run with answers and meets fewer than ``FIRST`` prompts (the
+    tail of an interrupted run) records their refusals: stopping there would record nothing,
+    and the same command would stop again on the same prompts, so the run could never end. A
+    refusal of more than half of ``FIRST`` still stops it."""
+    client, sink, raised = _resume(tmp_path_factory.mktemp("r"), answered, outcomes)
+    assert raised is None, str(raised)
+    assert client.order == outcomes
+    settled = [c.id for c in sink.completions] + [f.id for f in sink.failures]
+    assert sorted(settled) == sorted(f"p{answered + i}" for i in range(len(outcomes)))

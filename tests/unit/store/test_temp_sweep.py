@@ -115,3 +115,37 @@ def test_a_sweep_of_a_store_without_temp_files_or_folder(tmp_path: Path) -> None
     store.put_new("hidden_states/a.bin", b"abc")
     assert store.sweep_temps("hidden_states/") == (0, 0)
     assert store.read("hidden_states/a.bin") == b"abc"
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    data=st.binary(min_size=0, max_size=4096),
+    key=st.sampled_from(["a.bin", "hidden_states/a.bin", "hidden_states/x/y.ckpt"]),
+    as_file=st.booleans(),
+)
+def test_a_sweep_while_a_writer_links_its_finished_file_leaves_it_alone(
+    tmp_path_factory: pytest.TempPathFactory, data: bytes, key: str, as_file: bool
+) -> None:
+    """A sweep (another partition's command starting) that runs after a writer has written and
+    fsynced its temp file, before the link that commits it: the writer still holds the file's
+    lock, so the sweep leaves it and the write lands."""
+    root = tmp_path_factory.mktemp("linking")
+    store = LocalStore(root)
+    real_link = os.link
+    swept: list[tuple[int, int]] = []
+
+    def sweep_then_link(src: str | Path, dst: str | Path) -> None:
+        swept.append(store.sweep_temps())
+        real_link(src, dst)
+
+    src = root.parent / f"{root.name}.src"
+    src.write_bytes(data)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(local.os, "link", sweep_then_link)
+        if as_file:
+            store.put_new_file(key, src)
+        else:
+            store.put_new(key, data)
+    assert swept == [(0, 0)]  # the writer's file was held: nothing swept
+    assert store.read(key) == data
+    assert _temps(root) == []
