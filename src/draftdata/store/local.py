@@ -36,6 +36,9 @@ from draftdata.errors import (
 from draftdata.store.base import Store, check_key
 
 _COPY_CHUNK = 1 << 20
+# folders a file system makes at its root, which its users may not list: a store there skips
+# them (the store never makes a folder of these names: its keys are its own)
+FOREIGN_FOLDERS = frozenset({"lost+found"})
 TEMP_MARK = ".tmp-"  # a temp file's name: .<name>.tmp-<random>
 # a file system that does not answer now (a network mount's server, a busy lock): an outage
 _PASSING_ERRNOS = frozenset({errno.EAGAIN, errno.ETIMEDOUT, errno.EBUSY, errno.ENOLCK})
@@ -236,6 +239,8 @@ class LocalStore(Store):
         out: builtins.list[str] = []
 
         def unlisted(exc: OSError) -> None:  # a folder it cannot list is no empty folder
+            if exc.filename and Path(exc.filename).name in FOREIGN_FOLDERS:
+                return  # the file system's own (a store at a mount's root), never a key's
             raise os_error(exc, exc.filename or base, "list") from exc
 
         for dirpath, dirnames, filenames in os.walk(base, onerror=unlisted):

@@ -100,3 +100,27 @@ def test_a_shard_this_user_may_not_read_is_a_permission_error(
     assert "permission denied" in lines[0], lines[0]
     assert "run the same command again" not in err and "not read now" not in err, err
     assert "does not help" in lines[0], lines[0]
+
+
+def test_a_run_at_a_mount_root_skips_the_file_systems_lost_and_found(
+    world: dict[str, Path],
+) -> None:
+    """A run store at a file system's root sits beside ``lost+found`` (mode 700, root's): a
+    user's command lists the run without it, as before folders it cannot list were errors;
+    a folder of the run's own that it cannot list is still one."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        shutil.copytree(world["run"], run)
+        foreign = run / "lost+found"
+        foreign.mkdir(mode=0o700)
+        (foreign / "#1234").write_bytes(b"x")
+        foreign.chmod(0o000)
+        try:
+            res = subprocess.run(
+                [*AS_USER, *CLI, "stats", str(run), "--json"],
+                capture_output=True, text=True, check=False, timeout=120,
+            )  # fmt: skip
+        finally:
+            foreign.chmod(0o700)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert json.loads(res.stdout)["rows"] == 40
