@@ -12,8 +12,9 @@
     │   │                               kept)
     │   ├── TransientStoreError         throttling, 5xx, timeouts, connection errors (+)
     │   ├── LeaseUnconfirmedError       the run lease could not be renewed: no answer (+)
-    │   ├── DiskError                   a local file: the disk is full, over quota or
-    │   │                               read-only (+: space can be freed while it waits)
+    │   ├── DiskError                   a local file: the disk is full or over quota (+:
+    │   │   │                           space can be freed while it waits)
+    │   │   └── ReadOnlyDiskError       ... or the file system is read-only (no waiting)
     │   ├── StoreAccessError            access denied (a policy, a file's mode), credentials
     │   │                               missing, invalid or expired
     │   ├── AlreadyExistsError          a create-only write found the key already there
@@ -132,8 +133,9 @@ DISK_ERRNOS = {
 
 class DiskError(StoreError):
     """A local file cannot be written: the disk is full (ENOSPC), over quota (EDQUOT) or
-    read-only (EROFS). An outage, so generate's committer waits while someone frees space
-    (a full run store); every other command prints it as one line (exit 1)."""
+    read-only (EROFS: ReadOnlyDiskError). A full disk is an outage, so generate's committer
+    waits while someone frees space (a full run store); every other command prints it as one
+    line (exit 1)."""
 
     outage = True
 
@@ -145,7 +147,16 @@ class DiskError(StoreError):
         if not isinstance(exc, OSError) or exc.errno not in DISK_ERRNOS:
             return None
         what, fix = DISK_ERRNOS[exc.errno]
-        return cls(f"{where}: cannot write: {what}; {fix}{elsewhere}")
+        kind = ReadOnlyDiskError if exc.errno == errno.EROFS else cls
+        return kind(f"{where}: cannot write: {what}; {fix}{elsewhere}")
+
+
+class ReadOnlyDiskError(DiskError):
+    """The file system is read-only (EROFS: mounted so, or remounted after an I/O error). No
+    outage: waiting does not make it writable, so generate stops in one line, what it
+    committed kept, instead of waiting for space nobody will free."""
+
+    outage = False
 
 
 @contextlib.contextmanager
