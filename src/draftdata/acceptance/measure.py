@@ -213,7 +213,7 @@ class Measurement:
             except EndpointFaultError as exc:  # it stopped answering during the chunk
                 self.queue.appendleft(chunk)
                 self.log(
-                    f"acceptance: {server.url} taken out ({exc.message}); its chunk goes elsewhere"
+                    f"acceptance: {server.url} taken out ({exc.said}); its chunk goes elsewhere"
                 )
                 return
             finally:
