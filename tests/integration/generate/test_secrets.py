@@ -5,8 +5,9 @@ for them (parquet decoded, so compression cannot hide a hit).
 The fleet is the simulator plus small misbehaving gateways that echo the request's headers,
 ``Authorization`` included, in their 400 and 401 bodies (a 400 becomes a prompt's Failure
 message, a 401 a console line; the 400 gateway refuses every third request and answers the
-rest: a gateway that refuses every request stops generate in one line, nothing recorded); the endpoint URLs carry ``user:password@``, which the simulator
-accepts and the gateways echo as an HTTP basic-auth header.
+rest: a gateway that refuses every request stops generate in one line, nothing recorded); the
+endpoint URLs carry ``user:password@``, which the simulator accepts and the gateways echo as
+an HTTP basic-auth header.
 """
 
 from __future__ import annotations
