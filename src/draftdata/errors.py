@@ -261,14 +261,18 @@ class ServerError(DraftdataError):
     @property
     def said(self) -> str:
         """What the server answered, each part once: ``HTTP 400: Unsupported parameter:
-        top_k``; ``HTTP 404`` for an answer that gave no reason; the message alone where there
-        was no answer. Every line that shows a server's error shows this."""
+        top_k``; ``HTTP 404`` for an answer that gave no reason (or only its status again:
+        ``HTTP 404``, ``404: Not Found`` is ``HTTP 404: Not Found``); the message alone where
+        there was no answer. Every line that shows a server's error shows this."""
         if self.status is None:
             return self.message
         status = f"HTTP {self.status}"
-        if not self.message or self.message.startswith(status):
-            return self.message or status
-        return f"{status}: {self.message}"
+        reason = self.message.strip()
+        for echo in (status, str(self.status)):  # the status again, as servers often put it
+            if reason.startswith(echo) and not reason[len(echo) : len(echo) + 1].isalnum():
+                reason = reason[len(echo) :].lstrip(" :-")
+                break
+        return f"{status}: {reason}" if reason else status
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.said}"

@@ -78,6 +78,20 @@ def share(n: int, total: int) -> str:
     return f"{100.0 * n / total:.1f}%" if total else "0.0%"
 
 
+def accounted(total: int, what: str, parts: list[tuple[str, int, str]], kept: int) -> str:
+    """``of N <what>: part n (p%), part n (p%; why), ...``: where ``total`` went, each row
+    counted in exactly one part (``(name, count, why)``; ``why`` may be ""), beside the
+    ``kept`` rows the line's head counts. The parts and ``kept`` must add up to ``total``: a
+    count line that does not is a bug in the counts (ValueError), never a line shown."""
+    if sum(n for _, n, _ in parts) + kept != total or any(n < 0 for _, n, _ in parts):
+        shown = ", ".join(f"{name} {n}" for name, n, _ in parts)
+        raise ValueError(f"counts that do not add up: {total} {what} vs {shown}, kept {kept}")
+    said = ", ".join(
+        f"{name} {n:,} ({share(n, total)}{'; ' + why if why else ''})" for name, n, why in parts
+    )
+    return f"of {total:,} {what}: {said}"
+
+
 def reasons(parts: dict[str, int]) -> str:
     """``reason n, reason n`` of the non-zero counts, in the given order ("" when none)."""
     return ", ".join(f"{k} {v:,}" for k, v in parts.items() if v)

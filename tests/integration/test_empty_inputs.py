@@ -160,9 +160,12 @@ def test_an_empty_input_is_one_line_exit_1_and_nothing_written(
     assert _listing(root) == before  # nothing written: no output, no lease/, no empty folder
 
 
-def test_export_of_a_run_without_completions_is_refused(tmp_path: Path) -> None:
-    """A run whose every prompt failed (too long for the context) exports nothing: one line,
-    exit 1, no empty file (before: an empty export and exit 0)."""
+def test_a_run_without_completions_is_refused_where_it_gives_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer: str
+) -> None:
+    """A run whose every prompt failed (too long for the context) has nothing to export,
+    tokenize or merge: one line, exit 1, nothing written (export wrote an empty file and
+    exited 0); stats still shows it, failures and all."""
     prompts = tmp_path / "p.jsonl"
     write_prompts(prompts, 4)
     sim = SimConfig(time_scale=0, faults=FaultConfig(context_400=1.0))
@@ -171,9 +174,21 @@ def test_export_of_a_run_without_completions_is_refused(tmp_path: Path) -> None:
             prompts=str(prompts), endpoints=f.urls, out=str(tmp_path / "run"), progress="off"
         )
         generate(config, handle_signals=False, log=lambda _l: None)
-    for fmt in ("specforge", "sharegpt", "openai"):
-        out = tmp_path / f"export-{fmt}.jsonl"
+    run = str(tmp_path / "run")
+    before = _listing(tmp_path)
+    for argv in (
+        *(["export", run, "--format", fmt, "-o", str(tmp_path / fmt)] for fmt in ("specforge",
+                                                                                "sharegpt")),
+        ["tokenize", run, "--tokenizer", tokenizer, "--out", str(tmp_path / "tokenized")],
+        ["merge", "--add", run, "-o", str(tmp_path / "merged")],
+    ):  # fmt: skip
+        capsys.readouterr()
         with pytest.raises(SystemExit) as exit_:
-            main(["export", str(tmp_path / "run"), "--format", fmt, "-o", str(out)])
-        assert exit_.value.code == 1
-        assert not out.exists()
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 1 and err[-1].startswith("error: "), (argv, err)
+        assert _listing(tmp_path) == before, argv
+    with pytest.raises(SystemExit) as exit_:
+        main(["stats", run])
+    assert exit_.value.code in (0, None)
+    assert "4 failures" in capsys.readouterr().out

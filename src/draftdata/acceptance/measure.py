@@ -241,7 +241,7 @@ class Measurement:
                 self.queue.appendleft(chunk)
                 server.breaker.mark_down(exc.message)
                 self.log(
-                    f"acceptance: {server.url} taken out ({exc.message}); its chunk goes "
+                    f"acceptance: {server.url} taken out ({exc.said}); its chunk goes "
                     "elsewhere; it is probed until it answers again"
                 )
             finally:

@@ -232,19 +232,24 @@ def _print_summary(result: Any, console: Any, *, plan_only: bool) -> None:
 
 
 def _losses(report: dict[str, Any], rejects: Path | None) -> tuple[str, str | None]:
-    """What the summary line says was left out of the rows read (rejected, duplicates, not
-    taken by the budget and mix), and a warning when the rejects pass 5%."""
+    """What the summary line says became of the rows read besides the prompts taken, each row
+    once (rejected, duplicates, held out as the evaluation split, not taken by the budget and
+    mix), and a warning when the rejects pass 5%."""
     from collections import Counter
 
-    from draftdata.metrics import loss_warning, reasons, share
+    from draftdata.metrics import accounted, loss_warning, reasons
 
     t = report["totals"]
-    read, rejected, duplicates = t["read"], t["rejected"], t["duplicates"]
-    not_taken = max(0, t["usable"] - t["taken"])
-    line = (
-        f"of {read:,} rows read: rejected {rejected:,} ({share(rejected, read)}), duplicates "
-        f"{duplicates:,} ({share(duplicates, read)}), not taken {not_taken:,} (budget and mix)"
-    )
+    read, rejected = t["read"], t["rejected"]
+    held = t.get("held_out", 0)
+    parts = [
+        ("rejected", rejected, ""),
+        ("duplicates", t["duplicates"], ""),
+        ("held out", held, "the evaluation split"),
+        ("not taken", t["usable"] - held - t["taken"], "budget and mix"),
+    ]
+    shown = [p for p in parts if p[1] or p[0] != "held out"]  # no holdout: no such part
+    line = accounted(read, "rows read", shown, t["taken"])
     why: Counter[str] = Counter()
     for s in report["sources"]:
         why.update(s["rejected"])

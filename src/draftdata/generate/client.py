@@ -284,7 +284,7 @@ class EndpointClient:
         text = data.decode("utf-8", "replace")
         raise self._error(
             classify_http_error(status, text),
-            error_message(self.redact(text)) or f"HTTP {status}",
+            error_message(self.redact(text)) or f"HTTP {status}",  # said shows it once
             status=status,
             retry_after=_retry_after(retry_after),
         )

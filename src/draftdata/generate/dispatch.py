@@ -702,8 +702,7 @@ class Dispatcher:
             if isinstance(err, ImpossibleAnswerError)
             else "refuses chat requests"
         )
-        where = f"HTTP {err.status}: " if err.status is not None else ""
-        refusal = f"{where}{err.message}"[:300]
+        refusal = err.said[:300]
         news = ep.breaker.mark_refused(refusal, what)
         why = f"it {what} ({refusal})"
         cancelled, abandoned = self._cancel_copies(ep, uncharged=True)
@@ -744,23 +743,29 @@ class Dispatcher:
     def _say_out(self, ep: Endpoint, why: str, *, moved: int, abandoned: int) -> None:
         running = len(self.on_endpoint[ep])
         retried = sum(1 for job in self.queue.backing_off() if ep.url in job.avoid)
-        said = fates(moved=moved, retried=retried, running=running, abandoned=abandoned)
+        others = sum(1 for e in self.endpoints if e is not ep and e.breaker.accepting)
+        said = fates(
+            moved=moved, retried=retried, running=running, abandoned=abandoned, others=others
+        )
         self.log(f"endpoint {ep.url} taken out: {why}; {said}")
         self.wake.set()
 
 
-def fates(*, moved: int, retried: int, running: int, abandoned: int) -> str:
+def fates(*, moved: int, retried: int, running: int, abandoned: int, others: int) -> str:
     """What became of the requests an endpoint held when it was taken out, in a few words:
     ``moved`` requeued at once, ``retried`` failed there and backing off, ``running`` still
-    running there, ``abandoned`` because the run is stopping."""
+    running there, ``abandoned`` because the run is stopping; ``others``: the endpoints that
+    take work now besides it (none: the requests wait for one to, and the line says so)."""
     parts = []
+    elsewhere = "elsewhere" if others else "when an endpoint serves again"
     if moved:
-        parts.append(f"{moved:,} requeued on the other endpoints")
+        where = "on the other endpoints" if others else "(no other endpoint takes work now)"
+        parts.append(f"{moved:,} requeued {where}")
     if retried:
-        parts.append(f"{retried:,} failed there and are retried elsewhere after a backoff")
+        parts.append(f"{retried:,} failed there and are retried {elsewhere} after a backoff")
     if running:
         parts.append(
-            f"{running:,} still running there (kept if they finish; retried elsewhere if "
+            f"{running:,} still running there (kept if they finish; retried {elsewhere} if "
             "they fail; requeued at once if it fails its health check)"
         )
     if abandoned:

@@ -627,6 +627,8 @@ def _prepare(
         shutil.rmtree(spool_root, ignore_errors=True)
         spool_lock.close()
     report = _report(config, runs, names, plan, shards, existing_bad, excluded)
+    # the evaluation split is usable and not taken: counted apart from the budget and mix
+    report["totals"]["held_out"] = sum(len(h) for h in held)
     report["mix_by"] = plan.mix_by
     if (note := take_note(plan)) is not None:
         report["mix_note"] = note  # fixed takes hold the mix off its target

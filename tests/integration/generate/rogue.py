@@ -3,7 +3,7 @@
 healthy engine and answers chat requests the way ``behaviour`` says:
 
 - ``echo``: an error (``status``) whose body repeats the request's headers, Authorization
-  included, as some gateways do;
+  included, as some gateways do (to every ``every``-th chat request; the others are answered);
 - ``hang``: never answers (the connection stays open);
 - ``trickle``: a valid chat completion, one byte every ``interval`` seconds;
 - ``huge``: a valid chat completion whose content is ``size`` bytes;
@@ -64,8 +64,10 @@ class RogueServer:
         size: int = 50 << 20,
         usage: dict[str, Any] | None = None,
         content: str = "Four.",
+        every: int = 1,
     ) -> None:
         self.behaviour = behaviour
+        self.every = every
         self.model = model
         self.status = status
         self.interval = interval
@@ -92,6 +94,8 @@ class RogueServer:
         self.stats.chats += 1
         self.stats.headers.append(dict(request.headers))
         await request.read()
+        if self.behaviour == "echo" and self.stats.chats % self.every:
+            return web.json_response(chat_body(self.content))
         if self.behaviour == "echo":
             seen = "; ".join(f"{k}: {v}" for k, v in request.headers.items())
             message = f"request rejected by the gateway; headers received: {seen}"
