@@ -138,7 +138,11 @@ def _plan_doc(
         min_keep=config.min_keep,
         tolerance=config.tolerance,
         upsample=config.upsample,
-        stops=bool(alloc.target) and kept_share < config.min_keep and not config.allow_drop,
+        # the share as shown and as the ways out are judged (rounded), so a plan that stops
+        # always has its ways out
+        stops=bool(alloc.target)
+        and round(kept_share, 6) < config.min_keep
+        and not config.allow_drop,
         note=note,
         optimal=tokens.optimal if tokens is not None else None,
         bound=tokens.bound if tokens is not None else None,
