@@ -3,8 +3,9 @@ one line, exit 1, writing nothing; before, they exited 0 with "done: 0 completio
 dataset or an empty page (and generate left ``lease/`` behind).
 
 A generator over the empty kinds (0 bytes, only blank lines, only whitespace, gzip of those, a
-parquet of 0 rows in any schema, an empty JSON array) x every command that reads one, each run
-as the console script runs it, in a folder whose files are compared before and after."""
+parquet of 0 rows in any schema, an empty JSON array) x every command that reads one
+(hidden-states too: an empty file is no conversation to tokenize first), each run as the
+console script runs it, in a folder whose files are compared before and after."""
 
 from __future__ import annotations
 
@@ -113,6 +114,10 @@ def _argv(command: str, data: Path, root: Path, url: str, tokenizer: str) -> lis
             "tokenize", str(data), "--tokenizer", tokenizer, "--out", str(root / "tokenized")
         ],
         "prepare": ["prepare", str(config)],
+        "hidden-states": [
+            "hidden-states", str(data), "--model", tokenizer, "--out", str(root / "hs"),
+            "--format", "speculators",
+        ],
         "generate": [
             "generate", "--prompts", str(data), "--endpoint", url, "--out", str(root / "run"),
             "--progress", "off",
@@ -123,7 +128,10 @@ def _argv(command: str, data: Path, root: Path, url: str, tokenizer: str) -> lis
     }[command]  # fmt: skip
 
 
-READS_ANY = ["stats", "stats-json", "report", "merge-existing", "merge-add", "tokenize", "prepare"]
+READS_ANY = [
+    "stats", "stats-json", "report", "merge-existing", "merge-add", "tokenize", "prepare",
+    "hidden-states",
+]  # fmt: skip
 READS_JSONL = ["generate", "acceptance"]  # prompts JSONL only
 
 
@@ -157,6 +165,8 @@ def test_an_empty_input_is_one_line_exit_1_and_nothing_written(
     errors = [line for line in lines if line.startswith("error: ")]
     assert len(errors) == 1 and lines[-1] == errors[0], err
     assert "Traceback" not in err
+    if command == "hidden-states":  # empty, not "conversations: tokenize them first"
+        assert "tokenize` first" not in errors[0], errors[0]
     assert _listing(root) == before  # nothing written: no output, no lease/, no empty folder
 
 
