@@ -198,6 +198,8 @@ def test_a_signal_says_how_tokenize_stopped_with_or_without_workers(
     text = err.decode(errors="replace")
     if proc.returncode == 0:  # the signal came as it finished: it said what it did
         return
+    if proc.returncode == -sig and not text and (out / "summary.json").exists():
+        return  # it came after the work, as the interpreter shut down: Python's own exit
     assert proc.returncode == 128 + sig, (workers, how, text[-2000:])
     assert (
         f"draftdata: stopped by {sig.name}; what was written is kept, and the same command run "

@@ -514,6 +514,10 @@ def _build_config(opts: GenerateOptions, *, partition: str | None) -> Any:
     cfg, origins = load_with_origins(
         opts.config, GenerateConfig, flag_names=FLAG_NAMES, flag_groups={"sampling"}, **flags
     )
+    if opts.fleet_per_node and not (cfg.endpoints or cfg.fleet):
+        # each Ray node reads its own fleet file (the template): the servers are checked there
+        checked = validate(msgspec.structs.replace(cfg, fleet=opts.fleet_per_node), origins.name)
+        return msgspec.structs.replace(checked, fleet=None)
     return validate(cfg, origins.name)
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from draftdata.errors import InputError
 from draftdata.hidden.writer import SampleRow
@@ -155,13 +156,18 @@ _HEAD = 4096  # bytes of a data file looked at for any content
 
 
 def _holds_nothing(ds: Dataset) -> bool:
-    """Whether every data file of ``ds`` is empty or blank (text files; gzip ones up to
-    ``_HEAD`` compressed bytes are looked into)."""
+    """Whether every data file of ``ds`` is empty: blank text (gzip ones up to ``_HEAD``
+    compressed bytes are looked into), an empty JSON array, or a parquet of 0 rows."""
     for key in ds.keys:
         size = ds.store.size(key)
         if size == 0:
             continue
-        if key.endswith(".parquet") or size > _HEAD:
+        if key.endswith(".parquet"):
+            with ds.store.open_input(key) as fh:
+                if pq.ParquetFile(fh).metadata.num_rows:
+                    return False
+            continue
+        if size > _HEAD:
             return False
         head = ds.store.read_range(key, 0, size)
         if key.endswith(".gz"):
