@@ -203,10 +203,10 @@ def test_live_writer_sees_every_scope_and_judges_holders_like_acquire(tmp_path: 
     assert live_writer(store) is None  # no lease at all
     for scope in ("run", "part-1-of-2"):
         lease = acquire(store, scope, ttl=5)
-        t0 = time.monotonic()
-        holder = live_writer(store)
+        fake = FakeTime()
+        holder = live_writer(store, clock=fake.clock, sleep=fake.sleep)
         assert holder is not None and f"pid {os.getpid()}" in holder
-        assert time.monotonic() - t0 < 1.0
+        assert fake.slept == 0  # at once: no watching
         with pytest.raises(LeaseHeldError, match="generate is still writing this run"):
             refuse_live_writer(store, "tokenize")
         lease.release()
@@ -215,22 +215,21 @@ def test_live_writer_sees_every_scope_and_judges_holders_like_acquire(tmp_path: 
     claim = {"host": "elsewhere", "node": "elsewhere|x", "pid": 1, "since": 0, "ttl": 0.6}
     other.put_new(f"{LEASE_PREFIX}scopes/run", b"{}")
     other.put_new(f"{LEASE_PREFIX}run/00000001/claim", json.dumps(claim).encode())
-    t0 = time.monotonic()
-    assert live_writer(other) is None  # silent for its ttl: dead
-    assert 0.6 <= time.monotonic() - t0 < 3.0
-    stop = threading.Event()
+    fake = FakeTime()
+    assert live_writer(other, clock=fake.clock, sleep=fake.sleep) is None  # silent: dead
+    assert 0.6 <= fake.slept < 3.0  # ... once watched for its ttl
 
-    def beat() -> None:
-        n = 0
-        while not stop.wait(0.1):
-            n += 1
-            other.put_new(f"{LEASE_PREFIX}run/00000001/hb-{n:08d}", b'{"time": 0}')
+    beats = [0]
 
-    t = threading.Thread(target=beat, daemon=True)
-    t.start()
-    try:
-        holder = live_writer(other)
-        assert holder is not None and "host elsewhere, pid 1" in holder
-    finally:
-        stop.set()
-        t.join()
+    class Beating(FakeTime):
+        """The foreign holder heartbeats while the reader watches (each of its sleeps)."""
+
+        def sleep(self, seconds: float) -> None:
+            super().sleep(seconds)
+            beats[0] += 1
+            other.put_new(f"{LEASE_PREFIX}run/00000001/hb-{beats[0]:08d}", b'{"time": 0}')
+
+    beating = Beating()
+    holder = live_writer(other, clock=beating.clock, sleep=beating.sleep)
+    assert holder is not None and "host elsewhere, pid 1" in holder
+    assert beating.slept < 0.6  # seen before its ttl ran out
