@@ -144,7 +144,7 @@ def main() -> None:
                 if (root / "fleet.yaml").exists():
                     break
                 time.sleep(0.1)
-            from draftdata.fleetspec import read_fleet
+            from draftdata.shared.fleetspec import read_fleet
 
             sim_url = read_fleet(str(root / "fleet.yaml")).endpoints[0].url
             base, _ = _generate(prompts, root / "base", [sim_url])

@@ -79,9 +79,9 @@ def write_prompts(path: Path, n: int) -> list[Any]:
 
 
 def bodies(prompts: list[Any]) -> list[dict[str, Any]]:
-    from draftdata.generate.client import request_body
     from draftdata.generate.config import Sampling
-    from draftdata.generate.request import Request
+    from draftdata.generate.engine.client import request_body
+    from draftdata.generate.engine.request import Request
 
     return [
         request_body(

@@ -44,12 +44,12 @@ from typing import Any
 
 import msgspec
 
-from draftdata.domains import classify_domain
 from draftdata.generate.config import GenerateConfig
-from draftdata.generate.pilot import run_pilot
-from draftdata.generate.pilot_sample import parse_pilot
+from draftdata.generate.plan.pilot import run_pilot
+from draftdata.generate.plan.pilot_sample import parse_pilot
 from draftdata.generate.stage import generate
 from draftdata.records import Message, Prompt
+from draftdata.shared.domains import classify_domain
 from draftdata.sim.config import SimConfig
 from draftdata.sim.run import SimProcess
 from draftdata.stats.runfigures import run_figures

@@ -64,13 +64,13 @@ from typing import Any
 
 import msgspec
 
-from draftdata.endpoints import parse_loads
 from draftdata.errors import FatalRequestError, ServerError
-from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, Sampling
-from draftdata.generate.request import Request
+from draftdata.generate.engine.client import EndpointClient
+from draftdata.generate.engine.request import Request
 from draftdata.generate.stage import generate
 from draftdata.records import Message, Prompt
+from draftdata.shared.endpoints import parse_loads
 from draftdata.sim.config import SimConfig
 from draftdata.sim.run import SimProcess
 from draftdata.store.read import iter_completions, iter_failures

@@ -36,11 +36,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from draftdata.formats import SAMPLE_SCHEMA
 from draftdata.hidden.config import HiddenConfig
 from draftdata.hidden.plan import batches
 from draftdata.hidden.stage import hidden_states
 from draftdata.hidden.writer import SampleRow
+from draftdata.shared.formats import SAMPLE_SCHEMA
 
 LAYERS = (2, 4, 5)  # eagle3 for 8 layers
 VOCAB = 4096

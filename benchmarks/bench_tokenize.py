@@ -31,8 +31,8 @@ from typing import Any
 import pyarrow as pa
 
 from draftdata.demo.tokenizer import ensure_demo_tokenizer, synthetic_corpus
-from draftdata.formats import completions_table
 from draftdata.records import Completion, Message, Turn
+from draftdata.shared.formats import completions_table
 from draftdata.tokenize.encode import TokenizeContext, tokenize_table
 from draftdata.tokenize.plan import plan_rendered, view_from_record
 

@@ -55,7 +55,7 @@
 
 Retry decisions are made by type, never by matching message text; raw HTTP, S3 and file errors
 are mapped to these types in one place per layer (``raise ... from exc``): an inference server's
-answers in ``generate/client.py``, which raises only the leaves above (and
+answers in ``generate/engine/client.py``, which raises only the leaves above (and
 ``RetryableServerError`` itself), and the dispatcher catches them by type. Anything that is not
 a DraftdataError is a bug and keeps its traceback.
 """
@@ -219,7 +219,7 @@ class FleetError(DraftdataError):
 
 class FleetUnavailableError(FleetError):
     """No endpoint could serve for the allowed time, all refuse, or the same request refusal
-    ended most of the first requests (``generate/opening.py``): the run stops, resumable."""
+    ended most of the first requests (``generate/engine/opening.py``): the run stops, resumable."""
 
 
 class RunAbortedError(DraftdataError):
@@ -326,7 +326,7 @@ class EndpointRefusedError(EndpointFaultError):
 
 
 class ImpossibleAnswerError(EndpointFaultError):
-    """An answer over its size bound or with impossible usage (``generate/bounds.py``)."""
+    """An answer over its size bound or with impossible usage (``generate/answers/bounds.py``)."""
 
     reason = "impossible"
 

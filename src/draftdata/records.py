@@ -90,8 +90,8 @@ class Completion(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
     # the conversation rule the turns were generated under (conversation.RULE; 1 = before it)
     conversation_rule: int = 2
     # the thinking mode the answering server applied by default to requests that left it to the
-    # server (no ``enable_thinking``), as generate knew it per answer (generate/thinking.py);
-    # None: not known, or not needed (the request chose the mode)
+    # server (no ``enable_thinking``), as generate knew it per answer
+    # (generate/answers/thinking.py); None: not known, or not needed (the request chose the mode)
     server_thinking: bool | None = None
 
 

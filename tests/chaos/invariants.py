@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT
+from draftdata.shared.formats import COMPLETION_FORMAT, FAILURE_FORMAT
 from draftdata.store import open_store
 from draftdata.store.read import read_shard, shard_keys
 

@@ -240,11 +240,11 @@ def cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: int) ->
 async def _cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: int) -> float:
     import aiohttp
 
-    from draftdata.endpoints import probe_load
-    from draftdata.generate.client import EndpointClient
     from draftdata.generate.config import Sampling
-    from draftdata.generate.request import Request
+    from draftdata.generate.engine.client import EndpointClient
+    from draftdata.generate.engine.request import Request
     from draftdata.records import Message
+    from draftdata.shared.endpoints import probe_load
 
     request = Request(
         model=model,

@@ -95,8 +95,8 @@ def test_a_bad_setting_is_named_as_given(
 
 
 def test_a_file_without_a_bad_value_and_no_flag_loads(tmp_path: Path) -> None:
-    from draftdata.config import load_with_origins
     from draftdata.generate.config import GenerateConfig
+    from draftdata.support.config import load_with_origins
 
     cfg, origins = load_with_origins(
         None,

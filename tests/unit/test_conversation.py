@@ -14,8 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata import conversation as conv
-from draftdata.conversation import (
+from draftdata.export.stage import export_record
+from draftdata.records import Completion, Message, Turn
+from draftdata.shared import conversation as conv
+from draftdata.shared.conversation import (
     RULE_LEGACY,
     STOP_LENGTH,
     STOP_NO_TOOL_CALL,
@@ -23,8 +25,6 @@ from draftdata.conversation import (
     STOP_UNANSWERED_CALL,
     TurnPlan,
 )
-from draftdata.export.stage import export_record
-from draftdata.records import Completion, Message, Turn
 from draftdata.stats.conversations import completion_to_conversation
 from draftdata.tokenize.plan import contexts, view_from_record
 
@@ -320,7 +320,7 @@ def test_completion_1_shards_keep_the_rule_they_were_generated_under() -> None:
     import pyarrow as pa
 
     from draftdata.errors import FormatVersionError
-    from draftdata.formats import (
+    from draftdata.shared.formats import (
         COMPLETION_SCHEMA,
         FORMAT_KEY,
         check_format,
@@ -353,7 +353,7 @@ def test_completion_1_shards_keep_the_rule_they_were_generated_under() -> None:
 
 
 def test_the_rule_has_one_home_and_tokenize_does_not_import_generate() -> None:
-    """tokenize reads the rule from ``draftdata.conversation`` (not from generate), and the
+    """tokenize reads the rule from ``draftdata.shared.conversation`` (not from generate), and the
     rule depends on nothing of the project but the records."""
     import ast
     from pathlib import Path
@@ -373,7 +373,7 @@ def test_the_rule_has_one_home_and_tokenize_does_not_import_generate() -> None:
 
     for path in (root / "tokenize").glob("*.py"):
         assert not any(m.startswith("draftdata.generate") for m in imports(path)), path.name
-    own = {m for m in imports(root / "conversation.py") if m.startswith("draftdata")}
+    own = {m for m in imports(root / "shared" / "conversation.py") if m.startswith("draftdata")}
     assert own == {"draftdata.records"}
 
 

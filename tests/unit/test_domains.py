@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata import domains as d
-from draftdata.domains import DOMAINS, classify_domain, domain_scores
 from draftdata.records import Message
+from draftdata.shared import domains as d
+from draftdata.shared.domains import DOMAINS, classify_domain, domain_scores
 
 
 def _u(text: str) -> list[Message]:

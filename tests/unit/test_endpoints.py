@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftdata.endpoints import (
+from draftdata.shared.endpoints import (
     Load,
     base_url,
     parse_loads,

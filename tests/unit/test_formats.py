@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from draftdata import formats
 from draftdata.errors import FormatVersionError, InputError
-from draftdata.formats import JsonFile
+from draftdata.shared import formats
+from draftdata.shared.formats import JsonFile
 
 FILES = [v for v in vars(formats).values() if isinstance(v, JsonFile)]
 

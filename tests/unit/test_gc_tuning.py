@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from draftdata.gc_tuning import YOUNG_THRESHOLD, fewer_collections
+from draftdata.support.gc_tuning import YOUNG_THRESHOLD, fewer_collections
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftdata.mix import Supply, largest_remainder, plan_mix, water_fill
+from draftdata.shared.mix import Supply, largest_remainder, plan_mix, water_fill
 
 EXISTING = {"code": 77_000, "math": 8_000, "general": 15_000}  # 100K rows at 77% code
 MIX = {"code": 0.40, "math": 0.25, "general": 0.25, "tool": 0.05, "agent": 0.05}

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.mix import Supply, plan_mix, token_fill
+from draftdata.shared.mix import Supply, plan_mix, token_fill
 
 DOMAINS = ["agent", "code", "general", "math", "tool"]
 

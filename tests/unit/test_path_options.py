@@ -235,8 +235,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     from tests.unit.stats import builders as b
 
     from draftdata.demo.tokenizer import ensure_demo_tokenizer
-    from draftdata.fleetspec import EndpointSpec, FleetSpec, write_fleet
     from draftdata.prepare.samples import sample_config, write_sample_sources
+    from draftdata.shared.fleetspec import EndpointSpec, FleetSpec, write_fleet
 
     root = tmp_path_factory.mktemp("world")
     samples = root / "samples"

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from draftdata.progress import RowProgress, fmt_duration
+from draftdata.support.progress import RowProgress, fmt_duration
 
 LINE = re.compile(r"^prepare: (?P<what>\S+): (?P<rows>[\d,]+) rows \((?P<rate>[\d,]+) rows/s\)$")
 

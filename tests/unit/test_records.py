@@ -12,15 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.config import load_config
 from draftdata.errors import ConfigError, FormatVersionError, InputError
-from draftdata.formats import (
-    COMPLETION_FORMAT,
-    SAMPLE_SCHEMA,
-    check_format,
-    completions_table,
-    iter_completions,
-)
 from draftdata.records import (
     Completion,
     JsonArraySplitter,
@@ -31,6 +23,14 @@ from draftdata.records import (
     decode_json_line,
     parse_prompt,
 )
+from draftdata.shared.formats import (
+    COMPLETION_FORMAT,
+    SAMPLE_SCHEMA,
+    check_format,
+    completions_table,
+    iter_completions,
+)
+from draftdata.support.config import load_config
 
 
 def test_parse_prompt_minimal() -> None:
@@ -190,7 +190,7 @@ def _derived(pid: str, samples: int = 3, turns: int = 3) -> set[str]:
     """Every id the pipeline derives from ``pid``: its samples (``sample_key``), and their turns
     as tokenize's per-turn samples and export's per-turn rows name them."""
     from draftdata.records import sample_key
-    from draftdata.trainer_rows import per_turn_id
+    from draftdata.shared.trainer_rows import per_turn_id
 
     out = set()
     for s in range(samples):

@@ -8,7 +8,7 @@ import string
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.redact import MASK, Redactor, redact_url, url_secrets
+from draftdata.support.redact import MASK, Redactor, redact_url, url_secrets
 
 _SECRET = st.text(alphabet=string.ascii_letters + string.digits + "-_.~", min_size=8, max_size=40)
 _TEXT = st.text(max_size=200)

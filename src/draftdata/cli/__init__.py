@@ -7,7 +7,7 @@ summary. Heavy imports happen inside command bodies so ``draftdata --help`` star
 Exit codes: 0 success; 1 a DraftdataError (one line on stderr, no traceback); 2 a usage error
 (Typer/Click); 128 + N when signal N stopped a command that runs worker processes
 (``Interrupted``); anything else is a bug and keeps its traceback. Path options are checked
-before any work (``draftdata.paths``); a file-system error that still reaches ``main`` with a
+before any work (``draftdata.shared.paths``); a file-system error that still reaches ``main`` with a
 file name (a folder removed under a running command), and a full, over-quota or read-only disk
 with or without one (``DiskError``: the standard output under ``> file`` too), is the user's
 place, not a bug, and is one line too.

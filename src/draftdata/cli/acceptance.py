@@ -22,7 +22,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 def print_acceptance(result: Any, mix: dict[str, float] | None, title: str = "") -> None:
     """The per-domain table (and the suggested mix) on stdout."""
-    from draftdata.tables import console, table
+    from draftdata.support.tables import console, table
 
     rows = []
     for name, a in [*result.by_domain.items(), ("total", result.total)]:
@@ -61,7 +61,7 @@ def print_acceptance(result: Any, mix: dict[str, float] | None, title: str = "")
 
 def print_acceptance_compare(measured: list[tuple[str, Any]]) -> None:
     """Several measurements side by side: acceptance rate and length per domain."""
-    from draftdata.tables import console, table
+    from draftdata.support.tables import console, table
 
     domains: list[str] = []
     for _, a in measured:
@@ -190,7 +190,7 @@ def _acceptance(opts: AcceptanceOptions) -> None:
     import json
 
     from draftdata.acceptance.stage import AcceptanceConfig, measure_acceptance
-    from draftdata.speculation import suggest_mix
+    from draftdata.shared.speculation import suggest_mix
 
     _check_paths(opts)
     config = AcceptanceConfig(
@@ -207,7 +207,7 @@ def _acceptance(opts: AcceptanceOptions) -> None:
 
 
 def _check_paths(opts: AcceptanceOptions) -> None:
-    from draftdata import paths
+    from draftdata.shared import paths
 
     if not paths.is_remote(opts.prompts):
         paths.input_path(opts.prompts, "--prompts")

@@ -68,8 +68,9 @@ def register(app: typer.Typer) -> None:
 def _demo(opts: DemoOptions) -> None:
     """Run prepare → generate → tokenize → merge → stats → report on bundled samples and a
     local simulated fleet; print the figures and where the outputs and report are."""
-    from draftdata import paths, tables
     from draftdata.demo.pipeline import run_demo, summary_table
+    from draftdata.shared import paths
+    from draftdata.support import tables
 
     paths.output_folder(opts.out, "--out")
     if opts.cache_dir is not None:

@@ -102,12 +102,12 @@ def _export(opts: ExportOptions) -> None:
 
 def _check_paths(opts: ExportOptions) -> None:
     """The run, the output, the tokenizer and the template, checked before any work."""
-    from draftdata import paths
+    from draftdata.shared import paths
 
     paths.input_folder(opts.run, "export", "give a run (generate's --out)")
     paths.output_file(opts.out, "--out", replace=False)
     if opts.tokenizer is not None:
-        from draftdata.tokenizer_folder import check_tokenizer_folder
+        from draftdata.shared.tokenizer_folder import check_tokenizer_folder
 
         check_tokenizer_folder(opts.tokenizer)
     if opts.chat_template is not None:
@@ -148,8 +148,8 @@ def _losses(stats: Any, fmt: str) -> tuple[str, str | None]:
     stopped; the whole-conversation formats keep it as their conversation's last turn, where a
     trainer does train that end of turn.
     """
-    from draftdata.metrics import loss_warning, reasons, share
-    from draftdata.trainer_rows import PER_TURN_FORMATS, TOKENIZER_FORMATS
+    from draftdata.shared.trainer_rows import PER_TURN_FORMATS, TOKENIZER_FORMATS
+    from draftdata.support.metrics import loss_warning, reasons, share
 
     per_turn = fmt in PER_TURN_FORMATS
     why = {"cut by the token limit": stats.get("export.cut_turns_skipped")}

@@ -185,8 +185,8 @@ class UpOptions(msgspec.Struct, kw_only=True, frozen=True):
 
 def _up(opts: UpOptions) -> None:
     """Start one inference server per GPU, wait until each serves, write fleet.yaml."""
-    from draftdata import paths
     from draftdata.fleet.manage import fleet_up, plan_servers
+    from draftdata.shared import paths
 
     paths.output_file(opts.out, "--out")
     paths.output_folder(opts.log_dir, "--log-dir")
@@ -215,8 +215,8 @@ def _up(opts: UpOptions) -> None:
 def _launch_config(opts: UpOptions) -> Any:
     """The ``LaunchConfig`` of the options: extra args split, GPUs and environment parsed, the
     hidden-state layers resolved against the model."""
-    from draftdata import paths
     from draftdata.fleet.launch import HIDDEN_ENGINES, LaunchConfig, parse_env, parse_gpus
+    from draftdata.shared import paths
 
     try:
         extra = tuple(shlex.split(opts.extra_args))
@@ -256,8 +256,8 @@ def _status(opts: StatusOptions) -> None:
 
     Exit code 1 when any server is unhealthy.
     """
-    from draftdata import paths
     from draftdata.fleet.manage import fleet_status, format_uptime
+    from draftdata.shared import paths
 
     paths.input_file(opts.fleet, "fleet status", NO_FLEET_HINT)
     rows = fleet_status(opts.fleet)
@@ -292,8 +292,8 @@ class DownOptions(msgspec.Struct, kw_only=True, frozen=True):
 
 def _down(opts: DownOptions) -> None:
     """Stop exactly the servers `fleet up` started (pid + start time checked)."""
-    from draftdata import paths
     from draftdata.fleet.manage import fleet_down
+    from draftdata.shared import paths
 
     paths.input_file(opts.fleet, "fleet down", NO_FLEET_HINT)
     for line in fleet_down(opts.fleet, grace_s=opts.grace):

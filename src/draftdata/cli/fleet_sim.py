@@ -397,11 +397,11 @@ def _sim(opts: SimOptions) -> None:
     if opts.reasoning not in ("parsed", "inline", "off"):
         raise ConfigError(f"--reasoning {opts.reasoning!r}: use parsed, inline or off")
     if opts.out is not None:
-        from draftdata import paths
+        from draftdata.shared import paths
 
         paths.output_file(opts.out, "--out")
     if opts.tokenizer is not None:
-        from draftdata.tokenizer_folder import check_tokenizer_folder
+        from draftdata.shared.tokenizer_folder import check_tokenizer_folder
 
         check_tokenizer_folder(str(opts.tokenizer))
     config = _sim_config(opts)
@@ -422,7 +422,7 @@ def _hidden_layers(opts: SimOptions) -> list[int]:
     """``--hidden-layers`` of ``--hidden-states`` (whose folder is made here), else none."""
     if opts.hidden_states is None:
         return []
-    from draftdata import paths
+    from draftdata.shared import paths
 
     paths.output_folder(opts.hidden_states, "--hidden-states")
     if opts.flavor != "vllm":

@@ -490,10 +490,10 @@ def _build_config(opts: GenerateOptions, *, partition: str | None) -> Any:
     over it."""
     import json
 
-    from draftdata import paths
-    from draftdata.config import load_with_origins
     from draftdata.errors import ConfigError
     from draftdata.generate.config import GenerateConfig, parse_concurrency, validate
+    from draftdata.shared import paths
+    from draftdata.support.config import load_with_origins
 
     if opts.config is not None:
         paths.input_file(opts.config, "--config")
@@ -526,7 +526,7 @@ def _pilot_spec(opts: GenerateOptions) -> Any:
     if opts.pilot is None:
         return None
     from draftdata.errors import ConfigError
-    from draftdata.generate.pilot_sample import parse_pilot
+    from draftdata.generate.plan.pilot_sample import parse_pilot
 
     spec = parse_pilot(opts.pilot)
     if opts.ray:
@@ -535,8 +535,8 @@ def _pilot_spec(opts: GenerateOptions) -> Any:
 
 
 def _check_paths(cfg: Any, opts: GenerateOptions) -> None:
-    """The input and output places, checked before any work (``draftdata.paths``)."""
-    from draftdata import paths
+    """The input and output places, checked before any work (``draftdata.shared.paths``)."""
+    from draftdata.shared import paths
 
     if cfg.prompts:
         paths.input_path(cfg.prompts, "--prompts", "give a prompts JSONL or prepare's --out")
@@ -572,7 +572,7 @@ def _run(cfg: Any, json_out: Path | None) -> None:
 
 def _pilot(cfg: Any, spec: Any, seed: int, json_out: Path | None) -> None:
     """``generate --pilot``: run the sample, print the summary and the forecast."""
-    from draftdata.generate.pilot import run_pilot
+    from draftdata.generate.plan.pilot import run_pilot
 
     try:
         result = run_pilot(cfg, spec, seed=seed)

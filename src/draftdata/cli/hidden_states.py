@@ -24,7 +24,7 @@ def _engine_options(
     engine: str, fleet: str | None, concurrency: str, api_key_env: str | None
 ) -> dict[str, Any]:
     """What ``--engine vllm`` reads for itself (``HiddenConfig.options``)."""
-    from draftdata import paths
+    from draftdata.shared import paths
 
     if fleet is not None:  # a wrong path is named first, whatever the engine
         paths.input_file(fleet, "--fleet")
@@ -256,7 +256,7 @@ def _hidden_states(opts: HiddenOptions) -> None:
     is printed before any forward pass. Kill it at any time: the same command resumes,
     rewriting nothing.
     """
-    from draftdata import paths
+    from draftdata.shared import paths
 
     single, count, only = ray_opts.resolve_partitions(
         opts.partition, opts.partitions, None, ray=opts.ray

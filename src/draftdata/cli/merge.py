@@ -191,10 +191,10 @@ def _merge(opts: MergeOptions) -> None:
 
     Example: draftdata merge --existing old/ --add tokenized/ --mix code=0.5,math=0.5 --out ds/
     """
-    from draftdata import tables
     from draftdata.cli.mixarg import mix_option
     from draftdata.merge.config import MergeConfig
-    from draftdata.mix import sum_warning
+    from draftdata.shared.mix import sum_warning
+    from draftdata.support import tables
 
     _check_paths(opts)
     config = MergeConfig(**settings(opts), mix=mix_option(opts.mix) or {})
@@ -209,8 +209,8 @@ def _merge(opts: MergeOptions) -> None:
 
 
 def _check_paths(opts: MergeOptions) -> None:
-    """The inputs and output places, checked before any work (``draftdata.paths``)."""
-    from draftdata import paths
+    """The inputs and output places, checked before any work (``draftdata.shared.paths``)."""
+    from draftdata.shared import paths
 
     for flag, urls in (("--existing", opts.existing), ("--add", opts.add)):
         for url in urls:
@@ -224,7 +224,7 @@ def _run(config: Any, console: Any, *, quiet: bool) -> Any:
     """The stage, with the scan's progress line closed before the plan is printed."""
     from draftdata.merge.report import print_plan
     from draftdata.merge.stage import merge
-    from draftdata.progress import RowProgress
+    from draftdata.support.progress import RowProgress
 
     progress = None if quiet else RowProgress("merge")
 
@@ -243,7 +243,7 @@ def _run(config: Any, console: Any, *, quiet: bool) -> Any:
 def _print_summary(summary: Any, console: Any) -> None:
     """The tables, the one line of what was written and left out, and its warnings."""
     from draftdata.merge.report import print_summary
-    from draftdata.metrics import reasons
+    from draftdata.support.metrics import reasons
 
     print_summary(summary.report, console)
     rows = summary.train_rows + summary.eval_rows
@@ -267,7 +267,7 @@ def _losses(report: MergeReport) -> tuple[str, str | None]:
     """What the summary line says merge left out of the rows read, by reason, and a warning
     when the rows it could not read pass 5% (duplicates and the mix's sampling are the plan,
     shown above, never warned about)."""
-    from draftdata.metrics import loss_warning, reasons, share
+    from draftdata.support.metrics import loss_warning, reasons, share
 
     read = sum(i.rows + i.bad_rows for i in report.inputs)
     dropped = dict(report.dropped)

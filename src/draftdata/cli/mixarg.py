@@ -3,7 +3,7 @@
 The file is a ``suggested_mix.json`` (``draftdata acceptance --out``: its ``mix`` object), or
 any JSON object of domain -> share; local or ``s3://``. So the mix a measurement suggests goes
 straight into the next ``prepare`` and ``merge``. The shares are parsed and checked by
-``draftdata.mix``; this module only finds the text or reads the file::
+``draftdata.shared.mix``; this module only finds the text or reads the file::
 
     draftdata merge ... --mix s3://BUCKET/acceptance_v1/suggested_mix.json
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from draftdata.errors import ConfigError, DraftdataError
-from draftdata.mix import mix_from_json, parse_mix
+from draftdata.shared.mix import mix_from_json, parse_mix
 
 
 def is_mix_file(text: str) -> bool:

@@ -118,10 +118,11 @@ def _prepare(opts: PrepareOptions) -> None:
 
     Example: draftdata prepare examples/quickstart.yaml --out prepare-out
     """
-    from draftdata import paths, tables
     from draftdata.prepare.config import check_mix_domains, mix_warnings
     from draftdata.prepare.stage import prepare
-    from draftdata.progress import RowProgress
+    from draftdata.shared import paths
+    from draftdata.support import tables
+    from draftdata.support.progress import RowProgress
 
     console = tables.console()
     if opts.write_samples is not None:
@@ -145,8 +146,8 @@ def _prepare(opts: PrepareOptions) -> None:
 
 def _write_samples(folder: Path, console: Any) -> None:
     """``--write-samples``: the bundled sample sources into ``folder``."""
-    from draftdata import paths
     from draftdata.prepare.samples import write_sample_sources
+    from draftdata.shared import paths
 
     paths.output_folder(folder, "--write-samples")
     for s in write_sample_sources(folder):
@@ -156,11 +157,11 @@ def _write_samples(folder: Path, console: Any) -> None:
 def _build_config(opts: PrepareOptions) -> Any:
     """The config file (checked to exist) with the options given over it; relative sources
     resolved against its folder, ``--lengths`` against the working directory."""
-    from draftdata import paths
     from draftdata.cli.mixarg import mix_option
-    from draftdata.config import load_with_origins
     from draftdata.errors import ConfigError
     from draftdata.prepare.config import PrepareConfig, check, resolve_paths
+    from draftdata.shared import paths
+    from draftdata.support.config import load_with_origins
 
     config = opts.config
     if config is None:
@@ -186,7 +187,7 @@ def _build_config(opts: PrepareOptions) -> Any:
 def _print_summary(result: Any, console: Any, *, plan_only: bool) -> None:
     """The sources and mix tables, the notes, the one line of what was written and left out."""
     from draftdata.prepare.report import SOURCE_HEADER, plan_header, plan_rows, source_rows
-    from draftdata.tables import table
+    from draftdata.support.tables import table
 
     rep = result.report
     console.print(table("sources", SOURCE_HEADER, source_rows(rep)))
@@ -237,7 +238,7 @@ def _losses(report: dict[str, Any], rejects: Path | None) -> tuple[str, str | No
     mix), and a warning when the rejects pass 5%."""
     from collections import Counter
 
-    from draftdata.metrics import accounted, loss_warning, reasons
+    from draftdata.support.metrics import accounted, loss_warning, reasons
 
     t = report["totals"]
     read, rejected = t["read"], t["rejected"]

@@ -59,8 +59,8 @@ def _report(opts: ReportOptions) -> None:
     """Domain mix before/after merge, output length and tokens per domain, finish reasons,
     failures by class, throughput per endpoint and the headline numbers, as one HTML file
     with embedded plots (no external URLs)."""
-    from draftdata import paths
     from draftdata.report import build_report
+    from draftdata.shared import paths
 
     more = opts.more or []
     for i, url in enumerate([opts.target, *more]):

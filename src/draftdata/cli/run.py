@@ -42,7 +42,7 @@ class CheckOptions(msgspec.Struct, kw_only=True, frozen=True):
 def _check(opts: CheckOptions) -> None:
     """Read every completions and failures shard in full (pages, checksums, rows) and list
     the ones that cannot be read."""
-    from draftdata import paths
+    from draftdata.shared import paths
     from draftdata.store.check import check_run
 
     paths.input_folder(opts.run, "run check", "give a run (generate's --out)")

@@ -66,12 +66,12 @@ def _stats(opts: StatsOptions) -> None:
 
 
 def _check_paths(opts: StatsOptions) -> None:
-    from draftdata import paths
+    from draftdata.shared import paths
 
     for url in opts.dataset:
         paths.input_path(url, "stats")
     if opts.tokenizer is not None:
-        from draftdata.tokenizer_folder import check_tokenizer_folder
+        from draftdata.shared.tokenizer_folder import check_tokenizer_folder
 
         check_tokenizer_folder(opts.tokenizer)
 

@@ -147,8 +147,8 @@ def _tokenize(opts: TokenizeOptions) -> None:
 
 def _check_paths(opts: TokenizeOptions) -> None:
     """The run, the tokenizer, the template and the output place, checked before any work."""
-    from draftdata import paths
-    from draftdata.tokenizer_folder import check_tokenizer_folder
+    from draftdata.shared import paths
+    from draftdata.shared.tokenizer_folder import check_tokenizer_folder
 
     paths.input_path(opts.run, "tokenize", "give a run (generate's --out) or a conversations file")
     check_tokenizer_folder(opts.tokenizer)

@@ -27,8 +27,8 @@ from typing import Any
 import msgspec
 
 from draftdata.errors import ConfigError, DraftdataError, FleetError
-from draftdata.fleetspec import read_fleet
-from draftdata.redact import redact_url
+from draftdata.shared.fleetspec import read_fleet
+from draftdata.support.redact import redact_url
 
 FLEET_RESOURCE = "draftdata_fleet"
 INSTALL_HINT = "pip install 'draftdata[ray]' (or: pip install 'ray[data]>=2.9')"

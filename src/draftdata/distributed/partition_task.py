@@ -23,7 +23,7 @@ from draftdata.distributed import cluster
 from draftdata.distributed.progress import committed_by_writer
 from draftdata.errors import DraftdataError
 from draftdata.generate.config import GenerateConfig
-from draftdata.generate.partition import Partition
+from draftdata.generate.prompts.partition import Partition
 from draftdata.generate.stage import generate
 from draftdata.store.opener import open_store
 from draftdata.store.shards import default_writer_id

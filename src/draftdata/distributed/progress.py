@@ -28,7 +28,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from draftdata.formats import COMPLETION_FORMAT
+from draftdata.shared.formats import COMPLETION_FORMAT
 from draftdata.store.base import Store
 from draftdata.store.read import COMPLETIONS_PREFIX, FAILURES_PREFIX, read_shard
 

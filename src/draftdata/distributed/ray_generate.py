@@ -45,10 +45,10 @@ from draftdata.distributed.progress import (
 )
 from draftdata.errors import ConfigError, DraftdataError
 from draftdata.generate.config import GenerateConfig, validate
-from draftdata.generate.partition import Partition, count_by_partition
-from draftdata.generate.source import prompt_files
-from draftdata.progress import REFRESH_PER_SECOND
+from draftdata.generate.prompts.partition import Partition, count_by_partition
+from draftdata.generate.prompts.source import prompt_files
 from draftdata.store.opener import open_store
+from draftdata.support.progress import REFRESH_PER_SECOND
 
 DEFAULT_PARTITIONS_PER_NODE = 4
 

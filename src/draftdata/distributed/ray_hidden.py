@@ -1,6 +1,6 @@
 """``draftdata hidden-states --ray``: one hidden-state set computed over a Ray cluster.
 
-The samples are partitioned by id hash (generate's rule, ``generate/partition.py``) into P
+The samples are partitioned by id hash (generate's rule, ``generate/prompts/partition.py``) into P
 partitions, and each partition is one Ray task that runs the normal stage
 (``hidden/stage.py``) restricted to its partition (``HiddenConfig.partition``) into the one
 ``--out`` set: the same plan, manifest and index in every task (created once, compared by the
@@ -35,7 +35,7 @@ import msgspec
 
 from draftdata.distributed import cluster
 from draftdata.errors import ConfigError, DraftdataError
-from draftdata.generate.partition import Partition
+from draftdata.generate.prompts.partition import Partition
 from draftdata.hidden.config import HiddenConfig
 
 DEFAULT_PARTITIONS_PER_WORKER = 2

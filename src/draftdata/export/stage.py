@@ -1,6 +1,6 @@
 """Export a run's completions for training: the drafter trainers' formats, OpenAI messages, parquet.
 
-The JSONL formats and the trainer each one feeds are described in ``draftdata.trainer_rows``:
+The JSONL formats and the trainer each one feeds are described in ``draftdata.shared.trainer_rows``:
 ``sharegpt`` / ``openai`` / ``eagle`` write one row per completion (its whole conversation;
 ``eagle`` leaves out, and counts, the conversations EAGLE's scripts cannot read);
 ``specforge`` / ``specforge-text`` / ``speculators`` / ``modelopt`` one row per generated turn
@@ -32,12 +32,17 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from draftdata.conversation import assemble
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError, disk_errors
 from draftdata.export.turns import TurnRows
-from draftdata.formats import iter_completions as _rows
-from draftdata.metrics import StageStats
 from draftdata.records import Completion, sample_key
+from draftdata.shared.conversation import assemble
+from draftdata.shared.formats import iter_completions as _rows
+from draftdata.shared.trainer_rows import (
+    CONVERSATION_FORMATS,
+    PER_TURN_FORMATS,
+    conversation_row,
+    eagle_problem,
+)
 from draftdata.store.base import Store, split_s3_url
 from draftdata.store.doneset import DoneSet
 from draftdata.store.lease import refuse_live_writer
@@ -51,12 +56,7 @@ from draftdata.store.read import (
     shard_keys,
 )
 from draftdata.store.settings import settings_of
-from draftdata.trainer_rows import (
-    CONVERSATION_FORMATS,
-    PER_TURN_FORMATS,
-    conversation_row,
-    eagle_problem,
-)
+from draftdata.support.metrics import StageStats
 
 ExportFormat = Literal[
     "sharegpt",

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from draftdata.conversation import expand, message_dict
 from draftdata.errors import ConfigError
 from draftdata.export.modelopt import (
     fold_tools,
@@ -37,12 +36,9 @@ from draftdata.export.modelopt import (
     render_like_modelopt,
     with_kwargs,
 )
-from draftdata.metrics import StageStats
 from draftdata.records import Completion, JsonDict, sample_key
-from draftdata.tokenize.encode import TokenizeContext, tokenize_views
-from draftdata.tokenize.plan import view_from_record
-from draftdata.tokenize.template import read_template_file
-from draftdata.trainer_rows import (
+from draftdata.shared.conversation import expand, message_dict
+from draftdata.shared.trainer_rows import (
     TOKENIZER_FORMATS,
     clean_message,
     modelopt_row,
@@ -51,6 +47,10 @@ from draftdata.trainer_rows import (
     speculators_row,
     text_row,
 )
+from draftdata.support.metrics import StageStats
+from draftdata.tokenize.encode import TokenizeContext, tokenize_views
+from draftdata.tokenize.plan import view_from_record
+from draftdata.tokenize.template import read_template_file
 
 
 class TurnRows:

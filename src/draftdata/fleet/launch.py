@@ -30,8 +30,8 @@ from pathlib import Path
 import msgspec
 
 from draftdata.errors import ConfigError, FleetError
-from draftdata.fleetspec import process_start_time
-from draftdata.tokenizer_folder import TOKENIZER_FILES
+from draftdata.shared.fleetspec import process_start_time
+from draftdata.shared.tokenizer_folder import TOKENIZER_FILES
 
 ENGINES = ("sglang", "vllm", "sim", "command")
 HIDDEN_ENGINES = ("vllm", "sim")  # the engines `--hidden-states` launches

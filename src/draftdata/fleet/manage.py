@@ -27,7 +27,6 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from draftdata import endpoints
 from draftdata.errors import ConfigError, FleetError
 from draftdata.fleet.launch import (
     VLLM_HIDDEN_CONNECTOR,
@@ -44,7 +43,8 @@ from draftdata.fleet.launch import (
 )
 from draftdata.fleet.procs import Identity, describe_pid, stop_process
 from draftdata.fleet.supervise import Backoff, Fate, fate_line, wait_ready, watch
-from draftdata.fleetspec import (
+from draftdata.shared import endpoints
+from draftdata.shared.fleetspec import (
     EndpointSpec,
     FleetSpec,
     HiddenStatesSpec,
@@ -53,7 +53,7 @@ from draftdata.fleetspec import (
     read_fleet,
     write_fleet,
 )
-from draftdata.redact import redact_url
+from draftdata.support.redact import redact_url
 
 STATE_FORMAT = "draftdata.fleet-state/1"
 Echo = Callable[[str], None]

@@ -6,8 +6,8 @@ memory, address already in use, unsupported attention backend, unrecognized argu
 notices a process that exited, so a server that cannot start is reported in one line as soon as
 that is known, never after the timeout. A ready server is described by an ``EndpointSpec``
 (URL, pid, served model id, engine version, context length, capacity) through the probes of
-:mod:`draftdata.endpoints`. ``watch`` keeps a started fleet under observation and, when asked,
-restarts a crashed server with exponential backoff.
+:mod:`draftdata.shared.endpoints`. ``watch`` keeps a started fleet under observation and, when
+asked, restarts a crashed server with exponential backoff.
 
 Starting processes is :mod:`draftdata.fleet.launch`; stopping them is :mod:`draftdata.fleet.procs`;
 the ``up``/``status``/``down`` operations over fleet.yaml are :mod:`draftdata.fleet.manage`.
@@ -26,11 +26,11 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from draftdata import endpoints
 from draftdata.errors import FleetError
 from draftdata.fleet.launch import CAPACITY_FLAGS, CONTEXT_FLAGS, Started, start_server
 from draftdata.fleet.procs import Identity, describe_pid, stop_process
-from draftdata.fleetspec import EndpointSpec
+from draftdata.shared import endpoints
+from draftdata.shared.fleetspec import EndpointSpec
 
 # (pattern, what it means): matched against each new log line while a server starts.
 FATAL_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import msgspec
 
 from draftdata.errors import ConfigError
-from draftdata.generate.partition import parse_partition
+from draftdata.generate.prompts.partition import parse_partition
 
 Reasoning = Literal["on", "off", "server"]
 ProgressMode = Literal["auto", "rich", "plain", "off"]
@@ -92,7 +92,7 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     fleet: str | None = None
     out: str = ""
     model: str | None = None
-    max_tokens: int | None = None  # None: fill the endpoint's context (generate/limits.py)
+    max_tokens: int | None = None  # None: fill the endpoint's context (generate/engine/limits.py)
     strict_limit: bool = False  # send max_tokens as configured, never lowered to fit the context
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     reasoning: Reasoning = "server"

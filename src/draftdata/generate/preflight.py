@@ -23,20 +23,20 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
-from draftdata.endpoints import Capacity, api_key_from_env, base_url, probe_capacity
 from draftdata.errors import ConfigError, FleetError, ServerError
-from draftdata.fleetspec import read_fleet
-from draftdata.generate.client import EndpointClient, token_ids_refusal
+from draftdata.generate.answers.thinking import recorded
 from draftdata.generate.config import GenerateConfig, Sampling
-from draftdata.generate.partition import Partition, parse_partition
-from draftdata.generate.rejects import check_schema
-from draftdata.generate.request import Request
+from draftdata.generate.engine.client import EndpointClient, token_ids_refusal
+from draftdata.generate.engine.request import Request
+from draftdata.generate.prompts.partition import Partition, parse_partition
+from draftdata.generate.prompts.rejects import check_schema
+from draftdata.generate.prompts.source import PromptFile, Scan, scan
 from draftdata.generate.run_model import check_fleet_models, check_resume_model, recorded_model
-from draftdata.generate.source import PromptFile, Scan, scan
-from draftdata.generate.thinking import recorded
 from draftdata.records import Message
-from draftdata.redact import redact_url
+from draftdata.shared.endpoints import Capacity, api_key_from_env, base_url, probe_capacity
+from draftdata.shared.fleetspec import read_fleet
 from draftdata.store.settings import PromptsIdentity, RunSettings
+from draftdata.support.redact import redact_url
 
 Log = Callable[[str], None]
 

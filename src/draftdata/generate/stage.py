@@ -48,15 +48,13 @@ from functools import partial
 import msgspec
 import numpy as np
 
-from draftdata.endpoints import Capacity
 from draftdata.errors import DraftdataError, LeaseLostError, StoreError
-from draftdata.formats import completions_table, failures_table
-from draftdata.generate.client import EndpointClient
-from draftdata.generate.concurrency import queue_target
 from draftdata.generate.config import GenerateConfig, validate
-from draftdata.generate.endpoint import Endpoint
-from draftdata.generate.engine import Engine, Log, probe_session, run_engine, stderr_log
-from draftdata.generate.limits import FALLBACK_MAX_TOKENS, INITIAL_TOKENS_PER_BYTE
+from draftdata.generate.engine.client import EndpointClient
+from draftdata.generate.engine.concurrency import queue_target
+from draftdata.generate.engine.endpoint import Endpoint
+from draftdata.generate.engine.limits import FALLBACK_MAX_TOKENS, INITIAL_TOKENS_PER_BYTE
+from draftdata.generate.engine.loop import Engine, Log, probe_session, run_engine, stderr_log
 from draftdata.generate.preflight import (
     Preflight,
     api_key,
@@ -65,16 +63,18 @@ from draftdata.generate.preflight import (
     fleet_contexts,
     preflight,
 )
-from draftdata.generate.rejects import Rejects
-from draftdata.generate.source import PromptFile, PromptReader, prompt_files
+from draftdata.generate.prompts.rejects import Rejects
+from draftdata.generate.prompts.source import PromptFile, PromptReader, prompt_files
 from draftdata.generate.summary import GenerateSummary
 from draftdata.records import Completion, Failure, Message, Turn
-from draftdata.redact import Redactor
+from draftdata.shared.endpoints import Capacity
+from draftdata.shared.formats import completions_table, failures_table
 from draftdata.stats.runfigures import RunFigures, run_figures
 from draftdata.store.lease import LeaseOptions, scope_of
 from draftdata.store.protect import check_not_protected
 from draftdata.store.run import Run
 from draftdata.store.write import parquet_bytes
+from draftdata.support.redact import Redactor
 
 
 def generate(

@@ -21,8 +21,8 @@ from typing import Any
 import msgspec
 
 from draftdata.records import Completion, Failure
+from draftdata.shared.tokens import ESTIMATE_ERROR, completion_tokens
 from draftdata.stats.runfigures import RunFigures, completion_reason, stopped_lines
-from draftdata.tokens import ESTIMATE_ERROR, completion_tokens
 
 
 class DomainStats(msgspec.Struct, kw_only=True):

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from draftdata.errors import ConfigError
 from draftdata.hidden.writer import Writer
-from draftdata.tables import human_bytes as human_bytes
+from draftdata.support.tables import human_bytes as human_bytes
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)

@@ -75,7 +75,7 @@ class HiddenConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     progress: bool = True
     options: dict[str, Any] = msgspec.field(default_factory=dict)
     # "I/P": only the samples whose id hash falls in partition I of P (generate's rule,
-    # ``generate/partition.py``), under that partition's own lease: how ``hidden-states
+    # ``generate/prompts/partition.py``), under that partition's own lease: how ``hidden-states
     # --ray`` spreads one set over a cluster (``distributed/ray_hidden.py``)
     partition: str | None = None
 
@@ -108,7 +108,7 @@ class HiddenConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
         if self.staging_bytes < 1 << 20:
             raise ConfigError(f"--staging-bytes {self.staging_bytes}: at least 1 MiB")
         if self.partition is not None:
-            from draftdata.generate.partition import parse_partition
+            from draftdata.generate.prompts.partition import parse_partition
 
             parse_partition(self.partition)
         if not self.lease_ttl > 0:

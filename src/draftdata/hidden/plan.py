@@ -69,7 +69,7 @@ class Plan:
 
     def index_table(self, file_of: list[str]) -> pa.Table:
         """``hidden_index.parquet``'s rows (``formats.HIDDEN_INDEX_SCHEMA``)."""
-        from draftdata.formats import HIDDEN_INDEX_SCHEMA
+        from draftdata.shared.formats import HIDDEN_INDEX_SCHEMA
 
         n = self.samples
         return pa.table(

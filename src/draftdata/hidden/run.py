@@ -194,7 +194,7 @@ class _Remote:
     """A worker process (a one-process pool bound to this one)."""
 
     def __init__(self, spec: WorkerSpec, stack: contextlib.ExitStack) -> None:
-        from draftdata.workerpool import worker_pool
+        from draftdata.support.workerpool import worker_pool
 
         self.pool = stack.enter_context(worker_pool(1, _init, (spec,)))
 

@@ -42,12 +42,12 @@ import pyarrow.parquet as pq
 
 from draftdata import __version__
 from draftdata.errors import AlreadyExistsError, RunMismatchError
-from draftdata.formats import (
+from draftdata.hidden.config import HiddenSettings, HiddenSummary
+from draftdata.shared.formats import (
     HIDDEN_INDEX,
     HIDDEN_MANIFEST,
     HIDDEN_SUMMARY,
 )
-from draftdata.hidden.config import HiddenSettings, HiddenSummary
 from draftdata.stats.hiddenset import HiddenSet as HiddenSet
 from draftdata.stats.hiddenset import read_index, summary_keys
 from draftdata.stats.hiddenset import read_set as read_set

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from draftdata.errors import ConfigError, InputError, VerificationError
-from draftdata.generate.partition import parse_partition
+from draftdata.generate.prompts.partition import parse_partition
 from draftdata.hidden.backend import BackendSpec, ModelFacts, Opener, engine_named, read_model_facts
 from draftdata.hidden.bill import check_budget, eta_line, human_bytes, make_bill
 from draftdata.hidden.config import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from draftdata.hidden.bill import human_bytes, human_count
 from draftdata.hidden.config import HiddenSummary, LayerCheck
-from draftdata.tables import console, table
+from draftdata.support.tables import console, table
 
 
 def _layer_rows(layers: list[LayerCheck]) -> list[list[str]]:

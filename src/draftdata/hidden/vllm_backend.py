@@ -9,11 +9,11 @@ server's hidden-states connector names in ``kv_transfer_params.hidden_states_pat
 (``staged.py``: under the connector's lock, its ``token_ids`` checked against the sample's,
 removed once read).
 
-The requests run through generate's dispatcher (``generate/dispatch.py``) over generate's
+The requests run through generate's dispatcher (``generate/engine/dispatch.py``) over generate's
 endpoints: one queue over the fleet, each endpoint's concurrency controller and circuit
 breaker, retries with backoff elsewhere (``max_attempts``), a refusing or impossible-answering
 endpoint taken out and its work moved on uncharged, a dead one found by its health check and
-revived when it answers again (``generate/keeper.py``). Only the attempt differs: the
+revived when it answers again (``generate/engine/keeper.py``). Only the attempt differs: the
 ``PrefillCaller`` below sends one prefill request instead of a chat conversation, and a file
 the server failed to write is a ``MalformedAnswerError`` (retried elsewhere), a file of other
 tokens an ``ImpossibleAnswerError`` (the endpoint is taken out). When no
@@ -57,7 +57,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import aiohttp
 import numpy as np
 
-from draftdata.endpoints import api_key_from_env, probe_capacity
 from draftdata.errors import (
     ConfigError,
     EndpointRefusedError,
@@ -66,16 +65,15 @@ from draftdata.errors import (
     ImpossibleAnswerError,
     MalformedAnswerError,
 )
-from draftdata.fleetspec import FleetSpec, read_fleet
-from draftdata.generate.caller import Answer
-from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import GenerateConfig, Sampling
-from draftdata.generate.dispatch import Dispatcher
-from draftdata.generate.endpoint import Endpoint
-from draftdata.generate.keeper import EndpointKeeper
-from draftdata.generate.request import Request
+from draftdata.generate.engine.caller import Answer
+from draftdata.generate.engine.client import EndpointClient
+from draftdata.generate.engine.dispatch import Dispatcher
+from draftdata.generate.engine.endpoint import Endpoint
+from draftdata.generate.engine.keeper import EndpointKeeper
+from draftdata.generate.engine.request import Request
+from draftdata.generate.engine.work import Copy
 from draftdata.generate.stage import make_endpoints
-from draftdata.generate.work import Copy
 from draftdata.hidden.backend import (
     BackendSpec,
     Engine,
@@ -87,8 +85,10 @@ from draftdata.hidden.backend import (
 from draftdata.hidden.layers import Capture
 from draftdata.hidden.staged import read_staged, remove_staged, sweep
 from draftdata.records import Completion, Failure, Prompt, Turn, Usage
-from draftdata.redact import redact_url
-from draftdata.tables import human_bytes
+from draftdata.shared.endpoints import api_key_from_env, probe_capacity
+from draftdata.shared.fleetspec import FleetSpec, read_fleet
+from draftdata.support.redact import redact_url
+from draftdata.support.tables import human_bytes
 
 if TYPE_CHECKING:
     import torch

@@ -1,9 +1,9 @@
 """The merge stage's settings: inputs, target mix, sampling, split and output format.
 
 ``MergeConfig`` is what ``draftdata merge`` builds from its flags and what the demo builds in
-code (``--mix`` is read and checked by ``draftdata.mix``, as for every stage). Values YAML/flag
-types cannot check (shares, fractions, formats) are checked in ``check_config``. No logic lives
-here.
+code (``--mix`` is read and checked by ``draftdata.shared.mix``, as for every stage). Values
+YAML/flag types cannot check (shares, fractions, formats) are checked in ``check_config``. No logic
+lives here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from draftdata.errors import ConfigError
-from draftdata.mix import check_shares
+from draftdata.shared.mix import check_shares
 
 # parquet, plus the trainers' JSONL (merge/jsonl.py): chat formats for chat inputs, speculators
 # for tokenized ones

@@ -8,10 +8,10 @@ so both count rows and domains the same way). Two families exist and one merge u
 - **chat**: prompts JSONL, SpecForge/ShareGPT/OpenAI rows, generate runs; the content key is a
   hash of the normalised conversation (roles, whitespace-collapsed case-folded contents and
   reasoning, tool calls, tools); a row without a domain label is classified with
-  ``draftdata.domains.classify_domain``.
+  ``draftdata.shared.domains.classify_domain``.
 
 Pass 1 keeps only fixed-size keys per row, in numpy chunks (about 40 bytes a row), among them
-each row's loss tokens (exact for samples; ``draftdata.tokens`` for chat rows: the tokenizer
+each row's loss tokens (exact for samples; ``draftdata.shared.tokens`` for chat rows: the tokenizer
 when given, else the estimate). Pass 2 reads the same files in the same order, so the n-th row
 of pass 2 is the n-th row of pass 1.
 """
@@ -33,12 +33,13 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from draftdata.conversation import Conversation
-from draftdata.domains import classify_domain
 from draftdata.errors import InputError
 from draftdata.merge.plan import hash64
-from draftdata.readers.base import batches
 from draftdata.records import normalise_text
+from draftdata.shared.conversation import Conversation
+from draftdata.shared.domains import classify_domain
+from draftdata.shared.readers.base import batches
+from draftdata.shared.tokens import conversation_tokens, counter
 from draftdata.stats.readers import (
     Dataset,
     iter_conversations,
@@ -46,8 +47,7 @@ from draftdata.stats.readers import (
     open_dataset,
 )
 from draftdata.store.lease import refuse_live_writer
-from draftdata.tokens import conversation_tokens, counter
-from draftdata.workerpool import worker_pool
+from draftdata.support.workerpool import worker_pool
 
 Family = Literal["samples", "chat"]
 UNKNOWN = "unknown"
@@ -281,7 +281,7 @@ class Workers:
 
     Chunks are submitted with at most ``2 n`` in flight and consumed in submission order, so
     results (and memory) do not depend on the number of workers. The processes end with this
-    one, whatever signal ends it (``draftdata.workerpool``).
+    one, whatever signal ends it (``draftdata.support.workerpool``).
     """
 
     def __init__(self, n: int, tokenizer: str | None = None) -> None:

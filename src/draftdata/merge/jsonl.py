@@ -1,7 +1,7 @@
 """The trainers' JSONL that ``merge --format`` writes beside the parquet shards.
 
 One JSONL shard per parquet shard, ``<format>/{train,eval}set-NNNNN.jsonl``, rows in the same
-order, in the format ``export`` writes (``draftdata.trainer_rows``):
+order, in the format ``export`` writes (``draftdata.shared.trainer_rows``):
 
 - chat inputs: ``sharegpt`` (whole conversations), ``specforge`` (one row per assistant turn,
   the history before it with earlier turns' reasoning removed, as the target's server saw it
@@ -26,10 +26,15 @@ from typing import Any
 
 import msgspec
 
-from draftdata.conversation import RULE_LEGACY, TurnPlan, message_dict
 from draftdata.records import Message, Turn
+from draftdata.shared.conversation import RULE_LEGACY, TurnPlan, message_dict
+from draftdata.shared.trainer_rows import (
+    conversation_row,
+    eagle_problem,
+    per_turn_id,
+    specforge_row,
+)
 from draftdata.stats.conversations import specforge_line
-from draftdata.trainer_rows import conversation_row, eagle_problem, per_turn_id, specforge_row
 
 CHAT_FORMATS = ("sharegpt", "specforge", "openai", "modelopt", "eagle")
 SAMPLE_FORMATS = ("speculators",)

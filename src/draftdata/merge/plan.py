@@ -9,10 +9,10 @@ exist with every share within ``tau`` of its target: ``(t_d - tau) N <= A_d`` fo
 ``sum_d min(A_d, (t_d + tau) N) >= N``. Both conditions are monotone in ``N`` (the second is a
 concave function that starts positive), so ``N`` is found in closed form plus one bisection;
 the counts are then the integers closest to ``t_d N`` within ``min(A_d, (t_d + tau) N)``
-(``draftdata.mix.water_fill``). With ``tau = 0`` this is the exact mix, ``N = min_d A_d / t_d``.
-Upsampling raises the caps to ``A_d * max_repeat`` and aims for the ``N`` at which no domain
-needs to drop a row. A domain of the mix with no rows at all makes the mix unreachable: it is
-left out, the remaining targets keep their ratios, and the result says so.
+(``draftdata.shared.mix.water_fill``). With ``tau = 0`` this is the exact mix,
+``N = min_d A_d / t_d``. Upsampling raises the caps to ``A_d * max_repeat`` and aims for the ``N``
+at which no domain needs to drop a row. A domain of the mix with no rows at all makes the mix
+unreachable: it is left out, the remaining targets keep their ratios, and the result says so.
 
 Counts in loss tokens (``solve_tokens``, ``--mix-by tokens``, the default): the same shape of
 answer, found by ``tokenplan.plan_tokens`` over each group's rows in selection order; see there.
@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from draftdata.merge.tokenplan import MAX_NODES, TokenPlan, largest_total, plan_tokens
-from draftdata.mix import largest_remainder, water_fill
+from draftdata.shared.mix import largest_remainder, water_fill
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]

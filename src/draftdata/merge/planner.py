@@ -38,8 +38,7 @@ from draftdata.merge.plan import (
     with_eval,
 )
 from draftdata.merge.tokenplan import MAX_NODES, TokenPlan
-from draftdata.metrics import StageStats
-from draftdata.mix import OTHER, normalised
+from draftdata.shared.mix import OTHER, normalised
 from draftdata.store.merge_report import (
     EvalPlan,
     MergePlan,
@@ -48,6 +47,7 @@ from draftdata.store.merge_report import (
     TokenCounts,
     WayOut,
 )
+from draftdata.support.metrics import StageStats
 
 # --tolerance values tried for the ways out of a plan that keeps too little
 _LOOSER = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)

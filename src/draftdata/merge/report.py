@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from draftdata import tables
+from draftdata.shared.tokens import ESTIMATE_ERROR
 from draftdata.store.merge_report import MergePlan, MergeReport
-from draftdata.tables import compact, table
-from draftdata.tokens import ESTIMATE_ERROR
+from draftdata.support import tables
+from draftdata.support.tables import compact, table
 
 # what an estimate of loss tokens is, and the way to count them exactly
 ESTIMATE_NOTE = (

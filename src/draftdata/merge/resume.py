@@ -23,9 +23,9 @@ import json
 from typing import Any
 
 from draftdata.errors import AlreadyExistsError
-from draftdata.formats import MERGE_CONFIG, MERGE_REPORT
 from draftdata.merge.config import MergeConfig
 from draftdata.merge.inputs import InputInfo
+from draftdata.shared.formats import MERGE_CONFIG, MERGE_REPORT
 from draftdata.store.base import Store
 
 CONFIG_VERSION = 1

@@ -43,9 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError, disk_errors
-from draftdata.formats import MERGE_REPORT, SAMPLE_SCHEMA
 from draftdata.merge.config import MergeConfig, check_config
 from draftdata.merge.inputs import (
     Family,
@@ -64,8 +62,11 @@ from draftdata.merge.planner import OnPlan, Planned, RoutePlan, plan_output, sto
 from draftdata.merge.resume import check_output, claim_output, config_bytes
 from draftdata.merge.route import jsonl_writer, route_chat, route_samples
 from draftdata.merge.shuffle import Buckets, ShardWriter, bucket_schema
-from draftdata.metrics import StageStats
-from draftdata.mix import OTHER, normalised
+from draftdata.shared.domains import DOMAINS
+from draftdata.shared.formats import MERGE_REPORT, SAMPLE_SCHEMA
+from draftdata.shared.mix import OTHER, normalised
+from draftdata.shared.tokenizer_folder import check_tokenizer_folder
+from draftdata.shared.tokens import counter
 from draftdata.stats.conversations import CONVERSATION_SCHEMA
 from draftdata.stats.readers import iter_domain_labels, refuse_unreadable
 from draftdata.store.base import Store
@@ -79,8 +80,7 @@ from draftdata.store.merge_report import (
 )
 from draftdata.store.opener import open_store
 from draftdata.store.protect import check_not_protected
-from draftdata.tokenizer_folder import check_tokenizer_folder
-from draftdata.tokens import counter
+from draftdata.support.metrics import StageStats
 
 CARD_KEY = "README.md"
 SPLITS = ("train", "eval")

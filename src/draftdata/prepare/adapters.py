@@ -19,7 +19,6 @@ from typing import Any
 
 import msgspec
 
-from draftdata.conversation import Conversation
 from draftdata.errors import RowError
 from draftdata.prepare import hermes
 from draftdata.prepare.validate import (
@@ -33,6 +32,7 @@ from draftdata.prepare.validate import (
     text_field,
 )
 from draftdata.records import Message
+from draftdata.shared.conversation import Conversation
 
 JsonDict = dict[str, Any]
 
@@ -301,7 +301,8 @@ def to_prompt(messages: list[Message], mode: str) -> list[Message]:
     answer dropped but the structure kept: an assistant turn that called tools stays as its
     ``tool_calls`` alone (no text, no reasoning), so generate knows which call each tool result
     answers and stops a conversation where the target's own call differs
-    (``draftdata.conversation``). Generate answers each user turn and each tool result in turn.
+    (``draftdata.shared.conversation``). Generate answers each user turn and each tool result in
+    turn.
     """
     if mode == "regenerate":
         return [

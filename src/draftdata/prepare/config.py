@@ -1,6 +1,6 @@
 """The prepare stage's configuration: sources, dedup, mix and output settings.
 
-A prepare config is YAML read by ``draftdata.config.load_config`` into ``PrepareConfig``; an
+A prepare config is YAML read by ``draftdata.support.config.load_config`` into ``PrepareConfig``; an
 unknown or mistyped key is a ConfigError naming the key. Relative paths in a config are resolved
 against the config file's folder (``resolve_paths``), so an example config works from any
 working directory. This module holds no logic beyond checking values that YAML types cannot.
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import msgspec
 
-from draftdata.config import Namer, in_file
-from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError
-from draftdata.mix import check_domains, check_shares, sum_warning
+from draftdata.shared.domains import DOMAINS
+from draftdata.shared.mix import check_domains, check_shares, sum_warning
+from draftdata.support.config import Namer, in_file
 
 SCHEMAS = (
     "infinity_instruct",

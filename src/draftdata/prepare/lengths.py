@@ -7,7 +7,7 @@ mix in tokens needs each domain's expected tokens per new prompt before anything
   forecast): ``by_domain.<d>.output_tokens_per_prompt`` (the run's expected output tokens per
   prompt of that domain, failed prompts counted as none), else its ``mean_output_tokens``;
 - else, with ``--mix-by tokens``, measured from the existing set's answers (the mean loss tokens
-  of its answered rows per domain, ``draftdata.tokens``' estimate).
+  of its answered rows per domain, ``draftdata.shared.tokens``' estimate).
 
 A domain the source has no figure for takes the mean over the others (weighted by their
 prompts or rows), and says so. ``--mix-by auto`` (the default) plans in tokens when
@@ -24,8 +24,8 @@ import msgspec
 from draftdata.errors import ConfigError
 from draftdata.prepare.config import PrepareConfig
 from draftdata.prepare.reference import Existing
+from draftdata.shared.tokens import ESTIMATE_ERROR
 from draftdata.store.forecast import read_forecast
-from draftdata.tokens import ESTIMATE_ERROR
 
 
 class Lengths(msgspec.Struct, kw_only=True, frozen=True):

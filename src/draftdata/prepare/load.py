@@ -3,7 +3,7 @@
 ``iter_rows(source)`` yields ``(row_index, row)`` where ``row`` is a decoded dict (or whatever
 the line held) or a ``RowError`` located ``file:line`` (or ``file: element N``) for a row that
 is not JSON, not text, too long or nested deeper than ``records.MAX_JSON_DEPTH``, so one bad
-row never stops a run. The reading itself is ``draftdata.readers``, the one reader stack
+row never stops a run. The reading itself is ``draftdata.shared.readers``, the one reader stack
 ``stats`` reads every dataset with too: JSON text (JSON lines, or one array streamed element
 by element; the content decides, not the name), parquet a batch at a time, hub datasets
 streamed; ``.gz`` looked through. Memory holds a block of a file, never the file.
@@ -27,9 +27,9 @@ from typing import IO, Any
 
 from draftdata.errors import InputError, RowError
 from draftdata.prepare.config import SourceConfig
-from draftdata.readers.base import Decoded, Reader, RowFile
-from draftdata.readers.files import FilesReader, format_of
-from draftdata.readers.hub import HubReader
+from draftdata.shared.readers.base import Decoded, Reader, RowFile
+from draftdata.shared.readers.files import FilesReader, format_of
+from draftdata.shared.readers.hub import HubReader
 
 
 def expand(source: SourceConfig) -> list[str]:

@@ -16,20 +16,20 @@ from typing import Any
 
 import msgspec
 
-from draftdata.domains import classify_domain
 from draftdata.errors import InputError, RowError
 from draftdata.prepare.config import ExistingConfig, SourceConfig
 from draftdata.prepare.dedup import EXCLUDED, EXISTING, Deduper, dedup_text
 from draftdata.prepare.load import iter_rows
+from draftdata.shared.domains import classify_domain
+from draftdata.shared.tokens import conversation_tokens
 from draftdata.stats.readers import iter_conversations, open_dataset
-from draftdata.tokens import conversation_tokens
 
 _TEXT_KEYS = ("prompt", "question", "query", "instruction", "problem", "input", "text")
 
 
 class Existing(msgspec.Struct, kw_only=True):
     """What prepare knows of the existing dataset: rows per domain (for the mix), the loss
-    tokens of its answers per domain (estimated, ``draftdata.tokens``; empty when it has none
+    tokens of its answers per domain (estimated, ``draftdata.shared.tokens``; empty when it has none
     or only ``counts`` are given), how many rows carry an answer, and unreadable rows."""
 
     counts: dict[str, int] = msgspec.field(default_factory=dict)

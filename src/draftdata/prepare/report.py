@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from draftdata.mix import Plan, off_target
+from draftdata.shared.mix import Plan, off_target
 
 
 def _pct(x: float | None) -> str:

@@ -32,19 +32,7 @@ from typing import IO, Any, BinaryIO
 
 import msgspec
 
-from draftdata.conversation import Conversation
-from draftdata.domains import classify_domain
 from draftdata.errors import ConfigError, InputError, RowError, disk_errors
-from draftdata.formats import (
-    PREPARE_REJECTS,
-    PREPARE_REPORT,
-    PREPARE_REPORT_MD,
-    PREPARE_SHARDS,
-    prepare_shard,
-)
-from draftdata.gc_tuning import fewer_collections
-from draftdata.metrics import StageStats
-from draftdata.mix import Plan, Supply, plan_mix
 from draftdata.prepare.adapters import adapt, fitting_schemas, to_prompt
 from draftdata.prepare.config import PrepareConfig, SourceConfig, check, check_mix_domains
 from draftdata.prepare.dedup import BATCH, Deduper, dedup_text
@@ -62,7 +50,19 @@ from draftdata.records import (
     derived_id_fault,
     encode_prompt,
 )
+from draftdata.shared.conversation import Conversation
+from draftdata.shared.domains import classify_domain
+from draftdata.shared.formats import (
+    PREPARE_REJECTS,
+    PREPARE_REPORT,
+    PREPARE_REPORT_MD,
+    PREPARE_SHARDS,
+    prepare_shard,
+)
+from draftdata.shared.mix import Plan, Supply, plan_mix
 from draftdata.store.forecast import read_forecast
+from draftdata.support.gc_tuning import fewer_collections
+from draftdata.support.metrics import StageStats
 
 # (source name, rows read so far in it) -> None; called every few thousand rows (the reader's
 # PROGRESS_EVERY) and at the end of each source

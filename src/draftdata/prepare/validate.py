@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from draftdata.errors import RowError
-from draftdata.readers.base import BAD_JSON, TOO_LONG, UNDECODABLE_TEXT
 from draftdata.records import DERIVED_ID, ROLES, Message, tool_order_fault
+from draftdata.shared.readers.base import BAD_JSON, TOO_LONG, UNDECODABLE_TEXT
 
 WRONG_TYPE = "wrong_type"
 MISSING_FIELD = "missing_field"

@@ -19,12 +19,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from draftdata import tables
 from draftdata.errors import InputError, disk_errors
 from draftdata.report import page, plots
 from draftdata.report.collect import ReportData, collect
 from draftdata.report.forecast import forecast_section
 from draftdata.stats import DatasetStats
+from draftdata.support import tables
 
 _MEASURES = {
     "output_tokens": "output tokens",

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftdata.errors import DraftdataError, InputError
-from draftdata.formats import MERGE_REPORT
 from draftdata.report.find import Parts, find_parts
-from draftdata.speculation import Acceptance
+from draftdata.shared.formats import MERGE_REPORT
+from draftdata.shared.speculation import Acceptance
 from draftdata.stats import DatasetStats, compute_stats
 from draftdata.stats.compute import STATS_FORMAT, run_metrics
 from draftdata.stats.hiddenset import hidden_set_stats

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 
 from draftdata.errors import InputError
-from draftdata.formats import (
+from draftdata.shared.formats import (
     HIDDEN_MANIFEST,
     MERGE_REPORT,
     PREPARE_REPORT,

@@ -18,8 +18,8 @@ from typing import Literal
 
 import msgspec
 
-from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError
+from draftdata.shared.domains import DOMAINS
 
 Flavor = Literal["sglang", "vllm"]
 ReasoningMode = Literal["parsed", "inline", "off"]
@@ -97,8 +97,9 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     mean_output_tokens: int = 2700
     # a request whose last user message starts with PREFIX draws around this mean instead
     mean_output_tokens_for: dict[str, int] = msgspec.field(default_factory=dict)
-    # ... else, when the request's conversation is of this domain (draftdata.domains' classifier,
-    # as prepare tags prompts), around this mean: a fleet whose answer lengths depend on the domain
+    # ... else, when the request's conversation is of this domain (draftdata.shared.domains'
+    # classifier, as prepare tags prompts), around this mean: a fleet whose answer lengths depend on
+    # the domain
     domain_mean_output_tokens: dict[str, int] = msgspec.field(default_factory=dict)
     output_sigma: float = 0.8
     min_output_tokens: int = 8

@@ -19,9 +19,9 @@ from typing import Any
 
 import msgspec
 
-from draftdata.domains import classify_domain
 from draftdata.errors import RefusedRequestError
 from draftdata.records import Message
+from draftdata.shared.domains import classify_domain
 from draftdata.sim.answers import (
     Parsed,
     digest,

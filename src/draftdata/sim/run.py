@@ -167,7 +167,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from draftdata.errors import FleetError
-from draftdata.fleetspec import (
+from draftdata.shared.fleetspec import (
     EndpointSpec,
     FleetSpec,
     HiddenStatesSpec,

@@ -25,7 +25,7 @@ import zlib
 from typing import Any, Protocol
 
 from draftdata.errors import ConfigError
-from draftdata.tokenizer_folder import check_tokenizer_folder, first_line
+from draftdata.shared.tokenizer_folder import check_tokenizer_folder, first_line
 
 # Qwen3's ids for its special markers, so synthetic ids look like the real ones.
 SPECIAL_IDS = {

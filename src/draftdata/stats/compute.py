@@ -12,7 +12,7 @@ Lengths are characters for chat rows and tokens where tokens exist (tokenized sa
 Tokens per domain, for every kind: ``tokens`` (the whole conversation) and ``loss_tokens`` (what
 the assistant wrote: what a drafter trains on), with ``token_share`` and ``loss_token_share``.
 They are exact for tokenized samples (their ``num_tokens`` / ``num_loss_tokens``) and counted
-with ``draftdata.tokens`` for chat rows and runs: the target's tokenizer when one is given,
+with ``draftdata.shared.tokens`` for chat rows and runs: the target's tokenizer when one is given,
 else estimated from the text (``token_method`` says which; ``tokens_estimated`` is true unless
 exact). A run's rows are counted from their text like any chat rows, so a run and the merge of
 it count the same way; the servers' own output token counts stay under ``lengths``.
@@ -27,11 +27,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from draftdata.domains import classify_domain
 from draftdata.errors import DraftdataError
-from draftdata.formats import PREPARE_REPORT
-from draftdata.readers.base import batches
 from draftdata.records import Completion
+from draftdata.shared.domains import classify_domain
+from draftdata.shared.formats import PREPARE_REPORT
+from draftdata.shared.readers.base import batches
+from draftdata.shared.tokens import TokenCounter, completion_tokens, conversation_tokens, counter
 from draftdata.stats.conversations import completion_to_conversation
 from draftdata.stats.readers import (
     SUMMARY_COLUMNS,
@@ -49,7 +50,6 @@ from draftdata.stats.sketch import Sketch
 from draftdata.store.base import Store
 from draftdata.store.doneset import DoneSet
 from draftdata.store.read import iter_failures, read_metrics
-from draftdata.tokens import TokenCounter, completion_tokens, conversation_tokens, counter
 
 T = TypeVar("T")
 STATS_FORMAT = "draftdata.stats/1"

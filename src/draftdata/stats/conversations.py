@@ -19,8 +19,6 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from draftdata.conversation import Conversation, assemble
-from draftdata.formats import FORMAT_KEY, MESSAGE_TYPE
 from draftdata.records import (
     MAX_JSON_DEPTH,
     ROLES,
@@ -30,6 +28,8 @@ from draftdata.records import (
     sample_key,
     too_deep,
 )
+from draftdata.shared.conversation import Conversation, assemble
+from draftdata.shared.formats import FORMAT_KEY, MESSAGE_TYPE
 
 CONVERSATION_FORMAT = "conversation/1"
 

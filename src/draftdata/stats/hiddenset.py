@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from draftdata.errors import InputError, StoreError
-from draftdata.formats import (
+from draftdata.shared.formats import (
     HIDDEN_INDEX,
     HIDDEN_INDEX_FORMAT,
     HIDDEN_MANIFEST,

@@ -17,7 +17,7 @@ This module reads; it decides nothing (``merge`` refuses two models, ``tokenize`
 from __future__ import annotations
 
 from draftdata.errors import DraftdataError
-from draftdata.formats import COMPLETION_FORMAT, MERGE_REPORT, TOKENIZE_SUMMARY
+from draftdata.shared.formats import COMPLETION_FORMAT, MERGE_REPORT, TOKENIZE_SUMMARY
 from draftdata.stats.readers import Dataset, open_dataset
 from draftdata.store.base import Store
 from draftdata.store.read import read_shards_parallel

@@ -12,8 +12,8 @@ returns a ``Dataset``: its kind and the data files to read, in a fixed order. Ki
 - ``conversations``: SpecForge / ShareGPT / OpenAI-messages rows as JSONL, a JSON array, or
   parquet (including merge's ``conversation/1`` output).
 
-Rows are read through ``draftdata.readers`` (the reader stack prepare reads its sources with):
-lazily, JSONL line by line, JSON arrays element by element, parquet batch by batch. A
+Rows are read through ``draftdata.shared.readers`` (the reader stack prepare reads its sources
+with): lazily, JSONL line by line, JSON arrays element by element, parquet batch by batch. A
 malformed row goes to ``on_bad(where, reason)`` (``file:line: what``) and is skipped; it never
 stops the read (invalid JSON or UTF-8, any shape, any nesting depth; a leading byte-order mark
 is skipped). This module computes nothing; ``compute.py`` and ``merge/`` do.
@@ -33,9 +33,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from draftdata.conversation import Conversation
 from draftdata.errors import DraftdataError, InputError, RowError
-from draftdata.formats import (
+from draftdata.records import Completion, decode_json_line, parse_prompt
+from draftdata.shared.conversation import Conversation
+from draftdata.shared.formats import (
     COMPLETION_FORMAT,
     FORMAT_KEY,
     MERGE_CONFIG,
@@ -50,12 +51,11 @@ from draftdata.formats import (
     check_format,
     completion_from_row,
 )
-from draftdata.readers.base import OnReject, RowFile, decoded
-from draftdata.readers.jsontext import JsonReader
-from draftdata.readers.parquet import ParquetReader, open_parquet
-from draftdata.records import Completion, decode_json_line, parse_prompt
-from draftdata.speculation import ACCEPTANCE_FILE, Acceptance, read_acceptance
-from draftdata.speculation import FORMAT as ACCEPTANCE_FORMAT
+from draftdata.shared.readers.base import OnReject, RowFile, decoded
+from draftdata.shared.readers.jsontext import JsonReader
+from draftdata.shared.readers.parquet import ParquetReader, open_parquet
+from draftdata.shared.speculation import ACCEPTANCE_FILE, Acceptance, read_acceptance
+from draftdata.shared.speculation import FORMAT as ACCEPTANCE_FORMAT
 from draftdata.stats.conversations import (
     CONVERSATION_FORMAT,
     completion_to_conversation,
@@ -247,7 +247,7 @@ def open_dataset(url: str) -> Dataset:
 
 
 # ---------------------------------------------------------------------------------------------
-# Chat-shaped rows (JSON text and parquet, through draftdata.readers)
+# Chat-shaped rows (JSON text and parquet, through draftdata.shared.readers)
 
 BAD_ROW = "bad_row"  # the reason of a row that is no conversation (on_bad gets its text)
 

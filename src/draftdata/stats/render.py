@@ -12,9 +12,9 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from draftdata import tables
+from draftdata.shared.tokens import ESTIMATE_ERROR
 from draftdata.stats.runfigures import RunFigures
-from draftdata.tokens import ESTIMATE_ERROR
+from draftdata.support import tables
 
 
 def _pct(x: float | None) -> str:

@@ -40,7 +40,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from draftdata.formats import COMPLETION_FORMAT
+from draftdata.shared.formats import COMPLETION_FORMAT
+from draftdata.shared.tokens import ESTIMATE_ERROR, TokenCounter
 from draftdata.stats.runmetrics import (
     SAME_START_S,
     Answers,
@@ -68,7 +69,6 @@ from draftdata.store.read import (
     turn_finish_reasons,
 )
 from draftdata.store.shards import shard_writer
-from draftdata.tokens import ESTIMATE_ERROR, TokenCounter
 
 _COLUMNS = [
     "id",
@@ -160,7 +160,7 @@ class RunFigures(msgspec.Struct, kw_only=True):
     prompt_tokens: int = 0
     output_tokens: int = 0
     # completions whose servers counted no output tokens (no usage, or 0): estimated from their
-    # text (draftdata.tokens.turns_tokens), and those estimated tokens, part of output_tokens
+    # text (draftdata.shared.tokens.turns_tokens), and those estimated tokens, part of output_tokens
     estimated_answers: int = 0
     estimated_tokens: int = 0
     estimated_with: str | None = None  # the tokenizer folder that counted them (None: estimate)

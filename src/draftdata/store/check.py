@@ -27,9 +27,9 @@ import msgspec
 import pyarrow as pa
 
 from draftdata.errors import DraftdataError, StoreError, TransientStoreError
-from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT, check_format
-from draftdata.formats import iter_completions as _completions
-from draftdata.formats import iter_failures as _failures
+from draftdata.shared.formats import COMPLETION_FORMAT, FAILURE_FORMAT, check_format
+from draftdata.shared.formats import iter_completions as _completions
+from draftdata.shared.formats import iter_failures as _failures
 from draftdata.store.base import Store
 from draftdata.store.lease import refuse_live_writer
 from draftdata.store.local import LocalStore

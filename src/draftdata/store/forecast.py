@@ -1,6 +1,6 @@
 """A run's forecasts: ``forecast.json``, then ``forecast-2.json``, ``forecast-3.json``, ...
 
-``generate --pilot`` writes one forecast per pilot command into the run (``generate/pilot.py``
+``generate --pilot`` writes one forecast per pilot command into the run (``generate/plan/pilot.py``
 computes it). The store has no overwrite, so a second pilot of the same run does not replace
 the first: it is written create-only under the next free number, and readers take the newest
 (the highest number). ``forecast.json`` is the first, so a run with one pilot has the plain
@@ -14,7 +14,7 @@ anything else with one line saying what the file is not (``prepare --lengths`` r
 through it).
 
 This module names, writes, finds and reads forecast files; it computes nothing
-(``generate/forecast.py`` does).
+(``generate/plan/forecast.py`` does).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import re
 import msgspec
 
 from draftdata.errors import AlreadyExistsError, InputError
-from draftdata.formats import FORECAST
+from draftdata.shared.formats import FORECAST
 from draftdata.store.base import Store
 from draftdata.store.opener import open_store
 
@@ -35,7 +35,7 @@ _NUMBERED = re.compile(r"^forecast(?:-(\d+))?\.json$")
 
 
 class EndpointRate(msgspec.Struct, kw_only=True, frozen=True):
-    """What one endpoint did during the pilot (``generate/saturation.py``)."""
+    """What one endpoint did during the pilot (``generate/plan/saturation.py``)."""
 
     url: str = ""
     gpus: int = 1
@@ -94,7 +94,7 @@ class DomainForecast(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class Forecast(msgspec.Struct, kw_only=True, frozen=True):
-    """A pilot's forecast of its run (``generate/forecast.py`` says how each figure is made).
+    """A pilot's forecast of its run (``generate/plan/forecast.py`` says how each figure is made).
     Output tokens are the rest of the run's unless named ``run_``; wall time and GPU-hours
     are the rest's, None when the fleet's rate was not measured; a ``_90`` is a 90% interval
     [low, high], None where none is given."""

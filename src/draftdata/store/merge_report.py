@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from draftdata.formats import MERGE_REPORT
+from draftdata.shared.formats import MERGE_REPORT
 
 REPORT_VERSION = 1
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from draftdata.errors import InputError, StoreError
-from draftdata.readers.jsontext import read_lines
 from draftdata.records import BOM
+from draftdata.shared.readers.jsontext import read_lines
 from draftdata.store.opener import open_store
 
 

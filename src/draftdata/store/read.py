@@ -6,7 +6,7 @@ run's URL (or an open Store), read shard by shard (never the whole run at once),
 shard's ``draftdata.format`` before use.
 
 ``output_tokens`` counts each completion's output tokens the one way every figure does
-(``draftdata.tokens.completion_tokens``: usage, else token ids, else an estimate from the
+(``draftdata.shared.tokens.completion_tokens``: usage, else token ids, else an estimate from the
 text),
 reading a shard's turns only for the rows whose usage counts none.
 
@@ -29,21 +29,21 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from draftdata.errors import StoreError, UnreadableObjectError
-from draftdata.formats import (
+from draftdata.records import Completion, Failure
+from draftdata.shared.formats import (
     COMPLETION_FORMAT,
     FAILURE_FORMAT,
     check_format,
     turn_from_row,
 )
-from draftdata.formats import iter_completions as _rows_to_completions
-from draftdata.formats import iter_failures as _rows_to_failures
-from draftdata.records import Completion, Failure
+from draftdata.shared.formats import iter_completions as _rows_to_completions
+from draftdata.shared.formats import iter_failures as _rows_to_failures
+from draftdata.shared.tokens import TokenCounter, turns_tokens
 from draftdata.store.base import Store
 from draftdata.store.doneset import DoneSet, hash_pairs, pair_hash
 from draftdata.store.manifest import load_manifest
 from draftdata.store.opener import open_store
 from draftdata.store.quarantine import quarantined, read_error
-from draftdata.tokens import TokenCounter, turns_tokens
 
 COMPLETIONS_PREFIX = "completions/"
 FAILURES_PREFIX = "failures/"
@@ -216,7 +216,7 @@ def output_tokens(
     """(output tokens, estimated) of each row of ``table``: every row of the completions shard
     ``key`` in order, with its ``usage`` column. The usage's count where it has one; the rows
     whose usage counts none (a server that sent no usage, or 0) are counted from their turns
-    (``draftdata.tokens.turns_tokens``, their text with ``count``), read only then."""
+    (``draftdata.shared.tokens.turns_tokens``, their text with ``count``), read only then."""
     counted = pc.struct_field(table.column("usage"), "completion_tokens").to_pylist()
     tokens = [int(x or 0) for x in counted]
     estimated = [False] * len(tokens)

@@ -14,15 +14,15 @@ import functools
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from draftdata.formats import COMPLETION_FORMAT, FAILURE_FORMAT
-from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS
+from draftdata.shared.formats import COMPLETION_FORMAT, FAILURE_FORMAT
 from draftdata.store.base import Store
 from draftdata.store.doneset import DoneSet, hash_pairs
 from draftdata.store.local import LocalStore
 from draftdata.store.quarantine import quarantined_in
 from draftdata.store.read import COMPLETIONS_PREFIX, FAILURES_PREFIX, read_shards_parallel
 from draftdata.store.rollup import ROLLUP_PREFIX, Entry, entry_of_table, read_rollups
+from draftdata.support.metrics import StageStats
 
 
 @functools.cache

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from draftdata.errors import DraftdataError
-from draftdata.formats import FORMAT_KEY
+from draftdata.shared.formats import FORMAT_KEY
 from draftdata.store.base import Store
 from draftdata.store.read import read_shard
 

@@ -58,9 +58,8 @@ from draftdata.errors import (
     ConfigError,
     RunMismatchError,
 )
-from draftdata.formats import completions_table, failures_table
-from draftdata.metrics import StageStats
 from draftdata.records import FATAL_REASONS, Completion, Failure
+from draftdata.shared.formats import completions_table, failures_table
 from draftdata.store.base import Store
 from draftdata.store.doneset import hash_pairs, pair_hash
 from draftdata.store.lease import Lease, LeaseOptions, acquire
@@ -83,6 +82,7 @@ from draftdata.store.rollup import (
 )
 from draftdata.store.shards import ShardWriter, check_writer_id, default_writer_id
 from draftdata.store.write import parquet_bytes
+from draftdata.support.metrics import StageStats
 
 _Rows = tuple[list[str], list[int], list[str | None] | None]
 

@@ -31,7 +31,7 @@ from draftdata.store.manifest import MANIFEST_KEY, load_manifest
 
 Reasoning = Literal["on", "off", "server"]
 # the key where generate records the chat-template kwargs the servers applied by default
-# (generate/thinking.py learns them, tokenize and export render with them)
+# (generate/answers/thinking.py learns them, tokenize and export render with them)
 SERVER_TEMPLATE_KWARGS = "server_chat_template_kwargs"
 
 

@@ -18,11 +18,11 @@ import time
 from typing import Any
 
 from draftdata.errors import AlreadyExistsError, ConfigError, StoreError, TransientStoreError
-from draftdata.metrics import StageStats
 from draftdata.store.base import Store
 from draftdata.store.read import METRICS_PREFIX
 from draftdata.store.rollup import ROLLUP_PREFIX, Entry, rollup_table
 from draftdata.store.write import parquet_bytes
+from draftdata.support.metrics import StageStats
 
 WRITE_ATTEMPTS = 6
 _SHARD_RE = re.compile(r"part-(?P<writer>.+)-(?P<seq>\d{6,})\.parquet$")

@@ -13,7 +13,7 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from draftdata.formats import dictionary_columns
+from draftdata.shared.formats import dictionary_columns
 from draftdata.store.base import Store
 
 

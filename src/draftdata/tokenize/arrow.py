@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from draftdata.formats import SAMPLE_SCHEMA
+from draftdata.shared.formats import SAMPLE_SCHEMA
 from draftdata.tokenize.plan import CompletionView, IdArray
 from draftdata.tokenize.template import TurnText
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from draftdata.conversation import RULE_LEGACY, Conversation, TurnPlan, message_dict
-from draftdata.domains import classify_domain
 from draftdata.errors import InputError
+from draftdata.shared.conversation import RULE_LEGACY, Conversation, TurnPlan, message_dict
+from draftdata.shared.domains import classify_domain
 from draftdata.stats.readers import (
     DATA_EXT,
     Dataset,

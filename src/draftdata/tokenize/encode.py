@@ -580,7 +580,7 @@ def thinking_off_tail(template: ChatTemplate) -> str:
 def _served_thinking_off(ctx: TokenizeContext, view: CompletionView) -> bool:
     """Whether a completion whose requests left the thinking mode to the server (no
     ``enable_thinking``) was served with thinking off: its first served prompt ends with what
-    thinking-off adds after the generation prompt (``generate/thinking.py``). Only the last
+    thinking-off adds after the generation prompt (``generate/answers/thinking.py``). Only the last
     few prompt tokens are decoded."""
     tail = ctx.thinking_off_tail
     if not tail or view.token_ids is None or "enable_thinking" in view.template_kwargs:

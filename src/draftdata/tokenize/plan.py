@@ -50,9 +50,15 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from draftdata.conversation import RULE, TurnPlan, message_dict, message_from_dict, turn_message
 from draftdata.errors import InputError
 from draftdata.records import sample_key
+from draftdata.shared.conversation import (
+    RULE,
+    TurnPlan,
+    message_dict,
+    message_from_dict,
+    turn_message,
+)
 from draftdata.tokenize.template import ChatTemplate, JsonDict, Span, TurnText
 
 IdArray = npt.NDArray[np.int32]

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from draftdata.errors import AlreadyExistsError, ConfigError, InputError
-from draftdata.formats import (
+from draftdata.shared.formats import (
     COMPLETION_FORMAT,
     RUN_MANIFEST,
     TOKENIZE_CONFIG,
@@ -54,6 +54,7 @@ from draftdata.store.quarantine import read_error
 from draftdata.store.read import COMPLETIONS_PREFIX, parquet_file, read_shards_parallel, shard_keys
 from draftdata.store.settings import recorded_settings
 from draftdata.store.write import write_parquet_shard
+from draftdata.support.workerpool import interrupts, worker_pool
 from draftdata.tokenize import conversations
 from draftdata.tokenize.config import TokenizeConfig, TokenizeSummary
 from draftdata.tokenize.encode import (
@@ -63,7 +64,6 @@ from draftdata.tokenize.encode import (
     tokenize_table,
     tokenize_views,
 )
-from draftdata.workerpool import interrupts, worker_pool
 
 
 def output_key(shard_key: str, batch: int) -> str:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from draftdata import tables
-from draftdata.metrics import loss_warning, reasons, share
+from draftdata.support import tables
+from draftdata.support.metrics import loss_warning, reasons, share
 
 if TYPE_CHECKING:
     from draftdata.tokenize.config import TokenizeSummary

@@ -7,7 +7,7 @@ tokenizer's special tokens as template variables), and, when the template has ``
 markers, also returns the character spans of the generation blocks (what transformers'
 ``return_assistant_tokens_mask`` is computed from).
 
-The conversation the target saw for each turn comes from ``draftdata.conversation`` (the one
+The conversation the target saw for each turn comes from ``draftdata.shared.conversation`` (the one
 rule generate sends requests by); ``TurnText`` is the turn shape that rule takes here.
 
 This module renders text; it does not encode (``plan.py`` and ``encode.py`` do).
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from draftdata.errors import ConfigError, InputError
-from draftdata.tokenizer_folder import check_tokenizer_folder, first_line
+from draftdata.shared.tokenizer_folder import check_tokenizer_folder, first_line
 
 JsonDict = dict[str, Any]
 Span = tuple[int, int]  # [start, end) character offsets into a rendered text

@@ -11,7 +11,8 @@ evidence the run holds, per answer:
 - the prompt tokens the server counted for each turn (``usage.prompt_tokens``) against the
   rendering of that turn's context in each mode: one match is the mode;
 - the mode generate recorded with the answer (``Completion.server_thinking``, known when its
-  endpoint's mode was probed and did not change while it answered: ``generate/thinking.py``);
+  endpoint's mode was probed and did not change while it answered:
+  ``generate/answers/thinking.py``);
 - else the mode the user states (``tokenize --server-thinking``).
 
 Two pieces of evidence that disagree (turns counted in different modes, or counted in another

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from tests.unit.hidden.helpers import sample_rows, tiny_qwen3, write_samples  # noqa: E402
 
 from draftdata.distributed.ray_hidden import RayHiddenOptions, run, summary_lines  # noqa: E402
-from draftdata.generate.partition import Partition  # noqa: E402
+from draftdata.generate.prompts.partition import Partition  # noqa: E402
 from draftdata.hidden.config import HiddenConfig  # noqa: E402
 from draftdata.hidden.stage import hidden_states  # noqa: E402
 

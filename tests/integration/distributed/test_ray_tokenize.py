@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from draftdata.cli import app
 from draftdata.distributed.ray_tokenize import RayTokenizeOptions, run
-from draftdata.formats import SAMPLE_FORMAT, TOKENIZE_SUMMARY
 from draftdata.generate.config import GenerateConfig
+from draftdata.shared.formats import SAMPLE_FORMAT, TOKENIZE_SUMMARY
 from draftdata.sim.run import SimFleet
 from draftdata.store import open_store
 from draftdata.store.read import read_shard, shard_keys

@@ -22,7 +22,7 @@ import yaml
 from tests.integration.ports import free_port_base
 from tests.signals import default_signals
 
-from draftdata.fleetspec import process_start_time
+from draftdata.shared.fleetspec import process_start_time
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,6 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from draftdata.conversation import TurnPlan
 from draftdata.errors import (
     ConnectionLostError,
     ContextLengthError,
@@ -25,10 +24,11 @@ from draftdata.errors import (
     RetryableServerError,
     ServerError,
 )
-from draftdata.generate.client import EndpointClient
 from draftdata.generate.config import Reasoning, Sampling
-from draftdata.generate.request import Request
+from draftdata.generate.engine.client import EndpointClient
+from draftdata.generate.engine.request import Request
 from draftdata.records import Message
+from draftdata.shared.conversation import TurnPlan
 from draftdata.sim.run import FaultConfig, SimConfig, SimFleet
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import write_prompts
 
-from draftdata.generate.partition import partition_of
+from draftdata.generate.prompts.partition import partition_of
 from draftdata.sim.run import SimConfig, SimFleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]

@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.integration.generate.helpers import completions, failures, fast_config
 
-from draftdata.conversation import STOP_CONTEXT, TurnPlan
-from draftdata.generate.limits import MIN_LIMIT
+from draftdata.generate.engine.limits import MIN_LIMIT
 from draftdata.generate.stage import generate
 from draftdata.records import Message
+from draftdata.shared.conversation import STOP_CONTEXT, TurnPlan
 from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.sim.tokens import ApproxTokenizer
 from draftdata.stats.compute import compute_stats

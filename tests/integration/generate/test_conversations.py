@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 from tests.integration.generate.helpers import TOOLS, completions, fast_config, write_prompts
 
-from draftdata.conversation import (
+from draftdata.generate.config import Sampling
+from draftdata.generate.stage import generate
+from draftdata.prepare.config import DedupConfig, PrepareConfig, SourceConfig
+from draftdata.prepare.stage import prepare
+from draftdata.shared.conversation import (
     STOP_LENGTH,
     STOP_NO_TOOL_CALL,
     STOP_TOOL_MISMATCH,
     expand,
 )
-from draftdata.generate.config import Sampling
-from draftdata.generate.stage import generate
-from draftdata.prepare.config import DedupConfig, PrepareConfig, SourceConfig
-from draftdata.prepare.stage import prepare
 from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.stats.compute import compute_stats
 

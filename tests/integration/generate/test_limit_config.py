@@ -27,7 +27,7 @@ from tests.integration.generate.helpers import completions, failures, fast_confi
 
 from draftdata.cli import main
 from draftdata.errors import ConfigError
-from draftdata.generate.limits import MIN_LIMIT
+from draftdata.generate.engine.limits import MIN_LIMIT
 from draftdata.generate.stage import generate
 from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.sim.tokens import ApproxTokenizer

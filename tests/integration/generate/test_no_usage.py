@@ -18,9 +18,9 @@ from tests.integration.generate.helpers import completions, fast_config, write_p
 from tests.integration.generate.test_engine import sim
 
 from draftdata.errors import InputError
-from draftdata.generate.length import run_history
-from draftdata.generate.pilot import run_pilot
-from draftdata.generate.pilot_sample import PilotSpec
+from draftdata.generate.engine.length import run_history
+from draftdata.generate.plan.pilot import run_pilot
+from draftdata.generate.plan.pilot_sample import PilotSpec
 from draftdata.generate.stage import generate
 from draftdata.sim.run import SimFleet
 from draftdata.stats import compute_stats
@@ -45,7 +45,7 @@ def _sim_ids(out: Path) -> dict[tuple[str, int], int]:
 def test_every_figure_counts_answers_whose_servers_counted_none(
     tmp_path: Path, usage: str, ids: bool
 ) -> None:
-    from draftdata.tokens import turns_tokens
+    from draftdata.shared.tokens import turns_tokens
 
     prompts = tmp_path / "p.jsonl"
     write_prompts(prompts, N)

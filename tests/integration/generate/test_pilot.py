@@ -14,12 +14,12 @@ import pytest
 from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import completions, fast_config
 
-from draftdata.domains import classify_domain
-from draftdata.generate.pilot import run_pilot
-from draftdata.generate.pilot_sample import PilotSpec
+from draftdata.generate.plan.pilot import run_pilot
+from draftdata.generate.plan.pilot_sample import PilotSpec
 from draftdata.generate.stage import generate
 from draftdata.records import Message, Prompt
 from draftdata.report.build import build_report
+from draftdata.shared.domains import classify_domain
 from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.store.forecast import read_forecast
 

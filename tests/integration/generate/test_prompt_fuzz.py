@@ -1,9 +1,9 @@
 """Fuzzed prompt files through a real ``generate`` run on the simulator: every valid line is
 generated once, every bad line is a reject (file:line and reason in ``rejects/``), no line
 ends the run; a file with no prompt at all among its first lines stops before anything is
-recorded (a file in another schema, generate/rejects.py). The reader-level fuzz with many more
-examples is tests/unit/generate/test_prompt_lines.py; this one proves the whole command holds on
-a few drawn files."""
+recorded (a file in another schema, generate/prompts/rejects.py). The reader-level fuzz with many
+more examples is tests/unit/generate/test_prompt_lines.py; this one proves the whole command holds
+on a few drawn files."""
 
 from __future__ import annotations
 

@@ -147,7 +147,7 @@ def test_a_refusing_endpoint_is_said_once_and_truly(
 
 
 def test_fates_name_where_the_requests_go() -> None:
-    from draftdata.generate.dispatch import fates
+    from draftdata.generate.engine.dispatch import fates
 
     for others in (0, 1, 3):
         line = fates(moved=5, retried=2, running=1, abandoned=0, others=others)

@@ -13,7 +13,7 @@ from tests.conftest import MotoS3
 from tests.integration.generate.helpers import fast_config, write_prompts
 
 from draftdata.errors import InputError
-from draftdata.generate.source import prompt_files, scan
+from draftdata.generate.prompts.source import prompt_files, scan
 from draftdata.generate.stage import generate
 from draftdata.sim.run import SimConfig, SimFleet
 

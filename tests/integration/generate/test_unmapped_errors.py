@@ -13,7 +13,7 @@ from tests.chaos.invariants import check_exactly_once
 from tests.integration.generate.helpers import write_prompts
 
 from draftdata.cli import main
-from draftdata.generate.client import EndpointClient
+from draftdata.generate.engine.client import EndpointClient
 from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.store.read import iter_completions, iter_failures
 

@@ -26,7 +26,7 @@ from tests.integration.generate.helpers import completions, fast_config, write_p
 
 from draftdata.cli import main
 from draftdata.errors import FleetUnavailableError, InputError
-from draftdata.generate.rejects import SAMPLE, SHOWN
+from draftdata.generate.prompts.rejects import SAMPLE, SHOWN
 from draftdata.generate.stage import generate
 from draftdata.sim.run import SimConfig, SimFleet
 from draftdata.store.read import read_manifest
@@ -185,7 +185,7 @@ def test_a_run_an_older_draftdata_opened_against_a_wrong_url_takes_the_right_mod
     """An older draftdata recorded the run (model 'default', nothing answered) at its first
     start; with no completion in it, the right fleet's model is taken, recorded as a change."""
     from draftdata.generate.preflight import run_settings
-    from draftdata.generate.source import scan
+    from draftdata.generate.prompts.source import scan
     from draftdata.store.run import Run
 
     prompts = tmp_path / "p.jsonl"

@@ -17,9 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from draftdata.formats import SAMPLE_SCHEMA  # noqa: E402
 from draftdata.hidden.config import HiddenConfig  # noqa: E402
 from draftdata.hidden.stage import hidden_states  # noqa: E402
+from draftdata.shared.formats import SAMPLE_SCHEMA  # noqa: E402
 from draftdata.sim.config import SimConfig  # noqa: E402
 from draftdata.sim.hidden import states_for  # noqa: E402
 

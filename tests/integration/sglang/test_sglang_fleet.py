@@ -230,7 +230,7 @@ def test_capacity_from_the_kv_pool_not_the_scheduling_cap(
     assert line["kv"] == state["max_total_tokens"] == KV_TOKENS
     assert line["cap"] == state["effective_max_running_requests_per_dp"]
     assert line["capacity"] == min(line["cap"], KV_TOKENS // line["held"]) < 100
-    from draftdata.generate.concurrency import queue_target
+    from draftdata.generate.engine.concurrency import queue_target
 
     assert line["concurrency"] == line["capacity"] + queue_target(line["capacity"])
     assert {r["model"] for r in thinking_on.rows} == {SERVED}

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from tests.signals import default_signals
 
-from draftdata.fleetspec import read_fleet
+from draftdata.shared.fleetspec import read_fleet
 from draftdata.sim.run import SimProcess
 
 pytestmark = pytest.mark.integration

@@ -59,13 +59,13 @@ import pytest
 from tests.integration.envs import cached_env_python, env_dir
 from tests.unit.tokenize.helpers import WEATHER_TOOL, call, completion, qwen3_dir
 
-from draftdata.conversation import assemble
 from draftdata.export.stage import export_run
 from draftdata.records import Completion, Turn
+from draftdata.shared.conversation import assemble
+from draftdata.shared.trainer_rows import TOKENIZER_FORMATS, eagle_problem
 from draftdata.store import Run
 from draftdata.tokenize.encode import TokenizeContext, tokenize_views
 from draftdata.tokenize.plan import view_from_record
-from draftdata.trainer_rows import TOKENIZER_FORMATS, eagle_problem
 
 # The first test may wait for the environment's build (minutes on a fresh machine).
 pytestmark = [pytest.mark.integration, pytest.mark.trainers, pytest.mark.timeout(1800)]

@@ -22,7 +22,7 @@ import yaml
 from tests.integration import engine_checks
 from tests.integration.envs import cached_env_python, env_dir
 
-from draftdata.speculation import from_vllm_metrics
+from draftdata.shared.speculation import from_vllm_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

@@ -30,7 +30,7 @@ import yaml
 from tests.integration import engine_checks
 from tests.integration.envs import cached_env_python, env_dir
 
-from draftdata.formats import SAMPLE_SCHEMA
+from draftdata.shared.formats import SAMPLE_SCHEMA
 
 torch = pytest.importorskip("torch")
 

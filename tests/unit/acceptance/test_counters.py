@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draftdata.acceptance.measure import Job, chunks
-from draftdata.speculation import SpecCounts, from_sglang, from_vllm_metrics, suggest_mix
+from draftdata.shared.speculation import SpecCounts, from_sglang, from_vllm_metrics, suggest_mix
 
 VLLM_METRICS = """\
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.

@@ -16,7 +16,7 @@ from draftdata.distributed.ray_generate import (
     summary_lines,
 )
 from draftdata.generate.config import GenerateConfig
-from draftdata.generate.partition import Partition
+from draftdata.generate.prompts.partition import Partition
 
 
 def test_partition_config_carries_partition_writer_and_node_fleet() -> None:

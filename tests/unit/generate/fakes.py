@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from draftdata.errors import ServerError
-from draftdata.generate.caller import Caller
-from draftdata.generate.client import request_body
 from draftdata.generate.config import GenerateConfig
-from draftdata.generate.dispatch import Dispatcher
-from draftdata.generate.endpoint import ChatClient, Endpoint
-from draftdata.generate.request import Request
-from draftdata.generate.source import PromptReader
+from draftdata.generate.engine.caller import Caller
+from draftdata.generate.engine.client import request_body
+from draftdata.generate.engine.dispatch import Dispatcher
+from draftdata.generate.engine.endpoint import ChatClient, Endpoint
+from draftdata.generate.engine.request import Request
+from draftdata.generate.prompts.source import PromptReader
 from draftdata.records import Completion, Failure, Turn, Usage
 
 

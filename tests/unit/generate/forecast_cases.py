@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftdata.generate.forecast import Outcome
-from draftdata.generate.pilot_sample import PilotSample, PilotSpec, Stratum
-from draftdata.generate.saturation import Throughput
+from draftdata.generate.plan.forecast import Outcome
+from draftdata.generate.plan.pilot_sample import PilotSample, PilotSpec, Stratum
+from draftdata.generate.plan.saturation import Throughput
 
 
 def _sample(drawn: dict[Stratum, list[str]], strata: dict[Stratum, int], seed: int) -> PilotSample:

@@ -1,12 +1,12 @@
-"""What an answer may be (``generate/bounds.py``): answers a real engine can give pass, whatever
-their shape; each impossible count is named."""
+"""What an answer may be (``generate/answers/bounds.py``): answers a real engine can give pass,
+whatever their shape; each impossible count is named."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.generate.bounds import (
+from draftdata.generate.answers.bounds import (
     BYTES_PER_TOKEN,
     ID_BYTES,
     SLACK_TOKENS,

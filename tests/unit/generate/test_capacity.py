@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.generate.fakes import FakeClient, endpoint
 
-from draftdata.endpoints import Capacity, Load, parse_server_info, parse_vllm_kv_tokens
-from draftdata.generate.concurrency import queue_target
+from draftdata.generate.engine.concurrency import queue_target
+from draftdata.shared.endpoints import Capacity, Load, parse_server_info, parse_vllm_kv_tokens
 
 # /server_info of the real SGLang 0.5.23 on CPU (the fields that matter, as it answered)
 SGLANG_INFO = {

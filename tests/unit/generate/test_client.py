@@ -14,14 +14,14 @@ from draftdata.errors import (
     RateLimitedError,
     ServerError,
 )
-from draftdata.generate.client import (
+from draftdata.generate.config import Sampling
+from draftdata.generate.engine.client import (
     EndpointClient,
     classify_http_error,
     error_message,
     request_body,
 )
-from draftdata.generate.config import Sampling
-from draftdata.generate.request import Request
+from draftdata.generate.engine.request import Request
 from draftdata.records import FATAL_REASONS, Message
 from draftdata.sim.shapes import context_message, error_body
 

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from tests.unit.generate.fakes import FakeClient, endpoint, run_dispatch
 from tests.unit.test_conversation import prompts, turns_for
 
-from draftdata.conversation import TurnPlan, expand
-from draftdata.generate.client import request_body
 from draftdata.generate.config import GenerateConfig
-from draftdata.generate.request import Request
+from draftdata.generate.engine.client import request_body
+from draftdata.generate.engine.request import Request
 from draftdata.records import Message, Turn, tool_order_fault
+from draftdata.shared.conversation import TurnPlan, expand
 
 
 class ScriptedClient(FakeClient):

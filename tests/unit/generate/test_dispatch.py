@@ -22,7 +22,6 @@ from tests.unit.generate.fakes import (
     write,
 )
 
-from draftdata.conversation import TurnPlan
 from draftdata.errors import (
     ConnectionLostError,
     ContextLengthError,
@@ -30,9 +29,10 @@ from draftdata.errors import (
     RetryableServerError,
 )
 from draftdata.generate.config import GenerateConfig
-from draftdata.generate.request import Request
-from draftdata.generate.work import Job
+from draftdata.generate.engine.request import Request
+from draftdata.generate.engine.work import Job
 from draftdata.records import Message, Prompt, Turn
+from draftdata.shared.conversation import TurnPlan
 
 
 def job(prefix: str | None = None, cost: int = 10) -> Job:
@@ -59,8 +59,8 @@ def test_a_split_job_keeps_its_attempts() -> None:
 
 
 async def test_pick_prefers_most_free_then_fewest_outstanding_tokens(tmp_path: Path) -> None:
-    from draftdata.generate.length import LengthModel
-    from draftdata.generate.placement import Placement
+    from draftdata.generate.engine.length import LengthModel
+    from draftdata.generate.engine.placement import Placement
 
     a, b, c = (endpoint(i, FakeClient(), limit=8) for i in range(3))
     a.acquire(2, 100)
@@ -110,7 +110,7 @@ async def test_memory_window_bounds_what_is_read(
 
     client.chat = chat  # type: ignore[method-assign,assignment]
     d_ref: list[object] = []
-    from draftdata.generate import dispatch as dispatch_mod
+    from draftdata.generate.engine import dispatch as dispatch_mod
 
     init = dispatch_mod.Dispatcher.__init__
 
@@ -320,7 +320,7 @@ def test_sample_k_sends_seed_plus_k() -> None:
     """Multi-turn prompts are one job per sample, each with its own seed; a job for all samples
     at once sends the seed itself; no seed stays no seed."""
     from draftdata.generate.config import Sampling
-    from draftdata.generate.work import plan
+    from draftdata.generate.engine.work import plan
 
     multi = Prompt(
         id="m",

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 from tests.unit.generate.fakes import FakeClient, endpoint
 
-from draftdata.endpoints import Capacity, Load
 from draftdata.errors import ConfigError, InputError
 from draftdata.generate.config import GenerateConfig, Override, Sampling, validate
-from draftdata.generate.partition import Partition, count_by_partition
+from draftdata.generate.engine.progress import Progress
+from draftdata.generate.engine.work import plan, prefix_key
 from draftdata.generate.preflight import endpoint_urls, run_settings
-from draftdata.generate.progress import Progress
-from draftdata.generate.source import PromptReader, prompt_files, scan
+from draftdata.generate.prompts.partition import Partition, count_by_partition
+from draftdata.generate.prompts.source import PromptReader, prompt_files, scan
 from draftdata.generate.summary import Tally
-from draftdata.generate.work import plan, prefix_key
 from draftdata.records import Completion, Failure, Message, Prompt, Turn, Usage
+from draftdata.shared.endpoints import Capacity, Load
 
 
 def test_auto_concurrency_starts_from_capacity_and_follows_the_queue() -> None:
@@ -118,7 +118,7 @@ def test_reader_skips_settled_prompts_before_parsing_them(tmp_path: Path) -> Non
 
 
 def test_reader_asks_the_done_set_a_block_at_a_time(tmp_path: Path) -> None:
-    from draftdata.generate.source import BLOCK
+    from draftdata.generate.prompts.source import BLOCK
 
     a = _prompts(tmp_path / "a.jsonl", BLOCK + 10)
     b = tmp_path / "b.jsonl"
@@ -138,7 +138,7 @@ def test_reader_asks_the_done_set_a_block_at_a_time(tmp_path: Path) -> None:
 
 
 def test_reader_leaves_other_partitions_lines_unparsed(tmp_path: Path) -> None:
-    from draftdata.generate.partition import partition_of
+    from draftdata.generate.prompts.partition import partition_of
 
     lines = [f'{{"id": "p{i}", "messages": "bad"}}' for i in range(30)]
     (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")

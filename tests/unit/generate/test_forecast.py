@@ -1,5 +1,5 @@
-"""The forecast's arithmetic (``generate/forecast.py``) and the saturated-rate measurement
-(``generate/saturation.py``) on controlled inputs."""
+"""The forecast's arithmetic (``generate/plan/forecast.py``) and the saturated-rate measurement
+(``generate/plan/saturation.py``) on controlled inputs."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from draftdata.generate.forecast import MIN_PILOT, Outcome, forecast, forecast_lines, gpu_count
-from draftdata.generate.pilot_sample import PilotSample, PilotSpec
-from draftdata.generate.saturation import Saturation, Throughput, spread_tokens
+from draftdata.generate.plan.forecast import MIN_PILOT, Outcome, forecast, forecast_lines, gpu_count
+from draftdata.generate.plan.pilot_sample import PilotSample, PilotSpec
+from draftdata.generate.plan.saturation import Saturation, Throughput, spread_tokens
 
 KEYS = ("prompts", "mean_output_tokens", "p90_output_tokens", "cut_share", "output_tokens")
 
@@ -247,7 +247,7 @@ def test_saturation_measures_the_rate_while_full_not_the_ramp_or_the_tail() -> N
 def test_endpoints_full_briefly_never_full_or_silent_are_said() -> None:
     sat = Saturation(_Clock())
     sat.engine_start, sat.engine_end, sat.queue_empty = 0.0, 10.0, 10.0
-    from draftdata.generate.saturation import EndpointWatch
+    from draftdata.generate.plan.saturation import EndpointWatch
 
     good = EndpointWatch("http://a", answers=[(0.0, 2.0, 20)] * 8, full=[(0.0, 8.0)],
                          concurrency=[4])  # fmt: skip

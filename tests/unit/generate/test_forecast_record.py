@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.formats import FORECAST
-from draftdata.generate.forecast import Outcome, forecast, forecast_lines
-from draftdata.generate.pilot_sample import PilotSample, PilotSpec
-from draftdata.generate.saturation import Throughput
+from draftdata.generate.plan.forecast import Outcome, forecast, forecast_lines
+from draftdata.generate.plan.pilot_sample import PilotSample, PilotSpec
+from draftdata.generate.plan.saturation import Throughput
+from draftdata.shared.formats import FORECAST
 from draftdata.store.forecast import Forecast, read_forecast, write_forecast
 from draftdata.store.opener import open_store
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.unit.generate.fakes import cfg, endpoint, run_dispatch, write
 
-from draftdata.generate.length import (
+from draftdata.generate.engine.length import (
     LengthModel,
     LengthPriors,
     known_lengths,
@@ -23,10 +23,10 @@ from draftdata.generate.length import (
     run_history,
     token_cap,
 )
-from draftdata.generate.placement import BLIND_HEDGE_S, TailPlan, hedge_pays, job_cap
-from draftdata.generate.queue import JobQueue
-from draftdata.generate.request import Request
-from draftdata.generate.work import Job
+from draftdata.generate.engine.placement import BLIND_HEDGE_S, TailPlan, hedge_pays, job_cap
+from draftdata.generate.engine.queue import JobQueue
+from draftdata.generate.engine.request import Request
+from draftdata.generate.engine.work import Job
 from draftdata.records import Completion, Message, Prompt, Turn, Usage
 
 LENGTHS = {"math": 600, "code": 300, "general": 150, "tool": 30}
@@ -648,7 +648,7 @@ def test_a_slow_server_may_start_a_job_as_short_as_any_queued_when_hedging() -> 
     taking them (one that runs long is copied to a fast idle server once the queue is dry);
     without hedging it stops when a long draw no longer ends in time. A request running now
     that is expected to end late pushes the horizon out."""
-    from draftdata.generate.work import Copy
+    from draftdata.generate.engine.work import Copy
 
     fast, slow = endpoint(0, DomainClient(), limit=10), endpoint(1, DomainClient(), limit=10)
     fast.meter.seq_rate, slow.meter.seq_rate = 100.0, 50.0
@@ -674,7 +674,7 @@ def test_a_slow_server_may_start_a_job_as_short_as_any_queued_when_hedging() -> 
 def test_a_short_answer_moves_the_per_sequence_rate_little() -> None:
     """The rate is tokens over latency averaged apart: a 20-token answer whose latency is
     mostly prefill and queueing does not make a fast server look slow."""
-    from draftdata.generate.endpoint import Meter
+    from draftdata.generate.engine.endpoint import Meter
 
     m = Meter()
     for _ in range(20):

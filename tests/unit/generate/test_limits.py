@@ -10,15 +10,15 @@ from hypothesis import strategies as st
 from tests.unit.generate.fakes import FakeClient
 
 from draftdata.errors import ContextLengthError
-from draftdata.generate.endpoint import Endpoint
-from draftdata.generate.limits import (
+from draftdata.generate.engine.endpoint import Endpoint
+from draftdata.generate.engine.limits import (
     FALLBACK_MAX_TOKENS,
     MIN_LIMIT,
     OutputLimit,
     estimate_tokens,
     message_bytes,
 )
-from draftdata.generate.request import Request
+from draftdata.generate.engine.request import Request
 from draftdata.records import Message, Turn, Usage
 
 

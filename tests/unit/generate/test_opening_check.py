@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from tests.unit.generate.fakes import FakeClient, cfg, dispatcher, endpoint, user, write
 
 from draftdata.errors import ContextLengthError, FatalRequestError, FleetUnavailableError
-from draftdata.generate.opening import FIRST
-from draftdata.generate.request import Request
+from draftdata.generate.engine.opening import FIRST
+from draftdata.generate.engine.request import Request
 from draftdata.records import Turn
 
 # outcome -> (error type, the server's message); "ok" answers

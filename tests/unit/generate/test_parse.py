@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from draftdata.errors import MalformedAnswerError
-from draftdata.generate.parse import (
+from draftdata.generate.answers.parse import (
     decode_chat_response,
     parse_chat_response,
     split_think,

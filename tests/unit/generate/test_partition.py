@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from draftdata.errors import ConfigError
-from draftdata.generate.partition import (
+from draftdata.generate.prompts.partition import (
     Partition,
     count_by_partition,
     iter_prompt_ids,

@@ -1,4 +1,5 @@
-"""The pilot's sample (``generate/pilot_sample.py``): --pilot values, the allocation, the draw."""
+"""The pilot's sample (``generate/plan/pilot_sample.py``): --pilot values, the allocation, the
+draw."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from draftdata.errors import ConfigError
-from draftdata.generate.partition import parse_partition
-from draftdata.generate.pilot_sample import PilotSpec, allocate, draw, parse_pilot, scope_keys
+from draftdata.generate.plan.pilot_sample import PilotSpec, allocate, draw, parse_pilot, scope_keys
+from draftdata.generate.prompts.partition import parse_partition
 
 # -- --pilot values ---------------------------------------------------------------------------
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.generate.fakes import FakeClient
 
-from draftdata.generate.endpoint import Endpoint
-from draftdata.generate.progress import Progress
+from draftdata.generate.engine.endpoint import Endpoint
+from draftdata.generate.engine.progress import Progress
 
 
 def endpoint(i: int) -> Endpoint:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from draftdata.generate.source import PromptReader, scan
+from draftdata.generate.prompts.source import PromptReader, scan
 from draftdata.records import (
     BOM,
     MAX_JSON_DEPTH,
@@ -93,7 +93,7 @@ def test_no_line_ends_the_reader(
     )
     got = reader.take(10_000)
     assert reader.exhausted
-    from draftdata.generate.partition import parse_partition
+    from draftdata.generate.prompts.partition import parse_partition
 
     part = parse_partition(partition) if partition else None
     want = [

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.generate.fakes import FakeClient, cfg, dispatcher, endpoint, write
 
-from draftdata.generate.source import BLOCK, BLOCK_BYTES, PromptReader
+from draftdata.generate.prompts.source import BLOCK, BLOCK_BYTES, PromptReader
 
 MIB = 1 << 20
 

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from tests.unit.generate.fakes import FakeClient, ListSink, endpoint, user, write
 
 from draftdata.errors import EndpointRefusedError
-from draftdata.generate.client import request_body
 from draftdata.generate.config import GenerateConfig
-from draftdata.generate.dispatch import Dispatcher
-from draftdata.generate.request import Request
-from draftdata.generate.source import PromptReader
+from draftdata.generate.engine.client import request_body
+from draftdata.generate.engine.dispatch import Dispatcher
+from draftdata.generate.engine.request import Request
+from draftdata.generate.prompts.source import PromptReader
 from draftdata.records import Turn
 
 

@@ -1,4 +1,4 @@
-"""The request as a typed item (``generate/request.py``) sends the bytes the dict bodies did.
+"""The request as a typed item (``generate/engine/request.py``) sends the bytes the dict bodies did.
 
 ``data/request_bodies.jsonl`` holds 320 request shapes and the exact bytes the code before the
 item (commit df87645: ``client.build_body``, ``limits.OutputLimit.send``'s smaller retry, the
@@ -21,9 +21,9 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.generate.client import EndpointClient, request_body
 from draftdata.generate.config import Sampling
-from draftdata.generate.request import Request
+from draftdata.generate.engine.client import EndpointClient, request_body
+from draftdata.generate.engine.request import Request
 from draftdata.hidden.vllm_backend import prefill_request
 from draftdata.records import Message
 

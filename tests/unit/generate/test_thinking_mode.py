@@ -17,7 +17,7 @@ import asyncio
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from draftdata.generate.thinking import ThinkingMode, joined
+from draftdata.generate.answers.thinking import ThinkingMode, joined
 
 EVENTS = st.lists(
     st.one_of(

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from draftdata.formats import SAMPLE_SCHEMA
+from draftdata.shared.formats import SAMPLE_SCHEMA
 
 
 def tiny_qwen3(folder: Path, *, layers: int = 8, vocab: int = 256, seed: int = 0) -> Path:

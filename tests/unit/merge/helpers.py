@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from draftdata.formats import SAMPLE_SCHEMA
 from draftdata.records import Completion, Message, Turn
+from draftdata.shared.formats import SAMPLE_SCHEMA
 from draftdata.store.write import parquet_bytes
 
 # Texts the domain classifier puts in each domain (checked in test_stage).

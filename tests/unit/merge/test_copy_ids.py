@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.merge.helpers import CHAT_TEXT, write_jsonl
 
-from draftdata.formats import SAMPLE_SCHEMA
 from draftdata.merge.config import MergeConfig
 from draftdata.merge.stage import merge
+from draftdata.shared.formats import SAMPLE_SCHEMA
 from draftdata.store.write import parquet_bytes
 
 BASE = st.text("abm0", min_size=1, max_size=3)

@@ -28,7 +28,7 @@ from tests.unit.merge.test_token_mix import samples
 from draftdata.merge.config import MergeConfig
 from draftdata.merge.report import mix_rows, token_rows
 from draftdata.merge.stage import merge
-from draftdata.mix import largest_remainder
+from draftdata.shared.mix import largest_remainder
 
 MIX = {"code": 0.4, "math": 0.3, "general": 0.3}
 SPEC = st.fixed_dictionaries(

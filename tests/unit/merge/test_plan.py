@@ -20,8 +20,8 @@ from draftdata.merge.plan import (
     solve_counts,
     split_counts,
 )
-from draftdata.mix import normalised as normalised_mix
-from draftdata.mix import parse_mix
+from draftdata.shared.mix import normalised as normalised_mix
+from draftdata.shared.mix import parse_mix
 
 
 def test_parse_mix_reads_shares_and_names_bad_pieces() -> None:

@@ -518,7 +518,7 @@ def test_eagle_jsonl_holds_only_rows_its_scripts_read(
     scripts assert), and every merged row is either there or counted under the reason
     ``eagle_problem`` gives it."""
     from draftdata.records import Message
-    from draftdata.trainer_rows import eagle_problem
+    from draftdata.shared.trainer_rows import eagle_problem
 
     tmp = tmp_path_factory.mktemp("eagle")
     rows, want = [], Counter[str]()

@@ -20,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.merge.helpers import file_hashes, write_jsonl
 
-from draftdata.formats import SAMPLE_SCHEMA
 from draftdata.records import Message
+from draftdata.shared.formats import SAMPLE_SCHEMA
+from draftdata.shared.tokens import conversation_tokens, counter
 from draftdata.store.write import parquet_bytes
-from draftdata.tokens import conversation_tokens, counter
 
 MIX = {"code": 0.35, "math": 0.25, "general": 0.25, "tool": 0.1, "agent": 0.05}
 MIX_ARG = "code=0.35,math=0.25,general=0.25,tool=0.1,agent=0.05"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import msgspec
 
-from draftdata.config import load_config
 from draftdata.prepare.config import PrepareConfig
 from draftdata.prepare.samples import SAMPLE_FILES
+from draftdata.support.config import load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ROOT / "examples" / "expansion.yaml"

@@ -71,7 +71,7 @@ def test_every_row_read_is_counted_once(
 
 
 def test_counts_that_do_not_add_up_are_a_bug() -> None:
-    from draftdata.metrics import accounted
+    from draftdata.support.metrics import accounted
 
     assert accounted(10, "rows read", [("a", 3, ""), ("b", 2, "why")], 5) == (
         "of 10 rows read: a 3 (30.0%), b 2 (20.0%; why)"

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from tests.unit.prepare.expansion import SHIPPED, local_expansion
 
 from draftdata.cli import main
-from draftdata.config import load_config
 from draftdata.prepare.config import PrepareConfig
 from draftdata.prepare.samples import sample_config, write_sample_sources
 from draftdata.prepare.stage import prepare
+from draftdata.support.config import load_config
 
 DOMAINS = ("agent", "code", "general", "math", "tool")
 
@@ -85,7 +85,7 @@ def test_fixed_takes_that_hold_the_mix_off_its_target_are_said_in_one_line(
     weights: list[int],
     budget: int | None,
 ) -> None:
-    from draftdata.mix import off_target
+    from draftdata.shared.mix import off_target
 
     cfg = sample_config(folder / "samples", folder / "out")
     cfg = msgspec.structs.replace(

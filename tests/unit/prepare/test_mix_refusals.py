@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from draftdata.cli import main
-from draftdata.domains import DOMAINS
 from draftdata.errors import ConfigError, InputError
 from draftdata.prepare.config import SCHEMAS, PrepareConfig
 from draftdata.prepare.samples import SAMPLE_FILES, sample_config, write_sample_sources
 from draftdata.prepare.stage import prepare
+from draftdata.shared.domains import DOMAINS
 
 _NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=2, max_size=10).filter(
     lambda s: s not in DOMAINS and s != "other"
@@ -162,8 +162,8 @@ def test_the_true_schema_is_among_the_fitting_ones(samples: Path) -> None:
 
 def test_shares_are_checked_in_one_place_for_every_stage() -> None:
     from draftdata.merge.config import MergeConfig, check_config
-    from draftdata.mix import check_shares, mix_from_json, parse_mix
     from draftdata.prepare.config import check
+    from draftdata.shared.mix import check_shares, mix_from_json, parse_mix
 
     bad = [{"code": -1.0}, {"code": 0.0, "math": 0.0}, {"code": float("nan")}]
     for mix in bad:

@@ -10,16 +10,16 @@ import pytest
 from typer.testing import CliRunner
 
 from draftdata.cli import app
-from draftdata.config import load_config
 from draftdata.errors import ConfigError, InputError
-from draftdata.formats import PREPARE_REPORT
 from draftdata.prepare import stage
 from draftdata.prepare.config import ExistingConfig, PrepareConfig, SourceConfig, resolve_paths
 from draftdata.prepare.dedup import DedupConfig
 from draftdata.prepare.samples import sample_config, write_sample_sources
 from draftdata.prepare.stage import prepare
 from draftdata.records import parse_prompt
+from draftdata.shared.formats import PREPARE_REPORT
 from draftdata.store.prompts import iter_prompt_lines
+from draftdata.support.config import load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 

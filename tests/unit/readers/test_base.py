@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from draftdata.errors import InputError, RowError
-from draftdata.readers.base import Decoded, Reader, RowFile, batches
-from draftdata.readers.files import FilesReader, format_of
+from draftdata.shared.readers.base import Decoded, Reader, RowFile, batches
+from draftdata.shared.readers.files import FilesReader, format_of
 
 
 class _Listed(Reader[Any]):

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from draftdata.errors import InputError, RowError
 from draftdata.prepare.config import SourceConfig
 from draftdata.prepare.load import iter_rows
-from draftdata.readers import jsontext
-from draftdata.readers.base import Decoded, RowFile
-from draftdata.readers.jsontext import JsonReader, json_rows
+from draftdata.shared.readers import jsontext
+from draftdata.shared.readers.base import Decoded, RowFile
+from draftdata.shared.readers.jsontext import JsonReader, json_rows
 
 # strings that look like structure: a cut at "}," inside one must never split a row
 _tricky = st.sampled_from(['"},{"', "},", "}, {", "]", "[{", '\\"', "\\", "\n", "ü", "{}"])

@@ -94,7 +94,7 @@ def test_a_series_has_one_colour_in_every_chart(
 
 
 def _acceptance(folder: Path, rates: dict[str, float]) -> Path:
-    from draftdata.speculation import Acceptance, DomainAcceptance
+    from draftdata.shared.speculation import Acceptance, DomainAcceptance
 
     folder.mkdir(parents=True)
     doc = Acceptance(

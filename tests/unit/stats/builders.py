@@ -9,9 +9,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from draftdata.conversation import Conversation
-from draftdata.formats import samples_table
 from draftdata.records import Completion, Failure, Message, Sample, Turn, Usage
+from draftdata.shared.conversation import Conversation
+from draftdata.shared.formats import samples_table
 from draftdata.stats.conversations import CONVERSATION_SCHEMA, conversation_row
 from draftdata.store.run import Run
 

@@ -15,8 +15,8 @@ from tests.unit.stats import builders as b
 from tests.unit.tokenize.helpers import qwen3_dir
 
 from draftdata.records import Message
+from draftdata.shared.tokens import conversation_tokens, counter
 from draftdata.stats import compute_stats
-from draftdata.tokens import conversation_tokens, counter
 
 KEYS = ("rows", "share", "tokens", "loss_tokens", "token_share", "loss_token_share")
 

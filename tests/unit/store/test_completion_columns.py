@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.formats import (
+from draftdata.records import Completion, Message, Turn, Usage
+from draftdata.shared.formats import (
     COMPLETION_FORMAT,
     COMPLETION_SCHEMA,
     DICTIONARY_COLUMNS,
@@ -26,7 +27,6 @@ from draftdata.formats import (
     dictionary_columns,
     iter_completions,
 )
-from draftdata.records import Completion, Message, Turn, Usage
 from draftdata.store.write import parquet_bytes
 
 _text = st.text(max_size=12)
@@ -124,7 +124,7 @@ _reasons = st.lists(
 @settings(max_examples=60, deadline=None)
 @given(st.lists(_reasons, min_size=1, max_size=3))
 def test_finish_reasons_read_without_converting_turns(chunks: list[list[Any]]) -> None:
-    from draftdata.formats import TURN_TYPE
+    from draftdata.shared.formats import TURN_TYPE
     from draftdata.store.read import turn_finish_reasons
 
     kind = pa.list_(TURN_TYPE)

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 import draftdata.store.local as local
 import draftdata.store.shards as shards
 from draftdata.errors import TransientStoreError
-from draftdata.metrics import StageStats
 from draftdata.store.local import LocalStore
 from draftdata.store.shards import ShardWriter
+from draftdata.support.metrics import StageStats
 
 POINTS = ("fsync_dir", "stat", "read")
 

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draftdata.errors import StoreError
+from draftdata.generate.answers.thinking import recorded
 from draftdata.generate.config import GenerateConfig, Override, Sampling
 from draftdata.generate.preflight import run_settings
-from draftdata.generate.source import Scan
-from draftdata.generate.thinking import recorded
+from draftdata.generate.prompts.source import Scan
 from draftdata.store.manifest import settings_hash
 from draftdata.store.opener import open_store
 from draftdata.store.run import Run

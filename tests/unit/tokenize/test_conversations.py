@@ -26,8 +26,8 @@ from tests.unit.tokenize.helpers import completion, qwen3_dir
 from draftdata.cli import main
 from draftdata.errors import InputError
 from draftdata.export.stage import export_record
-from draftdata.formats import completions_table
 from draftdata.records import Completion
+from draftdata.shared.formats import completions_table
 from draftdata.stats.conversations import row_to_conversation
 from draftdata.tokenize.config import TokenizeConfig
 from draftdata.tokenize.conversations import view_of

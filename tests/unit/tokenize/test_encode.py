@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.tokenize.helpers import completion
 
-from draftdata.formats import SAMPLE_SCHEMA, completions_table
 from draftdata.records import Completion, Message, Turn
+from draftdata.shared.formats import SAMPLE_SCHEMA, completions_table
 from draftdata.tokenize.encode import (
     TokenizeContext,
     _span_tokens_scan,

@@ -16,7 +16,7 @@ import pytest
 from tests.unit.tokenize.helpers import WEATHER_TOOL, call, completion, context_upto
 from transformers import AutoTokenizer
 
-from draftdata.formats import completions_table
+from draftdata.shared.formats import completions_table
 from draftdata.tokenize.encode import TokenizeContext, tokenize_table
 
 U = "user"

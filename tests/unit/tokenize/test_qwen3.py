@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from tests.unit.tokenize.helpers import WEATHER_TOOL, call, completion, context_upto, qwen3_dir
 
-from draftdata.formats import completions_table
+from draftdata.shared.formats import completions_table
 from draftdata.tokenize.encode import TokenizeContext, tokenize_table
 
 QWEN3 = qwen3_dir()

@@ -24,9 +24,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.formats import completions_table
-from draftdata.generate.parse import split_think
+from draftdata.generate.answers.parse import split_think
 from draftdata.records import Completion, Message, Turn
+from draftdata.shared.formats import completions_table
 from draftdata.tokenize.encode import TokenizeContext, tokenize_table
 from draftdata.tokenize.plan import contexts, view_from_record
 

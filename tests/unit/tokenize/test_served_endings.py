@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.formats import completions_table
 from draftdata.records import Completion, Message, Turn
+from draftdata.shared.formats import completions_table
 from draftdata.tokenize.encode import TokenizeContext, tokenize_table
 from draftdata.tokenize.plan import CompletionView, plan_token_ids
 

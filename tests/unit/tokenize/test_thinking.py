@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftdata.conversation import TurnPlan
-from draftdata.formats import completions_table
 from draftdata.records import Completion, Message, Turn, Usage
+from draftdata.shared.conversation import TurnPlan
+from draftdata.shared.formats import completions_table
 from draftdata.sim.tokens import HFTokenizer
 from draftdata.tokenize.encode import TokenizeContext, tokenize_table
 

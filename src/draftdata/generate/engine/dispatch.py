@@ -1,0 +1,778 @@
+"""The dispatcher: one shared queue of jobs over all endpoints, never stalled by one of them.
+
+It decides and holds no I/O; each decision is a part of its own:
+
+- **the queue** (``queue.JobQueue``): retries and requeued jobs first, then the jobs read from
+  the prompts, longest expected answer first within the look-ahead (``order: length``; the
+  estimate is ``length.LengthModel``'s, from what was known before the run and what it
+  learns), and the jobs backing off;
+- **placement** (``placement.Placement``): pull, not push -- whenever an endpoint has a free
+  slot the next job goes to the endpoint with the most free slots, then the fewest outstanding
+  tokens (a prompt sharing a system prompt / tools with recent ones goes where its prefix is
+  cached when that endpoint has room). No shards, no round-robin: a slow server simply frees
+  slots less often. Near the end a clearly slower endpoint takes only jobs it can finish by the
+  time the fleet is expected to (``placement.TailPlan``); when nothing is queued a tail request
+  is copied onto a faster idle endpoint when the copy is expected to win (``hedge_pays``);
+- **the retry policy** (``retry.RetryPolicy``): a failed attempt's fate by the error's type:
+  ``RetryableServerError`` -> retry after a jittered backoff elsewhere, up to ``max_attempts``;
+  ``FatalRequestError`` -> the prompt's Failure at once; ``EndpointFaultError`` -> the endpoint
+  out, the job requeued uncharged;
+- **the opening check** (``opening.OpeningCheck``): the records of request refusals are held
+  until the command's first outcomes are in; when one refusal ended most of them the run stops
+  in one line quoting the server (``refused``) and nothing of them is recorded.
+
+What is left here is acting on them: the loop, launching and detaching copies, settling jobs,
+and taking an endpoint out, three ways. ``open_breaker``: it failed ``breaker_failures``
+retryable requests in a row; what runs there may finish, and a health check decides.
+``take_out_dead``: it fails its health check (a connection error or a timeout triggers one) or
+serves another model; its in-flight copies are cancelled and their jobs requeued at once.
+``take_out_faulty``: it refused or answered impossibly; likewise, free of charge. Each is
+probed until it answers (then re-admitted half-open: one more failure takes it out again).
+
+An exception that is no ``ServerError`` is not a server's answer but a bug (the client maps
+every failure it knows, as httpx's ``map_httpcore_exceptions`` does, and lets the rest
+through): the run stops at once with it, its traceback intact, after what finished is
+committed (``run`` raises it); the same command resumes.
+
+**Memory.** Prompts are read lazily (in a thread) only while fewer than ``window`` jobs are
+queued or running (twice the fleet's limits, plus the look-ahead when ordering), and while the
+prompts read ahead (queued or backing off, not running) hold fewer than ``lookahead_mib`` MiB
+of prompt lines (``read_ahead_bytes``): 4,096 prompts of 50 KB each would be 200 MB.
+
+Results go to a ``Sink`` (the engine buffers them in the Run). The HTTP conversation of an
+attempt is the ``Caller``'s (``caller.py``); endpoint probing and the concurrency controller
+live in ``endpoint.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from draftdata.errors import (
+    ConnectionLostError,
+    DraftdataError,
+    EndpointFaultError,
+    FleetUnavailableError,
+    ImpossibleAnswerError,
+    RateLimitedError,
+    RequestTimeoutError,
+    ServerError,
+)
+from draftdata.generate.config import GenerateConfig
+from draftdata.generate.engine.caller import Answer, Caller
+from draftdata.generate.engine.endpoint import Endpoint
+from draftdata.generate.engine.length import LengthModel, LengthPriors, prompt_tokens
+from draftdata.generate.engine.opening import OpeningCheck, Stop, is_refusal
+from draftdata.generate.engine.placement import Placement
+from draftdata.generate.engine.queue import JobQueue
+from draftdata.generate.engine.retry import Fail, MoveOn, Retry, RetryPolicy
+from draftdata.generate.engine.work import Copy, Job, completions, failures, plan
+from draftdata.records import Completion, Failure, Prompt
+from draftdata.shared.tokens import turns_tokens
+
+_FIRST_WINDOW_S = 0.5  # with lengths known at the start, wait this long at most for the window
+
+
+class Sink(Protocol):
+    """Where finished records go (the engine: Run buffers plus the tally)."""
+
+    def completion(self, c: Completion) -> None:
+        """Take one completion."""
+
+    def failure(self, f: Failure) -> None:
+        """Take one failure."""
+
+
+class Reader(Protocol):
+    """Where jobs come from (``source.PromptReader``: a run's prompt files, read lazily)."""
+
+    exhausted: bool
+    invalid: int
+
+    def take_sized(self, k: int, max_bytes: int | None = None) -> list[tuple[Prompt, int]]:
+        """Up to ``k`` more prompts and each one's size in bytes, fewer once they hold
+        ``max_bytes`` (at least one); runs in a thread."""
+        ...
+
+
+class AttemptCaller(Protocol):
+    """What runs one attempt of a job on its endpoint (``caller.Caller``, the chat
+    conversation, unless another is given: ``hidden-states --engine vllm`` sends one
+    prefill-only request per sample through the same dispatcher)."""
+
+    requests_ok: int
+    clamped: int
+
+    async def call(self, copy: Copy) -> Answer:
+        """The attempt's answer, or the ``ServerError`` leaf it failed with."""
+        ...
+
+
+class LengthFigures:
+    """Per domain: answers committed, the output tokens expected of them when they were sent
+    (with the estimates' standard errors), and the tokens they took (the run's figures show
+    expected against measured)."""
+
+    def __init__(self) -> None:
+        # domain -> [answers, expected, standard error of expected, measured] (sums)
+        self.by_domain: dict[str, list[float]] = {}
+
+    def add(self, domain: str, expected: float, stderr: float, measured: int) -> None:
+        """One committed answer."""
+        row = self.by_domain.setdefault(domain, [0, 0.0, 0.0, 0])
+        row[0] += 1
+        row[1] += expected
+        row[2] += stderr
+        row[3] += measured
+
+    def to_dict(self) -> dict[str, dict[str, float]]:
+        """JSON-ready: domain -> ``answers``, ``expected`` (+ ``expected_se``) and ``measured``
+        output tokens, sums over the answers."""
+        return {
+            d: {
+                "answers": int(n),
+                "expected": round(e, 1),
+                "expected_se": round(se, 1),
+                "measured": int(m),
+            }
+            for d, (n, e, se, m) in sorted(self.by_domain.items())
+        }
+
+
+class Dispatcher:
+    """Runs every job of ``reader`` over ``endpoints`` until all are settled or it is stopped.
+
+    ``caller`` runs each attempt (default: generate's chat ``Caller``)."""
+
+    def __init__(
+        self,
+        config: GenerateConfig,
+        endpoints: list[Endpoint],
+        reader: Reader,
+        sink: Sink,
+        *,
+        model: str,
+        is_done: Callable[[str, int], bool],
+        check_alive: Callable[[Endpoint], Awaitable[bool]],
+        revive: Callable[[Endpoint], Awaitable[None]],
+        log: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+        seed: int | None = None,
+        priors: Callable[[], LengthPriors] | None = None,
+        caller: AttemptCaller | None = None,
+    ) -> None:
+        self.cfg = config
+        self.endpoints = endpoints
+        self.reader = reader
+        self.sink = sink
+        self.model = model
+        self.is_done = is_done
+        self._check_alive = check_alive
+        self._revive = revive
+        self.log = log
+        self.clock = clock
+        self.rng = random.Random(seed)
+        # talks HTTP for an attempt
+        self.caller: AttemptCaller = caller or Caller(config, model=model, clock=clock)
+        self._priors = priors
+        self.lengths = LengthModel()
+        # its parts: the queue, placement, the retry policy (module docstring)
+        self.queue = JobQueue(self.lengths, ordered=config.order == "length")
+        self.placement = Placement(endpoints, self.lengths, hedge_min_age=config.hedge_min_age)
+        self.policy = RetryPolicy(config, self.rng)
+        self.opening = OpeningCheck()
+        self.running: dict[Job, None] = {}  # jobs with at least one live copy, oldest first
+        self.on_endpoint: dict[Endpoint, set[Copy]] = {e: set() for e in endpoints}
+        self.active: Counter[str] = Counter()  # prompt id -> unsettled jobs (duplicate ids)
+        self._sizes: dict[str, int] = {}  # prompt id -> its line's bytes, while active
+        self.held_bytes = 0  # bytes of the active prompts (read, not settled)
+        self._running_pids: Counter[str] = Counter()  # prompt id -> its running jobs
+        self.running_bytes = 0  # bytes of the prompts with a running job
+        self.max_read_ahead = 0  # the most bytes read ahead at once (after each read)
+        self.wake = asyncio.Event()
+        self.space = asyncio.Event()
+        self.stopping = False
+        self.paused = False  # set by the engine while the store holds too many records
+        self.fed_all = False
+        self.bug: BaseException | None = None  # an unmapped exception: it stops the run
+        self.refused: DraftdataError | None = None  # the opening check stopped the run
+        self._seeded = priors is None  # what was known before the run is in the model
+        self._checking: set[Endpoint] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()  # every live copy's task
+        # counters read by progress and the summary
+        self._planned_settled = 0
+        self.duplicates = 0
+        self.retries = 0
+        self.hedges = 0  # hedge copies sent
+        self.hedges_won = 0  # ... whose answer was the one committed
+        self.figures = LengthFigures()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    @property
+    def window(self) -> int:
+        """Jobs held in memory at most: twice the fleet's current limits, plus the look-ahead
+        when jobs are ordered by expected length."""
+        base = max(
+            64, 2 * sum(e.concurrency.limit for e in self.endpoints if e.breaker.state != "down")
+        )
+        return base + (self.cfg.lookahead if self.queue.ordered else 0)
+
+    @property
+    def pending(self) -> int:
+        """Jobs queued, backing off or running."""
+        return len(self.queue) + len(self.queue.waiting) + len(self.running)
+
+    @property
+    def read_ahead_bytes(self) -> int:
+        """Bytes of the prompts read and not running: queued or backing off (the look-ahead
+        the ``lookahead_mib`` bound holds)."""
+        return self.held_bytes - self.running_bytes
+
+    @property
+    def hedges_wasted(self) -> int:
+        """Hedge copies whose work was thrown away: the original answered first, the copy
+        failed, or it was cancelled (not the ones still running)."""
+        live = sum(1 for copies in self.on_endpoint.values() for c in copies if c.hedge)
+        return self.hedges - self.hedges_won - live
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for an endpoint (not backing off, not running)."""
+        return len(self.queue)
+
+    @property
+    def waiting(self) -> int:
+        """Jobs backing off before their next attempt."""
+        return len(self.queue.waiting)
+
+    async def run(self) -> None:
+        """Dispatch until every job is settled (or, once stopped, until nothing runs). An
+        unmapped exception of an attempt (a bug) stops it and is raised here."""
+        if self._priors is not None:
+            self.spawn(self._seed(self._priors))  # read beside the first prompts
+        feeder = asyncio.create_task(self._feed())
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+        started = self.clock()
+        try:
+            while True:
+                now = self.clock()
+                if not self.stopping and not self.paused and self._first_window(now - started):
+                    self.queue.promote(now)
+                    self._place(now)
+                    if self.cfg.hedge and self.fed_all and not self.queue:
+                        self._hedge(now)
+                if feeder.done() and not feeder.cancelled() and feeder.exception():
+                    raise feeder.exception()  # type: ignore[misc]
+                if self.opening.open and not self.running and self._all_settled():
+                    self._judge(ended=True)
+                if not self.running and (self.stopping or self._all_settled()):
+                    break
+                self.wake.clear()
+                timeout = 0.25 if self._seeded else 0.02
+                due = self.queue.next_due()
+                if due is not None and not (self.stopping or self.paused):  # else none promotes
+                    timeout = min(timeout, max(0.0, due - now))
+                # a timer instead of wait_for: no task per wake-up (this loop wakes per answer);
+                # one that is still due before the deadline is kept (waking early is harmless),
+                # so answers arriving in a burst do not each create and cancel one
+                deadline = loop.time() + timeout
+                if timer is None or timer.cancelled() or not loop.time() < timer.when() <= deadline:
+                    if timer is not None:
+                        timer.cancel()
+                    timer = loop.call_at(deadline, self.wake.set)
+                await self.wake.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+            feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeder
+            background = list(self._background)
+            for t in background:
+                t.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+        if self.bug is not None:
+            raise self.bug
+        if self.refused is not None:
+            raise self.refused
+
+    def _all_settled(self) -> bool:
+        """Every prompt read, nothing queued or backing off (running aside)."""
+        return self.fed_all and not self.queue and not self.queue.waiting
+
+    def _first_window(self, since_start: float) -> bool:
+        """Whether dispatch may start: at once, unless lengths are known before the run (a
+        pilot, a resumed run, prepare's figures); then once they are in the model and the
+        look-ahead is read (or every prompt is), so the first requests are the longest
+        (within ``_FIRST_WINDOW_S``)."""
+        if not self.queue.ordered or since_start >= _FIRST_WINDOW_S:
+            return True
+        if self._seeded and not self.lengths.informed:
+            return True
+        if not self._seeded:
+            return False
+        full = self.read_ahead_bytes >= self.cfg.lookahead_mib << 20
+        return self.fed_all or full or self.queue.fresh >= self.cfg.lookahead
+
+    def stop(self) -> None:
+        """Stop dispatching new work and retries; running copies may finish."""
+        self.stopping = True
+        self.wake.set()
+        self.space.set()
+
+    def abort(self) -> None:
+        """Cancel every running copy (after ``stop``; their work is not committed)."""
+        self.stop()
+        for copies in self.on_endpoint.values():
+            for copy in list(copies):
+                if copy.task is not None:
+                    copy.task.cancel()
+                self._detach(copy)
+        self.running.clear()
+        self._running_pids.clear()
+        self.running_bytes = 0
+
+    async def _feed(self) -> None:
+        limit = self.cfg.lookahead_mib << 20
+        while not self.reader.exhausted and not self.stopping:
+            ahead = self.read_ahead_bytes
+            if self.pending >= self.window or ahead >= limit:
+                self.space.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.space.wait(), 1.0)
+                continue
+            batch = await asyncio.to_thread(self._read, 128, limit - ahead)
+            now = self.clock()
+            for pid, jobs, nbytes in batch:
+                if self.active[pid]:
+                    self.duplicates += 1
+                    continue
+                self._sizes[pid] = nbytes
+                self.held_bytes += nbytes
+                for job in jobs:
+                    job.ready_since = now
+                    self.queue.push(job)
+                    self.active[pid] += 1
+            self.max_read_ahead = max(self.max_read_ahead, self.read_ahead_bytes)
+            self.wake.set()
+        self.fed_all = not self.stopping
+        self.wake.set()
+
+    async def _seed(self, priors: Callable[[], LengthPriors]) -> None:
+        """Take what is known of the lengths before the run (read in a thread, applied on the
+        loop: the model is the loop's alone)."""
+        try:
+            known = await asyncio.to_thread(priors)
+        except Exception as exc:  # the figures only speed the schedule up: never fatal
+            self.log(f"generate: could not read the expected output lengths: {exc}")
+            known = LengthPriors()
+        finally:
+            self._seeded = True
+            self.wake.set()
+        self.lengths.seed(known)
+        if known:
+            self.queue.rekey()
+            self.log(f"generate: output lengths known from {', '.join(known.sources)}")
+
+    @property
+    def already_done(self) -> int:
+        """(prompt, sample) pairs settled before this command: skipped by the reader or here."""
+        return self._planned_settled + int(getattr(self.reader, "settled_samples", 0))
+
+    def _read(self, k: int, max_bytes: int) -> list[tuple[str, list[Job], int]]:
+        """(runs in a thread) the next prompts (at most ``max_bytes`` of them, but one),
+        planned, without the settled ones, each with its size in bytes."""
+        out = []
+        for prompt, nbytes in self.reader.take_sized(k, max_bytes):
+            jobs, settled = plan(prompt, self.cfg, self.is_done)
+            self._planned_settled += settled
+            if jobs:
+                out.append((prompt.id, jobs, nbytes))
+        return out
+
+    # -- placing ------------------------------------------------------------------------------
+
+    def _place(self, now: float) -> None:
+        """Fill the free slots: fast endpoints take the queue's head, a slower one near the
+        end the longest job it can finish in time (``TailPlan``)."""
+        rates = [e.meter.seq_rate for e in self.endpoints if e.accepting and e.meter.seq_rate]
+        self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0)
+        tail = None
+        if self.queue and self.cfg.tail_plan:
+            tail = self.placement.tail_plan(
+                self.queue, self.on_endpoint, read_all=self.fed_all, now=now, hedge=self.cfg.hedge
+            )
+        held: list[Job] = []
+        while self.queue:
+            free = [
+                e
+                for e in self.endpoints
+                if e.breaker.state == "up" and e.concurrency.limit > e.slots.inflight
+            ]
+            if not free:
+                break
+            open_ = [e for e in free if tail is None or tail.budget(e) is None]
+            ep: Endpoint | None
+            if open_ or tail is None:
+                job = self.queue.pop()
+                ep = self.placement.pick(job, open_, now)
+            else:
+                found = self.placement.fit(tail, self.queue, free, now)
+                if found is None:
+                    break  # nothing queued that a slower endpoint can finish in time
+                job, ep = found
+            if ep is None:
+                held.append(job)
+                continue
+            if len(job.samples) > 1 and not ep.server_n:
+                self.active[job.prompt.id] += len(job.samples) - 1
+                self.queue.put_back(job.split())
+                continue
+            self._launch(job, ep, hedge=False, now=now)
+        self.queue.put_back(held)
+
+    def _hedge(self, now: float) -> None:
+        """Send the copies ``Placement.hedges`` finds worth it (only asked when nothing is
+        queued, so the copies take idle slots)."""
+        for job, ep in self.placement.hedges(list(self.running), now):
+            job.hedged = True
+            self.hedges += 1
+            self._launch(job, ep, hedge=True, now=now)
+
+    def _launch(self, job: Job, ep: Endpoint, *, hedge: bool, now: float) -> None:
+        seqs = len(job.samples)
+        ep.acquire(seqs, job.cost)
+        if not hedge:
+            job.attempts += 1
+            if job.attempts > 1:
+                self.retries += 1
+            if job.expected < 0:  # as it was when first sent
+                job.expected = self.lengths.expect_job(job)
+                p = job.prompt
+                job.expected_se = job.expected * self.lengths.stderr(p.source, p.domain)
+        copy = Copy(job, ep, hedge=hedge, seqs=seqs, started=now)
+        self.lengths.started(job.prompt.source, job.prompt.domain, now)
+        job.copies.append(copy)
+        self.on_endpoint[ep].add(copy)
+        if job not in self.running:
+            self.running[job] = None
+            pid = job.prompt.id
+            self._running_pids[pid] += 1
+            if self._running_pids[pid] == 1:
+                self.running_bytes += self._sizes.get(pid, 0)
+                self.space.set()  # no longer read ahead: room for more
+        copy.task = asyncio.create_task(self._attempt(copy))
+        self.tasks.add(copy.task)
+        copy.task.add_done_callback(self.tasks.discard)
+
+    def _detach(self, copy: Copy) -> None:
+        if copy.detached:
+            return
+        copy.detached = True
+        self.lengths.stopped(copy.job.prompt.source, copy.job.prompt.domain, copy.started)
+        copy.endpoint.release(copy.seqs, copy.job.cost)
+        self.on_endpoint[copy.endpoint].discard(copy)
+        job = copy.job
+        if copy in job.copies:
+            job.copies.remove(copy)
+        if not job.copies and job in self.running:
+            del self.running[job]
+            pid = job.prompt.id
+            self._running_pids[pid] -= 1
+            if self._running_pids[pid] <= 0:
+                del self._running_pids[pid]
+                self.running_bytes -= self._sizes.get(pid, 0)
+        self.wake.set()
+
+    # -- one attempt and its outcome ----------------------------------------------------------
+
+    async def _attempt(self, copy: Copy) -> None:
+        """Run one copy through the ``Caller`` and act on its outcome (once it is detached).
+        Anything but an Answer or a ServerError is a bug: it stops the run (``_stop_on``)."""
+        outcome: Answer | ServerError
+        try:
+            outcome = await self.caller.call(copy)
+        except ServerError as exc:
+            outcome = exc
+        except Exception as exc:
+            self._detach(copy)
+            self._stop_on(exc, copy.endpoint)
+            return
+        self._detach(copy)
+        if isinstance(outcome, Answer):
+            self._succeeded(copy, outcome)
+        else:
+            self._failed(copy, outcome)
+
+    def _stop_on(self, exc: BaseException, ep: Endpoint) -> None:
+        """An exception nobody mapped (a bug): stop dispatching, cancel what runs, and let
+        ``run`` raise it; what finished is committed by the engine, the same command resumes."""
+        if self.bug is not None:
+            return
+        self.bug = exc
+        self.log(
+            f"generate: stopped by an unexpected {type(exc).__name__} while talking to {ep.url} "
+            "(a bug, not a server fault; its traceback follows); what was committed is kept, "
+            "run the same command to resume"
+        )
+        self.abort()
+
+    def _succeeded(self, copy: Copy, answer: Answer) -> None:
+        """The first copy to answer wins: the others are cancelled, its records go out."""
+        job, ep = copy.job, copy.endpoint
+        if job.done:
+            return
+        job.done = True
+        for other in list(job.copies):
+            if other.task is not None:
+                other.task.cancel()
+            self._detach(other)
+        if copy.hedge:
+            self.hedges_won += 1
+            ep.meter.hedges_won += 1
+        per_sample = answer.per_sample
+        p, prompt_len, cap = job.prompt, prompt_tokens(job), self.placement.cap(job)
+        for turns in per_sample:
+            out = turns_tokens(turns)[0]  # usage, else token ids, else the text
+            self.lengths.observe(p.source, p.domain, prompt_len, out, cap)
+            self.figures.add(p.domain, max(0.0, job.expected), job.expected_se, out)
+        samples = job.samples
+        if len(per_sample) < len(samples):  # the server ignored n: ask for the rest one by one
+            ep.server_n = False
+            rest = job.with_samples(samples[len(per_sample) :])
+            rest.ready_since = self.clock()
+            self.active[job.prompt.id] += 1
+            self.queue.requeue(rest)
+        latency = self.clock() - copy.started
+        done = completions(
+            job,
+            per_sample,
+            answer.body,
+            endpoint=ep.url,
+            latency=latency,
+            stop_reason=answer.stop,
+            model=ep.model,
+            server_thinking=answer.server_thinking,
+        )
+        for c in done:
+            self.sink.completion(c)
+            ep.meter.completed += 1
+        self._settle(job)
+        if self.opening.open:
+            self.opening.settled()
+            self._judge(ended=False)
+
+    def _failed(self, copy: Copy, err: ServerError) -> None:
+        """A failed attempt: the endpoint learns of it, and the retry policy says the job's
+        fate (``retry.py``). The fate applies only when no other copy runs the job and the
+        run is not stopping (the resume redoes it)."""
+        job, ep = copy.job, copy.endpoint
+        fate = self.policy.fate(job, err)
+        opened = False
+        if isinstance(fate, MoveOn):
+            ep.meter.errors[err.reason] += 1
+            if not copy.hedge:
+                job.attempts -= 1  # the endpoint's fault, not an attempt of the prompt
+        else:
+            retryable = isinstance(fate, Retry) or fate.reason == "exhausted_retries"
+            opened = ep.record_failure(err.reason, retryable=retryable)
+            if retryable:
+                if not opened and isinstance(err, ConnectionLostError | RequestTimeoutError):
+                    self.spawn(self._health_check(ep))
+                if isinstance(err, RateLimitedError):
+                    ep.rate_limited()
+        moved = 0
+        if not (job.done or job.copies or self.stopping):
+            match fate:
+                case Retry(delay=delay):
+                    job.avoid = {ep.url}
+                    self.queue.later(job, self.clock() + delay)
+                    self.wake.set()
+                case Fail(reason=reason, message=message):
+                    self._fail(job, reason, message, ep, err=err)
+                case MoveOn():
+                    self._requeue(job, ep)
+                    moved = 1
+        if isinstance(err, EndpointFaultError):
+            self.take_out_faulty(ep, err, moved=moved)
+        elif opened:  # after the job is placed, so the line counts it among the retried ones
+            self.open_breaker(ep, f"{ep.breaker.failures} failures in a row ({err})")
+
+    def _requeue(self, job: Job, ep: Endpoint) -> None:
+        """Put ``job`` back first in line, steered away from ``ep``."""
+        job.avoid = {ep.url}
+        job.ready_since = self.clock()
+        self.queue.requeue(job)
+
+    def _fail(
+        self, job: Job, reason: str, message: str, ep: Endpoint, *, err: ServerError | None = None
+    ) -> None:
+        records = failures(job, reason, ep.redact(message), endpoint=ep.url)
+        job.done = True
+        if err is not None and self.opening.open and is_refusal(err):
+            self.opening.refused(err, ep.url, records)  # held until the verdict
+        else:
+            for f in records:
+                self.sink.failure(f)
+            self.opening.settled()
+        self._settle(job)
+        if self.opening.open:
+            self._judge(ended=False)
+
+    def _judge(self, *, ended: bool) -> None:
+        """Act on the opening check's verdict: stop the run on one refusal of most of the
+        first requests (nothing of them recorded), else write the records it held."""
+        verdict = self.opening.verdict(ended=ended, resumed=self.already_done > 0)
+        if isinstance(verdict, Stop):
+            if self.refused is None and self.bug is None:
+                self.refused = FleetUnavailableError(verdict.message())
+                self.abort()
+        elif verdict:
+            for f in verdict:
+                self.sink.failure(f)
+
+    def _settle(self, job: Job) -> None:
+        pid = job.prompt.id
+        self.active[pid] -= 1
+        if self.active[pid] <= 0:
+            del self.active[pid]
+            self.held_bytes -= self._sizes.pop(pid, 0)
+        self.space.set()
+        self.wake.set()
+
+    # -- taking an endpoint out: one method per action ------------------------------------------
+
+    def spawn(self, coro: Awaitable[None]) -> None:
+        """Run a background coroutine that ends with the dispatcher."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _health_check(self, ep: Endpoint) -> None:
+        """Probe ``ep`` after a connection error or an opened breaker; if it does not answer,
+        its in-flight copies are lost causes: cancel and requeue them now."""
+        if ep in self._checking:
+            return
+        self._checking.add(ep)
+        try:
+            alive = await self._check_alive(ep)
+        finally:
+            self._checking.discard(ep)
+        if not alive:
+            self.take_out_dead(ep, "does not answer its health check")
+
+    def open_breaker(self, ep: Endpoint, why: str) -> None:
+        """``ep`` failed too many requests in a row: no new work for it, probed until it is
+        back. What runs there may finish (a server that fails new requests may still finish
+        old ones); a health check decides whether they are lost."""
+        if ep.breaker.state == "down":
+            return
+        self._out(ep, why)
+        self.spawn(self._health_check(ep))
+        self._say_out(ep, why, moved=0, abandoned=0)
+
+    def take_out_dead(self, ep: Endpoint, why: str) -> None:
+        """``ep`` fails its health check (or serves another model): its in-flight copies are
+        cancelled and their jobs requeued at once; probed until it is back."""
+        was_up = ep.breaker.state != "down"
+        moved, abandoned = self._cancel_copies(ep, uncharged=False)
+        if was_up:
+            self._out(ep, why)
+        elif not (moved or abandoned):
+            return
+        self._say_out(ep, why, moved=moved, abandoned=abandoned)
+
+    def take_out_faulty(self, ep: Endpoint, err: EndpointFaultError, *, moved: int = 0) -> None:
+        """``ep`` refused a chat request or gave an impossible answer (``err``): out of
+        service with a trial after a growing wait, its in-flight copies requeued at once and
+        not charged to their prompts. Said once, not again when a trial is refused too.
+        ``moved``: jobs the caller already requeued."""
+        was_up = ep.breaker.state != "down"
+        what = (
+            "gives impossible answers"
+            if isinstance(err, ImpossibleAnswerError)
+            else "refuses chat requests"
+        )
+        refusal = err.said[:300]
+        news = ep.breaker.mark_refused(refusal, what)
+        why = f"it {what} ({refusal})"
+        cancelled, abandoned = self._cancel_copies(ep, uncharged=True)
+        moved += cancelled
+        if was_up:
+            self._out(ep, why)
+        elif not (moved or abandoned):
+            return
+        if news:
+            self._say_out(ep, why, moved=moved, abandoned=abandoned)
+        else:
+            self.wake.set()
+
+    def _out(self, ep: Endpoint, why: str) -> None:
+        """Open the circuit of an endpoint that was up, and start probing it."""
+        ep.breaker.mark_down(why)
+        if not self.stopping:
+            self.spawn(self._revive(ep))
+
+    def _cancel_copies(self, ep: Endpoint, *, uncharged: bool) -> tuple[int, int]:
+        """Cancel what runs on ``ep``; requeue each job no other copy runs (``uncharged``:
+        its attempt does not count). Returns (requeued, abandoned because stopping)."""
+        moved = abandoned = 0
+        for copy in list(self.on_endpoint[ep]):
+            if copy.task is not None:
+                copy.task.cancel()
+            self._detach(copy)
+            job = copy.job
+            if not job.done and not job.copies and not self.stopping:
+                if uncharged and not copy.hedge:
+                    job.attempts -= 1
+                self._requeue(job, ep)
+                moved += 1
+            elif not job.done and not job.copies:
+                abandoned += 1
+        return moved, abandoned
+
+    def _say_out(self, ep: Endpoint, why: str, *, moved: int, abandoned: int) -> None:
+        running = len(self.on_endpoint[ep])
+        retried = sum(1 for job in self.queue.backing_off() if ep.url in job.avoid)
+        others = sum(1 for e in self.endpoints if e is not ep and e.breaker.accepting)
+        said = fates(
+            moved=moved, retried=retried, running=running, abandoned=abandoned, others=others
+        )
+        self.log(f"endpoint {ep.url} taken out: {why}; {said}")
+        self.wake.set()
+
+
+def fates(*, moved: int, retried: int, running: int, abandoned: int, others: int) -> str:
+    """What became of the requests an endpoint held when it was taken out, in a few words:
+    ``moved`` requeued at once, ``retried`` failed there and backing off, ``running`` still
+    running there, ``abandoned`` because the run is stopping; ``others``: the endpoints that
+    take work now besides it (none: the requests wait for one to, and the line says so)."""
+    parts = []
+    elsewhere = "elsewhere" if others else "when an endpoint serves again"
+    if moved:
+        where = "on the other endpoints" if others else "(no other endpoint takes work now)"
+        parts.append(f"{moved:,} requeued {where}")
+    if retried:
+        parts.append(f"{retried:,} failed there and are retried {elsewhere} after a backoff")
+    if running:
+        parts.append(
+            f"{running:,} still running there (kept if they finish; retried {elsewhere} if "
+            "they fail; requeued at once if it fails its health check)"
+        )
+    if abandoned:
+        parts.append(
+            f"{abandoned:,} abandoned (stopping: not committed, the same command generates "
+            "them again)"
+        )
+    if not parts:
+        return "no request of the run was in flight there"
+    return "its requests: " + "; ".join(parts)
