@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tests.integration.generate.helpers import code_chat_file, simulated_run, user_prompts
 from tests.signals import default_signals
@@ -152,23 +152,28 @@ def test_workers_end_with_their_parent(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
+    command=st.sampled_from(["tokenize", "merge"]),
     how=st.sampled_from(["SIGTERM", "SIGINT", "Ctrl-C"]),
     workers=st.sampled_from([1, 2]),
     delay=st.floats(0.0, 0.5),
 )
-def test_a_signal_says_how_tokenize_stopped_with_or_without_workers(
+@example(command="merge", how="SIGTERM", workers=1, delay=0.0)
+@example(command="merge", how="Ctrl-C", workers=1, delay=0.2)
+def test_a_signal_says_how_a_command_stopped_with_or_without_workers(
     inputs: dict[str, str],
     tmp_path_factory: pytest.TempPathFactory,
+    command: str,
     how: str,
     workers: int,
     delay: float,
 ) -> None:
-    """One signal while tokenize works: exit 128 + signal and the same line, whether it runs
-    worker processes (``--workers 2``) or not (``--workers 1`` ended silently, by Python's
-    default handlers: 130 / 143 and nothing said)."""
+    """One signal while tokenize or merge works: exit 128 + signal and the same line, whether
+    it runs worker processes (``--workers 2``) or not (``--workers 1`` ended by Python's
+    default handlers: tokenize 130 / 143 and nothing said, merge click's "Aborted!" or 143)."""
     out = tmp_path_factory.mktemp("out") / "out"
-    args = _args("tokenize", inputs, out)
+    args = _args(command, inputs, out)
     args[args.index("--workers") + 1] = str(workers)
+    done_file = out / ("summary.json" if command == "tokenize" else "merge_report.json")
     proc = subprocess.Popen(
         [sys.executable, "-c", CLI, *args],
         stdout=subprocess.DEVNULL,
@@ -177,11 +182,13 @@ def test_a_signal_says_how_tokenize_stopped_with_or_without_workers(
     )
     try:
         deadline = time.monotonic() + 120
-        # at work: its first output shard is written (the pool's or its own)
-        while not list(out.glob("**/*.parquet")):
-            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
-            assert time.monotonic() < deadline, "tokenize wrote nothing"
-            time.sleep(0.02)
+        if command == "tokenize":  # at work: its first output shard is written
+            while not list(out.glob("**/*.parquet")):
+                assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+                assert time.monotonic() < deadline, "tokenize wrote nothing"
+                time.sleep(0.02)
+        else:  # merge reads its 40,000 rows for seconds before it writes: at work once started
+            time.sleep(1.0)
         time.sleep(delay)
         if proc.poll() is not None:  # finished first: nothing to say about a signal
             return
@@ -198,7 +205,7 @@ def test_a_signal_says_how_tokenize_stopped_with_or_without_workers(
     text = err.decode(errors="replace")
     if proc.returncode == 0:  # the signal came as it finished: it said what it did
         return
-    if proc.returncode == -sig and not text and (out / "summary.json").exists():
+    if proc.returncode == -sig and not text and done_file.exists():
         return  # it came after the work, as the interpreter shut down: Python's own exit
     assert proc.returncode == 128 + sig, (workers, how, text[-2000:])
     assert (

@@ -81,6 +81,7 @@ from draftdata.store.merge_report import (
 from draftdata.store.opener import open_store
 from draftdata.store.protect import check_not_protected
 from draftdata.support.metrics import StageStats
+from draftdata.support.workerpool import interrupts
 
 CARD_KEY = "README.md"
 SPLITS = ("train", "eval")
@@ -240,6 +241,13 @@ def merge(
     it equals, contains or lies inside a ``protect`` prefix (before anything is read or
     written).
     """
+    # a signal ends it in one line (Interrupted), with worker processes or without (--workers 1)
+    with interrupts():
+        return _merge(config, progress, on_plan)
+
+
+def _merge(config: MergeConfig, progress: Progress | None, on_plan: OnPlan | None) -> MergeSummary:
+    """The phases of ``merge``."""
     check_config(config)
     stats = StageStats("merge")
     store = None if config.plan_only else _open_output(config)

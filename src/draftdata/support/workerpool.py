@@ -87,28 +87,49 @@ def kill_workers(pool: ProcessPoolExecutor) -> None:
 _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 
 
+class _Interrupts:
+    """The handler ``interrupts`` installs, and what the open blocks asked it to do."""
+
+    def __init__(self) -> None:
+        self.on_signal: list[Callable[[], None]] = []  # of the open blocks, innermost last
+        self.seen: list[int] = []
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        for act in reversed(self.on_signal):
+            act()
+        if self.seen:
+            os._exit(128 + signum)
+        self.seen.append(signum)
+        raise Interrupted(signum)
+
+
 @contextlib.contextmanager
 def interrupts(on_signal: Callable[[], None] | None = None) -> Iterator[None]:
     """While open: SIGINT/SIGTERM call ``on_signal`` (a pool's: kill its workers) and raise
     Interrupted (the first) or end the process (any later one), so a command says how it
     stopped whether it runs worker processes or not (``tokenize --workers 1``). Installed only
     in the main thread, and only over Python's default handlers (a notebook's or Ray's own
-    handlers are left alone)."""
-    if threading.current_thread() is not threading.main_thread() or any(
-        signal.getsignal(s) is not h for s, h in _DEFAULTS.items()
-    ):
+    handlers are left alone); a block opened inside another (a pool inside a command's block)
+    adds its ``on_signal`` to the one handler, so every open block's action runs."""
+    current = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    seen: list[int] = []
-
-    def handler(signum: int, frame: FrameType | None) -> None:
+    if isinstance(current, _Interrupts):  # inside an open block: add this one's action
         if on_signal is not None:
-            on_signal()
-        if seen:
-            os._exit(128 + signum)
-        seen.append(signum)
-        raise Interrupted(signum)
-
+            current.on_signal.append(on_signal)
+        try:
+            yield
+        finally:
+            if on_signal is not None:
+                current.on_signal.remove(on_signal)
+        return
+    if any(signal.getsignal(s) is not h for s, h in _DEFAULTS.items()):
+        yield
+        return
+    handler = _Interrupts()
+    if on_signal is not None:
+        handler.on_signal.append(on_signal)
     previous = {s: signal.signal(s, handler) for s in _DEFAULTS}
     try:
         yield

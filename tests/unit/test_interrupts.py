@@ -1,0 +1,51 @@
+"""``interrupts`` blocks nest: a pool's block opened inside a command's block adds its action to
+the one handler, so a signal runs every open block's action (a pool's: kill its workers) before
+the command stops in one line; leaving the blocks puts Python's handlers back."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from draftdata.errors import Interrupted
+from draftdata.support.workerpool import interrupts
+
+DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+
+
+@pytest.fixture(autouse=True)
+def python_defaults() -> Iterator[None]:
+    """Python's own handlers while the test runs (an xdist worker may ignore SIGINT)."""
+    before = {s: signal.signal(s, h) for s, h in DEFAULTS.items()}
+    yield
+    for s, h in before.items():
+        signal.signal(s, h)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    depth=st.integers(1, 4),
+    acting=st.lists(st.booleans(), min_size=4, max_size=4),
+    sig=st.sampled_from([signal.SIGINT, signal.SIGTERM]),
+)
+def test_every_open_block_acts_on_a_signal(depth: int, acting: list[bool], sig: int) -> None:
+    ran: list[int] = []
+
+    def nest(level: int) -> None:
+        act = (lambda: ran.append(level)) if acting[level] else None
+        with interrupts(act):
+            if level + 1 < depth:
+                nest(level + 1)
+            else:
+                os.kill(os.getpid(), sig)
+
+    with pytest.raises(Interrupted) as caught:
+        nest(0)
+    assert caught.value.signum == sig
+    assert ran == [lvl for lvl in reversed(range(depth)) if acting[lvl]]  # innermost first
+    assert {s: signal.getsignal(s) for s in DEFAULTS} == DEFAULTS  # put back
