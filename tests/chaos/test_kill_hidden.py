@@ -10,8 +10,10 @@ during the manifest, index and speculators' dataset."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ from tests.integration.hidden.helpers import (
     target_for,
     tokenized_run,
 )
+from tests.signals import default_signals
 
 pytest.importorskip("torch")
 
@@ -133,3 +136,52 @@ def test_kill_9_at_random_moments_then_resume(
     assert leftovers == []
     assert np.isfinite(hs.summary["tokens_per_s"])
     assert os.path.exists(out / "hidden_index.parquet")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_says_how_hidden_states_stopped_then_it_resumes(
+    inputs: tuple[Path, Path], tmp_path: Path, sig: int
+) -> None:
+    """SIGTERM or SIGINT while the target runs (one CPU device, no worker process): exit 128 +
+    the signal and the one line every command says (before: click's "Aborted!" on SIGINT,
+    nothing on SIGTERM), the files it committed kept; the same command finishes the set."""
+    tok_dir, target = inputs
+    out = tmp_path / "set"
+    cli = _cli(tok_dir, target, out, "speculators", "none")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from draftdata.cli import main; main()", *cli],
+        env=cpu_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=default_signals,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not list((out / "hidden_states").glob("hs_*")):
+            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+            assert time.monotonic() < deadline, "hidden-states wrote nothing"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = err.decode(errors="replace")
+    if proc.returncode == 0:  # it finished before the signal landed
+        return
+    assert proc.returncode == 128 + sig, text[-2000:]
+    name = signal.Signals(sig).name
+    assert f"draftdata: stopped by {name}; what was written is kept" in text, text[-2000:]
+    kept = stats_of(out)
+    from draftdata.cli import main
+
+    try:
+        main(cli)
+    except SystemExit as exc:
+        assert not exc.code
+    final = stats_of(out)
+    assert {k: final[k] for k in kept} == kept  # nothing it committed was rewritten
+    hs = read_set(str(out))
+    assert hs.summary is not None and hs.summary["complete"]
+    assert sorted(r["id"] for r in hs.index.to_pylist()) == sorted(samples_of(tok_dir))

@@ -59,6 +59,7 @@ from draftdata.hidden.writers import writer_for
 from draftdata.store.base import Store, refuse_protected
 from draftdata.store.lease import Lease, acquire, scope_of
 from draftdata.store.opener import open_store
+from draftdata.support.workerpool import interrupts
 
 Log = Callable[[str], None]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -206,31 +207,33 @@ def hidden_states(
     check_prefix(store)
     part = parse_partition(config.partition) if config.partition is not None else None
     lease = acquire(store, scope_of(part), ttl=config.lease_ttl, wait=config.lease_wait)
-    try:
-        swept, swept_bytes = store.sweep_temps(HIDDEN_FOLDER)
-        if swept:
-            say(
-                f"hidden-states: removed {swept:,} temp file(s) ({human_bytes(swept_bytes)}) "
-                "that a killed command left"
+    # a signal ends it in one line (Interrupted), its committed files kept: one device or many
+    with interrupts():
+        try:
+            swept, swept_bytes = store.sweep_temps(HIDDEN_FOLDER)
+            if swept:
+                say(
+                    f"hidden-states: removed {swept:,} temp file(s) ({human_bytes(swept_bytes)}) "
+                    "that a killed command left"
+                )
+            open_manifest(store, settings)
+            _dataset_files(store, writer, plan)
+            write_index(store, plan.index_table([writer.key(r) for r in range(plan.samples)]))
+            return _run(
+                config,
+                store,
+                lease,
+                writer,
+                engine.open if opener is None else opener,
+                devices,
+                facts,
+                capture,
+                plan,
+                bill.sample_bytes,
+                say,
             )
-        open_manifest(store, settings)
-        _dataset_files(store, writer, plan)
-        write_index(store, plan.index_table([writer.key(r) for r in range(plan.samples)]))
-        return _run(
-            config,
-            store,
-            lease,
-            writer,
-            engine.open if opener is None else opener,
-            devices,
-            facts,
-            capture,
-            plan,
-            bill.sample_bytes,
-            say,
-        )
-    finally:
-        lease.release()
+        finally:
+            lease.release()
 
 
 def _dataset_files(store: Store, writer: Writer, plan: Plan) -> None:
