@@ -175,7 +175,7 @@ def _holds_nothing(ds: Dataset) -> bool:
                 head = gzip.decompress(head)
             except (OSError, EOFError):
                 return False
-        if head.strip() not in (b"", b"[]"):  # blank, or an empty JSON array
+        if b"".join(head.split()) not in (b"", b"[]"):  # blank, or an empty JSON array
             return False
     return True
 

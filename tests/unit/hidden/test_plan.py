@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.hidden.helpers import sample_rows, write_samples
 
@@ -76,3 +77,34 @@ def test_the_pilot_is_the_same_draw_each_time(tmp_path: Path) -> None:
     assert len(first) == 20 and first == rows_of_pilot(plan, 0.1, todo)
     assert rows_of_pilot(plan, 0.1, todo - first) == set()  # a rerun finds the pilot done
     assert len(rows_of_pilot(plan, 7, todo)) == 7
+
+
+_WS = st.text(alphabet=" \t\r\n", max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.sampled_from(["blank", "array", "gzip-blank", "gzip-array"]),
+    a=_WS,
+    b=_WS,
+    c=_WS,
+)
+def test_an_empty_input_is_refused_as_empty_not_as_conversations(
+    tmp_path_factory: pytest.TempPathFactory, shape: str, a: str, b: str, c: str
+) -> None:
+    """Any empty shape (blank text, an empty JSON array with white space anywhere, gzip of
+    either) is "no rows in it", never "conversations: run tokenize first"."""
+    import gzip
+
+    from draftdata.errors import InputError
+    from draftdata.hidden.plan import open_input
+
+    text = (a + b + c) if "blank" in shape else f"{a}[{b}]{c}"
+    data = text.encode()
+    name = "empty.jsonl" if "blank" in shape else "empty.json"
+    if shape.startswith("gzip"):
+        data, name = gzip.compress(data), name + ".gz"
+    path = tmp_path_factory.mktemp("empty") / name
+    path.write_bytes(data)
+    with pytest.raises(InputError, match="no rows in it"):
+        open_input(str(path))
