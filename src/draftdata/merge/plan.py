@@ -151,16 +151,16 @@ def _whole_counts(
     ``tolerance`` (a group's ceiling ``(t + tau) N`` rounds down, so whole rows may miss the
     band at ``n``: 6 of 14 rows is 42.9% against 40% +- 2%, 5 of 13 is within it); when none
     is, ``n``'s counts, off by rounding only (a tolerance finer than one row in ``n``)."""
-    first = _counts_at(aim, caps, tolerance, n)
+    first = counts = _counts_at(aim, caps, tolerance, n)
     floor = max(n - STEP_DOWN, n // 2, 0)
     while n > floor:
-        counts = _counts_at(aim, caps, tolerance, n)
         total = sum(counts.values())
         if total <= 0:
             break
         if all(abs(counts[g] / total - aim[g]) <= tolerance + 1e-9 for g in aim):
             return counts
         n = min(n, total) - 1
+        counts = _counts_at(aim, caps, tolerance, n)
     return first
 
 
