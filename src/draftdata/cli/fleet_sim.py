@@ -292,7 +292,8 @@ class SimOptions(msgspec.Struct, kw_only=True, frozen=True):
         typer.Option(
             "--refuse",
             help="I:STATUS: server I answers every chat request with HTTP STATUS (e.g. 401, "
-            "404, 501) while /health and /v1/models stay fine (repeatable).",
+            "404, 501; 400: a server configured differently from the rest of the fleet) while "
+            "/health and /v1/models stay fine (repeatable).",
         ),
     ] = []
     refuse_after: Annotated[

@@ -37,7 +37,8 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     port after ``restart_after`` seconds (None: never) and then answers /health with 503 for
     ``starting_s`` seconds. ``refuse`` maps a server index to an HTTP status it answers every
     chat request with, after answering its first ``refuse_after`` normally, while /health and
-    /v1/models stay fine (a rotated key: 401, a renamed model: 404, not OpenAI-compatible: 501).
+    /v1/models stay fine (a rotated key: 401, a renamed model: 404, not OpenAI-compatible: 501,
+    a server launched otherwise than the rest of its fleet: 400).
     ``error_400`` is the rate of requests refused as invalid (HTTP 400, not a context length):
     the few a real server refuses for something in one prompt.
     """

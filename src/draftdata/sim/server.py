@@ -36,6 +36,8 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 _REFUSALS = {
+    # a server launched wrong for the run (another engine version, chat template or LoRA set)
+    400: "Bad request: this server is configured differently (simulated)",
     401: "Invalid API key (simulated)",
     403: "Forbidden: this key may not use the model (simulated)",
     404: "The model does not exist (simulated)",

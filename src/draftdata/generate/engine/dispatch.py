@@ -17,17 +17,24 @@ It decides and holds no I/O; each decision is a part of its own:
   ``RetryableServerError`` -> retry after a jittered backoff elsewhere, up to ``max_attempts``;
   ``FatalRequestError`` -> the prompt's Failure at once; ``EndpointFaultError`` -> the endpoint
   out, the job requeued uncharged;
-- **the opening check** (``opening.OpeningCheck``): the records of request refusals are held
-  until the command's first outcomes are in; when one refusal ended most of them the run stops
-  in one line quoting the server (``refused``) and nothing of them is recorded.
+- **the verdicts on refusals** (``opening.py``): a request refusal (a 400 that is no context
+  length) is the prompt's only when no other endpoint that serves could answer it
+  (``EndpointRefusals``): else the job is asked elsewhere, uncharged; an endpoint whose
+  recent outcomes are mostly one refusal gets no new work while another serves, and is taken
+  out (``take_out_refusing``) once a prompt it refused is answered elsewhere. The prompts'
+  refusal records are held until the command's first outcomes are in (``OpeningCheck``);
+  when one refusal ended most of them the run stops in one line quoting the server
+  (``refused``) and nothing of them is recorded.
 
 What is left here is acting on them: the loop, launching and detaching copies, settling jobs,
-and taking an endpoint out, three ways. ``open_breaker``: it failed ``breaker_failures``
+and taking an endpoint out, four ways. ``open_breaker``: it failed ``breaker_failures``
 retryable requests in a row; what runs there may finish, and a health check decides.
 ``take_out_dead``: it fails its health check (a connection error or a timeout triggers one) or
 serves another model; its in-flight copies are cancelled and their jobs requeued at once.
-``take_out_faulty``: it refused or answered impossibly; likewise, free of charge. Each is
-probed until it answers (then re-admitted half-open: one more failure takes it out again).
+``take_out_faulty``: it refused or answered impossibly; likewise, free of charge;
+``take_out_refusing``: it refuses, with one 400, the requests the other endpoints answer; the
+same. Each is probed until it answers (then re-admitted half-open: one more failure takes it
+out again).
 
 An exception that is no ``ServerError`` is not a server's answer but a bug (the client maps
 every failure it knows, as httpx's ``map_httpcore_exceptions`` does, and lets the rest
@@ -68,7 +75,13 @@ from draftdata.generate.config import GenerateConfig
 from draftdata.generate.engine.caller import Answer, Caller
 from draftdata.generate.engine.endpoint import Endpoint
 from draftdata.generate.engine.length import LengthModel, LengthPriors, prompt_tokens
-from draftdata.generate.engine.opening import OpeningCheck, Stop, is_refusal
+from draftdata.generate.engine.opening import (
+    EndpointRefusals,
+    OpeningCheck,
+    Stop,
+    Verdict,
+    is_refusal,
+)
 from draftdata.generate.engine.placement import Placement
 from draftdata.generate.engine.queue import JobQueue
 from draftdata.generate.engine.retry import Fail, MoveOn, Retry, RetryPolicy
@@ -187,6 +200,8 @@ class Dispatcher:
         self.placement = Placement(endpoints, self.lengths, hedge_min_age=config.hedge_min_age)
         self.policy = RetryPolicy(config, self.rng)
         self.opening = OpeningCheck()
+        self.refusals = EndpointRefusals()
+        self._by_url = {e.url: e for e in endpoints}
         self.running: dict[Job, None] = {}  # jobs with at least one live copy, oldest first
         self.on_endpoint: dict[Endpoint, set[Copy]] = {e: set() for e in endpoints}
         self.active: Counter[str] = Counter()  # prompt id -> unsettled jobs (duplicate ids)
@@ -412,11 +427,14 @@ class Dispatcher:
                 self.queue, self.on_endpoint, read_all=self.fed_all, now=now, hedge=self.cfg.hedge
             )
         held: list[Job] = []
+        serving = self._in_service()
         while self.queue:
             free = [
                 e
                 for e in self.endpoints
-                if e.breaker.state == "up" and e.concurrency.limit > e.slots.inflight
+                if e.breaker.state == "up"
+                and e.concurrency.limit > e.slots.inflight
+                and not self.refusals.held_out(e.url, serving)
             ]
             if not free:
                 break
@@ -443,7 +461,10 @@ class Dispatcher:
     def _hedge(self, now: float) -> None:
         """Send the copies ``Placement.hedges`` finds worth it (only asked when nothing is
         queued, so the copies take idle slots)."""
+        serving = self._in_service()
         for job, ep in self.placement.hedges(list(self.running), now):
+            if self.refusals.held_out(ep.url, serving):
+                continue
             job.hedged = True
             self.hedges += 1
             self._launch(job, ep, hedge=True, now=now)
@@ -570,6 +591,8 @@ class Dispatcher:
         if self.opening.open:
             self.opening.settled()
             self._judge(ended=False)
+        for url, said in self.refusals.answered(ep.url, _saids(job.refused)):
+            self.take_out_refusing(self._by_url[url], said)
 
     def _failed(self, copy: Copy, err: ServerError) -> None:
         """A failed attempt: the endpoint learns of it, and the retry policy says the job's
@@ -591,12 +614,34 @@ class Dispatcher:
                 if isinstance(err, RateLimitedError):
                     ep.rate_limited()
         moved = 0
+        verdict = None
+        if is_refusal(err):  # whose fault: the endpoint's or the prompt's (opening.py)
+            if not job.done:  # a hedge's refusal too: an answer elsewhere then tells of it
+                job.refused.pop(ep.url, None)  # its latest refusal, last
+                job.refused[ep.url] = err
+            refusers = {**_saids(job.refused), ep.url: err.said}
+            back = [
+                e.url for e in self.endpoints if e.breaker.state != "up" and not e.breaker.refusal
+            ]
+            verdict = self.refusals.refused(ep.url, err.said, refusers, self._in_service(), back)
+            if verdict.job == "later" and job.attempts >= self.cfg.max_attempts:
+                verdict = Verdict("prompts", verdict.out)  # its tries are over
         if not (job.done or job.copies or self.stopping):
             match fate:
                 case Retry(delay=delay):
                     job.avoid = {ep.url}
                     self.queue.later(job, self.clock() + delay)
                     self.wake.set()
+                case Fail() if verdict is not None and verdict.job == "elsewhere":
+                    self._ask_elsewhere(job, ep, hedge=copy.hedge)
+                case Fail() if verdict is not None and verdict.job == "later":
+                    job.avoid = set(job.refused)
+                    self.queue.later(job, self.clock() + self.policy.backoff(job.attempts, None))
+                    self.wake.set()
+                case Fail() if verdict is not None:  # quoting the refuser in best standing
+                    by = self._by_url[self.refusals.witness(_saids(job.refused))]
+                    quoted = job.refused[by.url]
+                    self._fail(job, quoted.reason, quoted.message, by, err=quoted)
                 case Fail(reason=reason, message=message):
                     self._fail(job, reason, message, ep, err=err)
                 case MoveOn():
@@ -606,6 +651,21 @@ class Dispatcher:
             self.take_out_faulty(ep, err, moved=moved)
         elif opened:  # after the job is placed, so the line counts it among the retried ones
             self.open_breaker(ep, f"{ep.breaker.failures} failures in a row ({err})")
+        for url, said in verdict.out if verdict is not None else ():
+            self.take_out_refusing(self._by_url[url], said)
+
+    def _in_service(self) -> list[str]:
+        """The URLs of the endpoints that take work now."""
+        return [e.url for e in self.endpoints if e.breaker.state == "up"]
+
+    def _ask_elsewhere(self, job: Job, ep: Endpoint, *, hedge: bool) -> None:
+        """``ep`` refused ``job`` while another endpoint may answer it: requeue it first in
+        line, away from every endpoint that refused it, the attempt not charged to the prompt
+        (``opening.EndpointRefusals``)."""
+        if not hedge:
+            job.attempts -= 1
+        self._requeue(job, ep)
+        job.avoid = set(job.refused)
 
     def _requeue(self, job: Job, ep: Endpoint) -> None:
         """Put ``job`` back first in line, steered away from ``ep``."""
@@ -619,7 +679,8 @@ class Dispatcher:
         records = failures(job, reason, ep.redact(message), endpoint=ep.url)
         job.done = True
         if err is not None and self.opening.open and is_refusal(err):
-            self.opening.refused(err, ep.url, records)  # held until the verdict
+            where = list(job.refused) or [ep.url]
+            self.opening.refused(err, where, records)  # held until the verdict
         else:
             for f in records:
                 self.sink.failure(f)
@@ -696,13 +757,22 @@ class Dispatcher:
         service with a trial after a growing wait, its in-flight copies requeued at once and
         not charged to their prompts. Said once, not again when a trial is refused too.
         ``moved``: jobs the caller already requeued."""
-        was_up = ep.breaker.state != "down"
         what = (
             "gives impossible answers"
             if isinstance(err, ImpossibleAnswerError)
             else "refuses chat requests"
         )
-        refusal = err.said[:300]
+        self._take_out_refusing(ep, err.said, what, moved=moved)
+
+    def take_out_refusing(self, ep: Endpoint, said: str) -> None:
+        """``ep`` refuses, with the same answer ``said``, the requests the other endpoints
+        answer (``opening.EndpointRefusals``): taken out like one that refuses chat requests
+        (``take_out_faulty``), the line quoting its refusal."""
+        self._take_out_refusing(ep, said, "refuses the requests the other endpoints answer")
+
+    def _take_out_refusing(self, ep: Endpoint, said: str, what: str, *, moved: int = 0) -> None:
+        was_up = ep.breaker.state != "down"
+        refusal = said[:300]
         news = ep.breaker.mark_refused(refusal, what)
         why = f"it {what} ({refusal})"
         cancelled, abandoned = self._cancel_copies(ep, uncharged=True)
@@ -749,6 +819,11 @@ class Dispatcher:
         )
         self.log(f"endpoint {ep.url} taken out: {why}; {said}")
         self.wake.set()
+
+
+def _saids(refused: dict[str, ServerError]) -> dict[str, str]:
+    """A job's refusals as the verdicts take them: endpoint URL -> the server's answer."""
+    return {url: err.said for url, err in refused.items()}
 
 
 def fates(*, moved: int, retried: int, running: int, abandoned: int, others: int) -> str:

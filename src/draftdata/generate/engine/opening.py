@@ -1,32 +1,62 @@
-"""The first outcomes' verdict: one request refusal that ends most of a command's first requests
-stops the command before it records anything.
+"""The verdicts on request refusals: whose fault a refusal is, the endpoint's or the prompt's, and
+when one refusal of most of a command's first requests stops the command before it records
+anything.
 
-When the server answers the same HTTP 400 to every request ("Unsupported parameter: top_k"),
-the request is wrong, not the prompts: recording each prompt as a fatal ``invalid_request``
-would end the command with exit 0 and leave a run that the same command, fixed, then skips.
-So the dispatcher holds back the Failure records of request refusals (a ``FatalRequestError``
-that is no ``ContextLengthError``: a too-long prompt is the prompt's own) until the first
-``FIRST`` outcomes are in (every job that ended: answered or failed; a retried attempt did
-not end one), or the command has no more to give. If one refusal (the same status and
-message) ended more than half of them, the command stops in one line quoting the server and
-the held records are dropped: nothing is recorded, and the fixed command just runs (a command
-resuming a run that earlier commands settled prompts of is judged on fewer only when one refusal
-ended more than half of ``FIRST``: its few prompts are the run's tail). Otherwise
-the held records go out as they would have, and the check steps aside for the rest of the
-command: a few prompts refused among good answers are each recorded, as always.
+A refusal is an HTTP 400 of the request itself (a ``FatalRequestError`` that is no
+``ContextLengthError``: a too-long prompt is the prompt's own). The same refusal can mean three
+things, and two parts here tell them apart:
 
-It decides only; the dispatcher holds back the records and stops the run.
+- **one endpoint is wrong** (``EndpointRefusals``): a server of a fleet that refuses every
+  request with the same answer while the others answer (another engine version, another chat
+  template, a LoRA name it lacks). A refused prompt is asked again on another endpoint that has
+  not refused it (``Verdict.job`` "elsewhere": requeued, the attempt not charged to the
+  prompt), and an endpoint whose recent outcomes are mostly the same refusal (three quarters
+  of its latest ``RECENT`` answers and refusals, no fewer: a healthy server's few refusals come
+  back first, at once, while its answers take their time) is a suspect from its next such
+  refusal until they are mostly that no longer: it gets no new work while a non-suspect
+  endpoint serves (so a server that answers 400 at once cannot take every job of the run
+  before the verdict). Once a prompt it refused is answered elsewhere while its outcomes are
+  mostly that refusal, it is taken out as a faulty endpoint (``Verdict.out``; the dispatcher
+  says so in one line, quoting the refusal, and probes it: a trial that refuses the same way
+  takes it out again, an answer clears it). This holds at any time of the run: a server
+  that starts refusing mid-run is judged on its recent outcomes the same way;
+- **the prompt is wrong**: every endpoint in service that is no suspect has refused it (the
+  one server of a fleet of one at once; in a fleet, each server that answers others): its
+  Failure (``invalid_request``) is recorded, as always (where the endpoint left to ask is
+  out of service for a while, a breaker open or a restart, the job waits for it: "later", a
+  retry after a backoff within ``max_attempts``). A refusal is not taken for the prompt's on
+  one server's word while another could answer it: a server that turned wrong a moment ago
+  still looks healthy, and a good prompt recorded as failed is lost for good (the same
+  command skips it as settled), while asking again costs one more request, refused at once
+  where the prompt is bad. The Failure quotes the refuser in best standing (``witness``);
+- **the request is wrong for the whole fleet** (``OpeningCheck``): the records of the
+  prompts' refusals are held until the first ``FIRST`` outcomes are in (every job that ended:
+  answered or failed; a retried or re-asked attempt did not end one), or the command has no
+  more to give. If one refusal (the same status and message) ended more than half of them,
+  the command stops in one line quoting the server and the held records are dropped: nothing
+  is recorded, and the fixed command just runs (a command resuming a run that earlier
+  commands settled prompts of is judged on fewer only when one refusal ended more than half
+  of ``FIRST``: its few prompts are the run's tail). Otherwise the held records go out as
+  they would have, and the check steps aside for the rest of the command: a few prompts
+  refused among good answers are each recorded, as always. A refusal confined to some
+  endpoints never ends a job (it is asked elsewhere), so it cannot stop the command.
+
+It decides only: the dispatcher holds back the records, requeues, takes endpoints out and
+stops the run. It knows endpoints by their URL and nothing else of them.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from draftdata.errors import ContextLengthError, FatalRequestError, ServerError
 from draftdata.records import Failure
 
 FIRST = 16  # outcomes judged: enough that a few prompts refused among them are no majority
+RECENT = 8  # an endpoint's latest outcomes (answers and refusals) it is judged on, all of them
 
 
 def is_refusal(err: ServerError) -> bool:
@@ -71,13 +101,15 @@ class OpeningCheck:
         if self.open:
             self.seen += 1
 
-    def refused(self, err: ServerError, endpoint: str, records: list[Failure]) -> None:
-        """A refusal of the request (``is_refusal``) ended a job; its ``records`` are held."""
+    def refused(self, err: ServerError, endpoints: Iterable[str], records: list[Failure]) -> None:
+        """A refusal of the request (``is_refusal``) by ``endpoints`` (each that refused the
+        job) ended a job; its ``records`` are held."""
         self.seen += 1
         self._said[err.said] += 1
         where = self._where.setdefault(err.said, [])
-        if endpoint not in where:
-            where.append(endpoint)
+        for endpoint in endpoints:
+            if endpoint not in where:
+                where.append(endpoint)
         self.held.extend(records)
 
     def verdict(self, *, ended: bool, resumed: bool = False) -> Stop | list[Failure] | None:
@@ -100,3 +132,123 @@ class OpeningCheck:
         self.open = False
         held, self.held = self.held, []
         return held
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one refusal means for its job: ``prompts``, the prompt's (record its Failure);
+    ``elsewhere``, another endpoint in service is to be asked (requeue the job, uncharged,
+    away from every endpoint that refused it); ``later``, the one left to ask is out of
+    service now (a breaker open, a restart): ask it when it is back (a retry after a backoff,
+    charged: a fleet that never comes back ends the prompt's tries). ``out``: endpoints to
+    take out as faulty now, each with the refusal it gave (its URL, the server's answer)."""
+
+    job: Literal["prompts", "elsewhere", "later"]
+    out: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def prompts(self) -> bool:
+        """Whether the refusal is the prompt's."""
+        return self.job == "prompts"
+
+
+@dataclass(slots=True)
+class EndpointRefusals:
+    """Per endpoint, whether its refusals are its own fault (module docstring). Endpoints are
+    their URLs; ``in_service`` is the URLs of the endpoints that take work now."""
+
+    # url -> its latest outcomes in the order they came, oldest first: None an answer, else
+    # the refusal's answer. A refusal comes back at once and an answer takes its time, so a
+    # healthy server's few refused prompts lead its first outcomes: only a whole window of
+    # them tells (``mostly``)
+    _recent: dict[str, deque[str | None]] = field(default_factory=dict)
+    suspects: dict[str, str] = field(default_factory=dict)  # url -> the refusal it is held for
+    faulty: dict[str, str] = field(default_factory=dict)  # url -> the refusal it was taken out for
+
+    def _log(self, url: str, outcome: str | None) -> None:
+        recent = self._recent.get(url)
+        if recent is None:
+            recent = self._recent[url] = deque(maxlen=RECENT)
+        recent.append(outcome)
+
+    def mostly(self, url: str, said: str) -> bool:
+        """Whether ``url``'s latest outcomes are mostly the refusal ``said``: ``RECENT`` of
+        them, three quarters that refusal."""
+        recent = self._recent.get(url)
+        if recent is None or len(recent) < RECENT:
+            return False
+        return 4 * recent.count(said) >= 3 * len(recent)
+
+    def _trusted(self, url: str) -> bool:
+        return url not in self.suspects and url not in self.faulty
+
+    def held_out(self, url: str, in_service: Collection[str]) -> bool:
+        """Whether ``url`` gets no new work now: a suspect, while another endpoint in service
+        is none (the last one serving is never held out: a fleet of one keeps its server)."""
+        if url not in self.suspects:
+            return False
+        return any(u != url and self._trusted(u) for u in in_service)
+
+    def refused(
+        self,
+        url: str,
+        said: str,
+        refusers: Mapping[str, str],
+        in_service: Collection[str],
+        out_of_service: Collection[str] = (),
+    ) -> Verdict:
+        """``url`` refused a job with ``said``; ``refusers``: every endpoint that refused
+        that job so far (this one included), URL -> its answer; ``out_of_service``: the
+        endpoints out now that may come back (not those taken out for refusing). The job is
+        the prompt's when no endpoint that is no suspect is left to ask, in service or back
+        soon."""
+        self._log(url, said)
+        out: tuple[tuple[str, str], ...] = ()
+        if self.faulty.get(url) == said:  # a trial after it was taken out, refused the same way
+            out = ((url, said),)
+        elif (
+            url not in self.suspects
+            and self.mostly(url, said)
+            and any(u != url and self._trusted(u) for u in in_service)
+        ):
+            self.suspects[url] = said
+        if any(u not in refusers and self._trusted(u) for u in in_service):
+            return Verdict("elsewhere", out)
+        if any(u not in refusers and self._trusted(u) for u in out_of_service):
+            return Verdict("later", out)
+        return Verdict("prompts", out)
+
+    def witness(self, refusers: Mapping[str, str]) -> str:
+        """Which of a failed job's ``refusers`` (URL -> answer) the prompt's Failure quotes:
+        the one in best standing (no suspect, answers among its latest outcomes, the fewest
+        refusals there; the latest to refuse among equals), so that a server refusing
+        everything, not yet judged, is not quoted where a good one refused the prompt."""
+
+        def standing(url: str) -> tuple[bool, bool, int]:
+            recent = self._recent.get(url, deque())
+            answers = recent.count(None)
+            return (self._trusted(url), answers > 0, answers - len(recent))
+
+        best = list(refusers)[-1]
+        for url in reversed(list(refusers)):
+            if standing(url) > standing(best):
+                best = url
+        return best
+
+    def answered(self, url: str, refusers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        """``url`` answered a job that ``refusers`` (URL -> answer) had refused: its fault
+        ends, and its suspicion once its latest outcomes are no longer mostly that refusal;
+        each refuser whose latest outcomes are mostly the refusal it gave this job is faulty
+        (returned, to take out)."""
+        self._log(url, None)
+        self.faulty.pop(url, None)
+        held = self.suspects.get(url)
+        if held is not None and not self.mostly(url, held):
+            del self.suspects[url]
+        out = []
+        for u, said in refusers.items():
+            if u != url and u not in self.faulty and self.mostly(u, said):
+                self.suspects.pop(u, None)
+                self.faulty[u] = said
+                out.append((u, said))
+        return tuple(out)

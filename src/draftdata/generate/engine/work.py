@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from draftdata.errors import ServerError
 from draftdata.generate.config import GenerateConfig, Reasoning, Sampling
 from draftdata.generate.engine.endpoint import Endpoint
 from draftdata.generate.engine.limits import FALLBACK_MAX_TOKENS
@@ -52,6 +53,7 @@ class Job:
         "prompt_chars",
         "ready_since",
         "reasoning",
+        "refused",
         "samples",
         "sampling",
         "turns",
@@ -82,6 +84,8 @@ class Job:
         self.turns_thinking: bool | None = None  # the servers' mode the checkpoint was written in
         self.attempts = 0
         self.avoid: set[str] = set()  # endpoints to steer a retry away from
+        # endpoint URL -> its refusal of this job (opening.py), in order
+        self.refused: dict[str, ServerError] = {}
         self.copies: list[Copy] = []
         self.done = False
         self.hedged = False
