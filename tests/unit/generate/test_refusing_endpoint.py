@@ -1,0 +1,195 @@
+"""Endpoints that refuse every request with one HTTP 400 (opening.EndpointRefusals), driven
+through the dispatcher with in-process endpoints: a refusing server answers at once and the
+others take their time, the way a misconfigured server of a real fleet does. Generated over
+the fleet's size, which endpoints refuse and from when, their concurrency, ``n`` and
+multi-turn prompts; plus the judge's own rules and a taken-out endpoint's trials."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tests.unit.generate.fakes import FakeClient, cfg, dispatcher, endpoint, write
+
+from draftdata.errors import FatalRequestError, FleetUnavailableError
+from draftdata.generate.engine.dispatch import Dispatcher
+from draftdata.generate.engine.endpoint import Endpoint
+from draftdata.generate.engine.opening import RECENT, EndpointRefusals
+from draftdata.generate.engine.request import Request
+from draftdata.records import Turn
+
+SAID = "Bad request: this chat template does not take tools"
+
+
+class Refusing(FakeClient):
+    """Answers after ``delay``; refuses every request after its first ``after`` with one 400,
+    at once (``after`` None: never)."""
+
+    def __init__(self, delay: float, after: int | None) -> None:
+        super().__init__(delay)
+        self.after = after
+        self.seen = 0
+        self.refused = 0
+
+    async def chat(self, request: Request) -> list[Turn]:
+        self.seen += 1
+        if self.after is not None and self.seen > self.after:
+            self.refused += 1
+            await asyncio.sleep(0)
+            raise FatalRequestError(SAID, status=400)
+        return await super().chat(request)
+
+
+def _rows(n: int, multi: bool) -> list[dict[str, Any]]:
+    rows = []
+    for i in range(n):
+        msgs = [{"role": "user", "content": f"q{i}"}]
+        if multi and i % 2:
+            msgs += [{"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]
+        rows.append({"id": f"p{i}", "messages": msgs})
+    return rows
+
+
+def _run(
+    tmp: Path, clients: list[Refusing], limits: list[int], rows: list[dict[str, Any]], n: int
+) -> tuple[Dispatcher, Any, list[str], BaseException | None]:
+    prompts = write(tmp / "p.jsonl", rows)
+    pairs = enumerate(zip(clients, limits, strict=True))
+    eps = [endpoint(i, c, limit=lim) for i, (c, lim) in pairs]
+    d, sink = dispatcher(cfg(n=n), eps, prompts)
+    lines: list[str] = []
+    d.log = lines.append
+    raised: BaseException | None = None
+    try:
+        asyncio.run(asyncio.wait_for(d.run(), 30))
+    except FleetUnavailableError as exc:
+        raised = exc
+    return d, sink, lines, raised
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    size=st.integers(1, 4),
+    prompts_n=st.integers(1, 40),
+    n=st.sampled_from([1, 2]),
+    multi=st.booleans(),
+)
+def test_refusing_endpoints_never_cost_a_prompt(
+    tmp_path_factory: pytest.TempPathFactory,
+    data: st.DataObject,
+    size: int,
+    prompts_n: int,
+    n: int,
+    multi: bool,
+) -> None:
+    """While one endpoint answers, no prompt is recorded as failed and every (prompt, sample)
+    is answered once, however many endpoints refuse and from when; an endpoint refusing from
+    the start, many times, is taken out in one line quoting it. When every endpoint refuses
+    from the start the run stops in one line and records no refusal."""
+    refusing = data.draw(st.sets(st.integers(0, size - 1), min_size=1, max_size=size))
+    everyone = len(refusing) == size
+    after = {i: 0 if everyone else data.draw(st.integers(0, 8)) for i in refusing}
+    limits = [data.draw(st.integers(1, 4)) for _ in range(size)]
+    clients = [Refusing(0.003, after.get(i)) for i in range(size)]
+    _, sink, lines, raised = _run(
+        tmp_path_factory.mktemp("r"), clients, limits, _rows(prompts_n, multi), n
+    )
+    assert [f for f in sink.failures if f.reason == "invalid_request"] == []
+    if everyone:
+        assert raised is not None and "\n" not in str(raised) and SAID in str(raised)
+        return
+    assert raised is None, str(raised)
+    done = Counter((c.id, c.sample) for c in sink.completions)
+    assert done == Counter({(f"p{i}", s): 1 for i in range(prompts_n) for s in range(n)})
+    for i, c in enumerate(clients):
+        said = [ln for ln in lines if ln.startswith(f"endpoint http://fake-{i}:8000 taken out")]
+        if after.get(i) == 0 and c.refused >= 2 * RECENT:
+            assert len(said) == 1 and SAID in said[0], lines
+        if i not in refusing:
+            assert said == [], lines
+
+
+def test_the_instant_refuser_takes_a_window_not_the_queue(tmp_path: Path) -> None:
+    """The refusing endpoint answers at once, so it is free first and would take every job
+    of the run before the others answer one: it takes a window's worth and its in-flight
+    ones, is held out, then taken out once another endpoint answers what it refused."""
+    bad, good = Refusing(0.0, 0), Refusing(0.02, None)
+    _, sink, lines, raised = _run(tmp_path, [bad, good], [4, 4], _rows(200, False), 1)
+    assert raised is None and sink.failures == [] and len(sink.completions) == 200
+    assert bad.refused <= RECENT + 4, bad.refused
+    said = [ln for ln in lines if "taken out" in ln]
+    assert len(said) == 1 and said[0].startswith("endpoint http://fake-0:8000 taken out: it ")
+    assert f"(HTTP 400: {SAID})" in said[0]
+
+
+def test_a_taken_out_endpoint_on_trial_refusing_again_is_out_again_silently(
+    tmp_path: Path,
+) -> None:
+    """Re-admitted for a trial (here at once, over and over), the endpoint that still refuses
+    the same way is taken out again at its first refusal, without another line, its trial
+    jobs answered elsewhere; one that answers on its trial serves again."""
+    bad, good = Refusing(0.0, 0), Refusing(0.01, None)
+    prompts = write(tmp_path / "p.jsonl", _rows(120, False))
+    eps = [endpoint(0, bad, limit=4), endpoint(1, good, limit=4)]
+    d, sink = dispatcher(cfg(), eps, prompts)
+    lines: list[str] = []
+    d.log = lines.append
+    trials = 0
+
+    async def revive(ep: Endpoint) -> None:
+        nonlocal trials
+        await asyncio.sleep(0.02)
+        trials += 1
+        ep.breaker.mark_up(half_open=True)
+        d.wake.set()
+
+    d._revive = revive
+    asyncio.run(asyncio.wait_for(d.run(), 30))
+    assert sink.failures == [] and len(sink.completions) == 120
+    assert trials >= 2
+    assert len([ln for ln in lines if "taken out" in ln]) == 1, lines
+    assert bad.refused <= RECENT + 4 + trials * 4
+
+
+def test_the_judge_over_outcome_sequences() -> None:
+    """The rules alone: a fleet of one has nobody else to ask; a refusal is asked elsewhere
+    while a trusted endpoint in service has not refused the job, later while only one out of
+    service has not; a window mostly of one refusal makes a suspect, held out only while
+    another endpoint is trusted; an answer elsewhere to what it refused takes it out; answers
+    of its own end the suspicion."""
+    j = EndpointRefusals()
+    assert j.refused("a", SAID, {"a": SAID}, ["a"]).job == "prompts"
+    assert j.refused("a", SAID, {"a": SAID}, ["a", "b"]).job == "elsewhere"
+    assert j.refused("a", SAID, {"a": SAID}, ["a"], ["b"]).job == "later"
+    assert j.refused("b", SAID, {"a": SAID, "b": SAID}, ["a", "b"]).job == "prompts"
+    j = EndpointRefusals()
+    for _ in range(RECENT):
+        j.refused("a", SAID, {"a": SAID}, ["a", "b"])
+    assert j.held_out("a", ["a", "b"]) and not j.held_out("a", ["a"])
+    assert j.refused("a", SAID, {"a": SAID}, ["a", "b"]).job == "elsewhere"
+    assert j.refused("b", SAID, {"a": SAID, "b": SAID}, ["a", "b"]).job == "prompts"
+    assert j.answered("b", {"a": SAID}) == (("a", SAID),)
+    assert j.faulty == {"a": SAID} and j.suspects == {}
+    assert j.refused("a", SAID, {"a": SAID}, ["a", "b"]).out == (("a", SAID),)  # on trial
+    j.answered("a", {})
+    assert j.faulty == {}
+    j = EndpointRefusals()
+    for _ in range(RECENT):
+        j.refused("c", SAID, {"c": SAID}, ["c", "d"])
+    assert "c" in j.suspects
+    for _ in range(3):
+        j.answered("c", {})
+    assert "c" not in j.suspects  # its answers came: it answers
+    assert j.answered("d", {"c": SAID}) == ()
+    j = EndpointRefusals()
+    for _ in range(RECENT):
+        j.refused("e", SAID, {"e": SAID}, ["e", "f"])
+    j.answered("f", {})
+    assert j.witness({"f": "x", "e": SAID}) == "f"
+    assert j.witness({"e": SAID, "f": "x"}) == "f"
