@@ -4,8 +4,9 @@
 ``starting`` (never answered yet). ``threshold`` retryable failures in a row open the circuit;
 a re-admission is half-open (one more failure opens it again) and on probation until a request
 succeeds. ``fault`` says why an endpoint is out (for the log and the stop lines); ``refusal`` is
-set while it refuses chat requests (401/403/404/405/501) or gives impossible answers (its fault,
-never a prompt's), and such an endpoint is tried again with one trial admission after a growing
+set while it refuses chat requests (401/403/404/405/501), refuses with one 400 what the other
+endpoints answer (``opening.EndpointRefusals``) or gives impossible answers (its fault, never a
+prompt's), and such an endpoint is tried again with one trial admission after a growing
 wait (``REFUSAL_RETRY_S`` doubling up to ``REFUSAL_RETRY_MAX_S``). ``serving`` is what the
 engine's unavailability watch counts (up, and not on probation after a re-admission).
 

@@ -8,7 +8,9 @@ policy maps each type to one of three fates, and nothing else:
   ``backoff_max``; at least the server's Retry-After within that), steered away from the
   endpoint it failed on; after ``max_attempts`` attempts, ``Fail`` with ``exhausted_retries``.
 - ``FatalRequestError`` (context length, an invalid request): ``Fail`` with its ``reason`` at
-  once: no other attempt would be answered otherwise.
+  once: no other attempt would be answered otherwise. (For an invalid request the dispatcher
+  first asks ``opening.EndpointRefusals`` whose fault it is: while another serving endpoint
+  has not refused the job, it is asked there instead, uncharged.)
 - ``EndpointFaultError`` (a refusal, an impossible answer): ``MoveOn``: the endpoint's fault,
   not the prompt's; the job is requeued at once elsewhere and the attempt is not counted.
 
