@@ -19,7 +19,7 @@ from tests.unit.generate.fakes import FakeClient, cfg, dispatcher, endpoint, wri
 from draftdata.errors import FatalRequestError, FleetUnavailableError
 from draftdata.generate.engine.dispatch import Dispatcher
 from draftdata.generate.engine.endpoint import Endpoint
-from draftdata.generate.engine.opening import RECENT, EndpointRefusals
+from draftdata.generate.engine.opening import FIRST, RECENT, EndpointRefusals
 from draftdata.generate.engine.request import Request
 from draftdata.records import Turn
 
@@ -56,12 +56,17 @@ def _rows(n: int, multi: bool) -> list[dict[str, Any]]:
 
 
 def _run(
-    tmp: Path, clients: list[Refusing], limits: list[int], rows: list[dict[str, Any]], n: int
+    tmp: Path,
+    clients: list[Refusing],
+    limits: list[int],
+    rows: list[dict[str, Any]],
+    n: int,
+    done: set[tuple[str, int]] | None = None,
 ) -> tuple[Dispatcher, Any, list[str], BaseException | None]:
     prompts = write(tmp / "p.jsonl", rows)
     pairs = enumerate(zip(clients, limits, strict=True))
     eps = [endpoint(i, c, limit=lim) for i, (c, lim) in pairs]
-    d, sink = dispatcher(cfg(n=n), eps, prompts)
+    d, sink = dispatcher(cfg(n=n), eps, prompts, done=done)
     lines: list[str] = []
     d.log = lines.append
     raised: BaseException | None = None
@@ -89,24 +94,34 @@ def test_refusing_endpoints_never_cost_a_prompt(
     multi: bool,
 ) -> None:
     """While one endpoint answers, no prompt is recorded as failed and every (prompt, sample)
-    is answered once, however many endpoints refuse and from when; an endpoint refusing from
-    the start, many times, is taken out in one line quoting it. When every endpoint refuses
-    from the start the run stops in one line and records no refusal."""
+    is answered once, however many endpoints refuse and from when, in a run started or
+    resumed (its first prompts settled before); an endpoint refusing from the start, many
+    times, is taken out in one line quoting it. When every endpoint refuses from the start
+    the run stops in one line and records no refusal (a resumed run's last few prompts, fewer
+    than half of ``FIRST``, are recorded instead: the opening check's tail rule)."""
     refusing = data.draw(st.sets(st.integers(0, size - 1), min_size=1, max_size=size))
     everyone = len(refusing) == size
     after = {i: 0 if everyone else data.draw(st.integers(0, 8)) for i in refusing}
     limits = [data.draw(st.integers(1, 4)) for _ in range(size)]
+    resumed = data.draw(st.integers(0, prompts_n - 1), label="resumed")
+    settled = {(f"p{i}", s) for i in range(resumed) for s in range(n)}
+    left = range(resumed, prompts_n)
     clients = [Refusing(0.003, after.get(i)) for i in range(size)]
     _, sink, lines, raised = _run(
-        tmp_path_factory.mktemp("r"), clients, limits, _rows(prompts_n, multi), n
+        tmp_path_factory.mktemp("r"), clients, limits, _rows(prompts_n, multi), n, settled
     )
-    assert [f for f in sink.failures if f.reason == "invalid_request"] == []
+    refused = [f for f in sink.failures if f.reason == "invalid_request"]
+    jobs = sum(n if multi and i % 2 else 1 for i in left)  # a multi-turn job is one sample
+    if everyone and resumed and 2 * jobs <= FIRST:
+        assert raised is None and len(refused) == len(left) * n
+        return
+    assert refused == []
     if everyone:
         assert raised is not None and "\n" not in str(raised) and SAID in str(raised)
         return
     assert raised is None, str(raised)
     done = Counter((c.id, c.sample) for c in sink.completions)
-    assert done == Counter({(f"p{i}", s): 1 for i in range(prompts_n) for s in range(n)})
+    assert done == Counter({(f"p{i}", s): 1 for i in left for s in range(n)})
     for i, c in enumerate(clients):
         said = [ln for ln in lines if ln.startswith(f"endpoint http://fake-{i}:8000 taken out")]
         if after.get(i) == 0 and c.refused >= 2 * RECENT:
