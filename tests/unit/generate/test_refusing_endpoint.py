@@ -177,7 +177,8 @@ def test_the_judge_over_outcome_sequences() -> None:
     while a trusted endpoint in service has not refused the job, later while only one out of
     service has not; a window mostly of one refusal makes a suspect, held out only while
     another endpoint is trusted; an answer elsewhere to what it refused takes it out; answers
-    of its own end the suspicion."""
+    of its own end the suspicion, and so do the same refusal from one in good standing and a
+    refused job found the prompt's."""
     j = EndpointRefusals()
     assert j.refused("a", SAID, {"a": SAID}, ["a"]).job == "prompts"
     assert j.refused("a", SAID, {"a": SAID}, ["a", "b"]).job == "elsewhere"
@@ -208,3 +209,49 @@ def test_the_judge_over_outcome_sequences() -> None:
     j.answered("f", {})
     assert j.witness({"f": "x", "e": SAID}) == "f"
     assert j.witness({"e": SAID, "f": "x"}) == "f"
+    j.refused("f", SAID, {"f": SAID}, ["e", "f"])  # one in good standing refuses the same way
+    assert j.suspects == {}
+    j = EndpointRefusals()
+    for _ in range(RECENT):
+        j.refused("g", SAID, {"g": SAID}, ["g", "h"])
+    assert j.refused("g", SAID, {"h": SAID, "g": SAID}, ["g", "h"]).job == "prompts"
+    assert j.suspects == {}  # what it refused was the prompt's
+
+
+class Picky(FakeClient):
+    """Answers after ``delay``; refuses at once, with one 400, every prompt whose text starts
+    with "bad" (a prompt every server refuses: a request field some prompts carry)."""
+
+    async def chat(self, request: Request) -> list[Turn]:
+        if str(request.messages[-1].content).startswith("bad"):
+            await asyncio.sleep(0)
+            raise FatalRequestError(SAID, status=400)
+        return await super().chat(request)
+
+
+@settings(max_examples=8, deadline=None)
+@given(size=st.integers(2, 3), bad=st.integers(RECENT, 2 * RECENT), limit=st.integers(1, 4))
+def test_prompts_every_server_refuses_suspect_no_server(
+    tmp_path_factory: pytest.TempPathFactory, size: int, bad: int, limit: int
+) -> None:
+    """A run of prompts every server refuses the same way (after the opening window) fills
+    each server's latest outcomes with that refusal: the prompts are recorded as failed, and
+    no server stays held out or is taken out for them (a refusal the servers in good standing
+    give too is not one server's), so the good prompts after them go to every server."""
+    rows = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(20)]
+    rows += [
+        {"id": f"b{i}", "messages": [{"role": "user", "content": f"bad {i}"}]} for i in range(bad)
+    ]
+    rows += [{"id": f"r{i}", "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(60)]
+    clients = [Picky(0.003) for _ in range(size)]
+    prompts = write(tmp_path_factory.mktemp("p") / "p.jsonl", rows)
+    d, sink = dispatcher(
+        cfg(order="file"), [endpoint(i, c, limit=limit) for i, c in enumerate(clients)], prompts
+    )
+    lines: list[str] = []
+    d.log = lines.append
+    asyncio.run(asyncio.wait_for(d.run(), 30))
+    assert sorted(f.id for f in sink.failures) == sorted(f"b{i}" for i in range(bad))
+    assert len(sink.completions) == 80
+    assert [ln for ln in lines if "taken out" in ln] == []
+    assert d.refusals.suspects == {}

@@ -13,13 +13,15 @@ things, and two parts here tell them apart:
   prompt), and an endpoint whose recent outcomes are mostly the same refusal (three quarters
   of its latest ``RECENT`` answers and refusals, no fewer: a healthy server's few refusals come
   back first, at once, while its answers take their time) is a suspect from its next such
-  refusal until they are mostly that no longer: it gets no new work while a non-suspect
-  endpoint serves (so a server that answers 400 at once cannot take every job of the run
-  before the verdict). Once a prompt it refused is answered elsewhere while its outcomes are
-  mostly that refusal, it is taken out as a faulty endpoint (``Verdict.out``; the dispatcher
-  says so in one line, quoting the refusal, and probes it: a trial that refuses the same way
-  takes it out again, an answer clears it). This holds at any time of the run: a server
-  that starts refusing mid-run is judged on its recent outcomes the same way;
+  refusal until they are mostly that no longer, an endpoint in good standing refuses the same
+  way, or a prompt it refused turns out the prompt's (a run of prompts every server refuses).
+  A suspect gets no new work while a non-suspect endpoint serves (so a server that answers
+  400 at once cannot take every job of the run before the verdict). Once a prompt it refused
+  is answered elsewhere while its outcomes are mostly that refusal, it is taken out as a
+  faulty endpoint (``Verdict.out``; the dispatcher says so in one line, quoting the refusal,
+  and probes it: a trial that refuses the same way takes it out again, an answer clears it).
+  This holds at any time of the run: a server that starts refusing mid-run is judged on its
+  recent outcomes the same way;
 - **the prompt is wrong**: every endpoint in service that is no suspect has refused it (the
   one server of a fleet of one at once; in a fleet, each server that answers others): its
   Failure (``invalid_request``) is recorded, as always (where the endpoint left to ask is
@@ -212,10 +214,16 @@ class EndpointRefusals:
             and any(u != url and self._trusted(u) for u in in_service)
         ):
             self.suspects[url] = said
+        if self._trusted(url):  # it refuses the same way: that refusal is no one server's
+            for u in [u for u, s in self.suspects.items() if s == said]:
+                del self.suspects[u]
         if any(u not in refusers and self._trusted(u) for u in in_service):
             return Verdict("elsewhere", out)
         if any(u not in refusers and self._trusted(u) for u in out_of_service):
             return Verdict("later", out)
+        for u, s in refusers.items():  # the prompt's refusal, not theirs
+            if self.suspects.get(u) == s:
+                del self.suspects[u]
         return Verdict("prompts", out)
 
     def witness(self, refusers: Mapping[str, str]) -> str:
