@@ -140,7 +140,8 @@ def test_the_instant_refuser_takes_a_window_not_the_queue(tmp_path: Path) -> Non
     assert bad.refused <= RECENT + 4, bad.refused
     said = [ln for ln in lines if "taken out" in ln]
     assert len(said) == 1 and said[0].startswith("endpoint http://fake-0:8000 taken out: it ")
-    assert f"(HTTP 400: {SAID})" in said[0]
+    assert f"(HTTP 400: {SAID}); its requests: " in said[0]
+    assert "requeued on the other endpoints" in said[0]  # the ones it refused, asked there
 
 
 def test_a_taken_out_endpoint_on_trial_refusing_again_is_out_again_silently(

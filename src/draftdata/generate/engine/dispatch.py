@@ -201,6 +201,8 @@ class Dispatcher:
         self.policy = RetryPolicy(config, self.rng)
         self.opening = OpeningCheck()
         self.refusals = EndpointRefusals()
+        # url -> jobs it refused since its last answer, asked elsewhere (its take-out line)
+        self._asked_elsewhere: Counter[str] = Counter()
         self._by_url = {e.url: e for e in endpoints}
         self.running: dict[Job, None] = {}  # jobs with at least one live copy, oldest first
         self.on_endpoint: dict[Endpoint, set[Copy]] = {e: set() for e in endpoints}
@@ -591,6 +593,8 @@ class Dispatcher:
         if self.opening.open:
             self.opening.settled()
             self._judge(ended=False)
+        if self._asked_elsewhere:  # it answers: what it refused before is no longer news
+            self._asked_elsewhere.pop(ep.url, None)
         for url, said in self.refusals.answered(ep.url, _saids(job.refused)):
             self.take_out_refusing(self._by_url[url], said)
 
@@ -666,6 +670,7 @@ class Dispatcher:
             job.attempts -= 1
         self._requeue(job, ep)
         job.avoid = set(job.refused)
+        self._asked_elsewhere[ep.url] += 1
 
     def _requeue(self, job: Job, ep: Endpoint) -> None:
         """Put ``job`` back first in line, steered away from ``ep``."""
@@ -768,7 +773,9 @@ class Dispatcher:
         """``ep`` refuses, with the same answer ``said``, the requests the other endpoints
         answer (``opening.EndpointRefusals``): taken out like one that refuses chat requests
         (``take_out_faulty``), the line quoting its refusal."""
-        self._take_out_refusing(ep, said, "refuses the requests the other endpoints answer")
+        moved = self._asked_elsewhere.pop(ep.url, 0)  # what it refused went there already
+        what = "refuses the requests the other endpoints answer"
+        self._take_out_refusing(ep, said, what, moved=moved)
 
     def _take_out_refusing(self, ep: Endpoint, said: str, what: str, *, moved: int = 0) -> None:
         was_up = ep.breaker.state != "down"
