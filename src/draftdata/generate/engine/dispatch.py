@@ -767,7 +767,7 @@ class Dispatcher:
             if isinstance(err, ImpossibleAnswerError)
             else "refuses chat requests"
         )
-        self._take_out_refusing(ep, err.said, what, moved=moved)
+        self._take_out_faulty(ep, err.said, what, moved=moved)
 
     def take_out_refusing(self, ep: Endpoint, said: str) -> None:
         """``ep`` refuses, with the same answer ``said``, the requests the other endpoints
@@ -775,9 +775,11 @@ class Dispatcher:
         (``take_out_faulty``), the line quoting its refusal."""
         moved = self._asked_elsewhere.pop(ep.url, 0)  # what it refused went there already
         what = "refuses the requests the other endpoints answer"
-        self._take_out_refusing(ep, said, what, moved=moved)
+        self._take_out_faulty(ep, said, what, moved=moved)
 
-    def _take_out_refusing(self, ep: Endpoint, said: str, what: str, *, moved: int = 0) -> None:
+    def _take_out_faulty(self, ep: Endpoint, said: str, what: str, *, moved: int = 0) -> None:
+        """Out of service for what it ``said`` (``what`` it does), with a trial after a growing
+        wait; its in-flight copies requeued uncharged; said once (``take_out_faulty``)."""
         was_up = ep.breaker.state != "down"
         refusal = said[:300]
         news = ep.breaker.mark_refused(refusal, what)
