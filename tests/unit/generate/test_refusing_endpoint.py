@@ -19,7 +19,7 @@ from tests.unit.generate.fakes import FakeClient, cfg, dispatcher, endpoint, wri
 from draftdata.errors import FatalRequestError, FleetUnavailableError
 from draftdata.generate.engine.dispatch import Dispatcher
 from draftdata.generate.engine.endpoint import Endpoint
-from draftdata.generate.engine.opening import FIRST, RECENT, EndpointRefusals
+from draftdata.generate.engine.opening import FIRST, OTHER, RECENT, EndpointRefusals, Verdict
 from draftdata.generate.engine.request import Request
 from draftdata.records import Turn
 
@@ -173,6 +173,22 @@ def test_a_taken_out_endpoint_on_trial_refusing_again_is_out_again_silently(
     assert bad.refused <= RECENT + 4 + trials * 4
 
 
+def _refuse(
+    j: EndpointRefusals,
+    url: str,
+    refusers: dict[str, str],
+    serving: list[str],
+    back: list[str] | None = None,
+) -> Verdict:
+    j.came(url, j.sent(url), SAID)
+    return j.refused(url, SAID, refusers, serving, back or [])
+
+
+def _answer(j: EndpointRefusals, url: str, refusers: dict[str, str]) -> tuple[Any, ...]:
+    j.came(url, j.sent(url), None)
+    return j.answered(url, refusers)
+
+
 def test_the_judge_over_outcome_sequences() -> None:
     """The rules alone: a fleet of one has nobody else to ask; a refusal is asked elsewhere
     while a trusted endpoint in service has not refused the job, later while only one out of
@@ -181,42 +197,62 @@ def test_the_judge_over_outcome_sequences() -> None:
     of its own end the suspicion, and so do the same refusal from one in good standing and a
     refused job found the prompt's."""
     j = EndpointRefusals()
-    assert j.refused("a", SAID, {"a": SAID}, ["a"]).job == "prompts"
-    assert j.refused("a", SAID, {"a": SAID}, ["a", "b"]).job == "elsewhere"
-    assert j.refused("a", SAID, {"a": SAID}, ["a"], ["b"]).job == "later"
-    assert j.refused("b", SAID, {"a": SAID, "b": SAID}, ["a", "b"]).job == "prompts"
+    assert _refuse(j, "a", {"a": SAID}, ["a"]).job == "prompts"
+    assert _refuse(j, "a", {"a": SAID}, ["a", "b"]).job == "elsewhere"
+    assert _refuse(j, "a", {"a": SAID}, ["a"], ["b"]).job == "later"
+    assert _refuse(j, "b", {"a": SAID, "b": SAID}, ["a", "b"]).job == "prompts"
     j = EndpointRefusals()
     for _ in range(RECENT):
-        j.refused("a", SAID, {"a": SAID}, ["a", "b"])
+        _refuse(j, "a", {"a": SAID}, ["a", "b"])
     assert j.held_out("a", ["a", "b"]) and not j.held_out("a", ["a"])
-    assert j.refused("a", SAID, {"a": SAID}, ["a", "b"]).job == "elsewhere"
-    assert j.refused("b", SAID, {"a": SAID, "b": SAID}, ["a", "b"]).job == "prompts"
-    assert j.answered("b", {"a": SAID}) == (("a", SAID),)
+    assert _refuse(j, "a", {"a": SAID}, ["a", "b"]).job == "elsewhere"
+    assert _refuse(j, "b", {"a": SAID, "b": SAID}, ["a", "b"]).job == "prompts"
+    assert _answer(j, "b", {"a": SAID}) == (("a", SAID),)
     assert j.faulty == {"a": SAID} and j.suspects == {}
-    assert j.refused("a", SAID, {"a": SAID}, ["a", "b"]).out == (("a", SAID),)  # on trial
-    j.answered("a", {})
+    assert _refuse(j, "a", {"a": SAID}, ["a", "b"]).out == (("a", SAID),)  # on trial
+    _answer(j, "a", {})
     assert j.faulty == {}
     j = EndpointRefusals()
     for _ in range(RECENT):
-        j.refused("c", SAID, {"c": SAID}, ["c", "d"])
+        _refuse(j, "c", {"c": SAID}, ["c", "d"])
     assert "c" in j.suspects
     for _ in range(3):
-        j.answered("c", {})
+        _answer(j, "c", {})
     assert "c" not in j.suspects  # its answers came: it answers
-    assert j.answered("d", {"c": SAID}) == ()
+    assert _answer(j, "d", {"c": SAID}) == ()
     j = EndpointRefusals()
     for _ in range(RECENT):
-        j.refused("e", SAID, {"e": SAID}, ["e", "f"])
-    j.answered("f", {})
+        _refuse(j, "e", {"e": SAID}, ["e", "f"])
+    _answer(j, "f", {})
     assert j.witness({"f": "x", "e": SAID}) == "f"
     assert j.witness({"e": SAID, "f": "x"}) == "f"
-    j.refused("f", SAID, {"f": SAID}, ["e", "f"])  # one in good standing refuses the same way
+    _refuse(j, "f", {"f": SAID}, ["e", "f"])  # one in good standing refuses the same way
     assert j.suspects == {}
     j = EndpointRefusals()
     for _ in range(RECENT):
-        j.refused("g", SAID, {"g": SAID}, ["g", "h"])
-    assert j.refused("g", SAID, {"h": SAID, "g": SAID}, ["g", "h"]).job == "prompts"
+        _refuse(j, "g", {"g": SAID}, ["g", "h"])
+    assert _refuse(j, "g", {"h": SAID, "g": SAID}, ["g", "h"]).job == "prompts"
     assert j.suspects == {}  # what it refused was the prompt's
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    first=st.lists(st.booleans(), min_size=RECENT, max_size=3 * RECENT),
+    order=st.randoms(use_true_random=False),
+)
+def test_the_window_is_in_the_order_requests_were_sent(first: list[bool], order: Any) -> None:
+    """Outcomes come back in any order (a refusal at once, an answer in its time); the window
+    holds them in the order their requests were sent, each once every earlier one is back:
+    so a healthy server whose few refusals come back first is judged on what it was sent,
+    and ``OTHER`` outcomes (cancelled, another failure) hold no place."""
+    j = EndpointRefusals()
+    numbers = [j.sent("a") for _ in first]
+    back = list(zip(numbers, first, strict=True))
+    order.shuffle(back)
+    for number, refused in back:
+        j.came("a", number, SAID if refused else (None if number % 3 else OTHER))
+    kept = [SAID if r else None for n, r in zip(numbers, first, strict=True) if r or n % 3]
+    assert list(j._recent.get("a", [])) == kept[-RECENT:]
 
 
 class Picky(FakeClient):

@@ -76,6 +76,7 @@ from draftdata.generate.engine.caller import Answer, Caller
 from draftdata.generate.engine.endpoint import Endpoint
 from draftdata.generate.engine.length import LengthModel, LengthPriors, prompt_tokens
 from draftdata.generate.engine.opening import (
+    OTHER,
     EndpointRefusals,
     OpeningCheck,
     Stop,
@@ -483,6 +484,7 @@ class Dispatcher:
                 p = job.prompt
                 job.expected_se = job.expected * self.lengths.stderr(p.source, p.domain)
         copy = Copy(job, ep, hedge=hedge, seqs=seqs, started=now)
+        copy.number = self.refusals.sent(ep.url)
         self.lengths.started(job.prompt.source, job.prompt.domain, now)
         job.copies.append(copy)
         self.on_endpoint[ep].add(copy)
@@ -497,10 +499,17 @@ class Dispatcher:
         self.tasks.add(copy.task)
         copy.task.add_done_callback(self.tasks.discard)
 
+    def _tell(self, copy: Copy, outcome: object) -> None:
+        """The refusal verdicts learn how ``copy``'s request came back (once)."""
+        if not copy.told:
+            copy.told = True
+            self.refusals.came(copy.endpoint.url, copy.number, outcome)
+
     def _detach(self, copy: Copy) -> None:
         if copy.detached:
             return
         copy.detached = True
+        self._tell(copy, OTHER)  # cancelled, unless its outcome was told
         self.lengths.stopped(copy.job.prompt.source, copy.job.prompt.domain, copy.started)
         copy.endpoint.release(copy.seqs, copy.job.cost)
         self.on_endpoint[copy.endpoint].discard(copy)
@@ -530,6 +539,10 @@ class Dispatcher:
             self._detach(copy)
             self._stop_on(exc, copy.endpoint)
             return
+        if isinstance(outcome, Answer):
+            self._tell(copy, None)
+        else:
+            self._tell(copy, outcome.said if is_refusal(outcome) else OTHER)
         self._detach(copy)
         if isinstance(outcome, Answer):
             self._succeeded(copy, outcome)

@@ -11,8 +11,9 @@ things, and two parts here tell them apart:
   template, a LoRA name it lacks). A refused prompt is asked again on another endpoint that has
   not refused it (``Verdict.job`` "elsewhere": requeued, the attempt not charged to the
   prompt), and an endpoint whose recent outcomes are mostly the same refusal (three quarters
-  of its latest ``RECENT`` answers and refusals, no fewer: a healthy server's few refusals come
-  back first, at once, while its answers take their time) is a suspect from its next such
+  of the answers and refusals of its latest ``RECENT`` requests, in the order they were sent:
+  a refusal comes back at once and an answer takes its time, so in the order they come back a
+  healthy server's few refusals would lead) is a suspect from its next such
   refusal until they are mostly that no longer, an endpoint in good standing refuses the same
   way, or a prompt it refused turns out the prompt's (a run of prompts every server refuses).
   A suspect gets no new work while a non-suspect endpoint serves (so a server that answers
@@ -58,6 +59,7 @@ from draftdata.errors import ContextLengthError, FatalRequestError, ServerError
 from draftdata.records import Failure
 
 FIRST = 16  # outcomes judged: enough that a few prompts refused among them are no majority
+OTHER = object()  # a request's outcome that is neither an answer nor a refusal (``came``)
 RECENT = 8  # an endpoint's latest outcomes (answers and refusals) it is judged on, all of them
 
 
@@ -159,19 +161,44 @@ class EndpointRefusals:
     """Per endpoint, whether its refusals are its own fault (module docstring). Endpoints are
     their URLs; ``in_service`` is the URLs of the endpoints that take work now."""
 
-    # url -> its latest outcomes in the order they came, oldest first: None an answer, else
-    # the refusal's answer. A refusal comes back at once and an answer takes its time, so a
-    # healthy server's few refused prompts lead its first outcomes: only a whole window of
-    # them tells (``mostly``)
+    # url -> its latest outcomes in the order their requests were sent, oldest first: None an
+    # answer, else the refusal's answer (``came``)
     _recent: dict[str, deque[str | None]] = field(default_factory=dict)
+    _sent: Counter[str] = field(default_factory=Counter)  # url -> requests numbered so far
+    _back: Counter[str] = field(default_factory=Counter)  # url -> all below this came back
+    # url -> outcomes back before an earlier request's: request number -> outcome
+    _early: dict[str, dict[int, object]] = field(default_factory=dict)
+    _said: Counter[tuple[str, str]] = field(default_factory=Counter)  # (url, refusal) -> times
     suspects: dict[str, str] = field(default_factory=dict)  # url -> the refusal it is held for
     faulty: dict[str, str] = field(default_factory=dict)  # url -> the refusal it was taken out for
 
-    def _log(self, url: str, outcome: str | None) -> None:
-        recent = self._recent.get(url)
-        if recent is None:
-            recent = self._recent[url] = deque(maxlen=RECENT)
-        recent.append(outcome)
+    def sent(self, url: str) -> int:
+        """A request goes to ``url``: its number there (``came`` takes it back)."""
+        number = self._sent[url]
+        self._sent[url] = number + 1
+        return number
+
+    def came(self, url: str, number: int, outcome: object) -> None:
+        """Request ``number`` of ``url`` came back: None answered, a ``ServerError.said``
+        refused (``is_refusal``), ``OTHER`` anything else (another failure, cancelled). Its
+        outcome joins the window once every earlier request of ``url`` is back: a refusal
+        comes back at once and an answer takes its time, so in the order they come a healthy
+        server's few refused prompts would lead, and a server that turned wrong would seem to
+        answer while it finishes what it took before."""
+        if isinstance(outcome, str):
+            self._said[url, outcome] += 1
+        early = self._early.setdefault(url, {})
+        early[number] = outcome
+        at = self._back[url]
+        while at in early:
+            got = early.pop(at)
+            if got is not OTHER:
+                recent = self._recent.get(url)
+                if recent is None:
+                    recent = self._recent[url] = deque(maxlen=RECENT)
+                recent.append(got if isinstance(got, str) else None)
+            at += 1
+        self._back[url] = at
 
     def mostly(self, url: str, said: str) -> bool:
         """Whether ``url``'s latest outcomes are mostly the refusal ``said``: ``RECENT`` of
@@ -199,12 +226,11 @@ class EndpointRefusals:
         in_service: Collection[str],
         out_of_service: Collection[str] = (),
     ) -> Verdict:
-        """``url`` refused a job with ``said``; ``refusers``: every endpoint that refused
-        that job so far (this one included), URL -> its answer; ``out_of_service``: the
-        endpoints out now that may come back (not those taken out for refusing). The job is
-        the prompt's when no endpoint that is no suspect is left to ask, in service or back
-        soon."""
-        self._log(url, said)
+        """``url`` refused a job with ``said`` (``came`` told); ``refusers``: every endpoint
+        that refused that job so far (this one included), URL -> its answer;
+        ``out_of_service``: the endpoints out now that may come back (not those taken out for
+        refusing). The job is the prompt's when no endpoint that is no suspect is left to
+        ask, in service or back soon."""
         out: tuple[tuple[str, str], ...] = ()
         if self.faulty.get(url) == said:  # a trial after it was taken out, refused the same way
             out = ((url, said),)
@@ -228,14 +254,12 @@ class EndpointRefusals:
 
     def witness(self, refusers: Mapping[str, str]) -> str:
         """Which of a failed job's ``refusers`` (URL -> answer) the prompt's Failure quotes:
-        the one in best standing (no suspect, answers among its latest outcomes, the fewest
-        refusals there; the latest to refuse among equals), so that a server refusing
-        everything, not yet judged, is not quoted where a good one refused the prompt."""
+        the one in best standing (no suspect, the fewest times it gave that same answer; the
+        latest to refuse among equals), so that a server refusing everything alike, not yet
+        judged, is not quoted where a good one refused the prompt."""
 
-        def standing(url: str) -> tuple[bool, bool, int]:
-            recent = self._recent.get(url, deque())
-            answers = recent.count(None)
-            return (self._trusted(url), answers > 0, answers - len(recent))
+        def standing(url: str) -> tuple[bool, int]:
+            return (self._trusted(url), -self._said[url, refusers[url]])
 
         best = list(refusers)[-1]
         for url in reversed(list(refusers)):
@@ -244,11 +268,10 @@ class EndpointRefusals:
         return best
 
     def answered(self, url: str, refusers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-        """``url`` answered a job that ``refusers`` (URL -> answer) had refused: its fault
-        ends, and its suspicion once its latest outcomes are no longer mostly that refusal;
-        each refuser whose latest outcomes are mostly the refusal it gave this job is faulty
-        (returned, to take out)."""
-        self._log(url, None)
+        """``url`` answered a job (``came`` told) that ``refusers`` (URL -> answer) had
+        refused: its fault ends, and its suspicion once its latest outcomes are no longer
+        mostly that refusal; each refuser whose latest outcomes are mostly the refusal it
+        gave this job is faulty (returned, to take out)."""
         self.faulty.pop(url, None)
         held = self.suspects.get(url)
         if held is not None and not self.mostly(url, held):

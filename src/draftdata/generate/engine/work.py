@@ -132,7 +132,18 @@ class Job:
 class Copy:
     """One running attempt of a job on one endpoint."""
 
-    __slots__ = ("detached", "endpoint", "hedge", "job", "sent", "seqs", "started", "task")
+    __slots__ = (
+        "detached",
+        "endpoint",
+        "hedge",
+        "job",
+        "number",
+        "sent",
+        "seqs",
+        "started",
+        "task",
+        "told",
+    )
 
     def __init__(self, job: Job, endpoint: Endpoint, *, hedge: bool, seqs: int, started: float):
         self.job = job
@@ -143,6 +154,8 @@ class Copy:
         self.sent = started  # when the request running now was sent (a later turn's is later)
         self.detached = False
         self.task: asyncio.Task[None] | None = None
+        self.number = -1  # its request's number on its endpoint (opening.EndpointRefusals)
+        self.told = False  # its outcome told to the refusal verdicts
 
 
 def prefix_key(prompt: Prompt) -> str | None:
