@@ -10,19 +10,21 @@ things, and two parts here tell them apart:
   request with the same answer while the others answer (another engine version, another chat
   template, a LoRA name it lacks). A refused prompt is asked again on another endpoint that has
   not refused it (``Verdict.job`` "elsewhere": requeued, the attempt not charged to the
-  prompt), and an endpoint whose recent outcomes are mostly the same refusal (three quarters
-  of the answers and refusals of its latest ``RECENT`` requests, in the order they were sent:
-  a refusal comes back at once and an answer takes its time, so in the order they come back a
-  healthy server's few refusals would lead) is a suspect from its next such
-  refusal until they are mostly that no longer, an endpoint in good standing refuses the same
-  way, or a prompt it refused turns out the prompt's (a run of prompts every server refuses).
-  A suspect gets no new work while a non-suspect endpoint serves (so a server that answers
-  400 at once cannot take every job of the run before the verdict). Once a prompt it refused
-  is answered elsewhere while its outcomes are mostly that refusal, it is taken out as a
-  faulty endpoint (``Verdict.out``; the dispatcher says so in one line, quoting the refusal,
-  and probes it: a trial that refuses the same way takes it out again, an answer clears it).
-  This holds at any time of the run: a server that starts refusing mid-run is judged on its
-  recent outcomes the same way;
+  prompt), and an endpoint whose latest requests are mostly refused the same way (three
+  quarters of the ``RECENT`` sent last before the newest that came back, in the order they
+  were sent; those still out count as answers to come) is a suspect from its next such
+  refusal until that holds no longer, an endpoint in good standing refuses the same way, or a
+  prompt it refused turns out the prompt's (a run of prompts every server refuses). A
+  suspect gets no new work while a non-suspect endpoint serves (so a server that answers 400
+  at once cannot take every job of the run before the verdict). Once a prompt it refused is
+  answered elsewhere while that holds, it is taken out as a faulty endpoint
+  (``Verdict.out``; the dispatcher says so in one line, quoting the refusal, and probes it: a
+  trial that refuses the same way takes it out again, an answer clears it). The order sent
+  decides because a refusal comes back at once and an answer takes its time: in the order
+  they come back, a healthy server's few refused prompts would lead its outcomes, and a
+  server that turned wrong would seem to answer while it finishes what it took before. This
+  holds at any time of the run: a server that starts refusing mid-run is judged on its
+  latest requests the same way;
 - **the prompt is wrong**: every endpoint in service that is no suspect has refused it (the
   one server of a fleet of one at once; in a fleet, each server that answers others): its
   Failure (``invalid_request``) is recorded, as always (where the endpoint left to ask is
@@ -50,7 +52,7 @@ stops the run. It knows endpoints by their URL and nothing else of them.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -60,7 +62,7 @@ from draftdata.records import Failure
 
 FIRST = 16  # outcomes judged: enough that a few prompts refused among them are no majority
 OTHER = object()  # a request's outcome that is neither an answer nor a refusal (``came``)
-RECENT = 8  # an endpoint's latest outcomes (answers and refusals) it is judged on, all of them
+RECENT = 8  # an endpoint's latest requests (in the order sent) it is judged on
 
 
 def is_refusal(err: ServerError) -> bool:
@@ -161,13 +163,10 @@ class EndpointRefusals:
     """Per endpoint, whether its refusals are its own fault (module docstring). Endpoints are
     their URLs; ``in_service`` is the URLs of the endpoints that take work now."""
 
-    # url -> its latest outcomes in the order their requests were sent, oldest first: None an
-    # answer, else the refusal's answer (``came``)
-    _recent: dict[str, deque[str | None]] = field(default_factory=dict)
     _sent: Counter[str] = field(default_factory=Counter)  # url -> requests numbered so far
-    _back: Counter[str] = field(default_factory=Counter)  # url -> all below this came back
-    # url -> outcomes back before an earlier request's: request number -> outcome
-    _early: dict[str, dict[int, object]] = field(default_factory=dict)
+    _top: Counter[str] = field(default_factory=Counter)  # url -> 1 + newest number back
+    # url -> request number -> its refusal, for the latest ``RECENT`` numbers below its top
+    _refused: dict[str, dict[int, str]] = field(default_factory=dict)
     _said: Counter[tuple[str, str]] = field(default_factory=Counter)  # (url, refusal) -> times
     suspects: dict[str, str] = field(default_factory=dict)  # url -> the refusal it is held for
     faulty: dict[str, str] = field(default_factory=dict)  # url -> the refusal it was taken out for
@@ -180,33 +179,29 @@ class EndpointRefusals:
 
     def came(self, url: str, number: int, outcome: object) -> None:
         """Request ``number`` of ``url`` came back: None answered, a ``ServerError.said``
-        refused (``is_refusal``), ``OTHER`` anything else (another failure, cancelled). Its
-        outcome joins the window once every earlier request of ``url`` is back: a refusal
-        comes back at once and an answer takes its time, so in the order they come a healthy
-        server's few refused prompts would lead, and a server that turned wrong would seem to
-        answer while it finishes what it took before."""
+        refused (``is_refusal``), ``OTHER`` anything else (another failure, cancelled)."""
+        refused = self._refused.setdefault(url, {})
         if isinstance(outcome, str):
             self._said[url, outcome] += 1
-        early = self._early.setdefault(url, {})
-        early[number] = outcome
-        at = self._back[url]
-        while at in early:
-            got = early.pop(at)
-            if got is not OTHER:
-                recent = self._recent.get(url)
-                if recent is None:
-                    recent = self._recent[url] = deque(maxlen=RECENT)
-                recent.append(got if isinstance(got, str) else None)
-            at += 1
-        self._back[url] = at
+            refused[number] = outcome
+        if number >= self._top[url]:
+            self._top[url] = top = number + 1
+            for old in [n for n in refused if n < top - RECENT]:
+                del refused[old]
 
     def mostly(self, url: str, said: str) -> bool:
-        """Whether ``url``'s latest outcomes are mostly the refusal ``said``: ``RECENT`` of
-        them, three quarters that refusal."""
-        recent = self._recent.get(url)
-        if recent is None or len(recent) < RECENT:
+        """Whether ``url``'s latest requests are mostly refused with ``said``: three quarters
+        of the ``RECENT`` sent last before the newest that came back (those still out count
+        as answers to come). In the order they were sent, not the order they come back: a
+        refusal comes back at once and an answer takes its time, so a healthy server's few
+        refused prompts would lead, and a server that turned wrong would seem to answer
+        while it finishes what it took before."""
+        top = self._top[url]
+        if top < RECENT:
             return False
-        return 4 * recent.count(said) >= 3 * len(recent)
+        refused = self._refused.get(url, {})
+        count = sum(1 for n, s in refused.items() if s == said and n >= top - RECENT)
+        return 4 * count >= 3 * RECENT
 
     def _trusted(self, url: str) -> bool:
         return url not in self.suspects and url not in self.faulty
