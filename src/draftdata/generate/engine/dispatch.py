@@ -404,8 +404,11 @@ class Dispatcher:
     def _place(self, now: float) -> None:
         """Fill the free slots: fast endpoints take the queue's head, a slower one near the
         end the longest job it can finish in time (``TailPlan``)."""
-        rates = [e.meter.seq_rate for e in self.endpoints if e.accepting and e.meter.seq_rate]
-        self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0)
+        lanes = {
+            e.index: e.meter.seq_rate for e in self.endpoints if e.accepting and e.meter.seq_rate
+        }
+        rates = list(lanes.values())
+        self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0, lanes)
         tail = None
         if self.queue and self.cfg.tail_plan:
             tail = self.placement.tail_plan(
@@ -460,7 +463,9 @@ class Dispatcher:
                 p = job.prompt
                 job.expected_se = job.expected * self.lengths.stderr(p.source, p.domain)
         copy = Copy(job, ep, hedge=hedge, seqs=seqs, started=now)
-        self.lengths.started(job.prompt.source, job.prompt.domain, now)
+        if not hedge:  # a copy is no other request of the prompt's source/domain
+            p = job.prompt
+            self.lengths.started(p.source, p.domain, now, ep.index, self.placement.cap(job))
         job.copies.append(copy)
         self.on_endpoint[ep].add(copy)
         if job not in self.running:
@@ -478,7 +483,9 @@ class Dispatcher:
         if copy.detached:
             return
         copy.detached = True
-        self.lengths.stopped(copy.job.prompt.source, copy.job.prompt.domain, copy.started)
+        if not copy.hedge:
+            p = copy.job.prompt
+            self.lengths.stopped(p.source, p.domain, copy.started, copy.endpoint.index)
         copy.endpoint.release(copy.seqs, copy.job.cost)
         self.on_endpoint[copy.endpoint].discard(copy)
         job = copy.job
