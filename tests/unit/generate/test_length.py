@@ -764,7 +764,7 @@ def test_a_pilot_figure_is_not_undone_by_the_first_short_answers() -> None:
     rng = random.Random(3)
     mu = math.log(400) - 0.32
     lengths = sorted(min(1600, round(rng.lognormvariate(mu, 0.8))) for _ in range(200))
-    for i in range(200):
+    for _ in range(200):
         m.started("s", "math", 0.0, 0, 1600)
     now = lengths[59] / 50.0  # the 60th shortest has just finished
     m.at(now, 50.0, {0: 50.0})
@@ -776,3 +776,24 @@ def test_a_pilot_figure_is_not_undone_by_the_first_short_answers() -> None:
     got = m.expect("s", "math", 100, 1600)
     assert short < 200
     assert got > 330, (got, short)
+
+
+@given(
+    means=st.lists(st.floats(5.0, 5000.0), min_size=1, max_size=6),
+    sources=st.booleans(),
+)
+def test_known_lengths_rank_prompts_only_when_they_differ(
+    means: list[float], sources: bool
+) -> None:
+    """What is known before the run orders the first requests (they wait for the look-ahead)
+    only when it tells prompts apart: two domains (or sources) whose means differ by more
+    than 10%; one domain's figure, or alike ones, order nothing (no wait)."""
+    m = LengthModel()
+    assert not m.ranks()
+    for i, mean in enumerate(means):
+        if sources:
+            m.seed(LengthPriors(answers=[(f"src{i}", "d", round(mean))] * 3))
+        else:
+            m.seed(LengthPriors(domains={f"d{i}": (mean, 30.0)}))
+    rounded = [round(x) for x in means] if sources else means
+    assert m.ranks() == (max(rounded) > 1.1 * min(rounded))

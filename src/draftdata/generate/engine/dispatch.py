@@ -310,14 +310,15 @@ class Dispatcher:
         return self.fed_all and not self.queue and not self.queue.waiting
 
     def _first_window(self, since_start: float) -> bool:
-        """Whether dispatch may start: at once, unless lengths are known before the run (a
-        pilot, a resumed run, prepare's figures); then once they are in the model and the
-        look-ahead is read (or every prompt is), so the first requests are the longest
+        """Whether dispatch may start: at once, unless lengths known before the run (a
+        pilot, a resumed run, prepare's figures) tell prompts apart (two domains or sources of
+        different means: one domain's figure orders nothing); then once they are in the model
+        and the look-ahead is read (or every prompt is), so the first requests are the longest
         (within ``_FIRST_WINDOW_S``)."""
         if not self.queue.ordered or since_start >= _FIRST_WINDOW_S:
             return True
-        if self._seeded and not self.lengths.informed:
-            return True
+        if self._seeded and not self.lengths.ranks():
+            return True  # nothing known, or nothing known that orders one prompt before another
         if not self._seeded:
             return False
         full = self.read_ahead_bytes >= self.cfg.lookahead_mib << 20

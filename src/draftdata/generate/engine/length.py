@@ -76,6 +76,7 @@ ANY_SOURCE = "\x00*"  # the source of the domain level's keys (no prompt has it)
 _ONLINE = -3  # the bucket of a source/domain's key for the answers this run saw with a prompt
 _IMPUTE_S = 0.05  # the running requests' part of a group's mean is reckoned afresh this often,
 _IMPUTE_SHARE = 0.02  # or at this share of a typical request's time (mean length / rate)
+_DISTINCT = 0.1  # means apart by more than this share tell their prompts apart (``ranks``)
 _IMPUTE_STEPS = 3  # fixed-point steps of that reckoning (each running request's expected
 # length depends on the mean it feeds)
 
@@ -435,6 +436,13 @@ class LengthModel:
             seen = o[1] / o[0]
             mean *= (s[1] + _SHRINK * seen) / ((s[0] + _SHRINK) * seen)
         return min(float(cap), mean)
+
+    def ranks(self) -> bool:
+        """Whether what is known tells prompts apart: two sources or domains whose means
+        differ by more than ``_DISTINCT`` (one domain's figure, or alike ones, order nothing:
+        the first requests need not wait for the look-ahead)."""
+        means = [s[1] / s[0] for k, s in self._stats.items() if k[2] == -1 and s[0] > 0]
+        return bool(means) and max(means) > (1 + _DISTINCT) * min(means)
 
     def answers(self, source: str, domain: str) -> float:
         """The answers (and pseudo-answers) behind a source/domain's estimate: its own, else
