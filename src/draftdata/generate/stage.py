@@ -466,9 +466,15 @@ def _install_signals(engine: Engine, signalled: list[int]) -> Callable[[], None]
         installed[sig] = before
 
     def restore() -> None:
-        for sig, before in installed.items():
-            loop.remove_signal_handler(sig)
-            if before is not None:
-                signal.signal(sig, before)
+        # held back meanwhile: asyncio's removal puts Python's defaults in for a moment, and a
+        # SIGTERM then would end the process without its line
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, list(installed))
+        try:
+            for sig, before in installed.items():
+                loop.remove_signal_handler(sig)
+                if before is not None:
+                    signal.signal(sig, before)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     return restore
