@@ -718,8 +718,8 @@ def _fleet_stream(
     seed=st.integers(0, 10_000),
     mean=st.sampled_from([30, 200, 1000, 4000]),
     sigma=st.floats(0.3, 1.1),
-    slots=st.sampled_from([16, 64, 200]),
-    horizon=st.floats(1.5, 8.0),
+    slots=st.sampled_from([64, 200]),  # enough requests that a mean says something
+    horizon=st.floats(2.0, 8.0),  # mean request times since the start
     lanes=st.sampled_from([1, 2, 4]),
 )
 def test_a_domain_mean_counts_its_running_requests(
@@ -797,3 +797,47 @@ def test_known_lengths_rank_prompts_only_when_they_differ(
             m.seed(LengthPriors(domains={f"d{i}": (mean, 30.0)}))
     rounded = [round(x) for x in means] if sources else means
     assert m.ranks() == (max(rounded) > 1.1 * min(rounded))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),  # domain
+            st.integers(0, 3),  # lane (-1 + this: -1 is the fleet's mean rate)
+            st.integers(1, 4),  # samples of the request
+            st.integers(1, 3000),  # its length
+            st.integers(0, 50),  # started this many ticks in
+            st.integers(1, 40),  # ran this many ticks
+        ),
+        max_size=60,
+    )
+)
+def test_running_requests_leave_no_trace_once_ended(
+    ops: list[tuple[str, int, int, int, int, int]],
+) -> None:
+    """Requests of any samples, lanes and overlaps start and end in any order: the estimate
+    stays within (0, cap] throughout, and once every request has ended the model is the one
+    its answers alone make (nothing of a running request is left behind)."""
+    cap = 4000
+    m, plain = LengthModel(), LengthModel()
+    lanes = {0: 30.0, 1: 60.0, 2: 90.0}
+    events = []
+    for i, (*_, at, ran) in enumerate(ops):
+        events.append((float(at), 0, i))
+        events.append((float(at + ran), 1, i))
+    for t, kind, i in sorted(events):
+        domain, lane, seqs, length, at, _ = ops[i]
+        m.at(t, 50.0, lanes)
+        if kind == 0:
+            m.started("s", domain, float(at), lane - 1, cap, seqs)
+        else:
+            for _ in range(seqs):
+                m.observe("s", domain, 10, length, cap)
+                plain.observe("s", domain, 10, length, cap)
+            m.stopped("s", domain, float(at), lane - 1, seqs)
+        for d in ("a", "b"):
+            assert 0 < m.expect("s", d, 10, cap) <= cap
+    for d in ("a", "b"):
+        assert m.expect("s", d, 10, cap) == pytest.approx(plain.expect("s", d, 10, cap))
+        assert not m.measured("s", d) or plain.measured("s", d)

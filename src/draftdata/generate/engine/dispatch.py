@@ -466,7 +466,8 @@ class Dispatcher:
         copy = Copy(job, ep, hedge=hedge, seqs=seqs, started=now)
         if not hedge:  # a copy is no other request of the prompt's source/domain
             p = job.prompt
-            self.lengths.started(p.source, p.domain, now, ep.index, self.placement.cap(job))
+            cap = self.placement.cap(job)
+            self.lengths.started(p.source, p.domain, now, ep.index, cap, seqs)
         job.copies.append(copy)
         self.on_endpoint[ep].add(copy)
         if job not in self.running:
@@ -486,7 +487,8 @@ class Dispatcher:
         copy.detached = True
         if not copy.hedge:
             p = copy.job.prompt
-            self.lengths.stopped(p.source, p.domain, copy.started, copy.endpoint.index)
+            lane = copy.endpoint.index
+            self.lengths.stopped(p.source, p.domain, copy.started, lane, copy.seqs)
         copy.endpoint.release(copy.seqs, copy.job.cost)
         self.on_endpoint[copy.endpoint].discard(copy)
         job = copy.job

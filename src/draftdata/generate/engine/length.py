@@ -322,40 +322,45 @@ class LengthModel:
         self._viewed, self._view_at, self._suffix = out, self.now, None
         return out
 
-    def started(self, source: str, domain: str, at: float, lane: int = -1, cap: int = 0) -> None:
-        """A request of this source/domain started at ``at`` on ``lane`` (an endpoint's index:
-        its per-sequence rate in ``lanes``; -1: the fleet's mean ``rate``), its token cap
-        ``cap`` (0: the cap of the job asked about)."""
+    def started(
+        self, source: str, domain: str, at: float, lane: int = -1, cap: int = 0, seqs: int = 1
+    ) -> None:
+        """A request of this source/domain for ``seqs`` samples started at ``at`` on ``lane``
+        (an endpoint's index: its per-sequence rate in ``lanes``; -1: the fleet's mean
+        ``rate``), each sample's token cap ``cap`` (0: the cap of the job asked about)."""
         self._memo.clear()
         r = self._running.get((source, domain))
         if r is None:
             if len(self._running) >= self.max_keys:
                 return
             r = self._running[(source, domain)] = _Running()
-        r.starts.setdefault((at, lane), []).append(cap)
-        r.n += 1
-        if r.n == 1:
+        r.starts.setdefault((at, lane), []).extend([cap] * seqs)
+        r.n += seqs
+        if r.n == seqs:
             self._viewed, self._suffix = None, None
         if r.at >= 0:  # kept up to date until it is reckoned afresh
-            r.total += self._share(r, at, lane, cap or r.cap)
+            r.total += seqs * self._share(r, at, lane, cap or r.cap)
 
-    def stopped(self, source: str, domain: str, started: float, lane: int = -1) -> None:
-        """The request reported started at ``started`` on ``lane`` ended (whatever the
-        outcome)."""
+    def stopped(
+        self, source: str, domain: str, started: float, lane: int = -1, seqs: int = 1
+    ) -> None:
+        """The request reported started at ``started`` on ``lane`` for ``seqs`` samples ended
+        (whatever the outcome)."""
         self._memo.clear()
         r = self._running.get((source, domain))
         caps = r.starts.get((started, lane)) if r is not None else None
         if r is None or not caps:
             return
-        cap = caps.pop()
+        for _ in range(min(seqs, len(caps))):
+            cap = caps.pop()
+            r.n -= 1
+            if r.at >= 0 and r.n:
+                r.total = max(0.0, r.total - self._share(r, started, lane, cap or r.cap))
         if not caps:
             del r.starts[(started, lane)]
-        r.n -= 1
         if not r.n:
             r.total, r.at, r.mean = 0.0, -1.0, 0.0
             self._viewed, self._suffix = None, None
-        elif r.at >= 0:
-            r.total = max(0.0, r.total - self._share(r, started, lane, cap or r.cap))
 
     def at(self, now: float, rate: float, lanes: Mapping[int, float] | None = None) -> None:
         """The clock, the fleet's mean per-sequence rate (tokens/s) and each lane's (an
