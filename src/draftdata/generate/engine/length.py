@@ -183,6 +183,7 @@ class LengthModel:
         # per-sequence ``rate`` (tokens/s) and each lane's (endpoint's) at time ``now``, all set
         # by the dispatcher
         self._running: dict[tuple[str, str], _Running] = {}
+        self._running_n = 0  # samples running now, all groups
         self.rate = 0.0
         self.lanes: Mapping[int, float] = {}
         self.now = 0.0
@@ -268,7 +269,7 @@ class LengthModel:
         return max(_IMPUTE_S, _IMPUTE_SHARE * self._sum / self._count / self.rate)
 
     def _censored(self) -> bool:
-        return any(r.n for r in self._running.values())
+        return self._running_n > 0
 
     def _view(self) -> list[list[float]]:
         """The spread of lengths around their estimates, the requests running now counted in.
@@ -336,6 +337,7 @@ class LengthModel:
             r = self._running[(source, domain)] = _Running()
         r.starts.setdefault((at, lane), []).extend([cap] * seqs)
         r.n += seqs
+        self._running_n += seqs
         if r.n == seqs:
             self._viewed, self._suffix = None, None
         if r.at >= 0:  # kept up to date until it is reckoned afresh
@@ -354,6 +356,7 @@ class LengthModel:
         for _ in range(min(seqs, len(caps))):
             cap = caps.pop()
             r.n -= 1
+            self._running_n -= 1
             if r.at >= 0 and r.n:
                 r.total = max(0.0, r.total - self._share(r, started, lane, cap or r.cap))
         if not caps:
