@@ -284,19 +284,19 @@ def main() -> None:
         return r.efficiency / (lef if lef is not None else fifo)
 
     many = " (medians)" if len(runs) > len(names) else ""
-    for job, target in (("five", TARGET_FIVE), ("one", TARGET_ONE)):
-        p, o = median(f"{job}-pilot", eff), median(f"{job}-online", eff)
+    for kind, target in (("five", TARGET_FIVE), ("one", TARGET_ONE)):
+        p, o = median(f"{kind}-pilot", eff), median(f"{kind}-online", eff)
         parts = []
         for label, e, name in (
-            ("with a pilot", p, f"{job}-pilot"),
-            ("learnt online", o, f"{job}-online"),
+            ("with a pilot", p, f"{kind}-pilot"),
+            ("learnt online", o, f"{kind}-online"),
         ):
             if e is None:
                 continue
             ratio = median(name, to_known)
             assert ratio is not None
             part = f"{label} {e:.3f} of ideal"
-            if job == "five":
+            if kind == "five":
                 part += f" = {ratio:.3f} of the greedy that knows each domain's mean"
                 ok = e >= target and ratio >= TARGET_KNOWN
             else:
@@ -310,7 +310,7 @@ def main() -> None:
                 f"{'PASS' if ok else 'BELOW TARGET'})"
             )
         if parts:
-            head = "five domains" if job == "five" else "one domain"
+            head = "five domains" if kind == "five" else "one domain"
             print(f"efficiency{many}, {head}: " + "; ".join(parts))
     for shape_name in ("five", "one"):
         rest = median(f"{shape_name}-rest", eff)
