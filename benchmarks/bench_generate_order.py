@@ -31,10 +31,16 @@ simulator answers other lengths) and prints the medians.
 Targets: five domains >= 1.0 of the greedy that knows the means and >= 0.86 of ideal; one
 domain >= 0.85 of ideal; learnt online within 0.02 of the pilot's figure.
 
+The controls ``five-rest`` and ``one-rest`` (``--only``, not run by default) run the prompts a
+pilot leaves -- the same job as the ``-pilot`` runs measure -- learnt online with nothing known:
+a pilot's figure against them is what its knowledge buys, apart from its job being 5% shorter
+than the ``-online`` runs' (a shorter job has relatively more tail).
+
     python benchmarks/bench_generate_order.py                  # all runs, ~4 min
     python benchmarks/bench_generate_order.py --jobs 3         # three jobs of each shape
     python benchmarks/bench_generate_order.py --repeat 2       # each run twice
     python benchmarks/bench_generate_order.py --only five-pilot,five-online
+    python benchmarks/bench_generate_order.py --only one-pilot,one-rest --repeat 3
 
 The simulator, the engine and this script share the machine's cores: the load average is
 printed beside the figures; on a busy machine the simulator is starved and every figure drops.
@@ -70,6 +76,8 @@ from bench_generate_efficiency import (
 )
 from draftdata.cli import main as cli_main
 from draftdata.generate.config import GenerateConfig
+from draftdata.generate.plan.pilot_sample import draw, parse_pilot
+from draftdata.generate.prompts.source import prompt_files
 from draftdata.generate.stage import generate
 from draftdata.records import Prompt
 from draftdata.store.read import iter_completions, iter_failures
@@ -89,6 +97,12 @@ RUNS = {  # name -> (job, pilot, order)
     "five-file": (FIVE, False, "file"),
     "one-pilot": (ONE, True, "length"),
     "one-online": (ONE, False, "length"),
+}
+# controls, not run by default: the prompts a pilot leaves (the same job as ``-pilot``'s
+# measured part), learnt online with nothing known: what the pilot's figures buy on that job
+CONTROLS = {
+    "five-rest": (FIVE, False, "length"),
+    "one-rest": (ONE, False, "length"),
 }
 
 Runner = Callable[[list[str], Path, list[Prompt]], tuple[int, int, float, int]]
@@ -146,11 +160,13 @@ def pilot(shape: Shape, scale: float, out: Path, prompts_path: Path) -> Callable
 def one_run(name: str, work: Path, job: int) -> tuple[Result, list[str], Shape, Path]:
     """Run ``name`` on job ``job`` (its prompts' texts drawn with seed ``job + 1``: another
     job draws other answer lengths)."""
-    shape, with_pilot, order = RUNS[name]
+    shape, with_pilot, order = {**RUNS, **CONTROLS}[name]
     scale = time_scale_for(shape)
     prompts_path = work / f"{'five' if shape.mixed else 'one'}-{job}.jsonl"
     if not prompts_path.exists():
         write_prompts(prompts_path, shape, seed=job + 1)
+    if name in CONTROLS:
+        prompts_path = rest_of(prompts_path)
     prompts: list[Prompt] = []  # read by the baseline client only
     out = work / f"run-{name}-{time.time_ns()}"
     lines: list[str] = []
@@ -165,6 +181,19 @@ def one_run(name: str, work: Path, job: int) -> tuple[Result, list[str], Shape, 
         before_requests=PILOT if with_pilot else 0,
     )
     return result, lines, shape, out
+
+
+def rest_of(prompts_path: Path) -> Path:
+    """The prompts of ``prompts_path`` that ``generate --pilot PILOT`` (seed 0) leaves."""
+    rest = prompts_path.with_suffix(".rest.jsonl")
+    if not rest.exists():
+        spec = parse_pilot(str(PILOT))
+        taken = draw(prompt_files(str(prompts_path)), spec).ids
+        with prompts_path.open("rb") as src, rest.open("wb") as out:
+            for line in src:
+                if msgspec.json.decode(line)["id"] not in taken:
+                    out.write(line)
+    return rest
 
 
 def job_bounds(out: Path, shape: Shape, since: float) -> tuple[float, float | None]:
@@ -187,7 +216,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=1, help="jobs of each shape (other lengths)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration per job")
-    ap.add_argument("--only", default=",".join(RUNS), help="which runs (comma-separated)")
+    ap.add_argument(
+        "--only",
+        default=",".join(RUNS),
+        help="which runs (comma-separated; also the controls " + ", ".join(CONTROLS) + ")",
+    )
     ap.add_argument("--verbose", action="store_true", help="print the engine's per-domain lines")
     ap.add_argument("--keep", type=Path, default=None, help="keep the runs in this folder")
     args = ap.parse_args()
@@ -251,19 +284,19 @@ def main() -> None:
         return r.efficiency / (lef if lef is not None else fifo)
 
     many = " (medians)" if len(runs) > len(names) else ""
-    for job, target in (("five", TARGET_FIVE), ("one", TARGET_ONE)):
-        p, o = median(f"{job}-pilot", eff), median(f"{job}-online", eff)
+    for kind, target in (("five", TARGET_FIVE), ("one", TARGET_ONE)):
+        p, o = median(f"{kind}-pilot", eff), median(f"{kind}-online", eff)
         parts = []
         for label, e, name in (
-            ("with a pilot", p, f"{job}-pilot"),
-            ("learnt online", o, f"{job}-online"),
+            ("with a pilot", p, f"{kind}-pilot"),
+            ("learnt online", o, f"{kind}-online"),
         ):
             if e is None:
                 continue
             ratio = median(name, to_known)
             assert ratio is not None
             part = f"{label} {e:.3f} of ideal"
-            if job == "five":
+            if kind == "five":
                 part += f" = {ratio:.3f} of the greedy that knows each domain's mean"
                 ok = e >= target and ratio >= TARGET_KNOWN
             else:
@@ -277,8 +310,16 @@ def main() -> None:
                 f"{'PASS' if ok else 'BELOW TARGET'})"
             )
         if parts:
-            head = "five domains" if job == "five" else "one domain"
+            head = "five domains" if kind == "five" else "one domain"
             print(f"efficiency{many}, {head}: " + "; ".join(parts))
+    for shape_name in ("five", "one"):
+        rest = median(f"{shape_name}-rest", eff)
+        with_pilot = median(f"{shape_name}-pilot", eff)
+        if rest is not None:
+            line = f"control{many}, {shape_name}: the pilot's rest learnt online {rest:.3f}"
+            if with_pilot is not None:
+                line += f"; with the pilot's figures {with_pilot:.3f} ({with_pilot - rest:+.3f})"
+            print(line)
     saved = [
         (rf.last - rf.start) - (ro.last - ro.start)
         for nf, jf, rf in runs

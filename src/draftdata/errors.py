@@ -3,8 +3,11 @@
     DraftdataError                      a user-facing problem: the CLI prints one line, exit 1
     ├── ConfigError                     bad YAML, unknown key, wrong type, bad option value
     ├── InputError                      unreadable input file, malformed record (located)
-    │   └── RowError                    one row rejected (``reason`` code, ``detail``: where
-    │                                   and what); counted and written to a rejects file
+    │   ├── RowError                    one row rejected (``reason`` code, ``detail``: where
+    │   │                               and what); counted and written to a rejects file
+    │   └── EmptyInputError             an input that holds nothing (an empty file, blank
+    │                                   text, ``[ ]``, gzip of these, a parquet of 0 rows):
+    │                                   every command refuses it in the same line
     ├── FormatVersionError              a file written by an incompatible draftdata
     ├── StoreError                      the run store refused or failed (``outage``: waiting
     │   │                               can cure it; generate waits out only those (+); any
@@ -50,8 +53,8 @@
             └── ContextLengthError      context_length: prompt (+ max tokens) exceeds the
                                         context
 
-    Interrupted (a BaseException)      SIGINT/SIGTERM stopped a command that holds worker
-                                        processes (``workerpool.py``); exit 128 + signal
+    Interrupted (a BaseException)      SIGINT/SIGTERM stopped a command (``workerpool.py``:
+                                        ``interrupts``); exit 128 + signal
 
 Retry decisions are made by type, never by matching message text; raw HTTP, S3 and file errors
 are mapped to these types in one place per layer (``raise ... from exc``): an inference server's
@@ -79,6 +82,22 @@ class ConfigError(DraftdataError):
 
 class InputError(DraftdataError):
     """An input file that cannot be read, or a record that does not validate."""
+
+
+class EmptyInputError(InputError):
+    """An input that holds nothing to read: an empty file, only blank lines or white space, an
+    empty JSON array (``[ ]``), gzip of these, or a parquet of 0 rows (every file of a folder
+    so). ``draftdata.shared.readers.files.holds_nothing`` decides it for every command; the
+    line is the same wherever it is refused."""
+
+    SHAPES: ClassVar[str] = (
+        "an empty file, only blank lines or white space, an empty JSON array, gzip of these, "
+        "or a parquet of 0 rows"
+    )
+
+    def __init__(self, where: str, fix: str = "give one that holds rows") -> None:
+        super().__init__(f"{where}: holds nothing to read ({self.SHAPES}); {fix}")
+        self.where = where
 
 
 class RowError(InputError):

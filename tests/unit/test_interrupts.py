@@ -49,3 +49,53 @@ def test_every_open_block_acts_on_a_signal(depth: int, acting: list[bool], sig: 
     assert caught.value.signum == sig
     assert ran == [lvl for lvl in reversed(range(depth)) if acting[lvl]]  # innermost first
     assert {s: signal.getsignal(s) for s in DEFAULTS} == DEFAULTS  # put back
+
+
+@pytest.mark.parametrize("daemon_only", [True, False])
+def test_the_last_block_leaves_the_signals_ignored_unless_a_thread_would_hold_the_exit(
+    daemon_only: bool,
+) -> None:
+    """The command line's block (``last``): leaving it, SIGINT and SIGTERM are ignored (a
+    signal while the interpreter shuts down neither kills it silently nor prints a
+    traceback); with a non-daemon thread still running, Python's handlers come back, so a
+    signal can end the wait for it."""
+    import threading
+
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, daemon=daemon_only)
+    thread.start()
+    try:
+        with interrupts(last=True):
+            pass
+        got = {s: signal.getsignal(s) for s in DEFAULTS}
+    finally:
+        release.set()
+        thread.join()
+    if daemon_only:
+        assert got == dict.fromkeys(DEFAULTS, signal.SIG_IGN)
+    else:
+        assert got == DEFAULTS
+
+
+def test_a_second_signal_says_farewell_and_ends_with_128_plus_it() -> None:
+    """The first signal raises Interrupted; a second, while that unwinds, ends the process at
+    once with 128 + the signal, after ``farewell`` has said so."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, sys\n"
+        "from draftdata.support.workerpool import interrupts\n"
+        "say = lambda n: os.write(2, f'farewell {n}'.encode())\n"
+        "with interrupts(farewell=say):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    finally:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        sys.exit(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert done.stderr == f"farewell {int(signal.SIGTERM)}", done.stderr

@@ -5,8 +5,10 @@ and does three things: parse options into one config object, call one stage func
 summary. Heavy imports happen inside command bodies so ``draftdata --help`` starts instantly.
 
 Exit codes: 0 success; 1 a DraftdataError (one line on stderr, no traceback); 2 a usage error
-(Typer/Click); 128 + N when signal N stopped a command that runs worker processes
-(``Interrupted``); anything else is a bug and keeps its traceback. Path options are checked
+(Typer/Click); 128 + N when signal N (SIGINT, SIGTERM) stopped the command, at whatever moment:
+in its work, while it printed its summary or as it shut down, always with the one line
+``STOPPED_LINE`` (``Interrupted``; one ``interrupts`` block spans the whole command); anything
+else is a bug and keeps its traceback. Path options are checked
 before any work (``draftdata.shared.paths``); a file-system error that still reaches ``main`` with a
 file name (a folder removed under a running command), and a full, over-quota or read-only disk
 with or without one (``DiskError``: the standard output under ``> file`` too), is the user's
@@ -15,6 +17,7 @@ place, not a bug, and is one line too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -38,6 +41,7 @@ from draftdata.cli import (
     tokenize,
 )
 from draftdata.errors import DiskError, DraftdataError, Interrupted
+from draftdata.support.workerpool import interrupts
 
 
 def _no_type_after_flags() -> None:
@@ -141,15 +145,50 @@ def _help_width() -> None:
     typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
 
 
+STOPPED_LINE = (
+    "draftdata: stopped by {signame}; what was written is kept, and the same command run "
+    "again finishes the work"
+)
+
+
+def _say_stopped(signum: int) -> None:
+    """The line a signal ends a command with (also from a signal handler: one write)."""
+    line = STOPPED_LINE.format(signame=signal.Signals(signum).name) + "\n"
+    with contextlib.suppress(OSError):
+        os.write(sys.stderr.fileno(), line.encode())
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run the app and map DraftdataError to exit code 1.
+    """Console-script entry point: run the app, map DraftdataError to exit code 1 and a
+    signal to its line and 128 + the signal.
 
     Typer's standalone mode already turns usage errors into exit code 2 with a message.
+    ``argv`` None means this process is the command (the console script, ``python -c``): a
+    signal that lands after everything was said is then ignored while the interpreter shuts
+    down (the command ends as it would have); a caller that passes ``argv`` gets its own
+    signal handlers back.
     """
     # transformers announces on import that PyTorch is absent; draftdata needs only its
     # tokenizers, so that advice is noise in every command's output.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     _help_width()
+    try:
+        # one handler from here to the end: a signal in the work, in the summary or in the
+        # command's own clean-up raises Interrupted (not click's KeyboardInterrupt "Aborted!"
+        # or a silent 130/143); a stage's own block (a pool's) adds its action to it
+        with interrupts(farewell=_say_stopped, last=argv is None):
+            _command(argv)
+    except Interrupted as exc:  # its worker processes are already gone
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal: the same ending
+            signal.signal(sig, signal.SIG_IGN)
+        with contextlib.suppress(OSError, ValueError):
+            _flush_stdout()  # the summary lines it printed before, then the line
+        _say_stopped(exc.signum)
+        sys.exit(128 + exc.signum)
+
+
+def _command(argv: list[str] | None) -> None:
+    """Run the app; a file-system error or a DraftdataError becomes its one line and exit 1."""
     try:
         try:
             app(args=argv)
@@ -170,12 +209,3 @@ def main(argv: list[str] | None = None) -> None:
     except DraftdataError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    except Interrupted as exc:  # its worker processes are already gone
-        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal: the same ending
-            signal.signal(sig, signal.SIG_IGN)
-        typer.echo(
-            f"draftdata: stopped by {exc.signame}; what was written is kept, and the same "
-            "command run again finishes the work",
-            err=True,
-        )
-        sys.exit(128 + exc.signum)

@@ -4,8 +4,9 @@ Parses options into one ``GenerateConfig`` (the ``--config`` YAML plus flag over
 option is declared once, as a field of ``GenerateOptions``, and one that sets a config key says
 which with ``Setting``), calls ``draftdata.generate.stage.generate`` (or, with ``--ray``, the
 distributed driver; with ``--pilot``, the pilot) and prints the summary. Exit codes: 0 done,
-1 a user error (one line), 130/143 interrupted (the run is committed up to what finished; the
-same command resumes it).
+1 a user error (one line), 128 + the signal when SIGINT (130) or SIGTERM (143) interrupted it
+(the run is committed up to what finished; the same command resumes it; the line every command
+ends with then, ``cli.STOPPED_LINE``).
 """
 
 from __future__ import annotations
@@ -551,34 +552,48 @@ def _check_paths(cfg: Any, opts: GenerateOptions) -> None:
         paths.output_file(opts.json_out, "--summary-json")
 
 
+def _interrupted(summary: Any) -> BaseException:
+    """An interrupted summary as the command's ending: Interrupted by the signal that stopped
+    the engine (SIGINT when none did: it was interrupted in-process)."""
+    import signal
+
+    from draftdata.errors import Interrupted
+
+    return Interrupted(signal.Signals[summary.signal] if summary.signal else signal.SIGINT)
+
+
 def _run(cfg: Any, json_out: Path | None) -> None:
-    """The run on this machine: the stage, its summary, exit 130 when interrupted."""
+    """The run on this machine: the stage, its summary, 128 + the signal when interrupted."""
+    import signal
+
+    from draftdata.errors import Interrupted
     from draftdata.generate.stage import generate
 
     try:
         summary = generate(cfg)
-    except KeyboardInterrupt:  # outside the engine's own signal handling (start-up, close)
-        typer.echo("generate: interrupted; run the same command again to continue", err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt:  # Python's own SIGINT handling (not the command line's)
+        raise Interrupted(signal.SIGINT) from None
     for line in summary.lines():
         typer.echo(line)
     if json_out is not None:
         import json
 
         json_out.write_text(json.dumps(summary.to_dict(), indent=1), encoding="utf-8")
-    if summary.interrupted:  # the stage has said how to resume
-        raise typer.Exit(130)
+    if summary.interrupted:  # the stage has said how to resume; the CLI's line ends it
+        raise _interrupted(summary)
 
 
 def _pilot(cfg: Any, spec: Any, seed: int, json_out: Path | None) -> None:
     """``generate --pilot``: run the sample, print the summary and the forecast."""
+    import signal
+
+    from draftdata.errors import Interrupted
     from draftdata.generate.plan.pilot import run_pilot
 
     try:
         result = run_pilot(cfg, spec, seed=seed)
-    except KeyboardInterrupt:
-        typer.echo("generate: interrupted; run the same command again to continue", err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt:  # Python's own SIGINT handling (not the command line's)
+        raise Interrupted(signal.SIGINT) from None
     for line in result.summary.lines():
         typer.echo(line)
     for line in result.lines():
@@ -593,4 +608,4 @@ def _pilot(cfg: Any, spec: Any, seed: int, json_out: Path | None) -> None:
         typer.echo(
             "generate: the pilot was interrupted; run the same command to finish it", err=True
         )
-        raise typer.Exit(130)
+        raise _interrupted(result.summary)

@@ -12,6 +12,7 @@ starts, and a missing Ray is a one-line error saying how to install it.
 
 from __future__ import annotations
 
+import signal
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -178,8 +179,9 @@ def generate_on_ray(
     tasks_per_node: int = 1,
     forward_env: list[str] | None = None,
 ) -> int:
-    """Run ``config`` on Ray, print the summary to stdout and return the exit code: 130 after
-    Ctrl-C (as the single-process command), 1 when a partition did not finish, else 0."""
+    """Run ``config`` on Ray, print the summary to stdout and return the exit code: 1 when a
+    partition did not finish, else 0; interrupted, it ends as the single-process command does
+    (Interrupted: the command line's line, 128 + the signal)."""
     from draftdata.distributed.cluster import require_ray
 
     require_ray()  # first, so a missing Ray is the one line the user sees
@@ -196,8 +198,10 @@ def generate_on_ray(
     result = run(config, opts)
     for line in summary_lines(result):
         typer.echo(line)
-    if result.interrupted:
-        return 130
+    if result.interrupted:  # the command line's line, 128 + the signal
+        from draftdata.errors import Interrupted
+
+        raise Interrupted(result.signal or signal.SIGINT)
     return 1 if result.failed_partitions else 0
 
 
@@ -237,7 +241,7 @@ def hidden_on_ray(
     forward_env: list[str] | None = None,
 ) -> int:
     """Run hidden-states ``config`` over Ray (id-hash partitions, one task per GPU or per fleet
-    node), print the summary and return the exit code: 130 after Ctrl-C, 1 when a partition
+    node), print the summary and return the exit code: 1 when a partition
     did not finish, else 0. ``--gpus`` picks the workers: ``auto`` one GPU each, ``cpu`` CPU
     workers."""
     from draftdata.distributed.cluster import require_ray
@@ -264,6 +268,8 @@ def hidden_on_ray(
     result = run(config, opts)
     for line in summary_lines(result):
         typer.echo(line)
-    if result.interrupted:
-        return 130
+    if result.interrupted:  # the command line's line, 128 + the signal
+        from draftdata.errors import Interrupted
+
+        raise Interrupted(result.signal or signal.SIGINT)
     return 1 if result.failed_partitions else 0

@@ -22,6 +22,7 @@ This module does not generate anything itself (the engine does) and does not sta
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -43,7 +44,7 @@ from draftdata.distributed.progress import (
     plain_line,
     render,
 )
-from draftdata.errors import ConfigError, DraftdataError
+from draftdata.errors import ConfigError, DraftdataError, Interrupted
 from draftdata.generate.config import GenerateConfig, validate
 from draftdata.generate.prompts.partition import Partition, count_by_partition
 from draftdata.generate.prompts.source import prompt_files
@@ -78,6 +79,7 @@ class RayGenerateResult(msgspec.Struct, kw_only=True):
     tokens: int
     wall_s: float
     interrupted: bool = False
+    signal: int = 0  # the signal that interrupted it (SIGINT, SIGTERM), if one did
 
     @property
     def failed_partitions(self) -> list[int]:
@@ -236,7 +238,7 @@ def run(
         known = [t for i, t in enumerate(totals) if i in set(wanted)]
         total = None if any(t is None for t in known) else sum(t or 0 for t in known)
         tracker = Tracker(total)
-        errors, interrupted = _monitor(
+        errors, stopped_by = _monitor(
             ray, refs, board, tracker, emit, on_progress, live, config.log_interval, config.out
         )
         parts: list[PartitionState] = ray.get(board.snapshot.remote())
@@ -254,7 +256,8 @@ def run(
             committed=tracker.committed,
             tokens=tracker.tokens,
             wall_s=time.monotonic() - t0,
-            interrupted=interrupted,
+            interrupted=bool(stopped_by),
+            signal=stopped_by,
         )
     finally:
         if reservation is not None:
@@ -318,8 +321,9 @@ def _monitor(
     live: bool | None,
     log_interval: float,
     out: str,
-) -> tuple[dict[int, str], bool]:
-    """Wait for the partition tasks, refreshing the display; returns (errors, interrupted)."""
+) -> tuple[dict[int, str], int]:
+    """Wait for the partition tasks, refreshing the display; returns (errors, the signal that
+    interrupted it or 0)."""
     errors: dict[int, str] = {}
     recounted: set[str] = set()
     pending = list(refs)
@@ -331,7 +335,7 @@ def _monitor(
         )
         display.start()
     last_line = time.monotonic()
-    interrupted = False
+    interrupted = 0
     try:
         while pending:
             try:
@@ -352,10 +356,10 @@ def _monitor(
                 elif time.monotonic() - last_line >= log_interval:
                     emit(plain_line(tracker))
                     last_line = time.monotonic()
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, Interrupted) as exc:  # the command line's handler too
                 if interrupted:
                     raise
-                interrupted = True
+                interrupted = getattr(exc, "signum", signal.SIGINT)
                 emit(
                     "ray generate: interrupted; stopping partitions (committed work is kept; "
                     "run the same command again to resume; Ctrl-C again to leave now)"

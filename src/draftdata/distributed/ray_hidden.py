@@ -26,6 +26,7 @@ others), each sample's file committed create-only, each partition under its own 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from typing import Any
 import msgspec
 
 from draftdata.distributed import cluster
-from draftdata.errors import ConfigError, DraftdataError
+from draftdata.errors import ConfigError, DraftdataError, Interrupted
 from draftdata.generate.prompts.partition import Partition
 from draftdata.hidden.config import HiddenConfig
 
@@ -79,6 +80,7 @@ class RayHiddenResult(msgspec.Struct, kw_only=True):
     planned: int | None  # samples the set plans (None: no partition reported it)
     wall_s: float
     interrupted: bool = False
+    signal: int = 0  # the signal that interrupted it (SIGINT, SIGTERM), if one did
 
     @property
     def failed_partitions(self) -> list[int]:
@@ -219,7 +221,7 @@ def run(
     started_ray = cluster.connect(opts.address, forward_env=forward)
     t0 = time.monotonic()
     reservation = None
-    interrupted = False
+    interrupted = 0  # the signal that interrupted it
     try:
         workers, place = _workers(ray, config, opts)
         reservation = place.pop("_reservation", None)
@@ -247,10 +249,10 @@ def run(
         while pending:
             try:
                 done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, Interrupted) as exc:  # the command line's handler too
                 if interrupted:
                     raise
-                interrupted = True
+                interrupted = getattr(exc, "signum", signal.SIGINT)
                 emit(
                     "ray hidden-states: interrupted; stopping partitions (committed files are "
                     "kept; run the same command again to resume; Ctrl-C again to leave now)"
@@ -296,7 +298,8 @@ def run(
             files=_count_files(config.out),
             planned=planned,
             wall_s=round(time.monotonic() - t0, 3),
-            interrupted=interrupted,
+            interrupted=bool(interrupted),
+            signal=interrupted,
         )
     finally:
         if reservation is not None:

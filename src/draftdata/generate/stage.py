@@ -44,6 +44,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Collection
 from functools import partial
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -75,6 +76,7 @@ from draftdata.store.protect import check_not_protected
 from draftdata.store.run import Run
 from draftdata.store.write import parquet_bytes
 from draftdata.support.redact import Redactor
+from draftdata.support.workerpool import signals_free
 
 
 def generate(
@@ -117,9 +119,9 @@ def generate(
         sink(redact(line))
 
     if handle_signals:
-        # take over SIGINT/SIGTERM only where nobody else (a Ray worker, a notebook) has
-        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-        handle_signals = all(signal.getsignal(s) is h for s, h in defaults.items())
+        # take over SIGINT/SIGTERM only where nobody else (a Ray worker, a notebook) has: over
+        # Python's defaults or the command line's handler (``interrupts``), given back after
+        handle_signals = signals_free()
     try:
         return asyncio.run(
             _generate(
@@ -200,6 +202,8 @@ async def _generate(
         finally:
             hooks.unwire()
             await close_run(run, endpoints, rejects, log)
+    if summary.interrupted and hooks.signalled:
+        summary.signal = signal.Signals(hooks.signalled[0]).name
     return await finish(config, run, summary, log)
 
 
@@ -293,6 +297,7 @@ class EngineHooks:
         self.signals = signals
         self._stops: list[Callable[[], object]] = []  # set once the engine runs
         self._undo: list[Callable[[], None]] = []
+        self.signalled: list[int] = []  # the signals that interrupted the engine, in order
 
     def lease_lost(self, message: str) -> None:
         """Another process took the run over: stop the engine (thread-safe)."""
@@ -306,7 +311,7 @@ class EngineHooks:
         self._stops.append(lambda: loop.call_soon_threadsafe(engine.dispatcher.abort))
         if self.on_engine is not None:
             self.on_engine(engine)
-        if self.signals and (undo := _install_signals(engine)) is not None:
+        if self.signals and (undo := _install_signals(engine, self.signalled)) is not None:
             self._undo.append(undo)
 
     def unwire(self) -> None:
@@ -439,20 +444,37 @@ def _warm_up() -> None:
     parquet_bytes(failures_table([Failure(id="w", reason="warm_up")]))
 
 
-def _install_signals(engine: Engine) -> Callable[[], None] | None:
+def _install_signals(engine: Engine, signalled: list[int]) -> Callable[[], None] | None:
+    """SIGINT/SIGTERM interrupt the engine (noted in ``signalled``) until the returned
+    function gives the handlers from before back (asyncio's own removal would put Python's
+    defaults there, not the command line's handler)."""
     if threading.current_thread() is not threading.main_thread():
         return None
     loop = asyncio.get_running_loop()
-    installed = []
+    installed: dict[int, Any] = {}  # signal -> its handler before
+
+    def interrupt(sig: int) -> None:
+        signalled.append(sig)
+        engine.interrupt()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
+        before = signal.getsignal(sig)
         try:
-            loop.add_signal_handler(sig, engine.interrupt)
+            loop.add_signal_handler(sig, interrupt, sig)
         except (ValueError, RuntimeError, NotImplementedError):
             continue
-        installed.append(sig)
+        installed[sig] = before
 
     def restore() -> None:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        # held back meanwhile: asyncio's removal puts Python's defaults in for a moment, and a
+        # SIGTERM then would end the process without its line
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, list(installed))
+        try:
+            for sig, before in installed.items():
+                loop.remove_signal_handler(sig)
+                if before is not None:
+                    signal.signal(sig, before)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     return restore

@@ -83,6 +83,7 @@ class GenerateSummary(msgspec.Struct, kw_only=True):
     invalid_prompts: int = 0
     wall_s: float = 0.0
     interrupted: bool = False
+    signal: str | None = None  # the signal that interrupted it (SIGINT, SIGTERM), if one did
     remaining: int | None = None
     peak_uncommitted: int = 0  # most records waiting for the store at once
     endpoints: list[EndpointShare] = msgspec.field(default_factory=list)

@@ -55,10 +55,13 @@ class Commits:
         self.writer = writer
         self.lease = lease
 
-    def done_rows(self) -> dict[int, int]:
-        """row -> size of every sample file the store holds now (one listing)."""
+    def done_rows(self, listing: dict[str, int] | None = None) -> dict[int, int]:
+        """row -> size of every sample file the store holds now (one listing; ``listing``:
+        the folder's key -> size already made, the stage's start's)."""
         done: dict[int, int] = {}
-        for key, size in self.store.list_sizes(HIDDEN_FOLDER).items():
+        if listing is None:
+            listing = self.store.list_sizes(HIDDEN_FOLDER)
+        for key, size in listing.items():
             row = self.writer.row_of(key)
             if row is not None:
                 done[row] = size

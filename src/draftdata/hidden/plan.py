@@ -22,7 +22,6 @@ stays small without holding the dataset in memory. ``rows_of_pilot`` picks the p
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import random
 from collections import Counter
@@ -32,11 +31,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from draftdata.errors import InputError
 from draftdata.hidden.writer import SampleRow
-from draftdata.stats.readers import Dataset, iter_sample_batches, open_dataset, refuse_unreadable
+from draftdata.stats.readers import Dataset, iter_sample_batches, open_dataset
 
 READ_ROWS = 1024  # samples per read batch
 WINDOW_TOKENS = 1 << 22  # a window of samples sorted together holds about this many tokens
@@ -152,40 +150,10 @@ def _digest(h: hashlib._Hash, s: SampleRow) -> None:
     h.update(s.loss_mask.astype(np.int8).tobytes())
 
 
-_HEAD = 4096  # bytes of a data file looked at for any content
-
-
-def _holds_nothing(ds: Dataset) -> bool:
-    """Whether every data file of ``ds`` is empty: blank text (gzip ones up to ``_HEAD``
-    compressed bytes are looked into), an empty JSON array, or a parquet of 0 rows."""
-    for key in ds.keys:
-        size = ds.store.size(key)
-        if size == 0:
-            continue
-        if key.endswith(".parquet"):
-            with ds.store.open_input(key) as fh:
-                if pq.ParquetFile(fh).metadata.num_rows:
-                    return False
-            continue
-        if size > _HEAD:
-            return False
-        head = ds.store.read_range(key, 0, size)
-        if key.endswith(".gz"):
-            try:
-                head = gzip.decompress(head)
-            except (OSError, EOFError):
-                return False
-        if b"".join(head.split()) not in (b"", b"[]"):  # blank, or an empty JSON array
-            return False
-    return True
-
-
 def open_input(url: str) -> Dataset:
     """The tokenized dataset at ``url`` (found, not read): InputError when it holds no
     tokenized samples (conversations, a run, prompts: tokenize them first)."""
-    ds = open_dataset(url)
-    if ds.kind != "tokenized" and _holds_nothing(ds):
-        refuse_unreadable(url, 0, 0)  # an empty file is no conversation either
+    ds = open_dataset(url)  # an empty input is refused there, as empty (no conversation)
     if ds.kind != "tokenized":
         raise InputError(
             f"{url}: holds {ds.kind}, not tokenized samples; run `draftdata tokenize` first "

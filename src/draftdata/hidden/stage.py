@@ -210,7 +210,9 @@ def hidden_states(
     # a signal ends it in one line (Interrupted), its committed files kept: one device or many
     with interrupts():
         try:
-            swept, swept_bytes = store.sweep_temps(HIDDEN_FOLDER)
+            # one walk of the states folder: the temps a killed command left go, and what is
+            # left is the done-set (the lease keeps this partition's rows ours meanwhile)
+            listing, (swept, swept_bytes) = store.sweep_and_list_sizes(HIDDEN_FOLDER)
             if swept:
                 say(
                     f"hidden-states: removed {swept:,} temp file(s) ({human_bytes(swept_bytes)}) "
@@ -231,6 +233,7 @@ def hidden_states(
                 plan,
                 bill.sample_bytes,
                 say,
+                listing,
             )
         finally:
             lease.release()
@@ -262,12 +265,14 @@ def _run(
     plan: Plan,
     bill_bytes: int,
     say: Log,
+    listing: dict[str, int],
 ) -> HiddenSummary:
-    """The run, verify and finish phases."""
+    """The run, verify and finish phases; ``listing`` is the states folder's (key -> size)
+    as the start found it."""
     from draftdata.hidden.commit import Commits
 
     started = time.perf_counter()
-    done = Commits(store, writer).done_rows()
+    done = Commits(store, writer).done_rows(listing)
     done_before = len(done)
     todo = set(range(plan.samples)) - set(done)
     if config.partition is not None:  # the other partitions' rows are other commands' work

@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from draftdata.errors import InputError, RowError
+from draftdata.errors import EmptyInputError, InputError, RowError
 from draftdata.prepare.config import SourceConfig
 from draftdata.shared.readers.base import Decoded, Reader, RowFile
-from draftdata.shared.readers.files import FilesReader, format_of
+from draftdata.shared.readers.files import FilesReader, format_of, holds_nothing
 from draftdata.shared.readers.hub import HubReader
 
 
@@ -125,7 +125,17 @@ def reader(source: SourceConfig, progress: Callable[[int], None] | None = None) 
     files = [_file(f) for f in expand(source)]
     for f in files:  # every file's format known before any is read
         format_of(f.where, source.format)
+    if all(holds_nothing(f, source.format) for f in files):  # stops at the first with rows
+        raise empty_source(source)
     return FilesReader(files, Decoded(), format=source.format, **kw)
+
+
+def empty_source(source: SourceConfig) -> EmptyInputError:
+    """The line of a source that holds nothing (every command's ``EmptyInputError``)."""
+    return EmptyInputError(
+        f"source {source.name} ({source.path or source.hub})",
+        "it would give no prompts: check its path, or remove the source",
+    )
 
 
 def iter_rows(

@@ -38,7 +38,7 @@ from draftdata.prepare.config import PrepareConfig, SourceConfig, check, check_m
 from draftdata.prepare.dedup import BATCH, Deduper, dedup_text
 from draftdata.prepare.lengths import precheck as precheck_lengths
 from draftdata.prepare.lengths import resolve as resolve_lengths
-from draftdata.prepare.load import check_hub_reachable, iter_rows
+from draftdata.prepare.load import check_hub_reachable, empty_source, iter_rows
 from draftdata.prepare.reference import load_exclusions, load_existing
 from draftdata.prepare.report import encode_report, take_note, to_markdown
 from draftdata.prepare.validate import DUPLICATE_ID, check_prompt
@@ -204,12 +204,8 @@ def _pass_one(
             if len(texts) >= DEDUP_BATCH:
                 settle()
         settle()
-    if not run.read:
-        raise InputError(
-            f"source {source.name} ({source.path or source.hub}): no rows in it (an empty "
-            "file, only blank lines, an empty JSON array or a parquet of 0 rows); it would give "
-            "no prompts: check its path, or remove the source"
-        )
+    if not run.read:  # a hub dataset of no rows (files that hold nothing are refused before)
+        raise empty_source(source)
     if not run.domains and run.rejected:
         raise InputError(_all_rejected(config, source, run, mode))
     return run

@@ -24,6 +24,7 @@ from draftdata.report import page, plots
 from draftdata.report.collect import ReportData, collect
 from draftdata.report.forecast import forecast_section
 from draftdata.stats import DatasetStats
+from draftdata.store.merge_report import Splits
 from draftdata.support import tables
 
 _MEASURES = {
@@ -48,21 +49,21 @@ def _mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
     """Named domain-share series for the mix chart, and where they come from."""
     for m in data.merged:
         r = m.report
-        if not r:
+        if r is None:
             continue
         series: dict[str, dict[str, float]] = {}
         for url, st in data.compare:  # e.g. step 0's stats of the live set (before.json)
             if st.kind != "run":
                 series[f"{_name(url)} ({st.kind})"] = st.domain_shares()
         for role, label in (("existing", "existing set"), ("add", "added")):
-            ins = [i for i in r.get("inputs") or [] if i.get("role") == role]
             counts: dict[str, float] = {}
-            for i in ins:
-                for d, n in (i.get("by_domain") or {}).items():
-                    counts[d] = counts.get(d, 0) + n
+            for i in r.inputs:
+                if i.role == role:
+                    for d, n in i.by_domain.items():
+                        counts[d] = counts.get(d, 0) + n
             if counts:
                 series[f"{label} (merge input)"] = _shares(counts)
-        series |= _merge_series(r.get("before"), r.get("target"), r.get("after"))
+        series |= _merge_series(r.before, r.target, r.after)
         series = {k: v for k, v in series.items() if v}
         if series:
             return series, f"from {m.url}/merge_report.json"
@@ -75,18 +76,17 @@ def _mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], str]:
     return {k: v for k, v in series.items() if v}, how
 
 
-def _merge_series(before: Any, target: Any, after: Any) -> dict[str, dict[str, float]]:
+def _merge_series(
+    before: Mapping[str, int], target: Mapping[str, float] | None, after: Splits
+) -> dict[str, dict[str, float]]:
     """A merge report's before / target / after (train, eval) as named share series; counts
-    become shares, the target is already one; parts that are not mappings are left out."""
-    series: dict[str, dict[str, float]] = {}
-    if isinstance(before, dict):
-        series["before (merge inputs)"] = _shares(before)
-    if isinstance(target, dict):
+    become shares, the target is already one; empty parts (an older merge's report that
+    lacks them) are left out by the caller."""
+    series: dict[str, dict[str, float]] = {"before (merge inputs)": _shares(before)}
+    if target is not None:
         series["target"] = {k: float(v) for k, v in target.items()}
-    after = after if isinstance(after, dict) else {}
-    for split in ("train", "eval"):
-        if isinstance(after.get(split), dict):
-            series[f"after: {split}"] = _shares(after[split])
+    series["after: train"] = _shares(after.train)
+    series["after: eval"] = _shares(after.eval)
     return series
 
 
@@ -95,19 +95,19 @@ def _token_mix_series(data: ReportData) -> tuple[dict[str, dict[str, float]], st
     merge report's token counts, else each input's stats (saved stats without token counts
     give none)."""
     for m in data.merged:
-        r = m.report or {}
-        tok = r.get("tokens")
-        if not isinstance(tok, dict):
-            continue
+        r = m.report
+        if r is None or not (r.tokens.before or r.tokens.after.train or r.tokens.after.eval):
+            continue  # no report, or an older merge's without token counts
+        tok = r.tokens
         series: dict[str, dict[str, float]] = {}
         for url, st in data.compare:
             if st.kind != "run":
                 series[f"{_name(url)} ({st.kind})"] = st.domain_loss_token_shares()
-        target = r.get("target") if r.get("mix_by") == "loss_tokens" else None
-        series |= _merge_series(tok.get("before"), target, tok.get("after"))
+        target = r.target if r.mix_by == "loss_tokens" else None
+        series |= _merge_series(tok.before, target, tok.after)
         series = {k: v for k, v in series.items() if v}
         if series:
-            return series, f"from {m.url}/merge_report.json ({tok.get('method', 'estimate')})"
+            return series, f"from {m.url}/merge_report.json ({tok.method or 'estimate'})"
     series = {}
     own: list[tuple[str, DatasetStats]] = [(r.url, r.stats) for r in data.runs]
     own += [(m.url, m.stats) for m in data.merged] + data.tokenized + data.prompts + data.datasets
@@ -169,9 +169,10 @@ def _subject_token_shares(data: ReportData) -> tuple[str, dict[str, float]]:
         if m.url not in main.merged:
             continue
         after: dict[str, float] = {}
-        for split in ((m.report or {}).get("tokens") or {}).get("after", {}).values():
-            for d, n in (split or {}).items():
-                after[d] = after.get(d, 0.0) + float(n)
+        if m.report is not None:
+            for split in (m.report.tokens.after.train, m.report.tokens.after.eval):
+                for d, n in split.items():
+                    after[d] = after.get(d, 0.0) + float(n)
         shares = _shares(after) or m.stats.domain_loss_token_shares()
         if shares:
             return f"{_name(m.url)} (merged)", shares

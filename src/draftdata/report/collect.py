@@ -28,9 +28,10 @@ from draftdata.shared.speculation import Acceptance
 from draftdata.stats import DatasetStats, compute_stats
 from draftdata.stats.compute import STATS_FORMAT, run_metrics
 from draftdata.stats.hiddenset import hidden_set_stats
-from draftdata.stats.readers import acceptance_json, read_json_file, refuse_unreadable
+from draftdata.stats.readers import acceptance_json, refuse_unreadable
 from draftdata.stats.runmetrics import headline, latest, summary_of, throughput_series
 from draftdata.store.forecast import Forecast, latest_forecast
+from draftdata.store.merge_report import MergeReport, read_any_report
 from draftdata.store.opener import open_store
 from draftdata.store.read import read_manifest
 
@@ -70,7 +71,7 @@ class MergedPart:
 
     url: str
     stats: DatasetStats
-    report: dict[str, Any] | None
+    report: MergeReport | None  # read as any merge's (older ones' missing keys: blanks)
 
 
 @dataclass
@@ -127,16 +128,14 @@ class ReportData:
             if endpoints:
                 out["endpoints"] = len(endpoints)
         for m in self.merged:
-            after = (m.report or {}).get("after") or {}
-            for split in ("train", "eval"):
-                counts = after.get(split)
-                if isinstance(counts, dict):
+            rep = m.report
+            if rep is not None and (rep.after.train or rep.after.eval):
+                for split, counts in (("train", rep.after.train), ("eval", rep.after.eval)):
                     out[f"{split}_rows"] = out.get(f"{split}_rows", 0) + _sum(counts)
-            dropped = (m.report or {}).get("dropped")
-            if isinstance(dropped, dict):
-                out["dropped"] = out.get("dropped", 0) + _sum(dropped)
-            if not after:
+            else:  # no report, or one without its split counts: the rows read
                 out["merged_rows"] = out.get("merged_rows", 0) + m.stats.rows
+            if rep is not None and rep.dropped:
+                out["dropped"] = out.get("dropped", 0) + _sum(rep.dropped)
         for _, s in self.tokenized:
             out["tokenized_samples"] = out.get("tokenized_samples", 0) + s.rows
             out["training_tokens"] = out.get("training_tokens", 0) + int(
@@ -253,8 +252,19 @@ def _run(url: str) -> RunPart:
 
 
 def _merged(url: str) -> MergedPart:
-    report = read_json_file(open_store(url), MERGE_REPORT)
-    return MergedPart(url, compute_stats(url), report)
+    return MergedPart(url, compute_stats(url), _merge_report(url))
+
+
+def _merge_report(url: str) -> MergeReport | None:
+    """The merge output's report as its record, whichever merge wrote it; None when it is
+    absent or no merge report (damaged, another format): the page then shows the stats."""
+    store = open_store(url)
+    try:
+        if not store.exists(MERGE_REPORT.name):
+            return None
+        return read_any_report(store.read(MERGE_REPORT.name), store.key_url(MERGE_REPORT.name))
+    except DraftdataError:
+        return None
 
 
 def collect(inputs: list[str]) -> ReportData:

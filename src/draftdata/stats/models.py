@@ -20,6 +20,7 @@ from draftdata.errors import DraftdataError
 from draftdata.shared.formats import COMPLETION_FORMAT, MERGE_REPORT, TOKENIZE_SUMMARY
 from draftdata.stats.readers import Dataset, open_dataset
 from draftdata.store.base import Store
+from draftdata.store.merge_report import read_any_report
 from draftdata.store.read import read_shards_parallel
 from draftdata.store.settings import recorded_settings
 
@@ -62,9 +63,9 @@ def dataset_models(ds: Dataset) -> list[str] | None:
                 if source.is_run:
                     return run_models(source.store, source.keys) or None
             return None
-        if store.exists(MERGE_REPORT.name):
+        if store.exists(MERGE_REPORT.name):  # any merge's: an older one without models too
             key = MERGE_REPORT.name
-            return _listed(MERGE_REPORT.load(store.read(key), store.key_url(key)).get("models"))
+            return _listed(read_any_report(store.read(key), store.key_url(key)).models)
     except DraftdataError:
         return None  # unreadable: not known (reading its rows says what is wrong)
     return None

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from draftdata.errors import DraftdataError, InputError, RowError
+from draftdata.errors import DraftdataError, EmptyInputError, InputError, RowError
 from draftdata.records import Completion, decode_json_line, parse_prompt
 from draftdata.shared.conversation import Conversation
 from draftdata.shared.formats import (
@@ -52,6 +52,7 @@ from draftdata.shared.formats import (
     completion_from_row,
 )
 from draftdata.shared.readers.base import OnReject, RowFile, decoded
+from draftdata.shared.readers.files import holds_nothing
 from draftdata.shared.readers.jsontext import JsonReader
 from draftdata.shared.readers.parquet import ParquetReader, open_parquet
 from draftdata.shared.speculation import ACCEPTANCE_FILE, Acceptance, read_acceptance
@@ -184,7 +185,9 @@ def _json_kind(store: Store, key: str) -> Kind:
 def open_dataset(url: str) -> Dataset:
     """Locate the dataset at ``url`` and detect its kind (see the module docstring).
 
-    InputError when nothing readable is there, or when its files hold different kinds.
+    InputError when nothing readable is there, or when its files hold different kinds;
+    EmptyInputError when its data files hold nothing at all (``readers.files.holds_nothing``:
+    every command that reads a dataset refuses an empty one here, in the same line).
     """
     store, file_keys = _split_location(url)
     is_run = False
@@ -241,6 +244,10 @@ def open_dataset(url: str) -> Dataset:
             )
     if is_run:  # its shards are read (and their format checked) through store.read
         return Dataset(url, "run", store, keys, is_run=True)
+    if all(holds_nothing(row_file(store, k)) for k in keys):  # stops at the first with rows
+        # empty for every command alike, before a kind is guessed from nothing (an empty file
+        # is no conversation, no prompt and no sample)
+        raise EmptyInputError(url, "give a run, prompts, tokenized parquet or conversations")
     first = keys[0]
     kind = _parquet_kind(store, first) if first.endswith(".parquet") else _json_kind(store, first)
     return Dataset(url, kind, store, keys, is_run=is_run)
@@ -523,19 +530,15 @@ def refuse_unreadable(
 ) -> None:
     """InputError (one line) for a dataset of which nothing could be read: every row rejected
     (a config file, a log, a JSON of another kind given where a dataset goes), or no row at all
-    (an empty file, only blank lines, an empty JSON array, a parquet of 0 rows; ``empty_ok``
-    lets a run through: one that committed no completion still has its failures to show).
-    ``stats``, ``report``, ``merge`` and ``tokenize`` refuse such an input alike."""
+    (EmptyInputError; ``open_dataset`` refuses an empty file before; ``empty_ok`` lets a run
+    through: one that committed no completion still has its failures to show). ``stats``,
+    ``report``, ``merge`` and ``tokenize`` refuse such an input alike."""
     if rows:
         return
     if not rejected:
         if empty_ok:
             return
-        raise InputError(
-            f"{url}: no rows in it (an empty file, only blank lines, an empty JSON array or a "
-            "parquet of 0 rows): nothing to read; give a run, prompts, tokenized parquet or "
-            "conversations that hold rows"
-        )
+        raise EmptyInputError(url, "give a run, prompts, tokenized parquet or conversations")
     what = "a YAML file, not a dataset; " if url.rstrip("/").endswith((".yaml", ".yml")) else ""
     raise InputError(
         f"{url}: {what}no readable rows ({rejected:,} rejected"

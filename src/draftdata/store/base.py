@@ -182,6 +182,14 @@ class Store:
         a bucket lifecycle rule (AbortIncompleteMultipartUpload) aborts them."""
         return 0, 0
 
+    def sweep_and_list_sizes(self, prefix: str = "") -> tuple[dict[str, int], tuple[int, int]]:
+        """``sweep_temps(prefix)`` and then ``list_sizes(prefix)`` for a folder ``prefix``
+        (ending in ``/``), in one listing where the backend can (a local store walks the
+        folder once: a hidden-state set's start over many thousand files): ``(key -> size,
+        (files, bytes) swept)``."""
+        swept = self.sweep_temps(prefix)
+        return self.list_sizes(prefix), swept
+
     def local_path(self, key: str) -> str | None:
         """The local filesystem path of ``key``, or None for a remote store."""
         return None

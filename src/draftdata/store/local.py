@@ -202,6 +202,59 @@ class LocalStore(Store):
                     files, size = files + 1, size + removed
         return files, size
 
+    def sweep_and_list_sizes(self, prefix: str = "") -> tuple[dict[str, int], tuple[int, int]]:
+        """One walk of the folder ``prefix`` that removes the temp files nobody holds (as
+        ``sweep_temps``) and lists the objects' sizes (as ``list_sizes``): a hidden-state set's
+        start lists its folder once, not twice."""
+        sizes: dict[str, int] = {}
+        swept = [0, 0]
+
+        def on_file(entry: os.DirEntry[str], key: str | None) -> None:
+            if key is not None:
+                sizes[key] = _entry_size(entry)
+                return
+            if TEMP_MARK not in entry.name:
+                return
+            removed = _remove_unheld(Path(entry.path))
+            if removed is not None:
+                swept[0], swept[1] = swept[0] + 1, swept[1] + removed
+
+        self._walk(prefix, on_file)
+        return sizes, (swept[0], swept[1])
+
+    def _walk(self, prefix: str, on_file: Callable[[os.DirEntry[str], str | None], None]) -> None:
+        """Call ``on_file(entry, key)`` for every file under the folder of ``prefix`` (its part
+        up to the last ``/``): ``key`` the file's key where it is one that starts with
+        ``prefix``, None for a hidden one (a name or a folder starting with ``.``: a temp file
+        among them; never listed). A folder that cannot be listed is a StoreError (the file
+        system's own, ``lost+found``, is skipped)."""
+        head, _, _ = prefix.rpartition("/")
+        base = self._path(head) if head else self.root
+        folders = [(base, "" if not head else head + "/", False)]  # (folder, its keys', hidden)
+        while folders:
+            folder, rel, hidden = folders.pop()
+            try:
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        dot = hidden or entry.name.startswith(".")
+                        if entry.is_dir():  # a link to a folder is not entered (os.walk)
+                            if not entry.is_symlink():
+                                folders.append((Path(entry.path), f"{rel}{entry.name}/", dot))
+                        elif dot:
+                            on_file(entry, None)
+                        elif (key := rel + entry.name).startswith(prefix):
+                            on_file(entry, key)
+            except FileNotFoundError:
+                if folder == base:
+                    return  # no folder yet: nothing in it
+                continue  # removed while walked
+            except NotADirectoryError:
+                continue
+            except OSError as exc:
+                if folder.name in FOREIGN_FOLDERS:
+                    continue
+                raise os_error(exc, folder, "list") from exc
+
     def _settle_existing(self, path: Path, size: int, same: Callable[[Path], bool]) -> None:
         try:
             ok = path.stat().st_size == size and same(path)
@@ -270,6 +323,13 @@ class LocalStore(Store):
             return path.open("rb")
         except OSError as exc:
             raise os_error(exc, path, "read") from exc
+
+
+def _entry_size(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat().st_size
+    except OSError as exc:
+        raise os_error(exc, entry.path, "read") from exc
 
 
 def _remove_unheld(path: Path) -> int | None:

@@ -10,12 +10,24 @@ the file when None.
 
 Per-domain figures stay mappings (domain -> count or share): their keys are data. This module
 holds the record and reads it; the merge stage (``merge/stage.py``) fills it in.
+
+Readers that only show a report (``report``, ``stats``) read any merge's through
+``read_any_report``: an older merge's file lacks keys later merges write (``models``,
+``tokens``, ``plan``'s later keys, ...), or a key in another shape; each such field reads as its
+blank (0, "", an empty mapping or list, None; a nested record's fields alike), so what the file
+does hold is shown and nothing of it stops the page. ``read_report`` (merge itself: its resume
+and summary tables) stays strict.
 """
 
 from __future__ import annotations
 
+import types
+import typing
+from typing import Any
+
 import msgspec
 
+from draftdata.errors import InputError
 from draftdata.shared.formats import MERGE_REPORT
 
 REPORT_VERSION = 1
@@ -171,3 +183,62 @@ def read_report(raw: bytes, where: str) -> MergeReport:
     """``merge_report.json`` read from ``raw`` (at ``where``): InputError or FormatVersionError
     (one line) when it is not one."""
     return MERGE_REPORT.read(raw, where, MergeReport)
+
+
+def read_any_report(raw: bytes, where: str) -> MergeReport:
+    """Any merge's ``merge_report.json`` read from ``raw`` (at ``where``), older ones too: a
+    field the file lacks, or holds in a shape that does not read as the field's type, is the
+    field's blank (module docstring); a list or mapping of records keeps the elements that are
+    objects. InputError or
+    FormatVersionError (one line) only when it is no merge report (not a JSON object, another
+    ``format``)."""
+    doc = MERGE_REPORT.load(raw, where)
+    try:
+        report: MergeReport = _lenient(doc, MergeReport)
+    except (msgspec.ValidationError, TypeError) as exc:  # pragma: no cover - blanks always read
+        raise InputError(f"{where}: {exc}") from exc
+    return report
+
+
+def _lenient(value: Any, kind: Any) -> Any:
+    """``value`` as ``kind`` (a type of this module's records), or ``kind``'s blank where it
+    does not read as one; a record field by field, a list element by element."""
+    if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+        src = value if isinstance(value, dict) else {}
+        fields = {}
+        for f in msgspec.structs.fields(kind):
+            if f.encode_name in src:
+                fields[f.name] = _lenient(src[f.encode_name], f.type)
+            elif f.default is not msgspec.NODEFAULT:
+                fields[f.name] = f.default
+            else:
+                fields[f.name] = _blank(f.type)
+        return kind(**fields)
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is list and _is_record(args[0]):
+        items = value if isinstance(value, list) else []
+        return [_lenient(item, args[0]) for item in items if isinstance(item, dict)]
+    if origin is dict and _is_record(args[1]):
+        pairs = value if isinstance(value, dict) else {}
+        return {k: _lenient(v, args[1]) for k, v in pairs.items() if isinstance(v, dict)}
+    record = [a for a in args if _is_record(a)]
+    if origin in (typing.Union, types.UnionType) and record and value is not None:
+        return _lenient(value, record[0]) if isinstance(value, dict) else None  # Record | None
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError:
+        return _blank(kind)
+
+
+def _is_record(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, msgspec.Struct)
+
+
+def _blank(kind: Any) -> Any:
+    """What a field of type ``kind`` reads as when the file does not hold it."""
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(kind):
+        return None
+    if _is_record(kind):
+        return _lenient({}, kind)
+    return {dict: {}, list: [], str: "", int: 0, float: 0.0, bool: False}[origin or kind]

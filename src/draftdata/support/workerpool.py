@@ -25,7 +25,10 @@ gone. The workers are started by the thread that submits the first tasks (Python
 them on demand); ``PR_SET_PDEATHSIG`` follows that thread, so a pool is used by the thread that
 opened it, which outlives it (``with``).
 
-This module does not decide what a stage does with an interruption; the CLI prints it.
+The command line opens one ``interrupts`` block around the whole command (``last=True``), so a
+signal that lands anywhere, in the work or while the summary is printed, ends the same way; a
+stage's own block inside it adds its action to that one handler. This module does not decide
+what a stage does with an interruption; the CLI prints it.
 """
 
 from __future__ import annotations
@@ -90,27 +93,62 @@ _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.S
 class _Interrupts:
     """The handler ``interrupts`` installs, and what the open blocks asked it to do."""
 
-    def __init__(self) -> None:
+    def __init__(self, farewell: Callable[[int], None] | None = None) -> None:
         self.on_signal: list[Callable[[], None]] = []  # of the open blocks, innermost last
         self.seen: list[int] = []
+        self.farewell = farewell  # says how a second signal ended the process
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         for act in reversed(self.on_signal):
             act()
         if self.seen:
+            if self.farewell is not None:
+                with contextlib.suppress(Exception):
+                    self.farewell(signum)
             os._exit(128 + signum)
         self.seen.append(signum)
         raise Interrupted(signum)
 
 
+def signals_free() -> bool:
+    """Whether SIGINT and SIGTERM are free for a stage to take over for a while (generate's
+    event loop): they have Python's default handlers or ``interrupts``' handler, not a
+    notebook's or Ray's own, and this is the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    return all(
+        signal.getsignal(s) is h or isinstance(signal.getsignal(s), _Interrupts)
+        for s, h in _DEFAULTS.items()
+    )
+
+
+def _only_daemons_left() -> bool:
+    """No thread but this one will hold the interpreter's exit (it joins non-daemon threads)."""
+    me = threading.current_thread()
+    return all(t is me or t.daemon or not t.is_alive() for t in threading.enumerate())
+
+
 @contextlib.contextmanager
-def interrupts(on_signal: Callable[[], None] | None = None) -> Iterator[None]:
+def interrupts(
+    on_signal: Callable[[], None] | None = None,
+    *,
+    farewell: Callable[[int], None] | None = None,
+    last: bool = False,
+) -> Iterator[None]:
     """While open: SIGINT/SIGTERM call ``on_signal`` (a pool's: kill its workers) and raise
-    Interrupted (the first) or end the process (any later one), so a command says how it
-    stopped whether it runs worker processes or not (``tokenize --workers 1``). Installed only
-    in the main thread, and only over Python's default handlers (a notebook's or Ray's own
-    handlers are left alone); a block opened inside another (a pool inside a command's block)
-    adds its ``on_signal`` to the one handler, so every open block's action runs."""
+    Interrupted (the first) or end the process with 128 + the signal (any later one, after
+    ``farewell(signum)`` has said so), so a command says how it stopped whether it runs worker
+    processes or not (``tokenize --workers 1``). Installed only in the main thread, and only
+    over Python's default handlers (a notebook's or Ray's own handlers are left alone); a
+    block opened inside another (a pool inside a command's block) adds its ``on_signal`` to
+    the one handler, so every open block's action runs.
+
+    ``last``: the block is the program's last word (the CLI's, around a whole command): on
+    leaving it SIGINT and SIGTERM are ignored rather than given back, so one that lands while
+    the interpreter shuts down, after everything was said and flushed, neither kills it
+    silently (Python's defaults) nor prints a traceback; the command ends as it would have.
+    Where a non-daemon thread is still running (the interpreter would wait for it), the
+    defaults are given back instead, so a signal can still end the wait."""
     current = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -127,15 +165,16 @@ def interrupts(on_signal: Callable[[], None] | None = None) -> Iterator[None]:
     if any(signal.getsignal(s) is not h for s, h in _DEFAULTS.items()):
         yield
         return
-    handler = _Interrupts()
+    handler = _Interrupts(farewell)
     if on_signal is not None:
         handler.on_signal.append(on_signal)
     previous = {s: signal.signal(s, handler) for s in _DEFAULTS}
     try:
         yield
     finally:
+        ignore = last and _only_daemons_left()
         for s, h in previous.items():
-            signal.signal(s, h)
+            signal.signal(s, signal.SIG_IGN if ignore else h)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """One SIGTERM while the store refuses writes (a full disk: a small tmpfs filled up) ends the
-run after the grace period with exit 130 (issue 24), leaving what was not committed to the
-resume, which then finishes the run exactly once."""
+run after the grace period with exit 143 (128 + SIGTERM; issue 24), leaving what was not
+committed to the resume, which then finishes the run exactly once."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip(str(exc))
 
 
-def test_sigterm_while_the_disk_is_full_exits_130_after_the_grace_period(
+def test_sigterm_while_the_disk_is_full_exits_143_after_the_grace_period(
     tmp_path: Path, small_disk: Path
 ) -> None:
     prompts = tmp_path / "p.jsonl"
@@ -77,7 +77,8 @@ def test_sigterm_while_the_disk_is_full_exits_130_after_the_grace_period(
                 gen.kill()
                 gen.wait()
         stderr = log.read_text()
-        assert gen.returncode == 130, stderr[-3000:]
+        assert gen.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+        assert "draftdata: stopped by SIGTERM; what was written is kept" in stderr
         assert "Traceback" not in stderr
         assert took < 15, stderr[-3000:]
         assert "does not accept writes" in stderr, stderr[-3000:]

@@ -285,3 +285,49 @@ def test_a_protected_or_foreign_output_is_refused(
     assert _cli(*_args(tok_dir, target, foreign, "specforge")) == 1
     assert "not empty and holds no hidden_manifest.json" in capfd.readouterr().err
     assert json.loads(json.dumps(sorted(p.name for p in foreign.iterdir()))) == ["notes.txt"]
+
+
+def test_the_start_lists_the_states_folder_once(
+    tokenized: tuple[Path, str], target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pilot's set resumed: the start walks ``hidden_states/`` once, removing the temp
+    files a killed command left and finding the files already there in the same walk (it was
+    walked twice: ``sweep_temps``, then the done-set's listing; on a set of many thousand
+    files the start paid for each)."""
+    import os
+
+    tok_dir, _ = tokenized
+    out = tmp_path / "set"
+    config = HiddenConfig(tokenized=str(tok_dir), model=str(target), out=str(out),
+                          format="specforge", gpus="cpu", pilot=3, verify=0)  # fmt: skip
+    hidden_states(config, log=None)
+    states = out / "hidden_states"
+    have = sorted(p.name for p in states.iterdir())
+    for i in range(3):  # what killed writers left beside the files
+        (states / f".{have[0]}.tmp-killed{i}").write_bytes(b"x" * (i + 1))
+    walks: list[str] = []
+    started = [True]  # until the line that says what is done
+
+    def counted(real: Any) -> Any:
+        def call(path: Any = ".", *args: Any, **kw: Any) -> Any:
+            if started[0] and Path(path).resolve() == states.resolve():
+                walks.append(real.__name__)
+            return real(path, *args, **kw)
+
+        return call
+
+    monkeypatch.setattr(os, "walk", counted(os.walk))
+    monkeypatch.setattr(os, "scandir", counted(os.scandir))
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if "samples already in" in line:
+            started[0] = False
+
+    summary = hidden_states(HiddenConfig(**{**_fields(config), "pilot": None}), log=log)
+    assert summary.complete
+    assert len(walks) == 1, walks
+    assert any("removed 3 temp file(s) (6 B)" in line for line in lines), lines
+    assert any(line.startswith("hidden-states: 3 of ") for line in lines), lines
+    assert not [p for p in states.iterdir() if p.name.startswith(".")]

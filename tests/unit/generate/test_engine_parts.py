@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tests.unit.generate.fakes import FakeClient, endpoint
 
-from draftdata.errors import ConfigError, InputError
+from draftdata.errors import ConfigError, EmptyInputError, InputError
 from draftdata.generate.config import GenerateConfig, Override, Sampling, validate
 from draftdata.generate.engine.progress import Progress
 from draftdata.generate.engine.work import plan, prefix_key
@@ -150,11 +150,15 @@ def test_reader_leaves_other_partitions_lines_unparsed(tmp_path: Path) -> None:
 
 def test_prompt_files_takes_prepare_output_folders(tmp_path: Path) -> None:
     for name in ("prompts-00001.jsonl", "prompts-00000.jsonl", "rejects.jsonl"):
-        (tmp_path / name).write_text("")
+        (tmp_path / name).write_text("{}\n")
     assert [f.name for f in prompt_files(str(tmp_path))] == [
         "prompts-00000.jsonl",
         "prompts-00001.jsonl",
     ]
+    for name in ("prompts-00001.jsonl", "prompts-00000.jsonl"):  # rejects.jsonl is no input
+        (tmp_path / name).write_text("\n \n")
+    with pytest.raises(EmptyInputError, match="holds nothing to read"):
+        prompt_files(str(tmp_path))
     with pytest.raises(InputError, match="no such file"):
         prompt_files(str(tmp_path / "nope.jsonl"))
 

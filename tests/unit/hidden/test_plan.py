@@ -93,10 +93,10 @@ def test_an_empty_input_is_refused_as_empty_not_as_conversations(
     tmp_path_factory: pytest.TempPathFactory, shape: str, a: str, b: str, c: str
 ) -> None:
     """Any empty shape (blank text, an empty JSON array with white space anywhere, gzip of
-    either) is "no rows in it", never "conversations: run tokenize first"."""
+    either) is "holds nothing to read", never "conversations: run tokenize first"."""
     import gzip
 
-    from draftdata.errors import InputError
+    from draftdata.errors import EmptyInputError
     from draftdata.hidden.plan import open_input
 
     text = (a + b + c) if "blank" in shape else f"{a}[{b}]{c}"
@@ -106,5 +106,5 @@ def test_an_empty_input_is_refused_as_empty_not_as_conversations(
         data, name = gzip.compress(data), name + ".gz"
     path = tmp_path_factory.mktemp("empty") / name
     path.write_bytes(data)
-    with pytest.raises(InputError, match="no rows in it"):
+    with pytest.raises(EmptyInputError, match="holds nothing to read"):
         open_input(str(path))

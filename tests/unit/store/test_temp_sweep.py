@@ -149,3 +149,53 @@ def test_a_sweep_while_a_writer_links_its_finished_file_leaves_it_alone(
     assert swept == [(0, 0)]  # the writer's file was held: nothing swept
     assert store.read(key) == data
     assert _temps(root) == []
+
+
+_NAME = st.text(alphabet="abc_-0", min_size=1, max_size=6)
+_ENTRY = st.tuples(
+    st.lists(st.sampled_from(["d", "e", ".hid"]), max_size=2),  # the folders it lies in
+    st.sampled_from(["file", "dot", "temp", "held temp"]),
+    _NAME,
+    st.integers(0, 40),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries=st.lists(_ENTRY, max_size=25), prefix=st.sampled_from(["", "d/", "d/e/", "x/"]))
+def test_one_walk_sweeps_and_lists_as_the_two_did(
+    tmp_path_factory: pytest.TempPathFactory,
+    entries: list[tuple[list[str], str, str, int]],
+    prefix: str,
+) -> None:
+    """``sweep_and_list_sizes`` (the one walk of a hidden-state set's start) removes exactly
+    the temp files ``sweep_temps`` removes and lists exactly what ``list_sizes`` lists, on any
+    tree: nested and hidden folders, hidden files, temp files a writer holds or left."""
+    import fcntl
+
+    trees = [tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")]
+    held: list[int] = []
+    try:
+        for root in trees:
+            for i, (folders, kind, name, size) in enumerate(entries):
+                where = root.joinpath(*folders)
+                where.mkdir(parents=True, exist_ok=True)
+                if kind == "file":
+                    path = where / f"{name}.bin"
+                elif kind == "dot":
+                    path = where / f".{name}"
+                else:
+                    path = where / f".{name}{TEMP_MARK}{i}"
+                path.write_bytes(b"x" * size)
+                if kind == "held temp":  # a live writer's: its lock stays taken
+                    fd = os.open(path, os.O_RDONLY)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    held.append(fd)
+        two = LocalStore(trees[1])
+        swept = two.sweep_temps(prefix)
+        sizes = two.list_sizes(prefix)
+        assert LocalStore(trees[0]).sweep_and_list_sizes(prefix) == (sizes, swept)
+        left = [sorted(str(p.relative_to(r)) for p in r.rglob("*")) for r in trees]
+        assert left[0] == left[1]
+    finally:
+        for fd in held:
+            os.close(fd)

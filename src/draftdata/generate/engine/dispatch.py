@@ -328,14 +328,15 @@ class Dispatcher:
         return self.fed_all and not self.queue and not self.queue.waiting
 
     def _first_window(self, since_start: float) -> bool:
-        """Whether dispatch may start: at once, unless lengths are known before the run (a
-        pilot, a resumed run, prepare's figures); then once they are in the model and the
-        look-ahead is read (or every prompt is), so the first requests are the longest
+        """Whether dispatch may start: at once, unless lengths known before the run (a
+        pilot, a resumed run, prepare's figures) tell prompts apart (two domains or sources of
+        different means: one domain's figure orders nothing); then once they are in the model
+        and the look-ahead is read (or every prompt is), so the first requests are the longest
         (within ``_FIRST_WINDOW_S``)."""
         if not self.queue.ordered or since_start >= _FIRST_WINDOW_S:
             return True
-        if self._seeded and not self.lengths.informed:
-            return True
+        if self._seeded and not self.lengths.ranks():
+            return True  # nothing known, or nothing known that orders one prompt before another
         if not self._seeded:
             return False
         full = self.read_ahead_bytes >= self.cfg.lookahead_mib << 20
@@ -422,8 +423,11 @@ class Dispatcher:
     def _place(self, now: float) -> None:
         """Fill the free slots: fast endpoints take the queue's head, a slower one near the
         end the longest job it can finish in time (``TailPlan``)."""
-        rates = [e.meter.seq_rate for e in self.endpoints if e.accepting and e.meter.seq_rate]
-        self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0)
+        lanes = {
+            e.index: e.meter.seq_rate for e in self.endpoints if e.accepting and e.meter.seq_rate
+        }
+        rates = list(lanes.values())
+        self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0, lanes)
         tail = None
         if self.queue and self.cfg.tail_plan:
             tail = self.placement.tail_plan(
@@ -485,7 +489,10 @@ class Dispatcher:
                 job.expected_se = job.expected * self.lengths.stderr(p.source, p.domain)
         copy = Copy(job, ep, hedge=hedge, seqs=seqs, started=now)
         copy.number = self.refusals.sent(ep.url)
-        self.lengths.started(job.prompt.source, job.prompt.domain, now)
+        if not hedge:  # a copy is no other request of the prompt's source/domain
+            p = job.prompt
+            cap = self.placement.cap(job)
+            self.lengths.started(p.source, p.domain, now, ep.index, cap, seqs)
         job.copies.append(copy)
         self.on_endpoint[ep].add(copy)
         if job not in self.running:
@@ -510,7 +517,10 @@ class Dispatcher:
             return
         copy.detached = True
         self._tell(copy, OTHER)  # cancelled, unless its outcome was told
-        self.lengths.stopped(copy.job.prompt.source, copy.job.prompt.domain, copy.started)
+        if not copy.hedge:
+            p = copy.job.prompt
+            lane = copy.endpoint.index
+            self.lengths.stopped(p.source, p.domain, copy.started, lane, copy.seqs)
         copy.endpoint.release(copy.seqs, copy.job.cost)
         self.on_endpoint[copy.endpoint].discard(copy)
         job = copy.job

@@ -15,10 +15,18 @@ What is known before the first answer seeds it (``LengthPriors``, read by ``know
 - prepare's expected tokens per domain (``prepare_report.json`` beside the prompts, when it
   planned in tokens), as a weak prior only (a few pseudo-answers: the run's own take over).
 
-It learns from every answer the dispatcher settles, and from what running requests have
-produced so far (a lower bound on their lengths: short answers finish first, so completions
-alone would rank a long domain low until its first answers arrive). The number of keys is
-bounded, so memory does not grow with the job.
+It learns from every answer the dispatcher settles, and from the requests running now. Short
+answers finish first: the answers in so far of a domain whose requests are still running are
+its short ones, so completions alone would rank a long domain low until its long answers are
+in, and would judge a pilot's unbiased figure wrong as soon as the run's first, short answers
+of the domain come back. So a source/domain's mean is that of every request started, the
+running ones being censored observations: each counts for its expected length given what it
+has produced so far (its age times its endpoint's per-sequence rate; ``expected_total`` under
+the learnt spread's shape, centred on the mean being estimated: a few fixed-point steps). The
+running part is reckoned afresh at most every ``_IMPUTE_S`` seconds (or 2% of a typical
+request's time, where requests take minutes) and kept up to date as requests start and stop in
+between. The number of keys is bounded, so memory does not grow
+with the job.
 
 Its uncertainty is of two kinds. How lengths spread around their estimates (a histogram of
 actual / expected, learnt) answers ``expected_total`` (how long a request is expected to be
@@ -37,7 +45,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from typing import TYPE_CHECKING, Any
@@ -66,6 +74,11 @@ _FORECAST_WEIGHT = 200.0  # at most this many for a pilot's per-domain mean
 HISTORY_ROWS = 50_000  # a resumed run's newest completions that seed the model, at most
 ANY_SOURCE = "\x00*"  # the source of the domain level's keys (no prompt has it)
 _ONLINE = -3  # the bucket of a source/domain's key for the answers this run saw with a prompt
+_IMPUTE_S = 0.05  # the running requests' part of a group's mean is reckoned afresh this often,
+_IMPUTE_SHARE = 0.02  # or at this share of a typical request's time (mean length / rate)
+_DISTINCT = 0.1  # means apart by more than this share tell their prompts apart (``ranks``)
+_IMPUTE_STEPS = 3  # fixed-point steps of that reckoning (each running request's expected
+# length depends on the mean it feeds)
 
 # (source, domain, prompt-length bucket; -1: the source/domain level, _ONLINE: its answers seen
 # with their prompt's length)
@@ -109,6 +122,26 @@ def bucket(tokens: int) -> int:
     return max(0, tokens.bit_length() - 5)
 
 
+class _Running:
+    """The requests of one source/domain running now: (start time, lane) -> their caps;
+    their part of the group's mean (``total``: the sum of their expected lengths) as of the
+    last reckoning at ``at`` (-1: never), with the rates, the group mean, the spread's centre
+    and the cap it was reckoned with."""
+
+    __slots__ = ("at", "cap", "centre", "lanes", "mean", "n", "rate", "starts", "total")
+
+    def __init__(self) -> None:
+        self.starts: dict[tuple[float, int], list[int]] = {}
+        self.n = 0
+        self.at = -1.0
+        self.total = 0.0
+        self.mean = 0.0
+        self.rate = 0.0
+        self.lanes: dict[int, float] = {}
+        self.centre = 1.0
+        self.cap = 0
+
+
 @dataclass
 class LengthPriors:
     """What is known of the answers' lengths before the run's first answer (``known_lengths``).
@@ -136,17 +169,23 @@ class LengthModel:
         self._sum = 0.0
         self.observed = 0  # observations so far (the queue refreshes on its growth)
         self.informed = False  # something was known before the first answer (``seed``)
-        # ratio actual / expected: per log2 bin, [count, sum of ratios]
-        self._spread = [[0, 0.0] for _ in range(_BINS)]
+        # ratio actual / expected of the answers: per log2 bin, [count, sum, sum of squares]
+        self._spread = [[0.0, 0.0, 0.0] for _ in range(_BINS)]
         self._spread_n = 0
-        self._spread_sq = 0.0  # sum of squared ratios (the spread's variance: ``stderr``)
-        self._suffix: tuple[list[float], list[float]] | None = None  # (counts, sums) from bin i
+        # the spread with the running requests counted in (``_view``: Kaplan-Meier), as of
+        # ``_view_at`` (None: to reckon); its (counts, sums) from bin i on (``_suffix``)
+        self._viewed: list[list[float]] | None = None
+        self._view_at = -1.0
+        self._suffix: tuple[list[float], list[float]] | None = None
         # expect() per (source, domain, bucket, cap), valid until the model or the clock moves
         self._memo: dict[tuple[str, str, int, int], float] = {}
-        # requests running now per (source, domain): [count, sum of start times]; with the
-        # fleet's per-sequence ``rate`` (tokens/s) at time ``now`` (set by the dispatcher)
-        self._running: dict[tuple[str, str], list[float]] = {}
+        # requests running now per (source, domain) (``_Running``); with the fleet's mean
+        # per-sequence ``rate`` (tokens/s) and each lane's (endpoint's) at time ``now``, all set
+        # by the dispatcher
+        self._running: dict[tuple[str, str], _Running] = {}
+        self._running_n = 0  # samples running now, all groups
         self.rate = 0.0
+        self.lanes: Mapping[int, float] = {}
         self.now = 0.0
 
     # -- what is known before the run ------------------------------------------------------------
@@ -213,37 +252,170 @@ class LengthModel:
             s[1] += output
 
     def _add_spread(self, ratio: float) -> None:
-        self._suffix = None
         b = self._spread[_bin(ratio)]
         b[0] += 1
         b[1] += ratio
+        b[2] += ratio * ratio
         self._spread_n += 1
-        self._spread_sq += ratio * ratio
+        if not self._censored():
+            self._viewed, self._suffix = None, None  # the view is the spread itself
 
-    def started(self, source: str, domain: str, at: float) -> None:
-        """A request of this source/domain started at ``at`` (see ``rate``, ``now``)."""
+    def _quantum(self) -> float:
+        """How long a reckoning of the running requests holds: ``_IMPUTE_S``, or a small share
+        of a typical request's time where requests take long (a request of minutes ages
+        little in a second)."""
+        if self.rate <= 0 or self._count <= 0:
+            return _IMPUTE_S
+        return max(_IMPUTE_S, _IMPUTE_SHARE * self._sum / self._count / self.rate)
+
+    def _censored(self) -> bool:
+        return self._running_n > 0
+
+    def _view(self) -> list[list[float]]:
+        """The spread of lengths around their estimates, the requests running now counted in.
+
+        The answers in are biased short (a long one is still running), so the spread is the
+        Kaplan-Meier estimate over the answers (events, at their ratio) and the running
+        requests (censored: longer than what they produced over their source/domain's mean):
+        per bin the answers in it over all still at risk there, their product the chance to
+        get that far. Each answer in a bin is weighted by its bin's share; what survives past
+        the last answer goes to the longest running request's bin (a lower bound). Reckoned
+        afresh at most every ``_quantum`` (the running requests age); the plain spread while
+        nothing runs."""
+        if not self._censored():
+            return self._spread
+        if self._viewed is not None and 0 <= self.now - self._view_at < self._quantum():
+            return self._viewed
+        cens = [0.0] * _BINS
+        for r in self._running.values():
+            if not r.n or r.mean <= 0 or r.at < 0:
+                continue
+            for (start, lane), caps in r.starts.items():
+                rate = self.lanes.get(lane, self.rate) if lane >= 0 else self.rate
+                ratio = rate * (self.now - start) / r.mean
+                cens[_bin(ratio)] += len(caps)
+        events = [b[0] for b in self._spread]
+        at_risk = 0.0
+        risk = [0.0] * _BINS
+        for i in range(_BINS - 1, -1, -1):
+            at_risk += events[i] + cens[i]
+            risk[i] = at_risk
+        n = float(self._spread_n)
+        out = [[0.0, 0.0, 0.0] for _ in range(_BINS)]
+        alive = 1.0
+        for i in range(_BINS):
+            d = events[i]
+            if d <= 0 or risk[i] <= 0:
+                continue
+            share = alive * d / risk[i]
+            alive -= share
+            w = share * n / d
+            c, sr, sq = self._spread[i]
+            out[i] = [c * w, sr * w, sq * w]
+        last = max((i for i in range(_BINS) if cens[i] > 0), default=-1)
+        if alive > 1e-9 and last >= 0:
+            edge = 2.0 ** (_LOW_OCTAVE + (last + 1) / _BINS_PER_OCTAVE)
+            k = alive * n
+            b = out[last]
+            b[0] += k
+            b[1] += k * edge
+            b[2] += k * edge * edge
+        self._viewed, self._view_at, self._suffix = out, self.now, None
+        return out
+
+    def started(
+        self, source: str, domain: str, at: float, lane: int = -1, cap: int = 0, seqs: int = 1
+    ) -> None:
+        """A request of this source/domain for ``seqs`` samples started at ``at`` on ``lane``
+        (an endpoint's index: its per-sequence rate in ``lanes``; -1: the fleet's mean
+        ``rate``), each sample's token cap ``cap`` (0: the cap of the job asked about)."""
         self._memo.clear()
         r = self._running.get((source, domain))
         if r is None:
             if len(self._running) >= self.max_keys:
                 return
-            r = self._running[(source, domain)] = [0.0, 0.0]
-        r[0] += 1
-        r[1] += at
+            r = self._running[(source, domain)] = _Running()
+        r.starts.setdefault((at, lane), []).extend([cap] * seqs)
+        r.n += seqs
+        self._running_n += seqs
+        if r.n == seqs:
+            self._viewed, self._suffix = None, None
+        if r.at >= 0:  # kept up to date until it is reckoned afresh
+            r.total += seqs * self._share(r, at, lane, cap or r.cap)
 
-    def stopped(self, source: str, domain: str, started: float) -> None:
-        """The request started at ``started`` ended (whatever the outcome)."""
+    def stopped(
+        self, source: str, domain: str, started: float, lane: int = -1, seqs: int = 1
+    ) -> None:
+        """The request reported started at ``started`` on ``lane`` for ``seqs`` samples ended
+        (whatever the outcome)."""
         self._memo.clear()
         r = self._running.get((source, domain))
-        if r is not None and r[0] > 0:
-            r[0] -= 1
-            r[1] = r[1] - started if r[0] else 0.0
+        caps = r.starts.get((started, lane)) if r is not None else None
+        if r is None or not caps:
+            return
+        for _ in range(min(seqs, len(caps))):
+            cap = caps.pop()
+            r.n -= 1
+            self._running_n -= 1
+            if r.at >= 0 and r.n:
+                r.total = max(0.0, r.total - self._share(r, started, lane, cap or r.cap))
+        if not caps:
+            del r.starts[(started, lane)]
+        if not r.n:
+            r.total, r.at, r.mean = 0.0, -1.0, 0.0
+            self._viewed, self._suffix = None, None
 
-    def at(self, now: float, rate: float) -> None:
-        """The clock and the fleet's mean per-sequence rate (tokens/s), for running requests."""
+    def at(self, now: float, rate: float, lanes: Mapping[int, float] | None = None) -> None:
+        """The clock, the fleet's mean per-sequence rate (tokens/s) and each lane's (an
+        endpoint's index -> its rate), for running requests."""
+        if lanes is not None:
+            self.lanes = lanes
         if now != self.now or rate != self.rate:
             self.now, self.rate = now, rate
             self._memo.clear()
+
+    # -- running requests: censored observations --------------------------------------------
+
+    def _share(self, r: _Running, start: float, lane: int, cap: int) -> float:
+        """A running request's expected length given what it produced (its age times its
+        lane's rate), as of ``r``'s last reckoning (with its mean ``r.mean``)."""
+        rate = r.lanes.get(lane, r.rate) if lane >= 0 else r.rate
+        produced = max(0.0, rate * (r.at - start))
+        return self.expected_total(r.mean / r.centre, produced, cap)
+
+    def _centre(self) -> float:
+        """The learnt spread's mean ratio (actual / expected when sent; 1 before enough is
+        seen): a running request's conditional length is taken from the spread's shape,
+        centred on the mean being estimated."""
+        if self._spread_n < _MIN_SPREAD:
+            return 1.0
+        view = self._view()
+        n = sum(b[0] for b in view)
+        mean = sum(b[1] for b in view) / n if n > 0 else 0.0
+        return mean if mean > 0 else 1.0
+
+    def _with_running(self, r: _Running, done: list[float] | None, above: float, cap: int) -> float:
+        """The source/domain's mean over its answers (``done``: [count, sum]) and its running
+        requests, each counted for its expected length given what it has produced; the
+        running part reckoned afresh when ``_quantum`` old (module docstring)."""
+        n0, s0 = (done[0], done[1]) if done is not None else (0.0, 0.0)
+        if r.at < 0 or not 0 <= self.now - r.at < self._quantum():
+            if r.mean <= 0:
+                r.mean = (s0 + _SHRINK * above) / (n0 + _SHRINK)
+            if r.at < 0:  # its requests were not in the spread's view yet
+                self._viewed = None
+            r.at, r.rate, r.lanes, r.cap = self.now, self.rate, dict(self.lanes), cap
+            r.centre = self._centre()
+            lanes, rate, now = r.lanes, r.rate, r.at
+            running = [
+                (max(0.0, (lanes.get(lane, rate) if lane >= 0 else rate) * (now - start)), c or cap)
+                for (start, lane), caps in r.starts.items()
+                for c in caps
+            ]
+            for _ in range(_IMPUTE_STEPS):
+                r.total = self._expected_totals(r.mean / r.centre, running)
+                r.mean = (s0 + r.total + _SHRINK * above) / (n0 + r.n + _SHRINK)
+        return (s0 + r.total + _SHRINK * above) / (n0 + r.n + _SHRINK)
 
     # -- estimates ---------------------------------------------------------------------------
 
@@ -259,12 +431,10 @@ class LengthModel:
         if s is not None:
             mean = (s[1] + _SHRINK * above) / (s[0] + _SHRINK)
         r = self._running.get((source, domain))
-        if r is not None and r[0] > 0 and self.rate > 0:
-            # what the running requests of this key have produced so far is a lower bound on
-            # their lengths (module docstring)
-            n = r[0] + (s[0] if s is not None else 0.0)
-            total = self.rate * (r[0] * self.now - r[1]) + (s[1] if s is not None else 0.0)
-            mean = max(mean, (total + _SHRINK * above) / (n + _SHRINK))
+        if r is not None and r.n > 0 and self.rate > 0:
+            # every request started counts, a running one for its expected length given what
+            # it has produced (module docstring)
+            mean = self._with_running(r, s, above, cap)
         # the prompt's length, as a factor: its bucket's answers against all of this run's
         # answers of the source/domain (both seen as this run goes, so both lean the same way
         # while the long answers are still running)
@@ -274,6 +444,13 @@ class LengthModel:
             seen = o[1] / o[0]
             mean *= (s[1] + _SHRINK * seen) / ((s[0] + _SHRINK) * seen)
         return min(float(cap), mean)
+
+    def ranks(self) -> bool:
+        """Whether what is known tells prompts apart: two sources or domains whose means
+        differ by more than ``_DISTINCT`` (one domain's figure, or alike ones, order nothing:
+        the first requests need not wait for the look-ahead)."""
+        means = [s[1] / s[0] for k, s in self._stats.items() if k[2] == -1 and s[0] > 0]
+        return bool(means) and max(means) > (1 + _DISTINCT) * min(means)
 
     def answers(self, source: str, domain: str) -> float:
         """The answers (and pseudo-answers) behind a source/domain's estimate: its own, else
@@ -290,15 +467,17 @@ class LengthModel:
         if self.answers(source, domain) > 0:
             return True
         r = self._running.get((source, domain))
-        return r is not None and r[0] > 0
+        return r is not None and r.n > 0
 
     def stderr(self, source: str, domain: str) -> float:
         """The relative standard error of a source/domain's mean: the spread of lengths around
         their estimates (learnt; a lognormal's 0.8 before enough is seen) over the square root
         of the answers behind it (plus the shrinkage's pseudo-answers)."""
-        if self._spread_n >= _MIN_SPREAD:
-            mean = sum(sr for _, sr in self._spread) / self._spread_n
-            var = max(0.0, self._spread_sq / self._spread_n - mean * mean)
+        view = self._view() if self._spread_n >= _MIN_SPREAD else None
+        n = sum(b[0] for b in view) if view is not None else 0.0
+        if view is not None and n > 0:
+            mean = sum(b[1] for b in view) / n
+            var = max(0.0, sum(b[2] for b in view) / n - mean * mean)
             cv = math.sqrt(var) / mean if mean > 0 else 1.0
         else:
             cv = 0.9  # a lognormal of sigma 0.8
@@ -315,16 +494,39 @@ class LengthModel:
         if self._spread_n < _MIN_SPREAD:
             total = max(expected, 1.5 * produced)
         else:
+            view = self._view()
             if self._suffix is None:
-                self._suffix = self._suffix_sums()
+                self._suffix = self._suffix_sums(view)
             counts, sums = self._suffix
             i = _bin(x)
-            c, sr = self._spread[i]
+            c, sr = view[i][0], view[i][1]
             # every ratio in the bins above x's is above x; in x's own bin at least x
             count = counts[i]
             weighted = max(sr, x * c) + sums[i + 1]
             total = expected * (weighted / count) if count else 1.5 * produced
         return float(min(cap, max(total, produced)))
+
+    def _expected_totals(self, expected: float, running: list[tuple[float, int]]) -> float:
+        """The sum of ``expected_total(expected, produced, cap)`` over ``running`` (produced,
+        cap) pairs: one look at the spread for all of them."""
+        if expected <= 0 or self._spread_n < _MIN_SPREAD:
+            return sum(self.expected_total(expected, p, c) for p, c in running)
+        view = self._view()
+        if self._suffix is None:
+            self._suffix = self._suffix_sums(view)
+        counts, sums = self._suffix
+        out = 0.0
+        for produced, cap in running:
+            x = produced / expected
+            i = _bin(x)
+            b = view[i]
+            count = counts[i]
+            if count:  # as ``expected_total``
+                total = expected * (max(b[1], x * b[0]) + sums[i + 1]) / count
+            else:
+                total = 1.5 * produced
+            out += min(cap, max(total, produced))
+        return out
 
     def long_total(self, expected: float, produced: float, cap: int, q: float = 0.9) -> float:
         """A long draw of the total length of a request expected at ``expected`` tokens that
@@ -335,11 +537,12 @@ class LengthModel:
             return self.expected_total(expected, produced, cap)
         x = produced / expected
         i = _bin(x)
-        above = sum(c for c, _ in self._spread[i:])
+        view = self._view()
+        above = sum(b[0] for b in view[i:])
         if not above:
             return self.expected_total(expected, produced, cap)
         need, seen = q * above, 0.0
-        for c, sr in self._spread[i:]:
+        for c, sr, _ in view[i:]:
             seen += c
             if c and seen >= need:
                 return float(min(cap, max(expected * sr / c, produced)))
@@ -352,12 +555,13 @@ class LengthModel:
         expected = self.expect_key(key) * (1 + 2 * self.stderr(key[0], key[1]))
         return min(float(key[3]), expected * self.high_ratio(q))
 
-    def _suffix_sums(self) -> tuple[list[float], list[float]]:
+    @staticmethod
+    def _suffix_sums(view: list[list[float]]) -> tuple[list[float], list[float]]:
         counts = [0.0] * (_BINS + 1)
         sums = [0.0] * (_BINS + 1)
         for i in range(_BINS - 1, -1, -1):
-            counts[i] = counts[i + 1] + self._spread[i][0]
-            sums[i] = sums[i + 1] + self._spread[i][1]
+            counts[i] = counts[i + 1] + view[i][0]
+            sums[i] = sums[i + 1] + view[i][1]
         return counts, sums
 
     def high_ratio(self, q: float = 0.9) -> float:
@@ -365,9 +569,10 @@ class LengthModel:
         much longer than its estimate an answer can well be."""
         if self._spread_n < _MIN_SPREAD:
             return 2.0
-        need = q * self._spread_n
+        view = self._view()
+        need = q * sum(b[0] for b in view)
         seen = 0.0
-        for i, (c, _) in enumerate(self._spread):
+        for i, (c, _, _) in enumerate(view):
             seen += c
             if seen >= need:
                 return float(2.0 ** (_LOW_OCTAVE + (i + 1) / _BINS_PER_OCTAVE))

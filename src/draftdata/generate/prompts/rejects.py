@@ -118,8 +118,8 @@ def _shown(f: PromptFile) -> str:
 
 def check_schema(files: list[PromptFile], limit: int | None = None) -> None:
     """InputError (one line) when none of the first ``SAMPLE`` lines in scope is a prompt
-    (module docstring), or when the files hold no line at all but blank ones (an empty input:
-    nothing to generate); nothing when a prompt is among them."""
+    (module docstring); nothing when a prompt is among them. Files that hold nothing are
+    refused before (``source.prompt_files``: ``EmptyInputError``)."""
     seen = 0
     reasons: Counter[str] = Counter()
     first: tuple[PromptFile, int, bytes] | None = None
@@ -140,13 +140,7 @@ def check_schema(files: list[PromptFile], limit: int | None = None) -> None:
             return  # a prompt among the first lines: the file is a prompts file
         if seen >= cap:
             break
-    if not seen:
-        shown = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
-        raise InputError(
-            f"generate: --prompts {shown}: no prompts in it (an empty file, or only blank "
-            "lines); give a prompts JSONL (prepare's output folder); nothing was recorded"
-        )
-    if first is None:
+    if first is None:  # a prompt among them, or none read (an empty input: prompt_files)
         return
     f, lineno, line = first
     reason, _ = reasons.most_common(1)[0]

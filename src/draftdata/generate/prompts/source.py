@@ -24,9 +24,11 @@ from pathlib import Path
 
 import msgspec
 
-from draftdata.errors import InputError, StoreError
+from draftdata.errors import EmptyInputError, InputError, StoreError
 from draftdata.generate.prompts.partition import Partition, parse_partition
 from draftdata.records import BOM, Prompt, derived_id_fault, parse_prompt, prompt_id
+from draftdata.shared.readers.base import RowFile
+from draftdata.shared.readers.files import holds_nothing
 from draftdata.shared.readers.jsontext import read_lines
 from draftdata.store.doneset import DoneSet
 from draftdata.store.opener import open_store
@@ -37,7 +39,20 @@ PromptFile = Path | str  # a local file, or an s3://BUCKET/KEY object URL (kept 
 
 def prompt_files(path: str) -> list[PromptFile]:
     """The JSONL files behind ``--prompts`` (InputError when there are none): a file or a
-    directory, local or an s3:// object or prefix."""
+    directory, local or an s3:// object or prefix. EmptyInputError when they hold nothing
+    (``readers.files.holds_nothing``, the decision every command shares): generate, its pilot
+    and acceptance refuse an empty input here, before any request."""
+    files = _find(path)
+    if all(holds_nothing(_row_file(f), "jsonl") for f in files):  # stops at the first with rows
+        raise EmptyInputError(f"--prompts {path}", "give a prompts JSONL (prepare's output folder)")
+    return files
+
+
+def _row_file(f: PromptFile) -> RowFile:
+    return RowFile(str(f), lambda: open_prompt_file(f))
+
+
+def _find(path: str) -> list[PromptFile]:
     if path.startswith(("http://", "https://")):
         raise InputError(f"--prompts {path}: read prompts from a file, a directory or s3://")
     if path.startswith("s3://"):
