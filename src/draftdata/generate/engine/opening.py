@@ -152,11 +152,6 @@ class Verdict:
     job: Literal["prompts", "elsewhere", "later"]
     out: tuple[tuple[str, str], ...] = ()
 
-    @property
-    def prompts(self) -> bool:
-        """Whether the refusal is the prompt's."""
-        return self.job == "prompts"
-
 
 @dataclass(slots=True)
 class EndpointRefusals:
@@ -264,9 +259,9 @@ class EndpointRefusals:
 
     def answered(self, url: str, refusers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
         """``url`` answered a job (``came`` told) that ``refusers`` (URL -> answer) had
-        refused: its fault ends, and its suspicion once its latest outcomes are no longer
-        mostly that refusal; each refuser whose latest outcomes are mostly the refusal it
-        gave this job is faulty (returned, to take out)."""
+        refused: its fault ends, and its suspicion once its latest requests are no longer
+        mostly refused (``mostly``); each refuser whose latest requests are mostly refused
+        the way it refused this job is faulty (returned, to take out)."""
         self.faulty.pop(url, None)
         held = self.suspects.get(url)
         if held is not None and not self.mostly(url, held):
