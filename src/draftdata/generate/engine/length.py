@@ -25,8 +25,7 @@ has produced so far (its age times its endpoint's per-sequence rate; ``expected_
 the learnt spread's shape, centred on the mean being estimated: a few fixed-point steps). The
 running part is reckoned afresh at most every ``_IMPUTE_S`` seconds (or 2% of a typical
 request's time, where requests take minutes) and kept up to date as requests start and stop in
-between. The number of keys is bounded, so memory does not grow
-with the job.
+between. The number of keys is bounded, so memory does not grow with the job.
 
 Its uncertainty is of two kinds. How lengths spread around their estimates (a histogram of
 actual / expected, learnt) answers ``expected_total`` (how long a request is expected to be
