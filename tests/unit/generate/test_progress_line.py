@@ -74,3 +74,23 @@ def test_every_number_has_thousands_separators_and_a_stuck_run_shows_its_state(
     else:
         assert state in line and "ETA" not in line
         assert progress.snapshot()["eta_s"] is None
+
+
+@given(held=st.sets(st.integers(1, 4)), down=st.sets(st.integers(1, 4)))
+def test_a_server_held_out_shows_as_held_in_every_view(held: set[int], down: set[int]) -> None:
+    """A server that is up but gets no new work (it refuses what the others answer) shows as
+    "held" in the line, the live table and the metrics snapshot, not as "up"; a server whose
+    breaker is open shows its breaker's state whatever else."""
+    eps = [endpoint(i) for i in range(1, 5)]
+    for e in eps:
+        e.breaker.state = "down" if e.index in down else "up"
+    progress = Progress(eps, lambda: (0, 0, 0, 0), total=10, held=lambda e: e.index in held)
+    line = progress.line()
+    snap = progress.snapshot()
+    table = progress.render().renderables[1]
+    states = [str(c) for c in table.columns[1].cells]  # type: ignore[attr-defined]
+    for e, shown in zip(eps, states, strict=True):
+        want = "down" if e.index in down else ("held" if e.index in held else "up")
+        assert f"[{e.name} {want} " in line
+        assert snap["endpoints"][e.url]["state"] == want
+        assert shown == want

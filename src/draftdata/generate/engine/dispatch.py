@@ -681,6 +681,10 @@ class Dispatcher:
         for url, said in verdict.out if verdict is not None else ():
             self.take_out_refusing(self._by_url[url], said)
 
+    def held_out(self, ep: Endpoint) -> bool:
+        """Whether ``ep`` is up but gets no new work now (``EndpointRefusals.held_out``)."""
+        return self.refusals.held_out(ep.url, self._in_service())
+
     def _in_service(self) -> list[str]:
         """The URLs of the endpoints that take work now."""
         return [e.url for e in self.endpoints if e.breaker.state == "up"]

@@ -151,7 +151,12 @@ class Engine:
         )
         self.keeper.attach(self.dispatcher)
         self.progress = Progress(
-            endpoints, self._counters, total=total, clock=clock, state=self._state
+            endpoints,
+            self._counters,
+            total=total,
+            clock=clock,
+            state=self._state,
+            held=self.dispatcher.held_out,
         )
         self._unserved_since: float | None = None  # no endpoint serving since (the watch)
         self._total = total  # in-scope (prompt, sample) pairs, rejected lines included

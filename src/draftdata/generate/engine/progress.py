@@ -60,9 +60,13 @@ class Progress:
         window: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         state: Callable[[], str | None] | None = None,
+        held: Callable[[Endpoint], bool] | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.state = state or (lambda: None)  # why nothing moves now (None: it does)
+        # whether an endpoint that is up gets no new work now (it refuses what the others
+        # answer: ``opening.EndpointRefusals``): shown as "held"
+        self.held = held or (lambda e: False)
         self.counters = counters  # -> (settled, requests answered, output tokens, failed)
         self.total = total
         self.window = window
@@ -126,11 +130,17 @@ class Progress:
         state = self.state()
         return state if state is not None else f"ETA {fmt_duration(self.eta())}"
 
+    def endpoint_state(self, e: Endpoint) -> str:
+        """An endpoint's state for the views: its breaker's (up, down, half-open), or "held"
+        while it is up but gets no new work (it refuses what the other servers answer)."""
+        state = e.breaker.state
+        return "held" if state == "up" and self.held(e) else state
+
     def line(self) -> str:
         """One plain log line: totals, rates, ETA, then each endpoint in short."""
         rw, rl, tw, tl = self.rates()
         eps = " ".join(
-            f"[{e.name} {e.breaker.state} {e.slots.inflight}/{e.concurrency.limit} "
+            f"[{e.name} {self.endpoint_state(e)} {e.slots.inflight}/{e.concurrency.limit} "
             f"{e.meter.tokens_per_s(self.window):,.0f}t/s"
             + (f" err {sum(e.meter.errors.values()):,}" if e.meter.errors else "")
             + "]"
@@ -158,10 +168,11 @@ class Progress:
         for e in self.endpoints:
             errs = ", ".join(f"{k} {v}" for k, v in sorted(e.meter.errors.items())) or "-"
             waiting = str(e.concurrency.last_load.waiting) if e.concurrency.last_load else "-"
-            style = {"up": "green", "down": "red"}.get(e.breaker.state, "yellow")
+            state = self.endpoint_state(e)
+            style = {"up": "green", "down": "red"}.get(state, "yellow")
             table.add_row(
                 e.name,
-                Text(e.breaker.state, style=style),
+                Text(state, style=style),
                 f"{e.slots.inflight}/{e.concurrency.limit}",
                 str(e.concurrency.fitted() or "?"),
                 waiting,
@@ -188,7 +199,11 @@ class Progress:
             "output_tokens_per_s": {"window": round(tw, 1), "lifetime": round(tl, 1)},
             "eta_s": self.eta() if self.state() is None else None,
             "endpoints": {
-                e.url: {k: v for k, v in e.row(self.window).items() if k != "url"}
+                e.url: {
+                    k: (self.endpoint_state(e) if k == "state" else v)
+                    for k, v in e.row(self.window).items()
+                    if k != "url"
+                }
                 for e in self.endpoints
             },
             "series": self.series,
