@@ -116,6 +116,11 @@ def _bin(ratio: float) -> int:
     return min(_BINS - 1, max(0, int((math.log2(ratio) - _LOW_OCTAVE) * _BINS_PER_OCTAVE)))
 
 
+def lane_rate(lanes: Mapping[int, float], rate: float, lane: int) -> float:
+    """The per-sequence rate of ``lane`` (an endpoint's index), else the fleet's ``rate``."""
+    return lanes.get(lane, rate) if lane >= 0 else rate
+
+
 def bucket(tokens: int) -> int:
     """The prompt-length bucket: powers of two from 16 tokens (0: under 32)."""
     return max(0, tokens.bit_length() - 5)
@@ -167,7 +172,6 @@ class LengthModel:
         self._count = 0.0
         self._sum = 0.0
         self.observed = 0  # observations so far (the queue refreshes on its growth)
-        self.informed = False  # something was known before the first answer (``seed``)
         # ratio actual / expected of the answers: per log2 bin, [count, sum, sum of squares]
         self._spread = [[0.0, 0.0, 0.0] for _ in range(_BINS)]
         self._spread_n = 0
@@ -214,7 +218,6 @@ class LengthModel:
             self._count += extra
             self._sum += extra * mean
         self._memo.clear()
-        self.informed = self.informed or bool(priors)
 
     # -- learning ----------------------------------------------------------------------------
 
@@ -290,8 +293,7 @@ class LengthModel:
             if not r.n or r.mean <= 0 or r.at < 0:
                 continue
             for (start, lane), caps in r.starts.items():
-                rate = self.lanes.get(lane, self.rate) if lane >= 0 else self.rate
-                ratio = rate * (self.now - start) / r.mean
+                ratio = lane_rate(self.lanes, self.rate, lane) * (self.now - start) / r.mean
                 cens[_bin(ratio)] += len(caps)
         events = [b[0] for b in self._spread]
         at_risk = 0.0
@@ -378,8 +380,7 @@ class LengthModel:
     def _share(self, r: _Running, start: float, lane: int, cap: int) -> float:
         """A running request's expected length given what it produced (its age times its
         lane's rate), as of ``r``'s last reckoning (with its mean ``r.mean``)."""
-        rate = r.lanes.get(lane, r.rate) if lane >= 0 else r.rate
-        produced = max(0.0, rate * (r.at - start))
+        produced = max(0.0, lane_rate(r.lanes, r.rate, lane) * (r.at - start))
         return self.expected_total(r.mean / r.centre, produced, cap)
 
     def _centre(self) -> float:
@@ -405,9 +406,8 @@ class LengthModel:
                 self._viewed = None
             r.at, r.rate, r.lanes, r.cap = self.now, self.rate, dict(self.lanes), cap
             r.centre = self._centre()
-            lanes, rate, now = r.lanes, r.rate, r.at
             running = [
-                (max(0.0, (lanes.get(lane, rate) if lane >= 0 else rate) * (now - start)), c or cap)
+                (max(0.0, lane_rate(r.lanes, r.rate, lane) * (r.at - start)), c or cap)
                 for (start, lane), caps in r.starts.items()
                 for c in caps
             ]
@@ -489,20 +489,34 @@ class LengthModel:
         produced, whichever is more."""
         if expected <= 0:
             return float(min(cap, max(produced, 1.0)))
-        x = produced / expected
         if self._spread_n < _MIN_SPREAD:
-            total = max(expected, 1.5 * produced)
-        else:
-            view = self._view()
-            if self._suffix is None:
-                self._suffix = self._suffix_sums(view)
-            counts, sums = self._suffix
-            i = _bin(x)
-            c, sr = view[i][0], view[i][1]
-            # every ratio in the bins above x's is above x; in x's own bin at least x
-            count = counts[i]
-            weighted = max(sr, x * c) + sums[i + 1]
-            total = expected * (weighted / count) if count else 1.5 * produced
+            return float(min(cap, max(expected, 1.5 * produced)))
+        return self._given(expected, produced, cap, *self._suffixes())
+
+    def _suffixes(self) -> tuple[list[list[float]], list[float], list[float]]:
+        """The spread's view and its (counts, sums) from each bin on."""
+        view = self._view()
+        if self._suffix is None:
+            self._suffix = self._suffix_sums(view)
+        return view, *self._suffix
+
+    @staticmethod
+    def _given(
+        expected: float,
+        produced: float,
+        cap: int,
+        view: list[list[float]],
+        counts: list[float],
+        sums: list[float],
+    ) -> float:
+        """E[L | L > produced] for an estimate ``expected`` under the spread ``view`` (with its
+        suffix ``counts`` and ``sums``), at most ``cap``."""
+        x = produced / expected
+        i = _bin(x)
+        c, sr = view[i][0], view[i][1]
+        # every ratio in the bins above x's is above x; in x's own bin at least x
+        count = counts[i]
+        total = expected * (max(sr, x * c) + sums[i + 1]) / count if count else 1.5 * produced
         return float(min(cap, max(total, produced)))
 
     def _expected_totals(self, expected: float, running: list[tuple[float, int]]) -> float:
@@ -510,22 +524,8 @@ class LengthModel:
         cap) pairs: one look at the spread for all of them."""
         if expected <= 0 or self._spread_n < _MIN_SPREAD:
             return sum(self.expected_total(expected, p, c) for p, c in running)
-        view = self._view()
-        if self._suffix is None:
-            self._suffix = self._suffix_sums(view)
-        counts, sums = self._suffix
-        out = 0.0
-        for produced, cap in running:
-            x = produced / expected
-            i = _bin(x)
-            b = view[i]
-            count = counts[i]
-            if count:  # as ``expected_total``
-                total = expected * (max(b[1], x * b[0]) + sums[i + 1]) / count
-            else:
-                total = 1.5 * produced
-            out += min(cap, max(total, produced))
-        return out
+        view, counts, sums = self._suffixes()
+        return sum(self._given(expected, p, c, view, counts, sums) for p, c in running)
 
     def long_total(self, expected: float, produced: float, cap: int, q: float = 0.9) -> float:
         """A long draw of the total length of a request expected at ``expected`` tokens that
