@@ -841,3 +841,24 @@ def test_running_requests_leave_no_trace_once_ended(
     for d in ("a", "b"):
         assert m.expect("s", d, 10, cap) == pytest.approx(plain.expect("s", d, 10, cap))
         assert not m.measured("s", d) or plain.measured("s", d)
+
+
+def test_a_hedge_goes_to_the_next_fastest_server_when_the_fastest_is_held_out() -> None:
+    """The fastest idle server may take no new work (held out for refusing what the others
+    answer): the copy goes to the next fastest idle one where it still pays, not nowhere."""
+    from draftdata.generate.engine.placement import Placement
+    from draftdata.generate.engine.work import Copy
+
+    m = LengthModel()
+    rng = random.Random(3)
+    mu = math.log(192) - 0.32
+    for _ in range(2000):
+        m.observe("s", "d", 10, min(580, round(rng.lognormvariate(mu, 0.8))), 580)
+    slow, fastest, fast = (endpoint(i, DomainClient()) for i in range(3))
+    slow.meter.seq_rate, fastest.meter.seq_rate, fast.meter.seq_rate = 1.0, 3.0, 2.0
+    place = Placement([slow, fastest, fast], m, hedge_min_age=1.0)
+    running = job("d", max_tokens=580, pid="r0")
+    running.copies.append(Copy(running, slow, hedge=False, seqs=1, started=0.0))
+    assert place.hedges([running], 200.0) == [(running, fastest)]
+    assert place.hedges([running], 200.0, lambda e: e is not fastest) == [(running, fast)]
+    assert place.hedges([running], 200.0, lambda e: e is slow) == []

@@ -469,9 +469,11 @@ class Dispatcher:
         """Send the copies ``Placement.hedges`` finds worth it (only asked when nothing is
         queued, so the copies take idle slots)."""
         serving = self._in_service()
-        for job, ep in self.placement.hedges(list(self.running), now):
-            if self.refusals.held_out(ep.url, serving):
-                continue
+
+        def usable(e: Endpoint) -> bool:
+            return not self.refusals.held_out(e.url, serving)
+
+        for job, ep in self.placement.hedges(list(self.running), now, usable):
             job.hedged = True
             self.hedges += 1
             self._launch(job, ep, hedge=True, now=now)

@@ -283,11 +283,17 @@ class Placement:
                 return found, ep
         return None
 
-    def hedges(self, running: Iterable[Job], now: float) -> list[tuple[Job, Endpoint]]:
+    def hedges(
+        self,
+        running: Iterable[Job],
+        now: float,
+        usable: Callable[[Endpoint], bool] = lambda e: True,
+    ) -> list[tuple[Job, Endpoint]]:
         """Copies worth sending now: for each job running as one copy for at least
         ``hedge_min_age``, the fastest idle endpoint where ``hedge_pays`` (each endpoint's
-        free slots taken at most once)."""
-        free = {e: e.free for e in self.endpoints if e.accepting and e.free > 0}
+        free slots taken at most once), among those ``usable`` says may take new work (a
+        server held out for its refusals may not)."""
+        free = {e: e.free for e in self.endpoints if e.accepting and e.free > 0 and usable(e)}
         out: list[tuple[Job, Endpoint]] = []
         for job in running:
             if job.hedged or job.done or len(job.copies) != 1:
