@@ -40,25 +40,39 @@ import numpy.typing as npt
 SAFETENSORS_DTYPES = {"BF16": 2, "I64": 8, "F32": 4}
 
 
+_P = 251  # the prime the simulated states are reduced modulo
+
+
 def states_for(
     token_ids: Sequence[int] | npt.NDArray[np.int64], layers: Sequence[int], hidden_size: int
 ) -> npt.NDArray[np.float32]:
     """The simulated states ``[T, len(layers), hidden_size]`` (float32 holding bf16-exact
     values in [-2, 2)): at position ``t`` of layer ``l``, column ``h``, a hash of the tokens up
-    to ``t`` (a running sum weighted by position), ``t``, ``l`` and ``h``."""
+    to ``t`` (a running sum weighted by position), ``t``, ``l`` and ``h``.
+
+    Two different tokens at a position give a different row there (with ``hidden_size`` >= 4,
+    ids below 251**3): the token enters each column as a cubic in the column (its base-251
+    digits the coefficients), reduced modulo the prime 251, and a cubic that vanishes at four
+    points is zero. (A token term that did not depend on the column let 1 in 255 pairs of
+    tokens give one row.)"""
     ids = np.asarray(token_ids, dtype=np.int64)
     pos = np.arange(len(ids), dtype=np.int64)
     prefix = np.cumsum((ids % 1009) * (pos % 13 + 1)) % 4093  # depends on tokens 0..t only
     lay = np.asarray(list(layers), dtype=np.int64)
     cols = np.arange(hidden_size, dtype=np.int64)
+    x = (cols + 1) % _P
+    digits = [(ids // _P**k) % _P for k in range(3)]
+    token = np.zeros((len(ids), hidden_size), dtype=np.int64)
+    for k, d in enumerate(digits):
+        token += d[:, None] * (x[None, :] ** (k + 1) % _P)
     key = (
         prefix[:, None, None] * 131
-        + ids[:, None, None] * 7
+        + token[:, None, :]
         + lay[None, :, None] * 29
         + cols[None, None, :] * 17
         + pos[:, None, None] * 3
     )
-    return ((key % 255) - 127).astype(np.float32) / 64.0  # k/64, |k| < 128: exact in bf16
+    return ((key % _P) - 125).astype(np.float32) / 64.0  # k/64, |k| <= 125: exact in bf16
 
 
 def _bf16_bytes(values: npt.NDArray[np.float32]) -> bytes:
