@@ -99,3 +99,18 @@ def test_a_second_signal_says_farewell_and_ends_with_128_plus_it() -> None:
     )
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
     assert done.stderr == f"farewell {int(signal.SIGTERM)}", done.stderr
+
+
+def test_a_signal_in_the_pools_first_submit_ends_as_that_signal() -> None:
+    """A signal that lands in the first submit, after the pool made its manager thread and
+    before it started it, ends the command as the signal (its Interrupted), not with the
+    pool's "cannot join thread before it is started" (make test met it: exit 1 and a
+    traceback instead of 130 and the line)."""
+    import threading
+
+    from draftdata.support.workerpool import worker_pool
+
+    with pytest.raises(Interrupted), worker_pool(1) as pool:
+        made = threading.Thread(target=lambda: None)  # made, never started
+        pool._executor_manager_thread = made  # type: ignore[assignment]
+        raise Interrupted(signal.SIGINT)

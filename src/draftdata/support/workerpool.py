@@ -196,6 +196,10 @@ def worker_pool(
             yield pool
         except BaseException:
             kill_workers(pool)
-            pool.shutdown(wait=True, cancel_futures=True)
+            try:
+                pool.shutdown(wait=True, cancel_futures=True)
+            except RuntimeError:  # a signal landed in the first submit, between the pool's
+                # manager thread made and started: there is no thread to wait for
+                pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown(wait=True)
