@@ -211,6 +211,15 @@ class SimOptions(msgspec.Struct, kw_only=True, frozen=True):
         ),
         Setting("faults.error_400"),
     ] = 0.0
+    bad_prompts: Annotated[
+        float,
+        typer.Option(
+            "--bad-prompts",
+            help="Share of prompts every server refuses with HTTP 400, every time (chosen by "
+            "a hash of the first user message): prompts with something the server cannot take.",
+        ),
+        Setting("faults.bad_prompts"),
+    ] = 0.0
     unsupported: Annotated[
         list[str],
         typer.Option(

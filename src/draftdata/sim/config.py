@@ -39,8 +39,10 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     chat request with, after answering its first ``refuse_after`` normally, while /health and
     /v1/models stay fine (a rotated key: 401, a renamed model: 404, not OpenAI-compatible: 501,
     a server launched otherwise than the rest of its fleet: 400).
-    ``error_400`` is the rate of requests refused as invalid (HTTP 400, not a context length):
-    the few a real server refuses for something in one prompt.
+    ``error_400`` is the rate of requests refused as invalid (HTTP 400, not a context length),
+    drawn per request. ``bad_prompts`` is the share of prompts refused so by every server,
+    every time (chosen by a hash of the first user message, not drawn): the few a real server
+    refuses for something in one prompt.
     """
 
     error_500: float = 0.0
@@ -51,6 +53,7 @@ class FaultConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     hang: float = 0.0
     malformed: float = 0.0
     error_400: float = 0.0
+    bad_prompts: float = 0.0
     server: int | None = None
     retry_after_s: int = 1
     slow: dict[int, float] = msgspec.field(default_factory=dict)
@@ -237,6 +240,7 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         checks.append((0 <= index < servers, f"--refuse: {index} is not a server index"))
         checks.append((400 <= status <= 599, f"--refuse: status {status} is not in 400-599"))
     checks.append((f.refuse_after >= 0, "--refuse-after: must be >= 0"))
+    checks.append((0 <= f.bad_prompts <= 1, f"--bad-prompts: {f.bad_prompts} is not in [0, 1]"))
     for name, rate in (("missing", f.hidden_missing), ("wrong-ids", f.hidden_wrong_ids)):
         checks.append((0 <= rate <= 1, f"--fault-hidden-{name}: {rate} is not in [0, 1]"))
     if config.hidden_states is not None:

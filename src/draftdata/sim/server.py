@@ -35,6 +35,17 @@ from draftdata.sim.tokens import Tokenizer
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
+
+def _first_user(body: Any) -> Any:
+    """The first user message's content of a chat body (None: none): what ``bad_prompts``
+    judges a prompt by, the same in each request of its conversation."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    for m in messages if isinstance(messages, list) else []:
+        if isinstance(m, dict) and m.get("role") == "user":
+            return m.get("content")
+    return None
+
+
 _REFUSALS = {
     # a server launched wrong for the run (another engine version, chat template or LoRA set)
     400: "Bad request: this server is configured differently (simulated)",
@@ -347,6 +358,10 @@ class SimServer:
         if isinstance(admitted, web.StreamResponse):
             return admitted
         body, fault = admitted
+        bad = self.config.faults.bad_prompts
+        if bad and digest("bad prompt", _first_user(body)) < bad * 2**64:
+            self.stats.faults["bad_prompt"] = self.stats.faults.get("bad_prompt", 0) + 1
+            return self._error(400, "Invalid request: this prompt cannot be rendered (simulated)")
         try:
             prep = prepare(body, self.config, self.tokenizer, self._cache, self.default_thinking)
         except RefusedRequestError as exc:

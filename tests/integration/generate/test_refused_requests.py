@@ -1,7 +1,7 @@
 """Every request refused with the same HTTP 400 (issue 31): generate stops in one line quoting
 the server, records nothing, and the fixed command just runs; a few 400s among good answers are
 each recorded as before. Against the simulator over real sockets (``--unsupported NAME``,
-``--fault-400``)."""
+``--bad-prompts``)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_a_few_refusals_among_answers_are_each_recorded(
     ids = write_prompts(prompts, 120)
     out = tmp / "run"
     sim = SimConfig(
-        time_scale=0, mean_output_tokens=20, seed=seed, faults=FaultConfig(error_400=rate)
+        time_scale=0, mean_output_tokens=20, seed=seed, faults=FaultConfig(bad_prompts=rate)
     )
     with SimFleet(1, sim) as fleet:
         generate(
@@ -88,11 +88,11 @@ def test_a_few_refusals_among_answers_are_each_recorded(
             log=lambda _l: None,
             handle_signals=False,
         )
-        refused = fleet.servers[0].stats.faults.get("error_400", 0)
+        refused = fleet.servers[0].stats.faults.get("bad_prompt", 0)
     done, failed = check_exactly_once(str(out), set(ids))
     assert failed == refused and done == 120 - refused
     assert {(f.reason, f.message) for f in failures(out)} <= {
-        ("invalid_request", "Invalid request: simulated refusal")
+        ("invalid_request", "Invalid request: this prompt cannot be rendered (simulated)")
     }
 
 

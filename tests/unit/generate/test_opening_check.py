@@ -30,18 +30,25 @@ ERRORS: dict[str, tuple[type[FatalRequestError], str]] = {
 
 
 class Scripted(FakeClient):
-    """Answers or refuses each prompt as ``script`` says (by the prompt's text)."""
+    """Answers or refuses each prompt as ``script`` says (by the prompt's text); a prompt
+    asked again after its answer is a canary (``recheck.py``), answered, kept apart."""
 
     def __init__(self, script: dict[str, str]) -> None:
         super().__init__()
         self.script = script
         self.order: list[str] = []  # the outcomes in the order they were given
+        self.answered: set[str] = set()
+        self.canaries = 0
 
     async def chat(self, request: Request) -> list[Turn]:
         text = str(request.messages[-1].content)
+        if text in self.answered:
+            self.canaries += 1
+            return await super().chat(request)
         outcome = self.script[text]
         self.order.append(outcome)
         if outcome == "ok":
+            self.answered.add(text)
             return await super().chat(request)
         kind, message = ERRORS[outcome]
         raise kind(message, status=400)
@@ -70,22 +77,27 @@ def test_one_refusal_of_most_first_requests_stops_and_records_none(
     tmp_path_factory: pytest.TempPathFactory, outcomes: list[str]
 ) -> None:
     """Stop iff one refusal (not a context length) ended more than half of the first
-    ``FIRST`` outcomes (all of them in a shorter command): one line quoting the server, no
-    ``invalid_request`` failure recorded; else every prompt settled once, as before."""
+    ``FIRST`` requests (all of them in a shorter command) and none of them was answered: one
+    line quoting the server, no ``invalid_request`` failure recorded; else every prompt
+    settled once, as before (each refusal after an answer once a canary is answered)."""
     client, _, sink, raised = _run(tmp_path_factory.mktemp("o"), outcomes)
-    first = client.order[:FIRST]
+    first = outcomes[:FIRST]
     said = Counter(o for o in first if o in ("top_k", "image"))
     top, count = said.most_common(1)[0] if said else ("", 0)
-    if 2 * count > len(first):
+    if 2 * count > len(first) and "ok" not in first:
         assert raised is not None, client.order
         line = str(raised)
         assert "\n" not in line and f"HTTP 400: {ERRORS[top][1]}" in line
-        assert f"{count} of the first {len(client.order)} requests" in line
+        assert f"{count} of the first {len(first)} requests" in line
+        assert client.order == first and client.canaries == 0
         assert [f for f in sink.failures if f.reason == "invalid_request"] == []
         assert len(sink.completions) == client.order.count("ok")
     else:
         assert raised is None, str(raised)
         assert client.order == outcomes  # one at a time, in file order
+        refusals = sum(o in ("top_k", "image") for o in outcomes)
+        if not refusals or "ok" not in outcomes:  # a canary asks again an answered request
+            assert client.canaries == 0
         got = Counter(f.reason for f in sink.failures)
         assert (
             got

@@ -4,8 +4,9 @@
 - ``committer.py``: the commit path from the run's buffers to the store, through outages.
 - ``keeper.py``: the health check and the reviver the dispatcher calls.
 - ``dispatch.py``: ``Dispatcher``, the scheduler, with its parts ``queue.py`` (which job
-  next), ``placement.py`` (where it goes), ``retry.py`` (a failed attempt's fate) and
-  ``opening.py`` (the first outcomes' verdict on a refused request).
+  next), ``placement.py`` (where it goes), ``retry.py`` (a failed attempt's fate),
+  ``opening.py`` (the verdicts on a refused request, the first ones' above all) and
+  ``recheck.py`` (a later refusal of the whole fleet: the prompt's, or a fleet that changed).
 - ``caller.py``: one attempt of a job, turn by turn.
 - ``limits.py``: one request's output limit, retried smaller on a context-length answer.
 - ``client.py``: the transport seam, one HTTP request -> Turns or a ServerError.

@@ -33,9 +33,10 @@ from draftdata.errors import ContextLengthError, FatalRequestError
 from draftdata.generate.answers.thinking import joined
 from draftdata.generate.config import GenerateConfig
 from draftdata.generate.engine.client import request_body
+from draftdata.generate.engine.endpoint import Endpoint
 from draftdata.generate.engine.limits import MIN_LIMIT, OutputLimit
 from draftdata.generate.engine.request import Request
-from draftdata.generate.engine.work import Copy
+from draftdata.generate.engine.work import Copy, Job
 from draftdata.records import Turn
 from draftdata.shared.conversation import STOP_CONTEXT, turn_message
 from draftdata.shared.tokens import turn_tokens
@@ -136,6 +137,26 @@ class Caller:
                 job.turns_thinking = joined(mode, job.turns_thinking) if job.turns else mode
                 job.turns = list(turns)
         return answer([turns], request)
+
+    async def ask_again(self, job: Job, ep: Endpoint) -> None:
+        """Send ``job``'s first request to ``ep`` again, its output limited to what the
+        sampling allows at least (a token, or the extra body's ``min_tokens``), and drop the
+        answer: the canary of ``recheck.py`` (was an answered request refused now?). Raises
+        the ``ServerError`` leaf the client raised."""
+        messages = job.plan.context(0, [], keep_reasoning=self.cfg.keep_reasoning_history)
+        least = self.cfg.extra_body.get("min_tokens")
+        request = Request(
+            messages=messages,
+            tools=job.prompt.tools,
+            model=self.cfg.model or ep.model or self.model,
+            max_tokens=max(1, least if isinstance(least, int) else 0),
+            sampling=job.request_sampling,
+            reasoning=job.reasoning,
+            n=len(job.samples),
+            token_ids=self.cfg.token_ids != "off",
+            extra_body=self.cfg.extra_body,
+        )
+        await ep.client.chat(request)
 
     def _answered(self, copy: Copy, got: list[Turn], latency: float, clamped: bool) -> None:
         """Count one answered request and teach its endpoint."""

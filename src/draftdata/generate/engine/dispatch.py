@@ -22,9 +22,13 @@ It decides and holds no I/O; each decision is a part of its own:
   (``EndpointRefusals``): else the job is asked elsewhere, uncharged; an endpoint whose
   recent outcomes are mostly one refusal gets no new work while another serves, and is taken
   out (``take_out_refusing``) once a prompt it refused is answered elsewhere. The prompts'
-  refusal records are held until the command's first outcomes are in (``OpeningCheck``);
-  when one refusal ended most of them the run stops in one line quoting the server
-  (``refused``) and nothing of them is recorded.
+  refusal records are held until the command's first jobs sent have ended
+  (``OpeningCheck``); when one refusal ended most of them and none was answered the run
+  stops in one line quoting the server (``refused``) and nothing of them is recorded;
+- **the canary** (``recheck.py``): after that, a prompt's refusal by every endpoint asked is
+  held while those endpoints are asked again a request this command answered: answered, the
+  records go out; refused, the fleet changed mid-run: the run stops in one line, nothing of
+  the held records written.
 
 What is left here is acting on them: the loop, launching and detaching copies, settling jobs,
 and taking an endpoint out, four ways. ``open_breaker``: it failed ``breaker_failures``
@@ -57,7 +61,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -79,12 +83,14 @@ from draftdata.generate.engine.opening import (
     OTHER,
     EndpointRefusals,
     OpeningCheck,
+    Refused,
     Stop,
     Verdict,
     is_refusal,
 )
 from draftdata.generate.engine.placement import Placement
 from draftdata.generate.engine.queue import JobQueue
+from draftdata.generate.engine.recheck import CANARY_PROMPTS, Changed, Recheck, ask_again
 from draftdata.generate.engine.retry import Fail, MoveOn, Retry, RetryPolicy
 from draftdata.generate.engine.work import Copy, Job, completions, failures, plan
 from draftdata.records import Completion, Failure, Prompt
@@ -202,6 +208,8 @@ class Dispatcher:
         self.policy = RetryPolicy(config, self.rng)
         self.opening = OpeningCheck()
         self.refusals = EndpointRefusals()
+        self.recheck = Recheck()  # after the opening: a fleet that changed mid-run
+        self._answered: deque[Job] = deque(maxlen=CANARY_PROMPTS)  # newest first: canaries
         # url -> jobs it refused since its last answer, asked elsewhere (its take-out line)
         self._asked_elsewhere: Counter[str] = Counter()
         self._by_url = {e.url: e for e in endpoints}
@@ -292,7 +300,9 @@ class Dispatcher:
                     raise feeder.exception()  # type: ignore[misc]
                 if self.opening.open and not self.running and self._all_settled():
                     self._judge(ended=True)
-                if not self.running and (self.stopping or self._all_settled()):
+                if not self.running and (
+                    self.stopping or (self._all_settled() and not self.recheck.busy)
+                ):
                     break
                 self.wake.clear()
                 timeout = 0.25 if self._seeded else 0.02
@@ -482,6 +492,7 @@ class Dispatcher:
         seqs = len(job.samples)
         ep.acquire(seqs, job.cost)
         if not hedge:
+            self.opening.sent(job)
             job.attempts += 1
             if job.attempts > 1:
                 self.retries += 1
@@ -614,9 +625,10 @@ class Dispatcher:
         for c in done:
             self.sink.completion(c)
             ep.meter.completed += 1
+        self._answered.appendleft(job)
         self._settle(job)
         if self.opening.open:
-            self.opening.settled()
+            self.opening.settled(job, answered=True)
             self._judge(ended=False)
         if self._asked_elsewhere:  # it answers: what it refused before is no longer news
             self._asked_elsewhere.pop(ep.url, None)
@@ -712,13 +724,16 @@ class Dispatcher:
     ) -> None:
         records = failures(job, reason, ep.redact(message), endpoint=ep.url)
         job.done = True
-        if err is not None and self.opening.open and is_refusal(err):
-            where = list(job.refused) or [ep.url]
-            self.opening.refused(err, where, records)  # held until the verdict
+        if err is not None and is_refusal(err):
+            refused = Refused(err.said, tuple(job.refused) or (ep.url,), records)
+            if self.opening.open:
+                self.opening.refused(job, refused)  # held until the verdict
+            else:
+                self._refusal(refused)
         else:
             for f in records:
                 self.sink.failure(f)
-            self.opening.settled()
+            self.opening.settled(job, answered=False)
         self._settle(job)
         if self.opening.open:
             self._judge(ended=False)
@@ -732,8 +747,47 @@ class Dispatcher:
                 self.refused = FleetUnavailableError(verdict.message())
                 self.abort()
         elif verdict:
+            for refused in verdict:
+                self._refusal(refused)
+
+    def _refusal(self, refused: Refused) -> None:
+        """A prompt's refusal by every endpoint asked: its records are held while those in
+        service are asked again a request this command answered (``recheck.py``: did the
+        fleet change?), or written at once when nothing was answered yet or none serves."""
+        serving = set(self._in_service())
+        where = [u for u in refused.endpoints if u in serving]
+        if not (where and self._answered and isinstance(self.caller, Caller)):
+            for f in refused.records:
+                self.sink.failure(f)
+            return
+        number, ask = self.recheck.hold(refused.said, where, refused.records)
+        for url in ask:
+            self.spawn(self._canary(number, self._by_url[url]))
+
+    async def _canary(self, number: int, ep: Endpoint) -> None:
+        """Ask ``ep`` again what this command had answered, and act on the round's verdict
+        (``recheck.py``): write its held records, or stop the run (nothing of them recorded)."""
+        assert isinstance(self.caller, Caller)
+        caller = self.caller
+        try:
+            outcome = await ask_again(
+                lambda job: caller.ask_again(job, ep),
+                list(self._answered),
+                refusal=is_refusal,
+                backoff=lambda tries: self.policy.backoff(tries, None),
+            )
+        except Exception as exc:  # no server's answer: a bug (``_attempt``)
+            self._stop_on(exc, ep)
+            return
+        verdict = self.recheck.came(number, ep.url, outcome)
+        if isinstance(verdict, Changed):
+            if self.refused is None and self.bug is None:
+                self.refused = FleetUnavailableError(verdict.message())
+                self.abort()
+        elif verdict is not None:
             for f in verdict:
                 self.sink.failure(f)
+        self.wake.set()
 
     def _settle(self, job: Job) -> None:
         pid = job.prompt.id

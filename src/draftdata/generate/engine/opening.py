@@ -35,16 +35,20 @@ things, and two parts here tell them apart:
   command skips it as settled), while asking again costs one more request, refused at once
   where the prompt is bad. The Failure quotes the refuser in best standing (``witness``);
 - **the request is wrong for the whole fleet** (``OpeningCheck``): the records of the
-  prompts' refusals are held until the first ``FIRST`` outcomes are in (every job that ended:
-  answered or failed; a retried or re-asked attempt did not end one), or the command has no
-  more to give. If one refusal (the same status and message) ended more than half of them,
-  the command stops in one line quoting the server and the held records are dropped: nothing
-  is recorded, and the fixed command just runs (a command resuming a run that earlier
-  commands settled prompts of is judged on fewer only when one refusal ended more than half
-  of ``FIRST``: its few prompts are the run's tail). Otherwise the held records go out as
-  they would have, and the check steps aside for the rest of the command: a few prompts
-  refused among good answers are each recorded, as always. A refusal confined to some
-  endpoints never ends a job (it is asked elsewhere), so it cannot stop the command.
+  prompts' refusals are held until the first ``FIRST`` jobs sent have ended (answered or
+  failed; a retried or re-asked attempt did not end one), or the command has no more to
+  give. In the order sent, not the order they come back: a refusal comes back at once and an
+  answer takes its time, so in the order they come back a few percent of prompts the
+  template refuses would be most of the first outcomes of a big fleet. If one refusal (the
+  same status and message) ended more than half of them and none of them was answered, the
+  command stops in one line quoting the server and the held records are dropped: nothing is
+  recorded, and the fixed command just runs (a command resuming a run that earlier commands
+  settled prompts of is judged on fewer only when one refusal ended more than half of
+  ``FIRST``: its few prompts are the run's tail). Otherwise the held refusals go on as any
+  later one does (``recheck.py``: held until the fleet is asked again a request it answered,
+  then recorded, or the command stops if the fleet changed), and the check steps aside for
+  the rest of the command. A refusal confined to some endpoints never ends a job (it is asked
+  elsewhere), so it cannot stop the command.
 
 It decides only: the dispatcher holds back the records, requeues, takes endpoints out and
 stops the run. It knows endpoints by their URL and nothing else of them.
@@ -53,7 +57,7 @@ stops the run. It knows endpoints by their URL and nothing else of them.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -68,6 +72,16 @@ RECENT = 8  # an endpoint's latest requests (in the order sent) it is judged on
 def is_refusal(err: ServerError) -> bool:
     """Whether ``err`` is a refusal of the request itself (what the check counts)."""
     return isinstance(err, FatalRequestError) and not isinstance(err, ContextLengthError)
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A job ended by a refusal: the server's answer (``ServerError.said``), the endpoints
+    that refused it (URLs, in order), and the job's Failure records (not written yet)."""
+
+    said: str
+    endpoints: tuple[str, ...]
+    records: list[Failure]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,49 +107,68 @@ class Stop:
 
 @dataclass(slots=True)
 class OpeningCheck:
-    """Judges a command's first ``first`` outcomes (module docstring)."""
+    """Judges how the first ``first`` jobs a command sent ended (module docstring). Jobs are
+    any hashable objects, told once each: ``sent`` when first launched, then ``settled`` or
+    ``refused`` when they end."""
 
     first: int = FIRST
     open: bool = True  # still judging: refusals' records are held
-    seen: int = 0
-    held: list[Failure] = field(default_factory=list)
+    seen: int = 0  # of the first ``first`` jobs sent, those that ended
+    answered: int = 0  # ... with an answer
+    held: list[Refused] = field(default_factory=list)
+    _out: set[object] = field(default_factory=set)  # the first ones sent, not ended yet
+    _numbered: int = 0
     _said: Counter[str] = field(default_factory=Counter)
     _where: dict[str, list[str]] = field(default_factory=dict)  # said -> endpoints, in order
 
-    def settled(self) -> None:
-        """A job ended otherwise: answered, or failed for another reason."""
-        if self.open:
-            self.seen += 1
+    def sent(self, job: object) -> None:
+        """``job`` is launched (again: it counts once, by its first launch)."""
+        if self.open and self._numbered < self.first and job not in self._out:
+            self._numbered += 1
+            self._out.add(job)
 
-    def refused(self, err: ServerError, endpoints: Iterable[str], records: list[Failure]) -> None:
-        """A refusal of the request (``is_refusal``) by ``endpoints`` (each that refused the
-        job) ended a job; its ``records`` are held."""
+    def _ended(self, job: object) -> bool:
+        """Whether ``job`` is one of the first sent (it ends now)."""
+        if job not in self._out:
+            return False
+        self._out.discard(job)
         self.seen += 1
-        self._said[err.said] += 1
-        where = self._where.setdefault(err.said, [])
-        for endpoint in endpoints:
+        return True
+
+    def settled(self, job: object, *, answered: bool) -> None:
+        """``job`` ended otherwise than refused: ``answered``, or failed for another reason."""
+        if self.open and self._ended(job):
+            self.answered += answered
+
+    def refused(self, job: object, refusal: Refused) -> None:
+        """A refusal of the request (``is_refusal``) ended ``job``; its records are held."""
+        self.held.append(refusal)
+        if not self._ended(job):
+            return
+        self._said[refusal.said] += 1
+        where = self._where.setdefault(refusal.said, [])
+        for endpoint in refusal.endpoints:
             if endpoint not in where:
                 where.append(endpoint)
-        self.held.extend(records)
 
-    def verdict(self, *, ended: bool, resumed: bool = False) -> Stop | list[Failure] | None:
-        """``Stop`` when one refusal ended more than half of the first outcomes (at once when
-        it is more than half of ``first``; else once ``first`` are in, or the command has
-        ``ended`` with fewer); the held records to write when it did not (once: the check is
-        then closed); None while undecided or closed. A command that ``resumed`` a run whose
-        earlier commands settled prompts is not judged on fewer than ``first``: its few
-        prompts are the tail of the run, which a stop would leave unrecorded for every next
-        command to stop on again (the run could never end)."""
+    def verdict(self, *, ended: bool, resumed: bool = False) -> Stop | list[Refused] | None:
+        """Once the first ``first`` jobs sent have ended (or the command has ``ended`` with
+        fewer): ``Stop`` when one refusal ended more than half of them and none was answered;
+        else the held refusals (once: the check is then closed; they go on to
+        ``recheck.py``'s question). None while undecided or closed. A command that
+        ``resumed`` a run whose earlier commands settled prompts is judged on fewer than
+        ``first`` only when one refusal ended more than half of ``first``: its few prompts are
+        the tail of the run, which a stop would leave unrecorded for every next command to
+        stop on again (the run could never end)."""
         if not self.open:
             return None
-        top, count = self._said.most_common(1)[0] if self._said else ("", 0)
-        short = ended and not resumed  # the whole command, fewer than ``first``, judged
-        if 2 * count > self.first or ((self.seen >= self.first or short) and 2 * count > self.seen):
-            self.open = False
-            return Stop(top, count, self.seen, tuple(self._where[top]))
-        if self.seen < self.first and not ended:
+        if not ended and (self._numbered < self.first or self._out):
             return None
         self.open = False
+        top, count = self._said.most_common(1)[0] if self._said else ("", 0)
+        judged = self.seen >= self.first or not resumed
+        if not self.answered and (2 * count > self.first or (judged and 2 * count > self.seen)):
+            return Stop(top, count, self.seen, tuple(self._where[top]))
         held, self.held = self.held, []
         return held
 

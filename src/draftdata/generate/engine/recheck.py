@@ -1,0 +1,171 @@
+"""The mid-run check on refusals: is a prompt refused by every endpoint the prompt's fault, or
+did the fleet change since it answered?
+
+The opening check (``opening.OpeningCheck``) judges a command's first outcomes: one refusal of
+most of them stops the command before anything of them is recorded. After it, a refusal that
+every serving endpoint gave a prompt is that prompt's Failure (``invalid_request``). Two things
+look alike there: a prompt with something the chat template or the server refuses, and a fleet
+that changed mid-run (restarted with another template, engine version, model or launch
+options): then every prompt left is refused the same way, each is recorded as failed, the
+command ends with exit 0, and the same command skips them as settled.
+
+Telling them apart takes one question, not a streak rule (bad prompts often come together: one
+source's rows carrying the same thing the template refuses): the record of such a refusal is
+held, and each endpoint that refused the prompt is asked again a request this command had
+answered (a canary: the same request, its output limited to a token or so; ``ask_again``).
+
+- answered by one of them: the fleet still answers what it answered, the refusals are the
+  prompts' own: the held records go out (``Recheck.came`` returns them);
+- refused by each that came back, with no answer: the fleet changed: the command stops in one
+  line quoting the refusal (``Changed``), and the held records are dropped: nothing is
+  recorded for those prompts, so the same command asks them again once the servers answer;
+- neither (every canary failed otherwise: timeouts, server errors, after ``CANARY_TRIES``
+  each): the records go out, as they would have without the check.
+
+Refusals that come while a canary is out join its group (by the server's answer, ``said``);
+one that comes after a group was settled starts a new round. A canary is asked of up to
+``CANARY_PROMPTS`` answered requests in turn, so that one refusal of a request that was
+answered (a server refusing at random) is not taken for a changed fleet: each must be refused.
+
+It decides only, and knows endpoints by their URL; the dispatcher holds the records, sends the
+canaries (``Caller.ask_again``) and stops the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from draftdata.errors import ServerError
+from draftdata.records import Failure
+
+CANARY_PROMPTS = 3  # answered requests an endpoint is asked again, each to be refused
+CANARY_TRIES = 3  # tries of one canary that fails otherwise (a timeout, a server error)
+
+Known = TypeVar("Known")
+NOTHING = object()  # a canary's outcome when nothing came back (no answer, no refusal)
+
+
+@dataclass(frozen=True, slots=True)
+class Changed:
+    """The endpoints refused requests this command had answered: the command stops."""
+
+    said: str  # the canaries' refusal, as ServerError.said shows it
+    prompts: int  # prompts whose refusals were held (not recorded)
+    endpoints: tuple[str, ...]
+
+    def message(self) -> str:
+        """The one line the command ends with."""
+        where = ", ".join(self.endpoints[:3]) + (" ..." if len(self.endpoints) > 3 else "")
+        return (
+            f"the servers now refuse requests they answered earlier in this command "
+            f"({self.said}, by {where}): they changed mid-run (restarted with another chat "
+            f"template, engine version, model or options?); the {self.prompts:,} prompts "
+            "refused since are not recorded, and what was answered before is kept. Fix the "
+            "servers, then run the same command: it asks those prompts again"
+        )
+
+
+@dataclass(slots=True)
+class _Round:
+    """One question to the fleet: the records held for it, who is still to answer."""
+
+    number: int
+    held: list[Failure] = field(default_factory=list)
+    prompts: int = 0
+    asked: set[str] = field(default_factory=set)
+    pending: set[str] = field(default_factory=set)
+    refused: dict[str, str] = field(default_factory=dict)  # url -> the canary's refusal
+
+
+@dataclass(slots=True)
+class Recheck:
+    """Holds refusal records until a canary round settles them (module docstring)."""
+
+    _rounds: dict[str, _Round] = field(default_factory=dict)  # by the held refusal's said
+    _numbered: int = 0
+    released: int = 0  # rounds settled as the prompts' own refusals (answered canaries)
+    canaries: int = 0  # endpoints asked again
+
+    @property
+    def busy(self) -> bool:
+        """Whether records are held for a round still out."""
+        return bool(self._rounds)
+
+    @property
+    def held(self) -> int:
+        """Prompts whose refusal records are held now."""
+        return sum(r.prompts for r in self._rounds.values())
+
+    def hold(
+        self, said: str, refusers: Iterable[str], records: Sequence[Failure]
+    ) -> tuple[int, list[str]]:
+        """A prompt's refusal ``said`` by ``refusers`` (URLs in service): its ``records`` are
+        held. Returns the round's number and the endpoints to ask now (those of the round
+        not asked yet; none when the round already asks them all)."""
+        r = self._rounds.get(said)
+        if r is None:
+            self._numbered += 1
+            r = self._rounds[said] = _Round(self._numbered)
+        r.held.extend(records)
+        r.prompts += 1
+        ask = [u for u in dict.fromkeys(refusers) if u not in r.asked]
+        r.asked.update(ask)
+        r.pending.update(ask)
+        self.canaries += len(ask)
+        return r.number, ask
+
+    def came(self, number: int, url: str, outcome: object) -> Changed | list[Failure] | None:
+        """The canary of round ``number`` asked of ``url`` came back: None answered, a
+        ``ServerError.said`` refused, ``NOTHING`` neither. Returns the records to write (the
+        round settled as the prompts' refusals), ``Changed`` (the command stops; the round's
+        records are dropped), or None (undecided, or the round was settled before)."""
+        said, r = next(((s, r) for s, r in self._rounds.items() if r.number == number), ("", None))
+        if r is None or url not in r.pending:
+            return None
+        r.pending.discard(url)
+        if outcome is None:
+            del self._rounds[said]
+            self.released += 1
+            return r.held
+        if isinstance(outcome, str):
+            r.refused[url] = outcome
+        if r.pending:
+            return None
+        del self._rounds[said]
+        if not r.refused:
+            return r.held
+        top = list(r.refused.values())[-1]
+        return Changed(top, r.prompts, tuple(r.refused))
+
+
+async def ask_again(
+    send: Callable[[Known], Awaitable[object]],
+    known: Sequence[Known],
+    *,
+    refusal: Callable[[ServerError], bool],
+    backoff: Callable[[int], float],
+    prompts: int = CANARY_PROMPTS,
+    tries: int = CANARY_TRIES,
+) -> object:
+    """One endpoint's canary (module docstring): ``send`` each of the newest ``prompts`` of
+    ``known`` (answered requests, newest first) until one is answered (None); a ``refusal``
+    moves to the next, any other failure is tried again after ``backoff(try)`` seconds,
+    ``tries`` times. Returns None (one was answered), the last refusal's ``said`` when every
+    request that came back was refused, or ``NOTHING`` (none came back)."""
+    refused: object = NOTHING
+    for item in known[:prompts]:
+        for attempt in range(tries):
+            try:
+                await send(item)
+            except ServerError as err:
+                if refusal(err):
+                    refused = err.said
+                    break
+                if attempt + 1 < tries:
+                    await asyncio.sleep(backoff(attempt + 1))
+                continue
+            return None
+    return refused

@@ -1,0 +1,177 @@
+"""A fleet that starts refusing mid-run (restarted with another chat template, engine version or
+options) stops the command in one line, and none of its refusals is recorded as a prompt's
+failure; prompts every server refuses while the fleet still answers what it answered are
+recorded, each once (``recheck.py``: the canary). Against the simulator over real sockets
+(``--refuse I:400 --refuse-after N`` on every server, ``--bad-prompts``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.chaos.invariants import check_exactly_once
+from tests.integration.generate.helpers import completions, failures, fast_config, write_prompts
+
+from draftdata.errors import FleetUnavailableError
+from draftdata.generate.stage import generate
+from draftdata.sim.answers import digest
+from draftdata.sim.run import FaultConfig, SimConfig, SimFleet, SimProcess
+
+pytestmark = pytest.mark.integration
+
+CLI = [sys.executable, "-c", "from draftdata.cli import main; main()", "generate"]
+BAD = "Invalid request: this prompt cannot be rendered (simulated)"
+
+
+def _bad_ids(prompts: Path, rate: float) -> set[str]:
+    """The prompts the simulator's ``--bad-prompts RATE`` refuses (its rule, on the messages)."""
+    out = set()
+    for line in prompts.read_bytes().splitlines():
+        row = msgspec.json.decode(line)
+        first = next(m["content"] for m in row["messages"] if m["role"] == "user")
+        if digest("bad prompt", first) < rate * 2**64:
+            out.add(row["id"])
+    return out
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    servers=st.integers(1, 3),
+    data=st.data(),
+    prompts_n=st.sampled_from([60, 150]),
+    kind=st.sampled_from(["plain", "mixed"]),
+    bad=st.sampled_from([0.0, 0.05]),
+)
+def test_a_fleet_that_starts_refusing_stops_and_records_none_of_it(
+    tmp_path_factory: pytest.TempPathFactory,
+    servers: int,
+    data: st.DataObject,
+    prompts_n: int,
+    kind: str,
+    bad: float,
+) -> None:
+    """Every server answers its first ``after`` requests, then refuses each with one 400:
+    the command stops in one line (the opening's, or the mid-run one once answers came
+    first), no refusal is recorded (bad prompts answered before it may be), and the command
+    over a fleet that answers again settles every prompt once."""
+    # fewer than the prompts' requests: some are refused (a retry may take one more)
+    after = data.draw(st.integers(1, prompts_n // servers - 12), label="after")
+    tmp = tmp_path_factory.mktemp("c")
+    prompts = tmp / "p.jsonl"
+    ids = write_prompts(prompts, prompts_n, kind=kind)
+    out = tmp / "run"
+    refusing = {i: 400 for i in range(servers)}
+    faults = FaultConfig(refuse=refusing, refuse_after=after, bad_prompts=bad)
+    sim = SimConfig(time_scale=0, mean_output_tokens=20, faults=faults)
+    with SimFleet(servers, sim) as fleet, pytest.raises(FleetUnavailableError) as info:
+        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None, handle_signals=False)
+    line = str(info.value)
+    assert "\n" not in line and "configured differently" in line, line
+    assert "changed mid-run" in line or "of the first" in line, line
+    assert {f.message for f in failures(out)} <= {BAD}  # bad prompts met before the change
+    # the fleet answers again: the same command settles the rest, every prompt once
+    fixed = SimConfig(time_scale=0, mean_output_tokens=20, faults=FaultConfig(bad_prompts=bad))
+    with SimFleet(servers, fixed) as fleet:
+        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None, handle_signals=False)
+    done, failed = check_exactly_once(str(out), set(ids))
+    assert done + failed == prompts_n
+    assert {f.id for f in failures(out)} == _bad_ids(prompts, bad)
+
+
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    servers=st.integers(1, 3),
+    rate=st.sampled_from([0.02, 0.1, 0.3]),
+    kind=st.sampled_from(["plain", "mixed"]),
+    n=st.sampled_from([1, 2]),
+)
+def test_prompts_every_server_refuses_are_each_recorded(
+    tmp_path_factory: pytest.TempPathFactory, servers: int, rate: float, kind: str, n: int
+) -> None:
+    """Prompts every server refuses, the fleet unchanged (its canaries answered): each is its
+    prompt's Failure, once, quoting the refusal; every other prompt is answered; the run
+    ends (exit 0: no stop)."""
+    tmp = tmp_path_factory.mktemp("b")
+    prompts = tmp / "p.jsonl"
+    ids = write_prompts(prompts, 120, kind=kind)
+    out = tmp / "run"
+    sim = SimConfig(time_scale=0, mean_output_tokens=20, faults=FaultConfig(bad_prompts=rate))
+    with SimFleet(servers, sim) as fleet:
+        summary = generate(
+            fast_config(prompts, out, fleet.urls, n=n), log=lambda _l: None, handle_signals=False
+        )
+    bad = _bad_ids(prompts, rate)
+    assert {f.id for f in failures(out)} == bad
+    assert {c.id for c in completions(out)} == set(ids) - bad
+    assert {(f.reason, f.message) for f in failures(out)} == (
+        {("invalid_request", BAD)} if bad else set()
+    )
+    assert len(failures(out)) == n * len(bad) and len(completions(out)) == n * (120 - len(bad))
+    assert summary.failures == n * len(bad)
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    servers=st.sampled_from([1, 2, 4]),
+    rate=st.sampled_from([0.05, 0.2, 0.6]),
+    slots=st.sampled_from([8, 64]),
+)
+def test_refusals_coming_back_first_do_not_stop_a_fleet_that_answers(
+    tmp_path_factory: pytest.TempPathFactory, servers: int, rate: float, slots: int
+) -> None:
+    """Answers take time and refusals come back at once: with a share of prompts every
+    server refuses, the first outcomes to come back are mostly refusals. The command is not
+    stopped for them (the opening judges the first jobs sent, and stops only when none was
+    answered): each bad prompt is its Failure, every other prompt answered."""
+    tmp = tmp_path_factory.mktemp("t")
+    prompts = tmp / "p.jsonl"
+    ids = write_prompts(prompts, 200)
+    out = tmp / "run"
+    sim = SimConfig(
+        time_scale=0.05,
+        mean_output_tokens=60,
+        max_running=slots,
+        faults=FaultConfig(bad_prompts=rate),
+    )
+    with SimFleet(servers, sim) as fleet:
+        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None, handle_signals=False)
+    bad = _bad_ids(prompts, rate)
+    assert {f.id for f in failures(out)} == bad
+    assert check_exactly_once(str(out), set(ids)) == (200 - len(bad), len(bad))
+
+
+def test_the_cli_stops_in_one_line_mid_run_and_the_fixed_fleet_finishes(tmp_path: Path) -> None:
+    """``fleet sim --refuse 0:400 --refuse-after 40`` on a fleet of one: generate answers 40,
+    then stops with exit 1 and one ``error:`` line; nothing refused is recorded; the same
+    command over a fleet that answers finishes the rest."""
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 120)
+    out = tmp_path / "run"
+    base = [*CLI, "--progress", "off", "--prompts", str(prompts), "--out", str(out)]
+    args = ["--time-scale", "0", "--refuse", "0:400", "--refuse-after", "40"]
+    with SimProcess(n=1, args=args) as sim:
+        res = subprocess.run(
+            [*base, "--fleet", str(sim.fleet_yaml)], capture_output=True, text=True, timeout=90
+        )
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "changed mid-run" in errors[0], res.stderr
+    assert failures(out) == [] and 1 <= len(completions(out)) <= 40
+    with SimProcess(n=1, args=["--time-scale", "0"]) as sim:
+        again = subprocess.run(
+            [*base, "--fleet", str(sim.fleet_yaml)], capture_output=True, text=True, timeout=90
+        )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert check_exactly_once(str(out), set(ids)) == (120, 0)
