@@ -19,8 +19,9 @@ answered (a canary: the same request, its output limited to a token or so; ``ask
 - refused by each that came back, with no answer: the fleet changed: the command stops in one
   line quoting the refusal (``Changed``), and the held records are dropped: nothing is
   recorded for those prompts, so the same command asks them again once the servers answer;
-- neither (every canary failed otherwise: timeouts, server errors, after ``CANARY_TRIES``
-  each): the records go out, as they would have without the check.
+- neither (every canary failed otherwise: timeouts, server errors, ``CANARY_TRIES`` of them
+  per endpoint, each waited for ``CANARY_TIMEOUT_S`` at most): the records go out, as they
+  would have without the check.
 
 Refusals that come while a canary is out join its group (by the server's answer, ``said``);
 one that comes after a group was settled starts a new round. A canary is asked of up to
@@ -42,7 +43,8 @@ from draftdata.errors import ServerError
 from draftdata.records import Failure
 
 CANARY_PROMPTS = 3  # answered requests an endpoint is asked again, each to be refused
-CANARY_TRIES = 3  # tries of one canary that fails otherwise (a timeout, a server error)
+CANARY_TRIES = 3  # failures of an endpoint's canary other than refusals (timeouts, errors)
+CANARY_TIMEOUT_S = 120.0  # for one canary's answer (a token; it may queue behind a full batch)
 
 Known = TypeVar("Known")
 NOTHING = object()  # a canary's outcome when nothing came back (no answer, no refusal)
@@ -149,23 +151,33 @@ async def ask_again(
     backoff: Callable[[int], float],
     prompts: int = CANARY_PROMPTS,
     tries: int = CANARY_TRIES,
+    timeout: float = CANARY_TIMEOUT_S,
 ) -> object:
     """One endpoint's canary (module docstring): ``send`` each of the newest ``prompts`` of
     ``known`` (answered requests, newest first) until one is answered (None); a ``refusal``
-    moves to the next, any other failure is tried again after ``backoff(try)`` seconds,
-    ``tries`` times. Returns None (one was answered), the last refusal's ``said`` when every
-    request that came back was refused, or ``NOTHING`` (none came back)."""
+    moves to the next; any other failure, or no answer within ``timeout`` seconds, is tried
+    again after ``backoff(failures)`` seconds, ``tries`` such failures in all. Returns None
+    (one was answered), the last refusal's ``said`` when every request that came back was
+    refused, or ``NOTHING`` (none came back). A hung endpoint costs ``tries * timeout`` at
+    most, not a run's read timeout: the command waits for its canaries before it ends."""
     refused: object = NOTHING
-    for item in known[:prompts]:
-        for attempt in range(tries):
-            try:
-                await send(item)
-            except ServerError as err:
-                if refusal(err):
-                    refused = err.said
-                    break
-                if attempt + 1 < tries:
-                    await asyncio.sleep(backoff(attempt + 1))
+    failures = 0
+    items = list(known[:prompts])
+    i = 0
+    while i < len(items):
+        try:
+            await asyncio.wait_for(send(items[i]), timeout)
+        except ServerError as err:
+            if refusal(err):
+                refused = err.said
+                i += 1
                 continue
+        except TimeoutError:
+            pass
+        else:
             return None
+        failures += 1
+        if failures >= tries:
+            break
+        await asyncio.sleep(backoff(failures))
     return refused
