@@ -13,6 +13,9 @@ tokenizer check); with thinking off, all of it in the content.
 - ``cancel_frees_the_slot``: a request cancelled by draftdata (what the dispatcher does to a
   hedge's losing copy) stops using the server's slot, by the server's own counts (running plus
   waiting), while its twin, sent at the same moment for as many tokens, still runs.
+- ``canary_answered``: the request the fleet check asks a server again (``recheck.py``: an
+  answered request, its output limited to one token) is an answer, not a failure, with thinking
+  on, off or the server's and one sample or several.
 - ``capacity_line``: the endpoint line generate prints, parsed (capacity, KV cache, running
   cap, concurrency), to compare with the server's own figures.
 """
@@ -325,3 +328,34 @@ def capacity_line(stderr: str) -> dict[str, Any]:
         out[k] = int(out[k])
     out["cap"] = None if out["cap"] == "none" else int(out["cap"])
     return out
+
+
+def canary_answered(url: str, model: str) -> None:
+    """``Caller.ask_again`` against the engine at ``url`` serving ``model`` (module docstring):
+    a canary that failed there would decide nothing, and a fleet that changed mid-run would
+    again record each of its remaining prompts as failed."""
+    from draftdata.generate.config import GenerateConfig
+    from draftdata.generate.engine.caller import Caller
+    from draftdata.generate.engine.client import EndpointClient
+    from draftdata.generate.engine.endpoint import Endpoint
+    from draftdata.generate.engine.work import plan
+    from draftdata.records import Message, Prompt
+
+    prompt = Prompt(id="p", messages=[Message(role="user", content="Say something.")])
+
+    async def ask(reasoning: str, n: int) -> None:
+        config = GenerateConfig(
+            prompts="p", out="o", endpoints=[url], reasoning=reasoning, n=n, model=model
+        )
+        (job,), _ = plan(prompt, config, lambda *_: False)
+        client = EndpointClient(url)
+        try:
+            ep = Endpoint(
+                url, client, index=0, concurrency=1, default_concurrency=1, breaker_failures=3
+            )
+            await Caller(config, model=model).ask_again(job, ep)
+        finally:
+            await client.close()
+
+    for reasoning, n in [("on", 1), ("off", 2), ("server", 3)]:
+        asyncio.run(ask(reasoning, n))

@@ -285,3 +285,12 @@ def test_a_killed_server_is_restarted_then_fleet_down_stops_all(
         except psutil.NoSuchProcess:
             gone = True
         assert gone, pid
+
+
+@pytest.mark.timeout(300)
+def test_the_fleet_checks_canary_is_an_answer_from_sglang(
+    sglang_fleet: tuple[Path, Path, str],
+) -> None:
+    """``engine_checks.canary_answered``: SGLang answers the mid-run check's canary."""
+    fleet, _, _ = sglang_fleet
+    engine_checks.canary_answered(_endpoint(fleet)["url"], SERVED)

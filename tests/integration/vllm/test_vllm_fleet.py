@@ -353,39 +353,7 @@ def test_a_cancelled_copy_stops_using_a_vllm_slot(vllm_fleet: tuple[Path, Path, 
 def test_the_fleet_checks_canary_is_an_answer_from_vllm(
     vllm_fleet: tuple[Path, Path, str],
 ) -> None:
-    """The mid-run check asks a server again a request it answered, its output limited to a
-    token (``Caller.ask_again``, ``recheck.py``): the real engine answers it, with thinking on,
-    off or the server's, one sample or several (a canary that failed there would decide
-    nothing, and a fleet that changed mid-run would again record each prompt as failed)."""
-    import asyncio
-
-    import msgspec
-
-    from draftdata.generate.config import GenerateConfig
-    from draftdata.generate.engine.caller import Caller
-    from draftdata.generate.engine.client import EndpointClient
-    from draftdata.generate.engine.endpoint import Endpoint
-    from draftdata.generate.engine.work import plan
-    from draftdata.records import Prompt
-
+    """``engine_checks.canary_answered``: vLLM answers the mid-run check's canary."""
     fleet, model, _ = vllm_fleet
     url = yaml.safe_load(fleet.read_text())["endpoints"][0]["url"]
-    row: dict[str, Any] = {"id": "p", "messages": [{"role": "user", "content": "Say something."}]}
-
-    async def ask(reasoning: str, n: int) -> None:
-        config = GenerateConfig(
-            prompts="p", out="o", endpoints=[url], reasoning=reasoning, n=n, model=str(model)
-        )
-        prompt = msgspec.convert(row, Prompt)
-        (job,), _ = plan(prompt, config, lambda *_: False)
-        client = EndpointClient(url)
-        try:
-            ep = Endpoint(
-                url, client, index=0, concurrency=1, default_concurrency=1, breaker_failures=3
-            )
-            await Caller(config, model=str(model)).ask_again(job, ep)
-        finally:
-            await client.close()
-
-    for reasoning, n in [("on", 1), ("off", 2), ("server", 3)]:
-        asyncio.run(ask(reasoning, n))
+    engine_checks.canary_answered(url, str(model))
