@@ -471,7 +471,9 @@ class Dispatcher:
                 continue
             if len(job.samples) > 1 and not ep.server_n:
                 self.active[job.prompt.id] += len(job.samples) - 1
-                self.queue.put_back(job.split())
+                parts = job.split()
+                self.opening.split(job, list(parts))  # sent before: its parts end for it
+                self.queue.put_back(parts)
                 continue
             self._launch(job, ep, hedge=False, now=now)
         self.queue.put_back(held)

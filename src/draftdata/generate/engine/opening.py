@@ -128,7 +128,7 @@ class OpeningCheck:
 
     def sent(self, job: object) -> None:
         """``job`` is launched (again: it counts once, by its first launch)."""
-        if not self.open or job in self._out:
+        if not self.open or job in self._out or job in self._others:
             return
         if self._numbered < self.first:
             self._numbered += 1
@@ -136,12 +136,29 @@ class OpeningCheck:
         else:
             self._others.add(job)
 
+    def split(self, job: object, parts: list[object]) -> None:
+        """``job``, sent, is asked again as ``parts`` (one per sample: the server ignores
+        ``n``): it never ends itself, its parts end for it (the first one in its place)."""
+        if not self.open or not parts:
+            return
+        if job in self._out:
+            self._out.discard(job)
+            self._out.add(parts[0])
+            parts = parts[1:]
+        elif job not in self._others:
+            return
+        self._others.discard(job)
+        self._others.update(parts)
+        if self._witness is not None and job in self._witness:
+            self._witness.discard(job)
+            self._witness.update(parts)
+
     def _ended(self, job: object) -> bool:
         """Whether ``job`` is one of the first sent (it ends now)."""
+        self._others.discard(job)
+        if self._witness is not None:
+            self._witness.discard(job)
         if job not in self._out:
-            self._others.discard(job)
-            if self._witness is not None:
-                self._witness.discard(job)
             return False
         self._out.discard(job)
         self.seen += 1
