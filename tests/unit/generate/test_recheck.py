@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -43,8 +44,9 @@ def test_the_opening_judges_the_first_jobs_sent_in_any_order_back(
 ) -> None:
     """Jobs 0..n-1 are sent in that order and end in a random order: the verdict (stop or
     not, with what) is the same as in the order sent, and it stops exactly when one refusal
-    ended more than half of the first ``FIRST`` and none of them was answered (a resumed
-    command's fewer than ``FIRST`` only when that is more than half of ``FIRST``)."""
+    ended more than half of the first ``FIRST`` and none of them was answered, nor any job
+    sent beside them (all are sent here before any ends; a resumed command's fewer than
+    ``FIRST`` only when that is more than half of ``FIRST``)."""
 
     def run(back: list[int]) -> tuple[object, list[str]]:
         """The verdict, and every refusal that went on (held then let go, or after)."""
@@ -78,7 +80,7 @@ def test_the_opening_judges_the_first_jobs_sent_in_any_order_back(
     counts = {s: first.count(s) for s in SAID}
     top = max(counts.values())
     judged = len(first) >= FIRST or not resumed
-    stops = "answered" not in first and (2 * top > FIRST or (judged and 2 * top > len(first)))
+    stops = "answered" not in outcomes and (2 * top > FIRST or (judged and 2 * top > len(first)))
     assert isinstance(a, Stop) == stops == isinstance(b, Stop)
     if isinstance(a, Stop) and isinstance(b, Stop):
         assert (a.count, a.seen) == (b.count, b.seen) == (top, len(first))
@@ -100,6 +102,30 @@ def test_a_job_sent_again_counts_once() -> None:
     check.refused("b", Refused(SAID[0], ("u",), []))
     v = check.verdict(ended=False)
     assert isinstance(v, Stop) and (v.count, v.seen) == (2, 2)
+
+
+@pytest.mark.parametrize("witness", ["answered", "refused"])
+def test_a_stop_due_waits_for_the_jobs_out_then_and_no_later_ones(witness: str) -> None:
+    """The first jobs all refused while a job sent beside them runs: no verdict until it
+    ends; its answer lets the refusals go on, its refusal stops (a job sent after the stop
+    was due is not waited for)."""
+    check = OpeningCheck(first=2)
+    for job in "abc":
+        check.sent(job)
+    check.refused("a", Refused(SAID[0], ("u",), [_failure("a")]))
+    check.refused("b", Refused(SAID[0], ("u",), [_failure("b")]))
+    assert check.verdict(ended=False) is None  # "c" may be answered
+    check.sent("d")
+    assert check.verdict(ended=False) is None
+    if witness == "answered":
+        check.settled("c", answered=True)
+        v = check.verdict(ended=False)
+        assert isinstance(v, list) and sorted(r.records[0].id for r in v) == ["a", "b"]
+    else:
+        check.refused("c", Refused(SAID[0], ("u",), [_failure("c")]))
+        v = check.verdict(ended=False)
+        assert isinstance(v, Stop) and (v.count, v.seen) == (2, 2)
+    assert not check.open
 
 
 # -- the mid-run canary rounds ----------------------------------------------------------------

@@ -23,8 +23,9 @@ It decides and holds no I/O; each decision is a part of its own:
   recent outcomes are mostly one refusal gets no new work while another serves, and is taken
   out (``take_out_refusing``) once a prompt it refused is answered elsewhere. The prompts'
   refusal records are held until the command's first jobs sent have ended
-  (``OpeningCheck``); when one refusal ended most of them and none was answered the run
-  stops in one line quoting the server (``refused``) and nothing of them is recorded;
+  (``OpeningCheck``); when one refusal ended most of them and none was answered (nor any
+  job sent beside them) the run stops in one line quoting the server (``refused``) and
+  nothing of them is recorded;
 - **the canary** (``recheck.py``): after that, a prompt's refusal by every endpoint asked is
   held while those endpoints are asked again a request this command answered: answered, the
   records go out; refused, the fleet changed mid-run: the run stops in one line, nothing of
@@ -470,7 +471,9 @@ class Dispatcher:
                 continue
             if len(job.samples) > 1 and not ep.server_n:
                 self.active[job.prompt.id] += len(job.samples) - 1
-                self.queue.put_back(job.split())
+                parts = job.split()
+                self.opening.split(job, list(parts))  # sent before: its parts end for it
+                self.queue.put_back(parts)
                 continue
             self._launch(job, ep, hedge=False, now=now)
         self.queue.put_back(held)

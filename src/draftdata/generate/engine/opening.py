@@ -40,15 +40,17 @@ things, and two parts here tell them apart:
   give. In the order sent, not the order they come back: a refusal comes back at once and an
   answer takes its time, so in the order they come back a few percent of prompts the
   template refuses would be most of the first outcomes of a big fleet. If one refusal (the
-  same status and message) ended more than half of them and none of them was answered, the
-  command stops in one line quoting the server and the held records are dropped: nothing is
-  recorded, and the fixed command just runs (a command resuming a run that earlier commands
-  settled prompts of is judged on fewer only when one refusal ended more than half of
-  ``FIRST``: its few prompts are the run's tail). Otherwise the held refusals go on as any
-  later one does (``recheck.py``: held until the fleet is asked again a request it answered,
-  then recorded, or the command stops if the fleet changed), and the check steps aside for
-  the rest of the command. A refusal confined to some endpoints never ends a job (it is asked
-  elsewhere), so it cannot stop the command.
+  same status and message) ended more than half of them and none of them was answered, nor
+  any job sent beside them (a stop due waits for those still out then: bad prompts come
+  together, and a prompt file whose first rows the template refuses would otherwise stop,
+  every time, a fleet that answers the rest), the command stops in one line quoting the
+  server and the held records are dropped: nothing is recorded, and the fixed command just
+  runs (a command resuming a run that earlier commands settled prompts of is judged on fewer
+  only when one refusal ended more than half of ``FIRST``: its few prompts are the run's
+  tail). Otherwise the held refusals go on as any later one does (``recheck.py``: held until
+  the fleet is asked again a request it answered, then recorded, or the command stops if the
+  fleet changed), and the check steps aside for the rest of the command. A refusal confined
+  to some endpoints never ends a job (it is asked elsewhere), so it cannot stop the command.
 
 It decides only: the dispatcher holds back the records, requeues, takes endpoints out and
 stops the run. It knows endpoints by their URL and nothing else of them.
@@ -120,15 +122,42 @@ class OpeningCheck:
     _numbered: int = 0
     _said: Counter[str] = field(default_factory=Counter)
     _where: dict[str, list[str]] = field(default_factory=dict)  # said -> endpoints, in order
+    later: int = 0  # jobs sent after the first ones, answered while the check is open
+    _others: set[object] = field(default_factory=set)  # ... sent, not ended yet
+    _witness: set[object] | None = None  # those out when a stop was due: it waits for them
 
     def sent(self, job: object) -> None:
         """``job`` is launched (again: it counts once, by its first launch)."""
-        if self.open and self._numbered < self.first and job not in self._out:
+        if not self.open or job in self._out or job in self._others:
+            return
+        if self._numbered < self.first:
             self._numbered += 1
             self._out.add(job)
+        else:
+            self._others.add(job)
+
+    def split(self, job: object, parts: list[object]) -> None:
+        """``job``, sent, is asked again as ``parts`` (one per sample: the server ignores
+        ``n``): it never ends itself, its parts end for it (the first one in its place)."""
+        if not self.open or not parts:
+            return
+        if job in self._out:
+            self._out.discard(job)
+            self._out.add(parts[0])
+            parts = parts[1:]
+        elif job not in self._others:
+            return
+        self._others.discard(job)
+        self._others.update(parts)
+        if self._witness is not None and job in self._witness:
+            self._witness.discard(job)
+            self._witness.update(parts)
 
     def _ended(self, job: object) -> bool:
         """Whether ``job`` is one of the first sent (it ends now)."""
+        self._others.discard(job)
+        if self._witness is not None:
+            self._witness.discard(job)
         if job not in self._out:
             return False
         self._out.discard(job)
@@ -137,8 +166,12 @@ class OpeningCheck:
 
     def settled(self, job: object, *, answered: bool) -> None:
         """``job`` ended otherwise than refused: ``answered``, or failed for another reason."""
-        if self.open and self._ended(job):
+        if not self.open:
+            return
+        if self._ended(job):
             self.answered += answered
+        else:
+            self.later += answered
 
     def refused(self, job: object, refusal: Refused) -> None:
         """A refusal of the request (``is_refusal``) ended ``job``; its records are held."""
@@ -153,21 +186,31 @@ class OpeningCheck:
 
     def verdict(self, *, ended: bool, resumed: bool = False) -> Stop | list[Refused] | None:
         """Once the first ``first`` jobs sent have ended (or the command has ``ended`` with
-        fewer): ``Stop`` when one refusal ended more than half of them and none was answered;
-        else the held refusals (once: the check is then closed; they go on to
-        ``recheck.py``'s question). None while undecided or closed. A command that
-        ``resumed`` a run whose earlier commands settled prompts is judged on fewer than
-        ``first`` only when one refusal ended more than half of ``first``: its few prompts are
-        the tail of the run, which a stop would leave unrecorded for every next command to
-        stop on again (the run could never end)."""
+        fewer): ``Stop`` when one refusal ended more than half of them and none was answered,
+        nor any job sent beside them (a stop due waits for the jobs out then: bad prompts come
+        together, and a file whose first rows the template refuses must not stop, every time,
+        a fleet that answers the rest); else the held refusals (once: the check is then
+        closed; they go on to ``recheck.py``'s question). None while undecided or closed. A
+        command that ``resumed`` a run whose earlier commands settled prompts is judged on
+        fewer than ``first`` only when one refusal ended more than half of ``first``: its few
+        prompts are the tail of the run, which a stop would leave unrecorded for every next
+        command to stop on again (the run could never end)."""
         if not self.open:
             return None
         if not ended and (self._numbered < self.first or self._out):
             return None
-        self.open = False
         top, count = self._said.most_common(1)[0] if self._said else ("", 0)
         judged = self.seen >= self.first or not resumed
-        if not self.answered and (2 * count > self.first or (judged and 2 * count > self.seen)):
+        most = 2 * count > self.first or (judged and 2 * count > self.seen)
+        stop = most and not (self.answered or self.later)
+        if stop and not ended:  # the jobs sent beside the first ones may yet be answered
+            if self._witness is None:
+                self._witness = set(self._others)
+            if self._witness:
+                return None
+        self.open = False
+        self._others, self._witness = set(), None
+        if stop:
             return Stop(top, count, self.seen, tuple(self._where[top]))
         held, self.held = self.held, []
         return held
