@@ -145,6 +145,20 @@ def iter_completions(url: StoreLike) -> Iterator[Completion]:
         yield from _rows_to_completions(table)
 
 
+def newest_completions(url: StoreLike, k: int) -> list[Completion]:
+    """At most ``k`` completions of the run's newest completions shard that can be read (an
+    unreadable one is passed over for the one before): what a resumed command asks its fleet
+    again (``recheck.py``). Empty for a run with none."""
+    store = as_store(url)
+    for key in reversed(shard_keys(store, COMPLETIONS_PREFIX)):
+        try:
+            table = read_shard(store, key, COMPLETION_FORMAT)
+        except StoreError:
+            continue
+        return list(_rows_to_completions(table.slice(0, k)))
+    return []
+
+
 def iter_failure_tables(url: StoreLike) -> Iterator[pa.Table]:
     """One Arrow table per committed failures shard."""
     store = as_store(url)

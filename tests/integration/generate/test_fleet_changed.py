@@ -74,7 +74,7 @@ def test_a_fleet_that_starts_refusing_stops_and_records_none_of_it(
         generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None, handle_signals=False)
     line = str(info.value)
     assert "\n" not in line and "configured differently" in line, line
-    assert "changed mid-run" in line or "of the first" in line, line
+    assert "answered earlier in this run" in line or "of the first" in line, line
     assert {f.message for f in failures(out)} <= {BAD}  # bad prompts met before the change
     # the fleet answers again: the same command settles the rest, every prompt once
     fixed = SimConfig(time_scale=0, mean_output_tokens=20, faults=FaultConfig(bad_prompts=bad))
@@ -167,7 +167,7 @@ def test_the_cli_stops_in_one_line_mid_run_and_the_fixed_fleet_finishes(tmp_path
     assert res.returncode == 1, res.stderr[-3000:]
     assert "Traceback" not in res.stderr
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1 and "changed mid-run" in errors[0], res.stderr
+    assert len(errors) == 1 and "answered earlier in this run" in errors[0], res.stderr
     assert failures(out) == [] and 1 <= len(completions(out)) <= 40
     with SimProcess(n=1, args=["--time-scale", "0"]) as sim:
         again = subprocess.run(

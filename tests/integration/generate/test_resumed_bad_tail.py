@@ -2,8 +2,10 @@
 than 16): the first command settled the rest (``--limit``; an interrupt, a stop or a crash
 leaves the same tail: refusals held at that moment are not recorded, by design), and the
 commands that follow must settle the tail, not stop on it again and again (the run could
-never end). The opening's resumed-tail rule stops a resumed command whose few prompts one
-refusal ended more than 8 of: every rerun meets the same prompts, and stops the same way."""
+never end). The opening's resumed-tail rule stopped a resumed command whose few prompts one
+refusal ended more than 8 of, and every rerun met the same prompts; now the fleet is first
+asked again a prompt the run answered before (``Dispatcher._ask_before_stopping``): answered,
+the refusals are the prompts' own."""
 
 from __future__ import annotations
 
@@ -47,11 +49,6 @@ def _write(path: Path, good: int, bad: int) -> tuple[set[str], set[str]]:
     return {str(r["id"]) for r in rows[False]}, {str(r["id"]) for r in rows[True]}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect (review-canary): a resumed run's tail of more than FIRST/2 prompts "
-    "every server refuses stops every command; needs a canary of a prompt the run answered",
-)
 @settings(
     max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

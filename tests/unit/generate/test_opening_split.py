@@ -48,7 +48,7 @@ def test_a_split_job_of_the_opening_does_not_keep_it_open(
     prompts = write(tmp / "p.jsonl", [user(i) for i in range(PROMPTS)])
     client = Changing(after, flaky)
     d, sink = dispatcher(cfg(order="file", n=2), [endpoint(0, client, limit=limit)], prompts)
-    with pytest.raises(FleetUnavailableError, match="changed mid-run"):
+    with pytest.raises(FleetUnavailableError, match="answered earlier in this run"):
         asyncio.run(asyncio.wait_for(d.run(), 20))
     assert not d.opening.open
     assert sink.failures == []  # none of the changed fleet's refusals is recorded

@@ -135,7 +135,7 @@ event = st.one_of(
     st.tuples(st.just("hold"), st.sampled_from(SAID), st.sets(st.sampled_from(URLS), min_size=1)),
     st.tuples(
         st.just("came"),
-        st.integers(0, 5),  # which canary asked so far (stale ones too)
+        st.integers(0, 5),  # which canary out comes back
         st.one_of(st.none(), st.just(NOTHING), st.sampled_from(SAID)),
     ),
 )
@@ -143,78 +143,108 @@ event = st.one_of(
 
 @given(events=st.lists(event, max_size=60))
 def test_canary_rounds_write_or_drop_each_record_once(events: list[tuple]) -> None:
-    """Random holds and canary outcomes (stale ones too): a held record is written at most
-    once and never after its round stopped the command; a round is settled as soon as one
-    canary is answered, and stops the command only when every canary it asked came back,
-    none answered and one refused."""
+    """Random holds and canary outcomes: a held record is written at most once and never
+    once the command stopped; at most one round of a refusal is out at a time, and a refusal
+    held while it is out waits for the next; a round is settled as soon as one canary is
+    answered, and stops the command only when every endpoint it asked refused the way its
+    prompts were refused; every record is written or dropped in the end."""
     check = Recheck()
-    asked: list[tuple[int, str]] = []  # (round, url) asked, in order
-    answered: set[int] = set()  # rounds a canary of which was answered
-    refusals: dict[int, list[str]] = {}  # round -> the URLs whose canary was refused
+    out: list[tuple[int, str]] = []  # canaries sent, not back
+    said_of: dict[int, str] = {}  # round -> its refusal
+    held: dict[int, list[str]] = {}  # round -> the ids held in it
+    round_of: dict[str, int] = {}  # id -> round
+    refused: dict[int, list[str]] = {}
     written: list[str] = []
-    dropped: set[str] = set()
-    held_by_round: dict[int, list[str]] = {}
+    stopped = False
     n = 0
+
+    def send() -> None:
+        due = check.due()
+        for number, _ in due:  # one round of a refusal out at a time
+            live = [k for k, _ in out if k in held]
+            assert number in held and all(said_of[k] != said_of[number] for k in live)
+        out.extend(due)
+
     for e in events:
+        if stopped:
+            break
         if e[0] == "hold":
             _, said, urls = e
             n += 1
             pid = f"p{n}"
-            number, ask = check.hold(said, sorted(urls), [_failure(pid)])
-            held_by_round.setdefault(number, []).append(pid)
-            asked.extend((number, u) for u in ask)
-            assert check.busy
+            before = {k for k, _ in out}
+            check.hold(said, sorted(urls), [_failure(pid)])
+            number = next(r.number for r in check._rounds if r.said == said and not r.sealed)
+            assert number not in before  # a round out takes no more
+            said_of[number] = said
+            held.setdefault(number, []).append(pid)
+            round_of[pid] = number
+            send()
             continue
-        _, k, out = e
-        if not asked:
+        _, k, outcome = e
+        if not out:
             continue
-        number, url = asked.pop(k % len(asked))  # each canary comes back once
-        live = number in held_by_round
-        verdict = check.came(number, url, out)
-        if not live:
-            assert verdict is None  # a round settled before: nothing more of it
+        number, url = out.pop(k % len(out))
+        verdict = check.came(number, url, outcome)
+        if number not in held:
+            assert verdict is None  # its round was settled before
             continue
-        if out is None:
-            answered.add(number)
-        elif isinstance(out, str):
-            refusals.setdefault(number, []).append(url)
+        if outcome == said_of[number]:
+            refused.setdefault(number, []).append(url)
         if verdict is None:
-            assert any(n == number for n, _ in asked)  # its other canaries are still out
+            assert outcome != None and any(j == number for j, _ in out)  # noqa: E711
             continue
-        ids = held_by_round.pop(number)
+        ids = held.pop(number)
         if isinstance(verdict, Changed):
-            assert number not in answered and verdict.prompts == len(ids)
-            assert verdict.endpoints == tuple(refusals[number])
-            assert not any(n == number for n, _ in asked)  # every canary came back
-            dropped.update(ids)
+            assert outcome is not None and verdict.endpoints == tuple(refused[number])
+            assert not any(j == number for j, _ in out)
+            assert verdict.prompts == len(ids) + sum(len(v) for v in held.values())
+            stopped = True
         else:
             assert sorted(f.id for f in verdict) == sorted(ids)
             written.extend(ids)
-            assert out is None or not refusals.get(number)
-    assert len(written) == len(set(written)) and not set(written) & dropped
-    assert check.busy == bool(held_by_round)
-    assert check.held == sum(len(v) for v in held_by_round.values())
+            send()
+    assert len(written) == len(set(written))
+    if not stopped:
+        assert check.busy == bool(held)
+        assert check.held == sum(len(v) for v in held.values())
 
 
 def test_a_round_that_every_endpoint_refuses_stops() -> None:
     check = Recheck()
-    number, ask = check.hold(SAID[0], ["u0", "u1"], [_failure("a")])
-    assert ask == ["u0", "u1"]
-    again, more = check.hold(SAID[0], ["u1", "u2"], [_failure("b")])  # joins the round
-    assert again == number and more == ["u2"]
-    assert check.came(number, "u0", SAID[1]) is None
-    assert check.came(number, "u1", NOTHING) is None  # no answer: no evidence either way
-    v = check.came(number, "u2", SAID[0])
-    assert isinstance(v, Changed) and v.prompts == 2 and v.endpoints == ("u0", "u2")
-    assert "\n" not in v.message() and "changed mid-run" in v.message()
+    check.hold(SAID[0], ["u0", "u1"], [_failure("a")])
+    (number, _), (_, _) = sent = check.due()
+    assert [u for _, u in sent] == ["u0", "u1"]
+    check.hold(SAID[0], ["u1", "u2"], [_failure("b")])  # waits: the round is out
+    assert check.due() == []
+    assert check.came(number, "u0", SAID[0]) is None
+    v = check.came(number, "u1", SAID[0])
+    assert isinstance(v, Changed) and v.prompts == 2 and v.endpoints == ("u0", "u1")
+    assert "\n" not in v.message() and "answered earlier in this run" in v.message()
     assert not check.busy and check.came(number, "u0", None) is None  # stale
 
 
-def test_a_round_no_canary_came_back_from_writes_its_records() -> None:
+def test_a_canary_refused_otherwise_or_unanswered_proves_nothing() -> None:
+    """Refused with another answer than the prompts (something of the canary's own), or no
+    answer at all: the records are written, the command goes on."""
+    for other in (SAID[1], NOTHING):
+        check = Recheck()
+        check.hold(SAID[0], ["u0", "u1"], [_failure("a")])
+        (number, _), _ = check.due()
+        assert check.came(number, "u0", SAID[0]) is None
+        v = check.came(number, "u1", other)
+        assert isinstance(v, list) and [f.id for f in v] == ["a"]
+
+
+def test_the_round_that_waited_goes_out_when_the_one_before_is_answered() -> None:
     check = Recheck()
-    number, _ = check.hold(SAID[0], ["u0"], [_failure("a")])
-    v = check.came(number, "u0", NOTHING)
+    check.hold(SAID[0], ["u0"], [_failure("a")])
+    ((first, _),) = check.due()
+    check.hold(SAID[0], ["u0"], [_failure("b")])  # after the canary left: the next round
+    v = check.came(first, "u0", None)
     assert isinstance(v, list) and [f.id for f in v] == ["a"]
+    ((second, url),) = check.due()
+    assert second != first and url == "u0" and check.held == 1
 
 
 # -- one endpoint's canary ----------------------------------------------------------------------

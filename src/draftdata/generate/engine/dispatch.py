@@ -169,7 +169,9 @@ class LengthFigures:
 class Dispatcher:
     """Runs every job of ``reader`` over ``endpoints`` until all are settled or it is stopped.
 
-    ``caller`` runs each attempt (default: generate's chat ``Caller``)."""
+    ``caller`` runs each attempt (default: generate's chat ``Caller``); ``answered_before``
+    reads a few prompts the run answered before this command (the canaries of a resumed
+    command's opening, ``_ask_before_stopping``)."""
 
     def __init__(
         self,
@@ -187,6 +189,7 @@ class Dispatcher:
         seed: int | None = None,
         priors: Callable[[], LengthPriors] | None = None,
         caller: AttemptCaller | None = None,
+        answered_before: Callable[[], list[Prompt]] | None = None,
     ) -> None:
         self.cfg = config
         self.endpoints = endpoints
@@ -210,6 +213,8 @@ class Dispatcher:
         self.opening = OpeningCheck()
         self.refusals = EndpointRefusals()
         self.recheck = Recheck()  # after the opening: a fleet that changed mid-run
+        self._before = answered_before  # a few prompts the run answered before this command
+        self._asking_before = False  # reading them, the opening's stop in suspense
         self._answered: deque[Job] = deque(maxlen=CANARY_PROMPTS)  # newest first: canaries
         # url -> jobs it refused since its last answer, asked elsewhere (its take-out line)
         self._asked_elsewhere: Counter[str] = Counter()
@@ -302,7 +307,8 @@ class Dispatcher:
                 if self.opening.open and not self.running and self._all_settled():
                     self._judge(ended=True)
                 if not self.running and (
-                    self.stopping or (self._all_settled() and not self.recheck.busy)
+                    self.stopping
+                    or (self._all_settled() and not self.recheck.busy and not self._asking_before)
                 ):
                     break
                 self.wake.clear()
@@ -743,15 +749,56 @@ class Dispatcher:
 
     def _judge(self, *, ended: bool) -> None:
         """Act on the opening check's verdict: stop the run on one refusal of most of the
-        first requests (nothing of them recorded), else write the records it held."""
+        first requests (nothing of them recorded), else write the records it held. A command
+        resuming a run first asks the fleet again what the run answered before (its few
+        prompts left may be prompts every server refuses: stopping on them, every next
+        command would stop the same way and the run could never end)."""
         verdict = self.opening.verdict(ended=ended, resumed=self.already_done > 0)
         if isinstance(verdict, Stop):
-            if self.refused is None and self.bug is None:
-                self.refused = FleetUnavailableError(verdict.message())
-                self.abort()
+            held, self.opening.held = self.opening.held, []
+            if (
+                self._before is not None
+                and self.already_done > 0
+                and held
+                and isinstance(self.caller, Caller)
+            ):
+                self._asking_before = True
+                self.spawn(self._ask_before_stopping(verdict, held))
+            else:
+                self._stop_for(verdict)
         elif verdict:
             for refused in verdict:
                 self._refusal(refused)
+
+    def _stop_for(self, why: Stop | Changed) -> None:
+        """Stop the run on a refusal of the whole fleet: one line, nothing held recorded."""
+        if self.refused is None and self.bug is None:
+            self.refused = FleetUnavailableError(why.message())
+            self.abort()
+
+    async def _ask_before_stopping(self, stop: Stop, held: list[Refused]) -> None:
+        """The opening's ``stop`` in a resumed command: read a few prompts the run answered
+        before (in a thread), then let the canaries decide (``_refusal``); with none, stop."""
+        try:
+            try:
+                prompts = await asyncio.to_thread(self._before) if self._before else []
+            except Exception as exc:  # a figure to ask with, never the run's error
+                self.log(f"generate: could not read the run's earlier answers: {exc}")
+                prompts = []
+            for prompt in prompts:
+                jobs, _ = plan(prompt, self.cfg, lambda _pid, _s: False)
+                if jobs and len(self._answered) < CANARY_PROMPTS:
+                    self._answered.append(jobs[0])
+            if self.stopping:
+                return
+            if not self._answered:
+                self._stop_for(stop)
+                return
+            for refused in held:
+                self._refusal(refused)
+        finally:
+            self._asking_before = False
+            self.wake.set()
 
     def _refusal(self, refused: Refused) -> None:
         """A prompt's refusal by every endpoint asked: its records are held while those in
@@ -763,8 +810,14 @@ class Dispatcher:
             for f in refused.records:
                 self.sink.failure(f)
             return
-        number, ask = self.recheck.hold(refused.said, where, refused.records)
-        for url in ask:
+        self.recheck.hold(refused.said, where, refused.records)
+        self._send_canaries()
+
+    def _send_canaries(self) -> None:
+        """Send the canaries of the rounds due (``Recheck.due``)."""
+        if self.stopping:
+            return
+        for number, url in self.recheck.due():
             self.spawn(self._canary(number, self._by_url[url]))
 
     async def _canary(self, number: int, ep: Endpoint) -> None:
@@ -784,12 +837,11 @@ class Dispatcher:
             return
         verdict = self.recheck.came(number, ep.url, outcome)
         if isinstance(verdict, Changed):
-            if self.refused is None and self.bug is None:
-                self.refused = FleetUnavailableError(verdict.message())
-                self.abort()
+            self._stop_for(verdict)
         elif verdict is not None:
             for f in verdict:
                 self.sink.failure(f)
+            self._send_canaries()  # the round that waited for this one
         self.wake.set()
 
     def _settle(self, job: Job) -> None:

@@ -57,9 +57,12 @@ from draftdata.generate.engine.endpoint import Endpoint, load_of
 from draftdata.generate.engine.keeper import EndpointKeeper
 from draftdata.generate.engine.length import known_lengths
 from draftdata.generate.engine.progress import Progress
+from draftdata.generate.engine.recheck import CANARY_PROMPTS
 from draftdata.generate.prompts.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
-from draftdata.records import Completion, Failure
+from draftdata.records import Completion, Failure, Prompt
+from draftdata.store.base import Store
+from draftdata.store.read import newest_completions
 from draftdata.store.run import Run
 from draftdata.support.gc_tuning import fewer_collections
 from draftdata.support.progress import REFRESH_PER_SECOND
@@ -148,6 +151,7 @@ class Engine:
             priors=partial(
                 known_lengths, run.store, config.prompts, history=bool(run.resumed_done)
             ),
+            answered_before=partial(answered_prompts, run.store) if run.resumed_done else None,
         )
         self.keeper.attach(self.dispatcher)
         self.progress = Progress(
@@ -501,3 +505,12 @@ async def run_engine(
         if on_engine is not None:
             on_engine(engine)
         return await engine.run()
+
+
+def answered_prompts(store: Store, k: int = CANARY_PROMPTS) -> list[Prompt]:
+    """A few prompts the run at ``store`` answered before this command, as they were asked
+    (``Dispatcher``'s ``answered_before``: a resumed command's canaries)."""
+    return [
+        Prompt(id=c.id, messages=c.messages, source=c.source, domain=c.domain, tools=c.tools)
+        for c in newest_completions(store, k)
+    ]

@@ -47,10 +47,12 @@ things, and two parts here tell them apart:
   server and the held records are dropped: nothing is recorded, and the fixed command just
   runs (a command resuming a run that earlier commands settled prompts of is judged on fewer
   only when one refusal ended more than half of ``FIRST``: its few prompts are the run's
-  tail). Otherwise the held refusals go on as any later one does (``recheck.py``: held until
-  the fleet is asked again a request it answered, then recorded, or the command stops if the
-  fleet changed), and the check steps aside for the rest of the command. A refusal confined
-  to some endpoints never ends a job (it is asked elsewhere), so it cannot stop the command.
+  tail; and before it stops, the dispatcher asks the fleet again a prompt an earlier command
+  answered, ``recheck.py``: answered, the refusals are the prompts' own). Otherwise the
+  held refusals go on as any later one does (``recheck.py``: held until the fleet is asked
+  again a request it answered, then recorded, or the command stops if the fleet changed), and
+  the check steps aside for the rest of the command. A refusal confined to some endpoints
+  never ends a job (it is asked elsewhere), so it cannot stop the command.
 
 It decides only: the dispatcher holds back the records, requeues, takes endpoints out and
 stops the run. It knows endpoints by their URL and nothing else of them.

@@ -11,20 +11,26 @@ command ends with exit 0, and the same command skips them as settled.
 
 Telling them apart takes one question, not a streak rule (bad prompts often come together: one
 source's rows carrying the same thing the template refuses): the record of such a refusal is
-held, and each endpoint that refused the prompt is asked again a request this command had
-answered (a canary: the same request, its output limited to a token or so; ``ask_again``).
+held, and each endpoint that refused the prompt is asked again a request the run had answered
+(a canary: the same request, its output limited to a token or so; ``ask_again``): one this
+command answered, or, for a resumed command's opening (``opening.py``), one an earlier command
+answered.
 
 - answered by one of them: the fleet still answers what it answered, the refusals are the
   prompts' own: the held records go out (``Recheck.came`` returns them);
-- refused by each that came back, with no answer: the fleet changed: the command stops in one
-  line quoting the refusal (``Changed``), and the held records are dropped: nothing is
-  recorded for those prompts, so the same command asks them again once the servers answer;
-- neither (every canary failed otherwise: timeouts, server errors, ``CANARY_TRIES`` of them
-  per endpoint, each waited for ``CANARY_TIMEOUT_S`` at most): the records go out, as they
-  would have without the check.
+- refused by every endpoint asked, the way the prompts were: the fleet (or the command's
+  requests) changed: the command stops in one line quoting the refusal (``Changed``), and
+  the held records are dropped: nothing is recorded for those prompts, so the same command
+  asks them again once the servers answer;
+- neither (a canary refused otherwise, or failed: timeouts, server errors, ``CANARY_TRIES``
+  of them per endpoint, each waited for ``CANARY_TIMEOUT_S`` at most): the records go out, as
+  they would have without the check.
 
-Refusals that come while a canary is out join its group (by the server's answer, ``said``);
-one that comes after a group was settled starts a new round. A canary is asked of up to
+Refusals are grouped in rounds by the server's answer (``said``). A round is sealed once its
+canaries are out: a refusal that comes later waits for the next round of its answer, sent when
+this one settles (a canary sent before the fleet changed says nothing of the refusals the
+change brings). A canary refused otherwise than the round's prompts were (something of its
+own, its one token) proves nothing, as does one that got no answer. A canary is asked of up to
 ``CANARY_PROMPTS`` answered requests in turn, so that one refusal of a request that was
 answered (a server refusing at random) is not taken for a changed fleet: each must be refused.
 
@@ -52,7 +58,7 @@ NOTHING = object()  # a canary's outcome when nothing came back (no answer, no r
 
 @dataclass(frozen=True, slots=True)
 class Changed:
-    """The endpoints refused requests this command had answered: the command stops."""
+    """The endpoints refused requests this run had answered: the command stops."""
 
     said: str  # the canaries' refusal, as ServerError.said shows it
     prompts: int  # prompts whose refusals were held (not recorded)
@@ -62,85 +68,107 @@ class Changed:
         """The one line the command ends with."""
         where = ", ".join(self.endpoints[:3]) + (" ..." if len(self.endpoints) > 3 else "")
         return (
-            f"the servers now refuse requests they answered earlier in this command "
-            f"({self.said}, by {where}): they changed mid-run (restarted with another chat "
-            f"template, engine version, model or options?); the {self.prompts:,} prompts "
-            "refused since are not recorded, and what was answered before is kept. Fix the "
-            "servers, then run the same command: it asks those prompts again"
+            f"the servers now refuse requests they answered earlier in this run ({self.said}, "
+            f"by {where}): the servers changed (restarted with another chat template, engine "
+            "version, model or options?), or this command's requests did (a sampling option, "
+            f"--reasoning, --extra-body); the {self.prompts:,} prompts refused since are not "
+            "recorded, and what was answered before is kept. Fix it, then run the same "
+            "command: it asks those prompts again"
         )
 
 
 @dataclass(slots=True)
 class _Round:
-    """One question to the fleet: the records held for it, who is still to answer."""
+    """One question to the fleet about one refusal (``said``): the records held for it, the
+    endpoints to ask, and what came back. Sealed once its canaries are out: a refusal that
+    comes after them waits for the next round (a canary sent before the fleet changed says
+    nothing of the refusals the change brings)."""
 
     number: int
+    said: str
     held: list[Failure] = field(default_factory=list)
-    prompts: int = 0
-    asked: set[str] = field(default_factory=set)
+    ids: set[str] = field(default_factory=set)
+    asked: dict[str, None] = field(default_factory=dict)  # the endpoints to ask, in order
+    sealed: bool = False
     pending: set[str] = field(default_factory=set)
     refused: dict[str, str] = field(default_factory=dict)  # url -> the canary's refusal
+    unknown: int = 0  # canaries that came back with nothing (no answer, no refusal)
 
 
 @dataclass(slots=True)
 class Recheck:
     """Holds refusal records until a canary round settles them (module docstring)."""
 
-    _rounds: dict[str, _Round] = field(default_factory=dict)  # by the held refusal's said
+    _rounds: list[_Round] = field(default_factory=list)  # open, in the order started
     _numbered: int = 0
     released: int = 0  # rounds settled as the prompts' own refusals (answered canaries)
     canaries: int = 0  # endpoints asked again
 
     @property
     def busy(self) -> bool:
-        """Whether records are held for a round still out."""
+        """Whether records are held for a round not settled yet."""
         return bool(self._rounds)
 
     @property
     def held(self) -> int:
         """Prompts whose refusal records are held now."""
-        return sum(r.prompts for r in self._rounds.values())
+        return sum(len(r.ids) for r in self._rounds)
 
-    def hold(
-        self, said: str, refusers: Iterable[str], records: Sequence[Failure]
-    ) -> tuple[int, list[str]]:
+    def hold(self, said: str, refusers: Iterable[str], records: Sequence[Failure]) -> None:
         """A prompt's refusal ``said`` by ``refusers`` (URLs in service): its ``records`` are
-        held. Returns the round's number and the endpoints to ask now (those of the round
-        not asked yet; none when the round already asks them all)."""
-        r = self._rounds.get(said)
+        held in the round of ``said`` that is not sealed yet (``due`` sends it)."""
+        r = next((r for r in self._rounds if r.said == said and not r.sealed), None)
         if r is None:
             self._numbered += 1
-            r = self._rounds[said] = _Round(self._numbered)
+            r = _Round(self._numbered, said)
+            self._rounds.append(r)
         r.held.extend(records)
-        r.prompts += 1
-        ask = [u for u in dict.fromkeys(refusers) if u not in r.asked]
-        r.asked.update(ask)
-        r.pending.update(ask)
-        self.canaries += len(ask)
-        return r.number, ask
+        r.ids.update(f.id for f in records)
+        r.asked.update(dict.fromkeys(refusers))
+
+    def due(self) -> list[tuple[int, str]]:
+        """The canaries to send now, (round, URL): each round not sealed whose refusal has
+        no round out (sealed here)."""
+        out: list[tuple[int, str]] = []
+        busy = {r.said for r in self._rounds if r.sealed}
+        for r in self._rounds:
+            if r.sealed or r.said in busy:
+                continue
+            r.sealed = True
+            r.pending = set(r.asked)
+            busy.add(r.said)
+            self.canaries += len(r.asked)
+            out.extend((r.number, url) for url in r.asked)
+        return out
 
     def came(self, number: int, url: str, outcome: object) -> Changed | list[Failure] | None:
         """The canary of round ``number`` asked of ``url`` came back: None answered, a
         ``ServerError.said`` refused, ``NOTHING`` neither. Returns the records to write (the
-        round settled as the prompts' refusals), ``Changed`` (the command stops; the round's
-        records are dropped), or None (undecided, or the round was settled before)."""
-        said, r = next(((s, r) for s, r in self._rounds.items() if r.number == number), ("", None))
+        round settled as the prompts' refusals), ``Changed`` (the command stops; the records
+        held are dropped), or None (undecided, or the round was settled before). The fleet
+        changed only when every endpoint asked refused, each the way the round's prompts
+        were refused: a canary refused otherwise (something of the canary's own, its one
+        token) or not answered at all proves nothing, and the records go out."""
+        r = next((r for r in self._rounds if r.number == number), None)
         if r is None or url not in r.pending:
             return None
         r.pending.discard(url)
         if outcome is None:
-            del self._rounds[said]
+            self._rounds.remove(r)
             self.released += 1
             return r.held
-        if isinstance(outcome, str):
+        if isinstance(outcome, str) and outcome == r.said:
             r.refused[url] = outcome
+        else:
+            r.unknown += 1
         if r.pending:
             return None
-        del self._rounds[said]
-        if not r.refused:
+        self._rounds.remove(r)
+        if r.unknown or not r.refused:
             return r.held
-        top = list(r.refused.values())[-1]
-        return Changed(top, r.prompts, tuple(r.refused))
+        dropped = r.ids.union(*(x.ids for x in self._rounds))  # every round's, held no more
+        self._rounds.clear()
+        return Changed(r.said, len(dropped), tuple(r.refused))
 
 
 async def ask_again(
