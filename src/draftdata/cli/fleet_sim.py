@@ -229,6 +229,15 @@ class SimOptions(msgspec.Struct, kw_only=True, frozen=True):
         ),
         SETTING,
     ] = []
+    unsupported_after: Annotated[
+        int,
+        typer.Option(
+            "--unsupported-after",
+            help="Refuse the --unsupported fields only after each server's first N chat "
+            "requests (a server restarted mid-run without an option).",
+        ),
+        SETTING,
+    ] = 0
     fault_reset: Annotated[
         float,
         typer.Option("--fault-reset", help="Rate of connections reset mid-response."),

@@ -121,6 +121,7 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     # request fields the server does not know: a chat request carrying one is refused with
     # HTTP 400 "Unsupported parameter: NAME" (an engine or API that lacks a sampling option)
     unsupported: list[str] = msgspec.field(default_factory=list)
+    unsupported_after: int = 0  # ... refused after each server's first N chat requests
     time_scale: float = 1.0
     base_step_s: float = 0.020
     per_seq_step_s: float = 0.00016
@@ -228,6 +229,7 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         )
     for name in config.unsupported:
         checks.append((bool(name.strip()), "--unsupported: give a request field's name"))
+    checks.append((config.unsupported_after >= 0, "--unsupported-after: must be >= 0"))
     for index in config.default_thinking:
         checks.append((0 <= index < servers, f"--default-thinking: {index} is not a server index"))
     for index, factor in f.slow.items():

@@ -173,14 +173,16 @@ def prepare(
     tokenizer: Tokenizer,
     cache: PrefixCache | None,
     default_thinking: bool | None = None,
+    requests: int = 1,
 ) -> Prepared:
     """Validate ``body`` and decide every answer; raise RefusedRequestError where the engine
     would refuse it. ``default_thinking``: the server template's default ``enable_thinking``
-    (None: thinking unless ``config.reasoning`` is "off")."""
+    (None: thinking unless ``config.reasoning`` is "off"); ``requests``: the server's chat
+    requests so far, this one included (``unsupported_after``)."""
     if not isinstance(body, dict):
         raise RefusedRequestError(400, "the request body must be a JSON object")
     for field in config.unsupported:  # an engine or API without this option
-        if field in body:
+        if field in body and requests > config.unsupported_after:
             raise RefusedRequestError(400, f"Unsupported parameter: {field}")
     flavor = config.flavor
     msgs = _messages(body)

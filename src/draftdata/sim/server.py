@@ -363,7 +363,14 @@ class SimServer:
             self.stats.faults["bad_prompt"] = self.stats.faults.get("bad_prompt", 0) + 1
             return self._error(400, "Invalid request: this prompt cannot be rendered (simulated)")
         try:
-            prep = prepare(body, self.config, self.tokenizer, self._cache, self.default_thinking)
+            prep = prepare(
+                body,
+                self.config,
+                self.tokenizer,
+                self._cache,
+                self.default_thinking,
+                requests=self.stats.requests,
+            )
         except RefusedRequestError as exc:
             self.stats.rejected += 1
             return self._error(exc.status, exc.message)

@@ -151,6 +151,36 @@ def test_refusals_coming_back_first_do_not_stop_a_fleet_that_answers(
     assert check_exactly_once(str(out), set(ids)) == (200 - len(bad), len(bad))
 
 
+@settings(
+    max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(servers=st.integers(1, 3), after=st.integers(20, 40))
+def test_a_fleet_that_turns_to_refuse_prompts_with_tools_stops(
+    tmp_path_factory: pytest.TempPathFactory, servers: int, after: int
+) -> None:
+    """Restarted without tool calling mid-run: every prompt with tools is refused, the others
+    answered still. The canaries of those refusals are answered requests with tools (a plain
+    one would be answered, and every prompt with tools left recorded as failed): refused
+    alike, the command stops in one line, nothing of it recorded, and the fleet that answers
+    again settles every prompt once."""
+    tmp = tmp_path_factory.mktemp("k")
+    prompts = tmp / "p.jsonl"
+    ids = write_prompts(prompts, 150, kind="mixed")
+    out = tmp / "run"
+    sim = SimConfig(
+        time_scale=0, mean_output_tokens=20, unsupported=["tools"], unsupported_after=after
+    )
+    with SimFleet(servers, sim) as fleet, pytest.raises(FleetUnavailableError) as info:
+        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None, handle_signals=False)
+    line = str(info.value)
+    assert "\n" not in line and "Unsupported parameter: tools" in line, line
+    assert "answered earlier in this run" in line, line
+    assert failures(out) == []
+    with SimFleet(servers, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
+        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None, handle_signals=False)
+    assert check_exactly_once(str(out), set(ids)) == (150, 0)
+
+
 def test_the_cli_stops_in_one_line_mid_run_and_the_fixed_fleet_finishes(tmp_path: Path) -> None:
     """``fleet sim --refuse 0:400 --refuse-after 40`` on a fleet of one: generate answers 40,
     then stops with exit 1 and one ``error:`` line; nothing refused is recorded; the same

@@ -305,3 +305,19 @@ def test_ask_again_is_refused_only_when_each_answered_request_is(
     assert got == expect
     assert set(sent) <= set(range(min(known, CANARY_PROMPTS)))
     assert sum(1 for w in script[: len(sent)] if w in ("fail", "hang")) <= 2
+
+
+def test_rounds_of_one_refusal_and_other_shapes_are_asked_apart() -> None:
+    """Prompts with tools and plain ones refused the same way: two rounds, both out at once,
+    each of its shape (the dispatcher's canaries of that shape), settled apart."""
+    check = Recheck()
+    check.hold(SAID[0], ["u0"], [_failure("t")], "tools")
+    check.hold(SAID[0], ["u0"], [_failure("p")], "plain")
+    sent = check.due()
+    assert len(sent) == 2 and {check.kind_of(n) for n, _ in sent} == {"tools", "plain"}
+    tools = next(n for n, _ in sent if check.kind_of(n) == "tools")
+    plain = next(n for n, _ in sent if check.kind_of(n) == "plain")
+    v = check.came(plain, "u0", None)
+    assert isinstance(v, list) and [f.id for f in v] == ["p"]
+    v = check.came(tools, "u0", SAID[0])
+    assert isinstance(v, Changed) and v.prompts == 1 and check.kind_of(tools) == ""

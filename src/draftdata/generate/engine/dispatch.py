@@ -215,7 +215,9 @@ class Dispatcher:
         self.recheck = Recheck()  # after the opening: a fleet that changed mid-run
         self._before = answered_before  # a few prompts the run answered before this command
         self._asking_before = False  # reading them, the opening's stop in suspense
-        self._answered: deque[Job] = deque(maxlen=CANARY_PROMPTS)  # newest first: canaries
+        # answered jobs, newest first: the canaries, of every shape and of each (``_kind``)
+        self._answered: deque[Job] = deque(maxlen=CANARY_PROMPTS)
+        self._answered_kind: dict[str, deque[Job]] = {}
         # url -> jobs it refused since its last answer, asked elsewhere (its take-out line)
         self._asked_elsewhere: Counter[str] = Counter()
         self._by_url = {e.url: e for e in endpoints}
@@ -634,7 +636,7 @@ class Dispatcher:
         for c in done:
             self.sink.completion(c)
             ep.meter.completed += 1
-        self._answered.appendleft(job)
+        self._known(job)
         self._settle(job)
         if self.opening.open:
             self.opening.settled(job, answered=True)
@@ -734,7 +736,8 @@ class Dispatcher:
         records = failures(job, reason, ep.redact(message), endpoint=ep.url)
         job.done = True
         if err is not None and is_refusal(err):
-            refused = Refused(err.said, tuple(job.refused) or (ep.url,), records)
+            where = tuple(job.refused) or (ep.url,)
+            refused = Refused(err.said, where, records, _kind(job))
             if self.opening.open:
                 self.opening.refused(job, refused)  # held until the verdict
             else:
@@ -787,8 +790,8 @@ class Dispatcher:
                 prompts = []
             for prompt in prompts:
                 jobs, _ = plan(prompt, self.cfg, lambda _pid, _s: False)
-                if jobs and len(self._answered) < CANARY_PROMPTS:
-                    self._answered.append(jobs[0])
+                if jobs:
+                    self._known(jobs[0], older=True)
             if self.stopping:
                 return
             if not self._answered:
@@ -810,8 +813,23 @@ class Dispatcher:
             for f in refused.records:
                 self.sink.failure(f)
             return
-        self.recheck.hold(refused.said, where, refused.records)
+        self.recheck.hold(refused.said, where, refused.records, refused.kind)
         self._send_canaries()
+
+    def _known(self, job: Job, *, older: bool = False) -> None:
+        """``job`` was answered: a canary to come (``older``: before the ones known)."""
+        kind = self._answered_kind.setdefault(_kind(job), deque(maxlen=CANARY_PROMPTS))
+        for known in (self._answered, kind):
+            if not older:
+                known.appendleft(job)
+            elif len(known) < CANARY_PROMPTS:
+                known.append(job)
+
+    def _canaries(self, kind: str) -> list[Job]:
+        """The answered jobs a round of prompts of shape ``kind`` asks again: of that shape
+        where the run answered one (a template that turned to refuse tools still answers
+        plain prompts), else of any."""
+        return list(self._answered_kind.get(kind) or self._answered)
 
     def _send_canaries(self) -> None:
         """Send the canaries of the rounds due (``Recheck.due``)."""
@@ -828,7 +846,7 @@ class Dispatcher:
         try:
             outcome = await ask_again(
                 lambda job: caller.ask_again(job, ep),
-                list(self._answered),
+                self._canaries(self.recheck.kind_of(number)),
                 refusal=is_refusal,
                 backoff=lambda tries: self.policy.backoff(tries, None),
             )
@@ -966,6 +984,11 @@ class Dispatcher:
         )
         self.log(f"endpoint {ep.url} taken out: {why}; {said}")
         self.wake.set()
+
+
+def _kind(job: Job) -> str:
+    """A job's shape for the canaries (``recheck.py``): with tools or not, one turn or more."""
+    return ("tools" if job.prompt.tools else "plain") + ("-multi" if job.multi_turn else "")
 
 
 def _saids(refused: dict[str, ServerError]) -> dict[str, str]:

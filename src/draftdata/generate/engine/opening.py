@@ -86,6 +86,7 @@ class Refused:
     said: str
     endpoints: tuple[str, ...]
     records: list[Failure]
+    kind: str = ""  # the job's shape (``recheck.py``'s rounds)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,13 +26,16 @@ answered.
   of them per endpoint, each waited for ``CANARY_TIMEOUT_S`` at most): the records go out, as
   they would have without the check.
 
-Refusals are grouped in rounds by the server's answer (``said``). A round is sealed once its
-canaries are out: a refusal that comes later waits for the next round of its answer, sent when
-this one settles (a canary sent before the fleet changed says nothing of the refusals the
-change brings). A canary refused otherwise than the round's prompts were (something of its
-own, its one token) proves nothing, as does one that got no answer. A canary is asked of up to
-``CANARY_PROMPTS`` answered requests in turn, so that one refusal of a request that was
-answered (a server refusing at random) is not taken for a changed fleet: each must be refused.
+Refusals are grouped in rounds by the server's answer (``said``) and the prompts' shape (with
+tools or not, one turn or several: the canaries are requests of that shape where the run
+answered one, since a template that turned to refuse tools answers plain prompts still). A
+round is sealed once its canaries are out: a refusal that comes later waits for the next
+round of its answer, sent when this one settles (a canary sent before the fleet changed says
+nothing of the refusals the change brings). A canary refused otherwise than the round's
+prompts were (something of its own, its one token) proves nothing, as does one that got no
+answer. A canary is asked of up to ``CANARY_PROMPTS`` answered requests in turn, so that one
+refusal of a request that was answered (a server refusing at random) is not taken for a
+changed fleet: each must be refused.
 
 It decides only, and knows endpoints by their URL; the dispatcher holds the records, sends the
 canaries (``Caller.ask_again``) and stops the run.
@@ -86,6 +89,7 @@ class _Round:
 
     number: int
     said: str
+    kind: str = ""  # the prompts' shape (the dispatcher's: tools, turns): canaries of it
     held: list[Failure] = field(default_factory=list)
     ids: set[str] = field(default_factory=set)
     asked: dict[str, None] = field(default_factory=dict)  # the endpoints to ask, in order
@@ -114,13 +118,18 @@ class Recheck:
         """Prompts whose refusal records are held now."""
         return sum(len(r.ids) for r in self._rounds)
 
-    def hold(self, said: str, refusers: Iterable[str], records: Sequence[Failure]) -> None:
+    def hold(
+        self, said: str, refusers: Iterable[str], records: Sequence[Failure], kind: str = ""
+    ) -> None:
         """A prompt's refusal ``said`` by ``refusers`` (URLs in service): its ``records`` are
-        held in the round of ``said`` that is not sealed yet (``due`` sends it)."""
-        r = next((r for r in self._rounds if r.said == said and not r.sealed), None)
+        held in the round of ``said`` and ``kind`` (the prompt's shape: a template that turned
+        to refuse prompts with tools answers the rest) that is not sealed yet (``due`` sends
+        it)."""
+        key = (said, kind)
+        r = next((r for r in self._rounds if (r.said, r.kind) == key and not r.sealed), None)
         if r is None:
             self._numbered += 1
-            r = _Round(self._numbered, said)
+            r = _Round(self._numbered, said, kind)
             self._rounds.append(r)
         r.held.extend(records)
         r.ids.update(f.id for f in records)
@@ -130,16 +139,20 @@ class Recheck:
         """The canaries to send now, (round, URL): each round not sealed whose refusal has
         no round out (sealed here)."""
         out: list[tuple[int, str]] = []
-        busy = {r.said for r in self._rounds if r.sealed}
+        busy = {(r.said, r.kind) for r in self._rounds if r.sealed}
         for r in self._rounds:
-            if r.sealed or r.said in busy:
+            if r.sealed or (r.said, r.kind) in busy:
                 continue
             r.sealed = True
             r.pending = set(r.asked)
-            busy.add(r.said)
+            busy.add((r.said, r.kind))
             self.canaries += len(r.asked)
             out.extend((r.number, url) for url in r.asked)
         return out
+
+    def kind_of(self, number: int) -> str:
+        """The prompts' shape of round ``number`` ("" once it is settled)."""
+        return next((r.kind for r in self._rounds if r.number == number), "")
 
     def came(self, number: int, url: str, outcome: object) -> Changed | list[Failure] | None:
         """The canary of round ``number`` asked of ``url`` came back: None answered, a
