@@ -232,6 +232,9 @@ def thinking_off_multi_turn(fleet: Path, model: Path, tmp: Path) -> Tokenized:
     return t
 
 
+PAIRS = 12  # pairs of requests cancel_frees_the_slot tries (2 of 5 runs of 5 pairs met none)
+
+
 def cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: int) -> float:
     """Send two identical long requests, cancel one as the dispatcher cancels a hedge's losing
     copy (its task), and return how long the server took to drop it from its own counts (running
@@ -285,7 +288,10 @@ async def _cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: 
         EndpointClient(url) as twin,
         aiohttp.ClientSession() as session,
     ):
-        for _ in range(5):  # a loaded machine can make one pair too quick to watch
+        # a pair is too quick to watch when the twin ends before the server looks at the lost
+        # copy's connection (SGLang: every few seconds), as a loaded machine or a fast one
+        # makes it: up to PAIRS pairs
+        for _ in range(PAIRS):
             await until(session, 0, 60)
             lost = asyncio.create_task(loser.chat(request))
             kept = asyncio.create_task(twin.chat(request))
@@ -307,7 +313,7 @@ async def _cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: 
             await loser.chat(request.with_max_tokens(2))
             return freed
         raise AssertionError(
-            f"{url}: in five pairs of {max_tokens}-token requests the twin ended before the "
+            f"{url}: in {PAIRS} pairs of {max_tokens}-token requests the twin ended before the "
             "server dropped the cancelled copy: it kept its slot, or the requests are too short"
         )
 

@@ -245,6 +245,15 @@ def test_thinking_off_and_multi_turn_regeneration_are_token_exact(
 
 
 @pytest.mark.timeout(300)
+def test_the_fleet_checks_canary_is_an_answer_from_sglang(
+    sglang_fleet: tuple[Path, Path, str],
+) -> None:
+    """``engine_checks.canary_answered``: SGLang answers the mid-run check's canary."""
+    fleet, _, _ = sglang_fleet
+    engine_checks.canary_answered(_endpoint(fleet)["url"], SERVED)
+
+
+@pytest.mark.timeout(300)
 def test_a_cancelled_copy_stops_using_an_sglang_slot(
     sglang_fleet: tuple[Path, Path, str],
 ) -> None:
@@ -285,12 +294,3 @@ def test_a_killed_server_is_restarted_then_fleet_down_stops_all(
         except psutil.NoSuchProcess:
             gone = True
         assert gone, pid
-
-
-@pytest.mark.timeout(300)
-def test_the_fleet_checks_canary_is_an_answer_from_sglang(
-    sglang_fleet: tuple[Path, Path, str],
-) -> None:
-    """``engine_checks.canary_answered``: SGLang answers the mid-run check's canary."""
-    fleet, _, _ = sglang_fleet
-    engine_checks.canary_answered(_endpoint(fleet)["url"], SERVED)
