@@ -8,6 +8,7 @@ from typing import Any
 
 from draftdata.generate.config import GenerateConfig
 from draftdata.records import Completion, Failure
+from draftdata.sim.answers import digest
 from draftdata.store.read import iter_completions, iter_failures
 
 TOOLS = [
@@ -132,3 +133,32 @@ def code_chat_file(path: Path, n: int, question: str) -> Path:
             ]
             fh.write(json.dumps({"id": f"c{i}", "conversations": conv}) + "\n")
     return path
+
+
+def is_bad_prompt(first_user: str, rate: float) -> bool:
+    """Whether the simulator's ``--bad-prompts RATE`` refuses a prompt whose first user message
+    is ``first_user`` (its rule: a hash of that message)."""
+    return digest("bad prompt", first_user) < rate * 2**64
+
+
+def write_bad_and_good(
+    path: Path, *, bad: int, good: int, rate: float, bad_first: bool
+) -> tuple[set[str], set[str]]:
+    """``bad`` prompts the simulator's ``--bad-prompts RATE`` refuses and ``good`` ones it
+    answers, the bad ones first or last in the file; returns (bad ids, good ids)."""
+    rows: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+    i = 0
+    while len(rows[True]) < bad or len(rows[False]) < good:
+        text = f"Question {i} about item {i}."
+        is_bad = is_bad_prompt(text, rate)
+        if len(rows[is_bad]) < (bad if is_bad else good):
+            kind = "b" if is_bad else "g"
+            rows[is_bad].append(
+                {"id": f"{kind}-{i:05d}", "messages": [{"role": "user", "content": text}]}
+            )
+        i += 1
+    order = rows[True] + rows[False] if bad_first else rows[False] + rows[True]
+    with path.open("w", encoding="utf-8") as f:
+        for row in order:
+            f.write(json.dumps(row) + "\n")
+    return {str(r["id"]) for r in rows[True]}, {str(r["id"]) for r in rows[False]}

@@ -6,42 +6,19 @@ met again by every rerun (the same prompts are sent first), and the run could ne
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.chaos.invariants import check_exactly_once
-from tests.integration.generate.helpers import failures, fast_config
+from tests.integration.generate.helpers import failures, fast_config, write_bad_and_good
 
 from draftdata.generate.engine.opening import FIRST
 from draftdata.generate.stage import generate
-from draftdata.sim.answers import digest
 from draftdata.sim.run import FaultConfig, SimConfig, SimFleet
 
 pytestmark = pytest.mark.integration
 
 RATE = 0.3  # the simulator's --bad-prompts share
-
-
-def _write(path: Path, bad: int, good: int) -> tuple[set[str], set[str]]:
-    """``bad`` prompts the simulator refuses first, then ``good`` ones it answers."""
-    rows: dict[bool, list[dict[str, object]]] = {True: [], False: []}
-    i = 0
-    while len(rows[True]) < bad or len(rows[False]) < good:
-        text = f"Question {i} about item {i}."
-        is_bad = digest("bad prompt", text) < RATE * 2**64
-        if len(rows[is_bad]) < (bad if is_bad else good):
-            kind = "b" if is_bad else "g"
-            rows[is_bad].append(
-                {"id": f"{kind}-{i:05d}", "messages": [{"role": "user", "content": text}]}
-            )
-        i += 1
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows[True] + rows[False]:
-            f.write(json.dumps(row) + "\n")
-    return {str(r["id"]) for r in rows[True]}, {str(r["id"]) for r in rows[False]}
 
 
 @settings(
@@ -57,7 +34,7 @@ def test_a_cluster_of_bad_prompts_sent_first_does_not_stop_a_fleet_that_answers(
 ) -> None:
     tmp = tmp_path_factory.mktemp("c")
     prompts = tmp / "p.jsonl"
-    bad_ids, good_ids = _write(prompts, bad, 80)
+    bad_ids, good_ids = write_bad_and_good(prompts, bad=bad, good=80, rate=RATE, bad_first=True)
     out = tmp / "run"
     sim = SimConfig(time_scale=0.05, mean_output_tokens=40, faults=FaultConfig(bad_prompts=RATE))
     with SimFleet(servers, sim) as fleet:

@@ -15,11 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.chaos.invariants import check_exactly_once
-from tests.integration.generate.helpers import completions, failures, fast_config, write_prompts
+from tests.integration.generate.helpers import (
+    completions,
+    failures,
+    fast_config,
+    is_bad_prompt,
+    write_prompts,
+)
 
 from draftdata.errors import FleetUnavailableError
 from draftdata.generate.stage import generate
-from draftdata.sim.answers import digest
 from draftdata.sim.run import FaultConfig, SimConfig, SimFleet, SimProcess
 
 pytestmark = pytest.mark.integration
@@ -34,7 +39,7 @@ def _bad_ids(prompts: Path, rate: float) -> set[str]:
     for line in prompts.read_bytes().splitlines():
         row = msgspec.json.decode(line)
         first = next(m["content"] for m in row["messages"] if m["role"] == "user")
-        if digest("bad prompt", first) < rate * 2**64:
+        if is_bad_prompt(first, rate):
             out.add(row["id"])
     return out
 

@@ -9,44 +9,19 @@ the refusals are the prompts' own."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.chaos.invariants import check_exactly_once
-from tests.integration.generate.helpers import fast_config
+from tests.integration.generate.helpers import fast_config, write_bad_and_good
 
 from draftdata.generate.engine.opening import FIRST
 from draftdata.generate.stage import generate
-from draftdata.sim.answers import digest
 from draftdata.sim.run import FaultConfig, SimConfig, SimFleet
 
 pytestmark = pytest.mark.integration
 
 RATE = 0.3
-
-
-def _write(path: Path, good: int, bad: int) -> tuple[set[str], set[str]]:
-    """``good`` prompts the simulator answers, then ``bad`` ones it refuses."""
-    rows: dict[bool, list[dict[str, object]]] = {True: [], False: []}
-    i = 0
-    while len(rows[True]) < bad or len(rows[False]) < good:
-        text = f"Question {i} about item {i}."
-        is_bad = digest("bad prompt", text) < RATE * 2**64
-        if len(rows[is_bad]) < (bad if is_bad else good):
-            rows[is_bad].append(
-                {
-                    "id": f"{'b' if is_bad else 'g'}-{i:05d}",
-                    "messages": [{"role": "user", "content": text}],
-                }
-            )
-        i += 1
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows[False] + rows[True]:
-            f.write(json.dumps(row) + "\n")
-    return {str(r["id"]) for r in rows[False]}, {str(r["id"]) for r in rows[True]}
 
 
 @settings(
@@ -58,7 +33,7 @@ def test_a_resumed_tail_of_refused_prompts_is_settled_not_stopped_on(
 ) -> None:
     tmp = tmp_path_factory.mktemp("t")
     prompts = tmp / "p.jsonl"
-    good_ids, bad_ids = _write(prompts, 40, bad)
+    bad_ids, good_ids = write_bad_and_good(prompts, bad=bad, good=40, rate=RATE, bad_first=False)
     out = tmp / "run"
     sim = SimConfig(time_scale=0, mean_output_tokens=20, faults=FaultConfig(bad_prompts=RATE))
     with SimFleet(servers, sim) as fleet:
