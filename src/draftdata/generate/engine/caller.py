@@ -37,7 +37,7 @@ from draftdata.generate.engine.endpoint import Endpoint
 from draftdata.generate.engine.limits import MIN_LIMIT, OutputLimit
 from draftdata.generate.engine.request import Request
 from draftdata.generate.engine.work import Copy, Job
-from draftdata.records import Turn
+from draftdata.records import Message, Turn
 from draftdata.shared.conversation import STOP_CONTEXT, turn_message
 from draftdata.shared.tokens import turn_tokens
 
@@ -101,17 +101,7 @@ class Caller:
         limit = OutputLimit(job.max_tokens, ep, job.prompt.tools, strict=strict)
         for t in range(len(turns), len(job.plan)):
             messages = job.plan.context(t, turns, keep_reasoning=keep)
-            request = Request(
-                messages=messages,
-                tools=job.prompt.tools,
-                model=self.cfg.model or ep.model or self.model,
-                max_tokens=limit.limit(messages),
-                sampling=job.request_sampling,
-                reasoning=job.reasoning,
-                n=len(job.samples),
-                token_ids=self.cfg.token_ids != "off",
-                extra_body=self.cfg.extra_body,
-            )
+            request = self._request(job, ep, messages, limit.limit(messages))
             room = limit.room(messages) if turns and not strict else None
             if room is not None and room < MIN_LIMIT:  # the history alone fills the context
                 return answer([turns], answered or request, STOP_CONTEXT)
@@ -145,18 +135,23 @@ class Caller:
         the ``ServerError`` leaf the client raised."""
         messages = job.plan.context(0, [], keep_reasoning=self.cfg.keep_reasoning_history)
         least = self.cfg.extra_body.get("min_tokens")
-        request = Request(
+        limit = max(1, least if isinstance(least, int) else 0)
+        await ep.client.chat(self._request(job, ep, messages, limit))
+
+    def _request(self, job: Job, ep: Endpoint, messages: list[Message], max_tokens: int) -> Request:
+        """The request of ``job`` on ``ep`` with ``messages`` and output limit ``max_tokens``
+        (an attempt's, turn by turn, and ``ask_again``'s)."""
+        return Request(
             messages=messages,
             tools=job.prompt.tools,
             model=self.cfg.model or ep.model or self.model,
-            max_tokens=max(1, least if isinstance(least, int) else 0),
+            max_tokens=max_tokens,
             sampling=job.request_sampling,
             reasoning=job.reasoning,
             n=len(job.samples),
             token_ids=self.cfg.token_ids != "off",
             extra_body=self.cfg.extra_body,
         )
-        await ep.client.chat(request)
 
     def _answered(self, copy: Copy, got: list[Turn], latency: float, clamped: bool) -> None:
         """Count one answered request and teach its endpoint."""

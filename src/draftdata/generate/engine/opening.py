@@ -119,13 +119,12 @@ class OpeningCheck:
     first: int = FIRST
     open: bool = True  # still judging: refusals' records are held
     seen: int = 0  # of the first ``first`` jobs sent, those that ended
-    answered: int = 0  # ... with an answer
+    answered: int = 0  # jobs answered while the check is open (the first ones or others)
     held: list[Refused] = field(default_factory=list)
     _out: set[object] = field(default_factory=set)  # the first ones sent, not ended yet
     _numbered: int = 0
     _said: Counter[str] = field(default_factory=Counter)
     _where: dict[str, list[str]] = field(default_factory=dict)  # said -> endpoints, in order
-    later: int = 0  # jobs sent after the first ones, answered while the check is open
     _others: set[object] = field(default_factory=set)  # ... sent, not ended yet
     _witness: set[object] | None = None  # those out when a stop was due: it waits for them
 
@@ -169,12 +168,9 @@ class OpeningCheck:
 
     def settled(self, job: object, *, answered: bool) -> None:
         """``job`` ended otherwise than refused: ``answered``, or failed for another reason."""
-        if not self.open:
-            return
-        if self._ended(job):
+        if self.open:
+            self._ended(job)
             self.answered += answered
-        else:
-            self.later += answered
 
     def refused(self, job: object, refusal: Refused) -> None:
         """A refusal of the request (``is_refusal``) ended ``job``; its records are held."""
@@ -205,7 +201,7 @@ class OpeningCheck:
         top, count = self._said.most_common(1)[0] if self._said else ("", 0)
         judged = self.seen >= self.first or not resumed
         most = 2 * count > self.first or (judged and 2 * count > self.seen)
-        stop = most and not (self.answered or self.later)
+        stop = most and not self.answered
         if stop and not ended:  # the jobs sent beside the first ones may yet be answered
             if self._witness is None:
                 self._witness = set(self._others)

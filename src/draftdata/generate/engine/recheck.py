@@ -105,8 +105,6 @@ class Recheck:
 
     _rounds: list[_Round] = field(default_factory=list)  # open, in the order started
     _numbered: int = 0
-    released: int = 0  # rounds settled as the prompts' own refusals (answered canaries)
-    canaries: int = 0  # endpoints asked again
 
     @property
     def busy(self) -> bool:
@@ -146,7 +144,6 @@ class Recheck:
             r.sealed = True
             r.pending = set(r.asked)
             busy.add((r.said, r.kind))
-            self.canaries += len(r.asked)
             out.extend((r.number, url) for url in r.asked)
         return out
 
@@ -168,7 +165,6 @@ class Recheck:
         r.pending.discard(url)
         if outcome is None:
             self._rounds.remove(r)
-            self.released += 1
             return r.held
         if isinstance(outcome, str) and outcome == r.said:
             r.refused[url] = outcome
