@@ -2,8 +2,10 @@
 
 ``SimServer`` owns an ``aiohttp.web.AppRunner`` (created with ``handler_cancellation=True`` so a
 client that gives up cancels its handler and frees its batch slot), a ``Batcher`` and per-server
-counters. ``crash()`` closes the listening socket, aborts every open connection and drops the
-batch; ``restart()`` rebinds the same port and reports /health 503 while "starting".
+counters. ``crash()`` closes the listening socket, ends every connection it accepted (served or
+not yet: ``_Listener``) and drops the batch, as a killed process's kernel would; a request that
+still reaches a handler of a crashed server is cut, never answered. ``restart()`` rebinds the
+same port and reports /health 503 while "starting".
 Response shapes live in ``shapes.py``, answers in ``request.py``.
 """
 
@@ -15,7 +17,9 @@ import contextlib
 import logging
 import random
 import secrets
+import socket
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +64,43 @@ _REFUSALS = {
 logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
 
 
+class _Listener(socket.socket):
+    """A listening socket that remembers every connection it accepted (in ``accepted``).
+
+    asyncio holds an accepted connection for a few loop turns before its transport exists and
+    aiohttp knows of it; on Python 3.11 one accepted just before the server closes never gets a
+    transport (``Server._attach`` asserts the server is open) and stays open, unread, until the
+    garbage collector finds it: its client waits for an answer no crash would leave it waiting
+    for. The crash ends these too."""
+
+    def __init__(self, family: int, accepted: weakref.WeakSet[socket.socket]) -> None:
+        super().__init__(family, socket.SOCK_STREAM)
+        self.accepted = accepted
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        conn, addr = super().accept()
+        self.accepted.add(conn)
+        return conn, addr
+
+
+def _listen(host: str, port: int, accepted: weakref.WeakSet[socket.socket]) -> _Listener:
+    """A non-blocking listening socket on (host, port), address reuse on (a restart rebinds the
+    port its connections of before the crash may still hold in TIME_WAIT)."""
+    family, _, _, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = _Listener(family, accepted)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(1024)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class ServerStats(msgspec.Struct, kw_only=True):
     """Counters of one server (readable while it runs)."""
 
@@ -85,7 +126,8 @@ class SimServer:
         self.state = "down"
         self._ready_at = 0.0
         self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
+        self._site: web.BaseSite | None = None
+        self._accepted: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._batcher = Batcher(config, config.faults.slow.get(index, 1.0))
         self._cache = PrefixCache()
         self._rng = random.Random(digest(config.seed, "faults", index))
@@ -109,7 +151,7 @@ class SimServer:
     # -- lifecycle -----------------------------------------------------------------------
 
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[self._alive])
         r = app.router
         r.add_post("/v1/chat/completions", self._chat)
         if self.config.hidden_states is not None:
@@ -138,7 +180,7 @@ class SimServer:
 
     async def _bind(self, starting_s: float) -> None:
         assert self._runner is not None
-        site = web.TCPSite(self._runner, self.config.host, self.port, reuse_address=True)
+        site = web.SockSite(self._runner, _listen(self.config.host, self.port, self._accepted))
         await site.start()
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
@@ -172,6 +214,9 @@ class SimServer:
             transport = getattr(conn, "transport", None)
             if transport is not None:
                 transport.abort()
+        for conn in list(self._accepted):  # those aiohttp does not know of (yet): _Listener
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         self._batcher.drop_all()
         for task, pending in list(self._writes.items()):  # a dead engine writes nothing more
             task.cancel()
@@ -248,6 +293,17 @@ class SimServer:
         raise AssertionError("unreachable")
 
     # -- routes ----------------------------------------------------------------------------
+
+    @web.middleware
+    async def _alive(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """A request that reaches a crashed server (its connection was accepted before the
+        crash, its handler ran after) is cut, as the dead process's would be."""
+        if self.state == "down":
+            if request.transport is not None:
+                request.transport.abort()
+            return await self._forever()
+        response: web.StreamResponse = await handler(request)
+        return response
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.starting() else 200)

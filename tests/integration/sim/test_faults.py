@@ -9,6 +9,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from draftdata.sim.run import FaultConfig, SimConfig, SimFleet
 
@@ -253,3 +255,39 @@ def test_sim_without_token_ids_ignores_the_request_for_them() -> None:
         choice = json.loads(raw)["choices"][0]
         key = "response_token_ids" if "matched_stop" in choice else "token_ids"
         assert status == 200 and (key in choice) == token_ids
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(delay=st.floats(0.0, 0.006), burst=st.integers(1, 24))
+def test_a_crash_ends_every_request_it_accepted_whenever_it_comes(delay: float, burst: int) -> None:
+    """A crash while a burst of connections is still being accepted ends every one of them at
+    once, as a killed process's would: none is answered, none is left open unread. (A
+    connection the event loop had accepted but not yet handed to aiohttp escaped the old crash:
+    it was either served by the "crashed" server or, on Python 3.11, held open unread until the
+    garbage collector found it, and its client waited: an engine saw a server that was down as
+    up with every slot busy.)"""
+    cfg = SimConfig(time_scale=0.05, mean_output_tokens=60, min_output_tokens=40)
+
+    async def burst_then_crash(fleet: SimFleet) -> list[Any]:
+        async def one(s: aiohttp.ClientSession) -> Any:
+            try:
+                async with s.post(
+                    fleet.urls[0] + "/v1/chat/completions", json={"messages": USER}
+                ) as r:
+                    return r.status
+            except aiohttp.ClientError as exc:
+                return exc
+            except TimeoutError:
+                return "left waiting"
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as s:
+            tasks = [asyncio.ensure_future(one(s)) for _ in range(burst)]
+            await asyncio.sleep(delay)
+            await asyncio.to_thread(fleet.crash, 0)
+            return list(await asyncio.gather(*tasks))
+
+    with SimFleet(1, cfg) as fleet:
+        outcomes = asyncio.run(burst_then_crash(fleet))
+        served = fleet.stats(0).served
+    assert all(isinstance(o, aiohttp.ClientError) for o in outcomes), outcomes
+    assert served == 0
