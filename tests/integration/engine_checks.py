@@ -232,7 +232,7 @@ def thinking_off_multi_turn(fleet: Path, model: Path, tmp: Path) -> Tokenized:
     return t
 
 
-PAIRS = 12  # pairs of requests cancel_frees_the_slot tries (2 of 5 runs of 5 pairs met none)
+PAIRS = 12  # pairs cancel_frees_the_slot tries (a pair the twin ends first is inconclusive)
 
 
 def cancel_frees_the_slot(url: str, engine: str, model: str, max_tokens: int) -> float:

@@ -67,7 +67,15 @@ def _cpu_env(py: Path) -> list[str]:
         ).stdout.strip()
         if found:
             preload.append(found)
-    out = ["--env", "SGLANG_USE_CPU_ENGINE=1", "--env", "HF_HUB_OFFLINE=1"]
+    # SGLang looks at a non-streaming request's connection when no output came for this many
+    # seconds (4 by default): on this tier's 2048-token context a whole request lasts about as
+    # long, so a cancelled copy's twin often ended first and the cancel check was inconclusive
+    # (2 of 5 full tiers failed at 5 pairs); at 1 s the slot is freed in 0.1-1.3 s of a 6-8 s
+    # pair. The mechanism is the same; on a real job's minutes-long answers 4 s costs nothing.
+    out = [
+        "--env", "SGLANG_USE_CPU_ENGINE=1", "--env", "HF_HUB_OFFLINE=1",
+        "--env", "SGLANG_REQUEST_STATE_WAIT_TIMEOUT=1",
+    ]  # fmt: skip
     if preload:
         out += ["--env", "LD_PRELOAD=" + ":".join(preload)]
     return out
