@@ -210,3 +210,45 @@ def test_the_cli_stops_in_one_line_mid_run_and_the_fixed_fleet_finishes(tmp_path
         )
     assert again.returncode == 0, again.stderr[-3000:]
     assert check_exactly_once(str(out), set(ids)) == (120, 0)
+
+
+def test_a_command_waiting_on_its_canaries_says_so(tmp_path: Path) -> None:
+    """When all a command waits for is the refusal check (bad prompts last in the file, every
+    other prompt answered), the progress views say what it waits for instead of an ETA: the
+    canaries out, which server, how long (a hung server keeps a command up to 3 x 120 s at its
+    end)."""
+    import threading
+    import time
+    from typing import Any
+
+    from tests.integration.generate.helpers import write_bad_and_good
+
+    prompts = tmp_path / "p.jsonl"
+    bad, good = write_bad_and_good(prompts, bad=3, good=16, rate=0.2, bad_first=False)
+    sim = SimConfig(  # a step of 0.4 s: a canary's one token is out for a while
+        time_scale=20, mean_output_tokens=3, faults=FaultConfig(bad_prompts=0.2)
+    )
+    states: list[str] = []
+    done = threading.Event()
+
+    def watch(engine: Any) -> None:
+        def poll() -> None:
+            while not done.wait(0.01):
+                state = engine._state()
+                if state is not None and state not in states:
+                    states.append(state)
+
+        threading.Thread(target=poll, daemon=True).start()
+
+    with SimFleet(1, sim) as fleet:
+        cfg = fast_config(prompts, tmp_path / "run", fleet.urls, order="file")
+        try:
+            summary = generate(cfg, on_engine=watch, log=lambda _l: None, handle_signals=False)
+        finally:
+            done.set()
+            time.sleep(0.05)
+        name = fleet.urls[0].split("://", 1)[-1]
+    assert summary.completed == len(good) and {f.id for f in failures(tmp_path / "run")} == bad
+    checking = [s for s in states if s.startswith("checking: ")]
+    assert checking, states
+    assert f"refused prompt(s) held while {name} is asked again" in checking[0], checking

@@ -215,6 +215,7 @@ class Dispatcher:
         self.recheck = Recheck()  # after the opening: a fleet that changed mid-run
         self._before = answered_before  # a few prompts the run answered before this command
         self._asking_before = False  # reading them, the opening's stop in suspense
+        self._canaries_out: list[tuple[str, float]] = []  # (URL, sent at) of each one out
         # answered jobs, newest first: the canaries, of every shape and of each (``_kind``)
         self._answered: deque[Job] = deque(maxlen=CANARY_PROMPTS)
         self._answered_kind: dict[str, deque[Job]] = {}
@@ -345,6 +346,25 @@ class Dispatcher:
     def _all_settled(self) -> bool:
         """Every prompt read, nothing queued or backing off (running aside)."""
         return self.fed_all and not self.queue and not self.queue.waiting
+
+    def checking(self) -> str | None:
+        """What the command waits for when all that is left is the refusal check (canaries
+        out, or the run's earlier answers being read for them): the progress views show it
+        instead of an ETA (None: something else runs, or nothing is checked)."""
+        if self.running or not self._all_settled():
+            return None
+        if self._asking_before:
+            return "checking: reading answers of earlier commands to ask the servers again"
+        if not self._canaries_out:
+            return None
+        urls = dict.fromkeys(u for u, _ in self._canaries_out)
+        since = self.clock() - min(t for _, t in self._canaries_out)
+        return (
+            f"checking: {self.recheck.held:,} refused prompt(s) held while "
+            f"{', '.join(self._by_url[u].name for u in urls)} "
+            f"{'is' if len(urls) == 1 else 'are'} asked again a request answered before "
+            f"(did the servers change?), {since:.0f} s"
+        )
 
     def _first_window(self, since_start: float) -> bool:
         """Whether dispatch may start: at once, unless lengths known before the run (a
@@ -843,6 +863,8 @@ class Dispatcher:
         (``recheck.py``): write its held records, or stop the run (nothing of them recorded)."""
         assert isinstance(self.caller, Caller)
         caller = self.caller
+        out = (ep.url, self.clock())
+        self._canaries_out.append(out)
         try:
             outcome = await ask_again(
                 lambda job: caller.ask_again(job, ep),
@@ -853,6 +875,8 @@ class Dispatcher:
         except Exception as exc:  # no server's answer: a bug (``_attempt``)
             self._stop_on(exc, ep)
             return
+        finally:
+            self._canaries_out.remove(out)
         verdict = self.recheck.came(number, ep.url, outcome)
         if isinstance(verdict, Changed):
             self._stop_for(verdict)

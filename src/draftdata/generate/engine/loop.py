@@ -188,6 +188,9 @@ class Engine:
             if self.fatal is not None:
                 return "stopping"
             return f"stopping: {running:,} running request(s) to finish, then committing"
+        checking = d.checking()
+        if checking is not None:
+            return checking
         if self._unserved_since is not None:
             return f"waiting: no endpoint serving for {self.clock() - self._unserved_since:.0f} s"
         if d.paused:

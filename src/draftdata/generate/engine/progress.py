@@ -7,9 +7,9 @@ start); the clock is injectable. ``render`` builds the rich live view (totals, E
 per endpoint), ``line`` the plain log line used when stdout is not a terminal; both write numbers
 with thousands separators, the look of every stage's progress (``draftdata/support/progress.py``:
 the bold stage name first, ``fmt_duration`` times, a plain ``generate: ...`` line off a terminal).
-When nothing can move (a Ctrl-C drain, no endpoint serving, dispatch
-paused for the store) ``state()`` says which, and the views show that instead of an ETA: a pace
-measured before it would count down to a time that is not coming.
+When nothing can move (a Ctrl-C drain, no endpoint serving, dispatch paused for the store,
+only the refusal check's canaries out) ``state()`` says which, and the views show that instead
+of an ETA: a pace measured before it would count down to a time that is not coming.
 
 Metrics snapshots (``snapshot``), written by the engine every ``metrics_interval`` seconds as
 ``metrics/<writer>-<seq>.json`` (``Run.write_metrics`` adds ``writer`` and ``run_id``)::
