@@ -359,7 +359,15 @@ def canary_answered(url: str, model: str) -> None:
             ep = Endpoint(
                 url, client, index=0, concurrency=1, default_concurrency=1, breaker_failures=3
             )
-            await Caller(config, model=model).ask_again(job, ep)
+            caller = Caller(config, model=model)
+            await caller.ask_again(job, ep)
+            # a conversation's canary is its last request, with the target's turn before it
+            history = [
+                Message(role="user", content="Say something."),
+                Message(role="assistant", content="Something."),
+                Message(role="user", content="Again."),
+            ]
+            await caller.ask_again(job, ep, history)
         finally:
             await client.close()
 

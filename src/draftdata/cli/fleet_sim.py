@@ -225,7 +225,9 @@ class SimOptions(msgspec.Struct, kw_only=True, frozen=True):
         typer.Option(
             "--unsupported",
             help="NAME: refuse every chat request that carries the field NAME with HTTP 400 "
-            "'Unsupported parameter: NAME' (e.g. top_k; repeatable).",
+            "'Unsupported parameter: NAME' (e.g. top_k; repeatable); role:ROLE refuses every "
+            "request with a message of that role ('Unsupported message role: ROLE', e.g. "
+            "role:tool: a chat template that cannot take tool results).",
         ),
         SETTING,
     ] = []

@@ -181,11 +181,19 @@ def prepare(
     requests so far, this one included (``unsupported_after``)."""
     if not isinstance(body, dict):
         raise RefusedRequestError(400, "the request body must be a JSON object")
-    for field in config.unsupported:  # an engine or API without this option
-        if field in body and requests > config.unsupported_after:
+    refusing = requests > config.unsupported_after
+    fields = [f for f in config.unsupported if not f.startswith("role:")]
+    for field in fields if refusing else []:  # an engine or API without this option
+        if field in body:
             raise RefusedRequestError(400, f"Unsupported parameter: {field}")
-    flavor = config.flavor
     msgs = _messages(body)
+    roles = {f.removeprefix("role:") for f in config.unsupported if f.startswith("role:")}
+    for role in sorted(roles) if refusing else []:
+        # a chat template that cannot take these messages (tool results, an assistant turn in
+        # the history): a conversation's first request passes, its later ones do not
+        if any(m["role"] == role for m in msgs):
+            raise RefusedRequestError(400, f"Unsupported message role: {role}")
+    flavor = config.flavor
     model = body.get("model")
     if flavor == "vllm" and model not in (None, config.model):
         raise RefusedRequestError(404, f"The model `{model}` does not exist.")

@@ -186,6 +186,62 @@ def test_a_fleet_that_turns_to_refuse_prompts_with_tools_stops(
     assert check_exactly_once(str(out), set(ids)) == (150, 0)
 
 
+@settings(
+    max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(servers=st.integers(1, 3), after=st.integers(20, 40))
+def test_a_fleet_that_turns_to_refuse_later_turns_stops(
+    tmp_path_factory: pytest.TempPathFactory, servers: int, after: int
+) -> None:
+    """Restarted with a chat template that cannot take a conversation's history (the
+    target's turn, a tool result): every conversation's later request is refused, every
+    first request answered still. The canaries of those refusals are answered conversations'
+    last requests (their first one would be answered, and every conversation left recorded as
+    failed): refused alike, the command stops in one line, nothing of it recorded, and the
+    fleet that answers again settles every prompt once."""
+    tmp = tmp_path_factory.mktemp("r")
+    prompts = tmp / "p.jsonl"
+    ids = write_prompts(prompts, 150, kind="mixed")
+    out = tmp / "run"
+    sim = SimConfig(  # 4 slots a server: conversations are answered whole before the change
+        time_scale=0,
+        mean_output_tokens=20,
+        max_running=4,
+        unsupported=["role:assistant"],
+        unsupported_after=after,
+    )
+    with SimFleet(servers, sim) as fleet, pytest.raises(FleetUnavailableError) as info:
+        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None, handle_signals=False)
+    line = str(info.value)
+    assert "\n" not in line and "Unsupported message role: assistant" in line, line
+    assert "answered earlier in this run" in line, line
+    assert failures(out) == []
+    with SimFleet(servers, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
+        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None, handle_signals=False)
+    assert check_exactly_once(str(out), set(ids)) == (150, 0)
+
+
+def test_a_resumed_command_over_a_fleet_refusing_later_turns_stops(tmp_path: Path) -> None:
+    """A command resuming a run of conversations over a fleet that now refuses their history:
+    every first request answered, every later one refused. Its opening stop is first asked of
+    a conversation an earlier command answered, by its last request (its first one would be
+    answered, and every conversation left recorded as failed): refused alike, the command
+    stops in one line, nothing recorded; the fleet that answers again settles the rest."""
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 60, kind="multi")
+    out = tmp_path / "run"
+    with SimFleet(1, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
+        generate(fast_config(prompts, out, fleet.urls, limit=40), log=lambda _l: None)
+    changed = SimConfig(time_scale=0, mean_output_tokens=20, unsupported=["role:assistant"])
+    with SimFleet(1, changed) as fleet, pytest.raises(FleetUnavailableError) as info:
+        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None)
+    assert "Unsupported message role: assistant" in str(info.value), info.value
+    assert failures(out) == []
+    with SimFleet(1, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
+        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None)
+    assert check_exactly_once(str(out), set(ids)) == (60, 0)
+
+
 def test_the_cli_stops_in_one_line_mid_run_and_the_fixed_fleet_finishes(tmp_path: Path) -> None:
     """``fleet sim --refuse 0:400 --refuse-after 40`` on a fleet of one: generate answers 40,
     then stops with exit 1 and one ``error:`` line; nothing refused is recorded; the same

@@ -291,3 +291,20 @@ def test_a_crash_ends_every_request_it_accepted_whenever_it_comes(delay: float, 
         served = fleet.stats(0).served
     assert all(isinstance(o, aiohttp.ClientError) for o in outcomes), outcomes
     assert served == 0
+
+
+async def test_unsupported_role_refuses_requests_with_it_after_n() -> None:
+    """``--unsupported role:ROLE``: a request with a message of that role is refused once the
+    server has taken its first ``--unsupported-after`` requests; one without is answered."""
+    history = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": "and then?"},
+    ]
+    cfg = SimConfig(time_scale=0, unsupported=["role:assistant"], unsupported_after=1)
+    with SimFleet(1, cfg) as fleet:
+        url = fleet.urls[0]
+        assert (await post(url, {"messages": history}))[0] == 200  # its first request
+        status, _, body = await post(url, {"messages": history})
+        assert status == 400 and b"Unsupported message role: assistant" in body
+        assert (await post(url, {"messages": USER}))[0] == 200

@@ -128,12 +128,16 @@ class Caller:
                 job.turns = list(turns)
         return answer([turns], request)
 
-    async def ask_again(self, job: Job, ep: Endpoint) -> None:
-        """Send ``job``'s first request to ``ep`` again, its output limited to what the
-        sampling allows at least (a token, or the extra body's ``min_tokens``), and drop the
-        answer: the canary of ``recheck.py`` (was an answered request refused now?). Raises
-        the ``ServerError`` leaf the client raised."""
-        messages = job.plan.context(0, [], keep_reasoning=self.cfg.keep_reasoning_history)
+    async def ask_again(
+        self, job: Job, ep: Endpoint, messages: list[Message] | None = None
+    ) -> None:
+        """Send a request of ``job`` to ``ep`` again (``messages``: its context, by default its
+        first request's), its output limited to what the sampling allows at least (a token,
+        or the extra body's ``min_tokens``), and drop the answer: the canary of
+        ``recheck.py`` (was an answered request refused now?). Raises the ``ServerError``
+        leaf the client raised."""
+        if messages is None:
+            messages = job.plan.context(0, [], keep_reasoning=self.cfg.keep_reasoning_history)
         least = self.cfg.extra_body.get("min_tokens")
         limit = max(1, least if isinstance(least, int) else 0)
         await ep.client.chat(self._request(job, ep, messages, limit))

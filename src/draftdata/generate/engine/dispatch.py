@@ -63,7 +63,7 @@ import contextlib
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from draftdata.errors import (
@@ -94,8 +94,11 @@ from draftdata.generate.engine.queue import JobQueue
 from draftdata.generate.engine.recheck import CANARY_PROMPTS, Changed, Recheck, ask_again
 from draftdata.generate.engine.retry import Fail, MoveOn, Retry, RetryPolicy
 from draftdata.generate.engine.work import Copy, Job, completions, failures, plan
-from draftdata.records import Completion, Failure, Prompt
+from draftdata.records import Completion, Failure, Message, Prompt, Turn
+from draftdata.shared.conversation import TurnLike
 from draftdata.shared.tokens import turns_tokens
+
+Known = tuple[Job, list[Message]]  # an answered job and its last request's messages: a canary
 
 _FIRST_WINDOW_S = 0.5  # with lengths known at the start, wait this long at most for the window
 
@@ -189,7 +192,7 @@ class Dispatcher:
         seed: int | None = None,
         priors: Callable[[], LengthPriors] | None = None,
         caller: AttemptCaller | None = None,
-        answered_before: Callable[[], list[Prompt]] | None = None,
+        answered_before: Callable[[], list[tuple[Prompt, list[Turn]]]] | None = None,
     ) -> None:
         self.cfg = config
         self.endpoints = endpoints
@@ -216,9 +219,10 @@ class Dispatcher:
         self._before = answered_before  # a few prompts the run answered before this command
         self._asking_before = False  # reading them, the opening's stop in suspense
         self._canaries_out: list[tuple[str, float]] = []  # (URL, sent at) of each one out
-        # answered jobs, newest first: the canaries, of every shape and of each (``_kind``)
-        self._answered: deque[Job] = deque(maxlen=CANARY_PROMPTS)
-        self._answered_kind: dict[str, deque[Job]] = {}
+        # answered requests, newest first: the canaries, of every shape and of each
+        # (``_kind``); a conversation's is its last request (the history it was answered with)
+        self._answered: deque[Known] = deque(maxlen=CANARY_PROMPTS)
+        self._answered_kind: dict[str, deque[Known]] = {}
         # url -> jobs it refused since its last answer, asked elsewhere (its take-out line)
         self._asked_elsewhere: Counter[str] = Counter()
         self._by_url = {e.url: e for e in endpoints}
@@ -656,7 +660,7 @@ class Dispatcher:
         for c in done:
             self.sink.completion(c)
             ep.meter.completed += 1
-        self._known(job)
+        self._known(job, per_sample[0] if per_sample else [])
         self._settle(job)
         if self.opening.open:
             self.opening.settled(job, answered=True)
@@ -808,10 +812,10 @@ class Dispatcher:
             except Exception as exc:  # a figure to ask with, never the run's error
                 self.log(f"generate: could not read the run's earlier answers: {exc}")
                 prompts = []
-            for prompt in prompts:
+            for prompt, turns in prompts:
                 jobs, _ = plan(prompt, self.cfg, lambda _pid, _s: False)
                 if jobs:
-                    self._known(jobs[0], older=True)
+                    self._known(jobs[0], turns, older=True)
             if self.stopping:
                 return
             if not self._answered:
@@ -836,16 +840,22 @@ class Dispatcher:
         self.recheck.hold(refused.said, where, refused.records, refused.kind)
         self._send_canaries()
 
-    def _known(self, job: Job, *, older: bool = False) -> None:
-        """``job`` was answered: a canary to come (``older``: before the ones known)."""
+    def _known(self, job: Job, turns: Sequence[TurnLike], *, older: bool = False) -> None:
+        """``job`` was answered with ``turns`` (its first sample's): a canary to come, its
+        last request (``older``: before the ones known). A conversation's later requests
+        carry what its first does not (the target's turns, tool calls and their results): a
+        fleet that turned to refuse those answers first requests still."""
+        last = max(0, min(len(turns), len(job.plan)) - 1)
+        keep = self.cfg.keep_reasoning_history
+        ask = (job, job.plan.context(last, turns, keep_reasoning=keep))
         kind = self._answered_kind.setdefault(_kind(job), deque(maxlen=CANARY_PROMPTS))
         for known in (self._answered, kind):
             if not older:
-                known.appendleft(job)
+                known.appendleft(ask)
             elif len(known) < CANARY_PROMPTS:
-                known.append(job)
+                known.append(ask)
 
-    def _canaries(self, kind: str) -> list[Job]:
+    def _canaries(self, kind: str) -> list[Known]:
         """The answered jobs a round of prompts of shape ``kind`` asks again: of that shape
         where the run answered one (a template that turned to refuse tools still answers
         plain prompts), else of any."""
@@ -867,7 +877,7 @@ class Dispatcher:
         self._canaries_out.append(out)
         try:
             outcome = await ask_again(
-                lambda job: caller.ask_again(job, ep),
+                lambda known: caller.ask_again(known[0], ep, known[1]),
                 self._canaries(self.recheck.kind_of(number)),
                 refusal=is_refusal,
                 backoff=lambda tries: self.policy.backoff(tries, None),

@@ -60,7 +60,7 @@ from draftdata.generate.engine.progress import Progress
 from draftdata.generate.engine.recheck import CANARY_PROMPTS
 from draftdata.generate.prompts.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
-from draftdata.records import Completion, Failure, Prompt
+from draftdata.records import Completion, Failure, Prompt, Turn
 from draftdata.store.base import Store
 from draftdata.store.read import newest_completions
 from draftdata.store.run import Run
@@ -510,10 +510,14 @@ async def run_engine(
         return await engine.run()
 
 
-def answered_prompts(store: Store, k: int = CANARY_PROMPTS) -> list[Prompt]:
-    """A few prompts the run at ``store`` answered before this command, as they were asked
-    (``Dispatcher``'s ``answered_before``: a resumed command's canaries)."""
+def answered_prompts(store: Store, k: int = CANARY_PROMPTS) -> list[tuple[Prompt, list[Turn]]]:
+    """A few prompts the run at ``store`` answered before this command, as they were asked,
+    with the target's turns (``Dispatcher``'s ``answered_before``: a resumed command's
+    canaries, a conversation's last request)."""
     return [
-        Prompt(id=c.id, messages=c.messages, source=c.source, domain=c.domain, tools=c.tools)
+        (
+            Prompt(id=c.id, messages=c.messages, source=c.source, domain=c.domain, tools=c.tools),
+            c.turns,
+        )
         for c in newest_completions(store, k)
     ]
