@@ -12,8 +12,9 @@ command ends with exit 0, and the same command skips them as settled.
 Telling them apart takes one question, not a streak rule (bad prompts often come together: one
 source's rows carrying the same thing the template refuses): the record of such a refusal is
 held, and each endpoint that refused the prompt is asked again a request the run had answered
-(a canary: the same request, its output limited to a token or so; ``ask_again``): one this
-command answered, or, for a resumed command's opening (``opening.py``), one an earlier command
+(a canary: the same request, its output limited to a token or so; ``ask_again``; of a
+conversation, its last request, with the history it was answered with): one this command
+answered, or, for a resumed command's opening (``opening.py``), one an earlier command
 answered.
 
 - answered by one of them: the fleet still answers what it answered, the refusals are the
