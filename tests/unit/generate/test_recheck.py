@@ -11,7 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from draftdata.errors import FatalRequestError, RetryableServerError, ServerError
+from draftdata.errors import (
+    ContextLengthError,
+    FatalRequestError,
+    RetryableServerError,
+    ServerError,
+)
 from draftdata.generate.engine.opening import FIRST, OpeningCheck, Refused, Stop, is_refusal
 from draftdata.generate.engine.recheck import (
     CANARY_PROMPTS,
@@ -255,7 +260,7 @@ def _refusal(said: str = "bad") -> ServerError:
 
 
 @given(
-    script=st.lists(st.sampled_from(["answer", "refuse", "fail", "hang"]), max_size=12),
+    script=st.lists(st.sampled_from(["answer", "refuse", "fail", "hang", "long"]), max_size=12),
     known=st.integers(1, 5),
 )
 def test_ask_again_is_refused_only_when_each_answered_request_is(
@@ -264,7 +269,10 @@ def test_ask_again_is_refused_only_when_each_answered_request_is(
     """The sends follow ``script`` (then answer): None as soon as one is answered; a refusal's
     ``said`` only when each request that came back was refused (a refusal moves to the next
     of the newest ``CANARY_PROMPTS``); ``NOTHING`` when none came back; at most ``tries``
-    failures or hangs in all (a hung endpoint is given up on, not waited for)."""
+    failures or hangs in all (a hung endpoint is given up on, not waited for). A request too
+    long for the endpoint (``long``: a conversation answered where the context is larger)
+    moves to the next at once, neither a refusal nor a failure: it was asked again the same
+    request ``tries`` times before, and never the next."""
     sent: list[int] = []
     it = iter(script)
 
@@ -277,6 +285,8 @@ def test_ask_again_is_refused_only_when_each_answered_request_is(
             raise RetryableServerError("HTTP 503")
         if what == "hang":
             await asyncio.sleep(60)
+        if what == "long":
+            raise ContextLengthError("This model's maximum context length is 4096", status=400)
 
     got = asyncio.run(
         ask_again(
@@ -299,12 +309,16 @@ def test_ask_again_is_refused_only_when_each_answered_request_is(
         if what == "refuse":
             expect, item = "HTTP 400: bad", item + 1
             continue
+        if what == "long":
+            item += 1
+            continue
         failures += 1
         if failures >= 2:
             break
     assert got == expect
     assert set(sent) <= set(range(min(known, CANARY_PROMPTS)))
     assert sum(1 for w in script[: len(sent)] if w in ("fail", "hang")) <= 2
+    assert all(sent[i] < sent[i + 1] for i, w in enumerate(script[: len(sent) - 1]) if w == "long")
 
 
 def test_rounds_of_one_refusal_and_other_shapes_are_asked_apart() -> None:

@@ -36,7 +36,8 @@ nothing of the refusals the change brings). A canary refused otherwise than the 
 prompts were (something of its own, its one token) proves nothing, as does one that got no
 answer. A canary is asked of up to ``CANARY_PROMPTS`` answered requests in turn, so that one
 refusal of a request that was answered (a server refusing at random) is not taken for a
-changed fleet: each must be refused.
+changed fleet: each must be refused; one too long for the endpoint asked (a conversation's
+last request, answered where the context is larger) moves to the next at once.
 
 It decides only, and knows endpoints by their URL; the dispatcher holds the records, sends the
 canaries (``Caller.ask_again``) and stops the run.
@@ -49,7 +50,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from draftdata.errors import ServerError
+from draftdata.errors import ContextLengthError, ServerError
 from draftdata.records import Failure
 
 CANARY_PROMPTS = 3  # answered requests an endpoint is asked again, each to be refused
@@ -196,8 +197,12 @@ async def ask_again(
     moves to the next; any other failure, or no answer within ``timeout`` seconds, is tried
     again after ``backoff(failures)`` seconds, ``tries`` such failures in all. Returns None
     (one was answered), the last refusal's ``said`` when every request that came back was
-    refused, or ``NOTHING`` (none came back). A hung endpoint costs ``tries * timeout`` at
-    most, not a run's read timeout: the command waits for its canaries before it ends."""
+    refused, or ``NOTHING`` (none came back). A request too long for the endpoint
+    (``ContextLengthError``: a conversation answered on an endpoint with a larger context,
+    or the fleet restarted with a smaller one) came back with nothing of the question: it
+    moves to the next, neither a refusal nor a failure (asked again, it would be too long
+    again). A hung endpoint costs ``tries * timeout`` at most, not a run's read timeout: the
+    command waits for its canaries before it ends."""
     refused: object = NOTHING
     failures = 0
     items = list(known[:prompts])
@@ -205,6 +210,9 @@ async def ask_again(
     while i < len(items):
         try:
             await asyncio.wait_for(send(items[i]), timeout)
+        except ContextLengthError:
+            i += 1
+            continue
         except ServerError as err:
             if refusal(err):
                 refused = err.said
