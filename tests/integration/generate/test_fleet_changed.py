@@ -308,3 +308,33 @@ def test_a_command_waiting_on_its_canaries_says_so(tmp_path: Path) -> None:
     checking = [s for s in states if s.startswith("checking: ")]
     assert checking, states
     assert f"refused prompt(s) held while {name} is asked again" in checking[0], checking
+
+
+@settings(
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(servers=st.integers(1, 2), first=st.sampled_from([30, 45]))
+def test_a_resumed_command_of_mixed_prompts_over_a_fleet_refusing_later_turns_stops(
+    tmp_path_factory: pytest.TempPathFactory, servers: int, first: int
+) -> None:
+    """A command resuming a run of plain prompts, prompts with tools and conversations, over a
+    fleet that now refuses a conversation's history: its plain prompts are answered (the
+    opening does not stop), every conversation's later request refused. This command answered
+    no conversation to ask again, the run did: the canaries of those refusals are the
+    conversations an earlier command answered (a plain prompt is answered, and every
+    conversation left was recorded as failed, exit 0): refused alike, the command stops in
+    one line, nothing of it recorded; the fleet that answers again settles the rest."""
+    tmp = tmp_path_factory.mktemp("m")
+    prompts = tmp / "p.jsonl"
+    ids = write_prompts(prompts, 90, kind="mixed")
+    out = tmp / "run"
+    with SimFleet(servers, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
+        generate(fast_config(prompts, out, fleet.urls, limit=first), log=lambda _l: None)
+    changed = SimConfig(time_scale=0, mean_output_tokens=20, unsupported=["role:assistant"])
+    with SimFleet(servers, changed) as fleet, pytest.raises(FleetUnavailableError) as info:
+        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None)
+    assert "Unsupported message role: assistant" in str(info.value), info.value
+    assert failures(out) == []
+    with SimFleet(servers, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
+        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None)
+    assert check_exactly_once(str(out), set(ids)) == (90, 0)

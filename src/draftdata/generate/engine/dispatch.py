@@ -174,7 +174,8 @@ class Dispatcher:
 
     ``caller`` runs each attempt (default: generate's chat ``Caller``); ``answered_before``
     reads a few prompts the run answered before this command (the canaries of a resumed
-    command's opening, ``_ask_before_stopping``)."""
+    command's opening, ``_ask_before_stopping``, and of a round of a shape this command
+    answered none of, ``_canary``)."""
 
     def __init__(
         self,
@@ -218,6 +219,8 @@ class Dispatcher:
         self.recheck = Recheck()  # after the opening: a fleet that changed mid-run
         self._before = answered_before  # a few prompts the run answered before this command
         self._asking_before = False  # reading them, the opening's stop in suspense
+        self._read_before = asyncio.Lock()  # they are read once (``_earlier``), then known
+        self._before_read = False
         self._canaries_out: list[tuple[str, float]] = []  # (URL, sent at) of each one out
         # answered requests, newest first: the canaries, of every shape and of each
         # (``_kind``); a conversation's is its last request (the history it was answered with)
@@ -807,15 +810,7 @@ class Dispatcher:
         """The opening's ``stop`` in a resumed command: read a few prompts the run answered
         before (in a thread), then let the canaries decide (``_refusal``); with none, stop."""
         try:
-            try:
-                prompts = await asyncio.to_thread(self._before) if self._before else []
-            except Exception as exc:  # a figure to ask with, never the run's error
-                self.log(f"generate: could not read the run's earlier answers: {exc}")
-                prompts = []
-            for prompt, turns in prompts:
-                jobs, _ = plan(prompt, self.cfg, lambda _pid, _s: False)
-                if jobs:
-                    self._known(jobs[0], turns, older=True)
+            await self._earlier()
             if self.stopping:
                 return
             if not self._answered:
@@ -826,6 +821,23 @@ class Dispatcher:
         finally:
             self._asking_before = False
             self.wake.set()
+
+    async def _earlier(self) -> None:
+        """Read a few prompts the run answered before this command (in a thread, once) and
+        know each as a canary, older than this command's (``_known``)."""
+        async with self._read_before:
+            if self._before_read or self._before is None:
+                return
+            self._before_read = True
+            try:
+                prompts = await asyncio.to_thread(self._before)
+            except Exception as exc:  # a figure to ask with, never the run's error
+                self.log(f"generate: could not read the run's earlier answers: {exc}")
+                prompts = []
+            for prompt, turns in prompts:
+                jobs, _ = plan(prompt, self.cfg, lambda _pid, _s: False)
+                if jobs:
+                    self._known(jobs[0], turns, older=True)
 
     def _refusal(self, refused: Refused) -> None:
         """A prompt's refusal by every endpoint asked: its records are held while those in
@@ -857,8 +869,8 @@ class Dispatcher:
 
     def _canaries(self, kind: str) -> list[Known]:
         """The answered jobs a round of prompts of shape ``kind`` asks again: of that shape
-        where the run answered one (a template that turned to refuse tools still answers
-        plain prompts), else of any."""
+        where the run answered one (this command, else for a resumed one an earlier command:
+        a template that turned to refuse tools still answers plain prompts), else of any."""
         return list(self._answered_kind.get(kind) or self._answered)
 
     def _send_canaries(self) -> None:
@@ -876,6 +888,11 @@ class Dispatcher:
         out = (ep.url, self.clock())
         self._canaries_out.append(out)
         try:
+            if self.recheck.kind_of(number) not in self._answered_kind:
+                # none of its shape answered by this command: a resumed one asks what the
+                # run answered before (its plain prompts answered, a template that turned to
+                # refuse conversations' history would be taken for bad conversations)
+                await self._earlier()
             outcome = await ask_again(
                 lambda known: caller.ask_again(known[0], ep, known[1]),
                 self._canaries(self.recheck.kind_of(number)),

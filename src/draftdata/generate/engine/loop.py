@@ -57,7 +57,6 @@ from draftdata.generate.engine.endpoint import Endpoint, load_of
 from draftdata.generate.engine.keeper import EndpointKeeper
 from draftdata.generate.engine.length import known_lengths
 from draftdata.generate.engine.progress import Progress
-from draftdata.generate.engine.recheck import CANARY_PROMPTS
 from draftdata.generate.prompts.source import PromptReader
 from draftdata.generate.summary import EndpointShare, GenerateSummary, Tally
 from draftdata.records import Completion, Failure, Prompt, Turn
@@ -68,6 +67,10 @@ from draftdata.support.gc_tuning import fewer_collections
 from draftdata.support.progress import REFRESH_PER_SECOND
 
 Log = Callable[[str], None]
+
+# rows of the newest completions shard a resumed command reads for its canaries (the dispatcher
+# keeps recheck.CANARY_PROMPTS of each shape): a few of each shape where the shard holds them
+EARLIER_ANSWERS = 64
 
 
 def probe_session(api_key: str | None) -> aiohttp.ClientSession:
@@ -510,10 +513,11 @@ async def run_engine(
         return await engine.run()
 
 
-def answered_prompts(store: Store, k: int = CANARY_PROMPTS) -> list[tuple[Prompt, list[Turn]]]:
-    """A few prompts the run at ``store`` answered before this command, as they were asked,
-    with the target's turns (``Dispatcher``'s ``answered_before``: a resumed command's
-    canaries, a conversation's last request)."""
+def answered_prompts(store: Store, k: int = EARLIER_ANSWERS) -> list[tuple[Prompt, list[Turn]]]:
+    """A few prompts the run at ``store`` answered before this command (``k`` of its newest
+    shard: a few of each shape, plain, with tools, conversations, where it holds them), as
+    they were asked, with the target's turns (``Dispatcher``'s ``answered_before``: a resumed
+    command's canaries, a conversation's last request)."""
     return [
         (
             Prompt(id=c.id, messages=c.messages, source=c.source, domain=c.domain, tools=c.tools),
