@@ -338,3 +338,44 @@ def test_a_resumed_command_of_mixed_prompts_over_a_fleet_refusing_later_turns_st
     with SimFleet(servers, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
         generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None)
     assert check_exactly_once(str(out), set(ids)) == (90, 0)
+
+
+@settings(
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    servers=st.integers(1, 2), after=st.integers(30, 50), max_tokens=st.sampled_from([12, 14, 16])
+)
+def test_conversations_cut_after_their_first_turn_do_not_hide_a_fleet_refusing_history(
+    tmp_path_factory: pytest.TempPathFactory, servers: int, after: int, max_tokens: int
+) -> None:
+    """Conversations, many cut by the token limit at their first turn (they end there: their
+    only request has no history), the rest asked their second request; the fleet turns to
+    refuse a conversation's history. The cut ones are still answered after the change: as
+    canaries (their last request is their first) they would be answered, and each
+    conversation refused since recorded as failed. A conversation asked with history stays
+    the canary: refused alike, the command stops in one line, nothing of it recorded."""
+    tmp = tmp_path_factory.mktemp("s")
+    prompts = tmp / "p.jsonl"
+    ids = write_prompts(prompts, 150, kind="multi")
+    out = tmp / "run"
+    sim = SimConfig(
+        time_scale=0,
+        mean_output_tokens=12,
+        min_output_tokens=4,
+        max_running=4,
+        unsupported=["role:assistant"],
+        unsupported_after=after,
+    )
+    with SimFleet(servers, sim) as fleet, pytest.raises(FleetUnavailableError) as info:
+        cfg = fast_config(prompts, out, fleet.urls, max_tokens=max_tokens)
+        generate(cfg, log=lambda _l: None, handle_signals=False)
+    assert "Unsupported message role: assistant" in str(info.value), info.value
+    assert failures(out) == []
+    fixed = SimConfig(time_scale=0, mean_output_tokens=12, min_output_tokens=4)
+    with SimFleet(servers, fixed) as fleet:
+        cfg = fast_config(prompts, out, fleet.urls, max_tokens=max_tokens)
+        generate(cfg, log=lambda _l: None, handle_signals=False)
+    assert check_exactly_once(str(out), set(ids)) == (150, 0)
+    stops = [c.stop_reason for c in completions(out)]
+    assert "length" in stops and None in stops, stops  # both shapes met

@@ -856,10 +856,13 @@ class Dispatcher:
         """``job`` was answered with ``turns`` (its first sample's): a canary to come, its
         last request (``older``: before the ones known). A conversation's later requests
         carry what its first does not (the target's turns, tool calls and their results): a
-        fleet that turned to refuse those answers first requests still."""
+        fleet that turned to refuse those answers first requests still. So a conversation
+        that stopped after its first turn (cut by the token limit, its next request too long)
+        counts as an older one: it takes the place of no conversation asked with history."""
         last = max(0, min(len(turns), len(job.plan)) - 1)
         keep = self.cfg.keep_reasoning_history
         ask = (job, job.plan.context(last, turns, keep_reasoning=keep))
+        older = older or (job.multi_turn and last == 0)
         kind = self._answered_kind.setdefault(_kind(job), deque(maxlen=CANARY_PROMPTS))
         for known in (self._answered, kind):
             if not older:

@@ -13,7 +13,8 @@ Telling them apart takes one question, not a streak rule (bad prompts often come
 source's rows carrying the same thing the template refuses): the record of such a refusal is
 held, and each endpoint that refused the prompt is asked again a request the run had answered
 (a canary: the same request, its output limited to a token or so; ``ask_again``; of a
-conversation, its last request, with the history it was answered with): one this command
+conversation, its last request, with the history it was answered with, one with history
+first): one this command
 answered, or, for a resumed command's opening (``opening.py``), one an earlier command
 answered.
 
