@@ -94,6 +94,27 @@ def test_a_refusing_server_is_taken_out(
     assert f"endpoint {fleet.urls[0]} taken out: it refuses" in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("refusing", [0, 1])
+def test_a_server_refusing_what_the_other_answers_is_taken_out(
+    sim_job: dict[str, Any], sim_fleet: Any, refusing: int, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """One server of two refuses every prefill with one 400 (a refusal of the request, not an
+    endpoint fault): each sample is asked on the other, and once one it refused is answered
+    there, it is taken out (the dispatcher's verdicts on refusals, told of every answer). A
+    sample is no chat prompt: the answer of one once raised in the dispatcher (its chat
+    canary has no request to ask), and nothing after it was done: the job never settled, no
+    verdict heard of the answer, the server refusing everything was never taken out."""
+    fleet, yaml = sim_fleet(2, faults=FaultConfig(refuse={refusing: 400}))
+    summary, _ = run(sim_job, yaml)
+    assert summary.complete
+    check_files(sim_job)
+    assert fleet.stats(refusing).served == 0
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    taken = f"endpoint {fleet.urls[refusing]} taken out: it refuses the requests the other"
+    assert taken in err, err[-3000:]
+
+
 def test_a_fleet_that_refuses_everything_stops_in_one_line(
     sim_job: dict[str, Any], sim_fleet: Any
 ) -> None:

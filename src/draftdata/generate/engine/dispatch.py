@@ -858,7 +858,11 @@ class Dispatcher:
         carry what its first does not (the target's turns, tool calls and their results): a
         fleet that turned to refuse those answers first requests still. So a conversation
         that stopped after its first turn (cut by the token limit, its next request too long)
-        counts as an older one: it takes the place of no conversation asked with history."""
+        counts as an older one: it takes the place of no conversation asked with history.
+        A job of another caller than the chat ``Caller`` (hidden states' prefills: no chat
+        request, no plan) is no canary: none is asked of it."""
+        if not (len(job.plan) and isinstance(self.caller, Caller)):
+            return
         last = max(0, min(len(turns), len(job.plan)) - 1)
         keep = self.cfg.keep_reasoning_history
         ask = (job, job.plan.context(last, turns, keep_reasoning=keep))
