@@ -162,6 +162,8 @@ class SimConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
         return (self.base_step_s + self.per_seq_step_s * batch) * self.time_scale * slow
 
 
+ROLES = ("system", "user", "assistant", "tool", "developer")  # the message roles it takes
+
 _FLAGS = {
     "error_500": "500",
     "error_503": "503",
@@ -229,6 +231,14 @@ def validate(config: SimConfig, servers: int = 1) -> SimConfig:
         )
     for name in config.unsupported:
         checks.append((bool(name.strip()), "--unsupported: give a request field's name"))
+        role = name.removeprefix("role:") if name.startswith("role:") else None
+        checks.append(  # a role no message can have would refuse nothing, silently
+            (
+                role is None or role in ROLES,
+                f"--unsupported: {name!r} names no message role; use role:ROLE with ROLE one "
+                f"of {', '.join(ROLES)}",
+            )
+        )
     checks.append((config.unsupported_after >= 0, "--unsupported-after: must be >= 0"))
     for index in config.default_thinking:
         checks.append((0 <= index < servers, f"--default-thinking: {index} is not a server index"))

@@ -30,7 +30,7 @@ from draftdata.sim.answers import (
     parse_completion,
     plan_answer,
 )
-from draftdata.sim.config import SimConfig
+from draftdata.sim.config import ROLES, SimConfig
 from draftdata.sim.shapes import context_message, tool_call
 from draftdata.sim.spec import SpecDraw
 from draftdata.sim.spec import draw as spec_draw
@@ -112,7 +112,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RefusedRequestError(400, f"messages.{i}: expected an object with a string 'role'")
-        if m["role"] not in ("system", "user", "assistant", "tool", "developer"):
+        if m["role"] not in ROLES:
             raise RefusedRequestError(400, f"messages.{i}.role: unknown role {m['role']!r}")
     return msgs
 

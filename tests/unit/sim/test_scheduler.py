@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from draftdata.errors import ConfigError
 from draftdata.sim.config import FaultConfig, SimConfig, validate
@@ -104,3 +106,18 @@ def test_step_time_defaults_model_a_27b_gpu() -> None:
 def test_validate_names_the_option(config: SimConfig, servers: int, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle.replace("-", "\\-")):
         validate(config, servers)
+
+
+_ROLES = ["system", "user", "assistant", "tool", "developer"]
+
+
+@given(role=st.sampled_from([*_ROLES, "Tool", "tools", "", "gpt2"]) | st.text(max_size=12))
+def test_unsupported_role_names_a_message_role(role: str) -> None:
+    """``--unsupported role:ROLE`` refuses requests with a message of that role: a ROLE no
+    message can have (a typo, a capital) is refused at the start, not left refusing nothing."""
+    config = SimConfig(unsupported=[f"role:{role}"])
+    if role in _ROLES:
+        assert validate(config) is config
+    else:
+        with pytest.raises(ConfigError, match="names no message role"):
+            validate(config)
