@@ -66,3 +66,65 @@ def test_a_bug_in_a_request_stops_generate_with_its_traceback_and_resumes(
             main(args)
         assert again.value.code in (None, 0), capsys.readouterr().err
     assert check_exactly_once(str(out), set(ids)) == (300, 0)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "Dispatcher._succeeded",
+        "Dispatcher._failed",
+        "Recheck.came",
+        "Recheck.hold",
+        "Progress.tick",
+        "Endpoint.adapt",
+        "Committer.flush",
+    ],
+)
+def test_a_bug_in_acting_on_an_outcome_stops_generate_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A bug in the engine's own work (acting on an answer or a failure, the refusal check's
+    canaries in their background task, the progress, load and commit loops) stops generate
+    with that exception, as one in a request does. It was left in a task nobody awaited:
+    printed at garbage collection (or never), the job never settled (hidden states' answers
+    after 04e90c3: an IndexError on each), a loop dead for the rest of the run, and the run
+    went on or ended exit 0."""
+    from tests.integration.generate.helpers import fast_config, write_bad_and_good
+
+    from draftdata.generate.engine import committer, dispatch, endpoint, progress, recheck
+    from draftdata.generate.stage import generate
+    from draftdata.sim.run import FaultConfig
+
+    prompts = tmp_path / "p.jsonl"
+    bad, good = write_bad_and_good(prompts, bad=12, good=150, rate=0.1, bad_first=False)
+    ids = bad | good
+    out = tmp_path / "run"
+    owner_name, name = where.split(".")
+    owner = {
+        "Dispatcher": dispatch.Dispatcher,
+        "Recheck": recheck.Recheck,
+        "Progress": progress.Progress,
+        "Endpoint": endpoint.Endpoint,
+        "Committer": committer.Committer,
+    }[owner_name]
+    real = getattr(owner, name)
+    calls = {"n": 0}
+    bug = LookupError(f"planted in {where}")
+
+    def planted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # Progress.tick: its first is the engine's start
+            raise bug
+        return real(self, *args, **kwargs)
+
+    faults = FaultConfig(bad_prompts=0.1, error_500=0.05)
+    config = SimConfig(time_scale=0.05, mean_output_tokens=20, max_running=8, faults=faults)
+    with SimFleet(2, config) as fleet:
+        cfg = fast_config(prompts, out, fleet.urls, order="file")
+        monkeypatch.setattr(owner, name, planted)
+        with pytest.raises(LookupError) as info:
+            generate(cfg, log=lambda _l: None, handle_signals=False)
+        assert info.value is bug
+        monkeypatch.setattr(owner, name, real)
+        generate(cfg, log=lambda _l: None, handle_signals=False)
+    assert check_exactly_once(str(out), ids) == (len(good), len(bad))

@@ -64,7 +64,7 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from draftdata.errors import (
     ConnectionLostError,
@@ -600,24 +600,29 @@ class Dispatcher:
             self._detach(copy)
             self._stop_on(exc, copy.endpoint)
             return
-        if isinstance(outcome, Answer):
-            self._tell(copy, None)
-        else:
-            self._tell(copy, outcome.said if is_refusal(outcome) else OTHER)
-        self._detach(copy)
-        if isinstance(outcome, Answer):
-            self._succeeded(copy, outcome)
-        else:
-            self._failed(copy, outcome)
+        try:  # a bug in acting on the outcome stops the run as one in the request would
+            if isinstance(outcome, Answer):
+                self._tell(copy, None)
+            else:
+                self._tell(copy, outcome.said if is_refusal(outcome) else OTHER)
+            self._detach(copy)
+            if isinstance(outcome, Answer):
+                self._succeeded(copy, outcome)
+            else:
+                self._failed(copy, outcome)
+        except Exception as exc:
+            self._stop_on(exc, copy.endpoint, "acting on an answer of")
 
-    def _stop_on(self, exc: BaseException, ep: Endpoint) -> None:
+    def _stop_on(self, exc: BaseException, ep: Endpoint | None, doing: str = "talking to") -> None:
         """An exception nobody mapped (a bug): stop dispatching, cancel what runs, and let
-        ``run`` raise it; what finished is committed by the engine, the same command resumes."""
+        ``run`` raise it; what finished is committed by the engine, the same command resumes.
+        ``doing``/``ep`` say where it came from (None: the dispatcher's own work)."""
         if self.bug is not None:
             return
         self.bug = exc
+        where = f" while {doing} {ep.url}" if ep is not None else ""
         self.log(
-            f"generate: stopped by an unexpected {type(exc).__name__} while talking to {ep.url} "
+            f"generate: stopped by an unexpected {type(exc).__name__}{where} "
             "(a bug, not a server fault; its traceback follows); what was committed is kept, "
             "run the same command to resume"
         )
@@ -932,10 +937,22 @@ class Dispatcher:
     # -- taking an endpoint out: one method per action ------------------------------------------
 
     def spawn(self, coro: Awaitable[None]) -> None:
-        """Run a background coroutine that ends with the dispatcher."""
+        """Run a background coroutine that ends with the dispatcher; an exception it raises
+        (a bug: each maps the servers' faults itself) stops the run (``_stop_on``), never
+        left for the garbage collector to print."""
         task = asyncio.ensure_future(coro)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._spawned_ended)
+
+    def _spawned_ended(self, task: asyncio.Future[None]) -> None:
+        self._background.discard(task)
+        self.task_ended(task)
+
+    def task_ended(self, task: asyncio.Future[Any]) -> None:
+        """A task of the run ended: one that raised (a bug) stops the run (``_stop_on``)."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._stop_on(exc, None)
+            self.wake.set()
 
     async def _health_check(self, ep: Endpoint) -> None:
         """Probe ``ep`` after a connection error or an opened breaker; if it does not answer,

@@ -383,6 +383,8 @@ class Engine:
             asyncio.create_task(self._progress_loop()),
             asyncio.create_task(self._watch_loop()),
         ]
+        for task in loops:  # one that dies of a bug stops the run, not the loop alone
+            task.add_done_callback(self.dispatcher.task_ended)
         try:
             await self.dispatcher.run()
             if self.fatal is None:
@@ -404,6 +406,8 @@ class Engine:
             await self.committer.close(stopping=stopping)
         if self.fatal is not None:
             raise self.fatal
+        if self.dispatcher.bug is not None:  # one that came after dispatch ended (a loop's)
+            raise self.dispatcher.bug
         summary = self._summary(self.clock() - t0)
         await self._write_metrics(
             {
