@@ -24,15 +24,19 @@ CLI = [sys.executable, "-c", "from draftdata.cli import main; main()", "generate
 FAST = ["--time-scale", "0.01", "--mean-output-tokens", "40"]
 
 
-def _generate(prompts: Path, out: Path, urls: list[str], *args: str) -> tuple[int, str, float]:
-    """(exit code, stdout + stderr, seconds) of generate; exit None-like -9 past 90 s."""
+def _generate(
+    prompts: Path, out: Path, urls: list[str], *args: str, limit: list[str] | None = None
+) -> tuple[int, str, float]:
+    """(exit code, stdout + stderr, seconds) of generate; exit None-like -9 past 90 s;
+    ``limit``: the output limit's options (default ``--max-tokens 64``)."""
     cmd = [*CLI, "--prompts", str(prompts), "--out", str(out), "--progress", "off"]
     for url in urls:
         cmd += ["--endpoint", url]
+    cmd += ["--max-tokens", "64"] if limit is None else limit
     t0 = time.monotonic()
     try:
         res = subprocess.run(
-            [*cmd, "--max-tokens", "64", "--flush-seconds", "0.2", "--concurrency", "5", *args],
+            [*cmd, "--flush-seconds", "0.2", "--concurrency", "5", *args],
             capture_output=True,
             text=True,
             timeout=90,
@@ -62,6 +66,25 @@ def test_prompts_on_a_wedged_server_are_hedged_onto_the_idle_good_one(
     assert took < 60, said[-2000:]
     line = next(x for x in said.splitlines() if x.startswith("  wasted"))
     assert "hedge won 0" not in line, said
+
+
+def test_a_wedged_server_is_hedged_soon_without_an_output_limit(tmp_path: Path) -> None:
+    """The default output limit (the context, 8192 here) and a fleet decoding ~40 tokens/s a
+    sequence: the prompts on the wedged server are copied within seconds. Their age was
+    taken as tokens produced at the fleet's rate: their domain's estimate grew with it, and
+    the copy, judged on that estimate, waited until it reached the cap (~400 s here; half an
+    hour on a 32K context)."""
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 10)
+    out = tmp_path / "run"
+    slow = ["--time-scale", "1", "--mean-output-tokens", "40"]
+    with SimProcess(n=1, args=slow) as sim, RogueServer("hang", interval=1.0) as wedged:
+        code, said, took = _generate(prompts, out, [wedged.url, sim.urls[0]], limit=[])
+        chats = wedged.stats.chats
+    assert code == 0, said[-3000:]
+    assert chats >= 1
+    assert check_exactly_once(str(out), set(ids)) == (10, 0)
+    assert took < 45, said[-2000:]
 
 
 def test_a_trickling_server_is_timed_out_per_request_not_per_chunk(tmp_path: Path) -> None:

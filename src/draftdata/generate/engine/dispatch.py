@@ -222,6 +222,7 @@ class Dispatcher:
         self._read_before = asyncio.Lock()  # they are read once (``_earlier``), then known
         self._before_read = False
         self._canaries_out: list[tuple[str, float]] = []  # (URL, sent at) of each one out
+        self._round_tasks: dict[int, list[asyncio.Future[None]]] = {}  # a round's canaries
         # answered requests, newest first: the canaries, of every shape and of each
         # (``_kind``); a conversation's is its last request (the history it was answered with)
         self._answered: deque[Known] = deque(maxlen=CANARY_PROMPTS)
@@ -362,10 +363,11 @@ class Dispatcher:
             return None
         if self._asking_before:
             return "checking: reading answers of earlier commands to ask the servers again"
-        if not self._canaries_out:
+        out = list(self._canaries_out)  # one look (a view may ask from another thread)
+        if not out:
             return None
-        urls = dict.fromkeys(u for u, _ in self._canaries_out)
-        since = self.clock() - min(t for _, t in self._canaries_out)
+        urls = dict.fromkeys(u for u, _ in out)
+        since = self.clock() - min(t for _, t in out)
         return (
             f"checking: {self.recheck.held:,} refused prompt(s) held while "
             f"{', '.join(self._by_url[u].name for u in urls)} "
@@ -469,10 +471,12 @@ class Dispatcher:
     def _place(self, now: float) -> None:
         """Fill the free slots: fast endpoints take the queue's head, a slower one near the
         end the longest job it can finish in time (``TailPlan``)."""
-        lanes = {
-            e.index: e.meter.seq_rate for e in self.endpoints if e.accepting and e.meter.seq_rate
-        }
-        rates = list(lanes.values())
+        rates = [e.meter.seq_rate for e in self.endpoints if e.accepting and e.meter.seq_rate]
+        # a request running where nothing was ever answered (a wedged server: /health passes)
+        # tells nothing of its length: it is taken to have produced nothing, not what the
+        # fleet's rate would have produced by now (its age grew its domain's estimate, and the
+        # copy its hedge waits for: up to twice the cap's time)
+        lanes = {e.index: e.meter.seq_rate or 0.0 for e in self.endpoints if e.accepting}
         self.lengths.at(now, sum(rates) / len(rates) if rates else 0.0, lanes)
         tail = None
         if self.queue and self.cfg.tail_plan:
@@ -890,7 +894,8 @@ class Dispatcher:
         if self.stopping:
             return
         for number, url in self.recheck.due():
-            self.spawn(self._canary(number, self._by_url[url]))
+            task = self.spawn(self._canary(number, self._by_url[url]))
+            self._round_tasks.setdefault(number, []).append(task)
 
     async def _canary(self, number: int, ep: Endpoint) -> None:
         """Ask ``ep`` again what this command had answered, and act on the round's verdict
@@ -917,6 +922,10 @@ class Dispatcher:
         finally:
             self._canaries_out.remove(out)
         verdict = self.recheck.came(number, ep.url, outcome)
+        if verdict is not None:  # the round is settled: its other canaries tell nothing more
+            for task in self._round_tasks.pop(number, []):
+                if task is not asyncio.current_task():
+                    task.cancel()  # (a hung server's would hold the run up to 3 x 120 s)
         if isinstance(verdict, Changed):
             self._stop_for(verdict)
         elif verdict is not None:
@@ -936,13 +945,14 @@ class Dispatcher:
 
     # -- taking an endpoint out: one method per action ------------------------------------------
 
-    def spawn(self, coro: Awaitable[None]) -> None:
+    def spawn(self, coro: Awaitable[None]) -> asyncio.Future[None]:
         """Run a background coroutine that ends with the dispatcher; an exception it raises
         (a bug: each maps the servers' faults itself) stops the run (``_stop_on``), never
         left for the garbage collector to print."""
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._spawned_ended)
+        return task
 
     def _spawned_ended(self, task: asyncio.Future[None]) -> None:
         self._background.discard(task)
