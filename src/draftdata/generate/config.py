@@ -136,6 +136,9 @@ class GenerateConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     lookahead_mib: int = 64
     hedge: bool = True
     hedge_min_age: float = 2.0
+    # an endpoint that holds requests and answers none for this long (and three of the fleet's
+    # mean latencies) while the others answer plenty is taken out as stalled (dispatch.py)
+    stall_after: float = 60.0
     # near the end a clearly slower server starts only what it can finish in time
     # (placement.TailPlan); a pilot turns it off so that every server, the slow ones too, runs
     # full while work is queued
@@ -224,6 +227,7 @@ NUMBER_RULES: dict[str, tuple[float | None, bool, float | None]] = {
     "lookahead": (0, True, None),
     "lookahead_mib": (1, True, None),
     "hedge_min_age": (0, True, None),
+    "stall_after": (0, False, None),
     "log_interval": (0, False, None),
     "metrics_interval": (0, False, None),
     "grace_seconds": (0, True, None),
@@ -248,6 +252,7 @@ _NO_FLAG = frozenset(
         "probe_interval",
         "load_interval",
         "hedge_min_age",
+        "stall_after",
         "metrics_interval",
     }
 )

@@ -327,6 +327,11 @@ class SimFleet:
         """Crash server ``i`` now (its ``restart_after`` applies)."""
         self._sync(self.servers[i].crash)
 
+    def wedge(self, i: int, wedged: bool = True) -> None:
+        """Server ``i`` stops answering without dying (its /health still passes), or goes
+        on again (``wedged=False``)."""
+        self._sync(lambda: self.servers[i].wedge(wedged))
+
     def restart(self, i: int) -> None:
         """Bring crashed server ``i`` back on its port now."""
         self._call(self.servers[i].restart())

@@ -64,6 +64,9 @@ _REFUSALS = {
 logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
 
 
+_WEDGED = 1e12  # the step-time factor of a wedged server: no step ever ends
+
+
 class _Listener(socket.socket):
     """A listening socket that remembers every connection it accepted (in ``accepted``).
 
@@ -225,6 +228,12 @@ class SimServer:
         if delay is not None:
             loop = asyncio.get_running_loop()
             self._restart_task = loop.create_task(self._restart_later(delay))
+
+    def wedge(self, wedged: bool = True) -> None:
+        """Stop answering without dying, as a deadlocked engine does: what runs and what
+        comes stops making progress, while /health and the probes still answer (False:
+        go on again)."""
+        self._batcher.slow = _WEDGED if wedged else self.config.faults.slow.get(self.index, 1.0)
 
     async def _restart_later(self, delay: float) -> None:
         await asyncio.sleep(delay)

@@ -456,3 +456,37 @@ def test_hostile_prompt_lines_are_rejects_and_every_valid_line_is_generated(
     assert linenos == [2, 3, 15, 16, 17]
     reasons = [r["reason"] for r in rows]
     assert "nesting deeper than" in reasons[0] and "tool message without" in reasons[2]
+
+
+def test_a_server_that_stops_answering_is_taken_out_and_its_requests_moved(
+    tmp_path: Path,
+) -> None:
+    """A server that answered, then wedged (a deadlocked engine: /health still passes, every
+    request it holds and gets makes no progress): once it has answered none for
+    ``stall_after`` while the others answered plenty, it is taken out, its requests requeued
+    uncharged elsewhere, and the run ends without waiting for the read timeout. It held its
+    requests until the read timeout (an hour by default), then its health check re-admitted
+    it and it wedged the next ones."""
+    prompts = tmp_path / "p.jsonl"
+    ids = write_prompts(prompts, 400)
+    lines: list[str] = []
+    with SimFleet(3, sim(time_scale=0.05, max_running=16)) as fleet:
+
+        def wedge_when_warm() -> None:
+            deadline = time.monotonic() + 60
+            while fleet.stats(1).served < 10 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            fleet.wedge(1)
+
+        wedger = threading.Thread(target=wedge_when_warm, daemon=True)
+        wedger.start()
+        cfg = fast_config(prompts, tmp_path / "run", fleet.urls, stall_after=1.0, read_timeout=60)
+        t0 = time.monotonic()
+        summary = generate(cfg, log=lines.append, handle_signals=False)
+        took = time.monotonic() - t0
+        wedger.join(5)
+    assert check_exactly_once(str(tmp_path / "run"), set(ids)) == (400, 0)
+    said = [x for x in lines if "stopped answering" in x]
+    assert said and fleet.urls[1] in said[0], lines
+    assert summary.endpoints[1].downs >= 1 and summary.failures == 0
+    assert took < 15, took  # not the read timeout (60 s), nor the tail hedge at 1.5x the cap

@@ -101,6 +101,9 @@ from draftdata.shared.tokens import turns_tokens
 Known = tuple[Job, list[Message]]  # an answered job and its last request's messages: a canary
 
 _FIRST_WINDOW_S = 0.5  # with lengths known at the start, wait this long at most for the window
+_STALL_CHECK_S = 1.0  # how often endpoints are looked at for a stall (``_take_out_stalled``)
+_STALL_SHARE = 10.0  # the answers a stalled endpoint's share of the others' would have been
+_STALL_LATENCIES = 3.0  # ... and this many of the fleet's mean latencies without one
 
 
 class Sink(Protocol):
@@ -223,6 +226,7 @@ class Dispatcher:
         self._before_read = False
         self._canaries_out: list[tuple[str, float]] = []  # (URL, sent at) of each one out
         self._round_tasks: dict[int, list[asyncio.Future[None]]] = {}  # a round's canaries
+        self._stall_check_at = 0.0  # the clock of the next look for stalled endpoints
         # answered requests, newest first: the canaries, of every shape and of each
         # (``_kind``); a conversation's is its last request (the history it was answered with)
         self._answered: deque[Known] = deque(maxlen=CANARY_PROMPTS)
@@ -313,6 +317,9 @@ class Dispatcher:
                     self._place(now)
                     if self.cfg.hedge and self.fed_all and not self.queue:
                         self._hedge(now)
+                    if now >= self._stall_check_at:
+                        self._stall_check_at = now + _STALL_CHECK_S
+                        self._take_out_stalled(now)
                 if feeder.done() and not feeder.cancelled() and feeder.exception():
                     raise feeder.exception()  # type: ignore[misc]
                 if self.opening.open and not self.running and self._all_settled():
@@ -1009,6 +1016,45 @@ class Dispatcher:
             else "refuses chat requests"
         )
         self._take_out_faulty(ep, err.said, what, moved=moved)
+
+    def _take_out_stalled(self, now: float) -> None:
+        """Take out an endpoint that stopped answering while the others answer: it holds
+        requests, answered none for ``stall_after`` seconds and three of the fleet's mean
+        latencies (since its last answer, or since its oldest request was sent, whichever is
+        later), while the other serving endpoints answered so many that its share of them, by
+        the requests each holds, would have been ``_STALL_SHARE`` or more. A server that
+        wedged (a scheduler deadlock: its ``/health`` passes) held its requests until the
+        read timeout (an hour by default), then was re-admitted by its health check and
+        wedged the next ones. Its requests are requeued uncharged; it gets a trial request
+        after a growing wait (``_take_out_faulty``). The tail of a run (few requests, long
+        answers) never meets the share."""
+        serving = [e for e in self.endpoints if e.breaker.serving]
+        if not serving:
+            return
+        latencies = [e.meter.latency for e in serving if e.meter.latency]
+        patience = max(
+            self.cfg.stall_after,
+            _STALL_LATENCIES * sum(latencies) / len(latencies) if latencies else 0.0,
+        )
+        for ep in self.endpoints:  # one re-admitted on probation too: it may wedge again
+            copies = self.on_endpoint[ep]
+            if ep.breaker.state != "up" or not copies:
+                continue
+            last = ep.meter.answer_times[-1] if ep.meter.answer_times else float("-inf")
+            since = max(last, min(c.sent for c in copies))
+            quiet = now - since
+            if quiet < patience:
+                continue
+            others = [e for e in serving if e is not ep]
+            answered = sum(e.meter.answers_since(since) for e in others)
+            running = sum(len(self.on_endpoint[e]) for e in others)
+            if answered * len(copies) / max(1, running) < _STALL_SHARE:
+                continue
+            said = (
+                f"no answer in {quiet:.0f} s while holding {len(copies):,} request(s); the "
+                f"other endpoints answered {answered:,} meanwhile"
+            )
+            self._take_out_faulty(ep, said, "stopped answering")
 
     def take_out_refusing(self, ep: Endpoint, said: str) -> None:
         """``ep`` refuses, with the same answer ``said``, the requests the other endpoints

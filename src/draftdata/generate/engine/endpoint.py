@@ -39,6 +39,7 @@ from draftdata.shared.endpoints import Capacity, Load, base_url, probe_load
 from draftdata.support.redact import redact_url
 
 _EWMA = 0.1
+_ANSWER_TIMES = 8192  # answer times an endpoint keeps (the stall rule counts them: dispatch.py)
 
 
 class ChatClient(Protocol):
@@ -92,6 +93,7 @@ class Meter:
         self.latency: float | None = None  # EWMA seconds per request
         self._tokens: float | None = None  # EWMA output tokens per sequence
         self.token_log: deque[tuple[float, int]] = deque()  # (time, output tokens) window
+        self.answer_times: deque[float] = deque(maxlen=_ANSWER_TIMES)  # newest last
         self._clock = clock
         self._since = clock()
 
@@ -100,6 +102,7 @@ class Meter:
     ) -> None:
         """Count one answered request and learn the per-sequence decode speed from it."""
         self.served += 1
+        self.answer_times.append(now)
         self.output_tokens += output_tokens
         self.prompt_tokens += prompt_tokens
         self.token_log.append((now, output_tokens))
@@ -112,6 +115,15 @@ class Meter:
                 self._tokens = (1 - a) * self._tokens + a * per_seq
                 self.latency = (1 - a) * self.latency + a * latency
             self.seq_rate = self._tokens / self.latency
+
+    def answers_since(self, t: float) -> int:
+        """Requests answered at ``t`` or later (of the last ``_ANSWER_TIMES``)."""
+        n = 0
+        for at in reversed(self.answer_times):
+            if at < t:
+                break
+            n += 1
+        return n
 
     def tokens_per_s(self, window: float) -> float:
         """Output tokens per second over the last ``window`` seconds."""
