@@ -98,7 +98,9 @@ from draftdata.records import Completion, Failure, Message, Prompt, Turn
 from draftdata.shared.conversation import TurnLike
 from draftdata.shared.tokens import turns_tokens
 
-Known = tuple[Job, list[Message]]  # an answered job and its last request's messages: a canary
+# an answered job and its first sample's turns: a canary, its last request (the messages are
+# built when one is asked, ``_asked``, not on every answer)
+Known = tuple[Job, Sequence[TurnLike]]
 
 _FIRST_WINDOW_S = 0.5  # with lengths known at the start, wait this long at most for the window
 _STALL_CHECK_S = 1.0  # how often endpoints are looked at for a stall (``_take_out_stalled``)
@@ -879,10 +881,8 @@ class Dispatcher:
         request, no plan) is no canary: none is asked of it."""
         if not (len(job.plan) and isinstance(self.caller, Caller)):
             return
-        last = max(0, min(len(turns), len(job.plan)) - 1)
-        keep = self.cfg.keep_reasoning_history
-        ask = (job, job.plan.context(last, turns, keep_reasoning=keep))
-        older = older or (job.multi_turn and last == 0)
+        ask = (job, turns)
+        older = older or (job.multi_turn and _last(job, turns) == 0)
         kind = self._answered_kind.setdefault(_kind(job), deque(maxlen=CANARY_PROMPTS))
         for known in (self._answered, kind):
             if not older:
@@ -895,6 +895,11 @@ class Dispatcher:
         where the run answered one (this command, else for a resumed one an earlier command:
         a template that turned to refuse tools still answers plain prompts), else of any."""
         return list(self._answered_kind.get(kind) or self._answered)
+
+    def _asked(self, job: Job, turns: Sequence[TurnLike]) -> list[Message]:
+        """The messages of ``job``'s last request answered with ``turns``: a canary's."""
+        keep = self.cfg.keep_reasoning_history
+        return job.plan.context(_last(job, turns), turns, keep_reasoning=keep)
 
     def _send_canaries(self) -> None:
         """Send the canaries of the rounds due (``Recheck.due``)."""
@@ -918,7 +923,7 @@ class Dispatcher:
                 # refuse conversations' history would be taken for bad conversations)
                 await self._earlier()
             outcome = await ask_again(
-                lambda known: caller.ask_again(known[0], ep, known[1]),
+                lambda known: caller.ask_again(known[0], ep, self._asked(*known)),
                 self._canaries(self.recheck.kind_of(number)),
                 refusal=is_refusal,
                 backoff=lambda tries: self.policy.backoff(tries, None),
@@ -1115,6 +1120,11 @@ class Dispatcher:
         )
         self.log(f"endpoint {ep.url} taken out: {why}; {said}")
         self.wake.set()
+
+
+def _last(job: Job, turns: Sequence[TurnLike]) -> int:
+    """The index of ``job``'s last request that ``turns`` answered (0: its first)."""
+    return max(0, min(len(turns), len(job.plan)) - 1)
 
 
 def _kind(job: Job) -> str:
