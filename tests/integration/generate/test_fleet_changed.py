@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-c", "from draftdata.cli import main; main()", "generate"]
 BAD = "Invalid request: this prompt cannot be rendered (simulated)"
+HISTORY = "Unsupported message role: assistant"  # a fleet that turned to refuse history
 
 
 def _bad_ids(prompts: Path, rate: float) -> set[str]:
@@ -42,6 +44,35 @@ def _bad_ids(prompts: Path, rate: float) -> set[str]:
         if is_bad_prompt(first, rate):
             out.add(row["id"])
     return out
+
+
+def _stops_then_settles(
+    prompts: Path,
+    out: Path,
+    ids: list[str],
+    servers: int,
+    changed: SimConfig,
+    said: str,
+    fixed: SimConfig | None = None,
+    **cfg: Any,
+) -> str:
+    """Generate over a fleet that ``changed``: the command stops in one line quoting ``said``
+    and records nothing of it; then over a ``fixed`` fleet (one that answers everything) every
+    prompt settles once, answered. Returns the stop's line."""
+    with SimFleet(servers, changed) as fleet, pytest.raises(FleetUnavailableError) as info:
+        generate(fast_config(prompts, out, fleet.urls, **cfg), log=_quiet, handle_signals=False)
+    line = str(info.value)
+    assert "\n" not in line and said in line, line
+    assert failures(out) == []
+    fixed = fixed or SimConfig(time_scale=0, mean_output_tokens=20)
+    with SimFleet(servers, fixed) as fleet:
+        generate(fast_config(prompts, out, fleet.urls, **cfg), log=_quiet, handle_signals=False)
+    assert check_exactly_once(str(out), set(ids)) == (len(ids), 0)
+    return line
+
+
+def _quiet(_line: str) -> None:
+    """A log that drops every line."""
 
 
 @settings(
@@ -175,15 +206,8 @@ def test_a_fleet_that_turns_to_refuse_prompts_with_tools_stops(
     sim = SimConfig(
         time_scale=0, mean_output_tokens=20, unsupported=["tools"], unsupported_after=after
     )
-    with SimFleet(servers, sim) as fleet, pytest.raises(FleetUnavailableError) as info:
-        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None, handle_signals=False)
-    line = str(info.value)
-    assert "\n" not in line and "Unsupported parameter: tools" in line, line
+    line = _stops_then_settles(prompts, out, ids, servers, sim, "Unsupported parameter: tools")
     assert "answered earlier in this run" in line, line
-    assert failures(out) == []
-    with SimFleet(servers, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
-        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None, handle_signals=False)
-    assert check_exactly_once(str(out), set(ids)) == (150, 0)
 
 
 @settings(
@@ -213,16 +237,8 @@ def test_a_fleet_that_turns_to_refuse_later_turns_stops(
     # in file order each server answers whole conversations among its first requests (in the
     # learnt order a loaded machine may send every conversation after the change: with none
     # answered, bad conversations and a changed fleet cannot be told apart, as documented)
-    with SimFleet(servers, sim) as fleet, pytest.raises(FleetUnavailableError) as info:
-        cfg = fast_config(prompts, out, fleet.urls, order="file")
-        generate(cfg, log=lambda _l: None, handle_signals=False)
-    line = str(info.value)
-    assert "\n" not in line and "Unsupported message role: assistant" in line, line
+    line = _stops_then_settles(prompts, out, ids, servers, sim, HISTORY, order="file")
     assert "answered earlier in this run" in line, line
-    assert failures(out) == []
-    with SimFleet(servers, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
-        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None, handle_signals=False)
-    assert check_exactly_once(str(out), set(ids)) == (150, 0)
 
 
 def test_a_resumed_command_over_a_fleet_refusing_later_turns_stops(tmp_path: Path) -> None:
@@ -237,13 +253,7 @@ def test_a_resumed_command_over_a_fleet_refusing_later_turns_stops(tmp_path: Pat
     with SimFleet(1, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
         generate(fast_config(prompts, out, fleet.urls, limit=40), log=lambda _l: None)
     changed = SimConfig(time_scale=0, mean_output_tokens=20, unsupported=["role:assistant"])
-    with SimFleet(1, changed) as fleet, pytest.raises(FleetUnavailableError) as info:
-        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None)
-    assert "Unsupported message role: assistant" in str(info.value), info.value
-    assert failures(out) == []
-    with SimFleet(1, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
-        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None)
-    assert check_exactly_once(str(out), set(ids)) == (60, 0)
+    _stops_then_settles(prompts, out, ids, 1, changed, HISTORY)
 
 
 def test_the_cli_stops_in_one_line_mid_run_and_the_fixed_fleet_finishes(tmp_path: Path) -> None:
@@ -279,7 +289,6 @@ def test_a_command_waiting_on_its_canaries_says_so(tmp_path: Path) -> None:
     end)."""
     import threading
     import time
-    from typing import Any
 
     from tests.integration.generate.helpers import write_bad_and_good
 
@@ -335,13 +344,7 @@ def test_a_resumed_command_of_mixed_prompts_over_a_fleet_refusing_later_turns_st
     with SimFleet(servers, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
         generate(fast_config(prompts, out, fleet.urls, limit=first), log=lambda _l: None)
     changed = SimConfig(time_scale=0, mean_output_tokens=20, unsupported=["role:assistant"])
-    with SimFleet(servers, changed) as fleet, pytest.raises(FleetUnavailableError) as info:
-        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None)
-    assert "Unsupported message role: assistant" in str(info.value), info.value
-    assert failures(out) == []
-    with SimFleet(servers, SimConfig(time_scale=0, mean_output_tokens=20)) as fleet:
-        generate(fast_config(prompts, out, fleet.urls), log=lambda _l: None)
-    assert check_exactly_once(str(out), set(ids)) == (90, 0)
+    _stops_then_settles(prompts, out, ids, servers, changed, HISTORY)
 
 
 @settings(
@@ -371,15 +374,7 @@ def test_conversations_cut_after_their_first_turn_do_not_hide_a_fleet_refusing_h
         unsupported=["role:assistant"],
         unsupported_after=after,
     )
-    with SimFleet(servers, sim) as fleet, pytest.raises(FleetUnavailableError) as info:
-        cfg = fast_config(prompts, out, fleet.urls, max_tokens=max_tokens)
-        generate(cfg, log=lambda _l: None, handle_signals=False)
-    assert "Unsupported message role: assistant" in str(info.value), info.value
-    assert failures(out) == []
     fixed = SimConfig(time_scale=0, mean_output_tokens=12, min_output_tokens=4)
-    with SimFleet(servers, fixed) as fleet:
-        cfg = fast_config(prompts, out, fleet.urls, max_tokens=max_tokens)
-        generate(cfg, log=lambda _l: None, handle_signals=False)
-    assert check_exactly_once(str(out), set(ids)) == (150, 0)
+    _stops_then_settles(prompts, out, ids, servers, sim, HISTORY, fixed, max_tokens=max_tokens)
     stops = [c.stop_reason for c in completions(out)]
     assert "length" in stops and None in stops, stops  # both shapes met
