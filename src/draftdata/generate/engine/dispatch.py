@@ -1045,8 +1045,9 @@ class Dispatcher:
             copies = self.on_endpoint[ep]
             if ep.breaker.state != "up" or not copies:
                 continue
-            last = ep.meter.answer_times[-1] if ep.meter.answer_times else float("-inf")
-            since = max(last, min(c.sent for c in copies))
+            last = ep.meter.last_answer
+            first = min(c.sent for c in copies)
+            since = first if last is None else max(last, first)
             quiet = now - since
             if quiet < patience:
                 continue

@@ -39,7 +39,7 @@ from draftdata.shared.endpoints import Capacity, Load, base_url, probe_load
 from draftdata.support.redact import redact_url
 
 _EWMA = 0.1
-_ANSWER_TIMES = 8192  # answer times an endpoint keeps (the stall rule counts them: dispatch.py)
+_ANSWERS_KEPT = 8192  # answers an endpoint's meter keeps (the rate window, the stall rule)
 
 
 class ChatClient(Protocol):
@@ -92,8 +92,9 @@ class Meter:
         self.seq_rate: float | None = None
         self.latency: float | None = None  # EWMA seconds per request
         self._tokens: float | None = None  # EWMA output tokens per sequence
-        self.token_log: deque[tuple[float, int]] = deque()  # (time, output tokens) window
-        self.answer_times: deque[float] = deque(maxlen=_ANSWER_TIMES)  # newest last
+        # (time, output tokens) of the newest answers, newest last: the rate over a window,
+        # and the answers since a time (the stall rule, dispatch.py)
+        self.token_log: deque[tuple[float, int]] = deque(maxlen=_ANSWERS_KEPT)
         self._clock = clock
         self._since = clock()
 
@@ -102,7 +103,6 @@ class Meter:
     ) -> None:
         """Count one answered request and learn the per-sequence decode speed from it."""
         self.served += 1
-        self.answer_times.append(now)
         self.output_tokens += output_tokens
         self.prompt_tokens += prompt_tokens
         self.token_log.append((now, output_tokens))
@@ -117,21 +117,29 @@ class Meter:
             self.seq_rate = self._tokens / self.latency
 
     def answers_since(self, t: float) -> int:
-        """Requests answered at ``t`` or later (of the last ``_ANSWER_TIMES``)."""
+        """Requests answered at ``t`` or later (of the last ``_ANSWERS_KEPT``)."""
         n = 0
-        for at in reversed(self.answer_times):
+        for at, _ in reversed(self.token_log):
             if at < t:
                 break
             n += 1
         return n
 
+    @property
+    def last_answer(self) -> float | None:
+        """The clock time of the newest answer (None: none yet)."""
+        return self.token_log[-1][0] if self.token_log else None
+
     def tokens_per_s(self, window: float) -> float:
         """Output tokens per second over the last ``window`` seconds."""
         now = self._clock()
-        while self.token_log and self.token_log[0][0] < now - window:
-            self.token_log.popleft()
+        total = 0
+        for at, n in reversed(self.token_log):
+            if at < now - window:
+                break
+            total += n
         span = min(window, now - self._since)
-        return sum(n for _, n in self.token_log) / span if span > 0 else 0.0
+        return total / span if span > 0 else 0.0
 
 
 class Endpoint:
