@@ -34,6 +34,9 @@
     │                                   endpoint refuses chat requests, or one 400 ends most
     │                                   of the first requests (generate stops, resumable)
     ├── RunAbortedError                 an unexpected error stopped a run (committed work kept)
+    ├── WorkerDiedError                 a worker process of tokenize, merge or hidden-states
+    │                                   died (killed by the out-of-memory killer, a crash);
+    │                                   the line says how (``support/workerpool.py``)
     ├── VerificationError               hidden states written differ from the same samples
     │                                   computed one at a time beyond the dtype's tolerance
     ├── RefusedRequestError             the simulator refuses a chat request (HTTP ``status``;
@@ -244,6 +247,11 @@ class FleetUnavailableError(FleetError):
 class RunAbortedError(DraftdataError):
     """An unexpected error (a bug, not a store outage) stopped a run; what was committed is
     kept and the same command resumes."""
+
+
+class WorkerDiedError(DraftdataError):
+    """A worker process of a command's pool died while the pool was open (the message says
+    how: the signal that killed it, or its exit code); what was written is kept."""
 
 
 class VerificationError(DraftdataError):

@@ -7,6 +7,7 @@ Real processes: the CLI in a new session, its descendants found with psutil by s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -216,3 +217,56 @@ def test_a_signal_says_how_a_command_stopped_with_or_without_workers(
         "again finishes the work"
     ) in text, (workers, how, text[-2000:])
     assert "Traceback" not in text, text[-2000:]
+
+
+@settings(
+    max_examples=4,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(command=st.sampled_from(["tokenize", "merge"]), delay=st.floats(0.0, 1.2))
+@example(command="tokenize", delay=0.3)
+@example(command="merge", delay=0.3)
+def test_a_worker_killed_from_outside_ends_the_command_in_one_line(
+    inputs: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+    command: str,
+    delay: float,
+) -> None:
+    """A worker SIGKILLed by someone else (the out-of-memory killer) while the command works:
+    it ends within the bound in one line naming the signal, exit 1, no traceback (it was a
+    ``BrokenProcessPool`` traceback, or a hang when the worker died sending a result); the same
+    command run again finishes the output."""
+    out = tmp_path_factory.mktemp("out") / "out"
+    args = [sys.executable, "-c", CLI, *_args(command, inputs, out)]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(_session(proc.pid)) < 3 and proc.poll() is None:  # parent, tracker, a worker
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.02)
+        time.sleep(delay)
+        workers = [
+            p
+            for p in _session(proc.pid)
+            if p.pid != proc.pid and "spawn_main" in " ".join(p.cmdline())
+        ]
+        if workers:
+            with contextlib.suppress(psutil.Error):
+                workers[0].kill()
+        _, err = proc.communicate(timeout=EOF_WITHIN_S)
+    finally:
+        for p in _session(proc.pid):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        proc.wait(timeout=30)
+    text = err.decode(errors="replace")
+    if proc.returncode == 0:  # the worker had done its tasks: nothing to say
+        return
+    assert proc.returncode == 1, text[-2000:]
+    assert "error: a worker process of this command was killed by SIGKILL" in text, text[-2000:]
+    assert "Traceback" not in text, text[-2000:]
+    again = subprocess.run(args, capture_output=True, timeout=300)
+    assert again.returncode == 0, again.stderr.decode(errors="replace")[-2000:]

@@ -20,6 +20,11 @@ binds the workers to the process that started them:
   workers instead of waiting for their queued tasks: what they write is create-only and a rerun
   of the command redoes it. A normal exit waits for them as usual.
 
+- A worker that dies while the pool is open (the out-of-memory killer, a crash) ends the block
+  with ``WorkerDiedError``, which says how it died; ``_DeathWatch`` makes sure the pool notices
+  even when the worker died halfway through sending a result (see its docstring), and a block
+  left by an exception closes the same pipe end after killing its workers, for the same reason.
+
 The resource tracker needs nothing: it exits by itself once every process holding its pipe has
 gone. The workers are started by the thread that submits the first tasks (Python 3.11 spawns
 them on demand); ``PR_SET_PDEATHSIG`` follows that thread, so a pool is used by the thread that
@@ -41,13 +46,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
+from multiprocessing.connection import wait as wait_for
 from types import FrameType
 from typing import Any
 
-from draftdata.errors import Interrupted
+from draftdata.errors import Interrupted, WorkerDiedError
 
-WATCH_S = 0.2  # how often a worker looks whether its parent is still there
+WATCH_S = 0.2  # how often a worker looks whether its parent is still there (and the parent
+# whether its workers are)
+_DEAD_WITHIN_S = 5.0  # a SIGKILLed worker is gone within this (it cannot delay its end)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -184,22 +193,147 @@ def worker_pool(
     initargs: tuple[Any, ...] = (),
 ) -> Iterator[ProcessPoolExecutor]:
     """A ``ProcessPoolExecutor`` of ``workers`` spawned processes bound to this one (see the
-    module docstring); ``initializer(*initargs)`` runs in each worker first."""
+    module docstring); ``initializer(*initargs)`` runs in each worker first. A worker that dies
+    (the kernel's out-of-memory killer, a crash in C code) ends the block with
+    ``WorkerDiedError``, which names how it died."""
     pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=get_context("spawn"),
         initializer=_bound_init,
         initargs=(os.getpid(), initializer, initargs),
     )
+    watch = _DeathWatch(pool)
     with interrupts(lambda: kill_workers(pool)):
         try:
             yield pool
-        except BaseException:
+        except BaseException as exc:
+            watch.stop()
+            watch.note_dead()  # before the kill: the ones that died by themselves
             kill_workers(pool)
+            _unstick(pool)
             try:
                 pool.shutdown(wait=True, cancel_futures=True)
             except RuntimeError:  # a signal landed in the first submit, between the pool's
                 # manager thread made and started: there is no thread to wait for
                 pool.shutdown(wait=False, cancel_futures=True)
+            if isinstance(exc, BrokenProcessPool):
+                raise WorkerDiedError(watch.how_died()) from exc
             raise
+        watch.stop()
         pool.shutdown(wait=True)
+
+
+class _DeathWatch:
+    """A thread that watches a pool's workers for one that dies while the pool is open.
+
+    ``ProcessPoolExecutor`` learns of a dead worker from its process sentinel, unless the worker
+    died while it wrote a result: the pool's manager thread then waits in ``recv`` for the rest
+    of that message, which never comes (this process holds the write end of the result pipe as
+    well, so no end of file either), and every future and ``shutdown(wait=True)`` wait for ever.
+    This thread marks the pool broken (no new worker is spawned), kills the other workers and
+    closes this process's write end, so that read ends and the pool fails its futures with
+    ``BrokenProcessPool``, as it does for any other death.
+    """
+
+    def __init__(self, pool: ProcessPoolExecutor) -> None:
+        self.pool = pool
+        self.dead: list[Any] = []  # the multiprocessing.Process objects found dead
+        self._stopping = False
+        self._wake_r, self._wake_w = os.pipe()  # stop() ends the thread's wait at once
+        self._thread = threading.Thread(
+            target=self._run, name="draftdata-worker-watch", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread (before the pool is shut down: a shutdown's workers end normally)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        os.write(self._wake_w, b"x")
+        self._thread.join()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _run(self) -> None:
+        while not self._stopping:
+            procs = list((getattr(self.pool, "_processes", None) or {}).values())
+            # the workers are spawned as tasks come: look again for new ones now and then
+            ready = wait_for([self._wake_r, *(p.sentinel for p in procs)], timeout=WATCH_S)
+            if self._stopping or self._wake_r in ready:
+                return
+            if ready:
+                self.dead = [p for p in procs if p.sentinel in ready]
+                _mark_broken(self.pool)
+                kill_workers(self.pool)
+                _unstick(self.pool)
+                return
+
+    def note_dead(self) -> None:
+        """Note the workers dead now, if the thread found none (the pool saw the death first)."""
+        if self.dead:
+            return
+        procs = list((getattr(self.pool, "_processes", None) or {}).values())
+        with contextlib.suppress(OSError, ValueError):
+            ready = wait_for([p.sentinel for p in procs], timeout=0)
+            self.dead = [p for p in procs if p.sentinel in ready]
+
+    def how_died(self) -> str:
+        """One line: how the worker died (after the pool's shutdown has reaped it). The pool
+        SIGTERMs the other workers when one dies: such endings count only if all are such."""
+        codes = [p.exitcode for p in self.dead]
+        if any(c != -signal.SIGTERM for c in codes):
+            codes = [c for c in codes if c != -signal.SIGTERM]
+        ends = sorted({_ending(c) for c in codes}) or ["died"]
+        hint = ""
+        if -signal.SIGKILL in codes:
+            hint = (
+                " (SIGKILL is how the kernel's out-of-memory killer ends a process: fewer "
+                "--workers use less memory)"
+            )
+        return (
+            f"a worker process of this command {' / '.join(ends)}{hint}; what was written is "
+            "kept, and the same command run again finishes the work"
+        )
+
+
+def _ending(code: int | None) -> str:
+    if code is None:
+        return "died"
+    if code == 0:
+        return "ended unasked (an error in its start-up is printed above)"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _mark_broken(pool: ProcessPoolExecutor) -> None:
+    """Mark ``pool`` broken (its next ``submit`` raises ``BrokenProcessPool`` instead of spawning
+    a worker that would need the result pipe's write end)."""
+    lock = getattr(pool, "_shutdown_lock", None)
+    if lock is None or not hasattr(pool, "_broken"):
+        return
+    with lock:
+        if not pool._broken:
+            pool._broken = "a worker process died; the pool is not usable any more"  # type: ignore[assignment]
+
+
+def _unstick(pool: ProcessPoolExecutor) -> None:
+    """Once the workers are dead (killed just before, or found dead), close this process's write
+    end of the pool's result pipe, so a read of a result a dying worker had begun to write ends
+    (end of file) instead of waiting for the rest for ever (see ``_DeathWatch``)."""
+    sentinels = [p.sentinel for p in (getattr(pool, "_processes", None) or {}).values()]
+    deadline = time.monotonic() + _DEAD_WITHIN_S
+    with contextlib.suppress(OSError, ValueError):
+        while sentinels and time.monotonic() < deadline:  # sentinels: no reaping (the pool's)
+            ended = wait_for(sentinels, timeout=deadline - time.monotonic())
+            sentinels = [s for s in sentinels if s not in ended]
+    if sentinels:  # one is not dead yet: it may still write
+        return
+    queue = getattr(pool, "_result_queue", None)
+    writer = getattr(queue, "_writer", None)
+    if writer is not None:
+        with contextlib.suppress(OSError):
+            writer.close()

@@ -1,0 +1,146 @@
+"""A pool of ``worker_pool`` ends within a bound whatever ends it, and at whatever moment:
+a worker SIGKILLed from outside (the out-of-memory killer), an error in the caller, a SIGINT.
+
+The moment that used to hang: a worker killed while it writes a result. The pool's manager
+thread then waits for the rest of that message for ever (this process holds the result pipe's
+write end too, so no end of file comes), and with it every future and ``shutdown(wait=True)``:
+``merge --workers 2`` hung after a Ctrl-C. Here every result is 8 MB, so a worker spends most
+of its time writing one and a kill at a random moment lands mid-message most of the time.
+
+Each case runs in its own process (a hung pool would hold pytest's exit: the pool's manager
+thread is joined at interpreter exit), in a new session, found and killed by its session id."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from tests.signals import default_signals
+
+pytestmark = pytest.mark.chaos
+
+ENDS_WITHIN_S = 30.0  # from the moment to the process's exit (a loaded 2-core box)
+
+PROGRAM = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    from draftdata.errors import Interrupted, WorkerDiedError
+    from draftdata.support.workerpool import interrupts, worker_pool
+
+    how, delay = sys.argv[1], float(sys.argv[2])
+    RESULT = 8_000_000  # bytes: a result written in many pipe-sized pieces
+
+    def at_the_moment(act):
+        threading.Timer(delay, act).start()
+
+    try:
+        with interrupts(), worker_pool(2) as pool:
+            if how == "kill a worker":
+                def kill():
+                    procs = list(pool._processes.values())
+                    os.kill(procs[0].pid, signal.SIGKILL)
+                # the workers are spawned by the first submits
+                window = [pool.submit(bytes, RESULT) for _ in range(4)]
+                at_the_moment(kill)
+            elif how == "SIGINT":
+                window = [pool.submit(bytes, RESULT) for _ in range(4)]
+                at_the_moment(lambda: os.kill(os.getpid(), signal.SIGINT))
+            else:
+                window = [pool.submit(bytes, RESULT) for _ in range(4)]
+            start = time.monotonic()
+            while True:
+                window.pop(0).result()
+                window.append(pool.submit(bytes, RESULT))
+                if how == "an error" and time.monotonic() - start > delay:
+                    raise RuntimeError("the caller failed")
+    except WorkerDiedError as exc:
+        print("died:", exc, flush=True)
+    except Interrupted as exc:
+        print("interrupted:", exc.signame, flush=True)
+    except RuntimeError as exc:
+        print("raised:", exc, flush=True)
+    """
+)
+
+EXPECTED = {
+    "kill a worker": "died: a worker process of this command was killed by SIGKILL (SIGKILL is",
+    "an error": "raised: the caller failed",
+    "SIGINT": "interrupted: SIGINT",
+}
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(how=st.sampled_from(sorted(EXPECTED)), delay=st.floats(0.0, 1.5))
+@example(how="kill a worker", delay=0.5)
+@example(how="an error", delay=0.5)
+@example(how="SIGINT", delay=0.5)
+def test_a_pool_ends_whatever_ends_it(how: str, delay: float) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROGRAM, how, str(delay)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=default_signals,
+    )
+    try:
+        out, _ = proc.communicate(timeout=ENDS_WITHIN_S + delay)
+    except subprocess.TimeoutExpired:
+        stuck = [" ".join(p.cmdline()[-2:]) for p in _session(proc.pid)]
+        pytest.fail(f"{how} at {delay:.2f} s: still running {ENDS_WITHIN_S:g} s on: {stuck}")
+    finally:
+        for p in _session(proc.pid):
+            try:
+                p.kill()
+            except psutil.Error:
+                continue
+        proc.wait(timeout=30)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    assert EXPECTED[how] in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    deadline = time.monotonic() + 10
+    while _session(proc.pid) and time.monotonic() < deadline:  # the resource tracker ends
+        time.sleep(0.1)  # once every holder of its pipe has gone
+    assert not _session(proc.pid), [p.cmdline() for p in _session(proc.pid)]
+
+
+def test_the_line_names_how_a_worker_died() -> None:
+    """The exit code or signal of the worker that died, and the out-of-memory hint only for
+    SIGKILL (the one signal the kernel's out-of-memory killer sends)."""
+    from draftdata.support.workerpool import _DeathWatch
+
+    class Dead:
+        def __init__(self, exitcode: int | None) -> None:
+            self.exitcode = exitcode
+
+    def line(*codes: int | None) -> str:
+        watch = _DeathWatch.__new__(_DeathWatch)
+        watch.dead = [Dead(c) for c in codes]
+        return watch.how_died()
+
+    assert "was killed by SIGKILL (SIGKILL is how the kernel's out-of-memory" in line(-9)
+    assert "was killed by SIGSEGV;" in line(-signal.SIGSEGV)
+    assert "out-of-memory" not in line(-signal.SIGSEGV)
+    assert "exited with code 3;" in line(3)
+    assert "ended unasked (an error in its start-up is printed above)" in line(0)
+    assert "died;" in line(None)
+    assert "the same command run again finishes the work" in line(-9)
