@@ -236,10 +236,9 @@ class Workers:
         with contextlib.ExitStack() as stack:
             stack.callback(self._stack.close)  # worker processes: killed on an error
             for w in self._workers:
-                if exc[0] is None:
-                    w.close()
-                elif isinstance(w, _Local):  # queued files are dropped, not waited for
-                    w.state.uploader.abandon()
+                if exc[0] is None or isinstance(w, _Local):  # on an error: queued files are
+                    w.close()  # dropped, not waited for; the backend closed all the same (the
+                    # vllm engine's connections and thread; its cancelled requests' files)
 
     def _collect(self, block: bool) -> None:
         pending = [f for fs in self._inflight for f in fs]

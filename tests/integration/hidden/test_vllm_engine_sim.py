@@ -192,3 +192,41 @@ def test_a_batch_that_cannot_fit_in_the_fleets_folder_is_refused_in_one_line(
         summary, _ = run(sim_job, yaml, out="fits", batch_tokens=300)
         assert summary.complete
         check_files(sim_job, out="fits")
+
+
+def _open_sessions() -> list[Any]:
+    import gc
+
+    import aiohttp
+
+    gc.collect()
+    return [o for o in gc.get_objects() if type(o) is aiohttp.ClientSession and not o.closed]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["every server refuses", "a sample longer than the context", "layers not captured"],
+)
+def test_a_run_stopped_by_an_error_closes_its_connections(
+    sim_job: dict[str, Any], sim_fleet: Any, fault: str
+) -> None:
+    """A run that an error stops closes what the vllm engine opened (its HTTP sessions and
+    the thread of its event loop) and lets its cancelled requests remove their files, as a
+    run that ends well does: on an error only the uploader used to be stopped, so a library
+    caller kept an open session and a thread per failed run (aiohttp's "Unclosed client
+    session" at exit)."""
+    import threading
+
+    before = len(_open_sessions())
+    if fault == "every server refuses":
+        _, yaml = sim_fleet(2, faults=FaultConfig(refuse={0: 403, 1: 403}))
+    elif fault == "a sample longer than the context":
+        _, yaml = sim_fleet(1, context_length=40)
+    else:
+        _, yaml = sim_fleet(1, hidden_layers=[2, 6])
+    threads = threading.active_count()  # the fleet's included
+    with pytest.raises((FleetError, ConfigError)):
+        run(sim_job, yaml)
+    assert len(_open_sessions()) == before
+    assert threading.active_count() <= threads
+    assert not list(sim_job["staging"].glob("*")), list(sim_job["staging"].glob("*"))
