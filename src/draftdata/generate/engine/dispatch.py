@@ -224,10 +224,9 @@ class Dispatcher:
         self.recheck = Recheck()  # after the opening: a fleet that changed mid-run
         self._before = answered_before  # a few prompts the run answered before this command
         self._asking_before = False  # reading them, the opening's stop in suspense
-        self._read_before = asyncio.Lock()  # they are read once (``_earlier``), then known
-        self._before_read = False
-        self._canaries_out: list[tuple[str, float]] = []  # (URL, sent at) of each one out
-        self._round_tasks: dict[int, list[asyncio.Future[None]]] = {}  # a round's canaries
+        self._reading_before: asyncio.Future[None] | None = None  # read once (``_earlier``)
+        # the canaries out, by round: each one's task -> (URL asked, sent at)
+        self._canaries_out: dict[int, dict[asyncio.Future[None], tuple[str, float]]] = {}
         self._stall_check_at = 0.0  # the clock of the next look for stalled endpoints
         # answered requests, newest first: the canaries, of every shape and of each
         # (``_kind``); a conversation's is its last request (the history it was answered with)
@@ -372,7 +371,8 @@ class Dispatcher:
             return None
         if self._asking_before:
             return "checking: reading answers of earlier commands to ask the servers again"
-        out = list(self._canaries_out)  # one look (a view may ask from another thread)
+        # one look (a view may ask from another thread)
+        out = [o for r in list(self._canaries_out.values()) for o in list(r.values())]
         if not out:
             return None
         urls = dict.fromkeys(u for u, _ in out)
@@ -842,20 +842,24 @@ class Dispatcher:
 
     async def _earlier(self) -> None:
         """Read a few prompts the run answered before this command (in a thread, once) and
-        know each as a canary, older than this command's (``_known``)."""
-        async with self._read_before:
-            if self._before_read or self._before is None:
-                return
-            self._before_read = True
-            try:
-                prompts = await asyncio.to_thread(self._before)
-            except Exception as exc:  # a figure to ask with, never the run's error
-                self.log(f"generate: could not read the run's earlier answers: {exc}")
-                prompts = []
-            for prompt, turns in prompts:
-                jobs, _ = plan(prompt, self.cfg, lambda _pid, _s: False)
-                if jobs:
-                    self._known(jobs[0], turns, older=True)
+        know each as a canary, older than this command's (``_known``). Every caller waits for
+        the one reading; a caller cancelled (a settled round's other canary) leaves it be."""
+        if self._before is None:
+            return
+        if self._reading_before is None:
+            self._reading_before = self.spawn(self._read_earlier(self._before))
+        await asyncio.shield(self._reading_before)
+
+    async def _read_earlier(self, before: Callable[[], list[tuple[Prompt, list[Turn]]]]) -> None:
+        try:
+            prompts = await asyncio.to_thread(before)
+        except Exception as exc:  # a figure to ask with, never the run's error
+            self.log(f"generate: could not read the run's earlier answers: {exc}")
+            prompts = []
+        for prompt, turns in prompts:
+            jobs, _ = plan(prompt, self.cfg, lambda _pid, _s: False)
+            if jobs:
+                self._known(jobs[0], turns, older=True)
 
     def _refusal(self, refused: Refused) -> None:
         """A prompt's refusal by every endpoint asked: its records are held while those in
@@ -907,15 +911,13 @@ class Dispatcher:
             return
         for number, url in self.recheck.due():
             task = self.spawn(self._canary(number, self._by_url[url]))
-            self._round_tasks.setdefault(number, []).append(task)
+            self._canaries_out.setdefault(number, {})[task] = (url, self.clock())
 
     async def _canary(self, number: int, ep: Endpoint) -> None:
         """Ask ``ep`` again what this command had answered, and act on the round's verdict
         (``recheck.py``): write its held records, or stop the run (nothing of them recorded)."""
         assert isinstance(self.caller, Caller)
         caller = self.caller
-        out = (ep.url, self.clock())
-        self._canaries_out.append(out)
         try:
             if self.recheck.kind_of(number) not in self._answered_kind:
                 # none of its shape answered by this command: a resumed one asks what the
@@ -932,12 +934,12 @@ class Dispatcher:
             self._stop_on(exc, ep)
             return
         finally:
-            self._canaries_out.remove(out)
+            if (me := asyncio.current_task()) is not None:
+                self._canaries_out.get(number, {}).pop(me, None)
         verdict = self.recheck.came(number, ep.url, outcome)
         if verdict is not None:  # the round is settled: its other canaries tell nothing more
-            for task in self._round_tasks.pop(number, []):
-                if task is not asyncio.current_task():
-                    task.cancel()  # (a hung server's would hold the run up to 3 x 120 s)
+            for task in self._canaries_out.pop(number, {}):
+                task.cancel()  # (a hung server's would hold the run up to 3 x 120 s)
         if isinstance(verdict, Changed):
             self._stop_for(verdict)
         elif verdict is not None:
