@@ -45,14 +45,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from multiprocessing.connection import wait as wait_for
 from types import FrameType
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from draftdata.errors import Interrupted, WorkerDiedError
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 WATCH_S = 0.2  # how often a worker looks whether its parent is still there (and the parent
 # whether its workers are)
@@ -106,17 +109,57 @@ class _Interrupts:
         self.on_signal: list[Callable[[], None]] = []  # of the open blocks, innermost last
         self.seen: list[int] = []
         self.farewell = farewell  # says how a second signal ended the process
+        self.holding = 0  # the main thread is in a pool's submit (``_signals_held``)
+        self.deferred: int | None = None  # a first signal that came meanwhile
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.holding and not self.seen and self.deferred is None:
+            self.deferred = signum  # acted on as the submit ends (``_signals_held``)
+            return
         for act in reversed(self.on_signal):
             act()
-        if self.seen:
+        if self.seen or self.deferred is not None:
             if self.farewell is not None:
                 with contextlib.suppress(Exception):
                     self.farewell(signum)
             os._exit(128 + signum)
         self.seen.append(signum)
         raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """In the main thread, under ``interrupts``: a first SIGINT or SIGTERM that lands in the
+    block is acted on as the block ends (a second one still ends the process at once).
+
+    A pool's ``submit`` spawns a worker; a signal that landed in the spawn left a child that
+    had not been sent its start-up data (it held the pool's task pipe open and read nothing,
+    so the pool's feeder thread and its shutdown waited for ever), or one started but not yet
+    in the pool's list of workers (no kill reached it, and multiprocessing's exit handler
+    joined it for ever)."""
+    handler = signal.getsignal(signal.SIGINT)
+    if not isinstance(handler, _Interrupts) or (
+        threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+    handler.holding += 1
+    try:
+        yield
+    finally:
+        handler.holding -= 1
+        if not handler.holding and handler.deferred is not None:
+            signum, handler.deferred = handler.deferred, None
+            handler(signum, None)  # its actions (kill the workers), then Interrupted
+
+
+class _BoundPool(ProcessPoolExecutor):
+    """A ``ProcessPoolExecutor`` whose ``submit`` (which spawns the workers) a signal does not
+    cut in two (``_signals_held``)."""
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+        with _signals_held():
+            return super().submit(fn, *args, **kwargs)
 
 
 def signals_free() -> bool:
@@ -196,7 +239,7 @@ def worker_pool(
     module docstring); ``initializer(*initargs)`` runs in each worker first. A worker that dies
     (the kernel's out-of-memory killer, a crash in C code) ends the block with
     ``WorkerDiedError``, which names how it died."""
-    pool = ProcessPoolExecutor(
+    pool = _BoundPool(
         max_workers=workers,
         mp_context=get_context("spawn"),
         initializer=_bound_init,
