@@ -163,3 +163,16 @@ def test_the_line_names_how_a_worker_died() -> None:
     assert "ended unasked (an error in its start-up is printed above)" in line(0)
     assert "died;" in line(None)
     assert "the same command run again finishes the work" in line(-9)
+
+
+def test_a_worker_whose_start_up_failed_gives_its_error_to_each_task() -> None:
+    """A worker whose initializer raised (a model that cannot load on one device: hidden-states
+    on several devices) makes each task raise that error, so the command says what failed: the
+    pool used to lose the worker and say only that a process "terminated abruptly"."""
+    from draftdata.support.workerpool import worker_pool
+
+    with (
+        pytest.raises(ValueError, match="invalid literal for int"),
+        worker_pool(2, int, ("not a number",)) as pool,
+    ):
+        pool.submit(abs, -3).result(timeout=ENDS_WITHIN_S)

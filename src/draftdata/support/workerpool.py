@@ -86,10 +86,26 @@ def _die_with_parent(parent: int) -> None:
 def _bound_init(
     parent: int, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]
 ) -> None:
+    global _START_ERROR
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent)
     if initializer is not None:
-        initializer(*initargs)
+        try:
+            initializer(*initargs)
+        except Exception as exc:  # every task raises it (``_task``): the caller's error, not
+            _START_ERROR = exc  # a worker that died (the pool's own handling ends the worker)
+
+
+# in a worker: what its initializer raised, if it failed
+_START_ERROR: Exception | None = None
+
+
+def _task(fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """In a worker: run ``fn``, or raise what the worker's initializer raised (a model that
+    could not load on that device: the command says so, instead of "a worker died")."""
+    if _START_ERROR is not None:
+        raise _START_ERROR
+    return fn(*args, **kwargs)
 
 
 def kill_workers(pool: ProcessPoolExecutor) -> None:
@@ -159,7 +175,7 @@ class _BoundPool(ProcessPoolExecutor):
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         with _signals_held():
-            return super().submit(fn, *args, **kwargs)
+            return super().submit(_task, fn, *args, **kwargs)
 
 
 def signals_free() -> bool:
