@@ -43,7 +43,7 @@ TEST_WORKERS ?= auto
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
 test: heavy-envs-bg $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q $(XDIST) --ignore=tests/integration/vllm \
+	$(BIN)/python -m pytest -q $(XDIST) --durations=25 --ignore=tests/integration/vllm \
 		--ignore=tests/integration/trainers --ignore=tests/integration/sglang
 	$(BIN)/python -m pytest -q tests/integration/vllm
 	$(BIN)/python -m pytest -q tests/integration/trainers
