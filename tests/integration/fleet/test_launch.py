@@ -353,10 +353,10 @@ def _kill_servers_on(port: int) -> None:
                 p.kill()
 
 
-def _wait_for(what: str, check: Callable[[], bool], seconds: float) -> None:
+def _wait_for(what: str, check: Callable[[], bool], seconds: float, shown: Path) -> None:
     deadline = time.monotonic() + seconds
     while not check():
-        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}"
+        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}: {shown.read_text()}"
         time.sleep(0.2)
 
 
@@ -372,17 +372,20 @@ def test_a_restart_that_fails_is_said_and_tried_again(fleet_file: Path, obstacle
     base, _ = up_sim(fleet_file, 1, "--restart-on-crash", "--restart-delay", "0.2")
     try:
         first = yaml.safe_load(fleet_file.read_text())["endpoints"][0]
+        said = fleet_file.parent / "logs" / "watcher.log"
+        # the detached watcher reads fleet.yaml as it starts: only then is the obstacle placed
+        _wait_for("the watcher watches", lambda: "watching 1 servers" in said.read_text(), 60, said)
         path = Path(first["log"]) if obstacle == "log" else fleet_file
         kept = fleet_file.read_text()
         aside = path.with_name(path.name + ".aside")
         path.rename(aside)
         path.mkdir()
         os.kill(first["pid"], signal.SIGKILL)
-        said = fleet_file.parent / "logs" / "watcher.log"
         _wait_for(
             "the watcher says the restart failed",
             lambda: "restart failed: " in said.read_text(),
             60,
+            said,
         )
         path.rmdir()
         aside.rename(path)
