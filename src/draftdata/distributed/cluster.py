@@ -116,6 +116,27 @@ def alive_nodes() -> list[NodeInfo]:
     return out
 
 
+def check_fits(what: str, *, cpus: float, gpus: float = 0.0) -> None:
+    """ConfigError when no alive node of the cluster can run one task asking ``cpus`` CPUs and
+    ``gpus`` GPUs: Ray keeps such a task pending (it waits for a node that could run it), and
+    a driver waiting for its result would wait for ever. ``what`` names the command."""
+    nodes = alive_nodes()
+    if any(
+        n.resources.get("CPU", 0.0) >= cpus and n.resources.get("GPU", 0.0) >= gpus for n in nodes
+    ):
+        return
+    ask = f"{cpus:g} CPU" + (f" and {gpus:g} GPU" if gpus > 0 else "")
+    sizes = sorted(
+        {(n.resources.get("CPU", 0.0), n.resources.get("GPU", 0.0)) for n in nodes}, reverse=True
+    )
+    have = ", ".join(f"{c:g} CPU" + (f" {g:g} GPU" if g else "") for c, g in sizes[:4])
+    raise ConfigError(
+        f"{what}: no node of the Ray cluster can run one task of {ask} (its "
+        f"{len(nodes)} node(s) have {have or 'nothing'}); Ray would keep every task waiting for "
+        "such a node. Ask less per task, or add a node that has it"
+    )
+
+
 def candidate_nodes(nodes: list[NodeInfo]) -> list[NodeInfo]:
     """Nodes advertising ``draftdata_fleet`` if any does, else every node."""
     marked = [n for n in nodes if n.resources.get(FLEET_RESOURCE, 0) > 0]

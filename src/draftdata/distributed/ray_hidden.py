@@ -179,8 +179,10 @@ def _workers(ray: Any, config: HiddenConfig, opts: RayHiddenOptions) -> tuple[in
                 f"hidden-states --ray: the cluster has {gpus:g} GPUs; --gpus-per-task 0 runs "
                 "CPU workers instead"
             )
+        cluster.check_fits("hidden-states --ray", cpus=opts.cpus_per_task, gpus=opts.gpus_per_task)
         n = int(gpus // opts.gpus_per_task)
         return n, {"num_gpus": opts.gpus_per_task, "num_cpus": opts.cpus_per_task}
+    cluster.check_fits("hidden-states --ray", cpus=opts.cpus_per_task)
     n = max(1, int(float(resources.get("CPU", 1)) // opts.cpus_per_task))
     return n, {"num_gpus": 0, "num_cpus": opts.cpus_per_task}
 

@@ -133,6 +133,7 @@ def run(config: TokenizeConfig, opts: RayTokenizeOptions | None = None) -> RayTo
     forward = tuple(dict.fromkeys([*cluster.DEFAULT_FORWARD_ENV, *opts.forward_env]))
     started_ray = cluster.connect(opts.address, forward_env=forward)
     try:
+        cluster.check_fits("tokenize --ray", cpus=opts.cpus_per_task)
         results = _run_job(ray, _for_workers(job.config), keys, job.skip, opts)
     finally:
         if started_ray:

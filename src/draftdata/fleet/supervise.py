@@ -309,29 +309,37 @@ async def watch(
     tasks: set[asyncio.Task[None]] = set()
 
     async def restart_one(w: _Watched) -> None:
-        # Runs as its own task so one slow restart never delays noticing another crash.
+        # Runs as its own task so one slow restart never delays noticing another crash. It
+        # always decides what comes next, whatever stops it: the server is watched again, or
+        # restarted again after the backoff. (A task that died of an error it did not expect,
+        # a full disk or a log folder gone, left the server out of the watch for ever.)
+        plan = w.started.plan
+        started: Started | None = None
         try:
-            started, proc = start_server(w.started.plan, append_log=True)
+            started, proc = start_server(plan, append_log=True)
+            fates = await wait_ready([(started, proc)], ready_timeout_s)
+            echo(fate_line(fates[0], started))
+            if fates[0].ok and fates[0].endpoint is not None:
+                if on_restart is not None:  # fleet.yaml: what `fleet down` stops
+                    on_restart(started, fates[0].endpoint)
+                w.started, w.proc = started, proc
+                w.up_since, w.retry_at = time.monotonic(), None
+                return
+            why = ""
+        except asyncio.CancelledError:  # the watch ends: a server no fleet.yaml names goes too
+            if started is not None:
+                _stop_quietly(started)
+            raise
         except FleetError as exc:
-            w.attempts += 1
-            w.retry_at = time.monotonic() + backoff.delay(w.attempts)
-            echo(f"{exc}; retrying in {backoff.delay(w.attempts):.0f}s")
-            return
-        w.started, w.proc = started, proc
-        fates = await wait_ready([(started, proc)], ready_timeout_s)
-        echo(fate_line(fates[0], started))
-        if fates[0].ok and fates[0].endpoint is not None:
-            w.up_since, w.retry_at = time.monotonic(), None
-            if on_restart is not None:
-                on_restart(started, fates[0].endpoint)
-        else:
+            why = f"{exc}; "
+        except Exception as exc:
+            why = f"server {plan.index}: restart failed: {type(exc).__name__}: {exc}; "
+        if started is not None:
             _stop_quietly(started)
-            w.attempts += 1
-            w.retry_at = time.monotonic() + backoff.delay(w.attempts)
-            echo(
-                f"server {started.plan.index}: restart {w.attempts} in "
-                f"{backoff.delay(w.attempts):.0f}s"
-            )
+        w.attempts += 1
+        delay = backoff.delay(w.attempts)
+        w.retry_at = time.monotonic() + delay
+        echo(f"{why}server {plan.index}: restart {w.attempts} in {delay:.0f}s")
 
     while not stop.is_set():
         now = time.monotonic()
@@ -365,6 +373,7 @@ async def watch(
             await asyncio.wait_for(stop.wait(), timeout=poll_s)
     for t in tasks:
         t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)  # their servers stopped, not left
 
 
 def _stop_quietly(started: Started) -> None:

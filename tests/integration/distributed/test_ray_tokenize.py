@@ -8,14 +8,18 @@ S3, and the moto server shares this process's GIL, which would dominate the timi
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from draftdata.cli import app
 from draftdata.distributed.ray_tokenize import RayTokenizeOptions, run
+from draftdata.errors import ConfigError
 from draftdata.generate.config import GenerateConfig
 from draftdata.shared.formats import SAMPLE_FORMAT, TOKENIZE_SUMMARY
 from draftdata.sim.run import SimFleet
@@ -130,3 +134,45 @@ def msgspec_replace(config: TokenizeConfig, **changes: Any) -> TokenizeConfig:
     import msgspec
 
     return msgspec.structs.replace(config, **changes)
+
+
+@pytest.mark.timeout(300)
+@settings(
+    max_examples=3,
+    deadline=None,
+    phases=(Phase.generate,),  # no shrinking: each failing example waits the whole join
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(cpus=st.floats(min_value=2.01, max_value=4096.0, allow_nan=False))
+def test_a_task_no_node_can_run_is_refused_in_one_line(
+    ray_local: Any, demo_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory, cpus: float
+) -> None:
+    """Ray Data tasks asking more CPUs than any node has (the 2-CPU local cluster's one node)
+    are refused before the job starts, in one line naming what the nodes have. Before, Ray
+    Data kept them waiting for such a node and the command waited for ever."""
+    base = tmp_path_factory.mktemp("refused")
+    chats = base / "chats"
+    chats.mkdir()
+    rows = [
+        {"messages": [{"role": "user", "content": f"q {i}"}, {"role": "assistant", "content": "a"}]}
+        for i in range(3)
+    ]
+    (chats / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = TokenizeConfig(run=str(chats), tokenizer=str(demo_tokenizer), out=str(base / "out"))
+    outcome: list[BaseException | None] = []
+
+    def go() -> None:
+        try:
+            run(config, RayTokenizeOptions(cpus_per_task=cpus))
+            outcome.append(None)
+        except BaseException as exc:  # judged below
+            outcome.append(exc)
+
+    t = threading.Thread(target=go, daemon=True)  # a hang must not hold pytest's exit
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), f"tokenize --ray with {cpus} CPUs per task waits for ever"
+    (exc,) = outcome
+    assert isinstance(exc, ConfigError), exc
+    assert f"one task of {cpus:g} CPU" in str(exc) and "2 CPU" in str(exc), str(exc)
+    assert "\n" not in str(exc)

@@ -6,6 +6,7 @@ stops whatever it started even when it fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -13,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -340,3 +341,72 @@ def test_dry_run_prints_the_command_lines_and_starts_nothing(fleet_file: Path) -
         assert argv[argv.index("--attention-backend") + 1] == "torch_native"
         assert "flashinfer" not in argv and "--port" in argv
     assert not fleet_file.exists() and not (fleet_file.parent / "logs").exists()
+
+
+def _kill_servers_on(port: int) -> None:
+    """SIGKILL every simulator this test started on ``port`` (one a failed restart may leave
+    unrecorded in fleet.yaml, which `fleet down` cannot find)."""
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "sim" in cmd and "--port-base" in cmd and str(port) in cmd:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def _wait_for(what: str, check: Callable[[], bool], seconds: float, shown: Path) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}: {shown.read_text()}"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("obstacle", ["log", "fleet.yaml"])
+def test_a_restart_that_fails_is_said_and_tried_again(fleet_file: Path, obstacle: str) -> None:
+    """A restart the watcher cannot complete (the server's log cannot be opened, or fleet.yaml
+    cannot be rewritten: a folder took the file's name, as a full disk or a removed folder fails
+    them) is said in the watcher's log, what it started is stopped, and it is tried again after
+    the backoff until it works. Before, the restart's task died of the error: the server was
+    never restarted again (log), or ran unrecorded where `fleet down` could not find it
+    (fleet.yaml), and the watcher waited for a restart that never came."""
+    base, _ = up_sim(fleet_file, 1, "--restart-on-crash", "--restart-delay", "0.2")
+    try:
+        first = yaml.safe_load(fleet_file.read_text())["endpoints"][0]
+        said = fleet_file.parent / "logs" / "watcher.log"
+        # the detached watcher reads fleet.yaml as it starts: only then is the obstacle placed
+        _wait_for("the watcher watches", lambda: "watching 1 servers" in said.read_text(), 60, said)
+        path = Path(first["log"]) if obstacle == "log" else fleet_file
+        kept = fleet_file.read_text()
+        aside = path.with_name(path.name + ".aside")
+        path.rename(aside)
+        path.mkdir()
+        os.kill(first["pid"], signal.SIGKILL)
+        _wait_for(
+            "the watcher says the restart failed",
+            lambda: "restart failed: " in said.read_text(),
+            60,
+            said,
+        )
+        path.rmdir()
+        aside.rename(path)
+        if obstacle == "fleet.yaml":
+            assert fleet_file.read_text() == kept
+        new = first
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and new["pid"] == first["pid"]:
+            time.sleep(0.3)
+            with contextlib.suppress(OSError, yaml.YAMLError, TypeError):
+                new = yaml.safe_load(fleet_file.read_text())["endpoints"][0]
+        assert new["pid"] != first["pid"], said.read_text()
+        assert alive(new["pid"])
+        down = run_cli("fleet", "down", str(fleet_file), "--grace", "5")
+        assert ": stopped" in down.stdout, down.stdout + down.stderr
+        assert not _port_open(base)  # no server a failed restart started is left behind
+    finally:
+        _kill_servers_on(base)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
