@@ -176,3 +176,32 @@ def test_a_worker_whose_start_up_failed_gives_its_error_to_each_task() -> None:
         worker_pool(2, int, ("not a number",)) as pool,
     ):
         pool.submit(abs, -3).result(timeout=ENDS_WITHIN_S)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), pools=st.integers(2, 3))
+def test_pools_closed_with_one_error_name_the_death_of_the_one_that_broke(
+    data: st.DataObject, pools: int
+) -> None:
+    """Pools opened side by side (hidden-states: one per device) and closed together with the
+    error of the one whose worker died: the line names that death (SIGKILL), whichever pool it
+    was. A healthy pool closed first took the error for its own and said only "died"."""
+    import contextlib
+
+    from draftdata.errors import WorkerDiedError
+    from draftdata.support.workerpool import worker_pool
+
+    broken = data.draw(st.integers(0, pools - 1), label="broken")
+    with (
+        pytest.raises(WorkerDiedError, match="was killed by SIGKILL") as caught,
+        contextlib.ExitStack() as stack,
+    ):
+        opened = [stack.enter_context(worker_pool(1)) for _ in range(pools)]
+        futures = [p.submit(time.sleep, ENDS_WITHIN_S) for p in opened]
+        for f in futures:
+            while not f.running():
+                time.sleep(0.01)
+        worker = next(iter(opened[broken]._processes.values()))  # type: ignore[attr-defined]
+        os.kill(worker.pid, signal.SIGKILL)
+        futures[broken].result(timeout=ENDS_WITHIN_S)
+    assert "died;" not in str(caught.value)

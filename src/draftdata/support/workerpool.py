@@ -268,6 +268,9 @@ def worker_pool(
         except BaseException as exc:
             watch.stop()
             watch.note_dead()  # before the kill: the ones that died by themselves
+            # this pool is the one that broke (a pool beside it, closed with the same error,
+            # passes it on unchanged: hidden-states' pool per device; it breaks on the kill)
+            broke = bool(watch.dead or getattr(pool, "_broken", False))
             kill_workers(pool)
             _unstick(pool)
             try:
@@ -275,7 +278,7 @@ def worker_pool(
             except RuntimeError:  # a signal landed in the first submit, between the pool's
                 # manager thread made and started: there is no thread to wait for
                 pool.shutdown(wait=False, cancel_futures=True)
-            if isinstance(exc, BrokenProcessPool):
+            if isinstance(exc, BrokenProcessPool) and broke:
                 raise WorkerDiedError(watch.how_died()) from exc
             raise
         watch.stop()
