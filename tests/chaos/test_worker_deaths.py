@@ -205,3 +205,43 @@ def test_pools_closed_with_one_error_name_the_death_of_the_one_that_broke(
         os.kill(worker.pid, signal.SIGKILL)
         futures[broken].result(timeout=ENDS_WITHIN_S)
     assert "died;" not in str(caught.value)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=st.sampled_from(["TwoArgs", "HoldsLock", "RowError", "ValueError"]),
+    where=st.sampled_from(["task", "initializer"]),
+    text=st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1),
+)
+@example(shape="TwoArgs", where="initializer", text="the model does not fit")
+@example(shape="HoldsLock", where="task", text="the model does not fit")
+def test_a_workers_error_reaches_the_caller_whatever_its_shape(
+    shape: str, where: str, text: str
+) -> None:
+    """A task's or an initializer's error arrives as itself, or (one that does not survive a
+    pickle) as a ``RuntimeError`` that names its type and says its text; never as a worker
+    that died. One whose ``__init__`` takes other arguments than ``args`` broke the pool (said
+    as "a worker process ... was killed by SIGTERM; ... run again finishes the work"), one
+    holding a lock came back as "cannot pickle '_thread.lock' object". An initializer's error
+    is raised by each task with its traceback (the second task's came without it)."""
+    from tests.chaos import raisers
+
+    from draftdata.support.workerpool import worker_pool
+
+    expected = raisers.make(shape, text)
+    init = (raisers.fail, (shape, text)) if where == "initializer" else (None, ())
+    with worker_pool(1, *init) as pool:
+        causes = []
+        for _ in range(1 if where == "task" else 12):
+            with pytest.raises(Exception) as caught:
+                pool.submit(raisers.fail, shape, text).result(timeout=ENDS_WITHIN_S)
+            causes.append(str(caught.value.__cause__))
+    got = caught.value
+    if shape in ("RowError", "ValueError"):
+        assert type(got) is type(expected)
+        assert str(got) == str(expected)
+        assert vars(got) == vars(expected)
+    else:
+        assert type(got) is RuntimeError
+        assert str(got) == f"tests.chaos.raisers.{shape}: {expected}"
+    assert len(set(map(len, causes))) == 1, [len(c) for c in causes]  # the same traceback
