@@ -265,6 +265,7 @@ def test_a_worker_killed_on_several_devices_ends_the_command_in_one_line(
     assert proc.returncode == 1, text[-3000:]
     assert "error: a worker process of this command was killed by SIGKILL" in text, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
+    assert "fewer devices in --gpus use less memory" in text, text[-3000:]  # (no --workers)
     assert took < 30, took
     if moment == "as the models load":  # nothing written: the rerun is the other case's
         return

@@ -245,3 +245,40 @@ def test_a_workers_error_reaches_the_caller_whatever_its_shape(
         assert type(got) is RuntimeError
         assert str(got) == f"tests.chaos.raisers.{shape}: {expected}"
     assert len(set(map(len, causes))) == 1, [len(c) for c in causes]  # the same traceback
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), devices=st.integers(2, 3))
+def test_a_worker_that_dies_as_hidden_states_closes_its_workers_is_named(
+    data: st.DataObject, devices: int
+) -> None:
+    """hidden-states on several devices: a worker that dies while the command closes its
+    workers (each is asked to finish its commits) ends it with ``WorkerDiedError``; the pools
+    were then closed as if nothing had gone wrong, and ``BrokenProcessPool`` came out as a
+    traceback."""
+    import contextlib
+
+    from draftdata.errors import WorkerDiedError
+    from draftdata.hidden.run import Workers, _Remote
+    from draftdata.support.workerpool import worker_pool
+
+    dies = data.draw(st.integers(0, devices - 1), label="dies")
+    workers = Workers.__new__(Workers)
+    workers._stack = contextlib.ExitStack()
+    workers._workers = []
+    for i in range(devices):
+        w = _Remote.__new__(_Remote)
+        w.pool = workers._stack.enter_context(worker_pool(1))
+
+        def close(w: _Remote = w, i: int = i) -> None:  # a worker's last commits, or death
+            if i == dies:
+                os.kill(next(iter(w.pool._processes.values())).pid, signal.SIGKILL)  # type: ignore[attr-defined]
+                w.pool.submit(time.sleep, ENDS_WITHIN_S).result()
+            w.pool.submit(abs, 1).result()
+
+        w.close = close  # type: ignore[method-assign]
+        workers._workers.append(w)
+    for w in workers._workers:  # the workers are running
+        w.pool.submit(abs, 1).result()
+    with pytest.raises(WorkerDiedError, match="was killed by SIGKILL"):
+        workers.__exit__(None, None, None)

@@ -197,7 +197,8 @@ class _Remote:
     def __init__(self, spec: WorkerSpec, stack: contextlib.ExitStack) -> None:
         from draftdata.support.workerpool import worker_pool
 
-        self.pool = stack.enter_context(worker_pool(1, _init, (spec,)))
+        fewer = "fewer devices in --gpus use"
+        self.pool = stack.enter_context(worker_pool(1, _init, (spec,), fewer=fewer))
 
     def submit(self, method: str, *args: Any) -> Future[Any]:
         return self.pool.submit(_call, method, *args)
@@ -241,15 +242,19 @@ class Workers:
         value: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        with contextlib.ExitStack() as stack:
-            # worker processes: the error goes into their pools (``close()`` would say there
-            # was none): they are killed rather than waited for, and a worker that died ends
-            # the command with ``WorkerDiedError`` (how it died) instead of ``BrokenProcessPool``
-            stack.callback(self._stack.__exit__, typ, value, tb)
+        try:
             for w in self._workers:
                 if typ is None or isinstance(w, _Local):  # on an error: queued files are
                     w.close()  # dropped, not waited for; the backend closed all the same (the
                     # vllm engine's connections and thread; its cancelled requests' files)
+        except BaseException as exc:  # a worker that died as it was closed, included
+            typ, value, tb = type(exc), exc, exc.__traceback__
+            raise
+        finally:
+            # worker processes: the error goes into their pools (``close()`` would say there
+            # was none): they are killed rather than waited for, and a worker that died ends
+            # the command with ``WorkerDiedError`` (how it died) instead of ``BrokenProcessPool``
+            self._stack.__exit__(typ, value, tb)
 
     def _collect(self, block: bool) -> None:
         pending = [f for fs in self._inflight for f in fs]

@@ -275,11 +275,14 @@ def worker_pool(
     workers: int,
     initializer: Callable[..., object] | None = None,
     initargs: tuple[Any, ...] = (),
+    *,
+    fewer: str = "fewer --workers use",
 ) -> Iterator[ProcessPoolExecutor]:
     """A ``ProcessPoolExecutor`` of ``workers`` spawned processes bound to this one (see the
     module docstring); ``initializer(*initargs)`` runs in each worker first. A worker that dies
     (the kernel's out-of-memory killer, a crash in C code) ends the block with
-    ``WorkerDiedError``, which names how it died."""
+    ``WorkerDiedError``, which names how it died (and after a SIGKILL, that ``fewer`` ...
+    less memory: the command's option, ``--workers`` or hidden-states' ``--gpus``)."""
     pool = _BoundPool(
         max_workers=workers,
         mp_context=get_context("spawn"),
@@ -304,7 +307,7 @@ def worker_pool(
                 # manager thread made and started: there is no thread to wait for
                 pool.shutdown(wait=False, cancel_futures=True)
             if isinstance(exc, BrokenProcessPool) and broke:
-                raise WorkerDiedError(watch.how_died()) from exc
+                raise WorkerDiedError(watch.how_died(fewer)) from exc
             raise
         watch.stop()
         pool.shutdown(wait=True)
@@ -365,7 +368,7 @@ class _DeathWatch:
             ready = wait_for([p.sentinel for p in procs], timeout=0)
             self.dead = [p for p in procs if p.sentinel in ready]
 
-    def how_died(self) -> str:
+    def how_died(self, fewer: str = "fewer --workers use") -> str:
         """One line: how the worker died (after the pool's shutdown has reaped it). The pool
         SIGTERMs the other workers when one dies: such endings count only if all are such."""
         codes = [p.exitcode for p in self.dead]
@@ -375,8 +378,8 @@ class _DeathWatch:
         hint = ""
         if -signal.SIGKILL in codes:
             hint = (
-                " (SIGKILL is how the kernel's out-of-memory killer ends a process: fewer "
-                "--workers use less memory)"
+                " (SIGKILL is how the kernel's out-of-memory killer ends a process: "
+                f"{fewer} less memory)"
             )
         return (
             f"a worker process of this command {' / '.join(ends)}{hint}; what was written is "
