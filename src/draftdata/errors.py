@@ -78,6 +78,20 @@ from typing import ClassVar
 class DraftdataError(Exception):
     """A problem the user can fix; printed as one line by the CLI (exit code 1)."""
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # as it is, not through ``__init__`` (a subclass's takes other arguments than
+        # ``args``): a worker process's error reaches the command unchanged
+        return _rebuilt, (type(self), self.args, dict(self.__dict__))
+
+
+def _rebuilt(
+    cls: type[BaseException], args: tuple[object, ...], state: dict[str, object]
+) -> object:
+    """An exception unpickled as it was pickled (``DraftdataError.__reduce__``)."""
+    exc = cls.__new__(cls, *args)
+    exc.__dict__.update(state)
+    return exc
+
 
 class ConfigError(DraftdataError):
     """An invalid configuration file, key, type or option value."""
@@ -379,3 +393,6 @@ class Interrupted(BaseException):
         self.signum = signum
         self.signame = signal.Signals(signum).name
         super().__init__(f"stopped by {self.signame}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuilt, (type(self), self.args, dict(self.__dict__))  # (as DraftdataError's)

@@ -15,10 +15,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tests.integration.hidden.helpers import (
     cpu_env,
@@ -182,6 +183,98 @@ def test_a_signal_says_how_hidden_states_stopped_then_it_resumes(
         assert not exc.code
     final = stats_of(out)
     assert {k: final[k] for k in kept} == kept  # nothing it committed was rewritten
+    hs = read_set(str(out))
+    assert hs.summary is not None and hs.summary["complete"]
+    assert sorted(r["id"] for r in hs.index.to_pylist()) == sorted(samples_of(tok_dir))
+
+
+def _session(sid: int) -> list[Any]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+@settings(
+    max_examples=1,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(moment=st.sampled_from(["as the models load", "as it computes"]), delay=st.floats(0, 1.5))
+@example(moment="as the models load", delay=0.0)
+@example(moment="as it computes", delay=0.0)
+def test_a_worker_killed_on_several_devices_ends_the_command_in_one_line(
+    inputs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory, moment: str, delay: float
+) -> None:
+    """`--gpus cpu:2` (a worker process per device), one worker SIGKILLed from outside (the
+    out-of-memory killer: a model that does not fit, a batch too large): the command ends in
+    the line that names the signal, exit 1, no traceback, the other worker killed rather than
+    waited for, and the same command finishes the set. The pools were closed as if nothing
+    had gone wrong, so the pool's ``BrokenProcessPool`` came out as a traceback after the
+    other device's queued batches."""
+    import contextlib
+
+    import psutil
+
+    tok_dir, target = inputs
+    out = tmp_path_factory.mktemp("two") / "set"
+    cli = [*_cli(tok_dir, target, out, "speculators", "none")]
+    cli[cli.index("--gpus") + 1] = "cpu:2"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from draftdata.cli import main; main()", *cli],
+        env=cpu_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while True:  # the moment: both workers spawned, or the first file written
+            workers = [
+                p
+                for p in _session(proc.pid)
+                if p.pid != proc.pid and "spawn_main" in " ".join(p.cmdline())
+            ]
+            ready = len(workers) >= 2 and (
+                moment == "as the models load" or list((out / "hidden_states").glob("hs_*"))
+            )
+            if ready or proc.poll() is not None:
+                break
+            assert time.monotonic() < deadline, "hidden-states wrote nothing"
+            time.sleep(0.02)
+        time.sleep(delay)
+        killed = time.monotonic()
+        with contextlib.suppress(psutil.Error, IndexError):
+            workers[0].kill()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        for p in _session(proc.pid):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        proc.wait(timeout=30)
+    text = err.decode(errors="replace")
+    if proc.returncode == 0:  # it finished before the kill
+        return
+    assert proc.returncode == 1, text[-3000:]
+    assert "error: a worker process of this command was killed by SIGKILL" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert "fewer devices in --gpus use less memory" in text, text[-3000:]  # (no --workers)
+    assert took < 30, took
+    if moment == "as the models load":  # nothing written: the rerun is the other case's
+        return
+    from draftdata.cli import main
+
+    try:
+        main(cli)
+    except SystemExit as exc:
+        assert not exc.code
     hs = read_set(str(out))
     assert hs.summary is not None and hs.summary["complete"]
     assert sorted(r["id"] for r in hs.index.to_pylist()) == sorted(samples_of(tok_dir))

@@ -176,3 +176,109 @@ def test_a_worker_whose_start_up_failed_gives_its_error_to_each_task() -> None:
         worker_pool(2, int, ("not a number",)) as pool,
     ):
         pool.submit(abs, -3).result(timeout=ENDS_WITHIN_S)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), pools=st.integers(2, 3))
+def test_pools_closed_with_one_error_name_the_death_of_the_one_that_broke(
+    data: st.DataObject, pools: int
+) -> None:
+    """Pools opened side by side (hidden-states: one per device) and closed together with the
+    error of the one whose worker died: the line names that death (SIGKILL), whichever pool it
+    was. A healthy pool closed first took the error for its own and said only "died"."""
+    import contextlib
+
+    from draftdata.errors import WorkerDiedError
+    from draftdata.support.workerpool import worker_pool
+
+    broken = data.draw(st.integers(0, pools - 1), label="broken")
+    with (
+        pytest.raises(WorkerDiedError, match="was killed by SIGKILL") as caught,
+        contextlib.ExitStack() as stack,
+    ):
+        opened = [stack.enter_context(worker_pool(1)) for _ in range(pools)]
+        futures = [p.submit(time.sleep, ENDS_WITHIN_S) for p in opened]
+        for f in futures:
+            while not f.running():
+                time.sleep(0.01)
+        worker = next(iter(opened[broken]._processes.values()))  # type: ignore[attr-defined]
+        os.kill(worker.pid, signal.SIGKILL)
+        futures[broken].result(timeout=ENDS_WITHIN_S)
+    assert "died;" not in str(caught.value)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=st.sampled_from(["TwoArgs", "HoldsLock", "RowError", "ValueError"]),
+    where=st.sampled_from(["task", "initializer"]),
+    text=st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1),
+)
+@example(shape="TwoArgs", where="initializer", text="the model does not fit")
+@example(shape="HoldsLock", where="task", text="the model does not fit")
+def test_a_workers_error_reaches_the_caller_whatever_its_shape(
+    shape: str, where: str, text: str
+) -> None:
+    """A task's or an initializer's error arrives as itself, or (one that does not survive a
+    pickle) as a ``RuntimeError`` that names its type and says its text; never as a worker
+    that died. One whose ``__init__`` takes other arguments than ``args`` broke the pool (said
+    as "a worker process ... was killed by SIGTERM; ... run again finishes the work"), one
+    holding a lock came back as "cannot pickle '_thread.lock' object". An initializer's error
+    is raised by each task with its traceback (the second task's came without it)."""
+    from tests.chaos import raisers
+
+    from draftdata.support.workerpool import worker_pool
+
+    expected = raisers.make(shape, text)
+    init = (raisers.fail, (shape, text)) if where == "initializer" else (None, ())
+    with worker_pool(1, *init) as pool:
+        causes = []
+        for _ in range(1 if where == "task" else 12):
+            with pytest.raises(Exception) as caught:
+                pool.submit(raisers.fail, shape, text).result(timeout=ENDS_WITHIN_S)
+            causes.append(str(caught.value.__cause__))
+    got = caught.value
+    if shape in ("RowError", "ValueError"):
+        assert type(got) is type(expected)
+        assert str(got) == str(expected)
+        assert vars(got) == vars(expected)
+    else:
+        assert type(got) is RuntimeError
+        assert str(got) == f"tests.chaos.raisers.{shape}: {expected}"
+    assert len(set(map(len, causes))) == 1, [len(c) for c in causes]  # the same traceback
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), devices=st.integers(2, 3))
+def test_a_worker_that_dies_as_hidden_states_closes_its_workers_is_named(
+    data: st.DataObject, devices: int
+) -> None:
+    """hidden-states on several devices: a worker that dies while the command closes its
+    workers (each is asked to finish its commits) ends it with ``WorkerDiedError``; the pools
+    were then closed as if nothing had gone wrong, and ``BrokenProcessPool`` came out as a
+    traceback."""
+    import contextlib
+
+    from draftdata.errors import WorkerDiedError
+    from draftdata.hidden.run import Workers, _Remote
+    from draftdata.support.workerpool import worker_pool
+
+    dies = data.draw(st.integers(0, devices - 1), label="dies")
+    workers = Workers.__new__(Workers)
+    workers._stack = contextlib.ExitStack()
+    workers._workers = []
+    for i in range(devices):
+        w = _Remote.__new__(_Remote)
+        w.pool = workers._stack.enter_context(worker_pool(1))
+
+        def close(w: _Remote = w, i: int = i) -> None:  # a worker's last commits, or death
+            if i == dies:
+                os.kill(next(iter(w.pool._processes.values())).pid, signal.SIGKILL)  # type: ignore[attr-defined]
+                w.pool.submit(time.sleep, ENDS_WITHIN_S).result()
+            w.pool.submit(abs, 1).result()
+
+        w.close = close  # type: ignore[method-assign]
+        workers._workers.append(w)
+    for w in workers._workers:  # the workers are running
+        w.pool.submit(abs, 1).result()
+    with pytest.raises(WorkerDiedError, match="was killed by SIGKILL"):
+        workers.__exit__(None, None, None)

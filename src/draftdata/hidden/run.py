@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 from draftdata.errors import LeaseLostError
@@ -196,7 +197,8 @@ class _Remote:
     def __init__(self, spec: WorkerSpec, stack: contextlib.ExitStack) -> None:
         from draftdata.support.workerpool import worker_pool
 
-        self.pool = stack.enter_context(worker_pool(1, _init, (spec,)))
+        fewer = "fewer devices in --gpus use"
+        self.pool = stack.enter_context(worker_pool(1, _init, (spec,), fewer=fewer))
 
     def submit(self, method: str, *args: Any) -> Future[Any]:
         return self.pool.submit(_call, method, *args)
@@ -225,20 +227,34 @@ class Workers:
             self.facts: ModelFacts = facts[0].result()
             for f in facts[1:]:
                 f.result()
-        except BaseException:
-            self._stack.close()
+        except BaseException as exc:
+            # the error goes into the pools (``worker_pool``): they kill their workers instead
+            # of waiting for the queued work, and a worker's death says how it died
+            self._stack.__exit__(type(exc), exc, exc.__traceback__)
             raise
 
     def __enter__(self) -> Workers:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        with contextlib.ExitStack() as stack:
-            stack.callback(self._stack.close)  # worker processes: killed on an error
+    def __exit__(
+        self,
+        typ: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
             for w in self._workers:
-                if exc[0] is None or isinstance(w, _Local):  # on an error: queued files are
+                if typ is None or isinstance(w, _Local):  # on an error: queued files are
                     w.close()  # dropped, not waited for; the backend closed all the same (the
                     # vllm engine's connections and thread; its cancelled requests' files)
+        except BaseException as exc:  # a worker that died as it was closed, included
+            typ, value, tb = type(exc), exc, exc.__traceback__
+            raise
+        finally:
+            # worker processes: the error goes into their pools (``close()`` would say there
+            # was none): they are killed rather than waited for, and a worker that died ends
+            # the command with ``WorkerDiedError`` (how it died) instead of ``BrokenProcessPool``
+            self._stack.__exit__(typ, value, tb)
 
     def _collect(self, block: bool) -> None:
         pending = [f for fs in self._inflight for f in fs]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -49,7 +50,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from multiprocessing.connection import wait as wait_for
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from draftdata.errors import Interrupted, WorkerDiedError
@@ -93,19 +94,43 @@ def _bound_init(
         try:
             initializer(*initargs)
         except Exception as exc:  # every task raises it (``_task``): the caller's error, not
-            _START_ERROR = exc  # a worker that died (the pool's own handling ends the worker)
+            _START_ERROR = (exc, exc.__traceback__)  # a worker that died (the pool's own
+            # handling ends the worker)
 
 
-# in a worker: what its initializer raised, if it failed
-_START_ERROR: Exception | None = None
+# in a worker: what its initializer raised, if it failed, and where (each task raises it
+# from there: the pool clears the traceback of an error it sends, so the second task's lost it)
+_START_ERROR: tuple[Exception, TracebackType | None] | None = None
 
 
 def _task(fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
     """In a worker: run ``fn``, or raise what the worker's initializer raised (a model that
-    could not load on that device: the command says so, instead of "a worker died")."""
-    if _START_ERROR is not None:
-        raise _START_ERROR
-    return fn(*args, **kwargs)
+    could not load on that device: the command says so, instead of "a worker died"). An
+    error that would not arrive as itself is raised as ``RuntimeError`` naming its type and
+    message (``_portable``)."""
+    try:
+        if _START_ERROR is not None:
+            raise _START_ERROR[0].with_traceback(_START_ERROR[1])
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        portable = _portable(exc)
+        if portable is exc:
+            raise
+        raise portable from exc  # (the text of its traceback travels: ``__cause__``)
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc``, if the parent gets it back from a pickle as it is; else a ``RuntimeError`` that
+    names it. The pool sends a task's error pickled: one that does not pickle (it holds a lock)
+    came back as that pickling error, and one that does not unpickle (its ``__init__`` takes
+    other arguments than ``args``) broke the pool, said as "a worker process died"."""
+    try:
+        back = pickle.loads(pickle.dumps(exc))
+        if type(back) is type(exc) and str(back) == str(exc):
+            return exc
+    except Exception:  # any failure: it does not travel
+        pass
+    return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
 
 
 def kill_workers(pool: ProcessPoolExecutor) -> None:
@@ -250,11 +275,14 @@ def worker_pool(
     workers: int,
     initializer: Callable[..., object] | None = None,
     initargs: tuple[Any, ...] = (),
+    *,
+    fewer: str = "fewer --workers use",
 ) -> Iterator[ProcessPoolExecutor]:
     """A ``ProcessPoolExecutor`` of ``workers`` spawned processes bound to this one (see the
     module docstring); ``initializer(*initargs)`` runs in each worker first. A worker that dies
     (the kernel's out-of-memory killer, a crash in C code) ends the block with
-    ``WorkerDiedError``, which names how it died."""
+    ``WorkerDiedError``, which names how it died (and after a SIGKILL, that ``fewer`` ...
+    less memory: the command's option, ``--workers`` or hidden-states' ``--gpus``)."""
     pool = _BoundPool(
         max_workers=workers,
         mp_context=get_context("spawn"),
@@ -268,6 +296,9 @@ def worker_pool(
         except BaseException as exc:
             watch.stop()
             watch.note_dead()  # before the kill: the ones that died by themselves
+            # this pool is the one that broke (a pool beside it, closed with the same error,
+            # passes it on unchanged: hidden-states' pool per device; it breaks on the kill)
+            broke = bool(watch.dead or getattr(pool, "_broken", False))
             kill_workers(pool)
             _unstick(pool)
             try:
@@ -275,8 +306,8 @@ def worker_pool(
             except RuntimeError:  # a signal landed in the first submit, between the pool's
                 # manager thread made and started: there is no thread to wait for
                 pool.shutdown(wait=False, cancel_futures=True)
-            if isinstance(exc, BrokenProcessPool):
-                raise WorkerDiedError(watch.how_died()) from exc
+            if isinstance(exc, BrokenProcessPool) and broke:
+                raise WorkerDiedError(watch.how_died(fewer)) from exc
             raise
         watch.stop()
         pool.shutdown(wait=True)
@@ -337,7 +368,7 @@ class _DeathWatch:
             ready = wait_for([p.sentinel for p in procs], timeout=0)
             self.dead = [p for p in procs if p.sentinel in ready]
 
-    def how_died(self) -> str:
+    def how_died(self, fewer: str = "fewer --workers use") -> str:
         """One line: how the worker died (after the pool's shutdown has reaped it). The pool
         SIGTERMs the other workers when one dies: such endings count only if all are such."""
         codes = [p.exitcode for p in self.dead]
@@ -347,8 +378,8 @@ class _DeathWatch:
         hint = ""
         if -signal.SIGKILL in codes:
             hint = (
-                " (SIGKILL is how the kernel's out-of-memory killer ends a process: fewer "
-                "--workers use less memory)"
+                " (SIGKILL is how the kernel's out-of-memory killer ends a process: "
+                f"{fewer} less memory)"
             )
         return (
             f"a worker process of this command {' / '.join(ends)}{hint}; what was written is "
