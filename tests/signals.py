@@ -13,7 +13,10 @@ and need nothing).
 
 from __future__ import annotations
 
+import os
 import signal
+
+import psutil
 
 # the signals tests send their children (SIGKILL, SIGSTOP and SIGCONT always act)
 SENT = (signal.SIGINT, signal.SIGTERM)
@@ -26,3 +29,16 @@ def default_signals() -> None:
     for sig in SENT:
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SENT)
+
+
+def session_processes(sid: int) -> list[psutil.Process]:
+    """The live (not zombie) processes of session ``sid``: a command a test started with
+    ``start_new_session=True`` and every process it made (workers, the resource tracker)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return found

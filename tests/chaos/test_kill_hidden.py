@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -28,7 +27,7 @@ from tests.integration.hidden.helpers import (
     target_for,
     tokenized_run,
 )
-from tests.signals import default_signals
+from tests.signals import default_signals, session_processes
 
 pytest.importorskip("torch")
 
@@ -188,19 +187,6 @@ def test_a_signal_says_how_hidden_states_stopped_then_it_resumes(
     assert sorted(r["id"] for r in hs.index.to_pylist()) == sorted(samples_of(tok_dir))
 
 
-def _session(sid: int) -> list[Any]:
-    import psutil
-
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
-    return found
-
-
 @settings(
     max_examples=1,
     deadline=None,
@@ -238,7 +224,7 @@ def test_a_worker_killed_on_several_devices_ends_the_command_in_one_line(
         while True:  # the moment: both workers spawned, or the first file written
             workers = [
                 p
-                for p in _session(proc.pid)
+                for p in session_processes(proc.pid)
                 if p.pid != proc.pid and "spawn_main" in " ".join(p.cmdline())
             ]
             ready = len(workers) >= 2 and (
@@ -255,7 +241,7 @@ def test_a_worker_killed_on_several_devices_ends_the_command_in_one_line(
         _, err = proc.communicate(timeout=60)
         took = time.monotonic() - killed
     finally:
-        for p in _session(proc.pid):
+        for p in session_processes(proc.pid):
             with contextlib.suppress(psutil.Error):
                 p.kill()
         proc.wait(timeout=30)

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from tests.signals import default_signals
+from tests.signals import default_signals, session_processes
 
 pytestmark = pytest.mark.chaos
 
@@ -82,17 +82,6 @@ EXPECTED = {
 SPAWN_S = 0.06  # a spawn (fork, exec, its start-up data written) lands in this from the start
 
 
-def _session(sid: int) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
-    return found
-
-
 def _run(how: str, delay: float) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", PROGRAM, how, str(delay)],
@@ -104,10 +93,10 @@ def _run(how: str, delay: float) -> None:
     try:
         out, _ = proc.communicate(timeout=ENDS_WITHIN_S + delay)
     except subprocess.TimeoutExpired:
-        stuck = [" ".join(p.cmdline()[-2:]) for p in _session(proc.pid)]
+        stuck = [" ".join(p.cmdline()[-2:]) for p in session_processes(proc.pid)]
         pytest.fail(f"{how} at {delay:.3f} s: still running {ENDS_WITHIN_S:g} s on: {stuck}")
     finally:
-        for p in _session(proc.pid):
+        for p in session_processes(proc.pid):
             try:
                 p.kill()
             except psutil.Error:
@@ -118,9 +107,9 @@ def _run(how: str, delay: float) -> None:
     assert EXPECTED[how] in text, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     deadline = time.monotonic() + 10
-    while _session(proc.pid) and time.monotonic() < deadline:  # the resource tracker ends
+    while session_processes(proc.pid) and time.monotonic() < deadline:  # the resource tracker ends
         time.sleep(0.1)  # once every holder of its pipe has gone
-    assert not _session(proc.pid), [p.cmdline() for p in _session(proc.pid)]
+    assert not session_processes(proc.pid), [p.cmdline() for p in session_processes(proc.pid)]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tests.integration.generate.helpers import code_chat_file, simulated_run, user_prompts
-from tests.signals import default_signals
+from tests.signals import default_signals, session_processes
 
 pytestmark = pytest.mark.chaos
 
@@ -40,18 +40,6 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     )  # fmt: skip
     chat = code_chat_file(root / "chat.jsonl", 40_000, "Write function {i} that sorts {i} numbers.")
     return {"run": str(run), "tok": tok, "chat": str(chat)}
-
-
-def _session(sid: int) -> list[psutil.Process]:
-    """The live (not zombie) processes of session ``sid``."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
-    return found
 
 
 def _args(command: str, inputs: dict[str, str], out: Path) -> list[str]:
@@ -106,7 +94,7 @@ def test_workers_end_with_their_parent(
     try:
         if after_workers:  # the moment the workers run (or the command has ended)
             deadline = time.monotonic() + 120
-            while len(_session(sid)) < 3 and proc.poll() is None:
+            while len(session_processes(sid)) < 3 and proc.poll() is None:
                 assert time.monotonic() < deadline, "the workers never started"
                 time.sleep(0.05)
         time.sleep(delay)
@@ -121,14 +109,14 @@ def test_workers_end_with_their_parent(
                 os.kill(proc.pid, sig)
         assert eof.wait(EOF_WITHIN_S), (
             f"{command} {how}: stdout still open {EOF_WITHIN_S:g} s after the signal; alive: "
-            f"{[p.cmdline()[-3:] for p in _session(sid)]}"
+            f"{[p.cmdline()[-3:] for p in session_processes(sid)]}"
         )
         proc.wait(timeout=EOF_WITHIN_S)
-        left = _session(sid)
+        left = session_processes(sid)
         deadline = time.monotonic() + GONE_WITHIN_S
         while left and time.monotonic() < deadline:
             time.sleep(0.1)
-            left = _session(sid)
+            left = session_processes(sid)
         assert not left, f"{command} {how}: processes left: {[p.cmdline() for p in left]}"
         text = b"".join(output).decode(errors="replace")
         code = proc.returncode
@@ -140,7 +128,7 @@ def test_workers_end_with_their_parent(
             assert code == 128 + sig, text[-2000:]
             assert f"draftdata: stopped by {sig.name}; what was written is kept" in text, text
     finally:
-        for p in _session(sid):  # only this test's own processes, by their session
+        for p in session_processes(sid):  # only this test's own processes, by their session
             try:
                 p.kill()
             except psutil.Error:
@@ -244,13 +232,15 @@ def test_a_worker_killed_from_outside_ends_the_command_in_one_line(
     )
     try:
         deadline = time.monotonic() + 120
-        while len(_session(proc.pid)) < 3 and proc.poll() is None:  # parent, tracker, a worker
+        while (
+            len(session_processes(proc.pid)) < 3 and proc.poll() is None
+        ):  # parent, tracker, a worker
             assert time.monotonic() < deadline, "the workers never started"
             time.sleep(0.02)
         time.sleep(delay)
         workers = [
             p
-            for p in _session(proc.pid)
+            for p in session_processes(proc.pid)
             if p.pid != proc.pid and "spawn_main" in " ".join(p.cmdline())
         ]
         if workers:
@@ -258,7 +248,7 @@ def test_a_worker_killed_from_outside_ends_the_command_in_one_line(
                 workers[0].kill()
         _, err = proc.communicate(timeout=EOF_WITHIN_S)
     finally:
-        for p in _session(proc.pid):
+        for p in session_processes(proc.pid):
             with contextlib.suppress(psutil.Error):
                 p.kill()
         proc.wait(timeout=30)

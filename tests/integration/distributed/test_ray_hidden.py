@@ -5,7 +5,6 @@ own, none rewritten. The engine is the transformers backend on a tiny random Qwe
 from __future__ import annotations
 
 import math
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +15,10 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from tests.integration.distributed.unplaceable import refused_at_once  # noqa: E402
 from tests.unit.hidden.helpers import sample_rows, tiny_qwen3, write_samples  # noqa: E402
 
 from draftdata.distributed.ray_hidden import RayHiddenOptions, run, summary_lines  # noqa: E402
-from draftdata.errors import ConfigError  # noqa: E402
 from draftdata.generate.prompts.partition import Partition  # noqa: E402
 from draftdata.hidden.config import HiddenConfig  # noqa: E402
 from draftdata.hidden.stage import hidden_states  # noqa: E402
@@ -179,25 +178,13 @@ def test_a_task_no_node_can_run_is_refused_in_one_line(
     cluster's one node) is refused before anything is submitted, in one line naming what each
     node has. Before, Ray kept every such task pending, waiting for a node that could run it,
     and the driver waited for their results for ever."""
-    outcome: list[BaseException | None] = []
-
-    def go() -> None:
-        try:
-            run(
-                _config(job, job["base"] / f"refused-{cpus}"),
-                RayHiddenOptions(partitions=2, gpus_per_task=0.0, cpus_per_task=cpus),
-                log=lambda _line: None,
-            )
-            outcome.append(None)
-        except BaseException as exc:  # judged below
-            outcome.append(exc)
-
-    t = threading.Thread(target=go, daemon=True)  # a hang must not hold pytest's exit
-    t.start()
-    t.join(30)
-    assert not t.is_alive(), f"hidden-states --ray with --cpus-per-task {cpus} waits for ever"
-    (exc,) = outcome
-    assert isinstance(exc, ConfigError), exc
-    assert f"one task of {cpus:g} CPU" in str(exc) and "2 CPU" in str(exc), str(exc)
-    assert "\n" not in str(exc)
+    refused_at_once(
+        lambda: run(
+            _config(job, job["base"] / f"refused-{cpus}"),
+            RayHiddenOptions(partitions=2, gpus_per_task=0.0, cpus_per_task=cpus),
+            log=lambda _line: None,
+        ),
+        "hidden-states --ray",
+        cpus,
+    )
     assert not (job["base"] / f"refused-{cpus}" / "hidden_states").exists()

@@ -8,18 +8,17 @@ S3, and the moto server shares this process's GIL, which would dominate the timi
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from tests.integration.distributed.unplaceable import refused_at_once
 from typer.testing import CliRunner
 
 from draftdata.cli import app
 from draftdata.distributed.ray_tokenize import RayTokenizeOptions, run
-from draftdata.errors import ConfigError
 from draftdata.generate.config import GenerateConfig
 from draftdata.shared.formats import SAMPLE_FORMAT, TOKENIZE_SUMMARY
 from draftdata.sim.run import SimFleet
@@ -159,20 +158,6 @@ def test_a_task_no_node_can_run_is_refused_in_one_line(
     ]
     (chats / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = TokenizeConfig(run=str(chats), tokenizer=str(demo_tokenizer), out=str(base / "out"))
-    outcome: list[BaseException | None] = []
-
-    def go() -> None:
-        try:
-            run(config, RayTokenizeOptions(cpus_per_task=cpus))
-            outcome.append(None)
-        except BaseException as exc:  # judged below
-            outcome.append(exc)
-
-    t = threading.Thread(target=go, daemon=True)  # a hang must not hold pytest's exit
-    t.start()
-    t.join(30)
-    assert not t.is_alive(), f"tokenize --ray with {cpus} CPUs per task waits for ever"
-    (exc,) = outcome
-    assert isinstance(exc, ConfigError), exc
-    assert f"one task of {cpus:g} CPU" in str(exc) and "2 CPU" in str(exc), str(exc)
-    assert "\n" not in str(exc)
+    refused_at_once(
+        lambda: run(config, RayTokenizeOptions(cpus_per_task=cpus)), "tokenize --ray", cpus
+    )
