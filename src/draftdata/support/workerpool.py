@@ -133,9 +133,14 @@ def _portable(exc: Exception) -> Exception:
     return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
 
 
+def _workers(pool: ProcessPoolExecutor) -> list[Any]:
+    """The worker processes ``pool`` started (its private map; none once it is shut down)."""
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
 def kill_workers(pool: ProcessPoolExecutor) -> None:
     """SIGKILL every worker process of ``pool`` (safe in a signal handler, idempotent)."""
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+    for proc in _workers(pool):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             proc.kill()
 
@@ -347,7 +352,7 @@ class _DeathWatch:
 
     def _run(self) -> None:
         while not self._stopping:
-            procs = list((getattr(self.pool, "_processes", None) or {}).values())
+            procs = _workers(self.pool)
             # the workers are spawned as tasks come: look again for new ones now and then
             ready = wait_for([self._wake_r, *(p.sentinel for p in procs)], timeout=WATCH_S)
             if self._stopping or self._wake_r in ready:
@@ -363,7 +368,7 @@ class _DeathWatch:
         """Note the workers dead now, if the thread found none (the pool saw the death first)."""
         if self.dead:
             return
-        procs = list((getattr(self.pool, "_processes", None) or {}).values())
+        procs = _workers(self.pool)
         with contextlib.suppress(OSError, ValueError):
             ready = wait_for([p.sentinel for p in procs], timeout=0)
             self.dead = [p for p in procs if p.sentinel in ready]
@@ -414,7 +419,7 @@ def _unstick(pool: ProcessPoolExecutor) -> None:
     """Once the workers are dead (killed just before, or found dead), close this process's write
     end of the pool's result pipe, so a read of a result a dying worker had begun to write ends
     (end of file) instead of waiting for the rest for ever (see ``_DeathWatch``)."""
-    sentinels = [p.sentinel for p in (getattr(pool, "_processes", None) or {}).values()]
+    sentinels = [p.sentinel for p in _workers(pool)]
     deadline = time.monotonic() + _DEAD_WITHIN_S
     with contextlib.suppress(OSError, ValueError):
         while sentinels and time.monotonic() < deadline:  # sentinels: no reaping (the pool's)
